@@ -1,0 +1,164 @@
+#include "config/cfg.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config/arena.h"
+#include "config/jsonpos.h"
+#include "config/schema.h"
+
+/* The public struct cfg is the first member, so a snapshot is found from it. */
+struct snapshot {
+    struct cfg cfg;
+    atomic_uint refs;
+    struct arena arena;
+};
+
+static struct snapshot *snap_of(struct cfg *c)
+{
+    return (struct snapshot *)(void *)c;
+}
+
+struct cfg *cfg_load_buffer(const char *text, size_t len, const char *source, struct cfg_errs *errs)
+{
+    struct jpos pos = { 0 };
+    struct snapshot *s = NULL;
+    json_t *root = NULL;
+    size_t errs_before = errs->n + errs->dropped;
+
+    /* The scanner may rewrite unrepresentable numbers, so it works on a copy. */
+    char *copy = malloc(len + 1);
+    if (!copy) {
+        cfg_errs_add(errs, "$", 0, 0, "out of memory reading the config");
+        goto out;
+    }
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+
+    if (jpos_scan(&pos, copy, len, errs) < 0)
+        goto out;
+
+    json_error_t jerr;
+    root = json_loadb(copy, len, 0, &jerr);
+    if (!root) {
+        /* Everything the scanner accepts jansson should too; report it rather than trust it. */
+        cfg_errs_add(errs, "$", jerr.line > 0 ? (uint32_t)jerr.line : 0,
+                     jerr.column > 0 ? (uint32_t)jerr.column : 0, "%s", jerr.text);
+        goto out;
+    }
+
+    s = calloc(1, sizeof(*s));
+    if (!s) {
+        cfg_errs_add(errs, "$", 0, 0, "out of memory building the config");
+        goto out;
+    }
+    atomic_init(&s->refs, 1);
+    s->cfg.source = arena_strdup(&s->arena, source ? source : "");
+    schema_build(&s->cfg, &s->arena, root, &pos, errs);
+
+out:
+    if (errs->n + errs->dropped != errs_before) {
+        cfg_errs_sort(errs);
+        if (s) {
+            arena_free(&s->arena);
+            free(s);
+            s = NULL;
+        }
+    }
+    json_decref(root);
+    jpos_free(&pos);
+    free(copy);
+    return s ? &s->cfg : NULL;
+}
+
+struct cfg *cfg_load_file(const char *path, struct cfg_errs *errs)
+{
+    struct cfg *c = NULL;
+    char *buf = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        cfg_errs_add(errs, "$", 0, 0, "cannot open: %s", strerror(errno));
+        goto out;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        cfg_errs_add(errs, "$", 0, 0, "cannot stat: %s", strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        cfg_errs_add(errs, "$", 0, 0, "not a regular file");
+        goto out;
+    }
+    /* Read up to one byte past the cap so an oversized file (even one still growing) is
+     * recognised without trusting st_size. */
+    size_t cap = CFG_MAX_FILE_BYTES + 1, len = 0;
+    buf = malloc(cap);
+    if (!buf) {
+        cfg_errs_add(errs, "$", 0, 0, "out of memory reading the config");
+        goto out;
+    }
+    for (;;) {
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            cfg_errs_add(errs, "$", 0, 0, "cannot read: %s", strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+        if (len == cap) {
+            cfg_errs_add(errs, "$", 0, 0, "larger than %u bytes: not a config file?",
+                         CFG_MAX_FILE_BYTES);
+            goto out;
+        }
+    }
+    c = cfg_load_buffer(buf, len, path, errs);
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return c;
+}
+
+struct cfg *cfg_ref(struct cfg *c)
+{
+    atomic_fetch_add_explicit(&snap_of(c)->refs, 1, memory_order_relaxed);
+    return c;
+}
+
+void cfg_unref(struct cfg *c)
+{
+    if (!c)
+        return;
+    struct snapshot *s = snap_of(c);
+    /* acq_rel: the thread that frees sees every other holder's reads as finished. */
+    if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
+        arena_free(&s->arena);
+        free(s);
+    }
+}
+
+const struct cfg_route *cfg_route_by_name(const struct cfg *c, const char *name)
+{
+    for (size_t i = 0; i < c->n_routes; i++)
+        if (strcmp(c->routes[i].name, name) == 0)
+            return &c->routes[i];
+    return NULL;
+}
+
+json_t *cfg_to_json(const struct cfg *c)
+{
+    return schema_dump(c);
+}
+
+void cfg_write_reference(FILE *out)
+{
+    schema_write_reference(out);
+}

@@ -1,0 +1,145 @@
+/* cfg -- the loaded configuration: an immutable, refcounted snapshot (CONTRACT §3).
+ *
+ * cfg_load_*() parse and validate a whole file against the schema table (config/schema.c) and
+ * either return a complete snapshot or no snapshot and every problem found. A snapshot never
+ * changes after it is built; a request holds a reference to the one it started with, and a
+ * reload swaps in a new one. Live state (budget counters, route-scoped backoff sequences) is
+ * keyed by route name and lives outside.
+ */
+#ifndef RETRYPROXY_CONFIG_CFG_H
+#define RETRYPROXY_CONFIG_CFG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "config/errors.h"
+#include "policy/backoff.h"
+
+/* Largest config file read: configs are a few kilobytes; this bounds a mistaken path. */
+#define CFG_MAX_FILE_BYTES (4u << 20)
+
+enum cfg_log_level { CFG_LOG_DEBUG, CFG_LOG_INFO, CFG_LOG_WARN, CFG_LOG_ERROR };
+enum cfg_log_format { CFG_LOG_JSON, CFG_LOG_TEXT };
+
+/* Request methods as a bitmask (a route's match and retry lists), in the order the effective
+ * config lists them. */
+enum cfg_method {
+    CFG_METHOD_GET = 1u << 0,
+    CFG_METHOD_HEAD = 1u << 1,
+    CFG_METHOD_OPTIONS = 1u << 2,
+    CFG_METHOD_PUT = 1u << 3,
+    CFG_METHOD_DELETE = 1u << 4,
+    CFG_METHOD_TRACE = 1u << 5,
+    CFG_METHOD_POST = 1u << 6,
+    CFG_METHOD_PATCH = 1u << 7,
+    CFG_METHOD_CONNECT = 1u << 8,
+};
+
+/* The method bit for a request method token ("GET"; case-sensitive), 0 for any other. */
+uint32_t cfg_method_bit(const char *name, size_t len);
+/* The token for a single method bit, NULL for anything else. */
+const char *cfg_method_name(uint32_t bit);
+
+/* One retry_on condition, in file order (the first that fires names the retry in metrics). */
+enum cfg_retry_kind {
+    CFG_RETRY_CONNECT_FAILURE, /* no connection was made: nothing was sent */
+    CFG_RETRY_RESET,           /* closed or reset before complete response headers */
+    CFG_RETRY_TIMEOUT,         /* the per-try timeout passed before response headers */
+    CFG_RETRY_STATUS,          /* a status in [lo, hi]: "5xx", "gateway-error", "429", "500-504" */
+};
+
+struct cfg_retry_cond {
+    enum cfg_retry_kind kind;
+    uint16_t lo, hi;   /* CFG_RETRY_STATUS only */
+    const char *token; /* as written in the file */
+};
+
+struct cfg_budget {
+    int64_t max_concurrent_retries; /* -1: no cap (null in the file) */
+    double retry_ratio;
+    double min_retries_per_second;
+    uint32_t window_ms;
+};
+
+struct cfg_upstream {
+    const char *url; /* as written */
+    bool https;
+    const char *authority; /* host[:port], as written: the Host sent unless preserve_host */
+    const char *base_path; /* "" or a prefix such as "/api" (no trailing '/') */
+};
+
+struct cfg_retry {
+    uint32_t max_attempts;
+    const struct cfg_retry_cond *on;
+    size_t n_on;
+    uint32_t methods; /* enum cfg_method bits */
+    bool idempotency_key;
+    uint64_t max_retry_body_bytes;
+    bool retry_after_honor;
+    uint32_t retry_after_max_ms;
+    struct backoff_spec backoff;
+};
+
+struct cfg_route {
+    const char *name;
+    const char *match_host;        /* lowercase; NULL matches any host */
+    const char *match_path_prefix; /* "/" matches every path */
+    uint32_t match_methods;        /* enum cfg_method bits; 0 matches every method */
+    const struct cfg_upstream *upstreams;
+    size_t n_upstreams;
+    bool preserve_host;
+    uint32_t timeout_ms;
+    uint32_t per_try_timeout_ms; /* 0: only the overall timeout */
+    uint32_t connect_timeout_ms;
+    struct cfg_retry retry;
+    struct cfg_budget budget;
+};
+
+struct cfg {
+    const char *source; /* the file it was loaded from ("" for a buffer) */
+    const char *listen;
+    const char *admin;
+    enum cfg_log_level log_level;
+    enum cfg_log_format log_format;
+    uint32_t drain_timeout_ms;
+    uint32_t max_connections;
+    uint32_t connection_timeout_ms;
+    uint64_t max_body_bytes;
+    struct cfg_budget budget;
+    struct cfg_route defaults; /* the resolved "defaults" object (no name, match, upstreams) */
+    const struct cfg_route *routes;
+    size_t n_routes;
+};
+
+/* Reads and validates the file at 'path'. Returns a new snapshot holding one reference, or
+ * NULL with every problem appended to 'errs' (sorted by position). */
+struct cfg *cfg_load_file(const char *path, struct cfg_errs *errs);
+
+/* The same from 'len' bytes of JSON text; 'source' names it in the snapshot. */
+struct cfg *cfg_load_buffer(const char *text, size_t len, const char *source,
+                            struct cfg_errs *errs);
+
+/* Takes another reference (thread-safe). Returns 'c'. */
+struct cfg *cfg_ref(struct cfg *c);
+/* Drops a reference; the last one frees the snapshot. Thread-safe; accepts NULL. */
+void cfg_unref(struct cfg *c);
+
+/* The route named 'name', or NULL. Borrowed from 'c'. */
+const struct cfg_route *cfg_route_by_name(const struct cfg *c, const char *name);
+
+/* The effective configuration, every default filled in, as a new JSON object (the admin
+ * /config view and `check --print`). Returns a new reference. */
+json_t *cfg_to_json(const struct cfg *c);
+
+/* NULL when 's' is a valid listener address (HOST:PORT), else what is wrong with it: the
+ * check the schema applies to "listen" and "admin", for command-line overrides. */
+const char *cfg_address_problem(const char *s);
+
+/* Writes the configuration reference (every key, type, range, default and meaning) as
+ * Markdown, from the schema table. */
+void cfg_write_reference(FILE *out);
+
+#endif

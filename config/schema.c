@@ -1,0 +1,1478 @@
+#include "config/schema.h"
+
+#include <arpa/inet.h>
+#include <float.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Durations are integer milliseconds up to one day (CONTRACT §3). */
+#define MS_MAX     86400000.0
+#define NO_MAX     DBL_MAX
+#define MAX_FIELDS 16
+#define COUNT(a)   (sizeof(a) / sizeof((a)[0]))
+
+struct walk;
+struct ctx;
+
+enum ftype {
+    FT_OBJECT, /* a nested object with its own schema */
+    FT_BOOL,   /* bool */
+    FT_UINT,   /* an integer in [min, max] into a uint32_t, uint64_t or (nullable) int64_t */
+    FT_NUMBER, /* any JSON number in [min, max] into a double */
+    FT_ENUM,   /* one of 'names', its index into an int-sized enum */
+    FT_STRING, /* a string accepted by 'check_str', copied into the snapshot */
+    FT_CUSTOM, /* parsed by 'parse', dumped by 'dump' */
+};
+
+enum {
+    F_REQUIRED = 1u << 0,   /* no default: a route must write it */
+    F_ROUTE_ONLY = 1u << 1, /* refused in "defaults" (name, match, upstreams) */
+    F_NULLABLE = 1u << 2,   /* null is a value (FT_UINT stores -1, FT_STRING NULL) */
+};
+
+/* Where a value is written in the file, for messages and positions. */
+struct at {
+    const char *path;
+    const struct jpos_entry *pos; /* NULL for a schema default */
+};
+
+struct field {
+    const char *key;
+    enum ftype type;
+    unsigned flags;
+    size_t offset;
+    size_t size; /* FT_UINT: size of the target */
+    double min, max;
+    const char *def; /* the default as JSON text; NULL when required or an object */
+    const struct schema *sub;
+    const char *const *names;
+    size_t n_names;
+    const char *(*check_str)(const char *s, size_t len); /* NULL or a message */
+    int (*parse)(struct walk *w, const struct at *at, const json_t *v, void *dst);
+    json_t *(*dump)(const void *src);
+    const char *type_doc;
+    const char *doc;
+};
+
+struct schema {
+    const struct field *fields;
+    size_t n;
+    void (*check)(struct walk *w, const struct ctx *x, void *dst); /* cross-field rules */
+};
+
+struct walk {
+    struct arena *a;  /* the snapshot's memory */
+    struct arena tmp; /* paths and scratch, freed after the build */
+    const struct jpos *pos;
+    struct cfg_errs *errs;
+    const json_t *defaults; /* the file's "defaults" object, or NULL */
+};
+
+/* Where each field's value came from: layer 0 is the object being built as written in the
+ * file, layer 1 the "defaults" object it inherits from, -1 the schema default. */
+struct origin {
+    int layer;
+    struct at at;
+};
+
+struct ctx {
+    const struct schema *s;
+    const char *path;             /* this object's path (in its own context) */
+    const struct jpos_entry *pos; /* where layer 0 is written, NULL if it is not */
+    const json_t *layer[2];
+    const char *layer_path[2];
+    bool in_defaults;
+    struct origin origin[MAX_FIELDS];
+};
+
+/* ---- small helpers ---- */
+
+static const struct jpos_entry *find_pos(struct walk *w, const char *path)
+{
+    return jpos_find(w->pos, path);
+}
+
+static void err_at(struct walk *w, const struct at *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void err_at(struct walk *w, const struct at *at, const char *fmt, ...)
+{
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    uint32_t line = at->pos ? at->pos->line : 0, col = at->pos ? at->pos->col : 0;
+    cfg_errs_add(w->errs, at->path, line, col, "%s", msg);
+}
+
+static const char *kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a real number";
+    case JSON_TRUE:
+        return "true";
+    case JSON_FALSE:
+        return "false";
+    case JSON_NULL:
+        return "null";
+    }
+    return "a value";
+}
+
+static char lower(char c)
+{
+    return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+}
+
+/* Edit distance counting a swap of neighbours as one edit (optimal string alignment), case
+ * ignored: "bsae_ms", "GTE" and "5XX" are one edit from what was meant. Large for long
+ * strings, which get no hints. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 31 || lb > 31)
+        return 99;
+    size_t d[32][32];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        for (size_t j = 1; j <= lb; j++) {
+            size_t cost = lower(a[i - 1]) != lower(b[j - 1]);
+            size_t best = d[i - 1][j - 1] + cost;
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) &&
+                lower(a[i - 2]) == lower(b[j - 1]) && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    }
+    return d[la][lb];
+}
+
+/* The closest of 'names' to 's' when it is close enough to be a typo (at most one edit per
+ * three characters, and at least one allowed), else NULL. */
+static const char *suggest(const char *s, const char *const *names, size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = SIZE_MAX;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = edit_distance(s, names[i]);
+        size_t allowed = strlen(names[i]) / 3 > 1 ? strlen(names[i]) / 3 : 1;
+        if (d <= allowed && d < best_d) {
+            best = names[i];
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+static char *join(struct arena *a, const char *const *names, size_t n)
+{
+    size_t len = 1;
+    for (size_t i = 0; i < n; i++)
+        len += strlen(names[i]) + 2;
+    char *s = arena_alloc(a, len), *p = s;
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s%s", i ? ", " : "", names[i]);
+    return s;
+}
+
+static struct at child_at(struct walk *w, const char *parent, const char *key)
+{
+    struct at at;
+    at.path = jpos_path_key(&w->tmp, parent, key, strlen(key));
+    at.pos = find_pos(w, at.path);
+    return at;
+}
+
+static struct at elem_at(struct walk *w, const char *parent, size_t i)
+{
+    struct at at;
+    at.path = jpos_path_index(&w->tmp, parent, i);
+    at.pos = find_pos(w, at.path);
+    return at;
+}
+
+/* ---- string checks ---- */
+
+static int has_ctl_or_space(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c <= 0x20 || c >= 0x7f)
+            return 1;
+    }
+    return 0;
+}
+
+static int is_alnum(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+/* A port: 1 to 5 digits, at most 65535 ('allow_zero' for listeners: 0 picks a free port). */
+static int valid_port(const char *s, size_t len, int allow_zero)
+{
+    if (len == 0 || len > 5)
+        return 0;
+    unsigned v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        v = v * 10 + (unsigned)(s[i] - '0');
+    }
+    return v <= 65535 && (v > 0 || allow_zero);
+}
+
+/* A DNS name or IPv4 literal: letters, digits, '-', '.', '_'. */
+static int valid_hostname(const char *s, size_t len)
+{
+    if (len == 0 || len > 253)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!is_alnum(s[i]) && s[i] != '-' && s[i] != '.' && s[i] != '_')
+            return 0;
+    return 1;
+}
+
+static int valid_ipv6_literal(const char *s, size_t len)
+{
+    char buf[64];
+    struct in6_addr a6;
+    if (len < 3 || len - 2 >= sizeof(buf) || s[0] != '[' || s[len - 1] != ']')
+        return 0;
+    memcpy(buf, s + 1, len - 2);
+    buf[len - 2] = '\0';
+    return inet_pton(AF_INET6, buf, &a6) == 1;
+}
+
+/* "host[:port]" as a Host header or URL authority may hold it. */
+static int valid_authority(const char *s, size_t len, int need_port, int allow_zero_port)
+{
+    const char *colon = NULL;
+    if (len > 0 && s[0] == '[') {
+        const char *close = memchr(s, ']', len);
+        if (!close)
+            return 0;
+        size_t hl = (size_t)(close - s) + 1;
+        if (!valid_ipv6_literal(s, hl))
+            return 0;
+        if (hl == len)
+            return !need_port;
+        if (s[hl] != ':')
+            return 0;
+        return valid_port(s + hl + 1, len - hl - 1, allow_zero_port);
+    }
+    for (size_t i = 0; i < len; i++)
+        if (s[i] == ':')
+            colon = s + i;
+    size_t hl = colon ? (size_t)(colon - s) : len;
+    if (!valid_hostname(s, hl))
+        return 0;
+    if (!colon)
+        return !need_port;
+    return valid_port(colon + 1, len - hl - 1, allow_zero_port);
+}
+
+static const char *check_listen(const char *s, size_t len)
+{
+    if (!valid_authority(s, len, 1, 1))
+        return "expected HOST:PORT such as \"127.0.0.1:15001\", \"0.0.0.0:15001\" or "
+               "\"[::1]:15001\"";
+    return NULL;
+}
+
+const char *cfg_address_problem(const char *s)
+{
+    return check_listen(s, strlen(s));
+}
+
+static const char *check_route_name(const char *s, size_t len)
+{
+    if (len == 0 || len > 100)
+        return "must be 1 to 100 characters long";
+    for (size_t i = 0; i < len; i++)
+        if (!is_alnum(s[i]) && !strchr("._-:/", s[i]))
+            return "may hold only letters, digits and . _ - : /";
+    return NULL;
+}
+
+static const char *check_path_prefix(const char *s, size_t len)
+{
+    if (len == 0 || s[0] != '/')
+        return "must start with '/'";
+    if (has_ctl_or_space(s, len))
+        return "must be printable ASCII without spaces (percent-encode other bytes)";
+    if (memchr(s, '?', len) || memchr(s, '#', len))
+        return "must not hold a query ('?') or fragment ('#')";
+    return NULL;
+}
+
+/* ---- custom fields ---- */
+
+static int parse_match_host(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    const char **out = dst;
+    if (json_is_null(v)) {
+        *out = NULL;
+        return 0;
+    }
+    if (!json_is_string(v)) {
+        err_at(w, at, "expected a string or null, got %s", kind(v));
+        return -1;
+    }
+    const char *s = json_string_value(v);
+    size_t len = json_string_length(v);
+    if (has_ctl_or_space(s, len) || !valid_authority(s, len, 0, 0)) {
+        err_at(w, at,
+               "expected a host name, optionally with a port (\"api.internal\", "
+               "\"api.internal:8080\")");
+        return -1;
+    }
+    char *low = arena_strndup(w->a, s, len);
+    for (char *p = low; *p; p++)
+        if (*p >= 'A' && *p <= 'Z')
+            *p = (char)(*p - 'A' + 'a');
+    *out = low;
+    return 0;
+}
+
+static json_t *dump_string_or_null(const void *src)
+{
+    const char *const *s = src;
+    return *s ? json_string(*s) : json_null();
+}
+
+/* Indexed by the bit positions of enum cfg_method. */
+static const char *const method_names[] = { "GET",   "HEAD", "OPTIONS", "PUT",    "DELETE",
+                                            "TRACE", "POST", "PATCH",   "CONNECT" };
+
+uint32_t cfg_method_bit(const char *name, size_t len)
+{
+    for (size_t i = 0; i < COUNT(method_names); i++)
+        if (strlen(method_names[i]) == len && memcmp(method_names[i], name, len) == 0)
+            return 1u << i;
+    return 0;
+}
+
+const char *cfg_method_name(uint32_t bit)
+{
+    for (size_t i = 0; i < COUNT(method_names); i++)
+        if (bit == 1u << i)
+            return method_names[i];
+    return NULL;
+}
+
+/* A list of method tokens into a bitmask. 'may_be_empty': an empty list is meaningful. */
+static int parse_methods(struct walk *w, const struct at *at, const json_t *v, uint32_t *out,
+                         int may_be_empty)
+{
+    int rc = 0;
+    if (!json_is_array(v)) {
+        err_at(w, at, "expected an array of method names, got %s", kind(v));
+        return -1;
+    }
+    if (json_array_size(v) == 0 && !may_be_empty) {
+        err_at(w, at, "must not be empty (leave the key out to match every method)");
+        return -1;
+    }
+    uint32_t bits = 0;
+    size_t i;
+    const json_t *m;
+    json_array_foreach(v, i, m)
+    {
+        struct at e = elem_at(w, at->path, i);
+        if (!json_is_string(m)) {
+            err_at(w, &e, "expected a method name, got %s", kind(m));
+            rc = -1;
+            continue;
+        }
+        const char *s = json_string_value(m);
+        uint32_t bit = cfg_method_bit(s, json_string_length(m));
+        if (!bit) {
+            const char *near = suggest(s, method_names, COUNT(method_names));
+            if (near)
+                err_at(w, &e,
+                       "unknown method \"%s\"; did you mean \"%s\"? (methods are "
+                       "case-sensitive)",
+                       s, near);
+            else
+                err_at(w, &e, "unknown method \"%s\" (known: %s)", s,
+                       join(&w->tmp, method_names, COUNT(method_names)));
+            rc = -1;
+        } else if (bits & bit) {
+            err_at(w, &e, "\"%s\" is listed twice", s);
+            rc = -1;
+        }
+        bits |= bit;
+    }
+    if (rc == 0)
+        *out = bits;
+    return rc;
+}
+
+static int parse_match_methods(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    if (json_is_null(v)) {
+        *(uint32_t *)dst = 0;
+        return 0;
+    }
+    return parse_methods(w, at, v, dst, 0);
+}
+
+static int parse_retry_methods(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    return parse_methods(w, at, v, dst, 1);
+}
+
+static json_t *dump_methods(const void *src)
+{
+    uint32_t bits = *(const uint32_t *)src;
+    json_t *a = json_array();
+    for (size_t i = 0; i < COUNT(method_names); i++)
+        if (bits & (1u << i))
+            json_array_append_new(a, json_string(method_names[i]));
+    return a;
+}
+
+static json_t *dump_match_methods(const void *src)
+{
+    return *(const uint32_t *)src ? dump_methods(src) : json_null();
+}
+
+static const char *const retry_on_names[] = { "connect-failure", "reset", "timeout", "5xx",
+                                              "gateway-error" };
+
+/* "NNN" -> code; -1 if not three digits. */
+static int status_code(const char *s, size_t len)
+{
+    if (len != 3)
+        return -1;
+    int v = 0;
+    for (size_t i = 0; i < 3; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+static int parse_retry_token(struct walk *w, const struct at *at, const char *s, size_t len,
+                             struct cfg_retry_cond *c)
+{
+    static const struct {
+        const char *name;
+        enum cfg_retry_kind kind;
+        uint16_t lo, hi;
+    } named[] = {
+        { "connect-failure", CFG_RETRY_CONNECT_FAILURE, 0, 0 },
+        { "reset", CFG_RETRY_RESET, 0, 0 },
+        { "timeout", CFG_RETRY_TIMEOUT, 0, 0 },
+        { "5xx", CFG_RETRY_STATUS, 500, 599 },
+        { "gateway-error", CFG_RETRY_STATUS, 502, 504 },
+    };
+    for (size_t i = 0; i < COUNT(named); i++) {
+        if (strcmp(s, named[i].name) == 0) {
+            c->kind = named[i].kind;
+            c->lo = named[i].lo;
+            c->hi = named[i].hi;
+            return 0;
+        }
+    }
+    const char *dash = memchr(s, '-', len);
+    int lo = status_code(s, dash ? (size_t)(dash - s) : len);
+    int hi = dash ? status_code(dash + 1, len - (size_t)(dash - s) - 1) : lo;
+    if (lo < 0 || hi < 0) {
+        const char *near = suggest(s, retry_on_names, COUNT(retry_on_names));
+        if (near)
+            err_at(w, at, "unknown retry_on condition \"%s\"; did you mean \"%s\"?", s, near);
+        else
+            err_at(w, at,
+                   "unknown retry_on condition \"%s\" (expected %s, a status such as \"429\" "
+                   "or a range such as \"500-599\")",
+                   s, join(&w->tmp, retry_on_names, COUNT(retry_on_names)));
+        return -1;
+    }
+    if (lo < 100 || lo > 599 || hi < 100 || hi > 599) {
+        err_at(w, at, "status %d is out of range: status codes are 100 to 599",
+               lo < 100 || lo > 599 ? lo : hi);
+        return -1;
+    }
+    if (lo > hi) {
+        err_at(w, at, "range \"%s\" runs backwards; write \"%d-%d\"", s, hi, lo);
+        return -1;
+    }
+    c->kind = CFG_RETRY_STATUS;
+    c->lo = (uint16_t)lo;
+    c->hi = (uint16_t)hi;
+    return 0;
+}
+
+static int parse_retry_on(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    struct cfg_retry *r = dst;
+    int rc = 0;
+    if (!json_is_array(v)) {
+        err_at(w, at, "expected an array of conditions, got %s", kind(v));
+        return -1;
+    }
+    size_t n = json_array_size(v);
+    struct cfg_retry_cond *conds = arena_alloc(w->a, (n ? n : 1) * sizeof(*conds));
+    size_t i;
+    const json_t *t;
+    json_array_foreach(v, i, t)
+    {
+        struct at e = elem_at(w, at->path, i);
+        if (!json_is_string(t)) {
+            err_at(w, &e, "expected a condition as a string (\"429\", not 429), got %s", kind(t));
+            rc = -1;
+            continue;
+        }
+        const char *s = json_string_value(t);
+        if (parse_retry_token(w, &e, s, json_string_length(t), &conds[i]) < 0) {
+            rc = -1;
+            continue;
+        }
+        conds[i].token = arena_strdup(w->a, s);
+        for (size_t j = 0; j < i; j++) {
+            if (conds[j].token && strcmp(conds[j].token, s) == 0) {
+                err_at(w, &e, "\"%s\" is listed twice", s);
+                rc = -1;
+            }
+        }
+    }
+    if (rc == 0) {
+        r->on = conds;
+        r->n_on = n;
+    }
+    return rc;
+}
+
+static json_t *dump_retry_on(const void *src)
+{
+    const struct cfg_retry *r = src;
+    json_t *a = json_array();
+    for (size_t i = 0; i < r->n_on; i++)
+        json_array_append_new(a, json_string(r->on[i].token));
+    return a;
+}
+
+/* An upstream base URL: http(s)://authority[/path], no credentials, query or fragment. */
+static int parse_upstream(struct walk *w, const struct at *at, const char *s, size_t len,
+                          struct cfg_upstream *u)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c <= 0x20 || c == 0x7f) {
+            err_at(w, at, "must not hold whitespace or control characters (at byte %zu)", i + 1);
+            return -1;
+        }
+        if (c >= 0x80) {
+            err_at(w, at, "must be ASCII (percent-encode other characters; at byte %zu)", i + 1);
+            return -1;
+        }
+    }
+    size_t skip;
+    if (len >= 7 && strncasecmp(s, "http://", 7) == 0) {
+        u->https = false;
+        skip = 7;
+    } else if (len >= 8 && strncasecmp(s, "https://", 8) == 0) {
+        u->https = true;
+        skip = 8;
+    } else {
+        err_at(w, at, "must start with http:// or https://");
+        return -1;
+    }
+    const char *auth = s + skip;
+    size_t rest = len - skip;
+    const char *slash = memchr(auth, '/', rest);
+    size_t alen = slash ? (size_t)(slash - auth) : rest;
+    if (memchr(s, '?', len) || memchr(s, '#', len)) {
+        err_at(w, at, "must not hold a query ('?') or fragment ('#'): it is a base URL");
+        return -1;
+    }
+    if (memchr(auth, '@', alen)) {
+        err_at(w, at, "must not hold credentials (user@host)");
+        return -1;
+    }
+    const char *port = alen && auth[0] != '[' ? memchr(auth, ':', alen) : NULL;
+    if (port && !valid_port(port + 1, alen - (size_t)(port + 1 - auth), 0)) {
+        err_at(w, at, "has an invalid port \"%.*s\" (1 to 65535)",
+               (int)(alen - (size_t)(port + 1 - auth)), port + 1);
+        return -1;
+    }
+    if (alen == 0 || !valid_authority(auth, alen, 0, 0)) {
+        err_at(w, at, "has no valid host[:port] after the scheme");
+        return -1;
+    }
+    size_t plen = slash ? rest - alen : 0;
+    while (plen > 0 && slash[plen - 1] == '/')
+        plen--;
+    u->url = arena_strndup(w->a, s, len);
+    u->authority = arena_strndup(w->a, auth, alen);
+    u->base_path = arena_strndup(w->a, slash ? slash : "", plen);
+    return 0;
+}
+
+static int parse_upstreams(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    struct cfg_route *r = dst;
+    int rc = 0;
+    if (!json_is_array(v)) {
+        err_at(w, at, "expected an array of URLs, got %s", kind(v));
+        return -1;
+    }
+    size_t n = json_array_size(v);
+    if (n == 0) {
+        err_at(w, at, "must hold at least one upstream URL");
+        return -1;
+    }
+    struct cfg_upstream *ups = arena_alloc(w->a, n * sizeof(*ups));
+    size_t i;
+    const json_t *u;
+    json_array_foreach(v, i, u)
+    {
+        struct at e = elem_at(w, at->path, i);
+        if (!json_is_string(u)) {
+            err_at(w, &e, "expected a URL string, got %s", kind(u));
+            rc = -1;
+            continue;
+        }
+        if (parse_upstream(w, &e, json_string_value(u), json_string_length(u), &ups[i]) < 0) {
+            rc = -1;
+            continue;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (ups[j].url && strcmp(ups[j].url, ups[i].url) == 0) {
+                err_at(w, &e, "\"%s\" is listed twice", ups[i].url);
+                rc = -1;
+            }
+        }
+    }
+    if (rc == 0) {
+        r->upstreams = ups;
+        r->n_upstreams = n;
+    }
+    return rc;
+}
+
+static json_t *dump_upstreams(const void *src)
+{
+    const struct cfg_route *r = src;
+    json_t *a = json_array();
+    for (size_t i = 0; i < r->n_upstreams; i++)
+        json_array_append_new(a, json_string(r->upstreams[i].url));
+    return a;
+}
+
+/* ---- cross-field rules ---- */
+
+static const struct origin *origin_of(const struct ctx *x, const char *key)
+{
+    for (size_t i = 0; i < x->s->n; i++)
+        if (strcmp(x->s->fields[i].key, key) == 0)
+            return &x->origin[i];
+    abort(); /* a rule naming a key its schema lacks is a bug */
+}
+
+/* Describes where an inherited value comes from, for messages: "" when written here. */
+static const char *provenance(struct walk *w, const struct origin *o)
+{
+    if (o->layer == 0)
+        return "";
+    if (o->layer < 0)
+        return ", the default";
+    return arena_printf(&w->tmp, ", from %s", o->at.path);
+}
+
+/* Reports a rule broken by 'blame' together with 'other' (may be NULL) at 'blame's path in
+ * this object. When neither value is written in this object itself, both come from
+ * "defaults", where the same rule has already been reported. */
+static void rule_error(struct walk *w, const struct ctx *x, const char *blame, const char *other,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void rule_error(struct walk *w, const struct ctx *x, const char *blame, const char *other,
+                       const char *fmt, ...)
+{
+    const struct origin *b = origin_of(x, blame), *o = other ? origin_of(x, other) : NULL;
+    /* An invalid value (layer -2) was reported already; a rule on it would mislead. */
+    if (b->layer == -2 || (o && o->layer == -2))
+        return;
+    if (b->layer != 0 && (!o || o->layer != 0))
+        return;
+    const struct jpos_entry *pos = b->layer == 0 ? b->at.pos : o->at.pos;
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    struct at at = { jpos_path_key(&w->tmp, x->path, blame, strlen(blame)), pos };
+    err_at(w, &at, "%s", msg);
+}
+
+static void check_backoff(struct walk *w, const struct ctx *x, void *dst)
+{
+    const struct backoff_spec *b = dst;
+    const char *pname = backoff_policy_names[b->policy];
+    if (b->base_ms == 0 && b->policy != BACKOFF_RANDOM)
+        rule_error(w, x, "base_ms", "policy",
+                   "must be at least 1 with policy \"%s\" (only \"random\" allows 0), got 0",
+                   pname);
+    if (b->cap_ms < b->base_ms)
+        rule_error(w, x, "cap_ms", "base_ms", "cap_ms (%u%s) must be at least base_ms (%u%s)",
+                   b->cap_ms, provenance(w, origin_of(x, "cap_ms")), b->base_ms,
+                   provenance(w, origin_of(x, "base_ms")));
+    if (b->policy == BACKOFF_DECORRELATED && b->jitter != JITTER_NONE)
+        rule_error(w, x, "jitter", "policy",
+                   "must be \"none\" with policy \"decorrelated\" (its delays are already "
+                   "random), got \"%s\"%s",
+                   backoff_jitter_names[b->jitter],
+                   origin_of(x, "jitter")->layer < 0 ? " (the default)" : "");
+}
+
+static void check_route(struct walk *w, const struct ctx *x, void *dst)
+{
+    const struct cfg_route *r = dst;
+    if (r->per_try_timeout_ms > r->timeout_ms)
+        rule_error(w, x, "per_try_timeout_ms", "timeout_ms",
+                   "per_try_timeout_ms (%u%s) must not exceed timeout_ms (%u%s)",
+                   r->per_try_timeout_ms, provenance(w, origin_of(x, "per_try_timeout_ms")),
+                   r->timeout_ms, provenance(w, origin_of(x, "timeout_ms")));
+}
+
+/* ---- the table ---- */
+
+#define UINT_FIELD(k, T, member, lo, hi, d, text)                                                  \
+    {                                                                                              \
+        .key = k, .type = FT_UINT, .offset = offsetof(T, member),                                  \
+        .size = sizeof(((T *)0)->member), .min = lo, .max = hi, .def = d, .doc = text              \
+    }
+#define NUM_FIELD(k, T, member, lo, hi, d, text)                                                   \
+    {                                                                                              \
+        .key = k, .type = FT_NUMBER, .offset = offsetof(T, member), .min = lo, .max = hi,          \
+        .def = d, .doc = text                                                                      \
+    }
+#define BOOL_FIELD(k, T, member, d, text)                                                          \
+    {                                                                                              \
+        .key = k, .type = FT_BOOL, .offset = offsetof(T, member), .def = d, .doc = text            \
+    }
+#define ENUM_FIELD(k, T, member, table, d, text)                                                   \
+    {                                                                                              \
+        .key = k, .type = FT_ENUM, .offset = offsetof(T, member), .names = table,                  \
+        .n_names = COUNT(table), .def = d, .doc = text                                             \
+    }
+#define OBJ_FIELD(k, T, member, sch, fl, text)                                                     \
+    {                                                                                              \
+        .key = k, .type = FT_OBJECT, .flags = fl, .offset = offsetof(T, member), .sub = &sch,      \
+        .doc = text                                                                                \
+    }
+
+/* An object whose keys are stored in the enclosing struct itself (its fields' offsets are
+ * relative to that struct). */
+#define INLINE_OBJ(k, sch, text)                                                                   \
+    {                                                                                              \
+        .key = k, .type = FT_OBJECT, .offset = 0, .sub = &sch, .doc = text                         \
+    }
+
+static const char *const log_level_names[] = { "debug", "info", "warn", "error" };
+static const char *const log_format_names[] = { "json", "text" };
+
+static const struct field backoff_fields[] = {
+    ENUM_FIELD("policy", struct backoff_spec, policy, backoff_policy_names, "\"exponential\"",
+               "how the delay grows: fixed, random, fibonacci, exponential or decorrelated"),
+    UINT_FIELD("base_ms", struct backoff_spec, base_ms, 0, MS_MAX, "100",
+               "the first delay (at least 1, except for the random policy)"),
+    UINT_FIELD("cap_ms", struct backoff_spec, cap_ms, 0, MS_MAX, "10000",
+               "hard limit on every delay, jitter included; at least base_ms"),
+    NUM_FIELD("factor", struct backoff_spec, factor, 1.0, 100.0, "2.0",
+              "growth factor of the exponential policy"),
+    UINT_FIELD("steps", struct backoff_spec, steps, 0, 1000, "0",
+               "0: keep growing; N: stop growing after N retries (Kubernetes Steps)"),
+    ENUM_FIELD("jitter", struct backoff_spec, jitter, backoff_jitter_names, "\"full\"",
+               "none, full, equal, proportional, additive, bounded or constant; decorrelated "
+               "needs none"),
+    NUM_FIELD("jitter_ratio", struct backoff_spec, jitter_ratio, 0.0, 1.0, "0.2",
+              "spread of the proportional and additive jitter"),
+    UINT_FIELD("jitter_ms", struct backoff_spec, jitter_ms, 0, MS_MAX, "0",
+               "spread of the constant jitter"),
+    ENUM_FIELD("scope", struct backoff_spec, scope, backoff_scope_names, "\"request\"",
+               "request: a sequence per request; route: one sequence shared by the route"),
+    UINT_FIELD("reset_after_ms", struct backoff_spec, reset_after_ms, 0, MS_MAX, "0",
+               "scope route: restart the sequence after this long without a retry (0: never)"),
+};
+static const struct schema backoff_schema = { backoff_fields, COUNT(backoff_fields),
+                                              check_backoff };
+
+static const struct field retry_after_fields[] = {
+    BOOL_FIELD("honor", struct cfg_retry, retry_after_honor, "true",
+               "a Retry-After on a retryable response replaces the computed delay"),
+    UINT_FIELD("max_ms", struct cfg_retry, retry_after_max_ms, 0, MS_MAX, "30000",
+               "a longer Retry-After ends retrying and returns the response"),
+};
+/* retry_after's two keys land directly in struct cfg_retry. */
+static const struct schema retry_after_schema = { retry_after_fields, COUNT(retry_after_fields),
+                                                  NULL };
+
+static const struct field retry_fields[] = {
+    UINT_FIELD("max_attempts", struct cfg_retry, max_attempts, 1, 100, "3",
+               "attempts in total, the first included (1 disables retries)"),
+    { .key = "retry_on",
+      .type = FT_CUSTOM,
+      .offset = 0,
+      .def = "[\"connect-failure\", \"reset\", \"timeout\", \"gateway-error\", \"429\"]",
+      .parse = parse_retry_on,
+      .dump = dump_retry_on,
+      .type_doc = "array of strings",
+      .doc = "connect-failure, reset, timeout, 5xx, gateway-error, a status (\"429\") or a "
+             "range (\"500-599\")" },
+    { .key = "methods",
+      .type = FT_CUSTOM,
+      .offset = offsetof(struct cfg_retry, methods),
+      .def = "[\"GET\", \"HEAD\", \"OPTIONS\", \"PUT\", \"DELETE\", \"TRACE\"]",
+      .parse = parse_retry_methods,
+      .dump = dump_methods,
+      .type_doc = "array of strings",
+      .doc = "methods retried once bytes reached the upstream (connect-failure retries every "
+             "method)" },
+    BOOL_FIELD("idempotency_key", struct cfg_retry, idempotency_key, "true",
+               "a request with an Idempotency-Key header is retryable whatever its method"),
+    UINT_FIELD("max_retry_body_bytes", struct cfg_retry, max_retry_body_bytes, 0, 1073741824.0,
+               "1048576",
+               "larger request bodies are streamed once and never retried (held in memory "
+               "up to this size)"),
+    INLINE_OBJ("retry_after", retry_after_schema, "how Retry-After is honoured"),
+    OBJ_FIELD("backoff", struct cfg_retry, backoff, backoff_schema, 0,
+              "the delay before each retry (CONTRACT §3.1)"),
+};
+static const struct schema retry_schema = { retry_fields, COUNT(retry_fields), NULL };
+
+/* The process-wide and per-route budgets differ only in the default concurrency cap. */
+#define BUDGET_FIELDS(max_concurrent_default)                                                      \
+    { .key = "max_concurrent_retries",                                                             \
+      .type = FT_UINT,                                                                             \
+      .flags = F_NULLABLE,                                                                         \
+      .offset = offsetof(struct cfg_budget, max_concurrent_retries),                               \
+      .size = sizeof(int64_t),                                                                     \
+      .min = 0,                                                                                    \
+      .max = 1000000000.0,                                                                         \
+      .def = max_concurrent_default,                                                               \
+      .doc = "retries in flight at once, backoff waits included (null: no cap)" },                 \
+        NUM_FIELD("retry_ratio", struct cfg_budget, retry_ratio, 0.0, NO_MAX, "0.2",               \
+                  "retries allowed per first attempt over the window"),                            \
+        NUM_FIELD("min_retries_per_second", struct cfg_budget, min_retries_per_second, 0.0,        \
+                  NO_MAX, "10", "retries always allowed per second of window"),                    \
+        UINT_FIELD("window_ms", struct cfg_budget, window_ms, 1, MS_MAX, "10000",                  \
+                   "the sliding window of the ratio budget")
+
+static const struct field top_budget_fields[] = { BUDGET_FIELDS("100") };
+static const struct schema top_budget_schema = { top_budget_fields, COUNT(top_budget_fields),
+                                                 NULL };
+static const struct field route_budget_fields[] = { BUDGET_FIELDS("null") };
+static const struct schema route_budget_schema = { route_budget_fields, COUNT(route_budget_fields),
+                                                   NULL };
+
+/* match's keys land directly in struct cfg_route. */
+static const struct field match_fields[] = {
+    { .key = "path_prefix",
+      .type = FT_STRING,
+      .offset = offsetof(struct cfg_route, match_path_prefix),
+      .def = "\"/\"",
+      .check_str = check_path_prefix,
+      .doc = "requests whose path starts with this" },
+    { .key = "host",
+      .type = FT_CUSTOM,
+      .flags = F_NULLABLE,
+      .offset = offsetof(struct cfg_route, match_host),
+      .def = "null",
+      .parse = parse_match_host,
+      .dump = dump_string_or_null,
+      .type_doc = "string or null",
+      .doc = "the Host header, compared without its port unless this holds one (null: any)" },
+    { .key = "methods",
+      .type = FT_CUSTOM,
+      .flags = F_NULLABLE,
+      .offset = offsetof(struct cfg_route, match_methods),
+      .def = "null",
+      .parse = parse_match_methods,
+      .dump = dump_match_methods,
+      .type_doc = "array of strings or null",
+      .doc = "request methods (null: any)" },
+};
+static const struct schema match_schema = { match_fields, COUNT(match_fields), NULL };
+
+static const struct field route_fields[] = {
+    { .key = "name",
+      .type = FT_STRING,
+      .flags = F_REQUIRED | F_ROUTE_ONLY,
+      .offset = offsetof(struct cfg_route, name),
+      .check_str = check_route_name,
+      .doc = "unique name, used in metrics, logs and /schedule" },
+    { .key = "match",
+      .type = FT_OBJECT,
+      .flags = F_ROUTE_ONLY,
+      .offset = 0, /* inline: match's keys live in struct cfg_route */
+      .sub = &match_schema,
+      .doc = "which requests the route takes (first match in file order wins)" },
+    { .key = "upstreams",
+      .type = FT_CUSTOM,
+      .flags = F_REQUIRED | F_ROUTE_ONLY,
+      .offset = 0,
+      .parse = parse_upstreams,
+      .dump = dump_upstreams,
+      .type_doc = "array of strings",
+      .doc = "http:// or https:// base URLs, tried round-robin" },
+    BOOL_FIELD("preserve_host", struct cfg_route, preserve_host, "false",
+               "send the client's Host instead of the upstream's authority"),
+    UINT_FIELD("timeout_ms", struct cfg_route, timeout_ms, 1, MS_MAX, "15000",
+               "the whole request: every attempt and backoff wait"),
+    UINT_FIELD("per_try_timeout_ms", struct cfg_route, per_try_timeout_ms, 0, MS_MAX, "0",
+               "one attempt until its response headers (0: only timeout_ms)"),
+    UINT_FIELD("connect_timeout_ms", struct cfg_route, connect_timeout_ms, 0, MS_MAX, "1000",
+               "establishing one upstream connection (0: no separate limit)"),
+    OBJ_FIELD("retry", struct cfg_route, retry, retry_schema, 0, "when and how to retry"),
+    OBJ_FIELD("budget", struct cfg_route, budget, route_budget_schema, 0,
+              "this route's retry budget, checked as well as the process-wide one"),
+};
+static const struct schema route_schema = { route_fields, COUNT(route_fields), check_route };
+
+static const struct field log_fields[] = {
+    ENUM_FIELD("level", struct cfg, log_level, log_level_names, "\"info\"",
+               "debug, info, warn or error"),
+    ENUM_FIELD("format", struct cfg, log_format, log_format_names, "\"json\"",
+               "json (one object per line) or text"),
+};
+static const struct schema log_schema = { log_fields, COUNT(log_fields), NULL };
+
+static const struct field limits_fields[] = {
+    UINT_FIELD("max_connections", struct cfg, max_connections, 1, 1000000, "10000",
+               "client connections open at once"),
+    UINT_FIELD("connection_timeout_ms", struct cfg, connection_timeout_ms, 0, MS_MAX, "30000",
+               "an idle or slow client connection is closed after this (0: never)"),
+    UINT_FIELD("max_body_bytes", struct cfg, max_body_bytes, 0, 1099511627776.0, "67108864",
+               "larger request bodies are answered 413"),
+};
+static const struct schema limits_schema = { limits_fields, COUNT(limits_fields), NULL };
+
+static int parse_defaults(struct walk *w, const struct at *at, const json_t *v, void *dst);
+static json_t *dump_defaults(const void *src);
+static int parse_routes(struct walk *w, const struct at *at, const json_t *v, void *dst);
+static json_t *dump_routes(const void *src);
+
+static const struct field root_fields[] = {
+    { .key = "listen",
+      .type = FT_STRING,
+      .offset = offsetof(struct cfg, listen),
+      .def = "\"127.0.0.1:15001\"",
+      .check_str = check_listen,
+      .doc = "address of the proxy listener (needs a restart to change)" },
+    { .key = "admin",
+      .type = FT_STRING,
+      .offset = offsetof(struct cfg, admin),
+      .def = "\"127.0.0.1:15000\"",
+      .check_str = check_listen,
+      .doc = "address of the admin listener (needs a restart to change)" },
+    INLINE_OBJ("log", log_schema, "request and reload logs"),
+    UINT_FIELD("drain_timeout_ms", struct cfg, drain_timeout_ms, 0, MS_MAX, "10000",
+               "how long requests in flight may finish after SIGTERM"),
+    INLINE_OBJ("limits", limits_schema, "client-side limits"),
+    OBJ_FIELD("budget", struct cfg, budget, top_budget_schema, 0, "the process-wide retry budget"),
+    { .key = "defaults",
+      .type = FT_CUSTOM,
+      .offset = 0,
+      .sub = &route_schema,
+      .parse = parse_defaults,
+      .dump = dump_defaults,
+      .type_doc = "object",
+      .doc = "values every route inherits: any route key except name, match and upstreams" },
+    { .key = "routes",
+      .type = FT_CUSTOM,
+      .flags = F_REQUIRED,
+      .offset = 0,
+      .sub = &route_schema,
+      .parse = parse_routes,
+      .dump = dump_routes,
+      .type_doc = "array of objects",
+      .doc = "at least one route" },
+};
+static const struct schema root_schema = { root_fields, COUNT(root_fields), NULL };
+
+/* ---- the walker ---- */
+
+static const struct field *find_field(const struct schema *s, const char *key)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->fields[i].key, key) == 0)
+            return &s->fields[i];
+    return NULL;
+}
+
+static const char *type_name(const struct field *f)
+{
+    switch (f->type) {
+    case FT_OBJECT:
+        return "an object";
+    case FT_BOOL:
+        return "true or false";
+    case FT_UINT:
+        return f->flags & F_NULLABLE ? "an integer or null" : "an integer";
+    case FT_NUMBER:
+        return "a number";
+    case FT_ENUM:
+    case FT_STRING:
+        return f->flags & F_NULLABLE ? "a string or null" : "a string";
+    case FT_CUSTOM:
+        return f->type_doc;
+    }
+    return "a value";
+}
+
+static void range_error(struct walk *w, const struct at *at, const struct field *f, const char *got)
+{
+    if (f->max >= NO_MAX)
+        err_at(w, at, "must be at least %g, got %s", f->min, got);
+    else
+        err_at(w, at, "must be %s %.15g to %.15g, got %s",
+               f->type == FT_UINT ? "an integer from" : "from", f->min, f->max, got);
+}
+
+/* Converts and stores one written (or default) value. 0, or -1 after reporting. */
+static int set_value(struct walk *w, const struct field *f, const struct at *at, const json_t *v,
+                     void *p)
+{
+    char got[64];
+    switch (f->type) {
+    case FT_BOOL:
+        if (!json_is_boolean(v))
+            break;
+        *(bool *)p = json_is_true(v);
+        return 0;
+    case FT_UINT: {
+        if (json_is_null(v) && (f->flags & F_NULLABLE)) {
+            *(int64_t *)p = -1;
+            return 0;
+        }
+        if (!json_is_integer(v))
+            break;
+        json_int_t n = json_integer_value(v);
+        if ((double)n < f->min || (double)n > f->max) {
+            snprintf(got, sizeof(got), "%" JSON_INTEGER_FORMAT, n);
+            range_error(w, at, f, got);
+            return -1;
+        }
+        if (f->size == sizeof(uint32_t))
+            *(uint32_t *)p = (uint32_t)n;
+        else
+            *(uint64_t *)p = (uint64_t)n;
+        return 0;
+    }
+    case FT_NUMBER: {
+        if (!json_is_number(v))
+            break;
+        double d = json_number_value(v);
+        if (d < f->min || d > f->max) {
+            snprintf(got, sizeof(got), "%.15g", d);
+            range_error(w, at, f, got);
+            return -1;
+        }
+        *(double *)p = d;
+        return 0;
+    }
+    case FT_ENUM: {
+        if (!json_is_string(v))
+            break;
+        const char *s = json_string_value(v);
+        for (size_t i = 0; i < f->n_names; i++) {
+            if (strcmp(s, f->names[i]) == 0) {
+                *(int *)p = (int)i;
+                return 0;
+            }
+        }
+        const char *near = suggest(s, f->names, f->n_names);
+        if (near)
+            err_at(w, at, "unknown %s \"%s\"; did you mean \"%s\"?", f->key, s, near);
+        else
+            err_at(w, at, "unknown %s \"%s\" (expected one of: %s)", f->key, s,
+                   join(&w->tmp, f->names, f->n_names));
+        return -1;
+    }
+    case FT_STRING: {
+        if (json_is_null(v) && (f->flags & F_NULLABLE)) {
+            *(const char **)p = NULL;
+            return 0;
+        }
+        if (!json_is_string(v))
+            break;
+        const char *s = json_string_value(v);
+        size_t len = json_string_length(v);
+        const char *why = f->check_str ? f->check_str(s, len) : NULL;
+        if (why) {
+            if (len <= 60 && !has_ctl_or_space(s, len))
+                err_at(w, at, "%s, got \"%s\"", why, s);
+            else
+                err_at(w, at, "%s", why);
+            return -1;
+        }
+        *(const char **)p = arena_strndup(w->a, s, len);
+        return 0;
+    }
+    case FT_CUSTOM:
+        return f->parse(w, at, v, p);
+    case FT_OBJECT:
+        break;
+    }
+    err_at(w, at, "expected %s, got %s", type_name(f), kind(v));
+    return -1;
+}
+
+/* A default from the table goes through set_value like a written one: a default the table
+ * itself gets wrong is a bug, caught by the first load in any test. */
+static void set_default(struct walk *w, const struct field *f, const struct at *at, void *p)
+{
+    json_error_t jerr;
+    json_t *v = json_loads(f->def, JSON_DECODE_ANY, &jerr);
+    size_t before = w->errs->n;
+    if (!v || set_value(w, f, at, v, p) < 0 || w->errs->n != before) {
+        fprintf(stderr, "retryproxy: bad schema default for %s: %s\n", f->key, f->def);
+        abort();
+    }
+    json_decref(v);
+}
+
+static void walk_object(struct walk *w, struct ctx *x, void *dst);
+
+static void check_keys(struct walk *w, const struct ctx *x)
+{
+    for (int l = 0; l < 2; l++) {
+        if (!x->layer[l])
+            continue;
+        bool in_defaults = x->in_defaults || l == 1;
+        const char *key;
+        json_t *val;
+        json_object_foreach((json_t *)x->layer[l], key, val)
+        {
+            const struct field *f = find_field(x->s, key);
+            if (f && !(in_defaults && (f->flags & F_ROUTE_ONLY)))
+                continue;
+            const char *path = jpos_path_key(&w->tmp, x->layer_path[l], key, strlen(key));
+            const struct jpos_entry *e = find_pos(w, path);
+            uint32_t line = e ? e->key_line : 0, col = e ? e->key_col : 0;
+            if (f) {
+                cfg_errs_add(w->errs, path, line, col,
+                             "\"%s\" is not allowed in defaults: set it in each route", key);
+                continue;
+            }
+            const char *names[MAX_FIELDS];
+            for (size_t i = 0; i < x->s->n; i++)
+                names[i] = x->s->fields[i].key;
+            const char *near = suggest(key, names, x->s->n);
+            if (near)
+                cfg_errs_add(w->errs, path, line, col, "unknown key \"%s\"; did you mean \"%s\"?",
+                             key, near);
+            else
+                cfg_errs_add(w->errs, path, line, col, "unknown key \"%s\" (expected one of: %s)",
+                             key, join(&w->tmp, names, x->s->n));
+        }
+    }
+}
+
+static void walk_field(struct walk *w, struct ctx *x, size_t i, void *dst)
+{
+    const struct field *f = &x->s->fields[i];
+    void *p = (char *)dst + f->offset;
+    struct origin *o = &x->origin[i];
+    bool route_only = (f->flags & F_ROUTE_ONLY) != 0;
+
+    o->layer = -1;
+    o->at.path = jpos_path_key(&w->tmp, x->path, f->key, strlen(f->key));
+    o->at.pos = NULL;
+
+    if (f->type == FT_OBJECT) {
+        struct ctx sub = { .s = f->sub, .path = o->at.path, .in_defaults = x->in_defaults };
+        for (int l = 0; l < 2; l++) {
+            if (!x->layer[l] || (route_only && (l == 1 || x->in_defaults)))
+                continue;
+            const json_t *v = json_object_get(x->layer[l], f->key);
+            if (!v)
+                continue;
+            struct at at = child_at(w, x->layer_path[l], f->key);
+            if (!json_is_object(v)) {
+                err_at(w, &at, "expected an object, got %s", kind(v));
+                continue;
+            }
+            sub.layer[l] = v;
+            sub.layer_path[l] = at.path;
+            if (o->layer < 0) {
+                o->layer = l;
+                o->at = at;
+            }
+            if (l == 0)
+                sub.pos = at.pos;
+        }
+        walk_object(w, &sub, p);
+        return;
+    }
+
+    for (int l = 0; l < 2; l++) {
+        if (!x->layer[l] || (route_only && (l == 1 || x->in_defaults)))
+            continue;
+        const json_t *v = json_object_get(x->layer[l], f->key);
+        if (!v)
+            continue;
+        o->layer = l;
+        o->at = child_at(w, x->layer_path[l], f->key);
+        if (o->at.pos && o->at.pos->bad) {
+            o->layer = -2; /* an unrepresentable number, reported by the scanner */
+            return;
+        }
+        if (set_value(w, f, &o->at, v, p) < 0)
+            o->layer = -2;
+        return;
+    }
+
+    if (f->flags & F_REQUIRED) {
+        if (x->in_defaults)
+            return; /* route-only: not part of the defaults */
+        struct at at = { o->at.path, x->pos };
+        err_at(w, &at, "required key \"%s\" is missing", f->key);
+        o->layer = -2;
+    } else if (f->def) {
+        set_default(w, f, &o->at, p);
+    } else if (f->type == FT_CUSTOM) {
+        f->parse(w, &o->at, NULL, p);
+    }
+}
+
+static void walk_object(struct walk *w, struct ctx *x, void *dst)
+{
+    if (x->s->n > MAX_FIELDS)
+        abort();
+    check_keys(w, x);
+    for (size_t i = 0; i < x->s->n; i++)
+        walk_field(w, x, i, dst);
+    if (x->s->check)
+        x->s->check(w, x, dst);
+}
+
+static int parse_defaults(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    struct cfg *c = dst;
+    struct ctx x = { .s = &route_schema, .path = "$.defaults", .in_defaults = true };
+    if (v && !json_is_object(v)) {
+        err_at(w, at, "expected an object, got %s", kind(v));
+        v = NULL;
+    }
+    if (v) {
+        x.layer[0] = v;
+        x.layer_path[0] = at->path;
+        x.pos = at->pos;
+    }
+    walk_object(w, &x, &c->defaults);
+    return 0;
+}
+
+static int parse_routes(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    struct cfg *c = dst;
+    int rc = 0;
+    if (!json_is_array(v)) {
+        err_at(w, at, "expected an array of routes, got %s", kind(v));
+        return -1;
+    }
+    size_t n = json_array_size(v);
+    if (n == 0) {
+        err_at(w, at, "must hold at least one route");
+        return -1;
+    }
+    struct cfg_route *routes = arena_alloc(w->a, n * sizeof(*routes));
+    size_t i;
+    const json_t *r;
+    json_array_foreach(v, i, r)
+    {
+        struct at e = elem_at(w, at->path, i);
+        if (!json_is_object(r)) {
+            err_at(w, &e, "expected a route object, got %s", kind(r));
+            rc = -1;
+            continue;
+        }
+        struct ctx x = { .s = &route_schema, .path = e.path, .pos = e.pos };
+        x.layer[0] = r;
+        x.layer_path[0] = e.path;
+        x.layer[1] = w->defaults;
+        x.layer_path[1] = "$.defaults";
+        walk_object(w, &x, &routes[i]);
+        for (size_t j = 0; j < i; j++) {
+            if (routes[i].name && routes[j].name && strcmp(routes[i].name, routes[j].name) == 0) {
+                struct at name_at = child_at(w, e.path, "name");
+                err_at(w, &name_at, "duplicate route name \"%s\" (also $.routes[%zu].name)",
+                       routes[i].name, j);
+                rc = -1;
+                break;
+            }
+        }
+    }
+    c->routes = routes;
+    c->n_routes = n;
+    return rc;
+}
+
+void schema_build(struct cfg *c, struct arena *a, const json_t *root, const struct jpos *pos,
+                  struct cfg_errs *errs)
+{
+    struct walk w = { .a = a, .pos = pos, .errs = errs };
+    const struct jpos_entry *at_root = jpos_find(pos, "$");
+
+    if (!json_is_object(root)) {
+        cfg_errs_add(errs, "$", at_root ? at_root->line : 1, at_root ? at_root->col : 1,
+                     "expected a JSON object, got %s", kind(root));
+        return;
+    }
+    const json_t *d = json_object_get(root, "defaults");
+    w.defaults = json_is_object(d) ? d : NULL;
+
+    struct ctx x = { .s = &root_schema, .path = "$", .pos = at_root };
+    x.layer[0] = root;
+    x.layer_path[0] = "$";
+    walk_object(&w, &x, c);
+    arena_free(&w.tmp);
+}
+
+/* ---- the effective config ---- */
+
+static json_t *dump_object(const struct schema *s, const void *src, bool defaults_view)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; i < s->n; i++) {
+        const struct field *f = &s->fields[i];
+        const void *p = (const char *)src + f->offset;
+        json_t *v = NULL;
+        if (defaults_view && (f->flags & F_ROUTE_ONLY))
+            continue;
+        switch (f->type) {
+        case FT_OBJECT:
+            v = dump_object(f->sub, p, defaults_view);
+            break;
+        case FT_BOOL:
+            v = json_boolean(*(const bool *)p);
+            break;
+        case FT_UINT:
+            if (f->size == sizeof(uint32_t))
+                v = json_integer(*(const uint32_t *)p);
+            else if ((f->flags & F_NULLABLE) && *(const int64_t *)p < 0)
+                v = json_null();
+            else
+                v = json_integer((json_int_t) * (const uint64_t *)p);
+            break;
+        case FT_NUMBER:
+            v = json_real(*(const double *)p);
+            break;
+        case FT_ENUM:
+            v = json_string(f->names[*(const int *)p]);
+            break;
+        case FT_STRING:
+            v = dump_string_or_null(p);
+            break;
+        case FT_CUSTOM:
+            v = f->dump(p);
+            break;
+        }
+        json_object_set_new(o, f->key, v);
+    }
+    return o;
+}
+
+static json_t *dump_defaults(const void *src)
+{
+    return dump_object(&route_schema, &((const struct cfg *)src)->defaults, true);
+}
+
+static json_t *dump_routes(const void *src)
+{
+    const struct cfg *c = src;
+    json_t *a = json_array();
+    for (size_t i = 0; i < c->n_routes; i++)
+        json_array_append_new(a, dump_object(&route_schema, &c->routes[i], false));
+    return a;
+}
+
+json_t *schema_dump(const struct cfg *c)
+{
+    return dump_object(&root_schema, c, false);
+}
+
+/* ---- the reference ---- */
+
+static void write_rows(FILE *out, const struct schema *s, const char *prefix)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        const struct field *f = &s->fields[i];
+        char path[160], type[160];
+        snprintf(path, sizeof(path), "%s%s", prefix, f->key);
+        switch (f->type) {
+        case FT_UINT:
+            if (f->flags & F_NULLABLE)
+                snprintf(type, sizeof(type), "integer %.15g to %.15g, or null", f->min, f->max);
+            else
+                snprintf(type, sizeof(type), "integer %.15g to %.15g", f->min, f->max);
+            break;
+        case FT_NUMBER:
+            if (f->max >= NO_MAX)
+                snprintf(type, sizeof(type), "number >= %g", f->min);
+            else
+                snprintf(type, sizeof(type), "number %g to %g", f->min, f->max);
+            break;
+        case FT_ENUM: {
+            size_t k = (size_t)snprintf(type, sizeof(type), "one of");
+            for (size_t j = 0; j < f->n_names && k < sizeof(type); j++)
+                k += (size_t)snprintf(type + k, sizeof(type) - k, "%s `%s`", j ? "," : "",
+                                      f->names[j]);
+            break;
+        }
+        case FT_BOOL:
+            snprintf(type, sizeof(type), "boolean");
+            break;
+        case FT_STRING:
+            snprintf(type, sizeof(type), "string");
+            break;
+        case FT_OBJECT:
+            snprintf(type, sizeof(type), "object");
+            break;
+        case FT_CUSTOM:
+            snprintf(type, sizeof(type), "%s", f->type_doc);
+            break;
+        }
+        const char *def = f->flags & F_REQUIRED ? "required" : f->def ? f->def : "";
+        fprintf(out, "| `%s` | %s | %s%s%s | %s |\n", path, type, *def && f->def ? "`" : "", def,
+                *def && f->def ? "`" : "", f->doc);
+        if (f->type == FT_OBJECT) {
+            char sub[170];
+            snprintf(sub, sizeof(sub), "%s.", path);
+            write_rows(out, f->sub, sub);
+        } else if (f->sub && f->sub == &route_schema && strcmp(f->key, "routes") == 0) {
+            char sub[170];
+            snprintf(sub, sizeof(sub), "%s[].", path);
+            write_rows(out, f->sub, sub);
+        }
+    }
+}
+
+void schema_write_reference(FILE *out)
+{
+    fputs("| key | type | default | meaning |\n|---|---|---|---|\n", out);
+    write_rows(out, &root_schema, "");
+}

@@ -1,0 +1,557 @@
+/* Config loading: data-driven cases (tests/data/config/{invalid,valid}) and the resolved
+ * values of a snapshot. Run from the repository root (make test does). */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config/cfg.h"
+#include "config/jsonpos.h"
+
+#define DATA "tests/data/config"
+
+struct file_case {
+    char name[96];
+};
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = '\0';
+    fclose(f);
+    return s;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const struct file_case *)a)->name, ((const struct file_case *)b)->name);
+}
+
+/* Every DIR/NAME.json that is not an .expected.json, as Criterion parameters (shared memory). */
+static struct criterion_test_params list_cases(const char *dir)
+{
+    size_t n = 0, cap = 128;
+    struct file_case *v = cr_malloc(cap * sizeof(*v));
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "cannot open %s (run from the repository root)", dir);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0 ||
+            strstr(e->d_name, ".expected.json"))
+            continue;
+        cr_assert_lt(n, cap);
+        snprintf(v[n].name, sizeof(v[n].name), "%.*s", (int)(len - 5), e->d_name);
+        n++;
+    }
+    closedir(d);
+    qsort(v, n, sizeof(*v), by_name);
+    return cr_make_param_array(struct file_case, v, n, NULL);
+}
+
+static char *errors_text(const struct cfg_errs *errs)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    cfg_errs_print(m, NULL, errs);
+    fclose(m);
+    return buf;
+}
+
+/* ---- invalid configs: each NAME.json must produce exactly NAME.err ---- */
+
+ParameterizedTestParameters(config, invalid_file_gives_its_errors)
+{
+    return list_cases(DATA "/invalid");
+}
+
+ParameterizedTest(struct file_case *c, config, invalid_file_gives_its_errors)
+{
+    char json[256], err[256];
+    snprintf(json, sizeof(json), DATA "/invalid/%s.json", c->name);
+    snprintf(err, sizeof(err), DATA "/invalid/%s.err", c->name);
+    char *want = slurp(err);
+    cr_assert_not_null(want, "%s has no .err file beside it", json);
+
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct cfg *cfg = cfg_load_file(json, &errs);
+    cr_expect_null(cfg, "%s loaded although invalid", c->name);
+    cfg_unref(cfg);
+    char *got = errors_text(&errs);
+    cr_expect_str_eq(got, want, "%s:\n--- got\n%s--- want\n%s", c->name, got, want);
+    for (size_t i = 0; i < errs.n; i++) {
+        cr_expect_gt(errs.v[i].line, 0, "%s: error %zu has no line", c->name, i);
+        cr_expect_eq(errs.v[i].path[0], '$', "%s: path %s", c->name, errs.v[i].path);
+    }
+    free(got);
+    free(want);
+    cfg_errs_clear(&errs);
+}
+
+Test(config, invalid_corpus_has_at_least_thirty_cases)
+{
+    size_t n = 0;
+    DIR *d = opendir(DATA "/invalid");
+    cr_assert_not_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strstr(e->d_name, ".json") != NULL;
+    closedir(d);
+    cr_expect_geq(n, 30);
+}
+
+/* ---- valid configs: each NAME.json loads, and its effective config holds NAME.expected.json
+ * (every key there must match; keys left out are not compared) ---- */
+
+static int json_holds(const json_t *got, const json_t *want, char *where, size_t wlen)
+{
+    if (json_is_number(want) && json_is_number(got))
+        return fabs(json_number_value(got) - json_number_value(want)) < 1e-9;
+    if (json_is_object(want)) {
+        if (!json_is_object(got))
+            return 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)want, k, v)
+        {
+            size_t at = strlen(where);
+            snprintf(where + at, wlen - at, ".%s", k);
+            const json_t *g = json_object_get(got, k);
+            if (!g || !json_holds(g, v, where, wlen))
+                return 0;
+            where[at] = '\0';
+        }
+        return 1;
+    }
+    if (json_is_array(want)) {
+        if (!json_is_array(got) || json_array_size(got) != json_array_size(want))
+            return 0;
+        for (size_t i = 0; i < json_array_size(want); i++) {
+            size_t at = strlen(where);
+            snprintf(where + at, wlen - at, "[%zu]", i);
+            if (!json_holds(json_array_get(got, i), json_array_get(want, i), where, wlen))
+                return 0;
+            where[at] = '\0';
+        }
+        return 1;
+    }
+    return json_equal((json_t *)got, (json_t *)want);
+}
+
+ParameterizedTestParameters(config, valid_file_resolves_to_expected_values)
+{
+    return list_cases(DATA "/valid");
+}
+
+ParameterizedTest(struct file_case *c, config, valid_file_resolves_to_expected_values)
+{
+    char path[256], exp[256];
+    snprintf(path, sizeof(path), DATA "/valid/%s.json", c->name);
+    snprintf(exp, sizeof(exp), DATA "/valid/%s.expected.json", c->name);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct cfg *cfg = cfg_load_file(path, &errs);
+    char *etext = errors_text(&errs);
+    cr_assert_not_null(cfg, "%s rejected:\n%s", c->name, etext);
+    free(etext);
+
+    json_error_t jerr;
+    json_t *want = json_load_file(exp, 0, &jerr);
+    cr_assert_not_null(want, "%s: %s", exp, jerr.text);
+    json_t *got = cfg_to_json(cfg);
+    char where[512] = "$";
+    char *dump = json_dumps(got, JSON_INDENT(1));
+    cr_expect(json_holds(got, want, where, sizeof(where)), "%s: mismatch at %s in\n%s", c->name,
+              where, dump);
+    free(dump);
+    json_decref(got);
+    json_decref(want);
+    cfg_unref(cfg);
+    cfg_errs_clear(&errs);
+}
+
+/* ---- resolved values, read from the snapshot's structs ---- */
+
+static struct cfg *load(const char *text)
+{
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct cfg *c = cfg_load_buffer(text, strlen(text), "test", &errs);
+    char *etext = errors_text(&errs);
+    cr_assert_not_null(c, "rejected:\n%s", etext);
+    free(etext);
+    cfg_errs_clear(&errs);
+    return c;
+}
+
+static char *load_errors(const char *text)
+{
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct cfg *c = cfg_load_buffer(text, strlen(text), "test", &errs);
+    cr_assert_null(c, "accepted: %s", text);
+    char *s = errors_text(&errs);
+    cfg_errs_clear(&errs);
+    return s;
+}
+
+Test(config, defaults_merge_field_by_field_into_routes)
+{
+    struct cfg *c = load("{\"defaults\": {\"timeout_ms\": 5000, \"retry\": {\"max_attempts\": 5,"
+                         " \"backoff\": {\"policy\": \"fibonacci\", \"jitter\": \"none\"}}},"
+                         " \"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"
+                         " \"retry\": {\"backoff\": {\"base_ms\": 7}}}]}");
+    const struct cfg_route *r = &c->routes[0];
+    cr_expect_eq(r->timeout_ms, 5000);                        /* from defaults */
+    cr_expect_eq(r->retry.max_attempts, 5);                   /* from defaults */
+    cr_expect_eq(r->retry.backoff.policy, BACKOFF_FIBONACCI); /* defaults, nested */
+    cr_expect_eq(r->retry.backoff.jitter, JITTER_NONE);       /* defaults, nested */
+    cr_expect_eq(r->retry.backoff.base_ms, 7);                /* the route's own */
+    cr_expect_eq(r->retry.backoff.cap_ms, 10000);             /* schema default */
+    cr_expect_eq(r->connect_timeout_ms, 1000);                /* schema default */
+    cr_expect_eq(c->defaults.timeout_ms, 5000);
+    cr_expect_eq(c->defaults.retry.backoff.base_ms, 100);
+    cfg_unref(c);
+}
+
+Test(config, upstreams_are_split_into_scheme_authority_and_base_path)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:81\","
+                         " \"https://api.example.com/v1/\", \"http://[::1]:8080/x/y\"]}]}");
+    const struct cfg_route *r = &c->routes[0];
+    cr_assert_eq(r->n_upstreams, 3);
+    cr_expect_not(r->upstreams[0].https);
+    cr_expect_str_eq(r->upstreams[0].authority, "h:81");
+    cr_expect_str_eq(r->upstreams[0].base_path, "");
+    cr_expect(r->upstreams[1].https);
+    cr_expect_str_eq(r->upstreams[1].authority, "api.example.com");
+    cr_expect_str_eq(r->upstreams[1].base_path, "/v1");
+    cr_expect_str_eq(r->upstreams[2].authority, "[::1]:8080");
+    cr_expect_str_eq(r->upstreams[2].base_path, "/x/y");
+    cr_expect_str_eq(r->upstreams[1].url, "https://api.example.com/v1/");
+    cfg_unref(c);
+}
+
+Test(config, retry_on_tokens_become_conditions_in_file_order)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"
+                         " \"retry\": {\"retry_on\": [\"429\", \"gateway-error\", \"5xx\","
+                         " \"500-503\", \"reset\", \"timeout\", \"connect-failure\"]}}]}");
+    const struct cfg_retry *r = &c->routes[0].retry;
+    cr_assert_eq(r->n_on, 7);
+    cr_expect(r->on[0].kind == CFG_RETRY_STATUS && r->on[0].lo == 429 && r->on[0].hi == 429);
+    cr_expect(r->on[1].kind == CFG_RETRY_STATUS && r->on[1].lo == 502 && r->on[1].hi == 504);
+    cr_expect(r->on[2].kind == CFG_RETRY_STATUS && r->on[2].lo == 500 && r->on[2].hi == 599);
+    cr_expect(r->on[3].kind == CFG_RETRY_STATUS && r->on[3].lo == 500 && r->on[3].hi == 503);
+    cr_expect_eq(r->on[4].kind, CFG_RETRY_RESET);
+    cr_expect_eq(r->on[5].kind, CFG_RETRY_TIMEOUT);
+    cr_expect_eq(r->on[6].kind, CFG_RETRY_CONNECT_FAILURE);
+    cr_expect_str_eq(r->on[1].token, "gateway-error");
+    cfg_unref(c);
+}
+
+Test(config, methods_and_match_resolve_to_bitmasks)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"
+                         " \"match\": {\"host\": \"Orders.Internal\", \"methods\": [\"POST\"],"
+                         " \"path_prefix\": \"/orders\"}, \"retry\": {\"methods\": [\"GET\","
+                         " \"PATCH\"]}}, {\"name\": \"b\", \"upstreams\": [\"http://h:1\"]}]}");
+    cr_expect_str_eq(c->routes[0].match_host, "orders.internal");
+    cr_expect_eq(c->routes[0].match_methods, CFG_METHOD_POST);
+    cr_expect_str_eq(c->routes[0].match_path_prefix, "/orders");
+    cr_expect_eq(c->routes[0].retry.methods, CFG_METHOD_GET | CFG_METHOD_PATCH);
+    cr_expect_null(c->routes[1].match_host);
+    cr_expect_eq(c->routes[1].match_methods, 0);
+    cr_expect_str_eq(c->routes[1].match_path_prefix, "/");
+    cr_expect_eq(c->routes[1].retry.methods, CFG_METHOD_GET | CFG_METHOD_HEAD | CFG_METHOD_OPTIONS |
+                                                 CFG_METHOD_PUT | CFG_METHOD_DELETE |
+                                                 CFG_METHOD_TRACE);
+    cfg_unref(c);
+}
+
+Test(config, budgets_default_differently_at_top_and_per_route)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"]}]}");
+    cr_expect_eq(c->budget.max_concurrent_retries, 100);
+    cr_expect_eq(c->routes[0].budget.max_concurrent_retries, -1); /* null: no cap */
+    cr_expect_float_eq(c->budget.retry_ratio, 0.2, 1e-12);
+    cr_expect_float_eq(c->routes[0].budget.min_retries_per_second, 10.0, 1e-12);
+    cr_expect_eq(c->routes[0].budget.window_ms, 10000);
+    cfg_unref(c);
+}
+
+Test(config, route_lookup_by_name)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"]},"
+                         " {\"name\": \"b\", \"upstreams\": [\"http://h:2\"]}]}");
+    cr_expect_eq(cfg_route_by_name(c, "b"), &c->routes[1]);
+    cr_expect_null(cfg_route_by_name(c, "c"));
+    cfg_unref(c);
+}
+
+Test(config, snapshot_lives_until_last_reference)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"]}]}");
+    struct cfg *held = cfg_ref(c);
+    cr_expect_eq(held, c);
+    cfg_unref(c);
+    cr_expect_str_eq(held->routes[0].name, "a"); /* still valid: ASan would catch a free */
+    cfg_unref(held);
+    cfg_unref(NULL);
+}
+
+Test(config, value_inherited_from_defaults_is_reported_once)
+{
+    char *e = load_errors("{\"defaults\": {\"retry\": {\"max_attempts\": 0}}, \"routes\": ["
+                          "{\"name\": \"a\", \"upstreams\": [\"http://h:1\"]},"
+                          "{\"name\": \"b\", \"upstreams\": [\"http://h:1\"]}]}");
+    cr_expect_str_eq(e, "1:41: $.defaults.retry.max_attempts: must be an integer from 1 to 100, "
+                        "got 0\n");
+    free(e);
+}
+
+Test(config, rule_broken_only_by_defaults_is_reported_at_defaults)
+{
+    char *e = load_errors("{\"defaults\": {\"retry\": {\"backoff\": {\"base_ms\": 500, "
+                          "\"cap_ms\": 100}}}, \"routes\": ["
+                          "{\"name\": \"a\", \"upstreams\": [\"http://h:1\"]}]}");
+    cr_expect_str_eq(e, "1:63: $.defaults.retry.backoff.cap_ms: cap_ms (100) must be at least "
+                        "base_ms (500)\n");
+    free(e);
+}
+
+Test(config, invalid_value_does_not_cascade_into_rules)
+{
+    /* base_ms is invalid, so "cap_ms >= base_ms" is not checked against a made-up base. */
+    char *e = load_errors("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"
+                          " \"retry\": {\"backoff\": {\"base_ms\": \"x\", \"cap_ms\": 1}}}]}");
+    cr_expect_str_eq(e, "1:89: $.routes[0].retry.backoff.base_ms: expected an integer, got a "
+                        "string\n");
+    free(e);
+}
+
+Test(config, errors_come_sorted_by_position)
+{
+    char *e = load_errors("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],\n"
+                          " \"timeout_ms\": 0}],\n \"zzz\": 1, \"drain_timeout_ms\": -1}");
+    cr_expect_str_eq(e, "2:16: $.routes[0].timeout_ms: must be an integer from 1 to 86400000, "
+                        "got 0\n"
+                        "3:2: $.zzz: unknown key \"zzz\" (expected one of: listen, admin, log, "
+                        "drain_timeout_ms, limits, budget, defaults, routes)\n"
+                        "3:32: $.drain_timeout_ms: must be an integer from 0 to 86400000, "
+                        "got -1\n");
+    free(e);
+}
+
+Test(config, file_that_cannot_be_read_is_an_error_without_position)
+{
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    cr_expect_null(cfg_load_file(DATA "/no-such-file.json", &errs));
+    cr_assert_eq(errs.n, 1);
+    cr_expect_eq(errs.v[0].line, 0);
+    cr_expect_str_eq(errs.v[0].msg, "cannot open: No such file or directory");
+    cfg_errs_clear(&errs);
+    cr_expect_null(cfg_load_file(DATA, &errs));
+    cr_assert_eq(errs.n, 1);
+    cr_expect_str_eq(errs.v[0].msg, "not a regular file");
+    cfg_errs_clear(&errs);
+}
+
+Test(config, oversized_file_is_refused)
+{
+    char path[] = "/tmp/retryproxy-big-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    for (unsigned i = 0; i <= CFG_MAX_FILE_BYTES; i += 8)
+        fputs("        ", f);
+    fclose(f);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    cr_expect_null(cfg_load_file(path, &errs));
+    cr_assert_eq(errs.n, 1);
+    cr_expect(strstr(errs.v[0].msg, "larger than") != NULL, "%s", errs.v[0].msg);
+    cfg_errs_clear(&errs);
+    unlink(path);
+}
+
+Test(config, error_list_is_capped_and_counts_the_rest)
+{
+    /* 300 unknown keys: CFG_ERRS_MAX kept, the rest counted. */
+    char *text = malloc(300 * 16 + 128), *p = text;
+    p += sprintf(p, "{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"]}]");
+    for (int i = 0; i < 300; i++)
+        p += sprintf(p, ", \"k%d\": 1", i);
+    strcpy(p, "}");
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    cr_expect_null(cfg_load_buffer(text, strlen(text), "t", &errs));
+    cr_expect_eq(errs.n, CFG_ERRS_MAX);
+    cr_expect_eq(errs.dropped, 300 - CFG_ERRS_MAX);
+    cfg_errs_clear(&errs);
+    free(text);
+}
+
+Test(config, reference_lists_every_key_with_its_default)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    cfg_write_reference(m);
+    fclose(m);
+    cr_expect(strstr(buf, "| `routes[].retry.backoff.base_ms` | integer 0 to 86400000 | `100` |"));
+    cr_expect(strstr(buf, "| `budget.max_concurrent_retries` | integer 0 to 1000000000, or null "
+                          "| `100` |"));
+    cr_expect(strstr(buf, "| `routes[].name` | string | required |"));
+    free(buf);
+}
+
+/* ---- the position scanner ---- */
+
+static struct jpos scan_ok(char *text, struct cfg_errs *errs)
+{
+    struct jpos p = { 0 };
+    cr_assert_eq(jpos_scan(&p, text, strlen(text), errs), 0);
+    return p;
+}
+
+Test(jsonpos, records_value_and_key_positions_by_path)
+{
+    char text[] = "{\n  \"a\": [1, {\"b c\": true}],\n  \"d\":\t\"x\"\n}";
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct jpos p = scan_ok(text, &errs);
+    const struct jpos_entry *e = jpos_find(&p, "$.a");
+    cr_assert_not_null(e);
+    cr_expect(e->line == 2 && e->col == 8 && e->key_line == 2 && e->key_col == 3);
+    e = jpos_find(&p, "$.a[1][\"b c\"]");
+    cr_assert_not_null(e);
+    cr_expect(e->line == 2 && e->col == 20, "%u:%u", e->line, e->col);
+    e = jpos_find(&p, "$.d");
+    cr_assert_not_null(e);
+    cr_expect(e->line == 3 && e->col == 8, "%u:%u", e->line, e->col); /* a tab is one column */
+    cr_expect_null(jpos_find(&p, "$.zz"));
+    cr_expect_eq(errs.n, 0);
+    jpos_free(&p);
+}
+
+Test(jsonpos, columns_count_characters_not_bytes)
+{
+    char text[] = "{\"\xc3\xa9t\xc3\xa9\": \"\xe2\x82\xac\", \"n\": 1}";
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct jpos p = scan_ok(text, &errs);
+    const struct jpos_entry *e = jpos_find(&p, "$.n");
+    cr_assert_not_null(e);
+    /* {"été": "€", "n": 1}  -> the 1 is the 19th character (the 26th byte) */
+    cr_expect_eq(e->col, 19);
+    jpos_free(&p);
+}
+
+Test(jsonpos, duplicate_only_within_the_same_object)
+{
+    char text[] = "{\"r\": {\"a\": 1}, \"r\": {\"a\": 2}, \"s\": {\"a\": 1, \"a\": 2}}";
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct jpos p = scan_ok(text, &errs);
+    cr_assert_eq(errs.n, 2);
+    cr_expect_str_eq(errs.v[0].path, "$.r");
+    cr_expect_str_eq(errs.v[1].path, "$.s.a");
+    /* the last duplicate wins, as in jansson */
+    cr_expect_eq(jpos_find(&p, "$.r.a")->col, 28);
+    cfg_errs_clear(&errs);
+    jpos_free(&p);
+}
+
+Test(jsonpos, unrepresentable_numbers_are_reported_and_nulled_in_place)
+{
+    char text[] = "{\"a\": 1e309, \"b\": -99999999999999999999, \"c\": 1e-400, \"d\": 5}";
+    size_t len = strlen(text);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct jpos p = scan_ok(text, &errs);
+    cr_assert_eq(errs.n, 2);
+    cr_expect_str_eq(errs.v[0].path, "$.a");
+    cr_expect_str_eq(errs.v[1].path, "$.b");
+    cr_expect(jpos_find(&p, "$.a")->bad);
+    cr_expect_not(jpos_find(&p, "$.c")->bad); /* underflow to 0 is what jansson accepts */
+    cr_expect_eq(strlen(text), len);
+    json_error_t jerr;
+    json_t *j = json_loads(text, 0, &jerr);
+    cr_assert_not_null(j, "%s", jerr.text);
+    cr_expect(json_is_null(json_object_get(j, "a")));
+    cr_expect_eq(json_integer_value(json_object_get(j, "d")), 5);
+    json_decref(j);
+    cfg_errs_clear(&errs);
+    jpos_free(&p);
+}
+
+Test(jsonpos, accepts_exactly_what_jansson_accepts)
+{
+    static const char *const docs[] = {
+        "{}",
+        "{\"a\":\"\\u00e9\\ud83d\\ude00\\n\\\"\"}",
+        "[0, -0, 1.5e+3, -2E-2, true, false, null]",
+        "{\"a\":1,}",
+        "[1,]",
+        "{\"a\" 1}",
+        "{'a': 1}",
+        "[01]",
+        "[1.]",
+        "[.5]",
+        "[+1]",
+        "[tru]",
+        "[truex]",
+        "{\"a\": \"\\x\"}",
+        "{\"a\": \"\\ud800\"}",
+        "{\"a\": \"\\u0000\"}",
+        "{\"a\": \"\xff\"}",
+        "{\"a\": \"\xc0\xaf\"}",
+        "{\"a\": \"\xed\xa0\x80\"}",
+        "{\"a\": 1} x",
+        "{\"a\": \"tab\there\"}",
+        "",
+        "   ",
+    };
+    for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
+        char *copy = strdup(docs[i]);
+        struct jpos p = { 0 };
+        struct cfg_errs errs;
+        cfg_errs_init(&errs);
+        int ours = jpos_scan(&p, copy, strlen(copy), &errs) == 0;
+        json_error_t jerr;
+        json_t *j = json_loadb(docs[i], strlen(docs[i]), 0, &jerr);
+        cr_expect_eq(ours, j != NULL, "doc %zu '%s': scanner %s, jansson %s", i, docs[i],
+                     ours ? "accepts" : "rejects", j ? "accepts" : "rejects");
+        json_decref(j);
+        cfg_errs_clear(&errs);
+        jpos_free(&p);
+        free(copy);
+    }
+}
+
+Test(jsonpos, paths_quote_keys_that_are_not_identifiers)
+{
+    struct arena a = { 0 };
+    cr_expect_str_eq(jpos_path_key(&a, "$", "base_ms", 7), "$.base_ms");
+    cr_expect_str_eq(jpos_path_key(&a, "$", "a.b", 3), "$[\"a.b\"]");
+    cr_expect_str_eq(jpos_path_key(&a, "$", "q\"\n", 3), "$[\"q\\\"\\u000a\"]");
+    cr_expect_str_eq(jpos_path_key(&a, "$", "9x", 2), "$[\"9x\"]");
+    cr_expect_str_eq(jpos_path_index(&a, "$.r", 12), "$.r[12]");
+    arena_free(&a);
+}
