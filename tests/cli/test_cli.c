@@ -1,0 +1,293 @@
+/* The command line of CONTRACT §2, run as users run it: the built binary, its output and exit
+ * status. Run from the repository root (make test does). */
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "tests/support/proc.h"
+
+#define VALID   "tests/data/config/valid"
+#define INVALID "tests/data/config/invalid"
+#define SEQ     VALID "/sequences.json"
+
+/* Runs retryproxy with up to 12 arguments (NULL-terminated list). */
+static struct proc_result rp_env(char *const env[], const char *a0, ...)
+{
+    char *argv[16] = { (char *)proc_bin() };
+    va_list ap;
+    va_start(ap, a0);
+    size_t n = 1;
+    for (const char *a = a0; a && n < 15; a = va_arg(ap, const char *))
+        argv[n++] = (char *)a;
+    va_end(ap);
+    argv[n] = NULL;
+    struct proc_result r;
+    cr_assert_eq(proc_run(argv, env, 10000, &r), 0, "cannot run %s", argv[0]);
+    cr_assert_neq(r.status, -1, "%s timed out", argv[0]);
+    return r;
+}
+
+#define rp(...) rp_env(NULL, __VA_ARGS__, NULL)
+
+Test(cli, version_prints_name_and_version)
+{
+    struct proc_result r = rp("--version");
+    cr_expect_eq(r.status, 0);
+    cr_expect_str_eq(r.out, "retryproxy 0.1.0\n");
+    proc_result_free(&r);
+}
+
+Test(cli, help_lists_every_command_and_exits_zero)
+{
+    struct proc_result r = rp("--help");
+    cr_expect_eq(r.status, 0);
+    cr_expect(strstr(r.out, "retryproxy check -c FILE"));
+    cr_expect(strstr(r.out, "retryproxy schedule -c FILE --route NAME"));
+    cr_expect(strstr(r.out, "--retries N"));
+    cr_expect(strstr(r.out, "--log-format"));
+    cr_expect_str_eq(r.err, "");
+    proc_result_free(&r);
+}
+
+Test(cli, check_accepts_a_valid_config)
+{
+    struct proc_result r = rp("check", "-c", VALID "/minimal.json");
+    cr_expect_eq(r.status, 0, "stderr: %s", r.err);
+    cr_expect_str_eq(r.out, VALID "/minimal.json: OK (1 route)\n");
+    proc_result_free(&r);
+}
+
+Test(cli, check_accepts_the_bundled_example_config)
+{
+    struct proc_result r = rp("check", "-c", "deploy/config.json");
+    cr_expect_eq(r.status, 0, "%s%s", r.out, r.err);
+    proc_result_free(&r);
+}
+
+Test(cli, check_prints_every_error_with_file_line_column_and_path)
+{
+    struct proc_result r = rp("check", "-c", INVALID "/many_errors_all_reported.json");
+    cr_expect_eq(r.status, 1);
+    const char *f = INVALID "/many_errors_all_reported.json";
+    char want[512];
+    snprintf(want, sizeof(want),
+             "%s:2:21: $.log.format: unknown format \"xml\" (expected one of: json, text)\n", f);
+    cr_expect(strncmp(r.out, want, strlen(want)) == 0, "got:\n%s", r.out);
+    size_t lines = 0;
+    for (const char *p = r.out; *p; p++)
+        lines += *p == '\n';
+    cr_expect_eq(lines, 7, "got:\n%s", r.out);
+    cr_expect(strstr(r.err, "7 errors"), "stderr: %s", r.err);
+    proc_result_free(&r);
+}
+
+/* Every invalid case fails `check` with exit 1 and exactly the errors of its .err file, each
+ * prefixed with the file name. */
+Test(cli, check_rejects_every_invalid_case_naming_its_json_path)
+{
+    DIR *d = opendir(INVALID);
+    cr_assert_not_null(d);
+    struct dirent *e;
+    int cases = 0;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0)
+            continue;
+        char json[256], errf[256];
+        snprintf(json, sizeof(json), INVALID "/%s", e->d_name);
+        snprintf(errf, sizeof(errf), INVALID "/%.*s.err", (int)(len - 5), e->d_name);
+        FILE *ef = fopen(errf, "r");
+        cr_assert_not_null(ef, "%s missing", errf);
+        char want_line[1024];
+        cr_assert_not_null(fgets(want_line, sizeof(want_line), ef));
+        fclose(ef);
+        char want[1400];
+        snprintf(want, sizeof(want), "%s:%s", json, want_line);
+
+        struct proc_result r = rp("check", "-c", json);
+        cr_expect_eq(r.status, 1, "%s: exit %d", json, r.status);
+        cr_expect(strncmp(r.out, want, strlen(want)) == 0, "%s:\n got: %s\nwant: %s", json, r.out,
+                  want);
+        cr_expect(strstr(r.out, ": $"), "%s: no JSON path in %s", json, r.out);
+        proc_result_free(&r);
+        cases++;
+    }
+    closedir(d);
+    cr_expect_geq(cases, 30);
+}
+
+Test(cli, check_reports_a_missing_file)
+{
+    struct proc_result r = rp("check", "-c", "/nonexistent/retryproxy.json");
+    cr_expect_eq(r.status, 1);
+    cr_expect_str_eq(r.out,
+                     "/nonexistent/retryproxy.json: $: cannot open: No such file or directory\n");
+    proc_result_free(&r);
+}
+
+Test(cli, check_print_shows_the_effective_config)
+{
+    struct proc_result r = rp("check", "-c", VALID "/minimal.json", "--print");
+    cr_expect_eq(r.status, 0);
+    json_error_t jerr;
+    json_t *j = json_loads(r.out, 0, &jerr);
+    cr_assert_not_null(j, "%s", jerr.text);
+    json_t *b = json_object_get(
+        json_object_get(json_object_get(json_array_get(json_object_get(j, "routes"), 0), "retry"),
+                        "backoff"),
+        "cap_ms");
+    cr_expect_eq(json_integer_value(b), 10000);
+    json_decref(j);
+    proc_result_free(&r);
+}
+
+Test(cli, check_uses_RETRYPROXY_CONFIG_when_no_file_is_given)
+{
+    char *env[] = { "RETRYPROXY_CONFIG=" INVALID "/zero_timeout.json", NULL };
+    struct proc_result r = rp_env(env, "check", NULL);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.out, INVALID "/zero_timeout.json:3:78: $.routes[0].timeout_ms"), "%s",
+              r.out);
+    proc_result_free(&r);
+}
+
+Test(cli, schedule_prints_the_contract_sequences)
+{
+    static const struct {
+        const char *route, *want;
+    } cases[] = {
+        { "exponential", "10 20 40 80 160 320 640 1280\n" },
+        { "fibonacci", "10 10 20 30 50 80 130\n" },
+        { "steps", "10 20 40 80 80\n" },
+        { "capped", "10 20 30 30\n" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct proc_result r = rp("schedule", "-c", SEQ, "--route", cases[i].route);
+        cr_expect_eq(r.status, 0, "%s: %s", cases[i].route, r.err);
+        cr_expect_str_eq(r.out, cases[i].want, "%s", cases[i].route);
+        proc_result_free(&r);
+    }
+}
+
+Test(cli, schedule_prints_runs_lines_of_retries_delays)
+{
+    struct proc_result r =
+        rp("schedule", "-c", SEQ, "--route", "exponential", "--retries", "3", "--runs", "4");
+    cr_expect_eq(r.status, 0);
+    cr_expect_str_eq(r.out, "10 20 40\n10 20 40\n10 20 40\n10 20 40\n");
+    proc_result_free(&r);
+    r = rp("schedule", "-c", SEQ, "--route", "exponential", "--retries", "0");
+    cr_expect_eq(r.status, 0);
+    cr_expect_str_eq(r.out, "\n");
+    proc_result_free(&r);
+}
+
+Test(cli, schedule_seed_makes_jitter_repeatable)
+{
+    struct proc_result a =
+        rp("schedule", "-c", SEQ, "--route", "jittered", "--runs", "5", "--seed", "42");
+    struct proc_result b =
+        rp("schedule", "-c", SEQ, "--route", "jittered", "--runs", "5", "--seed", "42");
+    struct proc_result c =
+        rp("schedule", "-c", SEQ, "--route", "jittered", "--runs", "5", "--seed", "43");
+    cr_expect_eq(a.status, 0);
+    cr_expect_str_eq(a.out, b.out);
+    cr_expect_str_neq(a.out, c.out);
+    /* 5 lines of max_attempts-1 = 5 delays, full jitter over exponential base 100: U[0, d]. */
+    const unsigned cap[5] = { 100, 200, 400, 800, 1600 };
+    char *save = NULL, *line = strtok_r(a.out, "\n", &save);
+    int lines = 0;
+    for (; line; line = strtok_r(NULL, "\n", &save), lines++) {
+        unsigned v[6];
+        int n = sscanf(line, "%u %u %u %u %u %u", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]);
+        cr_expect_eq(n, 5, "line '%s'", line);
+        for (int i = 0; i < n && i < 5; i++)
+            cr_expect_leq(v[i], cap[i], "line '%s' delay %d", line, i + 1);
+    }
+    cr_expect_eq(lines, 5);
+    proc_result_free(&a);
+    proc_result_free(&b);
+    proc_result_free(&c);
+}
+
+Test(cli, schedule_rejects_an_unknown_route_listing_the_routes)
+{
+    struct proc_result r = rp("schedule", "-c", SEQ, "--route", "nope");
+    cr_expect_eq(r.status, 1);
+    cr_expect_str_eq(r.out, "");
+    cr_expect(strstr(r.err, "no route named \"nope\" (routes: exponential fibonacci"), "%s", r.err);
+    proc_result_free(&r);
+}
+
+Test(cli, schedule_on_an_invalid_config_exits_one)
+{
+    struct proc_result r = rp("schedule", "-c", INVALID "/zero_timeout.json", "--route", "orders");
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "$.routes[0].timeout_ms"), "%s", r.err);
+    proc_result_free(&r);
+}
+
+Test(cli, usage_errors_exit_two)
+{
+    static const char *const bad[][6] = {
+        { "schedule", "-c", SEQ, NULL },                             /* no --route */
+        { "schedule", "-c", SEQ, "--route", "capped", "--retries" }, /* missing value */
+        { "--bogus", NULL },
+        { "frobnicate", NULL },
+        { "--workers", "0", NULL },
+        { "--log-level", "loud", NULL },
+        { "--log-format", "xml", NULL },
+        { "--listen", "nowhere", NULL },
+        { "check", "-c", SEQ, "extra", NULL },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *argv[8] = { (char *)proc_bin() };
+        for (size_t k = 0; k < 6 && bad[i][k]; k++)
+            argv[k + 1] = (char *)bad[i][k];
+        struct proc_result r;
+        cr_assert_eq(proc_run(argv, NULL, 10000, &r), 0);
+        cr_expect_eq(r.status, 2, "case %zu (%s): exit %d, stderr %s", i, bad[i][0], r.status,
+                     r.err);
+        cr_expect_neq(r.err_len, 0, "case %zu says nothing", i);
+        proc_result_free(&r);
+    }
+}
+
+Test(cli, schedule_numbers_are_strict)
+{
+    static const char *const bad[][2] = {
+        { "--retries", "-1" }, { "--retries", "3x" }, { "--retries", "10001" },
+        { "--runs", "0" },     { "--seed", "1.5" },   { "--seed", "18446744073709551616" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct proc_result r = rp("schedule", "-c", SEQ, "--route", "capped", bad[i][0], bad[i][1]);
+        cr_expect_eq(r.status, 2, "%s %s: exit %d", bad[i][0], bad[i][1], r.status);
+        proc_result_free(&r);
+    }
+    struct proc_result r = rp("schedule", "-c", SEQ, "--route", "capped", "--seed",
+                              "18446744073709551615", "--retries", "1");
+    cr_expect_eq(r.status, 0);
+    cr_expect_str_eq(r.out, "10\n");
+    proc_result_free(&r);
+}
+
+Test(cli, reference_matches_docs_config_md)
+{
+    struct proc_result r = rp("reference");
+    cr_expect_eq(r.status, 0);
+    FILE *f = fopen("docs/config.md", "r");
+    cr_assert_not_null(f, "docs/config.md is missing");
+    static char doc[65536];
+    size_t n = fread(doc, 1, sizeof(doc) - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+    cr_expect(strstr(doc, r.out) != NULL,
+              "docs/config.md does not hold the current `retryproxy reference` output; "
+              "regenerate it with `make docs`");
+    proc_result_free(&r);
+}

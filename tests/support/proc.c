@@ -1,0 +1,146 @@
+#include "tests/support/proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+const char *proc_bin(void)
+{
+    const char *b = getenv("RETRYPROXY_BIN");
+    return b && *b ? b : "build/retryproxy";
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void append(char **buf, size_t *len, const char *data, size_t n)
+{
+    char *p = realloc(*buf, *len + n + 1);
+    if (!p)
+        abort();
+    memcpy(p + *len, data, n);
+    *len += n;
+    p[*len] = '\0';
+    *buf = p;
+}
+
+static char **merged_env(char *const extra[])
+{
+    size_t n = 0, k = 0;
+    while (environ[n])
+        n++;
+    while (extra && extra[k])
+        k++;
+    char **env = calloc(n + k + 1, sizeof(*env));
+    if (!env)
+        abort();
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++)
+        env[m++] = extra[i];
+    for (size_t i = 0; i < n; i++) {
+        /* an extra NAME=... replaces the inherited one */
+        const char *eq = strchr(environ[i], '=');
+        size_t nl = eq ? (size_t)(eq - environ[i]) : strlen(environ[i]);
+        int dup = 0;
+        for (size_t j = 0; j < k; j++)
+            if (strncmp(extra[j], environ[i], nl) == 0 && extra[j][nl] == '=')
+                dup = 1;
+        if (!dup)
+            env[m++] = environ[i];
+    }
+    return env;
+}
+
+int proc_run(char *const argv[], char *const env_extra[], int timeout_ms, struct proc_result *r)
+{
+    int out[2] = { -1, -1 }, err[2] = { -1, -1 }, rc = -1;
+    posix_spawn_file_actions_t fa;
+    char **env = merged_env(env_extra);
+    pid_t pid;
+
+    memset(r, 0, sizeof(*r));
+    append(&r->out, &r->out_len, "", 0);
+    append(&r->err, &r->err_len, "", 0);
+    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)
+        goto out;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    int e = posix_spawn(&pid, argv[0], &fa, NULL, argv, env);
+    posix_spawn_file_actions_destroy(&fa);
+    if (e != 0)
+        goto out;
+    close(out[1]);
+    close(err[1]);
+    out[1] = err[1] = -1;
+
+    long long deadline = now_ms() + timeout_ms;
+    int open_fds = 2;
+    while (open_fds > 0) {
+        struct pollfd p[2] = { { out[0], POLLIN, 0 }, { err[0], POLLIN, 0 } };
+        long long left = deadline - now_ms();
+        if (left <= 0)
+            break;
+        if (poll(p, 2, (int)left) < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < 2; i++) {
+            if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            char buf[8192];
+            ssize_t n = read(p[i].fd, buf, sizeof(buf));
+            if (n > 0) {
+                if (i == 0)
+                    append(&r->out, &r->out_len, buf, (size_t)n);
+                else
+                    append(&r->err, &r->err_len, buf, (size_t)n);
+            } else if (n == 0 || errno != EINTR) {
+                close(i == 0 ? out[0] : err[0]);
+                if (i == 0)
+                    out[0] = -1;
+                else
+                    err[0] = -1;
+                open_fds--;
+            }
+        }
+    }
+    int st;
+    if (open_fds > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        r->status = -1;
+    } else {
+        waitpid(pid, &st, 0);
+        r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < 2; i++) {
+        if (out[i] >= 0)
+            close(out[i]);
+        if (err[i] >= 0)
+            close(err[i]);
+    }
+    free(env);
+    return rc;
+}
+
+void proc_result_free(struct proc_result *r)
+{
+    free(r->out);
+    free(r->err);
+    memset(r, 0, sizeof(*r));
+}

@@ -1,0 +1,25 @@
+/* proc -- run the built binaries from tests: spawn, capture output, wait with a deadline. */
+#ifndef RETRYPROXY_TESTS_PROC_H
+#define RETRYPROXY_TESTS_PROC_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+struct proc_result {
+    int status; /* exit code, or 128 + signal; -1 when it timed out (and was killed) */
+    char *out;  /* everything written to stdout, NUL-terminated */
+    char *err;  /* everything written to stderr */
+    size_t out_len, err_len;
+};
+
+/* Path of the retryproxy binary under test: $RETRYPROXY_BIN, else build/retryproxy. */
+const char *proc_bin(void);
+
+/* Runs argv (argv[0] is the program path) with 'env_extra' ("NAME=value" strings, NULL-ended,
+ * may be NULL) added to the environment, stdin from /dev/null, waiting at most 'timeout_ms'.
+ * Returns 0, or -1 if it could not be started. Free with proc_result_free(). */
+int proc_run(char *const argv[], char *const env_extra[], int timeout_ms, struct proc_result *r);
+
+void proc_result_free(struct proc_result *r);
+
+#endif
