@@ -1,0 +1,27 @@
+# retryproxy sidecar image: build on Debian 12, run on Debian 12 slim with only the runtime
+# libraries, as an unprivileged user.
+FROM debian:12 AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential pkg-config \
+      libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Makefile ./
+COPY policy policy
+COPY config config
+COPY proxy proxy
+# The image needs only the binary: the test dependency (Criterion) is not installed, so the
+# build skips the Makefile's dependency check and links the three runtime libraries directly.
+RUN make build/retryproxy WERROR=1 PKGS="libmicrohttpd libcurl jansson" TEST_PKGS=
+
+FROM debian:12-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libmicrohttpd12 libcurl4 libjansson4 ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home retryproxy
+COPY --from=build /src/build/retryproxy /usr/local/bin/retryproxy
+COPY deploy/config.json /etc/retryproxy/config.json
+USER 10001
+EXPOSE 15001 15000
+ENTRYPOINT ["/usr/local/bin/retryproxy"]
+CMD ["-c", "/etc/retryproxy/config.json"]
