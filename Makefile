@@ -50,6 +50,9 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 BIN := $(BUILD)/retryproxy
 
+# Objects built through pattern rules are not intermediate files: keep them between runs.
+.SECONDARY:
+
 .PHONY: all deps test check-tests asan run docs format format-check clean
 all: $(BIN)
 

@@ -98,7 +98,7 @@ Test(cli, check_rejects_every_invalid_case_naming_its_json_path)
         size_t len = strlen(e->d_name);
         if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0)
             continue;
-        char json[256], errf[256];
+        char json[512], errf[512];
         snprintf(json, sizeof(json), INVALID "/%s", e->d_name);
         snprintf(errf, sizeof(errf), INVALID "/%.*s.err", (int)(len - 5), e->d_name);
         FILE *ef = fopen(errf, "r");
@@ -106,7 +106,7 @@ Test(cli, check_rejects_every_invalid_case_naming_its_json_path)
         char want_line[1024];
         cr_assert_not_null(fgets(want_line, sizeof(want_line), ef));
         fclose(ef);
-        char want[1400];
+        char want[1600];
         snprintf(want, sizeof(want), "%s:%s", json, want_line);
 
         struct proc_result r = rp("check", "-c", json);
