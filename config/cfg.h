@@ -65,7 +65,8 @@ struct cfg_budget {
 };
 
 struct cfg_upstream {
-    const char *url; /* as written */
+    const char *url;    /* as written */
+    const char *origin; /* "http://host:port/": where connections go */
     bool https;
     const char *authority; /* host[:port], as written: the Host sent unless preserve_host */
     const char *base_path; /* "" or a prefix such as "/api" (no trailing '/') */

@@ -626,6 +626,7 @@ static int parse_upstream(struct walk *w, const struct at *at, const char *s, si
         plen--;
     u->url = arena_strndup(w->a, s, len);
     u->authority = arena_strndup(w->a, auth, alen);
+    u->origin = arena_printf(w->a, "%s://%.*s/", u->https ? "https" : "http", (int)alen, auth);
     u->base_path = arena_strndup(w->a, slash ? slash : "", plen);
     return 0;
 }

@@ -14,6 +14,7 @@
 #include "config/cfg.h"
 #include "policy/backoff.h"
 #include "policy/rng.h"
+#include "proxy/serve.h"
 
 #define VERSION        "0.1.0"
 #define DEFAULT_CONFIG "/etc/retryproxy/config.json"
@@ -261,6 +262,7 @@ static int cmd_run(int argc, char **argv)
     };
     const char *path = NULL, *why;
     unsigned long long workers = 0;
+    struct serve_opts so = { 0 };
     int o;
     while ((o = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
         switch (o) {
@@ -274,6 +276,10 @@ static int cmd_run(int argc, char **argv)
                         optarg, why);
                 return EXIT_USAGE;
             }
+            if (o == 'l')
+                so.listen = optarg;
+            else
+                so.admin = optarg;
             break;
         case 'L':
             if (strcmp(optarg, "debug") && strcmp(optarg, "info") && strcmp(optarg, "warn") &&
@@ -289,6 +295,7 @@ static int cmd_run(int argc, char **argv)
             if (parse_count(optarg, 256, &workers) < 0 || workers == 0)
                 return usage_error("--workers must be a whole number from 1 to 256, got '%s'",
                                    optarg);
+            so.workers = (unsigned)workers;
             break;
         case 'h':
             fputs(usage_text, stdout);
@@ -309,12 +316,9 @@ static int cmd_run(int argc, char **argv)
     struct cfg *c = load_or_report(path, stderr);
     if (!c)
         return EXIT_CONFIG;
-    fprintf(stderr,
-            "retryproxy: %s is valid (%zu routes), but this build cannot serve yet: the proxy "
-            "engine arrives with the next release\n",
-            path, c->n_routes);
+    int rc = serve_run(c, &so);
     cfg_unref(c);
-    return EXIT_CONFIG;
+    return rc;
 }
 
 int main(int argc, char **argv)

@@ -243,6 +243,8 @@ Test(config, upstreams_are_split_into_scheme_authority_and_base_path)
     cr_expect_str_eq(r->upstreams[2].authority, "[::1]:8080");
     cr_expect_str_eq(r->upstreams[2].base_path, "/x/y");
     cr_expect_str_eq(r->upstreams[1].url, "https://api.example.com/v1/");
+    cr_expect_str_eq(r->upstreams[1].origin, "https://api.example.com/");
+    cr_expect_str_eq(r->upstreams[2].origin, "http://[::1]:8080/");
     cfg_unref(c);
 }
 

@@ -1,0 +1,37 @@
+/* headers -- HTTP header rules of the forwarding path (CONTRACT §4). Pure functions. */
+#ifndef RETRYPROXY_PROXY_HEADERS_H
+#define RETRYPROXY_PROXY_HEADERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy/rng.h"
+
+/* Header names compare case-insensitively (ASCII). */
+bool hdr_name_eq(const char *a, const char *b);
+
+/* Connection, Keep-Alive, Proxy-Connection, TE, Trailer, Transfer-Encoding, Upgrade: they
+ * describe one hop and are never forwarded, in either direction. */
+bool hdr_is_hop_by_hop(const char *name);
+
+/* Whether 'name' is one of the comma-separated tokens of a Connection header value
+ * ("close, X-Foo" lists X-Foo), case-insensitively. */
+bool hdr_token_listed(const char *list, const char *name);
+
+/* A field name is an RFC 9110 token; a value going upstream holds no CR, LF or other control
+ * byte but HTAB. Either check failing makes the request a 400. */
+bool hdr_name_valid(const char *name);
+bool hdr_value_valid(const char *value);
+
+/* The whole decimal number in 's' if it is 1 to 19 digits, else -1. */
+int64_t hdr_parse_uint(const char *s);
+
+/* A random (version 4) UUID in lowercase hex, 36 characters and a NUL. */
+void hdr_uuid(struct rng *r, char out[37]);
+
+/* The host part of a Host header value for matching: lowercased, its port removed unless
+ * 'keep_port'. Writes at most 'cap' bytes including the NUL; returns 0, or -1 if too long. */
+int hdr_match_host(const char *host, bool keep_port, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,84 @@
+/* loop -- one epoll event loop per thread: fd watches, timers, a cached clock.
+ *
+ * Everything a worker does is driven from here: client sockets (through libmicrohttpd's epoll
+ * fd), upstream sockets (curl's multi-socket API), timers (curl's, MHD's, per-try timeouts,
+ * deadlines and every backoff wait), and wake-ups from other threads. Nothing blocks and
+ * nothing sleeps: a request waiting out a backoff delay is one timer in a binary heap.
+ *
+ * "now" is read once per loop turn (CLOCK_MONOTONIC, milliseconds), so every decision made in
+ * one turn sees the same time. A loop and its watches and timers belong to one thread.
+ */
+#ifndef RETRYPROXY_PROXY_LOOP_H
+#define RETRYPROXY_PROXY_LOOP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct loop;
+
+struct loop_watch;
+typedef void (*loop_fd_fn)(struct loop_watch *w, uint32_t events);
+
+/* Embedded in its owner; the callback finds the owner with container_of-style arithmetic or
+ * through 'arg'. */
+struct loop_watch {
+    int fd;
+    uint32_t events;
+    loop_fd_fn fn;
+    void *arg;
+};
+
+struct loop_timer;
+typedef void (*loop_timer_fn)(struct loop_timer *t);
+
+struct loop_timer {
+    uint64_t when_ms;
+    size_t slot; /* position in the heap + 1; 0 when not armed */
+    loop_timer_fn fn;
+    void *arg;
+};
+
+/* A new loop, or NULL with errno set. */
+struct loop *loop_new(void);
+/* Frees the loop (not the owners of its watches and timers). Accepts NULL. */
+void loop_free(struct loop *l);
+
+/* Starts watching 'fd' for 'events' (EPOLLIN, EPOLLOUT...). 0 or -errno. */
+int loop_watch_add(struct loop *l, struct loop_watch *w, int fd, uint32_t events, loop_fd_fn fn,
+                   void *arg);
+/* Changes the events of a watch. 0 or -errno. */
+int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events);
+/* Stops watching (the fd stays open; the caller closes it). Events already collected in this
+ * turn for the watch are dropped, so the owner may free it once the current turn ends: see
+ * loop_defer_free(). */
+void loop_watch_del(struct loop *l, struct loop_watch *w);
+
+/* Frees 'p' with free() at the end of the current loop turn, after every event of the turn
+ * has been dispatched. */
+void loop_defer_free(struct loop *l, void *p);
+
+/* Arms (or re-arms) 't' to fire at 'when_ms' (loop clock). */
+void loop_timer_start(struct loop *l, struct loop_timer *t, uint64_t when_ms, loop_timer_fn fn,
+                      void *arg);
+/* Disarms 't' if armed. */
+void loop_timer_stop(struct loop *l, struct loop_timer *t);
+static inline bool loop_timer_armed(const struct loop_timer *t)
+{
+    return t->slot != 0;
+}
+
+/* The cached monotonic clock, in milliseconds. */
+uint64_t loop_now(const struct loop *l);
+/* Re-reads the clock (for work that spans a long callback). */
+uint64_t loop_update_now(struct loop *l);
+
+/* Runs until loop_stop(). Returns 0, or -errno if epoll failed. */
+int loop_run(struct loop *l);
+/* Makes loop_run() return after the current turn. From the loop's own thread only. */
+void loop_stop(struct loop *l);
+
+/* Timers armed right now (for tests and metrics). */
+size_t loop_timer_count(const struct loop *l);
+
+#endif

@@ -1,0 +1,1354 @@
+#include "proxy/retry.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+#include "policy/backoff.h"
+#include "policy/retry_after.h"
+#include "proxy/headers.h"
+#include "proxy/server.h"
+#include "proxy/upstream.h"
+#include "proxy/worker.h"
+
+/* Response headers of one attempt: bounded like a client's request headers would be. */
+#define HLIST_MAX_BYTES (64 * 1024)
+#define HLIST_MAX_COUNT 200
+/* The body of a retryable response, kept to be returned if retrying stops. Error bodies are
+ * small; a larger one is not kept and a 502 stands in for it. */
+#define SAVED_BODY_MAX (64 * 1024)
+/* Response bytes waiting for the client; when full, curl is paused (backpressure). */
+#define DOWN_RING (64 * 1024)
+/* Request bytes of a streamed upload waiting for curl; when full, the client is paused. */
+#define UP_RING (256 * 1024)
+/* MHD asks the content reader for at most this much at a time. */
+#define READER_BLOCK (32 * 1024)
+/* X-Request-Id values longer than this are replaced by a fresh id. */
+#define REQUEST_ID_MAX 128
+
+/* ---- the decision ---- */
+
+const char *retry_stop_name(enum retry_stop s)
+{
+    switch (s) {
+    case RETRY_STOP_NONE:
+        return "";
+    case RETRY_STOP_MAX_ATTEMPTS:
+        return "max-attempts";
+    case RETRY_STOP_BUDGET:
+        return "budget";
+    case RETRY_STOP_CONCURRENCY:
+        return "concurrency";
+    case RETRY_STOP_DEADLINE:
+        return "deadline";
+    case RETRY_STOP_RETRY_AFTER:
+        return "retry-after";
+    case RETRY_STOP_NOT_RETRYABLE:
+        return "not-retryable";
+    case RETRY_STOP_BODY_TOO_LARGE:
+        return "body-too-large";
+    case RETRY_STOP_DRAINING:
+        return "draining";
+    }
+    return "";
+}
+
+const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
+                                         int status)
+{
+    for (size_t i = 0; i < r->n_on; i++) {
+        const struct cfg_retry_cond *c = &r->on[i];
+        switch (c->kind) {
+        case CFG_RETRY_CONNECT_FAILURE:
+            if (o == RETRY_OUT_CONNECT_FAILURE)
+                return c;
+            break;
+        case CFG_RETRY_RESET:
+            if (o == RETRY_OUT_RESET)
+                return c;
+            break;
+        case CFG_RETRY_TIMEOUT:
+            if (o == RETRY_OUT_TIMEOUT)
+                return c;
+            break;
+        case CFG_RETRY_STATUS:
+            if (o == RETRY_OUT_STATUS && status >= c->lo && status <= c->hi)
+                return c;
+            break;
+        }
+    }
+    return NULL;
+}
+
+void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct retry_verdict *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->fired = retry_match(r, f->outcome, f->status);
+    if (!v->fired)
+        return;
+
+    /* Nothing was sent on a connect failure, so any method and any body may go again. */
+    bool sent = f->outcome != RETRY_OUT_CONNECT_FAILURE;
+    if (sent && !f->method_retryable) {
+        v->stop = RETRY_STOP_NOT_RETRYABLE;
+        return;
+    }
+    if (sent && !f->body_replayable) {
+        v->stop = RETRY_STOP_BODY_TOO_LARGE;
+        return;
+    }
+    if (f->attempts >= f->max_attempts) {
+        v->stop = RETRY_STOP_MAX_ATTEMPTS;
+        return;
+    }
+    uint64_t delay = f->backoff_ms;
+    if (f->has_retry_after && r->retry_after_honor) {
+        if (f->retry_after_ms > r->retry_after_max_ms) {
+            v->stop = RETRY_STOP_RETRY_AFTER;
+            return;
+        }
+        delay = f->retry_after_ms;
+        v->retry_after_used = true;
+    }
+    /* A wait that would end at or after the deadline leaves no time for the attempt. */
+    if (f->now_ms + delay >= f->deadline_ms) {
+        v->stop = RETRY_STOP_DEADLINE;
+        return;
+    }
+    v->delay_ms = (uint32_t)delay;
+}
+
+/* ---- small buffers ---- */
+
+/* Header fields as "name\0value\0" pairs. */
+struct hlist {
+    char *buf;
+    size_t len, cap, count;
+};
+
+static void hlist_clear(struct hlist *h)
+{
+    h->len = 0;
+    h->count = 0;
+}
+
+static void hlist_free(struct hlist *h)
+{
+    free(h->buf);
+    memset(h, 0, sizeof(*h));
+}
+
+static int hlist_add(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl)
+{
+    size_t need = nl + vl + 2;
+    if (h->count >= HLIST_MAX_COUNT || h->len + need > HLIST_MAX_BYTES)
+        return -1;
+    if (h->len + need > h->cap) {
+        size_t cap = h->cap ? h->cap : 1024;
+        while (cap < h->len + need)
+            cap *= 2;
+        char *b = realloc(h->buf, cap);
+        if (!b)
+            return -1;
+        h->buf = b;
+        h->cap = cap;
+    }
+    memcpy(h->buf + h->len, name, nl);
+    h->buf[h->len + nl] = '\0';
+    memcpy(h->buf + h->len + nl + 1, value, vl);
+    h->buf[h->len + nl + 1 + vl] = '\0';
+    h->len += need;
+    h->count++;
+    return 0;
+}
+
+/* Iterates: *pos starts at 0; returns false at the end. */
+static bool hlist_next(const struct hlist *h, size_t *pos, const char **name, const char **value)
+{
+    if (*pos >= h->len)
+        return false;
+    *name = h->buf + *pos;
+    *value = *name + strlen(*name) + 1;
+    *pos = (size_t)(*value - h->buf) + strlen(*value) + 1;
+    return true;
+}
+
+static const char *hlist_get(const struct hlist *h, const char *name)
+{
+    size_t pos = 0;
+    const char *n, *v;
+    while (hlist_next(h, &pos, &n, &v))
+        if (hdr_name_eq(n, name))
+            return v;
+    return NULL;
+}
+
+/* A byte queue that compacts instead of wrapping; bounded by 'max'. */
+struct ring {
+    char *buf;
+    size_t start, len, cap, max;
+};
+
+static size_t ring_space(const struct ring *q)
+{
+    return q->max - q->len;
+}
+
+static int ring_put(struct ring *q, const char *p, size_t n)
+{
+    if (n > ring_space(q))
+        return -1;
+    if (!q->buf) {
+        q->buf = malloc(q->max);
+        if (!q->buf)
+            return -1;
+        q->cap = q->max;
+    }
+    if (q->start + q->len + n > q->cap) {
+        memmove(q->buf, q->buf + q->start, q->len);
+        q->start = 0;
+    }
+    memcpy(q->buf + q->start + q->len, p, n);
+    q->len += n;
+    return 0;
+}
+
+static size_t ring_get(struct ring *q, char *out, size_t n)
+{
+    if (n > q->len)
+        n = q->len;
+    memcpy(out, q->buf + q->start, n);
+    q->start += n;
+    q->len -= n;
+    if (q->len == 0)
+        q->start = 0;
+    return n;
+}
+
+static void ring_free(struct ring *q)
+{
+    free(q->buf);
+    q->buf = NULL;
+    q->start = q->len = q->cap = 0;
+}
+
+/* ---- the request ---- */
+
+enum req_state {
+    RS_HEADERS,  /* before the first access-handler call */
+    RS_BODY,     /* reading a request body that will be buffered whole */
+    RS_ATTEMPT,  /* an attempt in flight, before its response headers */
+    RS_DRAIN,    /* reading a retryable response's body before the wait */
+    RS_BACKOFF,  /* waiting out a delay */
+    RS_STREAM,   /* the upstream's response is going to the client */
+    RS_ANSWERED, /* a complete answer of our own (or a saved one) is ready */
+};
+
+enum body_mode { BODY_NONE, BODY_BUFFER, BODY_STREAM };
+
+struct retry_req {
+    struct worker *w;
+    struct MHD_Connection *conn; /* NULL once libmicrohttpd is done with it */
+    struct cfg *cfg;
+    const struct cfg_route *route;
+    unsigned refs; /* the connection, a running transfer, the response reader */
+    enum req_state state;
+    bool suspended;  /* we suspended the connection */
+    bool in_handler; /* inside retry_req_access(): answers are queued on return */
+    bool answered;   /* an answer is ready (r->resp, or NULL: close the connection) */
+    bool queued;
+
+    /* the request as received */
+    char *target;
+    char method[24];
+    uint32_t method_bit;
+    bool is_head;
+    char request_id[REQUEST_ID_MAX + 1];
+    struct curl_slist *hdrs;
+    struct curl_slist *hdrs_tail;
+    struct curl_slist attempt_node; /* "X-Retry-Attempt: N", linked at the tail */
+    char attempt_hdr[40];
+    char *upstream_target; /* base path + target for the current upstream */
+
+    /* the request body */
+    enum body_mode body_mode;
+    bool body_done;
+    int64_t content_length; /* -1: chunked */
+    char *body;             /* buffered body, or the head of a streamed one */
+    size_t body_len, body_cap;
+    size_t body_sent;      /* bytes of 'body' handed to curl in this attempt */
+    struct ring upload;    /* the rest of a streamed body */
+    uint64_t upload_total; /* bytes received from the client */
+    bool upload_started;   /* curl has taken bytes of a streamed body: no replay */
+    bool read_paused;      /* curl's read callback is paused waiting for client bytes */
+    bool upload_blocked;   /* the connection is suspended until curl takes bytes */
+
+    /* retrying */
+    uint32_t attempts, max_attempts;
+    bool method_retryable;
+    uint64_t deadline_ms;
+    uint64_t tried; /* upstreams tried, as bits */
+    size_t up_idx;
+    struct backoff_seq seq;
+    enum retry_outcome last_outcome;
+    const struct cfg_retry_cond *fired;
+    enum retry_stop stop;
+    uint32_t pending_delay;
+
+    /* the current attempt */
+    struct upstream_xfer xfer;
+    unsigned sends; /* times curl was about to send this attempt's request */
+    int status;
+    bool hdrs_done;
+    struct hlist rh;
+    struct loop_timer try_timer, deadline_timer, backoff_timer;
+
+    /* the last retryable response, returned as it is if retrying stops */
+    struct {
+        bool valid, whole;
+        int status;
+        struct hlist h;
+        char *body;
+        size_t len;
+    } saved;
+
+    /* the answer */
+    struct MHD_Response *resp;
+    unsigned resp_status;
+    struct ring down;
+    bool down_done, down_failed, curl_paused, reader_waiting;
+};
+
+static void req_free(struct retry_req *r)
+{
+    struct loop *l = r->w->loop;
+    loop_timer_stop(l, &r->try_timer);
+    loop_timer_stop(l, &r->deadline_timer);
+    loop_timer_stop(l, &r->backoff_timer);
+    if (r->hdrs_tail)
+        r->hdrs_tail->next = NULL; /* the attempt node is ours, not curl's */
+    curl_slist_free_all(r->hdrs);
+    free(r->target);
+    free(r->upstream_target);
+    free(r->body);
+    ring_free(&r->upload);
+    ring_free(&r->down);
+    hlist_free(&r->rh);
+    hlist_free(&r->saved.h);
+    free(r->saved.body);
+    cfg_unref(r->cfg);
+    r->w->requests--;
+    free(r);
+}
+
+static void req_release(struct retry_req *r)
+{
+    if (--r->refs == 0)
+        req_free(r);
+}
+
+struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target)
+{
+    struct retry_req *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->target = strdup(raw_target);
+    if (!r->target) {
+        free(r);
+        return NULL;
+    }
+    r->w = w;
+    r->conn = c;
+    r->refs = 1;
+    r->cfg = cfg_ref(w->cfg);
+    r->content_length = -1;
+    r->upload.max = UP_RING;
+    r->down.max = DOWN_RING;
+    w->requests++;
+    return r;
+}
+
+/* ---- answers ---- */
+
+static void add_retry_headers(struct retry_req *r, struct MHD_Response *resp)
+{
+    char n[16];
+    snprintf(n, sizeof(n), "%u", r->attempts);
+    MHD_add_response_header(resp, "X-Retry-Attempts", n);
+    if (r->stop != RETRY_STOP_NONE)
+        MHD_add_response_header(resp, "X-Retry-Stop", retry_stop_name(r->stop));
+}
+
+/* Makes 'resp' the answer. Inside the access handler it is queued on return; otherwise the
+ * suspended connection is resumed and libmicrohttpd calls the handler, which queues it. */
+/* Resumes the suspended connection and has libmicrohttpd look at it this turn. */
+static void resume(struct retry_req *r)
+{
+    r->suspended = false;
+    r->upload_blocked = false;
+    r->reader_waiting = false;
+    MHD_resume_connection(r->conn);
+    server_kick(r->w->srv);
+}
+
+static void answer(struct retry_req *r, struct MHD_Response *resp, unsigned status)
+{
+    /* resp NULL (out of memory): closing the connection is the only honest answer left */
+    r->resp = resp;
+    r->resp_status = status;
+    r->answered = true;
+    if (r->state != RS_STREAM)
+        r->state = RS_ANSWERED;
+    if (!r->in_handler && r->suspended && r->conn)
+        resume(r);
+}
+
+/* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
+static void answer_error(struct retry_req *r, unsigned status, const char *code,
+                         const char *message)
+{
+    char body[512];
+    char route[160] = "null";
+    if (r->route)
+        snprintf(route, sizeof(route), "\"%s\"", r->route->name); /* names need no escaping */
+    int n = snprintf(body, sizeof(body),
+                     "{\"error\": \"%s\", \"route\": %s, \"attempts\": %u, \"message\": \"%s\"}\n",
+                     code, route, r->attempts, message);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer((size_t)n, body, MHD_RESPMEM_MUST_COPY);
+    if (resp) {
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+        add_retry_headers(r, resp);
+    }
+    answer(r, resp, status);
+}
+
+static bool forward_response_header(const char *name, const struct hlist *h)
+{
+    if (hdr_is_hop_by_hop(name) || hdr_name_eq(name, "Content-Length") ||
+        hdr_name_eq(name, "X-Retry-Attempts") || hdr_name_eq(name, "X-Retry-Stop"))
+        return false;
+    size_t pos = 0;
+    const char *n, *v;
+    while (hlist_next(h, &pos, &n, &v))
+        if (hdr_name_eq(n, "Connection") && hdr_token_listed(v, name))
+            return false;
+    return true;
+}
+
+static void copy_response_headers(struct retry_req *r, struct MHD_Response *resp,
+                                  const struct hlist *h)
+{
+    size_t pos = 0;
+    const char *n, *v;
+    while (hlist_next(h, &pos, &n, &v))
+        if (forward_response_header(n, h))
+            MHD_add_response_header(resp, n, v);
+    add_retry_headers(r, resp);
+}
+
+static int64_t content_length_of(const struct hlist *h)
+{
+    const char *cl = hlist_get(h, "Content-Length");
+    return cl ? hdr_parse_uint(cl) : -1;
+}
+
+static bool status_has_body(int status)
+{
+    return status != 204 && status != 304 && !(status >= 100 && status < 200);
+}
+
+static ssize_t never_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)cls;
+    (void)pos;
+    (void)buf;
+    (void)max;
+    return MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+/* The saved retryable response, when retrying stopped after it. */
+static void answer_saved(struct retry_req *r)
+{
+    struct MHD_Response *resp;
+    int64_t cl = content_length_of(&r->saved.h);
+    if (r->is_head && cl >= 0)
+        /* HEAD: the upstream's length, and no body (libmicrohttpd never reads it). */
+        resp = MHD_create_response_from_callback((uint64_t)cl, 1024, never_read, NULL, NULL);
+    else
+        resp = MHD_create_response_from_buffer(r->saved.len, r->saved.body ? r->saved.body : "",
+                                               MHD_RESPMEM_MUST_COPY);
+    if (resp)
+        copy_response_headers(r, resp, &r->saved.h);
+    answer(r, resp, (unsigned)r->saved.status);
+}
+
+/* Retrying is over without a response to stream: the last upstream response if we have it
+ * whole, else an error of our own. */
+static void answer_final(struct retry_req *r)
+{
+    if (r->saved.valid && r->saved.whole) {
+        answer_saved(r);
+        return;
+    }
+    if (r->last_outcome == RETRY_OUT_TIMEOUT)
+        answer_error(r, MHD_HTTP_GATEWAY_TIMEOUT, "upstream_timeout",
+                     "no response from the upstream in time");
+    else
+        answer_error(r, MHD_HTTP_BAD_GATEWAY, "upstream_unavailable",
+                     "no response from any upstream attempt");
+}
+
+/* ---- the response body, streamed ---- */
+
+static void release_reader(void *cls)
+{
+    req_release(cls);
+}
+
+static void resume_reader(struct retry_req *r)
+{
+    if (r->reader_waiting && r->suspended && r->conn)
+        resume(r);
+}
+
+/* libmicrohttpd wants body bytes for the client. With none buffered and the upstream still
+ * sending, the connection is suspended until curl delivers more (returning 0 alone would make
+ * libmicrohttpd call again at once, a busy loop). */
+static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    struct retry_req *r = cls;
+    if (r->down.len) {
+        size_t n = ring_get(&r->down, buf, max);
+        if (r->curl_paused && r->xfer.easy && ring_space(&r->down) >= CURL_MAX_WRITE_SIZE) {
+            r->curl_paused = false;
+            curl_easy_pause(r->xfer.easy, CURLPAUSE_CONT);
+        }
+        return (ssize_t)n;
+    }
+    if (r->down_failed)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (r->down_done)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    if (r->conn) {
+        r->reader_waiting = true;
+        r->suspended = true;
+        MHD_suspend_connection(r->conn);
+    }
+    return 0;
+}
+
+/* Response headers are in and the answer is this response: stream it. */
+static void answer_stream(struct retry_req *r)
+{
+    int64_t cl = content_length_of(&r->rh);
+    uint64_t size = MHD_SIZE_UNKNOWN;
+    if (cl >= 0 && (r->is_head || status_has_body(r->status)))
+        size = (uint64_t)cl;
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(size, READER_BLOCK, read_body, r, release_reader);
+    if (resp) {
+        r->refs++; /* the reader's */
+        copy_response_headers(r, resp, &r->rh);
+    }
+    r->state = RS_STREAM;
+    answer(r, resp, (unsigned)r->status);
+}
+
+/* ---- attempts ---- */
+
+static void start_attempt(struct retry_req *r);
+static void attempt_done(struct upstream_xfer *x, CURLcode rc);
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The Retry-After of the current response, if it holds exactly one valid value. */
+static bool retry_after_of(const struct hlist *h, uint64_t *ms)
+{
+    const char *vals[2];
+    size_t lens[2], n = 0, pos = 0;
+    const char *name, *v;
+    while (hlist_next(h, &pos, &name, &v)) {
+        if (!hdr_name_eq(name, "Retry-After"))
+            continue;
+        if (n < 2) {
+            vals[n] = v;
+            lens[n] = strlen(v);
+        }
+        n++;
+    }
+    return retry_after_parse_fields(vals, lens, n > 2 ? 2 : n, (int64_t)wall_ms(), ms) == 0;
+}
+
+/* Applies the decision for the attempt that just ended; 'saved' responses were kept by the
+ * caller. Returns true when a retry was scheduled. */
+static bool decide(struct retry_req *r, enum retry_outcome o)
+{
+    const struct cfg_retry *policy = &r->route->retry;
+    struct loop *l = r->w->loop;
+    struct retry_facts f = {
+        .outcome = o,
+        .status = r->status,
+        .method_retryable = r->method_retryable,
+        .body_replayable = r->body_mode != BODY_STREAM || !r->upload_started,
+        .attempts = r->attempts,
+        .max_attempts = r->max_attempts,
+        .now_ms = loop_now(l),
+        .deadline_ms = r->deadline_ms,
+    };
+    r->last_outcome = o;
+    if (retry_match(policy, o, r->status) && r->attempts < r->max_attempts)
+        f.backoff_ms = backoff_seq_next(&r->seq, &policy->backoff, loop_now(l), &r->w->rng);
+    if (o == RETRY_OUT_STATUS)
+        f.has_retry_after = retry_after_of(&r->rh, &f.retry_after_ms);
+
+    struct retry_verdict v;
+    retry_decide(policy, &f, &v);
+    r->fired = v.fired;
+    r->stop = v.fired ? v.stop : RETRY_STOP_NONE;
+    if (v.fired && v.stop == RETRY_STOP_NONE) {
+        r->pending_delay = v.delay_ms;
+        return true;
+    }
+    return false;
+}
+
+static void on_backoff(struct loop_timer *t)
+{
+    struct retry_req *r = t->arg;
+    start_attempt(r);
+}
+
+static void wait_then_retry(struct retry_req *r)
+{
+    struct loop *l = r->w->loop;
+    r->state = RS_BACKOFF;
+    loop_timer_start(l, &r->backoff_timer, loop_now(l) + r->pending_delay, on_backoff, r);
+}
+
+/* An attempt ended without response headers. */
+static void attempt_failed(struct retry_req *r, enum retry_outcome o)
+{
+    r->status = 0;
+    if (decide(r, o))
+        wait_then_retry(r);
+    else
+        answer_final(r);
+}
+
+static enum retry_outcome classify(const struct retry_req *r, CURLcode rc)
+{
+    (void)rc;
+    /* The pre-request callback runs right before the request goes out on an established
+     * connection: if it never ran, nothing reached the upstream. */
+    return r->sends == 0 ? RETRY_OUT_CONNECT_FAILURE : RETRY_OUT_RESET;
+}
+
+static void on_try_timeout(struct loop_timer *t)
+{
+    struct retry_req *r = t->arg;
+    if (r->state != RS_ATTEMPT || !r->xfer.easy)
+        return;
+    upstream_cancel(r->w->up, &r->xfer);
+    req_release(r); /* the transfer's reference; the connection's keeps r alive */
+    attempt_failed(r, RETRY_OUT_TIMEOUT);
+}
+
+static void on_deadline(struct loop_timer *t)
+{
+    struct retry_req *r = t->arg;
+    bool running = r->xfer.easy != NULL;
+    if (running) {
+        upstream_cancel(r->w->up, &r->xfer);
+        r->refs--; /* never the last: the connection or the reader holds one */
+    }
+    loop_timer_stop(r->w->loop, &r->try_timer);
+    switch (r->state) {
+    case RS_ATTEMPT:
+        attempt_failed(r, RETRY_OUT_TIMEOUT); /* decide() sees the deadline: no retry */
+        break;
+    case RS_DRAIN:
+    case RS_BACKOFF:
+        loop_timer_stop(r->w->loop, &r->backoff_timer);
+        r->stop = RETRY_STOP_DEADLINE;
+        r->last_outcome = RETRY_OUT_TIMEOUT;
+        answer_final(r);
+        break;
+    case RS_STREAM:
+        /* Mid-body: the client must see the truncation. */
+        r->down_failed = true;
+        resume_reader(r);
+        break;
+    default:
+        break;
+    }
+}
+
+static size_t on_header(char *b, size_t size, size_t n, void *ud)
+{
+    struct retry_req *r = ud;
+    size_t len = size * n;
+    if (r->state != RS_ATTEMPT)
+        return len; /* trailers of a response already decided */
+    if (len >= 5 && memcmp(b, "HTTP/", 5) == 0) {
+        const char *sp = memchr(b, ' ', len);
+        r->status = 0;
+        if (sp && (size_t)(sp - b) + 4 <= len)
+            r->status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
+        hlist_clear(&r->rh);
+        return len;
+    }
+    if (len <= 2 && (b[0] == '\r' || b[0] == '\n')) {
+        if (r->status >= 200)
+            r->hdrs_done = true;
+        else
+            r->status = 0; /* an interim 1xx: the real status line follows */
+        if (!r->hdrs_done)
+            return len;
+        loop_timer_stop(r->w->loop, &r->try_timer);
+        if (decide(r, RETRY_OUT_STATUS)) {
+            /* Keep this response in case retrying stops; read its body first so the
+             * connection can be reused. */
+            hlist_free(&r->saved.h);
+            r->saved.h = r->rh;
+            memset(&r->rh, 0, sizeof(r->rh));
+            r->saved.status = r->status;
+            r->saved.valid = true;
+            r->saved.whole = true;
+            r->saved.len = 0;
+            r->state = RS_DRAIN;
+        } else {
+            answer_stream(r);
+        }
+        return len;
+    }
+    /* name: value */
+    size_t end = len;
+    while (end > 0 && (b[end - 1] == '\r' || b[end - 1] == '\n'))
+        end--;
+    const char *colon = memchr(b, ':', end);
+    if (!colon)
+        return len; /* obsolete folding or junk: dropped */
+    size_t nl = (size_t)(colon - b);
+    const char *v = colon + 1;
+    while (v < b + end && (*v == ' ' || *v == '\t'))
+        v++;
+    size_t vl = (size_t)(b + end - v);
+    while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+        vl--;
+    if (hlist_add(&r->rh, b, nl, v, vl) < 0)
+        return 0; /* too many or too large: abort, seen as a reset */
+    return len;
+}
+
+static size_t on_write(char *p, size_t size, size_t n, void *ud)
+{
+    struct retry_req *r = ud;
+    size_t len = size * n;
+    if (r->state == RS_DRAIN) {
+        if (!r->saved.whole || r->saved.len + len > SAVED_BODY_MAX) {
+            r->saved.whole = false;
+            return 0; /* too large to keep: stop reading, the wait starts now */
+        }
+        char *b = realloc(r->saved.body, r->saved.len + len);
+        if (!b) {
+            r->saved.whole = false;
+            return 0;
+        }
+        memcpy(b + r->saved.len, p, len);
+        r->saved.body = b;
+        r->saved.len += len;
+        return len;
+    }
+    if (r->state != RS_STREAM || !r->conn)
+        return 0;
+    if (len > ring_space(&r->down)) {
+        r->curl_paused = true;
+        return CURL_WRITEFUNC_PAUSE; /* delivered again once the client has read */
+    }
+    if (ring_put(&r->down, p, len) < 0)
+        return 0;
+    resume_reader(r);
+    return len;
+}
+
+/* Bytes of the request body for curl: the buffered head, then the streamed rest. */
+static size_t on_read(char *buf, size_t size, size_t n, void *ud)
+{
+    struct retry_req *r = ud;
+    size_t max = size * n, got = 0;
+    if (r->body_sent < r->body_len) {
+        got = r->body_len - r->body_sent;
+        if (got > max)
+            got = max;
+        memcpy(buf, r->body + r->body_sent, got);
+        r->body_sent += got;
+    }
+    if (got < max && r->upload.len)
+        got += ring_get(&r->upload, buf + got, max - got);
+    if (got > 0) {
+        r->upload_started = true;
+        if (r->upload_blocked && r->conn && ring_space(&r->upload) > 0)
+            resume(r);
+        return got;
+    }
+    if (r->body_done)
+        return 0;
+    r->read_paused = true;
+    return CURL_READFUNC_PAUSE;
+}
+
+/* A second call means curl is about to send the same request again on a new connection by
+ * itself (its reaction to a kept-alive connection found dead). The first send may have reached
+ * the upstream: abort, and let the retry policy decide as for any reset. */
+static int on_prereq(void *ud, char *ip, char *local_ip, int port, int local_port)
+{
+    (void)ip;
+    (void)local_ip;
+    (void)port;
+    (void)local_port;
+    struct retry_req *r = ud;
+    return ++r->sends > 1 ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
+}
+
+static void attempt_done(struct upstream_xfer *x, CURLcode rc)
+{
+    struct retry_req *r = x->arg;
+    loop_timer_stop(r->w->loop, &r->try_timer);
+    switch (r->state) {
+    case RS_ATTEMPT:
+        attempt_failed(r, classify(r, rc));
+        break;
+    case RS_DRAIN:
+        if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR)
+            r->saved.whole = false; /* the body broke off: not something to return as is */
+        wait_then_retry(r);
+        break;
+    case RS_STREAM:
+        r->down_done = true;
+        r->down_failed = rc != CURLE_OK;
+        resume_reader(r);
+        break;
+    default:
+        break;
+    }
+    req_release(r);
+}
+
+/* Round-robin over the route's upstreams, preferring one this request has not tried. */
+static size_t pick_upstream(struct retry_req *r)
+{
+    const struct cfg_route *rt = r->route;
+    size_t n = rt->n_upstreams;
+    uint32_t *rr = &r->w->rr[rt - r->cfg->routes];
+    size_t start = *rr % n;
+    *rr = (uint32_t)(start + 1);
+    for (size_t k = 0; k < n && k < 64; k++) {
+        size_t i = (start + k) % n;
+        if (i >= 64 || !(r->tried & (1ULL << i)))
+            return i;
+    }
+    return start;
+}
+
+static void start_attempt(struct retry_req *r)
+{
+    struct worker *w = r->w;
+    struct loop *l = w->loop;
+    const struct cfg_route *rt = r->route;
+    uint64_t now = loop_now(l);
+
+    if (r->attempts == 0) {
+        /* timeout_ms covers every attempt and wait, from the first attempt on */
+        r->deadline_ms = now + rt->timeout_ms;
+        loop_timer_start(l, &r->deadline_timer, r->deadline_ms, on_deadline, r);
+    }
+    r->attempts++;
+    r->sends = 0;
+    r->status = 0;
+    r->hdrs_done = false;
+    r->body_sent = 0;
+    hlist_clear(&r->rh);
+    r->state = RS_ATTEMPT;
+
+    size_t i = pick_upstream(r);
+    if (i < 64)
+        r->tried |= 1ULL << i;
+    r->up_idx = i;
+    const struct cfg_upstream *u = &rt->upstreams[i];
+
+    CURL *e = upstream_easy_get(w->up);
+    if (!e) {
+        attempt_failed(r, RETRY_OUT_CONNECT_FAILURE);
+        return;
+    }
+    free(r->upstream_target);
+    r->upstream_target = NULL;
+    if (*u->base_path && strcmp(r->target, "*") != 0) {
+        size_t bl = strlen(u->base_path), tl = strlen(r->target);
+        r->upstream_target = malloc(bl + tl + 1);
+        if (r->upstream_target) {
+            memcpy(r->upstream_target, u->base_path, bl);
+            memcpy(r->upstream_target + bl, r->target, tl + 1);
+        }
+    }
+    curl_easy_setopt(e, CURLOPT_URL, u->origin);
+    curl_easy_setopt(e, CURLOPT_REQUEST_TARGET,
+                     r->upstream_target ? r->upstream_target : r->target);
+    if (r->is_head)
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    else if (strcmp(r->method, "GET") != 0 || r->body_mode != BODY_NONE)
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r->method);
+    if (r->body_mode == BODY_BUFFER) {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body_len);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body ? r->body : "");
+    } else if (r->body_mode == BODY_STREAM) {
+        curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+        curl_easy_setopt(e, CURLOPT_READDATA, r);
+        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->content_length);
+    }
+    snprintf(r->attempt_hdr, sizeof(r->attempt_hdr), "X-Retry-Attempt: %u", r->attempts);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->hdrs);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(e, CURLOPT_PREREQDATA, r);
+    uint64_t left = r->deadline_ms > now ? r->deadline_ms - now : 1;
+    uint64_t connect =
+        rt->connect_timeout_ms && rt->connect_timeout_ms < left ? rt->connect_timeout_ms : left;
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)connect);
+
+    r->xfer.easy = e;
+    r->refs++;
+    if (upstream_start(w->up, &r->xfer, attempt_done, r) < 0) {
+        r->refs--;
+        attempt_failed(r, RETRY_OUT_CONNECT_FAILURE);
+        return;
+    }
+    if (rt->per_try_timeout_ms && now + rt->per_try_timeout_ms < r->deadline_ms)
+        loop_timer_start(l, &r->try_timer, now + rt->per_try_timeout_ms, on_try_timeout, r);
+}
+
+/* ---- the request line and headers ---- */
+
+struct scan {
+    unsigned n_cl, n_te, n_host, n_bad;
+    const char *cl, *host, *idem, *max_attempts, *request_id, *accept, *ctype;
+    const char *connection[8];
+    unsigned n_connection;
+    size_t xff_len;
+};
+
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *k, const char *v)
+{
+    (void)kind;
+    struct scan *s = cls;
+    if (!hdr_name_valid(k) || !hdr_value_valid(v))
+        s->n_bad++;
+    if (hdr_name_eq(k, "Content-Length")) {
+        s->n_cl++;
+        s->cl = v;
+    } else if (hdr_name_eq(k, "Transfer-Encoding")) {
+        s->n_te++;
+    } else if (hdr_name_eq(k, "Host")) {
+        s->n_host++;
+        s->host = v;
+    } else if (hdr_name_eq(k, "Idempotency-Key")) {
+        s->idem = v;
+    } else if (hdr_name_eq(k, "X-Retry-Max-Attempts")) {
+        s->max_attempts = v;
+    } else if (hdr_name_eq(k, "X-Request-Id")) {
+        s->request_id = v;
+    } else if (hdr_name_eq(k, "Accept")) {
+        s->accept = v;
+    } else if (hdr_name_eq(k, "Content-Type")) {
+        s->ctype = v;
+    } else if (hdr_name_eq(k, "Connection")) {
+        if (s->n_connection < 8)
+            s->connection[s->n_connection++] = v;
+    } else if (hdr_name_eq(k, "X-Forwarded-For")) {
+        s->xff_len += strlen(v) + 2;
+    }
+    return MHD_YES;
+}
+
+struct fwd {
+    struct retry_req *r;
+    const struct scan *s;
+    int failed;
+    char *xff;
+    size_t xff_len;
+};
+
+static void append_header(struct retry_req *r, const char *line, int *failed)
+{
+    struct curl_slist *n = curl_slist_append(NULL, line);
+    if (!n) {
+        *failed = 1;
+        return;
+    }
+    if (r->hdrs_tail)
+        r->hdrs_tail->next = n;
+    else
+        r->hdrs = n;
+    r->hdrs_tail = n;
+}
+
+/* "Name: value", or "Name;" for an empty value (curl reads "Name:" as "remove Name"). */
+static void append_field(struct retry_req *r, const char *k, const char *v, int *failed)
+{
+    size_t kl = strlen(k), vl = strlen(v);
+    char stack[512], *line = kl + vl + 3 <= sizeof(stack) ? stack : malloc(kl + vl + 3);
+    if (!line) {
+        *failed = 1;
+        return;
+    }
+    if (vl)
+        snprintf(line, kl + vl + 3, "%s: %s", k, v);
+    else
+        snprintf(line, kl + 2, "%s;", k);
+    append_header(r, line, failed);
+    if (line != stack)
+        free(line);
+}
+
+static bool dropped_on_the_way_up(const char *k, const struct scan *s)
+{
+    static const char *const ours[] = { "Host",
+                                        "Content-Length",
+                                        "Expect",
+                                        "X-Retry-Max-Attempts",
+                                        "X-Retry-Attempt",
+                                        "X-Forwarded-For",
+                                        "X-Forwarded-Proto",
+                                        "X-Request-Id" };
+    if (hdr_is_hop_by_hop(k))
+        return true;
+    for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
+        if (hdr_name_eq(k, ours[i]))
+            return true;
+    for (unsigned i = 0; i < s->n_connection; i++)
+        if (hdr_token_listed(s->connection[i], k))
+            return true;
+    return false;
+}
+
+static enum MHD_Result forward_header(void *cls, enum MHD_ValueKind kind, const char *k,
+                                      const char *v)
+{
+    (void)kind;
+    struct fwd *f = cls;
+    if (hdr_name_eq(k, "X-Forwarded-For")) {
+        size_t used = strlen(f->xff);
+        snprintf(f->xff + used, f->xff_len - used, "%s%s", used ? ", " : "", v);
+        return MHD_YES;
+    }
+    if (!dropped_on_the_way_up(k, f->s))
+        append_field(f->r, k, v, &f->failed);
+    return MHD_YES;
+}
+
+static void peer_address(struct MHD_Connection *c, char *out, size_t cap)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    out[0] = '\0';
+    if (!ci || !ci->client_addr)
+        return;
+    const struct sockaddr *sa = ci->client_addr;
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
+                  (socklen_t)cap);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
+                  (socklen_t)cap);
+}
+
+/* Builds the header list every attempt sends. 0, or -1 out of memory. */
+static int build_upstream_headers(struct retry_req *r, const struct scan *s)
+{
+    char peer[INET6_ADDRSTRLEN] = "";
+    peer_address(r->conn, peer, sizeof(peer));
+    struct fwd f = { .r = r, .s = s, .xff_len = s->xff_len + sizeof(peer) + 32 };
+    f.xff = calloc(1, f.xff_len);
+    if (!f.xff)
+        return -1;
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, forward_header, &f);
+    if (*peer) {
+        size_t used = strlen(f.xff);
+        snprintf(f.xff + used, f.xff_len - used, "%s%s", used ? ", " : "", peer);
+    }
+    if (*f.xff)
+        append_field(r, "X-Forwarded-For", f.xff, &f.failed);
+    free(f.xff);
+    append_field(r, "X-Forwarded-Proto", "http", &f.failed);
+    append_field(r, "X-Request-Id", r->request_id, &f.failed);
+    if (r->route->preserve_host && s->host)
+        append_field(r, "Host", s->host, &f.failed);
+    /* curl's own additions that a proxy must not make: Expect: 100-continue on uploads,
+     * Accept: *\/\* and a form Content-Type where the client sent none. */
+    append_header(r, "Expect:", &f.failed);
+    if (!s->accept)
+        append_header(r, "Accept:", &f.failed);
+    if (!s->ctype)
+        append_header(r, "Content-Type:", &f.failed);
+    if (f.failed)
+        return -1;
+    /* The attempt header is ours, rewritten before each attempt. */
+    r->attempt_node.data = r->attempt_hdr;
+    r->attempt_node.next = NULL;
+    r->hdrs_tail->next = &r->attempt_node;
+    return 0;
+}
+
+static const struct cfg_route *match_route(const struct cfg *c, const char *host, const char *path,
+                                           size_t path_len, uint32_t method_bit)
+{
+    for (size_t i = 0; i < c->n_routes; i++) {
+        const struct cfg_route *rt = &c->routes[i];
+        if (rt->match_methods && !(rt->match_methods & method_bit))
+            continue;
+        size_t pl = strlen(rt->match_path_prefix);
+        if (pl > path_len || memcmp(path, rt->match_path_prefix, pl) != 0)
+            continue;
+        if (rt->match_host) {
+            char h[300];
+            bool keep_port = strchr(rt->match_host, ':') != NULL &&
+                             (rt->match_host[0] != '[' || strstr(rt->match_host, "]:"));
+            if (!host || hdr_match_host(host, keep_port, h, sizeof(h)) < 0 ||
+                strcmp(h, rt->match_host) != 0)
+                continue;
+        }
+        return rt;
+    }
+    return NULL;
+}
+
+/* Absolute-form targets ("http://host/path") become origin-form for the upstream. */
+static void to_origin_form(struct retry_req *r)
+{
+    const char *t = r->target;
+    if (strncasecmp(t, "http://", 7) != 0 && strncasecmp(t, "https://", 8) != 0)
+        return;
+    const char *path = strchr(strstr(t, "://") + 3, '/');
+    char *o = strdup(path ? path : "/");
+    if (o) {
+        free(r->target);
+        r->target = o;
+    }
+}
+
+/* First call of the access handler: headers are complete, no body byte read yet. Either an
+ * answer is made at once (400, 404, 405, 413) or the request is set up to go upstream. */
+static void begin(struct retry_req *r, const char *method)
+{
+    struct worker *w = r->w;
+    struct scan s = { 0 };
+    snprintf(r->method, sizeof(r->method), "%s", method);
+    r->method_bit = cfg_method_bit(method, strlen(method));
+    r->is_head = strcmp(method, "HEAD") == 0;
+    r->state = RS_BODY;
+
+    if (strcmp(method, "CONNECT") == 0) {
+        answer_error(r, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
+                     "CONNECT is not supported: retryproxy is a reverse proxy");
+        return;
+    }
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, scan_header, &s);
+    if (s.n_cl > 1 || (s.n_cl && s.n_te) || s.n_host > 1 || s.n_bad ||
+        (s.cl && hdr_parse_uint(s.cl) < 0)) {
+        const char *why = s.n_cl > 1         ? "two Content-Length headers"
+                          : s.n_cl && s.n_te ? "both Content-Length and Transfer-Encoding"
+                          : s.n_host > 1     ? "two Host headers"
+                          : s.n_bad          ? "a header with a forbidden character"
+                                             : "an invalid Content-Length";
+        answer_error(r, MHD_HTTP_BAD_REQUEST, "bad_request", why);
+        return;
+    }
+    to_origin_form(r);
+    const char *q = strchr(r->target, '?');
+    size_t path_len = q ? (size_t)(q - r->target) : strlen(r->target);
+    r->route = match_route(r->cfg, s.host, r->target, path_len, r->method_bit);
+    if (!r->route) {
+        answer_error(r, MHD_HTTP_NOT_FOUND, "no_route", "no route matches this request");
+        return;
+    }
+    const struct cfg_route *rt = r->route;
+    const struct cfg_retry *policy = &rt->retry;
+    int64_t cl = s.cl ? hdr_parse_uint(s.cl) : -1;
+    if (cl > 0 && (uint64_t)cl > r->cfg->max_body_bytes) {
+        answer_error(r, MHD_HTTP_CONTENT_TOO_LARGE, "body_too_large",
+                     "the request body is larger than limits.max_body_bytes");
+        return;
+    }
+
+    r->method_retryable =
+        (policy->methods & r->method_bit) || (policy->idempotency_key && s.idem != NULL);
+    r->max_attempts = policy->max_attempts;
+    if (s.max_attempts) {
+        int64_t m = hdr_parse_uint(s.max_attempts);
+        if (m >= 1 && (uint64_t)m < r->max_attempts)
+            r->max_attempts = (uint32_t)m;
+    }
+    if (s.request_id && *s.request_id && strlen(s.request_id) <= REQUEST_ID_MAX)
+        snprintf(r->request_id, sizeof(r->request_id), "%s", s.request_id);
+    else
+        hdr_uuid(&w->rng, r->request_id);
+
+    if (build_upstream_headers(r, &s) < 0) {
+        answer_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", "out of memory");
+        return;
+    }
+
+    r->content_length = s.n_te ? -1 : cl;
+    if (!s.n_te && cl < 0)
+        r->body_mode = BODY_NONE;
+    else if (cl >= 0 && (uint64_t)cl <= policy->max_retry_body_bytes)
+        r->body_mode = BODY_BUFFER;
+    else if (cl >= 0)
+        r->body_mode = BODY_STREAM;
+    else
+        r->body_mode = BODY_BUFFER; /* chunked: buffered until it proves too large */
+    if (r->body_mode == BODY_BUFFER && cl > 0) {
+        r->body = malloc((size_t)cl);
+        if (!r->body) {
+            answer_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", "out of memory");
+            return;
+        }
+        r->body_cap = (size_t)cl;
+    }
+    if (r->body_mode == BODY_STREAM)
+        start_attempt(r); /* the body flows to the upstream as it arrives */
+}
+
+/* Body bytes from the client. Returns the bytes consumed. */
+static size_t take_body(struct retry_req *r, const char *data, size_t n)
+{
+    const struct cfg_retry *policy = &r->route->retry;
+    if (r->answered)
+        return n; /* answered already: the rest is discarded */
+    if (r->upload_total + n > r->cfg->max_body_bytes) {
+        if (!r->answered) {
+            if (r->xfer.easy) {
+                upstream_cancel(r->w->up, &r->xfer);
+                req_release(r);
+            }
+            answer_error(r, MHD_HTTP_CONTENT_TOO_LARGE, "body_too_large",
+                         "the request body is larger than limits.max_body_bytes");
+        }
+        return n;
+    }
+    if (r->body_mode == BODY_BUFFER) {
+        if (r->body_len + n > policy->max_retry_body_bytes) {
+            /* A chunked body outgrew the replay limit: stream it, what we have first. */
+            r->body_mode = BODY_STREAM;
+            start_attempt(r);
+        } else {
+            if (r->body_len + n > r->body_cap) {
+                size_t cap = r->body_cap ? r->body_cap * 2 : 16384;
+                while (cap < r->body_len + n)
+                    cap *= 2;
+                char *b = realloc(r->body, cap);
+                if (!b)
+                    return 0;
+                r->body = b;
+                r->body_cap = cap;
+            }
+            memcpy(r->body + r->body_len, data, n);
+            r->body_len += n;
+            r->upload_total += n;
+            return n;
+        }
+    }
+    if (r->state != RS_ATTEMPT && r->state != RS_BACKOFF) {
+        r->upload_total += n;
+        return n; /* the upstream has answered: the rest of the body is not needed */
+    }
+    size_t take = ring_space(&r->upload) < n ? ring_space(&r->upload) : n;
+    if (take && ring_put(&r->upload, data, take) < 0)
+        take = 0;
+    r->upload_total += take;
+    if (take && r->read_paused && r->xfer.easy) {
+        r->read_paused = false;
+        curl_easy_pause(r->xfer.easy, CURLPAUSE_CONT);
+    }
+    return take;
+}
+
+enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const char *upload_data,
+                                 size_t *upload_data_size)
+{
+    r->in_handler = true;
+    if (r->state == RS_HEADERS) {
+        begin(r, method);
+    } else if (*upload_data_size) {
+        size_t took = take_body(r, upload_data, *upload_data_size);
+        *upload_data_size -= took;
+        if (*upload_data_size && !r->answered) {
+            /* curl has not taken the last bytes yet: wait for it, not for the socket */
+            r->upload_blocked = true;
+            r->suspended = true;
+            MHD_suspend_connection(r->conn);
+        }
+    } else if (!r->body_done) {
+        r->body_done = true;
+        if (r->body_mode == BODY_STREAM && r->read_paused && r->xfer.easy) {
+            r->read_paused = false;
+            curl_easy_pause(r->xfer.easy, CURLPAUSE_CONT);
+        }
+        if (r->state == RS_BODY)
+            start_attempt(r);
+    }
+    r->in_handler = false;
+
+    if (r->answered && !r->queued) {
+        /* Queued even before the body is complete (400, 404, 413, an early upstream
+         * answer): libmicrohttpd then reads no more of it. */
+        r->queued = true;
+        *upload_data_size = 0;
+        if (!r->resp)
+            return MHD_NO;
+        enum MHD_Result ret = MHD_queue_response(r->conn, r->resp_status, r->resp);
+        MHD_destroy_response(r->resp);
+        r->resp = NULL;
+        return ret;
+    }
+    if (!r->answered && r->body_done && !r->suspended) {
+        /* the upstream side has the request: nothing to do until it answers */
+        r->suspended = true;
+        MHD_suspend_connection(r->conn);
+    }
+    return MHD_YES;
+}
+
+void retry_req_completed(struct retry_req *r)
+{
+    struct loop *l = r->w->loop;
+    r->conn = NULL;
+    loop_timer_stop(l, &r->try_timer);
+    loop_timer_stop(l, &r->deadline_timer);
+    loop_timer_stop(l, &r->backoff_timer);
+    if (r->xfer.easy) {
+        upstream_cancel(r->w->up, &r->xfer);
+        r->refs--; /* the connection's reference below is never the last while we run */
+    }
+    if (r->resp && !r->queued)
+        MHD_destroy_response(r->resp); /* its reader's reference is released here */
+    r->resp = NULL;
+    req_release(r);
+}

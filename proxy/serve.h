@@ -1,0 +1,18 @@
+/* serve -- run the proxy: listeners, workers, signals, until a clean shutdown. */
+#ifndef RETRYPROXY_PROXY_SERVE_H
+#define RETRYPROXY_PROXY_SERVE_H
+
+#include "config/cfg.h"
+
+/* Command-line settings that override the config file. */
+struct serve_opts {
+    const char *listen; /* NULL: the file's */
+    const char *admin;
+    unsigned workers; /* 0: one per core */
+};
+
+/* Serves 'cfg' until SIGTERM or SIGINT. Returns the process exit status: 0 after a clean
+ * shutdown, 3 when a listener cannot be bound, 1 on other start-up failures. */
+int serve_run(struct cfg *cfg, const struct serve_opts *o);
+
+#endif

@@ -1,0 +1,139 @@
+#include "proxy/server.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+
+#include <microhttpd.h>
+
+#include "proxy/loop.h"
+#include "proxy/retry.h"
+#include "proxy/worker.h"
+
+/* Per-connection memory for the request line, headers and I/O buffers. */
+#define CONN_MEMORY (64 * 1024)
+
+struct server {
+    struct worker *w;
+    struct MHD_Daemon *d;
+    struct loop_watch watch;
+    struct loop_timer timer;
+};
+
+static void schedule(struct server *s);
+
+static void run(struct server *s)
+{
+    MHD_run(s->d);
+    schedule(s);
+}
+
+static void on_timer(struct loop_timer *t)
+{
+    run(t->arg);
+}
+
+static void on_epoll(struct loop_watch *w, uint32_t events)
+{
+    (void)events;
+    run(w->arg);
+}
+
+/* libmicrohttpd's own timeouts (idle connections) become a loop timer. */
+static void schedule(struct server *s)
+{
+    MHD_UNSIGNED_LONG_LONG ms;
+    struct loop *l = s->w->loop;
+    if (MHD_get_timeout(s->d, &ms) == MHD_YES)
+        loop_timer_start(l, &s->timer, loop_now(l) + ms, on_timer, s);
+    else
+        loop_timer_stop(l, &s->timer);
+}
+
+void server_kick(struct server *s)
+{
+    struct loop *l = s->w->loop;
+    loop_timer_start(l, &s->timer, loop_now(l), on_timer, s);
+}
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    return retry_req_new(cls, c, uri);
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
+                                 const char *method, const char *version, const char *upload_data,
+                                 size_t *upload_data_size, void **con_cls)
+{
+    (void)cls;
+    (void)c;
+    (void)url;
+    (void)version;
+    if (!*con_cls)
+        return MHD_NO; /* out of memory at the request line */
+    return retry_req_access(*con_cls, method, upload_data, upload_data_size);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)c;
+    (void)toe;
+    if (*con_cls)
+        retry_req_completed(*con_cls);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    /* libmicrohttpd reports client misbehaviour (bad requests, resets) here; each is
+     * answered or closed already, so only debugging wants them. */
+    if (getenv("RETRYPROXY_DEBUG_MHD")) {
+        fputs("retryproxy: libmicrohttpd: ", stderr);
+        vfprintf(stderr, fmt, ap);
+    }
+}
+
+struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c)
+{
+    struct server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->w = w;
+    /* libmicrohttpd counts connection timeouts in whole seconds. */
+    unsigned timeout_s = (c->connection_timeout_ms + 999) / 1000;
+    s->d = MHD_start_daemon(
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_access, w,
+        MHD_OPTION_LISTEN_SOCKET, listen_fd, MHD_OPTION_URI_LOG_CALLBACK, on_uri, w,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, w->conn_limit, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)CONN_MEMORY, MHD_OPTION_STRICT_FOR_CLIENT, 1, MHD_OPTION_EXTERNAL_LOGGER,
+        on_mhd_log, NULL, MHD_OPTION_END);
+    if (!s->d) {
+        fprintf(stderr, "retryproxy: worker %u: cannot start the HTTP server\n", w->id);
+        free(s);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_EPOLL_FD);
+    if (!info || loop_watch_add(w->loop, &s->watch, info->epoll_fd, EPOLLIN, on_epoll, s) < 0) {
+        fprintf(stderr, "retryproxy: worker %u: cannot watch the HTTP server\n", w->id);
+        MHD_stop_daemon(s->d);
+        free(s);
+        return NULL;
+    }
+    schedule(s);
+    return s;
+}
+
+void server_stop(struct server *s)
+{
+    if (!s)
+        return;
+    loop_watch_del(s->w->loop, &s->watch);
+    loop_timer_stop(s->w->loop, &s->timer);
+    MHD_stop_daemon(s->d); /* resumes suspended connections and completes every request */
+    free(s);
+}

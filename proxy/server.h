@@ -1,0 +1,27 @@
+/* server -- a libmicrohttpd daemon in a worker's event loop (external epoll mode).
+ *
+ * The daemon's own epoll fd is one watch of the worker's loop, its timeouts one loop timer.
+ * Connections are suspended while their request waits on the upstream side and resumed when
+ * there is something to send.
+ */
+#ifndef RETRYPROXY_PROXY_SERVER_H
+#define RETRYPROXY_PROXY_SERVER_H
+
+#include "config/cfg.h"
+
+struct worker;
+struct server;
+
+/* A daemon accepting on 'listen_fd' (bound, listening, non-blocking) for worker 'w'. NULL
+ * with a message on stderr on failure. */
+struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c);
+
+/* Has libmicrohttpd run at the end of this loop turn. Needed after MHD_resume_connection():
+ * in external-epoll mode libmicrohttpd has no inter-thread channel to wake itself. */
+void server_kick(struct server *s);
+
+/* Stops accepting and closes every connection (their requests are told they are done).
+ * Accepts NULL. */
+void server_stop(struct server *s);
+
+#endif

@@ -1,0 +1,200 @@
+#include "proxy/upstream.h"
+
+#include <stdlib.h>
+#include <sys/epoll.h>
+
+/* Idle easy handles kept for reuse; more are freed. */
+#define POOL_MAX 256
+
+struct upstream {
+    struct loop *loop;
+    CURLM *multi;
+    struct loop_timer timer;
+    CURL *pool[POOL_MAX];
+    size_t npool;
+    size_t active;
+};
+
+struct upstream_sock {
+    struct loop_watch w;
+    struct upstream *u;
+};
+
+/* Hands every finished transfer to its owner. Runs after curl returned to us, so owners may
+ * start or cancel transfers from 'done'. */
+static void check_done(struct upstream *u)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(u->multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        CURL *easy = m->easy_handle;
+        CURLcode rc = m->data.result;
+        struct upstream_xfer *x = NULL;
+        curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        curl_multi_remove_handle(u->multi, easy);
+        u->active--;
+        if (x) {
+            x->easy = NULL;
+            x->done(x, rc);
+        }
+        if (u->npool < POOL_MAX) {
+            curl_easy_reset(easy);
+            u->pool[u->npool++] = easy;
+        } else {
+            curl_easy_cleanup(easy);
+        }
+    }
+}
+
+static void on_sock_event(struct loop_watch *w, uint32_t events)
+{
+    struct upstream_sock *s = w->arg;
+    struct upstream *u = s->u;
+    int flags = 0, running;
+    if (events & EPOLLIN)
+        flags |= CURL_CSELECT_IN;
+    if (events & EPOLLOUT)
+        flags |= CURL_CSELECT_OUT;
+    if (events & (EPOLLERR | EPOLLHUP))
+        flags |= CURL_CSELECT_ERR;
+    curl_multi_socket_action(u->multi, w->fd, flags, &running);
+    check_done(u);
+}
+
+static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    (void)easy;
+    struct upstream *u = userp;
+    struct upstream_sock *s = socketp;
+
+    if (what == CURL_POLL_REMOVE) {
+        if (s) {
+            loop_watch_del(u->loop, &s->w);
+            curl_multi_assign(u->multi, fd, NULL);
+            loop_defer_free(u->loop, s);
+        }
+        return 0;
+    }
+    uint32_t ev = 0;
+    if (what & CURL_POLL_IN)
+        ev |= EPOLLIN;
+    if (what & CURL_POLL_OUT)
+        ev |= EPOLLOUT;
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s)
+            return -1;
+        s->u = u;
+        if (loop_watch_add(u->loop, &s->w, fd, ev, on_sock_event, s) < 0) {
+            free(s);
+            return -1;
+        }
+        curl_multi_assign(u->multi, fd, s);
+        return 0;
+    }
+    return loop_watch_mod(u->loop, &s->w, ev) < 0 ? -1 : 0;
+}
+
+static void on_timer(struct loop_timer *t)
+{
+    struct upstream *u = t->arg;
+    int running;
+    curl_multi_socket_action(u->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    check_done(u);
+}
+
+/* curl asks to be called back after 'ms' (-1: never). Acting here would re-enter curl, so
+ * even 0 goes through the loop timer (it fires in the next turn). */
+static int on_curl_timer(CURLM *multi, long ms, void *userp)
+{
+    (void)multi;
+    struct upstream *u = userp;
+    if (ms < 0)
+        loop_timer_stop(u->loop, &u->timer);
+    else
+        loop_timer_start(u->loop, &u->timer, loop_now(u->loop) + (uint64_t)ms, on_timer, u);
+    return 0;
+}
+
+struct upstream *upstream_new(struct loop *l)
+{
+    struct upstream *u = calloc(1, sizeof(*u));
+    if (!u)
+        return NULL;
+    u->loop = l;
+    u->multi = curl_multi_init();
+    if (!u->multi) {
+        free(u);
+        return NULL;
+    }
+    curl_multi_setopt(u->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(u->multi, CURLMOPT_SOCKETDATA, u);
+    curl_multi_setopt(u->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+    curl_multi_setopt(u->multi, CURLMOPT_TIMERDATA, u);
+    return u;
+}
+
+void upstream_free(struct upstream *u)
+{
+    if (!u)
+        return;
+    /* Running transfers were cancelled by their requests when the worker tore them down. */
+    loop_timer_stop(u->loop, &u->timer);
+    curl_multi_cleanup(u->multi);
+    for (size_t i = 0; i < u->npool; i++)
+        curl_easy_cleanup(u->pool[i]);
+    free(u);
+}
+
+CURL *upstream_easy_get(struct upstream *u)
+{
+    CURL *e = u->npool ? u->pool[--u->npool] : curl_easy_init();
+    if (!e)
+        return NULL;
+    /* Shared by every transfer: threads and signals, protocols, no redirects followed. */
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    return e;
+}
+
+int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn done, void *arg)
+{
+    x->done = done;
+    x->arg = arg;
+    curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
+    if (curl_multi_add_handle(u->multi, x->easy) != CURLM_OK) {
+        curl_easy_reset(x->easy);
+        if (u->npool < POOL_MAX)
+            u->pool[u->npool++] = x->easy;
+        else
+            curl_easy_cleanup(x->easy);
+        x->easy = NULL;
+        return -1;
+    }
+    u->active++;
+    return 0;
+}
+
+void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
+{
+    if (!x->easy)
+        return;
+    curl_multi_remove_handle(u->multi, x->easy);
+    u->active--;
+    curl_easy_reset(x->easy);
+    if (u->npool < POOL_MAX)
+        u->pool[u->npool++] = x->easy;
+    else
+        curl_easy_cleanup(x->easy);
+    x->easy = NULL;
+}
+
+size_t upstream_active(const struct upstream *u)
+{
+    return u->active;
+}
