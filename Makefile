@@ -86,7 +86,7 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps
 $(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(LIB_OBJ) $(SUPPORT_OBJ) $(LDFLAGS_ALL) \
-	  $(PKG_LIBS)
+	  $(PKG_LIBS) $(TEST_LIBS)
 
 check-tests: $(BIN) $(TEST_BIN) $(TOOL_BIN)
 

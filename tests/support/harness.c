@@ -1,0 +1,284 @@
+#include "tests/support/harness.h"
+
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/support/proc.h"
+#include "tests/support/tup.h"
+
+extern char **environ;
+
+int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return strdup("");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        fwrite(chunk, 1, n, m);
+    fclose(m);
+    fclose(f);
+    return buf;
+}
+
+char *px_stderr(const struct px *p)
+{
+    return read_all(p->err_path);
+}
+
+char *px_stdout(const struct px *p)
+{
+    return read_all(p->out_path);
+}
+
+struct px *px_start(const char *json, ...)
+{
+    struct px *p = calloc(1, sizeof(*p));
+    cr_assert_not_null(p);
+    snprintf(p->dir, sizeof(p->dir), "/tmp/retryproxy-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(p->dir), "mkdtemp");
+    snprintf(p->cfg_path, sizeof(p->cfg_path), "%s/config.json", p->dir);
+    snprintf(p->out_path, sizeof(p->out_path), "%s/stdout", p->dir);
+    snprintf(p->err_path, sizeof(p->err_path), "%s/stderr", p->dir);
+    FILE *f = fopen(p->cfg_path, "w");
+    cr_assert_not_null(f);
+    fputs(json, f);
+    fclose(f);
+
+    char *argv[16] = { (char *)proc_bin(), "-c", p->cfg_path, "--listen", "127.0.0.1:0" };
+    size_t argc = 5;
+    va_list ap;
+    va_start(ap, json);
+    for (const char *a; argc < 14 && (a = va_arg(ap, const char *)) != NULL;)
+        argv[argc++] = (char *)a;
+    va_end(ap);
+    argv[argc] = NULL;
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, p->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, p->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int e = posix_spawn(&p->pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    cr_assert_eq(e, 0, "cannot start %s: %s", argv[0], strerror(e));
+
+    int64_t deadline = now_ms() + 10000;
+    while (now_ms() < deadline) {
+        char *err = px_stderr(p);
+        const char *at = strstr(err, "listening on 127.0.0.1:");
+        if (at) {
+            p->port = (uint16_t)atoi(at + strlen("listening on 127.0.0.1:"));
+            free(err);
+            return p;
+        }
+        int st;
+        if (waitpid(p->pid, &st, WNOHANG) == p->pid)
+            cr_assert_fail("retryproxy exited at start-up (status %d): %s", st, err);
+        free(err);
+        usleep(10000);
+    }
+    kill(p->pid, SIGKILL);
+    cr_assert_fail("retryproxy did not report listening within 10 s");
+    return NULL;
+}
+
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char path[512];
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.')
+                continue;
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+int px_stop(struct px *p, int timeout_ms)
+{
+    int st = 0, rc = -1;
+    kill(p->pid, SIGTERM);
+    int64_t deadline = now_ms() + timeout_ms;
+    while (now_ms() < deadline) {
+        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            break;
+        }
+        usleep(5000);
+    }
+    if (rc == -1) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, &st, 0);
+    }
+    remove_dir(p->dir);
+    free(p);
+    return rc;
+}
+
+const char *px_url(const struct px *p, const char *path, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "http://127.0.0.1:%u%s", p->port, path);
+    return buf;
+}
+
+int px_threads(const struct px *p)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)p->pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+long px_rss_kb(const struct px *p)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)p->pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+/* ---- the client ---- */
+
+struct sink {
+    struct http_resp *r;
+    size_t keep;
+    FILE *hdr;
+    char *hdr_buf;
+    size_t hdr_len;
+};
+
+#define KEEP_BODY (4u << 20)
+
+static size_t on_body(char *p, size_t size, size_t n, void *ud)
+{
+    struct sink *s = ud;
+    size_t len = size * n;
+    struct http_resp *r = s->r;
+    r->body_hash = tup_hash_update(r->body_hash, p, len);
+    if (r->body_len + len <= KEEP_BODY) {
+        unsigned char *b = realloc(r->body, r->body_len + len + 1);
+        if (!b)
+            return 0;
+        memcpy(b + r->body_len, p, len);
+        b[r->body_len + len] = '\0';
+        r->body = b;
+    }
+    r->body_len += len;
+    return len;
+}
+
+static size_t on_hdr(char *p, size_t size, size_t n, void *ud)
+{
+    struct sink *s = ud;
+    fwrite(p, size, n, s->hdr);
+    return size * n;
+}
+
+void http_do(const char *method, const char *url, const char *const *headers, const void *body,
+             size_t body_len, long timeout_ms, struct http_resp *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->body_hash = TUP_HASH_INIT;
+    struct sink s = { .r = out };
+    s.hdr = open_memstream(&s.hdr_buf, &s.hdr_len);
+    CURL *e = curl_easy_init();
+    struct curl_slist *h = NULL;
+    for (size_t i = 0; headers && headers[i]; i++)
+        h = curl_slist_append(h, headers[i]);
+    h = curl_slist_append(h, "Expect:");
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &s);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_hdr);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, &s);
+    if (strcmp(method, "HEAD") == 0)
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    else if (strcmp(method, "GET") != 0 || body)
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+    if (body) {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+    }
+    int64_t t0 = now_ms();
+    out->rc = curl_easy_perform(e);
+    out->seconds = (double)(now_ms() - t0) / 1000.0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &out->status);
+    fclose(s.hdr);
+    out->headers = s.hdr_buf;
+    curl_slist_free_all(h);
+    curl_easy_cleanup(e);
+}
+
+const char *http_header(const struct http_resp *r, const char *name, char *buf, size_t cap)
+{
+    size_t nl = strlen(name);
+    for (const char *line = r->headers; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (len > nl && strncasecmp(line, name, nl) == 0 && line[nl] == ':') {
+            const char *v = line + nl + 1;
+            while (*v == ' ')
+                v++;
+            size_t vl = (size_t)(line + len - v);
+            while (vl && (v[vl - 1] == '\r' || v[vl - 1] == ' '))
+                vl--;
+            snprintf(buf, cap, "%.*s", (int)vl, v);
+            return buf;
+        }
+        line = end ? end + 1 : line + len;
+    }
+    return NULL;
+}
+
+void http_free(struct http_resp *r)
+{
+    free(r->headers);
+    free(r->body);
+    memset(r, 0, sizeof(*r));
+}

@@ -1,0 +1,64 @@
+/* harness -- integration tests: run the real retryproxy binary and talk HTTP to it.
+ *
+ * px_start() writes a config to a temporary file, starts `retryproxy -c FILE --listen
+ * 127.0.0.1:0` with its stdout and stderr going to temporary files (never a pipe a test might
+ * forget to drain), and waits for the "listening on" line to learn the port. http_do() is a
+ * blocking libcurl request with a hard timeout. Everything stays on 127.0.0.1.
+ */
+#ifndef RETRYPROXY_TESTS_HARNESS_H
+#define RETRYPROXY_TESTS_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct px {
+    pid_t pid;
+    uint16_t port;
+    char dir[64]; /* temporary directory holding config.json, stdout, stderr */
+    char cfg_path[96];
+    char out_path[96];
+    char err_path[96];
+};
+
+/* Starts retryproxy on the config 'json' (complete JSON text; "listen" is overridden) with up
+ * to 4 extra arguments (NULL-terminated list, e.g. "--workers", "1", NULL). Aborts the test
+ * with a message if it does not come up within 10 s. */
+struct px *px_start(const char *json, ...);
+
+/* Sends SIGTERM and waits up to 'timeout_ms'; returns the exit status (128 + signal when
+ * killed by one), or -1 if it had to be killed. Frees 'p' and its files. */
+int px_stop(struct px *p, int timeout_ms);
+
+/* "http://127.0.0.1:PORT" + path, in a static buffer per call site (copy it if needed). */
+const char *px_url(const struct px *p, const char *path, char *buf, size_t cap);
+
+/* The proxy process's thread count and resident memory, from /proc. */
+int px_threads(const struct px *p);
+long px_rss_kb(const struct px *p);
+/* Its stderr/stdout so far (malloc'd, NUL-terminated). */
+char *px_stderr(const struct px *p);
+char *px_stdout(const struct px *p);
+
+struct http_resp {
+    int rc; /* CURLcode */
+    long status;
+    char *headers; /* raw response header block */
+    unsigned char *body;
+    size_t body_len;
+    uint64_t body_hash; /* tup_hash of the body */
+    double seconds;
+};
+
+/* One request. 'headers' is a NULL-terminated list of "Name: value" (or NULL); 'body' may be
+ * NULL. Bodies above 'keep' bytes are hashed, not kept. */
+void http_do(const char *method, const char *url, const char *const *headers, const void *body,
+             size_t body_len, long timeout_ms, struct http_resp *out);
+/* Value of response header 'name' (first), copied into 'buf', or NULL. */
+const char *http_header(const struct http_resp *r, const char *name, char *buf, size_t cap);
+void http_free(struct http_resp *r);
+
+/* A monotonic clock in milliseconds. */
+int64_t now_ms(void);
+
+#endif
