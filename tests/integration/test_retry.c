@@ -1,8 +1,10 @@
 /* Retrying, end to end: the real binary against the test upstream on 127.0.0.1. */
 #include <criterion/criterion.h>
+#include <curl/curl.h>
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "tests/support/harness.h"
 #include "tests/support/tup.h"
@@ -10,6 +12,13 @@
 #define T 20000 /* ms: upper bound for any single request in these tests */
 
 static struct tup *up;
+
+static size_t discard(char *p, size_t size, size_t n, void *ud)
+{
+    (void)p;
+    (void)ud;
+    return size * n;
+}
 static struct px *px;
 
 /* A config with one route to the test upstream; 'retry' is the route's "retry" object. */
@@ -54,4 +63,334 @@ Test(retry, two_503s_then_200_is_three_attempts_and_a_200)
         cr_expect_str_eq(q->target, "/a?b=1");
     }
     http_free(&r);
+}
+
+/* Sends one request with the given headers; the caller frees. */
+static struct http_resp send_req(const char *method, const char *path, const char *const *h,
+                                 const char *body)
+{
+    char url[128];
+    struct http_resp r;
+    http_do(method, px_url(px, path, url, sizeof(url)), h, body, body ? strlen(body) : 0, T, &r);
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    return r;
+}
+
+static const char *hdr(const struct http_resp *r, const char *name)
+{
+    static char v[256];
+    return http_header(r, name, v, sizeof(v));
+}
+
+#define FAST "\"backoff\": {\"base_ms\": 10, \"jitter\": \"none\"}"
+
+Test(retry, always_failing_returns_the_last_response_as_it_is)
+{
+    start("\"retry\": {" FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=9;status=503", "X-Request-Id: all-503", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 503);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "3");
+    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "max-attempts");
+    cr_expect_str_eq(hdr(&r, "X-Tup-Attempt"), "3"); /* the third response, not a copy */
+    cr_expect_str_eq((char *)r.body, "tup: attempt 3 fails on purpose (fail=9)\n");
+    cr_expect_eq(tup_count_id(up, "all-503"), 3);
+    http_free(&r);
+}
+
+Test(retry, client_may_lower_but_not_raise_max_attempts_and_the_header_stays_here)
+{
+    start("\"retry\": {" FAST "}");
+    const char *lower[] = { "X-Test-Plan: fail=9", "X-Request-Id: low", "X-Retry-Max-Attempts: 2",
+                            NULL };
+    struct http_resp r = send_req("GET", "/", lower, NULL);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_eq(tup_count_id(up, "low"), 2);
+    http_free(&r);
+    const char *raise[] = { "X-Test-Plan: fail=9", "X-Request-Id: high", "X-Retry-Max-Attempts: 10",
+                            NULL };
+    r = send_req("GET", "/", raise, NULL);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "3");
+    cr_expect_eq(tup_count_id(up, "high"), 3);
+    for (size_t i = 0; i < tup_count(up); i++)
+        cr_expect_null(tup_req_header(tup_get(up, i), "X-Retry-Max-Attempts"));
+    http_free(&r);
+}
+
+Test(retry, post_is_not_retried_once_sent)
+{
+    start("\"retry\": {" FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: post", NULL };
+    struct http_resp r = send_req("POST", "/", h, "payload");
+    cr_expect_eq(r.status, 503);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "not-retryable");
+    cr_expect_eq(tup_count_id(up, "post"), 1);
+    http_free(&r);
+}
+
+Test(retry, idempotency_key_makes_post_retryable)
+{
+    start("\"retry\": {" FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: idem",
+                        "Idempotency-Key: k-1", NULL };
+    struct http_resp r = send_req("POST", "/", h, "payload");
+    cr_expect_eq(r.status, 200);
+    cr_expect_eq(tup_count_id(up, "idem"), 2);
+    cr_expect_eq(tup_get(up, 1)->body_hash, tup_hash("payload", 7));
+    http_free(&r);
+}
+
+Test(retry, status_not_in_retry_on_passes_through_without_stop_reason)
+{
+    start("\"retry\": {" FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1;status=500", "X-Request-Id: s500", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 500);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_null(hdr(&r, "X-Retry-Stop"));
+    http_free(&r);
+}
+
+Test(retry, status_and_range_tokens_fire)
+{
+    start("\"retry\": {\"retry_on\": [\"429\", \"500-501\"], " FAST "}");
+    const char *a[] = { "X-Test-Plan: fail=1;status=429", "X-Request-Id: t429", NULL };
+    struct http_resp r = send_req("GET", "/", a, NULL);
+    cr_expect_eq(r.status, 200);
+    http_free(&r);
+    const char *b[] = { "X-Test-Plan: fail=1;status=501", "X-Request-Id: t501", NULL };
+    r = send_req("GET", "/", b, NULL);
+    cr_expect_eq(r.status, 200);
+    http_free(&r);
+    const char *c[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: t503", NULL };
+    r = send_req("GET", "/", c, NULL);
+    cr_expect_eq(r.status, 503); /* gateway-error is not listed here */
+    cr_expect_eq(tup_count(up), 5);
+    http_free(&r);
+}
+
+/* A port on 127.0.0.1 where nothing listens. */
+static unsigned closed_port(void)
+{
+    struct tup *t = tup_start();
+    unsigned p = tup_port(t);
+    tup_stop(t);
+    return p;
+}
+
+Test(retry, connect_failure_is_retried_even_for_post)
+{
+    char json[512];
+    up = tup_start();
+    snprintf(json, sizeof(json),
+             "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\", "
+             "\"http://127.0.0.1:%u\"], \"retry\": {\"max_attempts\": 2, " FAST "}}]}",
+             closed_port(), tup_port(up));
+    px = px_start(json, "--workers", "1", NULL);
+    for (int i = 0; i < 4; i++) {
+        char id[32], idh[48];
+        snprintf(id, sizeof(id), "cf-%d", i);
+        snprintf(idh, sizeof(idh), "X-Request-Id: %s", id);
+        const char *h[] = { idh, NULL };
+        struct http_resp r = send_req("POST", "/", h, "once");
+        cr_expect_eq(r.status, 200, "request %d", i);
+        cr_expect_eq(tup_count_id(up, id), 1, "request %d reached the upstream %zu times", i,
+                     tup_count_id(up, id));
+        http_free(&r);
+    }
+}
+
+Test(retry, no_response_from_any_attempt_is_a_json_502)
+{
+    char json[512];
+    snprintf(json, sizeof(json),
+             "{\"routes\": [{\"name\": \"dead\", \"upstreams\": [\"http://127.0.0.1:%u\"], "
+             "\"retry\": {" FAST "}}]}",
+             closed_port());
+    up = tup_start(); /* unused, keeps stop() uniform */
+    px = px_start(json, NULL);
+    struct http_resp r = send_req("GET", "/x", NULL, NULL);
+    cr_expect_eq(r.status, 502);
+    cr_expect_str_eq(hdr(&r, "Content-Type"), "application/json");
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "3");
+    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "max-attempts");
+    cr_expect(strstr((char *)r.body, "\"error\": \"upstream_unavailable\""), "%s", r.body);
+    cr_expect(strstr((char *)r.body, "\"route\": \"dead\""), "%s", r.body);
+    cr_expect(strstr((char *)r.body, "\"attempts\": 3"), "%s", r.body);
+    http_free(&r);
+}
+
+Test(retry, reset_before_headers_is_retried)
+{
+    start("\"retry\": {" FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1;action=reset", "X-Request-Id: rst", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_eq(tup_count_id(up, "rst"), 2);
+    http_free(&r);
+}
+
+Test(retry, per_try_timeout_abandons_a_hung_attempt_and_retries)
+{
+    start("\"per_try_timeout_ms\": 300, \"retry\": {" FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1;action=hang", "X-Request-Id: hang1", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_geq(r.seconds, 0.29);
+    cr_expect_lt(r.seconds, 5.0);
+    cr_expect_eq(tup_count_id(up, "hang1"), 2);
+    http_free(&r);
+}
+
+Test(retry, overall_deadline_gives_a_json_504)
+{
+    start("\"timeout_ms\": 500, \"retry\": {" FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=9;action=hang", "X-Request-Id: dl", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 504);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "deadline");
+    cr_expect(strstr((char *)r.body, "\"error\": \"upstream_timeout\""), "%s", r.body);
+    cr_expect_geq(r.seconds, 0.49);
+    cr_expect_lt(r.seconds, 5.0);
+    http_free(&r);
+}
+
+Test(retry, wait_that_would_pass_the_deadline_is_not_taken)
+{
+    start("\"timeout_ms\": 1000, \"retry\": {\"backoff\": {\"policy\": \"fixed\", "
+          "\"base_ms\": 2000, \"cap_ms\": 2000, \"jitter\": \"none\"}}");
+    const char *h[] = { "X-Test-Plan: fail=9;status=503", "X-Request-Id: far", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 503);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "deadline");
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_lt(r.seconds, 0.9); /* answered at once, not after waiting */
+    http_free(&r);
+}
+
+static double gap_s(size_t a, size_t b)
+{
+    return (double)(tup_get(up, b)->arrival_ns - tup_get(up, a)->arrival_ns) / 1e9;
+}
+
+Test(retry, retry_after_seconds_replaces_the_backoff)
+{
+    start("\"retry\": {" FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1;status=503;retry-after=1", "X-Request-Id: ra", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 200);
+    cr_assert_eq(tup_count_id(up, "ra"), 2);
+    cr_expect_geq(gap_s(0, 1), 0.95, "gap %.3f s", gap_s(0, 1));
+    cr_expect_lt(gap_s(0, 1), 3.0, "gap %.3f s", gap_s(0, 1));
+    http_free(&r);
+}
+
+Test(retry, retry_after_http_date_replaces_the_backoff)
+{
+    start("\"retry\": {" FAST "}");
+    char date[64], plan[128];
+    time_t when = time(NULL) + 2;
+    struct tm tm;
+    gmtime_r(&when, &tm);
+    strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    snprintf(plan, sizeof(plan), "X-Test-Plan: fail=1;status=503;retry-after=%s", date);
+    const char *h[] = { plan, "X-Request-Id: ra-date", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 200);
+    cr_assert_eq(tup_count_id(up, "ra-date"), 2);
+    /* a whole-second date 2 s ahead is 1 to 2 s away */
+    cr_expect_geq(gap_s(0, 1), 0.9, "gap %.3f s", gap_s(0, 1));
+    cr_expect_lt(gap_s(0, 1), 4.0, "gap %.3f s", gap_s(0, 1));
+    http_free(&r);
+}
+
+Test(retry, retry_after_above_max_ms_ends_retrying)
+{
+    start("\"retry\": {\"retry_after\": {\"max_ms\": 1000}, " FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1;status=503;retry-after=5", "X-Request-Id: ra-max",
+                        NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 503);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "retry-after");
+    cr_expect_str_eq(hdr(&r, "Retry-After"), "5");
+    cr_expect_lt(r.seconds, 0.9);
+    cr_expect_eq(tup_count_id(up, "ra-max"), 1);
+    http_free(&r);
+}
+
+Test(retry, backoff_gaps_follow_the_policy)
+{
+    start("\"retry\": {\"max_attempts\": 4, \"backoff\": {\"policy\": \"exponential\", "
+          "\"base_ms\": 100, \"factor\": 2, \"jitter\": \"none\"}}");
+    const char *h[] = { "X-Test-Plan: fail=3;status=503", "X-Request-Id: gaps", NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 200);
+    cr_assert_eq(tup_count_id(up, "gaps"), 4);
+    const double want[] = { 0.1, 0.2, 0.4 };
+    for (size_t i = 0; i < 3; i++) {
+        double g = gap_s(i, i + 1);
+        cr_expect(g >= want[i] - 0.005 && g < want[i] + 0.4, "gap %zu: %.3f s, want %.1f s", i, g,
+                  want[i]);
+    }
+    http_free(&r);
+}
+
+/* Four requests at once over two upstreams, one worker: their first attempts take the
+ * round-robin positions 0, 1, 0, 1, so when their retries come, plain round-robin would send
+ * each of them back to the upstream it just tried. Each must go to the other one instead. */
+Test(retry, retry_goes_to_an_upstream_not_yet_tried)
+{
+    struct tup *a = tup_start(), *b = tup_start();
+    char json[512], url[128];
+    snprintf(json, sizeof(json),
+             "{\"routes\": [{\"name\": \"rr\", \"upstreams\": [\"http://127.0.0.1:%u\", "
+             "\"http://127.0.0.1:%u\"], \"retry\": {\"max_attempts\": 2, \"backoff\": "
+             "{\"policy\": \"fixed\", \"base_ms\": 200, \"jitter\": \"none\"}}}]}",
+             tup_port(a), tup_port(b));
+    px = px_start(json, "--workers", "1", NULL);
+    px_url(px, "/", url, sizeof(url));
+
+    CURLM *m = curl_multi_init();
+    CURL *e[4];
+    struct curl_slist *h[4];
+    for (int i = 0; i < 4; i++) {
+        char idh[48];
+        snprintf(idh, sizeof(idh), "X-Request-Id: nt-%d", i);
+        h[i] = curl_slist_append(NULL, idh);
+        h[i] = curl_slist_append(h[i], "X-Test-Plan: fail=1;status=503");
+        e[i] = curl_easy_init();
+        curl_easy_setopt(e[i], CURLOPT_URL, url);
+        curl_easy_setopt(e[i], CURLOPT_HTTPHEADER, h[i]);
+        curl_easy_setopt(e[i], CURLOPT_TIMEOUT_MS, (long)T);
+        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, discard);
+        curl_multi_add_handle(m, e[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    for (int i = 0; i < 4; i++) {
+        long code = 0;
+        curl_easy_getinfo(e[i], CURLINFO_RESPONSE_CODE, &code);
+        /* each upstream fails its own first attempt of an id: both attempts fail */
+        cr_expect_eq(code, 503, "request %d", i);
+        curl_multi_remove_handle(m, e[i]);
+        curl_easy_cleanup(e[i]);
+        curl_slist_free_all(h[i]);
+        char id[16];
+        snprintf(id, sizeof(id), "nt-%d", i);
+        cr_expect_eq(tup_count_id(a, id), 1, "%s reached upstream A %zu times", id,
+                     tup_count_id(a, id));
+        cr_expect_eq(tup_count_id(b, id), 1, "%s reached upstream B %zu times", id,
+                     tup_count_id(b, id));
+    }
+    curl_multi_cleanup(m);
+    cr_expect_eq(px_stop(px, 10000), 0);
+    px = NULL;
+    tup_stop(a);
+    tup_stop(b);
 }
