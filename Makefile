@@ -53,7 +53,7 @@ BIN := $(BUILD)/retryproxy
 # Objects built through pattern rules are not intermediate files: keep them between runs.
 .SECONDARY:
 
-.PHONY: all deps test check-tests asan run docs format format-check clean
+.PHONY: all deps test check-tests asan run demo-upstream docs format format-check clean
 all: $(BIN)
 
 deps:
@@ -110,6 +110,12 @@ asan:
 EXAMPLE_CONFIG := deploy/config.json
 run: $(BIN)
 	$(BIN) -c $(EXAMPLE_CONFIG)
+
+# A test upstream for trying `make run` by hand: on 127.0.0.1:9001, it fails the first two
+# attempts of every request (per X-Request-Id) with 503, then answers 200.
+DEMO_PLAN ?= fail=2;status=503
+demo-upstream: $(BUILD)/tests/upstream
+	$(BUILD)/tests/upstream --port 9001 --plan '$(DEMO_PLAN)'
 
 # docs/config.md: its text up to the marker line, then the reference generated from the schema
 # table (a CLI test fails when they drift apart).
