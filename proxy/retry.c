@@ -680,6 +680,9 @@ static void on_deadline(struct loop_timer *t)
         attempt_failed(r, RETRY_OUT_TIMEOUT); /* decide() sees the deadline: no retry */
         break;
     case RS_DRAIN:
+        if (running)
+            r->saved.whole = false; /* cut off mid-body: never replayed as complete */
+        /* fall through */
     case RS_BACKOFF:
         loop_timer_stop(r->w->loop, &r->backoff_timer);
         r->stop = RETRY_STOP_DEADLINE;
@@ -704,9 +707,10 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
         return len; /* trailers of a response already decided */
     if (len >= 5 && memcmp(b, "HTTP/", 5) == 0) {
         const char *sp = memchr(b, ' ', len);
-        r->status = 0;
-        if (sp && (size_t)(sp - b) + 4 <= len)
-            r->status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
+        if (!sp || (size_t)(sp - b) + 4 > len || sp[1] < '1' || sp[1] > '5' || sp[2] < '0' ||
+            sp[2] > '9' || sp[3] < '0' || sp[3] > '9')
+            return 0; /* not an HTTP status line: abort, seen as a reset */
+        r->status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
         hlist_clear(&r->rh);
         return len;
     }
@@ -954,11 +958,17 @@ struct scan {
     size_t xff_len;
 };
 
-static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *k, const char *v)
+/* CR, LF and other control bytes in a header make the request a 400. A NUL cannot reach the
+ * upstream: libmicrohttpd 0.9.75 cuts the value at it while parsing (and reports that shorter
+ * length); a version reporting the true length makes such a header a 400 here too. */
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *k, size_t k_len,
+                                   const char *v, size_t v_len)
 {
     (void)kind;
     struct scan *s = cls;
-    if (!hdr_name_valid(k) || !hdr_value_valid(v))
+    if (!v)
+        v = "";
+    if (!hdr_name_valid(k) || !hdr_value_valid(v) || strlen(k) != k_len || strlen(v) != v_len)
         s->n_bad++;
     if (hdr_name_eq(k, "Content-Length")) {
         s->n_cl++;
@@ -1169,7 +1179,7 @@ static void begin(struct retry_req *r, const char *method)
                      "CONNECT is not supported: retryproxy is a reverse proxy");
         return;
     }
-    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, scan_header, &s);
+    MHD_get_connection_values_n(r->conn, MHD_HEADER_KIND, scan_header, &s);
     if (s.n_cl > 1 || (s.n_cl && s.n_te) || s.n_host > 1 || s.n_bad ||
         (s.cl && hdr_parse_uint(s.cl) < 0)) {
         const char *why = s.n_cl > 1         ? "two Content-Length headers"
