@@ -133,9 +133,12 @@ static void rearm(struct loop *l)
         return;
     struct itimerspec its = { 0 };
     if (want) {
-        /* Absolute: a time already passed fires at once. */
-        its.it_value.tv_sec = (time_t)(want / 1000);
-        its.it_value.tv_nsec = (long)(want % 1000) * 1000000;
+        /* The cached clock is truncated to the millisecond, so "now + d" may lie up to 1 ms
+         * less than d ahead: wake at the end of that millisecond, never early. Timers already
+         * due run at the end of the turn that armed them, without waiting for this. */
+        uint64_t at = want + 1;
+        its.it_value.tv_sec = (time_t)(at / 1000);
+        its.it_value.tv_nsec = (long)(at % 1000) * 1000000;
     }
     timerfd_settime(l->tfd, TFD_TIMER_ABSTIME, &its, NULL);
     l->armed_ms = want;

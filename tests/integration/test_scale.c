@@ -1,0 +1,314 @@
+/* Scale, end to end: many requests waiting in backoff at once cost memory, not threads; backoff
+ * waits keep their schedule; a long keep-alive session leaks neither descriptors nor memory
+ * (CONTRACT §1 "Waiting requests cost memory, not threads", §3.1).
+ */
+#include <criterion/criterion.h>
+
+#include <curl/curl.h>
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "tests/support/harness.h"
+#include "tests/support/tup.h"
+
+#define T 20000 /* ms: upper bound for any single request in these tests */
+
+static struct tup *up;
+static struct px *px;
+
+/* The ASan build's shadow memory and quarantine inflate RSS: looser bounds, still bounds. */
+static bool under_asan(void)
+{
+    const char *b = getenv("RETRYPROXY_BIN");
+    return b && strstr(b, "build-asan") != NULL;
+}
+
+/* A config with one route "r" to the test upstream; 'top' is extra top-level fields and
+ * 'route_extra' extra route fields ("" for none). */
+static void start(const char *top, const char *route_extra, const char *workers)
+{
+    char json[4096];
+    up = tup_start();
+    snprintf(json, sizeof(json),
+             "{%s%s\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"]%s%s}]}",
+             top, *top ? ", " : "", tup_port(up), *route_extra ? ", " : "", route_extra);
+    px = px_start(json, "--workers", workers, NULL);
+}
+
+static void stop(void)
+{
+    if (px)
+        cr_expect_eq(px_stop(px, 10000), 0, "retryproxy did not exit cleanly");
+    tup_stop(up);
+    px = NULL;
+    up = NULL;
+}
+
+TestSuite(scale, .fini = stop, .timeout = 120);
+
+/* Open descriptors of the proxy process. */
+static int px_fds(const struct px *p)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)p->pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static size_t discard(char *p, size_t size, size_t n, void *ud)
+{
+    (void)p;
+    (void)ud;
+    return size * n;
+}
+
+/* ---- 1: a thousand requests waiting in backoff ---- */
+
+#define N_WAIT 1000
+
+/* Records of tup whose key attempt is 'attempt'. */
+static size_t count_attempt(unsigned attempt)
+{
+    size_t n = 0, total = tup_count(up);
+    for (size_t i = 0; i < total; i++)
+        n += tup_get(up, i)->key_attempt == attempt;
+    return n;
+}
+
+Test(scale, thousand_requests_waiting_in_backoff_cost_no_threads)
+{
+    /* Both sides need a descriptor per connection: 1000 clients here, 1000+ to tup. */
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    rl.rlim_cur = rl.rlim_max;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    cr_assert_geq(rl.rlim_cur, 4 * N_WAIT, "RLIMIT_NOFILE hard limit %llu is too low",
+                  (unsigned long long)rl.rlim_max);
+
+    /* Budgets wide open so that every request retries once whether or not they are enforced. */
+    start(
+        "\"budget\": {\"max_concurrent_retries\": null, \"retry_ratio\": 2.0}",
+        "\"retry\": {\"max_attempts\": 2, \"backoff\": {\"policy\": \"fixed\", \"base_ms\": 2000, "
+        "\"jitter\": \"none\"}}, \"budget\": {\"max_concurrent_retries\": null, "
+        "\"retry_ratio\": 2.0}",
+        "2");
+    long rss_idle = px_rss_kb(px);
+    int threads_idle = px_threads(px);
+
+    CURLM *m = curl_multi_init();
+    cr_assert_not_null(m);
+    static CURL *easy[N_WAIT];
+    static struct curl_slist *hdrs[N_WAIT];
+    static int rc[N_WAIT];
+    static long status[N_WAIT];
+    char url[128];
+    px_url(px, "/wait", url, sizeof(url));
+    for (int i = 0; i < N_WAIT; i++) {
+        char id[64];
+        snprintf(id, sizeof(id), "X-Request-Id: wait-%04d", i);
+        hdrs[i] = curl_slist_append(NULL, id);
+        hdrs[i] = curl_slist_append(hdrs[i], "X-Test-Plan: fail=1;status=503");
+        easy[i] = curl_easy_init();
+        cr_assert_not_null(easy[i]);
+        curl_easy_setopt(easy[i], CURLOPT_URL, url);
+        curl_easy_setopt(easy[i], CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(easy[i], CURLOPT_HTTPHEADER, hdrs[i]);
+        curl_easy_setopt(easy[i], CURLOPT_TIMEOUT_MS, 30000L);
+        curl_easy_setopt(easy[i], CURLOPT_WRITEFUNCTION, discard);
+        curl_easy_setopt(easy[i], CURLOPT_PRIVATE, (char *)(intptr_t)i);
+        rc[i] = -1;
+        curl_multi_add_handle(m, easy[i]);
+    }
+
+    int64_t t0 = now_ms(), t_first = -1;
+    int running = 1, threads_max = -1, samples = 0;
+    long rss_max = -1;
+    size_t retried_while_sampling = 0;
+    bool sampling_done = false;
+    while (running && now_ms() - t0 < 60000) {
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left)) != NULL) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            char *priv;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
+            int i = (int)(intptr_t)priv;
+            rc[i] = msg->data.result;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &status[i]);
+        }
+        /* Every first attempt answered 503: all 1000 requests now wait 2 s in backoff. Sample
+         * for a second of that (about 100 ms apart), well before the first retries are due. */
+        if (!sampling_done && t_first < 0 && tup_count(up) >= N_WAIT)
+            t_first = now_ms();
+        if (!sampling_done && t_first >= 0 && now_ms() - t_first >= 100 * (samples + 1)) {
+            int th = px_threads(px);
+            long kb = px_rss_kb(px);
+            threads_max = th > threads_max ? th : threads_max;
+            rss_max = kb > rss_max ? kb : rss_max;
+            samples++;
+            retried_while_sampling = count_attempt(2);
+            sampling_done = samples >= 10;
+        }
+        curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    int64_t elapsed = now_ms() - t0;
+
+    fprintf(stderr,
+            "[scale] %d waiting: %d threads (idle %d), RSS %ld KiB (idle %ld KiB, %.1f KiB per "
+            "waiting request), %d samples; first attempts all in after %lld ms; all done in "
+            "%lld ms\n",
+            N_WAIT, threads_max, threads_idle, rss_max, rss_idle,
+            (double)(rss_max - rss_idle) / N_WAIT, samples,
+            (long long)(t_first >= 0 ? t_first - t0 : -1), (long long)elapsed);
+
+    cr_expect_geq(t_first, 0, "tup never saw %d first attempts (%zu records)", N_WAIT,
+                  tup_count(up));
+    cr_expect_eq(samples, 10, "only %d samples taken while requests waited", samples);
+    cr_expect_eq(retried_while_sampling, 0,
+                 "%zu retries arrived while sampling: the sample was not of 1000 waiting requests",
+                 retried_while_sampling);
+    cr_expect_leq(threads_max, 2 + 8, "%d threads with %d requests waiting", threads_max, N_WAIT);
+    long rss_bound = under_asan() ? 256L * 1024 : 200L * 1024;
+    cr_expect_lt(rss_max, rss_bound, "RSS %ld KiB with %d requests waiting", rss_max, N_WAIT);
+    cr_expect_lt(elapsed, 60000, "the 1000 requests took %lld ms", (long long)elapsed);
+
+    int not_ok = 0;
+    for (int i = 0; i < N_WAIT; i++) {
+        if (rc[i] != 0 || status[i] != 200) {
+            if (not_ok++ < 5)
+                cr_expect_fail("request wait-%04d: curl %d, status %ld", i, rc[i], status[i]);
+        }
+        curl_multi_remove_handle(m, easy[i]);
+        curl_easy_cleanup(easy[i]);
+        curl_slist_free_all(hdrs[i]);
+    }
+    curl_multi_cleanup(m);
+    cr_expect_eq(not_ok, 0, "%d of %d requests did not end 200", not_ok, N_WAIT);
+
+    usleep(300 * 1000); /* a third attempt would show up here */
+    cr_expect_eq(tup_count(up), 2 * N_WAIT, "tup recorded %zu attempts", tup_count(up));
+    size_t per_id[N_WAIT] = { 0 };
+    size_t bad_ids = 0;
+    for (size_t i = 0; i < tup_count(up); i++) {
+        int k;
+        if (sscanf(tup_get(up, i)->request_id, "wait-%d", &k) == 1 && k >= 0 && k < N_WAIT)
+            per_id[k]++;
+        else
+            bad_ids++;
+    }
+    cr_expect_eq(bad_ids, 0, "%zu records with an unexpected request id", bad_ids);
+    for (int i = 0, shown = 0; i < N_WAIT; i++)
+        if (per_id[i] != 2 && shown++ < 5)
+            cr_expect_fail("wait-%04d reached tup %zu times, want 2", i, per_id[i]);
+}
+
+/* ---- 2: the backoff schedule, as seen by the upstream ---- */
+
+Test(scale, exponential_backoff_gaps_between_attempts)
+{
+    start("",
+          "\"retry\": {\"max_attempts\": 4, \"backoff\": {\"policy\": \"exponential\", "
+          "\"base_ms\": 100, \"factor\": 2.0, \"jitter\": \"none\"}}",
+          "2");
+    char url[128];
+    const char *h[] = { "X-Test-Plan: fail=3;status=503", "X-Request-Id: gaps", NULL };
+    struct http_resp r;
+    http_do("GET", px_url(px, "/g", url, sizeof(url)), h, NULL, 0, T, &r);
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    char v[32];
+    const char *att = http_header(&r, "X-Retry-Attempts", v, sizeof(v));
+    cr_expect(att && strcmp(att, "4") == 0, "X-Retry-Attempts '%s'", att ? att : "(absent)");
+    http_free(&r);
+
+    cr_assert_eq(tup_count(up), 4, "tup recorded %zu attempts", tup_count(up));
+    const int64_t want_ms[3] = { 100, 200, 400 };
+    double gap_ms[3];
+    for (size_t i = 0; i < 3; i++)
+        gap_ms[i] = (double)(tup_get(up, i + 1)->arrival_ns - tup_get(up, i)->arrival_ns) / 1e6;
+    fprintf(stderr, "[scale] backoff gaps: %.1f %.1f %.1f ms (want 100 200 400)\n", gap_ms[0],
+            gap_ms[1], gap_ms[2]);
+    for (size_t i = 0; i < 3; i++) {
+        cr_expect_geq(gap_ms[i], (double)want_ms[i] - 5.0, "gap %zu: %.1f ms, want >= %lld - 5",
+                      i + 1, gap_ms[i], (long long)want_ms[i]);
+        cr_expect_lt(gap_ms[i], (double)want_ms[i] + 400.0, "gap %zu: %.1f ms, want < %lld + 400",
+                     i + 1, gap_ms[i], (long long)want_ms[i]);
+    }
+}
+
+/* ---- 3: a long keep-alive session ---- */
+
+Test(scale, sequential_keepalive_requests_leak_nothing)
+{
+    enum { N = 2000, WARM = 100 };
+    if (under_asan()) {
+        /* ASan keeps freed blocks in a quarantine of up to 256 MiB, which reads as steady
+         * growth of about one request's buffers per request. A small quarantine fills within
+         * the first requests, so growth after that is real; leaks proper are LeakSanitizer's. */
+        const char *old = getenv("ASAN_OPTIONS");
+        char opts[512];
+        snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=4", old ? old : "",
+                 old && *old ? ":" : "");
+        setenv("ASAN_OPTIONS", opts, 1);
+    }
+    start("", "", "1");
+    int fds_before = px_fds(px);
+    long rss_warm = -1;
+
+    char url[128];
+    px_url(px, "/k", url, sizeof(url));
+    CURL *e = curl_easy_init();
+    cr_assert_not_null(e);
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)T);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
+    int64_t t0 = now_ms();
+    long connects = 0;
+    int not_ok = 0;
+    for (int i = 0; i < N; i++) {
+        CURLcode c = curl_easy_perform(e);
+        long st = 0, nc = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
+        curl_easy_getinfo(e, CURLINFO_NUM_CONNECTS, &nc);
+        connects += nc;
+        if (c != CURLE_OK || st != 200) {
+            if (not_ok++ < 5)
+                cr_expect_fail("request %d: curl %d, status %ld", i, c, st);
+        }
+        if (i + 1 == WARM)
+            rss_warm = px_rss_kb(px);
+    }
+    int64_t elapsed = now_ms() - t0;
+    int fds_after = px_fds(px);
+    long rss_after = px_rss_kb(px);
+    curl_easy_cleanup(e);
+
+    fprintf(stderr,
+            "[scale] %d keep-alive GETs in %lld ms: %ld client connection(s), %llu upstream "
+            "connection(s); proxy fds %d -> %d, RSS %ld KiB after %d -> %ld KiB after %d\n",
+            N, (long long)elapsed, connects, (unsigned long long)tup_connections(up), fds_before,
+            fds_after, rss_warm, WARM, rss_after, N);
+    cr_expect_eq(not_ok, 0, "%d of %d requests failed", not_ok, N);
+    cr_expect_eq(connects, 1, "the client needed %ld connections: keep-alive broke", connects);
+    cr_expect_eq(tup_count(up), N, "tup recorded %zu requests", tup_count(up));
+    cr_expect_leq(fds_after, fds_before + 10, "proxy fds grew from %d to %d", fds_before,
+                  fds_after);
+    cr_expect_leq(rss_after, rss_warm + 5 * 1024, "proxy RSS grew from %ld to %ld KiB", rss_warm,
+                  rss_after);
+}
