@@ -29,6 +29,10 @@
 #define UP_RING (256 * 1024)
 /* MHD asks the content reader for at most this much at a time. */
 #define READER_BLOCK (32 * 1024)
+/* How much of a body over limits.max_body_bytes is read (and dropped) so that the 413 can be
+ * sent; libmicrohttpd answers only once the body is complete. Past this the connection is
+ * closed instead: a client may not hold it with an endless body. */
+#define DISCARD_MAX (1024 * 1024)
 /* X-Request-Id values longer than this are replaced by a fresh id. */
 #define REQUEST_ID_MAX 128
 
@@ -288,6 +292,9 @@ struct retry_req {
     bool upload_started;   /* curl has taken bytes of a streamed body: no replay */
     bool read_paused;      /* curl's read callback is paused waiting for client bytes */
     bool upload_blocked;   /* the connection is suspended until curl takes bytes */
+    bool over_limit;       /* the body passed max_body_bytes: 413 */
+    bool close_now;        /* give up on the connection: too much to discard */
+    uint64_t discarded;    /* body bytes dropped after the answer was made */
 
     /* retrying */
     uint32_t attempts, max_attempts;
@@ -1250,17 +1257,26 @@ static void begin(struct retry_req *r, const char *method)
 static size_t take_body(struct retry_req *r, const char *data, size_t n)
 {
     const struct cfg_retry *policy = &r->route->retry;
-    if (r->answered)
-        return n; /* answered already: the rest is discarded */
+    if (r->answered) {
+        /* Answered already (413, or the upstream answered before the whole body came): the
+         * rest is dropped until libmicrohttpd lets the answer go out. */
+        r->discarded += n;
+        if (r->over_limit && r->discarded > DISCARD_MAX)
+            r->close_now = true;
+        return n;
+    }
     if (r->upload_total + n > r->cfg->max_body_bytes) {
-        if (!r->answered) {
-            if (r->xfer.easy) {
-                upstream_cancel(r->w->up, &r->xfer);
-                req_release(r);
-            }
-            answer_error(r, MHD_HTTP_CONTENT_TOO_LARGE, "body_too_large",
-                         "the request body is larger than limits.max_body_bytes");
+        struct loop *l = r->w->loop;
+        loop_timer_stop(l, &r->backoff_timer);
+        loop_timer_stop(l, &r->try_timer);
+        if (r->xfer.easy) {
+            upstream_cancel(r->w->up, &r->xfer);
+            req_release(r);
         }
+        r->over_limit = true;
+        r->discarded = n;
+        answer_error(r, MHD_HTTP_CONTENT_TOO_LARGE, "body_too_large",
+                     "the request body is larger than limits.max_body_bytes");
         return n;
     }
     if (r->body_mode == BODY_BUFFER) {
@@ -1303,6 +1319,9 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
 enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const char *upload_data,
                                  size_t *upload_data_size)
 {
+    /* libmicrohttpd takes an answer only on the first call (headers) or once the body is
+     * complete, the calls that come without upload data. */
+    bool can_answer = *upload_data_size == 0;
     r->in_handler = true;
     if (r->state == RS_HEADERS) {
         begin(r, method);
@@ -1326,11 +1345,12 @@ enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const 
     }
     r->in_handler = false;
 
-    if (r->answered && !r->queued) {
-        /* Queued even before the body is complete (400, 404, 413, an early upstream
-         * answer): libmicrohttpd then reads no more of it. */
+    if (r->close_now)
+        return MHD_NO;
+    if (r->answered && !r->queued && can_answer) {
+        /* Right after the headers (400, 404, 405, 413 by Content-Length) libmicrohttpd then
+         * reads none of the body; after the body, the connection may be kept alive. */
         r->queued = true;
-        *upload_data_size = 0;
         if (!r->resp)
             return MHD_NO;
         enum MHD_Result ret = MHD_queue_response(r->conn, r->resp_status, r->resp);

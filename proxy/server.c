@@ -1,6 +1,7 @@
 #include "proxy/server.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
@@ -19,13 +20,24 @@ struct server {
     struct MHD_Daemon *d;
     struct loop_watch watch;
     struct loop_timer timer;
+    unsigned conns; /* client connections open */
+    bool relisten;  /* a connection closed at the limit: run again to accept */
 };
 
 static void schedule(struct server *s);
+static void on_timer(struct loop_timer *t);
 
 static void run(struct server *s)
 {
     MHD_run(s->d);
+    if (s->relisten) {
+        /* At its connection limit libmicrohttpd takes the listening socket out of its epoll
+         * set and puts it back only on its next run: make that run happen now, or connections
+         * waiting in the backlog would wait for unrelated traffic. */
+        s->relisten = false;
+        server_kick(s);
+        return;
+    }
     schedule(s);
 }
 
@@ -55,6 +67,21 @@ void server_kick(struct server *s)
 {
     struct loop *l = s->w->loop;
     loop_timer_start(l, &s->timer, loop_now(l), on_timer, s);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    (void)c;
+    (void)socket_context;
+    struct server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        s->conns++;
+    } else {
+        if (s->conns >= s->w->conn_limit)
+            s->relisten = true;
+        s->conns--;
+    }
 }
 
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
@@ -105,13 +132,20 @@ struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c
     s->w = w;
     /* libmicrohttpd counts connection timeouts in whole seconds. */
     unsigned timeout_s = (c->connection_timeout_ms + 999) / 1000;
-    s->d = MHD_start_daemon(
-        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_access, w,
-        MHD_OPTION_LISTEN_SOCKET, listen_fd, MHD_OPTION_URI_LOG_CALLBACK, on_uri, w,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
-        MHD_OPTION_CONNECTION_LIMIT, w->conn_limit, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)CONN_MEMORY, MHD_OPTION_STRICT_FOR_CLIENT, 1, MHD_OPTION_EXTERNAL_LOGGER,
-        on_mhd_log, NULL, MHD_OPTION_END);
+    /* clang-format off */
+    s->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0,
+                            NULL, NULL, on_access, w,
+                            MHD_OPTION_LISTEN_SOCKET, listen_fd,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, w,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
+                            MHD_OPTION_CONNECTION_LIMIT, w->conn_limit,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
+                            MHD_OPTION_STRICT_FOR_CLIENT, 1,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+                            MHD_OPTION_END);
+    /* clang-format on */
     if (!s->d) {
         fprintf(stderr, "retryproxy: worker %u: cannot start the HTTP server\n", w->id);
         free(s);
