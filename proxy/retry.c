@@ -204,19 +204,28 @@ static size_t ring_space(const struct ring *q)
     return q->max - q->len;
 }
 
+/* The buffer starts small (a response body is often a few bytes) and doubles up to 'max'. */
 static int ring_put(struct ring *q, const char *p, size_t n)
 {
     if (n > ring_space(q))
         return -1;
-    if (!q->buf) {
-        q->buf = malloc(q->max);
-        if (!q->buf)
-            return -1;
-        q->cap = q->max;
-    }
     if (q->start + q->len + n > q->cap) {
-        memmove(q->buf, q->buf + q->start, q->len);
-        q->start = 0;
+        if (q->start) {
+            memmove(q->buf, q->buf + q->start, q->len);
+            q->start = 0;
+        }
+        if (q->len + n > q->cap) {
+            size_t cap = q->cap ? q->cap : 4096;
+            while (cap < q->len + n)
+                cap *= 2;
+            if (cap > q->max)
+                cap = q->max;
+            char *b = realloc(q->buf, cap);
+            if (!b)
+                return -1;
+            q->buf = b;
+            q->cap = cap;
+        }
     }
     memcpy(q->buf + q->start + q->len, p, n);
     q->len += n;
@@ -330,6 +339,7 @@ struct retry_req {
     unsigned resp_status;
     struct ring down;
     bool down_done, down_failed, curl_paused, reader_waiting;
+    bool collecting; /* holding a short body back to answer it in one piece */
 };
 
 static void req_free(struct retry_req *r)
@@ -552,21 +562,56 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
     return 0;
 }
 
-/* Response headers are in and the answer is this response: stream it. */
-static void answer_stream(struct retry_req *r)
+/* Answers with the response whose headers are in, its body read through read_body(). */
+static void start_streaming(struct retry_req *r)
 {
     int64_t cl = content_length_of(&r->rh);
     uint64_t size = MHD_SIZE_UNKNOWN;
     if (cl >= 0 && (r->is_head || status_has_body(r->status)))
         size = (uint64_t)cl;
+    r->collecting = false;
     struct MHD_Response *resp =
         MHD_create_response_from_callback(size, READER_BLOCK, read_body, r, release_reader);
     if (resp) {
         r->refs++; /* the reader's */
         copy_response_headers(r, resp, &r->rh);
     }
-    r->state = RS_STREAM;
     answer(r, resp, (unsigned)r->status);
+}
+
+/* The whole body is in the buffer: answer with it in one piece (libmicrohttpd writes headers
+ * and body together), handing the buffer over rather than copying it. */
+static void answer_collected(struct retry_req *r)
+{
+    struct MHD_Response *resp;
+    r->collecting = false;
+    if (r->down.start == 0 && r->down.buf) {
+        resp = MHD_create_response_from_buffer(r->down.len, r->down.buf, MHD_RESPMEM_MUST_FREE);
+        if (resp)
+            r->down.buf = NULL;
+    } else {
+        resp = MHD_create_response_from_buffer(r->down.len, (void *)"", MHD_RESPMEM_PERSISTENT);
+    }
+    r->down.len = 0;
+    if (resp)
+        copy_response_headers(r, resp, &r->rh);
+    answer(r, resp, (unsigned)r->status);
+}
+
+/* Response headers are in and this response is the answer. A body that fits the buffer is
+ * usually complete within the same read as the headers: collect it and answer in one piece.
+ * Anything larger, or not finished when the buffer fills, streams. */
+static void answer_stream(struct retry_req *r)
+{
+    int64_t cl = content_length_of(&r->rh);
+    r->state = RS_STREAM;
+    if (!r->is_head && status_has_body(r->status) && (cl < 0 || (uint64_t)cl <= DOWN_RING)) {
+        r->collecting = true;
+        if (cl > 0 && !r->down.buf && (r->down.buf = malloc((size_t)cl)) != NULL)
+            r->down.cap = (size_t)cl;
+    } else {
+        start_streaming(r);
+    }
 }
 
 /* ---- attempts ---- */
@@ -699,7 +744,10 @@ static void on_deadline(struct loop_timer *t)
     case RS_STREAM:
         /* Mid-body: the client must see the truncation. */
         r->down_failed = true;
-        resume_reader(r);
+        if (r->collecting)
+            start_streaming(r);
+        else
+            resume_reader(r);
         break;
     default:
         break;
@@ -785,6 +833,8 @@ static size_t on_write(char *p, size_t size, size_t n, void *ud)
     }
     if (r->state != RS_STREAM || !r->conn)
         return 0;
+    if (r->collecting && len > ring_space(&r->down))
+        start_streaming(r); /* too large to answer in one piece */
     if (len > ring_space(&r->down)) {
         r->curl_paused = true;
         return CURL_WRITEFUNC_PAUSE; /* delivered again once the client has read */
@@ -850,7 +900,12 @@ static void attempt_done(struct upstream_xfer *x, CURLcode rc)
     case RS_STREAM:
         r->down_done = true;
         r->down_failed = rc != CURLE_OK;
-        resume_reader(r);
+        if (r->collecting && !r->down_failed)
+            answer_collected(r);
+        else if (r->collecting)
+            start_streaming(r); /* what came, then the truncation */
+        else
+            resume_reader(r);
         break;
     default:
         break;

@@ -12,8 +12,9 @@
 #include "proxy/retry.h"
 #include "proxy/worker.h"
 
-/* Per-connection memory for the request line, headers and I/O buffers. */
-#define CONN_MEMORY (64 * 1024)
+/* Per-connection memory for the request line, headers and I/O buffers. libmicrohttpd zeroes
+ * it for every request, so it is kept at its default size. */
+#define CONN_MEMORY (32 * 1024)
 
 struct server {
     struct worker *w;

@@ -5,6 +5,10 @@
 
 /* Idle easy handles kept for reuse; more are freed. */
 #define POOL_MAX 256
+/* Idle upstream connections kept per worker. libcurl's default is 4 times the transfers
+ * running at that moment, so a short dip in load closes connections that the next burst has to
+ * open again; a fixed size keeps them (each idle one costs a socket and a few kilobytes). */
+#define MAX_IDLE_CONNECTIONS 1024L
 
 struct upstream {
     struct loop *loop;
@@ -133,6 +137,7 @@ struct upstream *upstream_new(struct loop *l)
     curl_multi_setopt(u->multi, CURLMOPT_SOCKETDATA, u);
     curl_multi_setopt(u->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
     curl_multi_setopt(u->multi, CURLMOPT_TIMERDATA, u);
+    curl_multi_setopt(u->multi, CURLMOPT_MAXCONNECTS, MAX_IDLE_CONNECTIONS);
     return u;
 }
 
@@ -159,6 +164,9 @@ CURL *upstream_easy_get(struct upstream *u)
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    /* Upstreams are reached directly: an http_proxy or HTTPS_PROXY in the sidecar's
+     * environment must not reroute them (and is not looked up on every transfer). */
+    curl_easy_setopt(e, CURLOPT_PROXY, "");
     return e;
 }
 
