@@ -619,6 +619,23 @@ Test(bodies, failure_mid_body_is_not_retried_and_the_client_sees_it)
     http_free(&r);
 }
 
+/* A short body is held back to go out in one write with its headers; when it breaks off, the
+ * client must still see a truncated response, not a complete-looking shorter one. */
+Test(bodies, failure_mid_short_body_is_not_retried_and_the_client_sees_it)
+{
+    start("\"retry\": {" FAST_BACKOFF "}", NULL);
+    char url[128];
+    const char *h[] = { "X-Test-Plan: action=reset-mid;fail=1;body=2000", "X-Request-Id: mid-s",
+                        NULL };
+    struct http_resp r;
+    http_do("GET", px_url(px, "/m", url, sizeof(url)), h, NULL, 0, T, &r);
+    cr_expect_neq(r.rc, 0, "the client got a complete-looking response of %zu bytes", r.body_len);
+    cr_expect_lt(r.body_len, 2000);
+    settle();
+    cr_expect_eq(tup_count_id(up, "mid-s"), 1, "tup saw %zu attempts", tup_count_id(up, "mid-s"));
+    http_free(&r);
+}
+
 /* ---- 8: large responses with bounded memory ---- */
 
 Test(bodies, response_of_100mib_streams_intact_with_bounded_memory)

@@ -941,3 +941,24 @@ Test(forwarding, connections_over_max_connections_wait_until_a_slot_frees)
     raw_ok(c4, "a new connection after the others closed", 3000);
     close(c4);
 }
+
+/* The sidecar's environment may hold a proxy setting meant for the application: upstream
+ * traffic goes straight to the upstream regardless. */
+Test(forwarding, environment_proxy_variables_do_not_reroute_upstreams)
+{
+    setenv("http_proxy", "http://127.0.0.1:9", 1);
+    setenv("HTTP_PROXY", "http://127.0.0.1:9", 1);
+    setenv("ALL_PROXY", "http://127.0.0.1:9", 1);
+    start("", "", "1");
+    unsetenv("http_proxy");
+    unsetenv("HTTP_PROXY");
+    unsetenv("ALL_PROXY");
+    char url[128];
+    const char *h[] = { "X-Request-Id: direct", NULL };
+    struct http_resp r;
+    http_do("GET", px_url(px, "/direct", url, sizeof(url)), h, NULL, 0, T, &r);
+    cr_expect_eq(r.rc, 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect_eq(tup_count_id(up, "direct"), 1);
+    http_free(&r);
+}
