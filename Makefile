@@ -17,7 +17,8 @@ TEST_JOBS ?= 2
 
 PKGS := libmicrohttpd libcurl jansson
 TEST_PKGS := criterion
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libcriterion-dev pkg-config
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libcriterion-dev pkg-config \
+            openssl
 
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
         -Wimplicit-fallthrough
@@ -57,7 +58,8 @@ BIN := $(BUILD)/retryproxy
 all: $(BIN)
 
 deps:
-	@if ! pkg-config --exists $(PKGS) $(TEST_PKGS) 2>/dev/null; then \
+	@if ! pkg-config --exists $(PKGS) $(TEST_PKGS) 2>/dev/null || \
+	   { [ -n "$(TEST_PKGS)" ] && ! command -v openssl >/dev/null; }; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing build dependencies: $(APT_PKGS)"; \
 	    export DEBIAN_FRONTEND=noninteractive; \

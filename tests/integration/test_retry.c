@@ -2,7 +2,13 @@
 #include <criterion/criterion.h>
 #include <curl/curl.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <string.h>
 #include <time.h>
 
@@ -393,4 +399,100 @@ Test(retry, retry_goes_to_an_upstream_not_yet_tried)
     px = NULL;
     tup_stop(a);
     tup_stop(b);
+}
+
+/* A listener whose accept queue is full: the kernel drops further SYNs, so a connection to it
+ * hangs in the handshake until the connect timeout. */
+static int full_listener(unsigned *port, int *filler)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(ls >= 0 && bind(ls, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(ls, 0) == 0);
+    getsockname(ls, (struct sockaddr *)&a, &len);
+    *port = ntohs(a.sin_port);
+    *filler = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_eq(connect(*filler, (struct sockaddr *)&a, sizeof(a)), 0);
+    return ls;
+}
+
+Test(retry, connect_timeout_bounds_each_connection_attempt)
+{
+    unsigned port;
+    int filler, ls = full_listener(&port, &filler);
+    char json[512];
+    snprintf(json, sizeof(json),
+             "{\"routes\": [{\"name\": \"slow\", \"upstreams\": [\"http://127.0.0.1:%u\"], "
+             "\"connect_timeout_ms\": 200, \"retry\": {\"max_attempts\": 2, " FAST "}}]}",
+             port);
+    up = tup_start(); /* unused, keeps stop() uniform */
+    px = px_start(json, NULL);
+    struct http_resp r = send_req("POST", "/", NULL, "x"); /* connect failures retry POST */
+    cr_expect_eq(r.status, 502);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect(strstr((char *)r.body, "\"error\": \"upstream_unavailable\""), "%s", r.body);
+    cr_expect_geq(r.seconds, 0.39, "two 200 ms connect timeouts took %.3f s", r.seconds);
+    cr_expect_lt(r.seconds, 3.0);
+    http_free(&r);
+    close(filler);
+    close(ls);
+}
+
+/* Runs a command line through the shell, for the openssl tool. */
+static int sh(const char *cmd)
+{
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* An https upstream with a self-signed certificate: the TLS server itself works (a client that
+ * skips verification gets a 200), but retryproxy verifies certificates by default, so the
+ * handshake fails, nothing is sent, and the answer is a 502 with no upstream response. */
+Test(retry, https_upstream_certificate_is_verified_by_default)
+{
+    char dir[] = "/tmp/retryproxy-tls-XXXXXX", cmd[1024], url[128], json[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd),
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+             "-keyout %s/key.pem -out %s/cert.pem >/dev/null 2>&1",
+             dir, dir);
+    cr_assert_eq(sh(cmd), 0, "openssl could not make a certificate (is openssl installed?)");
+    unsigned port = closed_port();
+    snprintf(cmd, sizeof(cmd),
+             "openssl s_server -quiet -www -accept 127.0.0.1:%u -cert %s/cert.pem "
+             "-key %s/key.pem >/dev/null 2>&1 & echo $! > %s/pid",
+             port, dir, dir, dir);
+    cr_assert_eq(sh(cmd), 0);
+
+    /* The TLS server answers a client that does not verify. */
+    snprintf(url, sizeof(url), "https://127.0.0.1:%u/", port);
+    long code = 0;
+    for (int i = 0; i < 100 && code != 200; i++) {
+        CURL *e = curl_easy_init();
+        curl_easy_setopt(e, CURLOPT_URL, url);
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
+        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 2000L);
+        if (curl_easy_perform(e) == CURLE_OK)
+            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+        curl_easy_cleanup(e);
+        if (code != 200)
+            usleep(50000);
+    }
+    cr_assert_eq(code, 200, "the TLS test server did not come up");
+
+    snprintf(json, sizeof(json),
+             "{\"routes\": [{\"name\": \"tls\", \"upstreams\": [\"%s\"], "
+             "\"retry\": {\"max_attempts\": 1}}]}",
+             url);
+    up = tup_start(); /* unused, keeps stop() uniform */
+    px = px_start(json, NULL);
+    struct http_resp r = send_req("GET", "/", NULL, NULL);
+    cr_expect_eq(r.status, 502);
+    cr_expect(strstr((char *)r.body, "\"error\": \"upstream_unavailable\""), "%s", r.body);
+    http_free(&r);
+
+    snprintf(cmd, sizeof(cmd), "kill $(cat %s/pid); rm -rf %s", dir, dir);
+    sh(cmd);
 }
