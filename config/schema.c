@@ -326,6 +326,22 @@ static const char *check_path_prefix(const char *s, size_t len)
 
 /* ---- custom fields ---- */
 
+/* The length of a list-valued key's array, or -1 after reporting that 'v' is not an array
+ * ("expected WHAT, got ...") or is empty when 'empty' names why that is wrong. */
+static long list_length(struct walk *w, const struct at *at, const json_t *v, const char *what,
+                        const char *empty)
+{
+    if (!json_is_array(v)) {
+        err_at(w, at, "expected %s, got %s", what, kind(v));
+        return -1;
+    }
+    if (json_array_size(v) == 0 && empty) {
+        err_at(w, at, "%s", empty);
+        return -1;
+    }
+    return (long)json_array_size(v);
+}
+
 static int parse_match_host(struct walk *w, const struct at *at, const json_t *v, void *dst)
 {
     const char **out = dst;
@@ -384,14 +400,11 @@ static int parse_methods(struct walk *w, const struct at *at, const json_t *v, u
                          int may_be_empty)
 {
     int rc = 0;
-    if (!json_is_array(v)) {
-        err_at(w, at, "expected an array of method names, got %s", kind(v));
+    if (list_length(w, at, v, "an array of method names",
+                    may_be_empty
+                        ? NULL
+                        : "must not be empty (leave the key out to match every method)") < 0)
         return -1;
-    }
-    if (json_array_size(v) == 0 && !may_be_empty) {
-        err_at(w, at, "must not be empty (leave the key out to match every method)");
-        return -1;
-    }
     uint32_t bits = 0;
     size_t i;
     const json_t *m;
@@ -528,11 +541,10 @@ static int parse_retry_on(struct walk *w, const struct at *at, const json_t *v, 
 {
     struct cfg_retry *r = dst;
     int rc = 0;
-    if (!json_is_array(v)) {
-        err_at(w, at, "expected an array of conditions, got %s", kind(v));
+    long len = list_length(w, at, v, "an array of conditions", NULL);
+    if (len < 0)
         return -1;
-    }
-    size_t n = json_array_size(v);
+    size_t n = (size_t)len;
     struct cfg_retry_cond *conds = arena_alloc(w->a, (n ? n : 1) * sizeof(*conds));
     size_t i;
     const json_t *t;
@@ -635,15 +647,10 @@ static int parse_upstreams(struct walk *w, const struct at *at, const json_t *v,
 {
     struct cfg_route *r = dst;
     int rc = 0;
-    if (!json_is_array(v)) {
-        err_at(w, at, "expected an array of URLs, got %s", kind(v));
+    long len = list_length(w, at, v, "an array of URLs", "must hold at least one upstream URL");
+    if (len < 0)
         return -1;
-    }
-    size_t n = json_array_size(v);
-    if (n == 0) {
-        err_at(w, at, "must hold at least one upstream URL");
-        return -1;
-    }
+    size_t n = (size_t)len;
     struct cfg_upstream *ups = arena_alloc(w->a, n * sizeof(*ups));
     size_t i;
     const json_t *u;
@@ -1291,15 +1298,10 @@ static int parse_routes(struct walk *w, const struct at *at, const json_t *v, vo
 {
     struct cfg *c = dst;
     int rc = 0;
-    if (!json_is_array(v)) {
-        err_at(w, at, "expected an array of routes, got %s", kind(v));
+    long len = list_length(w, at, v, "an array of routes", "must hold at least one route");
+    if (len < 0)
         return -1;
-    }
-    size_t n = json_array_size(v);
-    if (n == 0) {
-        err_at(w, at, "must hold at least one route");
-        return -1;
-    }
+    size_t n = (size_t)len;
     struct cfg_route *routes = arena_alloc(w->a, n * sizeof(*routes));
     size_t i;
     const json_t *r;

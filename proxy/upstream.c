@@ -24,6 +24,17 @@ struct upstream_sock {
     struct upstream *u;
 };
 
+/* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it. */
+static void pool_put(struct upstream *u, CURL *e)
+{
+    if (u->npool < POOL_MAX) {
+        curl_easy_reset(e);
+        u->pool[u->npool++] = e;
+    } else {
+        curl_easy_cleanup(e);
+    }
+}
+
 /* Hands every finished transfer to its owner. Runs after curl returned to us, so owners may
  * start or cancel transfers from 'done'. */
 static void check_done(struct upstream *u)
@@ -43,12 +54,7 @@ static void check_done(struct upstream *u)
             x->easy = NULL;
             x->done(x, rc);
         }
-        if (u->npool < POOL_MAX) {
-            curl_easy_reset(easy);
-            u->pool[u->npool++] = easy;
-        } else {
-            curl_easy_cleanup(easy);
-        }
+        pool_put(u, easy);
     }
 }
 
@@ -176,11 +182,7 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
     x->arg = arg;
     curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
     if (curl_multi_add_handle(u->multi, x->easy) != CURLM_OK) {
-        curl_easy_reset(x->easy);
-        if (u->npool < POOL_MAX)
-            u->pool[u->npool++] = x->easy;
-        else
-            curl_easy_cleanup(x->easy);
+        pool_put(u, x->easy);
         x->easy = NULL;
         return -1;
     }
@@ -194,11 +196,7 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
         return;
     curl_multi_remove_handle(u->multi, x->easy);
     u->active--;
-    curl_easy_reset(x->easy);
-    if (u->npool < POOL_MAX)
-        u->pool[u->npool++] = x->easy;
-    else
-        curl_easy_cleanup(x->easy);
+    pool_put(u, x->easy);
     x->easy = NULL;
 }
 
