@@ -310,7 +310,6 @@ struct retry_req {
     bool method_retryable;
     uint64_t deadline_ms;
     uint64_t tried; /* upstreams tried, as bits */
-    size_t up_idx;
     struct backoff_seq seq;
     enum retry_outcome last_outcome;
     const struct cfg_retry_cond *fired;
@@ -402,8 +401,6 @@ static void add_retry_headers(struct retry_req *r, struct MHD_Response *resp)
         MHD_add_response_header(resp, "X-Retry-Stop", retry_stop_name(r->stop));
 }
 
-/* Makes 'resp' the answer. Inside the access handler it is queued on return; otherwise the
- * suspended connection is resumed and libmicrohttpd calls the handler, which queues it. */
 /* Resumes the suspended connection and has libmicrohttpd look at it this turn. */
 static void resume(struct retry_req *r)
 {
@@ -414,6 +411,8 @@ static void resume(struct retry_req *r)
     server_kick(r->w->srv);
 }
 
+/* Makes 'resp' the answer. Inside the access handler it is queued on return; otherwise the
+ * suspended connection is resumed and libmicrohttpd calls the handler, which queues it. */
 static void answer(struct retry_req *r, struct MHD_Response *resp, unsigned status)
 {
     /* resp NULL (out of memory): closing the connection is the only honest answer left */
@@ -952,7 +951,6 @@ static void start_attempt(struct retry_req *r)
     size_t i = pick_upstream(r);
     if (i < 64)
         r->tried |= 1ULL << i;
-    r->up_idx = i;
     const struct cfg_upstream *u = &rt->upstreams[i];
 
     CURL *e = upstream_easy_get(w->up);
