@@ -1,0 +1,666 @@
+/* metrics -- the registry behind proxy/metrics.h (CONTRACT §7).
+ *
+ * Layout: every route owns an array of per-worker slots, each slot a cache-line-aligned block of
+ * 64-bit counters. Worker w is the only writer of slot w, so an increment is a relaxed load
+ * followed by a relaxed store: no lock prefix and no cache line shared with another writer. A
+ * scrape reads every slot with relaxed loads and sums them; each counter is a single atomic
+ * object, so a reader sees whole values that never go backwards, which is all a monotone counter
+ * needs. The registry mutex guards only the route list, reason names and reload state, which
+ * change at config install time and are read by scrapes, never by the request path.
+ */
+#include "proxy/metrics.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CACHE_LINE 64
+#define CODE_MIN   100
+#define CODE_MAX   599
+#define CODE_COUNT (CODE_MAX - CODE_MIN + 1)
+/* The last reason slot collects tokens beyond the first METRICS_MAX_REASONS-1 distinct ones. */
+#define REASON_OTHER (METRICS_MAX_REASONS - 1)
+/* 15 finite upper bounds plus the +Inf bucket. */
+#define HIST_BOUNDS  15
+#define HIST_BUCKETS (HIST_BOUNDS + 1)
+/* Sums are kept in integer microseconds; clamp one observation so the conversion stays defined
+ * (a billion seconds is already nonsense for a request). */
+#define HIST_MAX_SECONDS 1e9
+
+static const double hist_bounds[HIST_BOUNDS] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                 0.5,   1,      2.5,   5,    10,    30,   60 };
+/* The same bounds as printed in le="..." (fixed text, so every scrape prints them alike). */
+static const char *const hist_le[HIST_BUCKETS] = { "0.001", "0.0025", "0.005", "0.01",
+                                                   "0.025", "0.05",   "0.1",   "0.25",
+                                                   "0.5",   "1",      "2.5",   "5",
+                                                   "10",    "30",     "60",    "+Inf" };
+
+static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",    "3xx",
+                                                              "4xx",   "5xx",    "connect_failure",
+                                                              "reset", "timeout" };
+static const char *const denied_names[METRICS_DENIED_COUNT] = { "max-attempts",   "budget",
+                                                                "concurrency",    "deadline",
+                                                                "retry-after",    "not-retryable",
+                                                                "body-too-large", "draining" };
+
+struct hist_slot {
+    /* Non-cumulative per bucket; the scrape accumulates them, and _count is their total so that
+     * _count always equals the +Inf bucket in one exposition. */
+    _Atomic uint64_t buckets[HIST_BUCKETS];
+    _Atomic uint64_t sum_us;
+};
+
+/* One worker's share of one route's series. Aligning the struct aligns its size too, so slot
+ * w+1 starts on a fresh cache line. */
+struct route_slot {
+    _Alignas(CACHE_LINE) _Atomic uint64_t codes[CODE_COUNT];
+    _Atomic uint64_t attempts[METRICS_OUT_COUNT];
+    _Atomic uint64_t retries[METRICS_MAX_REASONS];
+    _Atomic uint64_t retry_success;
+    _Atomic uint64_t denied[METRICS_DENIED_COUNT];
+    _Atomic uint64_t retry_after_honored;
+    struct hist_slot hist[METRICS_HIST_COUNT];
+};
+
+_Static_assert(sizeof(struct route_slot) % CACHE_LINE == 0, "route slots share cache lines");
+
+/* Process-wide per-worker gauges, kept apart from the route slots for the same reason. */
+struct worker_slot {
+    _Alignas(CACHE_LINE) _Atomic int64_t connections;
+};
+
+struct metrics_route {
+    struct metrics *m;
+    char *name;
+    unsigned nslots;
+    struct route_slot *slots;
+    /* Under m->lock: names of reason slots 0 .. nreasons-1, and whether a token was sent to
+     * the overflow slot. */
+    char *reasons[REASON_OTHER];
+    unsigned nreasons;
+    bool other_used;
+};
+
+struct metrics {
+    unsigned workers;
+    struct worker_slot *wslots;
+    /* Has no worker to own a slot (a retry may end on a timer), so this one is a shared atomic;
+     * retries are rare next to requests, so the locked add is affordable. */
+    _Atomic int64_t retries_in_flight;
+
+    pthread_mutex_t lock;
+    /* Sorted by strcmp(name), so lookups bisect and scrapes print in order. */
+    struct metrics_route **routes;
+    size_t nroutes, cap;
+    uint64_t reloads_ok, reloads_failed, generation;
+    double last_success;
+};
+
+/* The totals of one route at scrape time. */
+struct route_totals {
+    uint64_t codes[CODE_COUNT];
+    uint64_t attempts[METRICS_OUT_COUNT];
+    uint64_t retries[METRICS_MAX_REASONS];
+    uint64_t retry_success;
+    uint64_t denied[METRICS_DENIED_COUNT];
+    uint64_t retry_after_honored;
+    uint64_t buckets[METRICS_HIST_COUNT][HIST_BUCKETS];
+    uint64_t sum_us[METRICS_HIST_COUNT];
+    bool any; /* some count is non-zero */
+};
+
+/* Single-writer increment: only the owning worker stores to this counter, so load+store cannot
+ * lose an update, and the atomics keep concurrent scrapes free of torn reads. */
+static inline void bump(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+static inline uint64_t peek(const _Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+static void *alloc_lines(size_t n, size_t size)
+{
+    if (n == 0 || size > SIZE_MAX / n)
+        return NULL;
+    void *p = aligned_alloc(CACHE_LINE, n * size);
+    /* All-zero bytes are a valid zero for the lock-free 64-bit atomics used here. */
+    if (p)
+        memset(p, 0, n * size);
+    return p;
+}
+
+struct metrics *metrics_new(unsigned workers)
+{
+    struct metrics *m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    /* A registry without slots could count nothing; treat 0 as a single worker. */
+    m->workers = workers ? workers : 1;
+    m->wslots = alloc_lines(m->workers, sizeof(struct worker_slot));
+    if (!m->wslots || pthread_mutex_init(&m->lock, NULL) != 0) {
+        free(m->wslots);
+        free(m);
+        return NULL;
+    }
+    atomic_init(&m->retries_in_flight, 0);
+    return m;
+}
+
+static void route_free(struct metrics_route *r)
+{
+    if (!r)
+        return;
+    for (unsigned i = 0; i < r->nreasons; i++)
+        free(r->reasons[i]);
+    free(r->slots);
+    free(r->name);
+    free(r);
+}
+
+void metrics_free(struct metrics *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->nroutes; i++)
+        route_free(m->routes[i]);
+    free(m->routes);
+    free(m->wslots);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+/* Index of 'name' in m->routes, or where it would go (with *found false). Caller holds lock. */
+static size_t route_find(const struct metrics *m, const char *name, bool *found)
+{
+    size_t lo = 0, hi = m->nroutes;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(m->routes[mid]->name, name);
+        if (c == 0) {
+            *found = true;
+            return mid;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = false;
+    return lo;
+}
+
+static struct metrics_route *route_new(struct metrics *m, const char *name)
+{
+    struct metrics_route *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->m = m;
+    r->nslots = m->workers;
+    r->name = strdup(name);
+    r->slots = alloc_lines(m->workers, sizeof(struct route_slot));
+    if (!r->name || !r->slots) {
+        route_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+struct metrics_route *metrics_route(struct metrics *m, const char *name)
+{
+    if (!m || !name)
+        return NULL;
+    struct metrics_route *r = NULL;
+    pthread_mutex_lock(&m->lock);
+    bool found;
+    size_t at = route_find(m, name, &found);
+    if (found) {
+        r = m->routes[at];
+        goto out;
+    }
+    if (m->nroutes == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 8;
+        struct metrics_route **grown = realloc(m->routes, cap * sizeof(*grown));
+        if (!grown)
+            goto out;
+        m->routes = grown;
+        m->cap = cap;
+    }
+    r = route_new(m, name);
+    if (!r)
+        goto out;
+    memmove(&m->routes[at + 1], &m->routes[at], (m->nroutes - at) * sizeof(*m->routes));
+    m->routes[at] = r;
+    m->nroutes++;
+out:
+    pthread_mutex_unlock(&m->lock);
+    return r;
+}
+
+unsigned metrics_reason(struct metrics_route *r, const char *token)
+{
+    if (!r)
+        return REASON_OTHER;
+    unsigned idx = REASON_OTHER;
+    pthread_mutex_lock(&r->m->lock);
+    /* A literal "other" token goes to the overflow slot too, or two series would carry
+     * reason="other". */
+    if (token && strcmp(token, "other") != 0) {
+        for (unsigned i = 0; i < r->nreasons && idx == REASON_OTHER; i++) {
+            if (strcmp(r->reasons[i], token) == 0)
+                idx = i;
+        }
+        if (idx == REASON_OTHER && r->nreasons < REASON_OTHER) {
+            char *copy = strdup(token);
+            if (copy) {
+                idx = r->nreasons;
+                r->reasons[r->nreasons++] = copy;
+            }
+        }
+    }
+    /* Out of slots (or memory), or "other" itself: counted, under "other". */
+    if (idx == REASON_OTHER)
+        r->other_used = true;
+    pthread_mutex_unlock(&r->m->lock);
+    return idx;
+}
+
+/* ---- the hot path ---- */
+
+/* The slot of worker w, or NULL when there is none to write (no route, bad worker index). */
+static inline struct route_slot *slot_of(struct metrics_route *r, unsigned w)
+{
+    if (!r || w >= r->nslots)
+        return NULL;
+    return &r->slots[w];
+}
+
+void metrics_request(struct metrics_route *r, unsigned w, int code)
+{
+    struct route_slot *s = slot_of(r, w);
+    /* Codes outside 100..599 are not valid final statuses; they have no series to count in. */
+    if (s && code >= CODE_MIN && code <= CODE_MAX)
+        bump(&s->codes[code - CODE_MIN], 1);
+}
+
+void metrics_attempt(struct metrics_route *r, unsigned w, enum metrics_outcome o)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s && (unsigned)o < METRICS_OUT_COUNT)
+        bump(&s->attempts[o], 1);
+}
+
+void metrics_retry(struct metrics_route *r, unsigned w, unsigned reason)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s)
+        bump(&s->retries[reason < METRICS_MAX_REASONS ? reason : REASON_OTHER], 1);
+}
+
+void metrics_retry_success(struct metrics_route *r, unsigned w)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s)
+        bump(&s->retry_success, 1);
+}
+
+void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied reason)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s && (unsigned)reason < METRICS_DENIED_COUNT)
+        bump(&s->denied[reason], 1);
+}
+
+void metrics_retry_after_honored(struct metrics_route *r, unsigned w)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s)
+        bump(&s->retry_after_honored, 1);
+}
+
+void metrics_observe(struct metrics_route *r, unsigned w, enum metrics_hist h, double seconds)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (!s || (unsigned)h >= METRICS_HIST_COUNT)
+        return;
+    /* Durations come from a monotonic clock; a negative or NaN one is a caller bug, and zero is
+     * the least wrong place for it. */
+    if (!(seconds > 0))
+        seconds = 0;
+    unsigned b = 0;
+    while (b < HIST_BOUNDS && seconds > hist_bounds[b])
+        b++;
+    double clamped = seconds < HIST_MAX_SECONDS ? seconds : HIST_MAX_SECONDS;
+    struct hist_slot *hs = &s->hist[h];
+    bump(&hs->buckets[b], 1);
+    bump(&hs->sum_us, (uint64_t)llround(clamped * 1e6));
+}
+
+/* ---- process-wide series ---- */
+
+void metrics_retries_in_flight_add(struct metrics *m, int delta)
+{
+    if (m)
+        atomic_fetch_add_explicit(&m->retries_in_flight, delta, memory_order_relaxed);
+}
+
+int64_t metrics_retries_in_flight(const struct metrics *m)
+{
+    if (!m)
+        return 0;
+    return atomic_load_explicit(&m->retries_in_flight, memory_order_relaxed);
+}
+
+void metrics_connections_add(struct metrics *m, unsigned w, int delta)
+{
+    if (!m || w >= m->workers)
+        return;
+    _Atomic int64_t *c = &m->wslots[w].connections;
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + delta,
+                          memory_order_relaxed);
+}
+
+void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix_seconds)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->lock);
+    if (ok) {
+        m->reloads_ok++;
+        m->last_success = unix_seconds;
+    } else {
+        m->reloads_failed++;
+    }
+    m->generation = generation;
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* ---- rendering ---- */
+
+static void route_sum(const struct metrics_route *r, struct route_totals *t)
+{
+    memset(t, 0, sizeof(*t));
+    uint64_t any = 0;
+    for (unsigned w = 0; w < r->nslots; w++) {
+        const struct route_slot *s = &r->slots[w];
+        for (size_t i = 0; i < CODE_COUNT; i++) {
+            uint64_t v = peek(&s->codes[i]);
+            t->codes[i] += v;
+            any |= v;
+        }
+        for (size_t i = 0; i < METRICS_OUT_COUNT; i++) {
+            uint64_t v = peek(&s->attempts[i]);
+            t->attempts[i] += v;
+            any |= v;
+        }
+        for (size_t i = 0; i < METRICS_MAX_REASONS; i++) {
+            uint64_t v = peek(&s->retries[i]);
+            t->retries[i] += v;
+            any |= v;
+        }
+        for (size_t i = 0; i < METRICS_DENIED_COUNT; i++) {
+            uint64_t v = peek(&s->denied[i]);
+            t->denied[i] += v;
+            any |= v;
+        }
+        uint64_t v = peek(&s->retry_success);
+        t->retry_success += v;
+        any |= v;
+        v = peek(&s->retry_after_honored);
+        t->retry_after_honored += v;
+        any |= v;
+        for (size_t h = 0; h < METRICS_HIST_COUNT; h++) {
+            for (size_t b = 0; b < HIST_BUCKETS; b++) {
+                v = peek(&s->hist[h].buckets[b]);
+                t->buckets[h][b] += v;
+                any |= v;
+            }
+            t->sum_us[h] += peek(&s->hist[h].sum_us);
+        }
+    }
+    t->any = any != 0;
+}
+
+/* A label value per text format 0.0.4: backslash, double quote and newline are escaped. */
+static void put_label(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '\\':
+            fputs("\\\\", f);
+            break;
+        case '"':
+            fputs("\\\"", f);
+            break;
+        case '\n':
+            fputs("\\n", f);
+            break;
+        default:
+            fputc(*s, f);
+        }
+    }
+}
+
+static void put_family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP retryproxy_%s %s\n# TYPE retryproxy_%s %s\n", name, help, name, type);
+}
+
+/* Starts a series line: retryproxy_<name>{route="<route>" -- the caller closes the labels. */
+static void put_route_series(FILE *f, const char *name, const struct metrics_route *r)
+{
+    fprintf(f, "retryproxy_%s{route=\"", name);
+    put_label(f, r->name);
+    fputc('"', f);
+}
+
+struct scrape {
+    struct metrics_route **routes; /* the routes to print, in name order */
+    struct route_totals *totals;
+    size_t n;
+};
+
+static void render_requests(FILE *f, const struct scrape *sc)
+{
+    put_family(f, "requests_total", "counter",
+               "Requests answered, by route and final status code sent to the client.");
+    for (size_t i = 0; i < sc->n; i++) {
+        for (size_t c = 0; c < CODE_COUNT; c++) {
+            if (!sc->totals[i].codes[c])
+                continue;
+            put_route_series(f, "requests_total", sc->routes[i]);
+            fprintf(f, ",code=\"%zu\"} %" PRIu64 "\n", c + CODE_MIN, sc->totals[i].codes[c]);
+        }
+    }
+}
+
+static void render_attempts(FILE *f, const struct scrape *sc)
+{
+    put_family(f, "attempts_total", "counter", "Upstream attempts, by route and outcome.");
+    for (size_t i = 0; i < sc->n; i++) {
+        for (size_t o = 0; o < METRICS_OUT_COUNT; o++) {
+            put_route_series(f, "attempts_total", sc->routes[i]);
+            fprintf(f, ",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o],
+                    sc->totals[i].attempts[o]);
+        }
+    }
+}
+
+static void render_retries(FILE *f, const struct scrape *sc)
+{
+    put_family(f, "retries_total", "counter",
+               "Retries started, by route and the retry_on token that fired.");
+    for (size_t i = 0; i < sc->n; i++) {
+        const struct metrics_route *r = sc->routes[i];
+        const struct route_totals *t = &sc->totals[i];
+        for (unsigned k = 0; k < r->nreasons; k++) {
+            put_route_series(f, "retries_total", r);
+            fputs(",reason=\"", f);
+            put_label(f, r->reasons[k]);
+            fprintf(f, "\"} %" PRIu64 "\n", t->retries[k]);
+        }
+        /* Slots with no name (an index the route never handed out) are folded into "other"
+         * rather than dropped, so the family total stays right. */
+        uint64_t other = 0;
+        for (unsigned k = r->nreasons; k < METRICS_MAX_REASONS; k++)
+            other += t->retries[k];
+        if (r->other_used || other) {
+            put_route_series(f, "retries_total", r);
+            fprintf(f, ",reason=\"other\"} %" PRIu64 "\n", other);
+        }
+    }
+}
+
+static void render_route_counter(FILE *f, const struct scrape *sc, const char *name,
+                                 const char *help, size_t field)
+{
+    put_family(f, name, "counter", help);
+    for (size_t i = 0; i < sc->n; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)&sc->totals[i] + field, sizeof(v));
+        put_route_series(f, name, sc->routes[i]);
+        fprintf(f, "} %" PRIu64 "\n", v);
+    }
+}
+
+static void render_denied(FILE *f, const struct scrape *sc)
+{
+    put_family(f, "retries_denied_total", "counter",
+               "Retries not made, by route and the reason (as X-Retry-Stop).");
+    for (size_t i = 0; i < sc->n; i++) {
+        for (size_t d = 0; d < METRICS_DENIED_COUNT; d++) {
+            put_route_series(f, "retries_denied_total", sc->routes[i]);
+            fprintf(f, ",reason=\"%s\"} %" PRIu64 "\n", denied_names[d], sc->totals[i].denied[d]);
+        }
+    }
+}
+
+static void render_hist(FILE *f, const struct scrape *sc, enum metrics_hist h, const char *name,
+                        const char *help)
+{
+    put_family(f, name, "histogram", help);
+    for (size_t i = 0; i < sc->n; i++) {
+        const struct route_totals *t = &sc->totals[i];
+        uint64_t cum = 0;
+        for (size_t b = 0; b < HIST_BUCKETS; b++) {
+            cum += t->buckets[h][b];
+            fprintf(f, "retryproxy_%s_bucket{route=\"", name);
+            put_label(f, sc->routes[i]->name);
+            fprintf(f, "\",le=\"%s\"} %" PRIu64 "\n", hist_le[b], cum);
+        }
+        /* Exact decimal seconds from integer microseconds: no binary rounding on the way. */
+        fprintf(f, "retryproxy_%s_sum{route=\"", name);
+        put_label(f, sc->routes[i]->name);
+        fprintf(f, "\"} %" PRIu64 ".%06" PRIu64 "\n", t->sum_us[h] / 1000000,
+                t->sum_us[h] % 1000000);
+        fprintf(f, "retryproxy_%s_count{route=\"", name);
+        put_label(f, sc->routes[i]->name);
+        fprintf(f, "\"} %" PRIu64 "\n", cum);
+    }
+}
+
+static void render_in_flight(FILE *f, const struct metrics *m)
+{
+    put_family(f, "retries_in_flight", "gauge",
+               "Retries decided and not yet finished, backoff waits included.");
+    fprintf(f, "retryproxy_retries_in_flight %" PRId64 "\n", metrics_retries_in_flight(m));
+}
+
+static void render_process(FILE *f, struct metrics *m)
+{
+    put_family(f, "config_reloads_total", "counter",
+               "Configuration loads, by result; the initial load counts as a success.");
+    fprintf(f, "retryproxy_config_reloads_total{result=\"success\"} %" PRIu64 "\n", m->reloads_ok);
+    fprintf(f, "retryproxy_config_reloads_total{result=\"failure\"} %" PRIu64 "\n",
+            m->reloads_failed);
+
+    put_family(f, "config_generation", "gauge", "Generation of the configuration in effect.");
+    fprintf(f, "retryproxy_config_generation %" PRIu64 "\n", m->generation);
+
+    put_family(f, "config_last_reload_success_timestamp_seconds", "gauge",
+               "Unix time of the last successful configuration load.");
+    fprintf(f, "retryproxy_config_last_reload_success_timestamp_seconds %.3f\n", m->last_success);
+
+    int64_t conns = 0;
+    for (unsigned w = 0; w < m->workers; w++)
+        conns += atomic_load_explicit(&m->wslots[w].connections, memory_order_relaxed);
+    put_family(f, "connections_active", "gauge", "Client connections currently open.");
+    fprintf(f, "retryproxy_connections_active %" PRId64 "\n", conns);
+}
+
+static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
+{
+    render_requests(f, sc);
+    render_attempts(f, sc);
+    render_retries(f, sc);
+    render_route_counter(f, sc, "retry_success_total",
+                         "Requests that succeeded after at least one retry.",
+                         offsetof(struct route_totals, retry_success));
+    render_denied(f, sc);
+    render_in_flight(f, m);
+    render_route_counter(f, sc, "retry_after_honored_total",
+                         "Retries whose wait followed an upstream Retry-After.",
+                         offsetof(struct route_totals, retry_after_honored));
+    render_hist(f, sc, METRICS_HIST_BACKOFF, "backoff_seconds",
+                "Backoff waits before retries, in seconds.");
+    render_hist(f, sc, METRICS_HIST_ATTEMPT, "attempt_duration_seconds",
+                "Duration of single upstream attempts, in seconds.");
+    render_hist(f, sc, METRICS_HIST_REQUEST, "request_duration_seconds",
+                "Duration of whole client requests, retries included, in seconds.");
+    render_process(f, m);
+}
+
+char *metrics_render(struct metrics *m, size_t *len)
+{
+    if (len)
+        *len = 0;
+    if (!m)
+        return NULL;
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&buf, &size);
+    if (!f)
+        return NULL;
+
+    /* The lock keeps the route list and reason names still while they are printed; workers
+     * never take it, so a scrape only ever delays a config install. */
+    pthread_mutex_lock(&m->lock);
+    struct scrape sc = { 0 };
+    bool failed = false;
+    if (m->nroutes) {
+        sc.routes = malloc(m->nroutes * sizeof(*sc.routes));
+        sc.totals = malloc(m->nroutes * sizeof(*sc.totals));
+        failed = !sc.routes || !sc.totals;
+    }
+    for (size_t i = 0; !failed && i < m->nroutes; i++) {
+        struct metrics_route *r = m->routes[i];
+        route_sum(r, &sc.totals[sc.n]);
+        /* The no-route series exists from the first config install on; it only shows once a
+         * request actually fell through, so a proxy where every request matches has no
+         * route="" noise. */
+        if (r->name[0] == '\0' && !sc.totals[sc.n].any)
+            continue;
+        sc.routes[sc.n++] = r;
+    }
+    if (!failed)
+        render_all(f, m, &sc);
+    pthread_mutex_unlock(&m->lock);
+    free(sc.routes);
+    free(sc.totals);
+
+    failed = ferror(f) != 0 || failed;
+    if (fclose(f) != 0 || failed) {
+        free(buf);
+        return NULL;
+    }
+    if (len)
+        *len = size;
+    return buf;
+}

@@ -1,0 +1,100 @@
+/* metrics -- Prometheus counters, gauges and histograms (CONTRACT §7), cheap on the hot path.
+ *
+ * Every per-route series has one slot per worker. A worker only ever writes its own slot, with
+ * relaxed atomic loads and stores (no lock, no contended read-modify-write); a scrape sums the
+ * slots. Series are keyed by route name and live as long as the registry, so counters keep
+ * counting across reloads for routes that keep their names. Creating a series or a reason
+ * label takes a mutex and happens when a config snapshot is installed, never per request.
+ */
+#ifndef RETRYPROXY_PROXY_METRICS_H
+#define RETRYPROXY_PROXY_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* attempts_total{outcome} */
+enum metrics_outcome {
+    METRICS_OUT_1XX,
+    METRICS_OUT_2XX,
+    METRICS_OUT_3XX,
+    METRICS_OUT_4XX,
+    METRICS_OUT_5XX,
+    METRICS_OUT_CONNECT_FAILURE,
+    METRICS_OUT_RESET,
+    METRICS_OUT_TIMEOUT,
+    METRICS_OUT_COUNT
+};
+
+/* Histograms, in seconds: backoff_seconds, attempt_duration_seconds, request_duration_seconds */
+enum metrics_hist { METRICS_HIST_BACKOFF, METRICS_HIST_ATTEMPT, METRICS_HIST_REQUEST,
+                    METRICS_HIST_COUNT };
+
+/* retries_denied_total{reason}: the X-Retry-Stop values, in this order. */
+enum metrics_denied {
+    METRICS_DENIED_MAX_ATTEMPTS,
+    METRICS_DENIED_BUDGET,
+    METRICS_DENIED_CONCURRENCY,
+    METRICS_DENIED_DEADLINE,
+    METRICS_DENIED_RETRY_AFTER,
+    METRICS_DENIED_NOT_RETRYABLE,
+    METRICS_DENIED_BODY_TOO_LARGE,
+    METRICS_DENIED_DRAINING,
+    METRICS_DENIED_COUNT
+};
+
+/* Distinct retry_on tokens counted per route (retries_total{reason}); more share "other". */
+#define METRICS_MAX_REASONS 32
+
+struct metrics;       /* the registry */
+struct metrics_route; /* the series of one route name */
+
+/* A registry for 'workers' worker threads (slots 0 .. workers-1). NULL if out of memory. */
+struct metrics *metrics_new(unsigned workers);
+void metrics_free(struct metrics *m); /* accepts NULL */
+
+/* The series of route 'name', created on first use; always the same pointer for the same name.
+ * The empty name "" is for requests that matched no route. Thread-safe (mutex). NULL only if
+ * out of memory. */
+struct metrics_route *metrics_route(struct metrics *m, const char *name);
+
+/* The label slot of retry_on token 'token' in 'r' (created on first use), for metrics_retry().
+ * Thread-safe (mutex). */
+unsigned metrics_reason(struct metrics_route *r, const char *token);
+
+/* ---- the hot path: 'w' is the calling worker's slot; 'r' may be NULL (then nothing) ---- */
+
+/* requests_total{route, code}: the final status sent to the client (100 to 599; others are
+ * counted as 0 and not rendered). */
+void metrics_request(struct metrics_route *r, unsigned w, int code);
+/* attempts_total{route, outcome} */
+void metrics_attempt(struct metrics_route *r, unsigned w, enum metrics_outcome o);
+/* retries_total{route, reason} */
+void metrics_retry(struct metrics_route *r, unsigned w, unsigned reason);
+/* retry_success_total{route}: a request that succeeded after at least one retry */
+void metrics_retry_success(struct metrics_route *r, unsigned w);
+/* retries_denied_total{route, reason} */
+void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied reason);
+/* retry_after_honored_total{route} */
+void metrics_retry_after_honored(struct metrics_route *r, unsigned w);
+/* One observation of 'seconds' into histogram 'h' of route 'r'. */
+void metrics_observe(struct metrics_route *r, unsigned w, enum metrics_hist h, double seconds);
+
+/* ---- process-wide series ---- */
+
+/* retries_in_flight: +1 when a retry is decided, -1 when its attempt ends (waits included). */
+void metrics_retries_in_flight_add(struct metrics *m, int delta);
+int64_t metrics_retries_in_flight(const struct metrics *m);
+/* connections_active: per worker, summed at scrape. */
+void metrics_connections_add(struct metrics *m, unsigned w, int delta);
+/* config_reloads_total{result}, config_generation and, on success,
+ * config_last_reload_success_timestamp_seconds ('unix_seconds'). The initial load counts as a
+ * successful reload. */
+void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix_seconds);
+
+/* The whole exposition in Prometheus text format 0.0.4: every family with # HELP and # TYPE,
+ * names prefixed retryproxy_, series sorted by route name, label values escaped. Returns a
+ * malloc'd NUL-terminated buffer (length in *len), or NULL if out of memory. */
+char *metrics_render(struct metrics *m, size_t *len);
+
+#endif

@@ -1,0 +1,863 @@
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "proxy/metrics.h"
+
+/* ---- helpers over the rendered text ---- */
+
+static char *render(struct metrics *m)
+{
+    size_t len = 0;
+    char *text = metrics_render(m, &len);
+    cr_assert_not_null(text, "metrics_render returned NULL");
+    cr_assert_eq(len, strlen(text), "reported length %zu, text length %zu", len, strlen(text));
+    cr_assert(len == 0 || text[len - 1] == '\n', "exposition does not end with a newline");
+    return text;
+}
+
+/* Whether 'line' is one whole line of 'text'. */
+static bool has_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = text; *p;) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        if (len == n && memcmp(p, line, n) == 0)
+            return true;
+        if (!eol)
+            break;
+        p = eol + 1;
+    }
+    return false;
+}
+
+/* Start of the line whose series (everything before the value) is exactly 'series', or NULL. */
+static const char *find_series(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; *p;) {
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            return p;
+        const char *eol = strchr(p, '\n');
+        if (!eol)
+            break;
+        p = eol + 1;
+    }
+    return NULL;
+}
+
+/* The integer value of 'series', or -1 when it is not rendered. */
+static long long value_of(const char *text, const char *series)
+{
+    const char *p = find_series(text, series);
+    if (!p)
+        return -1;
+    return strtoll(p + strlen(series) + 1, NULL, 10);
+}
+
+/* Lines that start with 'prefix'. */
+static size_t count_lines(const char *text, const char *prefix)
+{
+    size_t n = 0, plen = strlen(prefix);
+    for (const char *p = text; *p;) {
+        if (strncmp(p, prefix, plen) == 0)
+            n++;
+        const char *eol = strchr(p, '\n');
+        if (!eol)
+            break;
+        p = eol + 1;
+    }
+    return n;
+}
+
+#define expect_line(text, line) cr_expect(has_line(text, line), "missing line: %s", line)
+
+static const char *const outcomes[] = { "1xx",   "2xx",    "3xx", "4xx", "5xx", "connect_failure",
+                                        "reset", "timeout" };
+static const char *const denied[] = {
+    "max-attempts", "budget",        "concurrency",    "deadline",
+    "retry-after",  "not-retryable", "body-too-large", "draining"
+};
+static const char *const le[] = { "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05",
+                                  "0.1",   "0.25",   "0.5",   "1",    "2.5",   "5",
+                                  "10",    "30",     "60",    "+Inf" };
+
+static const struct {
+    const char *name, *type;
+} families[] = {
+    { "requests_total", "counter" },
+    { "attempts_total", "counter" },
+    { "retries_total", "counter" },
+    { "retry_success_total", "counter" },
+    { "retries_denied_total", "counter" },
+    { "retries_in_flight", "gauge" },
+    { "retry_after_honored_total", "counter" },
+    { "backoff_seconds", "histogram" },
+    { "attempt_duration_seconds", "histogram" },
+    { "request_duration_seconds", "histogram" },
+    { "config_reloads_total", "counter" },
+    { "config_generation", "gauge" },
+    { "config_last_reload_success_timestamp_seconds", "gauge" },
+    { "connections_active", "gauge" },
+};
+#define NFAMILIES (sizeof(families) / sizeof(families[0]))
+
+/* ---- exact values ---- */
+
+Test(metrics, known_scenario_renders_exact_lines)
+{
+    struct metrics *m = metrics_new(2);
+    cr_assert_not_null(m);
+    struct metrics_route *r = metrics_route(m, "r");
+    cr_assert_not_null(r);
+    unsigned gw = metrics_reason(r, "gateway-error");
+
+    metrics_request(r, 0, 200);
+    metrics_attempt(r, 0, METRICS_OUT_5XX);
+    metrics_attempt(r, 0, METRICS_OUT_5XX);
+    metrics_attempt(r, 0, METRICS_OUT_2XX);
+    metrics_retry(r, 0, gw);
+    metrics_retry(r, 0, gw);
+    metrics_retry_success(r, 0);
+
+    char *t = render(m);
+    expect_line(t, "retryproxy_requests_total{route=\"r\",code=\"200\"} 1");
+    expect_line(t, "retryproxy_attempts_total{route=\"r\",outcome=\"5xx\"} 2");
+    expect_line(t, "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 1");
+    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"gateway-error\"} 2");
+    expect_line(t, "retryproxy_retry_success_total{route=\"r\"} 1");
+    expect_line(t, "retryproxy_retry_after_honored_total{route=\"r\"} 0");
+    /* Only the code seen, and only the reason registered. */
+    cr_expect_eq(count_lines(t, "retryproxy_requests_total{"), 1);
+    cr_expect_eq(count_lines(t, "retryproxy_retries_total{"), 1);
+
+    /* All eight outcomes, zeros included, in contract order. */
+    const char *prev = t;
+    for (size_t i = 0; i < 8; i++) {
+        char series[128];
+        snprintf(series, sizeof(series), "retryproxy_attempts_total{route=\"r\",outcome=\"%s\"}",
+                 outcomes[i]);
+        const char *at = find_series(t, series);
+        cr_expect_not_null(at, "missing %s", series);
+        cr_expect(at == NULL || at > prev, "%s out of order", series);
+        if (at)
+            prev = at;
+        long long want = i == 4 ? 2 : i == 1 ? 1 : 0;
+        cr_expect_eq(value_of(t, series), want, "%s = %lld", series, value_of(t, series));
+    }
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, slots_are_summed_across_workers)
+{
+    struct metrics *m = metrics_new(4);
+    cr_assert_not_null(m);
+    struct metrics_route *r = metrics_route(m, "api");
+    unsigned reason = metrics_reason(r, "429");
+    for (unsigned w = 0; w < 4; w += 3) { /* workers 0 and 3 */
+        metrics_request(r, w, 503);
+        metrics_attempt(r, w, METRICS_OUT_TIMEOUT);
+        metrics_retry(r, w, reason);
+        metrics_retry_success(r, w);
+        metrics_denied(r, w, METRICS_DENIED_BUDGET);
+        metrics_retry_after_honored(r, w);
+        metrics_observe(r, w, METRICS_HIST_BACKOFF, 0.05);
+        metrics_connections_add(m, w, 1);
+    }
+    metrics_request(r, 3, 503);
+
+    char *t = render(m);
+    expect_line(t, "retryproxy_requests_total{route=\"api\",code=\"503\"} 3");
+    expect_line(t, "retryproxy_attempts_total{route=\"api\",outcome=\"timeout\"} 2");
+    expect_line(t, "retryproxy_retries_total{route=\"api\",reason=\"429\"} 2");
+    expect_line(t, "retryproxy_retry_success_total{route=\"api\"} 2");
+    expect_line(t, "retryproxy_retries_denied_total{route=\"api\",reason=\"budget\"} 2");
+    expect_line(t, "retryproxy_retry_after_honored_total{route=\"api\"} 2");
+    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"api\",le=\"0.05\"} 2");
+    expect_line(t, "retryproxy_backoff_seconds_sum{route=\"api\"} 0.100000");
+    expect_line(t, "retryproxy_backoff_seconds_count{route=\"api\"} 2");
+    expect_line(t, "retryproxy_connections_active 2");
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, registry_supports_256_workers)
+{
+    struct metrics *m = metrics_new(256);
+    cr_assert_not_null(m);
+    struct metrics_route *r = metrics_route(m, "wide");
+    cr_assert_not_null(r);
+    for (unsigned w = 0; w < 256; w++) {
+        metrics_request(r, w, 204);
+        metrics_observe(r, w, METRICS_HIST_REQUEST, 1.0);
+        metrics_connections_add(m, w, 2);
+    }
+    metrics_connections_add(m, 255, -1);
+    char *t = render(m);
+    expect_line(t, "retryproxy_requests_total{route=\"wide\",code=\"204\"} 256");
+    expect_line(t, "retryproxy_request_duration_seconds_bucket{route=\"wide\",le=\"0.5\"} 0");
+    expect_line(t, "retryproxy_request_duration_seconds_bucket{route=\"wide\",le=\"1\"} 256");
+    expect_line(t, "retryproxy_request_duration_seconds_sum{route=\"wide\"} 256.000000");
+    expect_line(t, "retryproxy_connections_active 511");
+    free(t);
+    metrics_free(m);
+}
+
+/* ---- real concurrency: one writer per slot, a scraper alongside ---- */
+
+/* The scenario is plain C with no Criterion calls, so that it also runs under ThreadSanitizer:
+ * Criterion cannot start there (its BoxFort arena wants address space TSan reserves,
+ * Snaipe/Criterion#274), so building with -DMETRICS_TEST_MAIN adds a main() that runs only this
+ * (see the end of the file). */
+
+#define WRITERS    4
+#define ITERATIONS 1000000
+#define TOTAL      ((long long)WRITERS * ITERATIONS)
+
+struct hammer {
+    struct metrics *m;
+    atomic_bool done;
+    /* Written by the scraper, read after it is joined. */
+    unsigned renders, failed_renders;
+    char problem[256];
+};
+
+struct writer_arg {
+    struct hammer *h;
+    unsigned w;
+};
+
+static void *writer(void *p)
+{
+    struct writer_arg *a = p;
+    struct metrics *m = a->h->m;
+    /* Looked up here, through the mutex, as a worker would get them from a config snapshot. */
+    struct metrics_route *r = metrics_route(m, "hot");
+    unsigned gw = metrics_reason(r, "gateway-error");
+    for (unsigned i = 0; i < ITERATIONS; i++) {
+        metrics_request(r, a->w, 200);
+        metrics_attempt(r, a->w, METRICS_OUT_2XX);
+        metrics_retry(r, a->w, gw);
+        metrics_observe(r, a->w, METRICS_HIST_REQUEST, 0.002);
+        metrics_connections_add(m, a->w, 1);
+        metrics_connections_add(m, a->w, -1);
+        /* Now and then a config install adds series while scrapes walk the list. */
+        if (i % 200000 == 0) {
+            char name[32];
+            snprintf(name, sizeof(name), "new-%u-%u", a->w, i);
+            struct metrics_route *n = metrics_route(m, name);
+            metrics_retry(n, a->w, metrics_reason(n, "429"));
+        }
+    }
+    return NULL;
+}
+
+static const char *const watched[] = {
+    "retryproxy_requests_total{route=\"hot\",code=\"200\"}",
+    "retryproxy_attempts_total{route=\"hot\",outcome=\"2xx\"}",
+    "retryproxy_retries_total{route=\"hot\",reason=\"gateway-error\"}",
+    "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.0025\"}",
+    "retryproxy_request_duration_seconds_count{route=\"hot\"}",
+};
+#define NWATCHED (sizeof(watched) / sizeof(watched[0]))
+
+static void *scraper(void *p)
+{
+    struct hammer *h = p;
+    long long last[NWATCHED] = { 0 };
+    bool stop = false;
+    while (!stop && !h->problem[0]) {
+        /* One more scrape after the writers finish, so the last one sees every update. */
+        stop = atomic_load(&h->done);
+        char *t = metrics_render(h->m, NULL);
+        if (!t) {
+            h->failed_renders++;
+            continue;
+        }
+        h->renders++;
+        for (size_t i = 0; i < NWATCHED && !h->problem[0]; i++) {
+            const char *at = find_series(t, watched[i]);
+            /* Series may be missing until the writers have created or counted them. */
+            long long v = at ? strtoll(at + strlen(watched[i]) + 1, NULL, 10) : 0;
+            if (v < last[i] || v > TOTAL)
+                snprintf(h->problem, sizeof(h->problem), "%s went from %lld to %lld", watched[i],
+                         last[i], v);
+            last[i] = v;
+        }
+        free(t);
+    }
+    return NULL;
+}
+
+/* Runs the scenario; NULL when every check held, else what went wrong. */
+static const char *hammer_run(struct hammer *h)
+{
+    memset(h, 0, sizeof(*h));
+    atomic_init(&h->done, false);
+    h->m = metrics_new(WRITERS);
+    if (!h->m)
+        return "metrics_new failed";
+
+    pthread_t st, wt[WRITERS];
+    struct writer_arg wa[WRITERS];
+    if (pthread_create(&st, NULL, scraper, h) != 0)
+        return "pthread_create failed";
+    for (unsigned w = 0; w < WRITERS; w++) {
+        wa[w] = (struct writer_arg){ .h = h, .w = w };
+        if (pthread_create(&wt[w], NULL, writer, &wa[w]) != 0)
+            abort();
+    }
+    for (unsigned w = 0; w < WRITERS; w++)
+        pthread_join(wt[w], NULL);
+    atomic_store(&h->done, true);
+    pthread_join(st, NULL);
+
+    if (!h->problem[0] && h->failed_renders)
+        snprintf(h->problem, sizeof(h->problem), "%u renders failed", h->failed_renders);
+    if (!h->problem[0] && h->renders < 2)
+        snprintf(h->problem, sizeof(h->problem), "the scraper ran only %u times", h->renders);
+
+    static const char *const want[] = {
+        "retryproxy_requests_total{route=\"hot\",code=\"200\"} 4000000",
+        "retryproxy_attempts_total{route=\"hot\",outcome=\"2xx\"} 4000000",
+        "retryproxy_retries_total{route=\"hot\",reason=\"gateway-error\"} 4000000",
+        "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.001\"} 0",
+        "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.0025\"} 4000000",
+        "retryproxy_request_duration_seconds_sum{route=\"hot\"} 8000.000000",
+        "retryproxy_request_duration_seconds_count{route=\"hot\"} 4000000",
+        "retryproxy_retries_total{route=\"new-3-800000\",reason=\"429\"} 1",
+        "retryproxy_connections_active 0",
+    };
+    char *t = metrics_render(h->m, NULL);
+    for (size_t i = 0; t && !h->problem[0] && i < sizeof(want) / sizeof(want[0]); i++) {
+        if (!has_line(t, want[i]))
+            snprintf(h->problem, sizeof(h->problem), "final scrape lacks: %s", want[i]);
+    }
+    if (!t && !h->problem[0])
+        snprintf(h->problem, sizeof(h->problem), "final render failed");
+    free(t);
+    metrics_free(h->m);
+    return h->problem[0] ? h->problem : NULL;
+}
+
+Test(metrics, concurrent_writers_and_scraper, .timeout = 600)
+{
+    struct hammer h;
+    const char *problem = hammer_run(&h);
+    cr_expect_null(problem, "%s", problem);
+    cr_log_info("the scraper rendered %u times during the run", h.renders);
+}
+
+/* ---- histograms ---- */
+
+Test(metrics, histogram_buckets_are_cumulative)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *r = metrics_route(m, "h");
+    const double obs[] = { 0.0005, 0.003, 0.2, 100 };
+    for (size_t i = 0; i < 4; i++)
+        metrics_observe(r, 0, METRICS_HIST_ATTEMPT, obs[i]);
+
+    /* 0.0005 -> le 0.001; 0.003 -> le 0.005; 0.2 -> le 0.25; 100 -> +Inf only. */
+    const long long want[16] = { 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 4 };
+    char *t = render(m);
+    const char *prev = t;
+    for (size_t i = 0; i < 16; i++) {
+        char series[128];
+        snprintf(series, sizeof(series),
+                 "retryproxy_attempt_duration_seconds_bucket{route=\"h\",le=\"%s\"}", le[i]);
+        const char *at = find_series(t, series);
+        cr_expect_not_null(at, "missing %s", series);
+        cr_expect(at == NULL || at > prev, "%s out of order", series);
+        if (at)
+            prev = at;
+        cr_expect_eq(value_of(t, series), want[i], "%s = %lld, want %lld", series,
+                     value_of(t, series), want[i]);
+    }
+    expect_line(t, "retryproxy_attempt_duration_seconds_sum{route=\"h\"} 100.203500");
+    expect_line(t, "retryproxy_attempt_duration_seconds_count{route=\"h\"} 4");
+    cr_expect_eq(count_lines(t, "retryproxy_attempt_duration_seconds_bucket{route=\"h\""), 16);
+    /* The other histograms of the route are there, empty. */
+    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"h\",le=\"+Inf\"} 0");
+    expect_line(t, "retryproxy_backoff_seconds_sum{route=\"h\"} 0.000000");
+    expect_line(t, "retryproxy_request_duration_seconds_count{route=\"h\"} 0");
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, histogram_bounds_are_inclusive_and_odd_values_are_safe)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *r = metrics_route(m, "b");
+    metrics_observe(r, 0, METRICS_HIST_BACKOFF, 0.001); /* exactly on a bound: le="0.001" */
+    metrics_observe(r, 0, METRICS_HIST_BACKOFF, 60);
+    metrics_observe(r, 0, METRICS_HIST_BACKOFF, -1); /* clock trouble: counted as 0 */
+    metrics_observe(r, 0, METRICS_HIST_BACKOFF, 1e300);
+    char *t = render(m);
+    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"0.001\"} 2");
+    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"60\"} 3");
+    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"+Inf\"} 4");
+    expect_line(t, "retryproxy_backoff_seconds_count{route=\"b\"} 4");
+    free(t);
+    metrics_free(m);
+}
+
+/* ---- series and reasons ---- */
+
+Test(metrics, same_name_same_series)
+{
+    struct metrics *m = metrics_new(2);
+    struct metrics_route *a = metrics_route(m, "alpha");
+    struct metrics_route *b = metrics_route(m, "beta");
+    struct metrics_route *none = metrics_route(m, "");
+    cr_assert_not_null(a);
+    cr_assert_not_null(b);
+    cr_assert_not_null(none);
+    cr_expect_eq(metrics_route(m, "alpha"), a);
+    cr_expect_eq(metrics_route(m, "beta"), b);
+    cr_expect_eq(metrics_route(m, ""), none);
+    cr_expect_neq(a, b);
+    cr_expect_neq(a, none);
+    /* Many more names (the list grows and stays sorted) do not move the first ones. */
+    for (int i = 0; i < 100; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "route-%03d", 99 - i);
+        cr_assert_not_null(metrics_route(m, name));
+    }
+    cr_expect_eq(metrics_route(m, "alpha"), a);
+    cr_expect_eq(metrics_route(m, "beta"), b);
+    metrics_free(m);
+}
+
+Test(metrics, reasons_are_deduplicated_per_route)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *r = metrics_route(m, "r");
+    struct metrics_route *s = metrics_route(m, "s");
+    unsigned gw = metrics_reason(r, "gateway-error");
+    unsigned tm = metrics_reason(r, "429");
+    unsigned cf = metrics_reason(r, "connect-failure");
+    cr_expect_neq(gw, tm);
+    cr_expect_neq(gw, cf);
+    cr_expect_neq(tm, cf);
+    cr_expect_eq(metrics_reason(r, "gateway-error"), gw);
+    cr_expect_eq(metrics_reason(r, "429"), tm);
+    cr_expect_lt(gw, METRICS_MAX_REASONS - 1);
+    /* Another route has its own labels. */
+    cr_expect_eq(metrics_reason(s, "connect-failure"), 0);
+
+    metrics_retry(r, 0, tm);
+    char *t = render(m);
+    /* Every registered reason renders, zeros included, in registration order. */
+    const char *g =
+        find_series(t, "retryproxy_retries_total{route=\"r\",reason=\"gateway-error\"}");
+    const char *q = find_series(t, "retryproxy_retries_total{route=\"r\",reason=\"429\"}");
+    const char *c =
+        find_series(t, "retryproxy_retries_total{route=\"r\",reason=\"connect-failure\"}");
+    cr_expect(g && q && c && g < q && q < c, "registered reasons missing or out of order");
+    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"429\"} 1");
+    expect_line(t, "retryproxy_retries_total{route=\"s\",reason=\"connect-failure\"} 0");
+    cr_expect_eq(count_lines(t, "retryproxy_retries_total{route=\"r\""), 3);
+    cr_expect(!strstr(t, "reason=\"other\""), "no overflow, so no \"other\"");
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, reason_overflow_goes_to_other)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *r = metrics_route(m, "r");
+    char token[32];
+    for (unsigned i = 0; i < METRICS_MAX_REASONS - 1; i++) {
+        snprintf(token, sizeof(token), "tok%u", i);
+        cr_expect_eq(metrics_reason(r, token), i);
+    }
+    unsigned over1 = metrics_reason(r, "one-too-many");
+    unsigned over2 = metrics_reason(r, "two-too-many");
+    cr_expect_eq(over1, METRICS_MAX_REASONS - 1);
+    cr_expect_eq(over2, METRICS_MAX_REASONS - 1);
+    cr_expect_eq(metrics_reason(r, "tok5"), 5); /* earlier tokens keep their slots */
+
+    metrics_retry(r, 0, over1);
+    metrics_retry(r, 0, over2);
+    metrics_retry(r, 0, 5);
+    char *t = render(m);
+    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"other\"} 2");
+    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"tok5\"} 1");
+    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"tok30\"} 0");
+    cr_expect(!strstr(t, "one-too-many"));
+    cr_expect_eq(count_lines(t, "retryproxy_retries_total{route=\"r\""), METRICS_MAX_REASONS);
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, literal_other_token_shares_the_other_series)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *r = metrics_route(m, "r");
+    unsigned o = metrics_reason(r, "other");
+    cr_expect_eq(o, METRICS_MAX_REASONS - 1);
+    metrics_retry(r, 0, o);
+    char *t = render(m);
+    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"other\"} 1");
+    cr_expect_eq(count_lines(t, "retryproxy_retries_total{route=\"r\",reason=\"other\"}"), 1);
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, denied_renders_all_reasons_in_order)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *r = metrics_route(m, "d");
+    metrics_denied(r, 0, METRICS_DENIED_DEADLINE);
+    metrics_denied(r, 0, METRICS_DENIED_DRAINING);
+    metrics_denied(r, 0, METRICS_DENIED_DRAINING);
+    char *t = render(m);
+    const char *prev = t;
+    for (size_t i = 0; i < METRICS_DENIED_COUNT; i++) {
+        char series[128];
+        snprintf(series, sizeof(series),
+                 "retryproxy_retries_denied_total{route=\"d\",reason=\"%s\"}", denied[i]);
+        const char *at = find_series(t, series);
+        cr_expect(at && at > prev, "%s missing or out of order", series);
+        if (at)
+            prev = at;
+        long long want = i == METRICS_DENIED_DEADLINE ? 1 : i == METRICS_DENIED_DRAINING ? 2 : 0;
+        cr_expect_eq(value_of(t, series), want);
+    }
+    free(t);
+    metrics_free(m);
+}
+
+/* ---- rendering rules ---- */
+
+Test(metrics, routes_render_sorted_by_name)
+{
+    struct metrics *m = metrics_new(1);
+    metrics_route(m, "charlie");
+    metrics_route(m, "alpha");
+    metrics_route(m, "bravo");
+    char *t = render(m);
+    const char *a = find_series(t, "retryproxy_retry_success_total{route=\"alpha\"}");
+    const char *b = find_series(t, "retryproxy_retry_success_total{route=\"bravo\"}");
+    const char *c = find_series(t, "retryproxy_retry_success_total{route=\"charlie\"}");
+    cr_expect(a && b && c && a < b && b < c, "routes not sorted by name");
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, requests_total_renders_only_codes_seen)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *r = metrics_route(m, "c");
+    metrics_request(r, 0, 100);
+    metrics_request(r, 0, 599);
+    metrics_request(r, 0, 504);
+    metrics_request(r, 0, 99); /* out of range: not rendered */
+    metrics_request(r, 0, 600);
+    metrics_request(r, 0, -1);
+    metrics_request(r, 0, 0);
+    char *t = render(m);
+    const char *c100 = find_series(t, "retryproxy_requests_total{route=\"c\",code=\"100\"}");
+    const char *c504 = find_series(t, "retryproxy_requests_total{route=\"c\",code=\"504\"}");
+    const char *c599 = find_series(t, "retryproxy_requests_total{route=\"c\",code=\"599\"}");
+    cr_expect(c100 && c504 && c599 && c100 < c504 && c504 < c599, "codes missing or unsorted");
+    cr_expect_eq(count_lines(t, "retryproxy_requests_total{"), 3);
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, unmatched_route_renders_once_counted)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *none = metrics_route(m, "");
+    metrics_route(m, "a");
+    char *t = render(m);
+    cr_expect(!strstr(t, "route=\"\""), "route=\"\" rendered without counts");
+    free(t);
+
+    metrics_request(none, 0, 404);
+    t = render(m);
+    expect_line(t, "retryproxy_requests_total{route=\"\",code=\"404\"} 1");
+    expect_line(t, "retryproxy_attempts_total{route=\"\",outcome=\"1xx\"} 0");
+    expect_line(t, "retryproxy_request_duration_seconds_count{route=\"\"} 0");
+    /* "" sorts before every other name. */
+    const char *e = find_series(t, "retryproxy_retry_success_total{route=\"\"}");
+    const char *a = find_series(t, "retryproxy_retry_success_total{route=\"a\"}");
+    cr_expect(e && a && e < a);
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, label_values_are_escaped)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *r = metrics_route(m, "a\"b\\c\nd");
+    cr_assert_not_null(r);
+    unsigned k = metrics_reason(r, "x\"y");
+    metrics_request(r, 0, 200);
+    metrics_retry(r, 0, k);
+    char *t = render(m);
+    expect_line(t, "retryproxy_requests_total{route=\"a\\\"b\\\\c\\nd\",code=\"200\"} 1");
+    expect_line(t, "retryproxy_retry_success_total{route=\"a\\\"b\\\\c\\nd\"} 0");
+    expect_line(t, "retryproxy_retries_total{route=\"a\\\"b\\\\c\\nd\",reason=\"x\\\"y\"} 1");
+    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"a\\\"b\\\\c\\nd\",le=\"+Inf\"} 0");
+    /* The raw newline never reaches the output: no line starts with the rest of the name. */
+    cr_expect_eq(count_lines(t, "d\""), 0);
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, empty_registry_has_every_family)
+{
+    struct metrics *m = metrics_new(1);
+    char *t = render(m);
+    const char *prev = t;
+    for (size_t i = 0; i < NFAMILIES; i++) {
+        char help[128], type[128];
+        snprintf(help, sizeof(help), "# HELP retryproxy_%s ", families[i].name);
+        snprintf(type, sizeof(type), "# TYPE retryproxy_%s %s", families[i].name, families[i].type);
+        cr_expect_eq(count_lines(t, help), 1, "no single %s", help);
+        expect_line(t, type);
+        /* In the order of the contract's table, HELP right before TYPE. */
+        const char *h = strstr(t, help);
+        const char *ty = strstr(t, type);
+        cr_expect(h && ty && h >= prev && strchr(h, '\n') + 1 == ty, "%s misplaced",
+                  families[i].name);
+        if (ty)
+            prev = ty;
+    }
+    cr_expect_eq(count_lines(t, "# TYPE "), NFAMILIES);
+    expect_line(t, "retryproxy_retries_in_flight 0");
+    expect_line(t, "retryproxy_config_reloads_total{result=\"success\"} 0");
+    expect_line(t, "retryproxy_config_reloads_total{result=\"failure\"} 0");
+    expect_line(t, "retryproxy_config_generation 0");
+    expect_line(t, "retryproxy_config_last_reload_success_timestamp_seconds 0.000");
+    expect_line(t, "retryproxy_connections_active 0");
+    cr_expect(!strstr(t, "route="), "an empty registry has no route series");
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, reloads_and_generation)
+{
+    struct metrics *m = metrics_new(1);
+    metrics_reload(m, true, 1, 1700000000.25);
+    metrics_reload(m, false, 1, 1700000100.0);
+    metrics_reload(m, false, 1, 1700000200.0);
+    metrics_reload(m, true, 2, 1700000300.5);
+    char *t = render(m);
+    expect_line(t, "retryproxy_config_reloads_total{result=\"success\"} 2");
+    expect_line(t, "retryproxy_config_reloads_total{result=\"failure\"} 2");
+    expect_line(t, "retryproxy_config_generation 2");
+    expect_line(t, "retryproxy_config_last_reload_success_timestamp_seconds 1700000300.500");
+    free(t);
+
+    /* A failure leaves the last success time alone. */
+    metrics_reload(m, false, 2, 1700000400.0);
+    t = render(m);
+    expect_line(t, "retryproxy_config_reloads_total{result=\"failure\"} 3");
+    expect_line(t, "retryproxy_config_last_reload_success_timestamp_seconds 1700000300.500");
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, retries_in_flight_adds_and_subtracts)
+{
+    struct metrics *m = metrics_new(1);
+    cr_expect_eq(metrics_retries_in_flight(m), 0);
+    metrics_retries_in_flight_add(m, 1);
+    metrics_retries_in_flight_add(m, 1);
+    metrics_retries_in_flight_add(m, 1);
+    cr_expect_eq(metrics_retries_in_flight(m), 3);
+    metrics_retries_in_flight_add(m, -1);
+    cr_expect_eq(metrics_retries_in_flight(m), 2);
+    char *t = render(m);
+    expect_line(t, "retryproxy_retries_in_flight 2");
+    free(t);
+    metrics_retries_in_flight_add(m, -2);
+    cr_expect_eq(metrics_retries_in_flight(m), 0);
+    metrics_free(m);
+}
+
+Test(metrics, bad_arguments_are_ignored)
+{
+    struct metrics *m = metrics_new(2);
+    struct metrics_route *r = metrics_route(m, "r");
+    /* No route: nothing happens. */
+    metrics_request(NULL, 0, 200);
+    metrics_attempt(NULL, 0, METRICS_OUT_2XX);
+    metrics_retry(NULL, 0, 0);
+    metrics_retry_success(NULL, 0);
+    metrics_denied(NULL, 0, METRICS_DENIED_BUDGET);
+    metrics_retry_after_honored(NULL, 0);
+    metrics_observe(NULL, 0, METRICS_HIST_REQUEST, 1);
+    /* A worker index past the registry: not counted, no write out of bounds. */
+    metrics_request(r, 2, 200);
+    metrics_attempt(r, 1000, METRICS_OUT_2XX);
+    metrics_connections_add(m, 2, 1);
+    metrics_free(NULL);
+    cr_expect_null(metrics_route(m, NULL));
+
+    char *t = render(m);
+    cr_expect_eq(count_lines(t, "retryproxy_requests_total{"), 0);
+    expect_line(t, "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 0");
+    expect_line(t, "retryproxy_connections_active 0");
+    free(t);
+    metrics_free(m);
+}
+
+/* ---- the whole exposition is valid text format ---- */
+
+/* Fills every family, across several routes, including a name that needs escaping. */
+static struct metrics *populated(void)
+{
+    struct metrics *m = metrics_new(3);
+    cr_assert_not_null(m);
+    const char *names[] = { "payments", "", "search", "odd \"name\" \\ with\nnewline" };
+    for (size_t i = 0; i < 4; i++) {
+        struct metrics_route *r = metrics_route(m, names[i]);
+        cr_assert_not_null(r);
+        unsigned gw = metrics_reason(r, "gateway-error");
+        unsigned tm = metrics_reason(r, "429");
+        metrics_reason(r, "connect-failure");
+        for (unsigned w = 0; w < 3; w++) {
+            metrics_request(r, w, 200);
+            metrics_request(r, w, 503);
+            for (int o = 0; o < METRICS_OUT_COUNT; o++)
+                metrics_attempt(r, w, (enum metrics_outcome)o);
+            metrics_retry(r, w, gw);
+            metrics_retry(r, w, tm);
+            metrics_retry_success(r, w);
+            for (int d = 0; d < METRICS_DENIED_COUNT; d++)
+                metrics_denied(r, w, (enum metrics_denied)d);
+            metrics_retry_after_honored(r, w);
+            for (int h = 0; h < METRICS_HIST_COUNT; h++) {
+                metrics_observe(r, w, (enum metrics_hist)h, 0.0123 * (w + 1));
+                metrics_observe(r, w, (enum metrics_hist)h, 75);
+            }
+            metrics_connections_add(m, w, 3);
+        }
+    }
+    /* One route runs out of reason slots: 3 + 34 tokens, 31 named, 6 counted as "other". */
+    struct metrics_route *r = metrics_route(m, "payments");
+    char token[32];
+    for (unsigned i = 0; i < METRICS_MAX_REASONS + 2; i++) {
+        snprintf(token, sizeof(token), "extra-%u", i);
+        metrics_retry(r, 1, metrics_reason(r, token));
+    }
+    metrics_retries_in_flight_add(m, 4);
+    metrics_reload(m, true, 1, 1700000000.0);
+    metrics_reload(m, false, 1, 1700000060.0);
+    metrics_reload(m, true, 2, 1700000120.0);
+    return m;
+}
+
+/* Our own structural check, which runs with or without promtool: every sample line is
+ * NAME{labels} VALUE or NAME VALUE, and each family's lines come right after its TYPE line. */
+static void check_structure(const char *text)
+{
+    char family[128] = "";
+    size_t lines = 0;
+    for (const char *p = text; *p;) {
+        const char *eol = strchr(p, '\n');
+        cr_assert_not_null(eol, "last line has no newline");
+        size_t len = (size_t)(eol - p);
+        char line[1024];
+        cr_assert_lt(len, sizeof(line));
+        memcpy(line, p, len);
+        line[len] = '\0';
+        lines++;
+        if (strncmp(line, "# TYPE ", 7) == 0) {
+            cr_assert_eq(sscanf(line + 7, "%127s", family), 1);
+        } else if (strncmp(line, "# HELP ", 7) != 0) {
+            cr_assert_neq(family[0], '\0', "sample before any TYPE: %s", line);
+            cr_expect_eq(strncmp(line, family, strlen(family)), 0, "%s outside family %s", line,
+                         family);
+            const char *sp = strrchr(line, ' ');
+            cr_assert_not_null(sp, "no value: %s", line);
+            char *end;
+            strtod(sp + 1, &end);
+            cr_expect_eq(*end, '\0', "bad value: %s", line);
+            const char *brace = strchr(line, '{');
+            if (brace && brace < sp)
+                cr_expect_eq(sp[-1], '}', "labels not closed: %s", line);
+        }
+        p = eol + 1;
+    }
+    cr_expect_gt(lines, NFAMILIES * 2);
+}
+
+Test(metrics, exposition_passes_promtool)
+{
+    struct metrics *m = populated();
+    char *t = render(m);
+    check_structure(t);
+    expect_line(t, "retryproxy_retries_total{route=\"payments\",reason=\"other\"} 6");
+    expect_line(t, "retryproxy_connections_active 36");
+
+    if (system("command -v promtool >/dev/null 2>&1") != 0) {
+        cr_log_warn("promtool is not on PATH: the exposition was NOT checked with "
+                    "`promtool check metrics` (apt-get install -y prometheus provides it)");
+        free(t);
+        metrics_free(m);
+        return;
+    }
+
+    char path[] = "/tmp/retryproxy-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0, "mkstemp failed");
+    FILE *f = fdopen(fd, "w");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(t, 1, strlen(t), f), strlen(t));
+    cr_assert_eq(fclose(f), 0);
+
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "promtool check metrics < '%s' 2>&1", path);
+    FILE *out = popen(cmd, "r");
+    cr_assert_not_null(out, "popen failed");
+    char buf[1024];
+    size_t complaints = 0;
+    while (fgets(buf, sizeof(buf), out)) {
+        buf[strcspn(buf, "\r\n")] = '\0';
+        const char *s = buf + strspn(buf, " \t");
+        /* promtool prints nothing (or an OK/SUCCESS line) when the metrics are clean; anything
+         * else is a lint finding. */
+        if (*s == '\0' || strncmp(s, "OK", 2) == 0 || strncmp(s, "SUCCESS", 7) == 0)
+            continue;
+        complaints++;
+        cr_log_error("promtool: %s", s);
+    }
+    int status = pclose(out);
+    unlink(path);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "promtool check metrics failed (%d)",
+              status);
+    cr_expect_eq(complaints, 0, "promtool reported %zu problem(s)", complaints);
+    free(t);
+    metrics_free(m);
+}
+
+#ifdef METRICS_TEST_MAIN
+/* The concurrency scenario on its own, for ThreadSanitizer, where Criterion cannot run:
+ *   gcc -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=thread -DMETRICS_TEST_MAIN -I. \
+ *       tests/unit/test_metrics.c proxy/metrics.c -lcriterion -lpthread -lm
+ * This main() takes the place of Criterion's, so none of the Test()s above run. */
+int main(void)
+{
+    struct hammer h;
+    const char *problem = hammer_run(&h);
+    printf("metrics concurrency: %u scrapes during the run: %s\n", h.renders,
+           problem ? problem : "ok");
+    return problem ? 1 : 0;
+}
+#endif
