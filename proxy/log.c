@@ -1,0 +1,740 @@
+#include "proxy/log.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A worker's buffer, and so the longest line and the largest single write(2). */
+#define LOG_BUF_SIZE (64 * 1024)
+
+/* Used only to render again a line that would not fit in an empty buffer: the most bytes of
+ * escaped output per string ("..." mark included) and the most delays listed. With the fixed
+ * parts of any line (a few hundred bytes) they add up to well under LOG_BUF_SIZE, so the second
+ * rendering always fits: request 40 KiB + 5 x 2 KiB + 256 x 11 B; attempt 5 x 2 KiB. */
+#define TRUNC_PATH   (40 * 1024)
+#define TRUNC_STR    (2 * 1024)
+#define TRUNC_DELAYS 256
+/* Room an event line keeps for its truncation mark and closing brace. */
+#define EVENT_RESERVE 64
+
+/* The last millisecond with a four-digit year (9999-12-31T23:59:59.999Z): times are clamped to
+ * [0, this] so that the time field always has the same width. */
+#define MAX_UNIX_MS INT64_C(253402300799999)
+
+/* Level and format are read once per line with relaxed loads: a reload may change them at any
+ * time, and a line rendered with the old settings just before it is harmless. */
+static atomic_int g_level = CFG_LOG_INFO;
+static atomic_int g_format = CFG_LOG_JSON;
+static atomic_uint_fast64_t g_dropped;
+
+/* One writer at a time, so that lines from different threads never interleave. It also guards
+ * the fields below. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_fd = 1;
+/* A write stopped in the middle of a line: the next write starts with a newline so that the
+ * fragment stays on a line of its own and does not spoil the next good line. */
+static bool g_torn;
+/* Lines written at once (events, lines without a worker buffer) are rendered here. */
+static char g_now_buf[LOG_BUF_SIZE];
+
+struct log_buf {
+    size_t len;
+    char data[LOG_BUF_SIZE];
+};
+
+/* ---- a bounded output ---- */
+
+struct sink {
+    char *p;
+    size_t cap;
+    size_t len;
+    bool overflow; /* something did not fit: the line is unusable as it is */
+};
+
+static void put(struct sink *s, const char *data, size_t n)
+{
+    if (s->overflow || n > s->cap - s->len) {
+        s->overflow = true;
+        return;
+    }
+    memcpy(s->p + s->len, data, n);
+    s->len += n;
+}
+
+static void put_lit(struct sink *s, const char *lit)
+{
+    put(s, lit, strlen(lit));
+}
+
+static void put_u64(struct sink *s, uint64_t v)
+{
+    char tmp[24];
+    size_t i = sizeof tmp;
+    do {
+        tmp[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    put(s, tmp + i, sizeof tmp - i);
+}
+
+static void put_i64(struct sink *s, int64_t v)
+{
+    if (v < 0) {
+        put(s, "-", 1);
+        put_u64(s, (uint64_t)0 - (uint64_t)v);
+        return;
+    }
+    put_u64(s, (uint64_t)v);
+}
+
+/* Milliseconds with one decimal, without printf: LC_NUMERIC could turn the point into a comma. */
+static void put_duration(struct sink *s, double ms, const char *if_not_finite)
+{
+    if (!isfinite(ms)) {
+        put_lit(s, if_not_finite);
+        return;
+    }
+    /* Keeps the tenths inside int64_t; 1e15 ms is some 30,000 years. */
+    if (ms > 1e15)
+        ms = 1e15;
+    if (ms < -1e15)
+        ms = -1e15;
+    double scaled = ms * 10.0;
+    int64_t tenths = (int64_t)(scaled < 0 ? scaled - 0.5 : scaled + 0.5);
+    if (tenths < 0) {
+        put(s, "-", 1);
+        tenths = -tenths;
+    }
+    put_i64(s, tenths / 10);
+    char frac[2] = { '.', (char)('0' + tenths % 10) };
+    put(s, frac, 2);
+}
+
+static void put_digits(char *p, unsigned v, int width)
+{
+    for (int i = width - 1; i >= 0; i--) {
+        p[i] = (char)('0' + v % 10);
+        v /= 10;
+    }
+}
+
+/* RFC 3339 in UTC with milliseconds, always 24 bytes: 2026-11-21T10:15:30.123Z */
+static void put_time(struct sink *s, int64_t unix_ms)
+{
+    if (unix_ms < 0)
+        unix_ms = 0;
+    if (unix_ms > MAX_UNIX_MS)
+        unix_ms = MAX_UNIX_MS;
+    time_t secs = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    if (!gmtime_r(&secs, &tm))
+        memset(&tm, 0, sizeof tm);
+    char t[24] = "0000-00-00T00:00:00.000Z";
+    put_digits(t, (unsigned)(tm.tm_year + 1900), 4);
+    put_digits(t + 5, (unsigned)(tm.tm_mon + 1), 2);
+    put_digits(t + 8, (unsigned)tm.tm_mday, 2);
+    put_digits(t + 11, (unsigned)tm.tm_hour, 2);
+    put_digits(t + 14, (unsigned)tm.tm_min, 2);
+    put_digits(t + 17, (unsigned)tm.tm_sec, 2);
+    put_digits(t + 20, (unsigned)(unix_ms % 1000), 3);
+    put(s, t, sizeof t);
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+        return 0;
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- escaping ---- */
+
+enum esc_mode {
+    ESC_JSON, /* inside a JSON string */
+    ESC_TEXT, /* inside a quoted text value */
+    ESC_BARE, /* unquoted text (messages, keys, plain values): only what could break the line */
+};
+
+/* The length of the well-formed UTF-8 sequence at p (n bytes left), or 0 if none starts there.
+ * Overlong forms, surrogates and code points past U+10FFFF are not well-formed (RFC 3629), and
+ * JSON parsers reject them. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned char c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF; /* the range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (n < len || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++) {
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    }
+    return len;
+}
+
+/* Escapes one unit at p (a character, or one byte that starts no well-formed character) into
+ * out (8 bytes); returns the input bytes it took, and its escaped length in *out_len. Invalid
+ * bytes become \u00XX in JSON (the contract's choice: the line stays valid UTF-8) and \xNN in
+ * text. DEL is escaped too: it is a control character a terminal may act on. */
+static size_t esc_unit(const unsigned char *p, size_t n, enum esc_mode mode, char *out,
+                       size_t *out_len)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char c = p[0];
+    size_t seq = utf8_len(p, n);
+    if (seq > 1) {
+        memcpy(out, p, seq);
+        *out_len = seq;
+        return seq;
+    }
+    if (seq == 1 && c >= 0x20 && c != 0x7F && c != '\\' && (c != '"' || mode == ESC_BARE)) {
+        out[0] = (char)c;
+        *out_len = 1;
+        return 1;
+    }
+    char short_esc = 0;
+    switch (c) {
+    case '"':
+        short_esc = '"';
+        break;
+    case '\\':
+        short_esc = '\\';
+        break;
+    case '\n':
+        short_esc = 'n';
+        break;
+    case '\r':
+        short_esc = 'r';
+        break;
+    case '\t':
+        short_esc = 't';
+        break;
+    default:
+        break;
+    }
+    if (short_esc) {
+        out[0] = '\\';
+        out[1] = short_esc;
+        *out_len = 2;
+    } else if (mode == ESC_JSON) {
+        memcpy(out, "\\u00", 4);
+        out[4] = hex[c >> 4];
+        out[5] = hex[c & 0xF];
+        *out_len = 6;
+    } else {
+        memcpy(out, "\\x", 2);
+        out[2] = hex[c >> 4];
+        out[3] = hex[c & 0xF];
+        *out_len = 4;
+    }
+    return 1;
+}
+
+static size_t escaped_len(const unsigned char *p, size_t n, enum esc_mode mode)
+{
+    size_t total = 0;
+    char unit[8];
+    while (n > 0) {
+        size_t ulen;
+        size_t k = esc_unit(p, n, mode, unit, &ulen);
+        total += ulen;
+        p += k;
+        n -= k;
+    }
+    return total;
+}
+
+/* Writes str escaped, in at most 'limit' bytes (>= 3). When it does not fit, it is cut at a
+ * character boundary (never inside an escape or a UTF-8 sequence) and "..." marks the cut. */
+static void put_escaped(struct sink *s, const char *str, size_t limit, enum esc_mode mode)
+{
+    const unsigned char *p = (const unsigned char *)str;
+    size_t n = strlen(str);
+    size_t used = 0;
+    char unit[8];
+    while (n > 0) {
+        size_t ulen;
+        size_t k = esc_unit(p, n, mode, unit, &ulen);
+        /* Near the limit, the rest is measured once: whole if it fits, else the mark. */
+        if (used + ulen > limit - 3 && escaped_len(p, n, mode) > limit - used) {
+            put(s, "...", 3);
+            return;
+        }
+        put(s, unit, ulen);
+        used += ulen;
+        p += k;
+        n -= k;
+    }
+}
+
+static void put_json_str(struct sink *s, const char *str, size_t limit)
+{
+    if (!str) {
+        put(s, "null", 4);
+        return;
+    }
+    put(s, "\"", 1);
+    put_escaped(s, str, limit, ESC_JSON);
+    put(s, "\"", 1);
+}
+
+/* A text value goes bare when it cannot be mistaken: not empty, not "-" (which stands for
+ * NULL), and nothing that would need escaping or split it into two fields. */
+static bool text_bare(const char *str)
+{
+    const unsigned char *p = (const unsigned char *)str;
+    size_t n = strlen(str);
+    if (n == 0 || strcmp(str, "-") == 0)
+        return false;
+    while (n > 0) {
+        size_t k = utf8_len(p, n);
+        if (k == 0 || (k == 1 && (p[0] <= 0x20 || p[0] == 0x7F || p[0] == '"' || p[0] == '\\')))
+            return false;
+        p += k;
+        n -= k;
+    }
+    return true;
+}
+
+static void put_text_value(struct sink *s, const char *str, size_t limit)
+{
+    if (!str) {
+        put(s, "-", 1);
+    } else if (text_bare(str)) {
+        put_escaped(s, str, limit, ESC_BARE);
+    } else {
+        put(s, "\"", 1);
+        put_escaped(s, str, limit, ESC_TEXT);
+        put(s, "\"", 1);
+    }
+}
+
+/* ---- lines ---- */
+
+enum line_kind { LINE_REQUEST, LINE_ATTEMPT, LINE_EVENT };
+
+struct line {
+    enum line_kind kind;
+    enum cfg_log_format format;
+    const struct log_request *req;
+    const struct log_attempt *att;
+    /* events */
+    enum cfg_log_level level;
+    int64_t unix_ms;
+    const char *msg;
+    va_list *pairs; /* copied for each rendering, which may happen twice */
+};
+
+static const char *level_json(enum cfg_log_level level)
+{
+    switch (level) {
+    case CFG_LOG_DEBUG:
+        return "debug";
+    case CFG_LOG_INFO:
+        return "info";
+    case CFG_LOG_WARN:
+        return "warn";
+    case CFG_LOG_ERROR:
+        return "error";
+    }
+    return "info";
+}
+
+/* Padded to one width so that text lines align. */
+static const char *level_text(enum cfg_log_level level)
+{
+    switch (level) {
+    case CFG_LOG_DEBUG:
+        return "DEBUG";
+    case CFG_LOG_INFO:
+        return "INFO ";
+    case CFG_LOG_WARN:
+        return "WARN ";
+    case CFG_LOG_ERROR:
+        return "ERROR";
+    }
+    return "INFO ";
+}
+
+static void render_request(struct sink *s, const struct log_request *r, bool json, bool trunc)
+{
+    size_t lim = trunc ? TRUNC_STR : SIZE_MAX;
+    size_t lim_path = trunc ? TRUNC_PATH : SIZE_MAX;
+    size_t n_delays = r->delays ? r->n_delays : 0;
+    if (trunc && n_delays > TRUNC_DELAYS)
+        n_delays = TRUNC_DELAYS;
+
+    if (json) {
+        put_lit(s, "{\"time\":\"");
+        put_time(s, r->unix_ms);
+        put_lit(s, "\",\"level\":\"info\",\"msg\":\"request\",\"route\":");
+        put_json_str(s, r->route, lim);
+        put_lit(s, ",\"method\":");
+        put_json_str(s, r->method, lim);
+        put_lit(s, ",\"path\":");
+        put_json_str(s, r->path, lim_path);
+        put_lit(s, ",\"status\":");
+        put_i64(s, r->status);
+        put_lit(s, ",\"attempts\":");
+        put_u64(s, r->attempts);
+        put_lit(s, ",\"delays_ms\":[");
+        for (size_t i = 0; i < n_delays; i++) {
+            if (i > 0)
+                put(s, ",", 1);
+            put_u64(s, r->delays[i]);
+        }
+        put_lit(s, "],\"duration_ms\":");
+        put_duration(s, r->duration_ms, "null");
+        put_lit(s, ",\"upstream\":");
+        put_json_str(s, r->upstream, lim);
+        put_lit(s, ",\"stop\":");
+        put_json_str(s, r->stop, lim);
+        put_lit(s, ",\"request_id\":");
+        put_json_str(s, r->request_id, lim);
+        put_lit(s, "}\n");
+        return;
+    }
+    put_time(s, r->unix_ms);
+    put_lit(s, " INFO  request route=");
+    put_text_value(s, r->route, lim);
+    put(s, " ", 1);
+    put_text_value(s, r->method, lim);
+    put(s, " ", 1);
+    put_text_value(s, r->path, lim_path);
+    put_lit(s, " -> ");
+    put_i64(s, r->status);
+    put_lit(s, " attempts=");
+    put_u64(s, r->attempts);
+    put_lit(s, " delays=");
+    if (n_delays == 0)
+        put(s, "-", 1);
+    for (size_t i = 0; i < n_delays; i++) {
+        if (i > 0)
+            put(s, ",", 1);
+        put_u64(s, r->delays[i]);
+    }
+    put(s, " ", 1);
+    put_duration(s, r->duration_ms, "-");
+    put_lit(s, "ms upstream=");
+    put_text_value(s, r->upstream, lim);
+    put_lit(s, " stop=");
+    put_text_value(s, r->stop, lim);
+    put_lit(s, " id=");
+    put_text_value(s, r->request_id, lim);
+    put(s, "\n", 1);
+}
+
+static void render_attempt(struct sink *s, const struct log_attempt *a, bool json, bool trunc)
+{
+    size_t lim = trunc ? TRUNC_STR : SIZE_MAX;
+    if (json) {
+        put_lit(s, "{\"time\":\"");
+        put_time(s, a->unix_ms);
+        put_lit(s, "\",\"level\":\"debug\",\"msg\":\"attempt\",\"route\":");
+        put_json_str(s, a->route, lim);
+        put_lit(s, ",\"request_id\":");
+        put_json_str(s, a->request_id, lim);
+        put_lit(s, ",\"attempt\":");
+        put_u64(s, a->attempt);
+        put_lit(s, ",\"upstream\":");
+        put_json_str(s, a->upstream, lim);
+        put_lit(s, ",\"outcome\":");
+        put_json_str(s, a->outcome, lim);
+        put_lit(s, ",\"duration_ms\":");
+        put_duration(s, a->duration_ms, "null");
+        put_lit(s, ",\"decision\":");
+        put_json_str(s, a->decision, lim);
+        put_lit(s, ",\"delay_ms\":");
+        put_u64(s, a->delay_ms);
+        put_lit(s, "}\n");
+        return;
+    }
+    put_time(s, a->unix_ms);
+    put_lit(s, " DEBUG attempt route=");
+    put_text_value(s, a->route, lim);
+    put_lit(s, " id=");
+    put_text_value(s, a->request_id, lim);
+    put_lit(s, " attempt=");
+    put_u64(s, a->attempt);
+    put_lit(s, " upstream=");
+    put_text_value(s, a->upstream, lim);
+    put_lit(s, " outcome=");
+    put_text_value(s, a->outcome, lim);
+    put(s, " ", 1);
+    put_duration(s, a->duration_ms, "-");
+    put_lit(s, "ms decision=");
+    put_text_value(s, a->decision, lim);
+    put_lit(s, " delay=");
+    put_u64(s, a->delay_ms);
+    put_lit(s, "ms\n");
+}
+
+static void render_event(struct sink *s, const struct line *l, bool trunc)
+{
+    bool json = l->format == CFG_LOG_JSON;
+    size_t lim = trunc ? TRUNC_STR : SIZE_MAX;
+    const char *msg = l->msg ? l->msg : "";
+    if (json) {
+        put_lit(s, "{\"time\":\"");
+        put_time(s, l->unix_ms);
+        put_lit(s, "\",\"level\":\"");
+        put_lit(s, level_json(l->level));
+        put_lit(s, "\",\"msg\":");
+        put_json_str(s, msg, lim);
+    } else {
+        put_time(s, l->unix_ms);
+        put(s, " ", 1);
+        put_lit(s, level_text(l->level));
+        put(s, " ", 1);
+        put_escaped(s, msg, lim, ESC_BARE);
+    }
+
+    va_list ap;
+    va_copy(ap, *l->pairs);
+    const char *key;
+    while ((key = va_arg(ap, const char *)) != NULL) {
+        const char *value = va_arg(ap, const char *);
+        /* Pairs are unbounded in number: a truncated line keeps those that surely fit. */
+        if (trunc && s->cap - s->len < 2 * (TRUNC_STR + 2) + 4 + EVENT_RESERVE) {
+            put_lit(s, json ? ",\"truncated\":true" : " truncated=true");
+            break;
+        }
+        if (json) {
+            put(s, ",", 1);
+            put_json_str(s, key, lim);
+            put(s, ":", 1);
+            put_json_str(s, value, lim);
+        } else {
+            put(s, " ", 1);
+            put_escaped(s, key, lim, ESC_BARE);
+            put(s, "=", 1);
+            put_text_value(s, value, lim);
+        }
+    }
+    va_end(ap);
+    put_lit(s, json ? "}\n" : "\n");
+}
+
+/* Renders l into p (cap bytes); returns its length, or 0 when it does not fit. */
+static size_t render(char *p, size_t cap, const struct line *l, bool trunc)
+{
+    struct sink s = { .p = p, .cap = cap };
+    bool json = l->format == CFG_LOG_JSON;
+    switch (l->kind) {
+    case LINE_REQUEST:
+        render_request(&s, l->req, json, trunc);
+        break;
+    case LINE_ATTEMPT:
+        render_attempt(&s, l->att, json, trunc);
+        break;
+    case LINE_EVENT:
+        render_event(&s, l, trunc);
+        break;
+    }
+    return s.overflow ? 0 : s.len;
+}
+
+/* Whole if it fits in cap, else truncated; 0 only if even that does not fit (not expected). */
+static size_t render_fitted(char *p, size_t cap, const struct line *l)
+{
+    size_t n = render(p, cap, l, false);
+    return n ? n : render(p, cap, l, true);
+}
+
+/* ---- writing ---- */
+
+/* Loops on partial writes and EINTR. Any other failure (EAGAIN included) gives up on the rest
+ * rather than wait: a stalled log reader must not stall the workers queued on the lock. */
+static size_t write_all(int fd, const char *p, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, p + done, n - done);
+        if (w > 0)
+            done += (size_t)w;
+        else if (w < 0 && errno == EINTR)
+            continue;
+        else
+            break;
+    }
+    return done;
+}
+
+static void count_dropped(const char *p, size_t n)
+{
+    uint64_t lines = 0;
+    for (const char *q = p; (q = memchr(q, '\n', n - (size_t)(q - p))) != NULL; q++)
+        lines++;
+    atomic_fetch_add_explicit(&g_dropped, lines, memory_order_relaxed);
+}
+
+/* Writes whole lines; called with g_lock held. errno is kept for the caller. */
+static void write_lines(const char *p, size_t n)
+{
+    int saved_errno = errno;
+    if (g_torn) {
+        if (write_all(g_fd, "\n", 1) != 1) {
+            count_dropped(p, n);
+            errno = saved_errno;
+            return;
+        }
+        g_torn = false;
+    }
+    size_t done = write_all(g_fd, p, n);
+    if (done < n) {
+        /* A line counts as dropped unless its newline went out. */
+        count_dropped(p + done, n - done);
+        g_torn = done > 0 && p[done - 1] != '\n';
+    }
+    errno = saved_errno;
+}
+
+/* Renders into the shared buffer and writes at once (events, lines without a worker buffer). */
+static void write_now(const struct line *l)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t n = render_fitted(g_now_buf, sizeof g_now_buf, l);
+    if (n)
+        write_lines(g_now_buf, n);
+    else
+        atomic_fetch_add_explicit(&g_dropped, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void buf_add(struct log_buf *b, const struct line *l)
+{
+    if (!b) {
+        write_now(l);
+        return;
+    }
+    size_t n = render(b->data + b->len, LOG_BUF_SIZE - b->len, l, false);
+    if (n == 0) {
+        log_flush(b);
+        n = render_fitted(b->data, LOG_BUF_SIZE, l);
+    }
+    if (n == 0) {
+        atomic_fetch_add_explicit(&g_dropped, 1, memory_order_relaxed);
+        return;
+    }
+    b->len += n;
+}
+
+/* ---- the interface ---- */
+
+void log_configure(enum cfg_log_level level, enum cfg_log_format format)
+{
+    atomic_store_explicit(&g_level, (int)level, memory_order_relaxed);
+    atomic_store_explicit(&g_format, (int)format, memory_order_relaxed);
+}
+
+bool log_enabled(enum cfg_log_level level)
+{
+    return (int)level >= atomic_load_explicit(&g_level, memory_order_relaxed);
+}
+
+void log_set_fd(int fd)
+{
+    pthread_mutex_lock(&g_lock);
+    g_fd = fd;
+    g_torn = false; /* a fragment on the old fd says nothing about the new one */
+    pthread_mutex_unlock(&g_lock);
+}
+
+uint64_t log_dropped_lines(void)
+{
+    return atomic_load_explicit(&g_dropped, memory_order_relaxed);
+}
+
+struct log_buf *log_buf_new(void)
+{
+    struct log_buf *b = malloc(sizeof *b);
+    if (b)
+        b->len = 0;
+    return b;
+}
+
+void log_buf_free(struct log_buf *b)
+{
+    if (!b)
+        return;
+    log_flush(b);
+    free(b);
+}
+
+void log_flush(struct log_buf *b)
+{
+    if (!b || b->len == 0)
+        return;
+    pthread_mutex_lock(&g_lock);
+    write_lines(b->data, b->len);
+    pthread_mutex_unlock(&g_lock);
+    b->len = 0;
+}
+
+void log_request(struct log_buf *b, const struct log_request *r)
+{
+    if (!r || !log_enabled(CFG_LOG_INFO))
+        return;
+    struct line l = {
+        .kind = LINE_REQUEST,
+        .format = (enum cfg_log_format)atomic_load_explicit(&g_format, memory_order_relaxed),
+        .req = r,
+    };
+    buf_add(b, &l);
+}
+
+void log_attempt(struct log_buf *b, const struct log_attempt *a)
+{
+    if (!a || !log_enabled(CFG_LOG_DEBUG))
+        return;
+    struct line l = {
+        .kind = LINE_ATTEMPT,
+        .format = (enum cfg_log_format)atomic_load_explicit(&g_format, memory_order_relaxed),
+        .att = a,
+    };
+    buf_add(b, &l);
+}
+
+void log_event(enum cfg_log_level level, const char *msg, ...)
+{
+    if (!log_enabled(level))
+        return;
+    va_list ap;
+    va_start(ap, msg);
+    struct line l = {
+        .kind = LINE_EVENT,
+        .format = (enum cfg_log_format)atomic_load_explicit(&g_format, memory_order_relaxed),
+        .level = level,
+        .unix_ms = wall_ms(),
+        .msg = msg,
+        .pairs = &ap,
+    };
+    write_now(&l);
+    va_end(ap);
+}
