@@ -76,10 +76,11 @@ out:
     return s ? &s->cfg : NULL;
 }
 
-struct cfg *cfg_load_file(const char *path, struct cfg_errs *errs)
+int cfg_read_file(const char *path, char **buf, size_t *len, struct cfg_errs *errs)
 {
-    struct cfg *c = NULL;
-    char *buf = NULL;
+    int rc = -1;
+    char *b = NULL;
+    size_t n = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         cfg_errs_add(errs, "$", 0, 0, "cannot open: %s", strerror(errno));
@@ -96,33 +97,47 @@ struct cfg *cfg_load_file(const char *path, struct cfg_errs *errs)
     }
     /* Read up to one byte past the cap so an oversized file (even one still growing) is
      * recognised without trusting st_size. */
-    size_t cap = CFG_MAX_FILE_BYTES + 1, len = 0;
-    buf = malloc(cap);
-    if (!buf) {
+    size_t cap = CFG_MAX_FILE_BYTES + 1;
+    b = malloc(cap);
+    if (!b) {
         cfg_errs_add(errs, "$", 0, 0, "out of memory reading the config");
         goto out;
     }
     for (;;) {
-        ssize_t n = read(fd, buf + len, cap - len);
-        if (n < 0 && errno == EINTR)
+        ssize_t got = read(fd, b + n, cap - n);
+        if (got < 0 && errno == EINTR)
             continue;
-        if (n < 0) {
+        if (got < 0) {
             cfg_errs_add(errs, "$", 0, 0, "cannot read: %s", strerror(errno));
             goto out;
         }
-        if (n == 0)
+        if (got == 0)
             break;
-        len += (size_t)n;
-        if (len == cap) {
+        n += (size_t)got;
+        if (n == cap) {
             cfg_errs_add(errs, "$", 0, 0, "larger than %u bytes: not a config file?",
                          CFG_MAX_FILE_BYTES);
             goto out;
         }
     }
-    c = cfg_load_buffer(buf, len, path, errs);
+    *buf = b;
+    *len = n;
+    b = NULL;
+    rc = 0;
 out:
     if (fd >= 0)
         close(fd);
+    free(b);
+    return rc;
+}
+
+struct cfg *cfg_load_file(const char *path, struct cfg_errs *errs)
+{
+    char *buf;
+    size_t len;
+    if (cfg_read_file(path, &buf, &len, errs) < 0)
+        return NULL;
+    struct cfg *c = cfg_load_buffer(buf, len, path, errs);
     free(buf);
     return c;
 }

@@ -119,6 +119,10 @@ struct cfg {
  * NULL with every problem appended to 'errs' (sorted by position). */
 struct cfg *cfg_load_file(const char *path, struct cfg_errs *errs);
 
+/* Reads the whole file at 'path' (at most CFG_MAX_FILE_BYTES) into a malloc'd *buf. 0, or -1
+ * with the reason in 'errs'. */
+int cfg_read_file(const char *path, char **buf, size_t *len, struct cfg_errs *errs);
+
 /* The same from 'len' bytes of JSON text; 'source' names it in the snapshot. */
 struct cfg *cfg_load_buffer(const char *text, size_t len, const char *source,
                             struct cfg_errs *errs);

@@ -24,6 +24,9 @@ struct loop {
     void **graveyard; /* freed at the end of the turn */
     size_t ngrave, capgrave;
 
+    void (*idle)(void *);
+    void *idle_arg;
+
     /* Events of the current turn, so that a deleted watch's pending events can be dropped. */
     struct epoll_event *events;
     int nevents;
@@ -258,6 +261,12 @@ void loop_free(struct loop *l)
     free(l);
 }
 
+void loop_set_idle(struct loop *l, void (*fn)(void *), void *arg)
+{
+    l->idle = fn;
+    l->idle_arg = arg;
+}
+
 void loop_stop(struct loop *l)
 {
     l->stopping = true;
@@ -284,6 +293,8 @@ int loop_run(struct loop *l)
         l->nevents = 0;
         run_timers(l);
         bury(l);
+        if (l->idle)
+            l->idle(l->idle_arg);
     }
     return 0;
 }

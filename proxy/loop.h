@@ -73,6 +73,10 @@ uint64_t loop_now(const struct loop *l);
 /* Re-reads the clock (for work that spans a long callback). */
 uint64_t loop_update_now(struct loop *l);
 
+/* Calls fn(arg) once per turn, after the turn's events and timers, before waiting again
+ * (batching work, such as writing buffered log lines). */
+void loop_set_idle(struct loop *l, void (*fn)(void *), void *arg);
+
 /* Runs until loop_stop(). Returns 0, or -errno if epoll failed. */
 int loop_run(struct loop *l);
 /* Makes loop_run() return after the current turn. From the loop's own thread only. */

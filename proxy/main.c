@@ -262,7 +262,7 @@ static int cmd_run(int argc, char **argv)
     };
     const char *path = NULL, *why;
     unsigned long long workers = 0;
-    struct serve_opts so = { 0 };
+    struct serve_opts so = { .log_level = -1, .log_format = -1 };
     int o;
     while ((o = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
         switch (o) {
@@ -281,14 +281,23 @@ static int cmd_run(int argc, char **argv)
             else
                 so.admin = optarg;
             break;
-        case 'L':
-            if (strcmp(optarg, "debug") && strcmp(optarg, "info") && strcmp(optarg, "warn") &&
-                strcmp(optarg, "error"))
+        case 'L': {
+            static const char *const levels[] = { "debug", "info", "warn", "error" };
+            so.log_level = -1;
+            for (int i = 0; i < 4; i++)
+                if (strcmp(optarg, levels[i]) == 0)
+                    so.log_level = i; /* enum cfg_log_level order */
+            if (so.log_level < 0)
                 return usage_error("--log-level must be debug, info, warn or error, got '%s'",
                                    optarg);
             break;
+        }
         case 'F':
-            if (strcmp(optarg, "json") && strcmp(optarg, "text"))
+            if (strcmp(optarg, "json") == 0)
+                so.log_format = CFG_LOG_JSON;
+            else if (strcmp(optarg, "text") == 0)
+                so.log_format = CFG_LOG_TEXT;
+            else
                 return usage_error("--log-format must be json or text, got '%s'", optarg);
             break;
         case 'w':
@@ -316,6 +325,7 @@ static int cmd_run(int argc, char **argv)
     struct cfg *c = load_or_report(path, stderr);
     if (!c)
         return EXIT_CONFIG;
+    so.config_path = path;
     int rc = serve_run(c, &so);
     cfg_unref(c);
     return rc;

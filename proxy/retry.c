@@ -13,6 +13,9 @@
 #include "policy/backoff.h"
 #include "policy/retry_after.h"
 #include "proxy/headers.h"
+#include "proxy/log.h"
+#include "proxy/metrics.h"
+#include "proxy/runtime.h"
 #include "proxy/server.h"
 #include "proxy/upstream.h"
 #include "proxy/worker.h"
@@ -268,7 +271,18 @@ enum body_mode { BODY_NONE, BODY_BUFFER, BODY_STREAM };
 struct retry_req {
     struct worker *w;
     struct MHD_Connection *conn; /* NULL once libmicrohttpd is done with it */
-    struct cfg *cfg;
+    struct rt *rt;               /* the snapshot it started with (one reference) */
+    struct cfg *cfg;             /* rt->cfg */
+    const struct rt_route *rtr;  /* the matched route's bindings */
+    struct metrics_route *m;     /* its metrics series (route "" until matched) */
+    uint64_t start_ms;           /* loop clock when the request line arrived */
+    int64_t start_unix_ms;
+    uint64_t attempt_start_ms;
+    const struct cfg_upstream *upstream; /* of the last attempt */
+    uint32_t *delays;                    /* the waits taken, for the log */
+    size_t n_delays;
+    bool retry_in_flight; /* counted in retries_in_flight until its attempt ends */
+    bool succeeded;       /* the last attempt was not a failure retry_on names */
     const struct cfg_route *route;
     unsigned refs; /* the connection, a running transfer, the response reader */
     enum req_state state;
@@ -341,6 +355,13 @@ struct retry_req {
     bool collecting; /* holding a short body back to answer it in one piece */
 };
 
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 static void req_free(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
@@ -358,7 +379,8 @@ static void req_free(struct retry_req *r)
     hlist_free(&r->rh);
     hlist_free(&r->saved.h);
     free(r->saved.body);
-    cfg_unref(r->cfg);
+    free(r->delays);
+    rt_unref(r->rt);
     r->w->requests--;
     free(r);
 }
@@ -382,7 +404,11 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     r->w = w;
     r->conn = c;
     r->refs = 1;
-    r->cfg = cfg_ref(w->cfg);
+    r->rt = rt_ref(w->rt);
+    r->cfg = r->rt->cfg;
+    r->m = r->rt->no_route;
+    r->start_ms = loop_now(w->loop);
+    r->start_unix_ms = (int64_t)wall_ms();
     r->content_length = -1;
     r->upload.max = UP_RING;
     r->down.max = DOWN_RING;
@@ -618,13 +644,6 @@ static void answer_stream(struct retry_req *r)
 static void start_attempt(struct retry_req *r);
 static void attempt_done(struct upstream_xfer *x, CURLcode rc);
 
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* The Retry-After of the current response, if it holds exactly one valid value. */
 static bool retry_after_of(const struct hlist *h, uint64_t *ms)
 {
@@ -641,6 +660,100 @@ static bool retry_after_of(const struct hlist *h, uint64_t *ms)
         n++;
     }
     return retry_after_parse_fields(vals, lens, n > 2 ? 2 : n, (int64_t)wall_ms(), ms) == 0;
+}
+
+static enum metrics_outcome outcome_class(enum retry_outcome o, int status)
+{
+    switch (o) {
+    case RETRY_OUT_CONNECT_FAILURE:
+        return METRICS_OUT_CONNECT_FAILURE;
+    case RETRY_OUT_RESET:
+        return METRICS_OUT_RESET;
+    case RETRY_OUT_TIMEOUT:
+        return METRICS_OUT_TIMEOUT;
+    case RETRY_OUT_STATUS:
+        break;
+    }
+    return status >= 500   ? METRICS_OUT_5XX
+           : status >= 400 ? METRICS_OUT_4XX
+           : status >= 300 ? METRICS_OUT_3XX
+           : status >= 200 ? METRICS_OUT_2XX
+                           : METRICS_OUT_1XX;
+}
+
+_Static_assert(RETRY_STOP_DRAINING - 1 == METRICS_DENIED_DRAINING &&
+                   RETRY_STOP_MAX_ATTEMPTS - 1 == METRICS_DENIED_MAX_ATTEMPTS,
+               "retries_denied_total reasons follow enum retry_stop");
+
+/* A retry that was decided ends its count in retries_in_flight when its attempt ends, or when
+ * the request ends before that attempt could (deadline, client gone). */
+static void end_retry_in_flight(struct retry_req *r)
+{
+    if (r->retry_in_flight) {
+        r->retry_in_flight = false;
+        metrics_retries_in_flight_add(r->w->px->metrics, -1);
+    }
+}
+
+/* Counts a stop: a retry that retry_on asked for but that was not made. */
+static void account_stop(struct retry_req *r, enum retry_stop stop)
+{
+    if (stop != RETRY_STOP_NONE)
+        metrics_denied(r->m, r->w->id, (enum metrics_denied)(stop - 1));
+}
+
+/* Metrics and the debug log line of an attempt that just ended, with its verdict. */
+static void account_attempt(struct retry_req *r, enum retry_outcome o,
+                            const struct retry_verdict *v)
+{
+    struct worker *w = r->w;
+    uint64_t now = loop_now(w->loop);
+    metrics_attempt(r->m, w->id, outcome_class(o, r->status));
+    metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT,
+                    (double)(now - r->attempt_start_ms) / 1000.0);
+    end_retry_in_flight(r);
+    bool retry = v->fired && v->stop == RETRY_STOP_NONE;
+    if (retry) {
+        size_t k = (size_t)(v->fired - r->route->retry.on);
+        metrics_retry(r->m, w->id, r->rtr->reasons[k]);
+        metrics_observe(r->m, w->id, METRICS_HIST_BACKOFF, v->delay_ms / 1000.0);
+        if (v->retry_after_used)
+            metrics_retry_after_honored(r->m, w->id);
+        metrics_retries_in_flight_add(w->px->metrics, 1);
+        r->retry_in_flight = true;
+        uint32_t *d = realloc(r->delays, (r->n_delays + 1) * sizeof(*d));
+        if (d) {
+            d[r->n_delays++] = v->delay_ms;
+            r->delays = d;
+        }
+    } else if (v->fired) {
+        account_stop(r, v->stop);
+    }
+    if (log_enabled(CFG_LOG_DEBUG)) {
+        char outcome[16], decision[48];
+        if (o == RETRY_OUT_STATUS)
+            snprintf(outcome, sizeof(outcome), "%d", r->status);
+        else
+            snprintf(outcome, sizeof(outcome), "%s",
+                     o == RETRY_OUT_CONNECT_FAILURE ? "connect-failure"
+                     : o == RETRY_OUT_RESET         ? "reset"
+                                                    : "timeout");
+        snprintf(decision, sizeof(decision), "%s%s",
+                 retry      ? "retry"
+                 : v->fired ? "stop:"
+                            : "final",
+                 !retry && v->fired ? retry_stop_name(v->stop) : "");
+        struct log_attempt a = { .unix_ms = (int64_t)wall_ms(),
+                                 .route = r->route->name,
+                                 .request_id = r->request_id,
+                                 .attempt = r->attempts,
+                                 .upstream = r->upstream ? r->upstream->url : NULL,
+                                 .outcome = outcome,
+                                 .duration_ms = (double)(now - r->attempt_start_ms),
+                                 .decision = decision,
+                                 .delay_ms = retry ? v->delay_ms : 0 };
+        log_attempt(w->log, &a);
+    }
 }
 
 /* Applies the decision for the attempt that just ended; 'saved' responses were kept by the
@@ -669,11 +782,12 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     retry_decide(policy, &f, &v);
     r->fired = v.fired;
     r->stop = v.fired ? v.stop : RETRY_STOP_NONE;
-    if (v.fired && v.stop == RETRY_STOP_NONE) {
+    r->succeeded = o == RETRY_OUT_STATUS && !v.fired;
+    bool retry = v.fired && v.stop == RETRY_STOP_NONE;
+    if (retry)
         r->pending_delay = v.delay_ms;
-        return true;
-    }
-    return false;
+    account_attempt(r, o, &v);
+    return retry;
 }
 
 static void on_backoff(struct loop_timer *t)
@@ -737,6 +851,7 @@ static void on_deadline(struct loop_timer *t)
     case RS_BACKOFF:
         loop_timer_stop(r->w->loop, &r->backoff_timer);
         r->stop = RETRY_STOP_DEADLINE;
+        account_stop(r, r->stop);
         r->last_outcome = RETRY_OUT_TIMEOUT;
         answer_final(r);
         break;
@@ -917,9 +1032,16 @@ static size_t pick_upstream(struct retry_req *r)
 {
     const struct cfg_route *rt = r->route;
     size_t n = rt->n_upstreams;
-    uint32_t *rr = &r->w->rr[rt - r->cfg->routes];
-    size_t start = *rr % n;
-    *rr = (uint32_t)(start + 1);
+    /* The worker's positions belong to its current snapshot; a request that started under an
+     * older one (a reload since) starts anywhere. */
+    size_t start;
+    if (r->rt == r->w->rt) {
+        uint32_t *rr = &r->w->rr[rt - r->cfg->routes];
+        start = *rr % n;
+        *rr = (uint32_t)(start + 1);
+    } else {
+        start = (size_t)rng_between(&r->w->rng, 0, n - 1);
+    }
     for (size_t k = 0; k < n && k < 64; k++) {
         size_t i = (start + k) % n;
         if (i >= 64 || !(r->tried & (1ULL << i)))
@@ -952,6 +1074,8 @@ static void start_attempt(struct retry_req *r)
     if (i < 64)
         r->tried |= 1ULL << i;
     const struct cfg_upstream *u = &rt->upstreams[i];
+    r->upstream = u;
+    r->attempt_start_ms = now;
 
     CURL *e = upstream_easy_get(w->up);
     if (!e) {
@@ -1258,6 +1382,8 @@ static void begin(struct retry_req *r, const char *method)
         answer_error(r, MHD_HTTP_NOT_FOUND, "no_route", "no route matches this request");
         return;
     }
+    r->rtr = &r->rt->routes[r->route - r->cfg->routes];
+    r->m = r->rtr->metrics;
     const struct cfg_route *rt = r->route;
     const struct cfg_retry *policy = &rt->retry;
     int64_t cl = s.cl ? hdr_parse_uint(s.cl) : -1;
@@ -1419,9 +1545,40 @@ enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const 
     return MHD_YES;
 }
 
+/* The request is over (answered, or the client went away): its metrics and its log line. */
+static void account_request(struct retry_req *r)
+{
+    struct worker *w = r->w;
+    uint64_t now = loop_now(w->loop);
+    int status = r->queued ? (int)r->resp_status : 0;
+    end_retry_in_flight(r);
+    if (status)
+        metrics_request(r->m, w->id, status);
+    if (r->succeeded && r->attempts > 1)
+        metrics_retry_success(r->m, w->id);
+    if (r->state != RS_HEADERS)
+        metrics_observe(r->m, w->id, METRICS_HIST_REQUEST, (double)(now - r->start_ms) / 1000.0);
+    if (!log_enabled(CFG_LOG_INFO) || r->state == RS_HEADERS)
+        return;
+    struct log_request lr = { .unix_ms = r->start_unix_ms,
+                              .route = r->route ? r->route->name : NULL,
+                              .method = r->method,
+                              .path = r->target,
+                              .status = status,
+                              .attempts = r->attempts,
+                              .delays = r->delays,
+                              .n_delays = r->n_delays,
+                              .duration_ms = (double)(now - r->start_ms),
+                              .upstream = r->upstream ? r->upstream->url : NULL,
+                              .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
+                              .request_id = r->request_id[0] ? r->request_id : NULL };
+    log_request(w->log, &lr);
+}
+
 void retry_req_completed(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
+    account_request(r);
     r->conn = NULL;
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);

@@ -1,22 +1,39 @@
 #include "proxy/serve.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
 
+#include "proxy/admin.h"
 #include "proxy/listen.h"
+#include "proxy/log.h"
+#include "proxy/loop.h"
+#include "proxy/metrics.h"
+#include "proxy/proxy.h"
+#include "proxy/reload.h"
 #include "proxy/worker.h"
 
 #define EXIT_STARTUP 1
 #define EXIT_BIND    3
 #define MAX_WORKERS  256
+
+/* The main thread: signals, the config watch, the admin listener. */
+struct control {
+    struct loop *loop;
+    struct reload *rl;
+    int sfd;
+    struct loop_watch sig_watch;
+};
 
 /* Thousands of client and upstream connections need more descriptors than the usual 1024. */
 static void raise_fd_limit(void)
@@ -36,13 +53,44 @@ static uint64_t random_seed(void)
     return s;
 }
 
+static void on_signal(struct loop_watch *w, uint32_t events)
+{
+    (void)events;
+    struct control *ctl = w->arg;
+    struct signalfd_siginfo si;
+    while (read(ctl->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        if (si.ssi_signo == SIGHUP) {
+            log_event(CFG_LOG_INFO, "SIGHUP: reloading the config", NULL);
+            reload_force(ctl->rl, NULL, NULL);
+        } else {
+            log_event(CFG_LOG_INFO, "shutting down", "signal",
+                      si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
+            loop_stop(ctl->loop);
+        }
+    }
+}
+
+/* Binds the admin listener; NULL address: none. */
+static int open_admin(const char *addr, int *fd, char *bound, size_t cap)
+{
+    char why[512];
+    if (listen_open(addr, 1, fd, bound, cap, why, sizeof(why)) < 0) {
+        fprintf(stderr, "retryproxy: admin: %s\n", why);
+        return -1;
+    }
+    return 0;
+}
+
 int serve_run(struct cfg *cfg, const struct serve_opts *o)
 {
     struct worker *workers[MAX_WORKERS] = { 0 };
-    int fds[MAX_WORKERS];
-    char bound[300], why[512];
+    int fds[MAX_WORKERS], admin_fd = -1;
+    char bound[300], admin_bound[300], why[512];
     int rc = EXIT_STARTUP;
-    unsigned n = o->workers;
+    struct proxy px = { 0 };
+    struct control ctl = { .sfd = -1 };
+    struct admin *admin = NULL;
+    unsigned n = o->workers, started = 0;
     if (n == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         n = cores > 0 ? (unsigned)cores : 1;
@@ -50,8 +98,9 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     if (n > MAX_WORKERS)
         n = MAX_WORKERS;
     const char *addr = o->listen ? o->listen : cfg->listen;
+    const char *admin_addr = o->admin ? o->admin : cfg->admin;
 
-    /* Signals are taken synchronously by this thread; workers never see them. */
+    /* Signals are taken synchronously by this thread (signalfd); workers never see them. */
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -65,47 +114,74 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
         fputs("retryproxy: cannot initialise libcurl\n", stderr);
         return EXIT_STARTUP;
     }
+    rt_cell_init(&px.cell);
+    atomic_init(&px.draining, false);
+    px.n_workers = n;
+    px.metrics = metrics_new(n);
+    struct reload_pins pins = { .listen = o->listen,
+                                .admin = o->admin,
+                                .log_level = o->log_level,
+                                .log_format = o->log_format };
+    ctl.rl = px.metrics ? reload_new(&px, o->config_path, cfg, &pins) : NULL;
+    ctl.loop = loop_new();
+    ctl.sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (!ctl.rl || !ctl.loop || ctl.sfd < 0) {
+        fprintf(stderr, "retryproxy: cannot start: %s\n", strerror(errno));
+        goto out;
+    }
+
     if (listen_open(addr, n, fds, bound, sizeof(bound), why, sizeof(why)) < 0) {
         fprintf(stderr, "retryproxy: %s\n", why);
         rc = EXIT_BIND;
         goto out;
     }
+    if (open_admin(admin_addr, &admin_fd, admin_bound, sizeof(admin_bound)) < 0) {
+        for (unsigned k = 0; k < n; k++)
+            close(fds[k]);
+        rc = EXIT_BIND;
+        goto out;
+    }
     unsigned per_worker = (cfg->max_connections + n - 1) / n;
     for (unsigned i = 0; i < n; i++) {
-        workers[i] = worker_new(i, fds[i], per_worker, cfg, random_seed());
+        workers[i] = worker_new(i, fds[i], per_worker, &px, random_seed());
         if (!workers[i]) {
             for (unsigned k = i + 1; k < n; k++)
                 close(fds[k]);
+            close(admin_fd);
             goto out;
         }
     }
-    for (unsigned i = 0; i < n; i++) {
-        if (worker_start(workers[i]) < 0) {
-            fprintf(stderr, "retryproxy: cannot start worker thread %u\n", i);
-            for (unsigned k = 0; k < i; k++)
-                worker_stop(workers[k]);
-            for (unsigned k = 0; k < n; k++) {
-                worker_free(workers[k]);
-                workers[k] = NULL;
-            }
+    reload_set_workers(ctl.rl, workers, n);
+    admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl);
+    if (!admin || loop_watch_add(ctl.loop, &ctl.sig_watch, ctl.sfd, EPOLLIN, on_signal, &ctl) < 0)
+        goto out;
+    reload_attach(ctl.rl, ctl.loop);
+    for (; started < n; started++) {
+        if (worker_start(workers[started]) < 0) {
+            fprintf(stderr, "retryproxy: cannot start worker thread %u\n", started);
             goto out;
         }
     }
-    fprintf(stderr, "retryproxy: listening on %s (%u worker%s)\n", bound, n, n == 1 ? "" : "s");
+    fprintf(stderr, "retryproxy: listening on %s (%u worker%s), admin on %s\n", bound, n,
+            n == 1 ? "" : "s", admin_bound);
+    log_event(CFG_LOG_INFO, "listening", "listen", bound, "admin", admin_bound, "source",
+              o->config_path, NULL);
 
-    for (;;) {
-        siginfo_t si;
-        int sig = sigwaitinfo(&set, &si);
-        if (sig == SIGTERM || sig == SIGINT)
-            break;
-        /* SIGHUP: reloading arrives with the config watcher; until then it is ignored. */
-    }
-    for (unsigned i = 0; i < n; i++)
-        worker_stop(workers[i]);
+    if (loop_run(ctl.loop) < 0)
+        fprintf(stderr, "retryproxy: control loop failed: %s\n", strerror(errno));
     rc = 0;
 out:
+    for (unsigned i = 0; i < started; i++)
+        worker_stop(workers[i]);
+    admin_stop(admin);
     for (unsigned i = 0; i < n; i++)
         worker_free(workers[i]);
+    reload_free(ctl.rl);
+    if (ctl.sfd >= 0)
+        close(ctl.sfd);
+    loop_free(ctl.loop);
+    rt_cell_destroy(&px.cell);
+    metrics_free(px.metrics);
     curl_global_cleanup();
     return rc;
 }

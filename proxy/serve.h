@@ -1,4 +1,4 @@
-/* serve -- run the proxy: listeners, workers, signals, until a clean shutdown. */
+/* serve -- run the proxy: listeners, workers, the control loop, until a clean shutdown. */
 #ifndef RETRYPROXY_PROXY_SERVE_H
 #define RETRYPROXY_PROXY_SERVE_H
 
@@ -6,9 +6,12 @@
 
 /* Command-line settings that override the config file. */
 struct serve_opts {
-    const char *listen; /* NULL: the file's */
+    const char *config_path; /* the file 'cfg' came from: watched and reloaded */
+    const char *listen;      /* NULL: the file's */
     const char *admin;
-    unsigned workers; /* 0: one per core */
+    unsigned workers;        /* 0: one per core */
+    int log_level;           /* -1: the file's (enum cfg_log_level otherwise) */
+    int log_format;          /* -1: the file's (enum cfg_log_format otherwise) */
 };
 
 /* Serves 'cfg' until SIGTERM or SIGINT. Returns the process exit status: 0 after a clean

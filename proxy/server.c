@@ -73,15 +73,21 @@ void server_kick(struct server *s)
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
-    (void)c;
     (void)socket_context;
     struct server *s = cls;
+    struct worker *w = s->w;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         s->conns++;
+        metrics_connections_add(w->px->metrics, w->id, 1);
+        /* The idle timeout of the snapshot in force when the connection opened: a reload
+         * changes it for new connections. */
+        unsigned ms = w->rt->cfg->connection_timeout_ms;
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (ms + 999) / 1000);
     } else {
-        if (s->conns >= s->w->conn_limit)
+        if (s->conns >= w->conn_limit)
             s->relisten = true;
         s->conns--;
+        metrics_connections_add(w->px->metrics, w->id, -1);
     }
 }
 

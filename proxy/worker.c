@@ -10,22 +10,51 @@
 
 #include "proxy/server.h"
 
+/* Takes the snapshot published in the cell if it is newer than ours. Requests in flight keep
+ * the one they started with; the round-robin positions start over for the new routes. */
+static void refresh(struct worker *w)
+{
+    if (w->rt && rt_cell_generation(&w->px->cell) == w->rt->generation)
+        return;
+    struct rt *rt = rt_cell_get(&w->px->cell);
+    if (!rt)
+        return;
+    uint32_t *rr = calloc(rt->cfg->n_routes, sizeof(*rr));
+    if (!rr) {
+        rt_unref(rt); /* keep serving the old one; the next wake tries again */
+        return;
+    }
+    free(w->rr);
+    w->rr = rr;
+    rt_unref(w->rt);
+    w->rt = rt;
+}
+
 static void on_wake(struct loop_watch *lw, uint32_t events)
 {
     (void)events;
     struct worker *w = lw->arg;
     uint64_t v;
     if (read(w->wake_fd, &v, sizeof(v)) < 0) {
-        /* EAGAIN: a spurious wake-up; the flag below decides */
+        /* EAGAIN: a spurious wake-up; the checks below decide */
     }
     if (atomic_load(&w->stop)) {
         server_stop(w->srv);
         w->srv = NULL;
         loop_stop(w->loop);
+        return;
     }
+    refresh(w);
 }
 
-struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struct cfg *cfg,
+/* Once per loop turn, before waiting: what the turn logged goes out in one write. */
+static void on_idle(void *arg)
+{
+    struct worker *w = arg;
+    log_flush(w->log);
+}
+
+struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struct proxy *px,
                           uint64_t seed)
 {
     struct worker *w = calloc(1, sizeof(*w));
@@ -34,22 +63,24 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
         return NULL;
     }
     w->id = id;
+    w->px = px;
     w->listen_fd = listen_fd;
     w->conn_limit = conn_limit;
     w->wake_fd = -1;
-    w->cfg = cfg_ref(cfg);
     rng_seed(&w->rng, seed);
     atomic_init(&w->stop, false);
-    w->rr = calloc(cfg->n_routes, sizeof(*w->rr));
+    refresh(w);
+    w->log = log_buf_new();
     w->loop = loop_new();
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!w->rr || !w->loop || w->wake_fd < 0 ||
+    if (!w->rt || !w->log || !w->loop || w->wake_fd < 0 ||
         loop_watch_add(w->loop, &w->wake_watch, w->wake_fd, EPOLLIN, on_wake, w) < 0)
         goto fail;
+    loop_set_idle(w->loop, on_idle, w);
     w->up = upstream_new(w->loop);
     if (!w->up)
         goto fail;
-    w->srv = server_start(w, listen_fd, cfg);
+    w->srv = server_start(w, listen_fd, w->rt->cfg);
     if (!w->srv)
         goto fail;
     w->listen_fd = -1; /* libmicrohttpd owns it now and closes it when stopped */
@@ -65,6 +96,7 @@ static void *worker_main(void *arg)
     struct worker *w = arg;
     if (loop_run(w->loop) < 0)
         fprintf(stderr, "retryproxy: worker %u: event loop failed: %s\n", w->id, strerror(errno));
+    log_flush(w->log);
     return NULL;
 }
 
@@ -74,13 +106,18 @@ int worker_start(struct worker *w)
     return e ? -e : 0;
 }
 
-void worker_stop(struct worker *w)
+void worker_wake(struct worker *w)
 {
     uint64_t one = 1;
-    atomic_store(&w->stop, true);
     if (write(w->wake_fd, &one, sizeof(one)) < 0) {
-        /* the counter cannot overflow with one write per stop */
+        /* a full counter already means "wake up" */
     }
+}
+
+void worker_stop(struct worker *w)
+{
+    atomic_store(&w->stop, true);
+    worker_wake(w);
     pthread_join(w->thread, NULL);
 }
 
@@ -95,7 +132,8 @@ void worker_free(struct worker *w)
     if (w->listen_fd >= 0)
         close(w->listen_fd);
     loop_free(w->loop);
+    log_buf_free(w->log);
     free(w->rr);
-    cfg_unref(w->cfg);
+    rt_unref(w->rt);
     free(w);
 }

@@ -1,0 +1,322 @@
+#include "proxy/admin.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "policy/backoff.h"
+#include "proxy/metrics.h"
+#include "proxy/runtime.h"
+
+/* /schedule answers at most this many delays: enough to study any policy. */
+#define SCHEDULE_MAX_RETRIES 1000
+
+struct admin {
+    struct loop *loop;
+    struct MHD_Daemon *d;
+    struct loop_watch watch;
+    struct loop_timer timer;
+    struct proxy *px;
+    struct reload *rl;
+};
+
+static void schedule_run(struct admin *a);
+
+static void quiet(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    (void)fmt;
+    (void)ap; /* client misbehaviour on the admin port is answered or closed; nothing to log */
+}
+
+static void on_timer(struct loop_timer *t)
+{
+    struct admin *a = t->arg;
+    MHD_run(a->d);
+    schedule_run(a);
+}
+
+static void on_epoll(struct loop_watch *w, uint32_t events)
+{
+    (void)events;
+    struct admin *a = w->arg;
+    MHD_run(a->d);
+    schedule_run(a);
+}
+
+static void schedule_run(struct admin *a)
+{
+    MHD_UNSIGNED_LONG_LONG ms;
+    if (MHD_get_timeout(a->d, &ms) == MHD_YES)
+        loop_timer_start(a->loop, &a->timer, loop_now(a->loop) + ms, on_timer, a);
+    else
+        loop_timer_stop(a->loop, &a->timer);
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type,
+                                 char *body, size_t len, enum MHD_ResponseMemoryMode mode,
+                                 const char *allow)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Cache-Control", "no-store");
+    if (allow)
+        MHD_add_response_header(r, "Allow", allow);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* Sends 'j' (a new reference, consumed) as JSON. */
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j,
+                                 const char *allow)
+{
+    char *text = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15)) : NULL;
+    json_decref(j);
+    if (!text)
+        return MHD_NO;
+    size_t len = strlen(text);
+    /* a trailing newline for humans with curl */
+    char *withnl = realloc(text, len + 2);
+    if (!withnl) {
+        free(text);
+        return MHD_NO;
+    }
+    withnl[len] = '\n';
+    withnl[len + 1] = '\0';
+    return send_text(c, status, "application/json", withnl, len + 1, MHD_RESPMEM_MUST_FREE, allow);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *error,
+                                  const char *message, const char *allow)
+{
+    return send_json(c, status, json_pack("{s:s, s:s}", "error", error, "message", message), allow);
+}
+
+static void rfc3339(int64_t unix_ms, char *out, size_t cap)
+{
+    time_t s = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, cap - n, ".%03dZ", (int)(unix_ms % 1000));
+}
+
+static enum MHD_Result get_config(struct admin *a, struct MHD_Connection *c)
+{
+    struct rt *rt = rt_cell_get(&a->px->cell);
+    char when[40];
+    rfc3339(reload_loaded_at(a->rl), when, sizeof(when));
+    const char *err = reload_last_error(a->rl);
+    const char *restart = reload_restart_required(a->rl);
+    json_t *restart_list = json_array();
+    for (const char *p = restart; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        json_array_append_new(restart_list, json_stringn(p, n));
+        p += n + (comma != NULL);
+    }
+    json_t *j = json_pack("{s:I, s:s, s:s, s:o, s:o, s:o}", "generation",
+                          (json_int_t)reload_generation(a->rl), "loaded_at", when, "source",
+                          reload_source(a->rl), "last_error", err ? json_string(err) : json_null(),
+                          "restart_required", restart_list, "config", cfg_to_json(rt->cfg));
+    rt_unref(rt);
+    return send_json(c, MHD_HTTP_OK, j, NULL);
+}
+
+/* A whole decimal number in [0, max], or -1. */
+static long long parse_arg(const char *s, unsigned long long max)
+{
+    if (!s || !*s)
+        return -1;
+    unsigned long long v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (max - (unsigned)(*p - '0')) / 10)
+            return -1;
+        v = v * 10 + (unsigned)(*p - '0');
+    }
+    return (long long)v;
+}
+
+static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
+{
+    const char *name = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "route");
+    const char *retries_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "retries");
+    const char *seed_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "seed");
+    if (!name)
+        return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "route=NAME is required", NULL);
+    long long retries = retries_s ? parse_arg(retries_s, SCHEDULE_MAX_RETRIES) : -2;
+    if (retries == -1)
+        return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                          "retries must be a whole number from 0 to 1000", NULL);
+    uint64_t seed;
+    if (seed_s) {
+        /* parse without a sign or base, up to 2^63-1 (JSON integers are signed) */
+        long long v = parse_arg(seed_s, (unsigned long long)INT64_MAX);
+        if (v < 0)
+            return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                              "seed must be a whole number from 0 to 2^63-1", NULL);
+        seed = (uint64_t)v;
+    } else if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
+        seed = (uint64_t)time(NULL);
+    }
+    seed &= (uint64_t)INT64_MAX;
+
+    struct rt *rt = rt_cell_get(&a->px->cell);
+    const struct cfg_route *r = cfg_route_by_name(rt->cfg, name);
+    if (!r) {
+        rt_unref(rt);
+        return send_error(c, MHD_HTTP_NOT_FOUND, "no_route", "no route has that name", NULL);
+    }
+    uint32_t n = retries >= 0 ? (uint32_t)retries : r->retry.max_attempts - 1;
+    uint32_t *d = calloc(n ? n : 1, sizeof(*d));
+    struct rng rng;
+    rng_seed(&rng, seed);
+    json_t *delays = json_array();
+    if (d) {
+        backoff_schedule(&r->retry.backoff, n, &rng, d);
+        for (uint32_t i = 0; i < n; i++)
+            json_array_append_new(delays, json_integer(d[i]));
+    }
+    free(d);
+    json_t *j = json_pack("{s:s, s:o, s:I}", "route", r->name, "delays_ms", delays, "seed",
+                          (json_int_t)seed);
+    rt_unref(rt);
+    return send_json(c, MHD_HTTP_OK, j, NULL);
+}
+
+static enum MHD_Result post_reload(struct admin *a, struct MHD_Connection *c)
+{
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    uint64_t gen;
+    enum MHD_Result ret;
+    if (reload_force(a->rl, &errs, &gen) == 0) {
+        ret = send_json(c, MHD_HTTP_OK, json_pack("{s:I}", "generation", (json_int_t)gen), NULL);
+    } else {
+        json_t *list = json_array();
+        for (size_t i = 0; i < errs.n; i++) {
+            char line[1400];
+            if (errs.v[i].line)
+                snprintf(line, sizeof(line), "%s:%u:%u: %s: %s", reload_source(a->rl),
+                         errs.v[i].line, errs.v[i].col, errs.v[i].path, errs.v[i].msg);
+            else
+                snprintf(line, sizeof(line), "%s: %s: %s", reload_source(a->rl), errs.v[i].path,
+                         errs.v[i].msg);
+            json_array_append_new(list, json_string(line));
+        }
+        ret =
+            send_json(c, MHD_HTTP_UNPROCESSABLE_CONTENT,
+                      json_pack("{s:o, s:I}", "errors", list, "generation", (json_int_t)gen), NULL);
+    }
+    cfg_errs_clear(&errs);
+    return ret;
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
+                                 const char *method, const char *version, const char *upload_data,
+                                 size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    (void)upload_data;
+    struct admin *a = cls;
+    /* Bodies (of a POST /reload, say) are read and ignored; answer once they are in. */
+    if (!*con_cls) {
+        *con_cls = a;
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    bool post = strcmp(method, "POST") == 0;
+
+    if (strcmp(url, "/reload") == 0) {
+        if (!post)
+            return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "use POST",
+                              "POST");
+        return post_reload(a, c);
+    }
+    static const char *const gets[] = { "/healthz", "/readyz", "/metrics", "/config", "/schedule" };
+    bool known = false;
+    for (size_t i = 0; i < sizeof(gets) / sizeof(gets[0]); i++)
+        known |= strcmp(url, gets[i]) == 0;
+    if (!known)
+        return send_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such admin endpoint", NULL);
+    if (!get)
+        return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "use GET",
+                          "GET, HEAD");
+
+    if (strcmp(url, "/healthz") == 0)
+        return send_json(c, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"), NULL);
+    if (strcmp(url, "/readyz") == 0) {
+        bool draining = atomic_load(&a->px->draining);
+        return send_json(c, draining ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK,
+                         json_pack("{s:s}", "status", draining ? "draining" : "ready"), NULL);
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        size_t len;
+        char *text = metrics_render(a->px->metrics, &len);
+        if (!text)
+            return MHD_NO;
+        return send_text(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text, len,
+                         MHD_RESPMEM_MUST_FREE, NULL);
+    }
+    if (strcmp(url, "/config") == 0)
+        return get_config(a, c);
+    return get_schedule(a, c);
+}
+
+struct admin *admin_start(struct loop *l, int listen_fd, struct proxy *px, struct reload *rl)
+{
+    struct admin *a = calloc(1, sizeof(*a));
+    if (!a) {
+        close(listen_fd);
+        return NULL;
+    }
+    a->loop = l;
+    a->px = px;
+    a->rl = rl;
+    /* clang-format off */
+    a->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_access, a,
+                            MHD_OPTION_LISTEN_SOCKET, listen_fd,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+                            MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL,
+                            MHD_OPTION_END);
+    /* clang-format on */
+    const union MHD_DaemonInfo *info =
+        a->d ? MHD_get_daemon_info(a->d, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
+    if (!info || loop_watch_add(l, &a->watch, info->epoll_fd, EPOLLIN, on_epoll, a) < 0) {
+        fputs("retryproxy: cannot start the admin listener\n", stderr);
+        if (a->d)
+            MHD_stop_daemon(a->d);
+        else
+            close(listen_fd);
+        free(a);
+        return NULL;
+    }
+    schedule_run(a);
+    return a;
+}
+
+void admin_stop(struct admin *a)
+{
+    if (!a)
+        return;
+    loop_watch_del(a->loop, &a->watch);
+    loop_timer_stop(a->loop, &a->timer);
+    MHD_stop_daemon(a->d);
+    free(a);
+}

@@ -1,0 +1,311 @@
+#include "proxy/reload.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+#include "config/watch.h"
+#include "proxy/log.h"
+#include "proxy/metrics.h"
+#include "proxy/runtime.h"
+#include "proxy/worker.h"
+
+/* Editors and kubelet produce bursts of events for one change: act once the burst is over. */
+#define DEBOUNCE_MS 100
+/* The backstop for events inotify could not deliver (a watch lost with its directory, an
+ * unusual filesystem): the file's content is compared this often. */
+#define POLL_MS 2000
+
+struct reload {
+    struct proxy *px;
+    char *path;
+    struct reload_pins pins;
+    char *start_listen, *start_admin; /* as loaded at start */
+    unsigned start_max_connections;
+    struct worker **workers;
+    unsigned n_workers;
+
+    struct loop *loop;
+    struct watch *watch;
+    struct loop_watch lw;
+    struct loop_timer debounce, poll;
+
+    uint64_t generation;
+    int64_t loaded_at;
+    bool tried_once;     /* 'tried_hash' holds something */
+    uint64_t tried_hash; /* content of the last attempt, applied or not */
+    bool tried_missing;  /* the last attempt found no readable file */
+    char *last_error;
+    char restart[160];
+};
+
+static uint64_t hash(const char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+static void apply_log_settings(const struct reload *rl, const struct cfg *c)
+{
+    enum cfg_log_level level =
+        rl->pins.log_level >= 0 ? (enum cfg_log_level)rl->pins.log_level : c->log_level;
+    enum cfg_log_format format =
+        rl->pins.log_format >= 0 ? (enum cfg_log_format)rl->pins.log_format : c->log_format;
+    log_configure(level, format);
+}
+
+/* Settings that only take effect at start, compared with what the process started with. */
+static void note_restart_required(struct reload *rl, const struct cfg *c)
+{
+    size_t n = 0;
+    rl->restart[0] = '\0';
+    if (!rl->pins.listen && strcmp(c->listen, rl->start_listen) != 0)
+        n += (size_t)snprintf(rl->restart + n, sizeof(rl->restart) - n, "%slisten", n ? "," : "");
+    if (!rl->pins.admin && strcmp(c->admin, rl->start_admin) != 0)
+        n += (size_t)snprintf(rl->restart + n, sizeof(rl->restart) - n, "%sadmin", n ? "," : "");
+    if (c->max_connections != rl->start_max_connections)
+        snprintf(rl->restart + n, sizeof(rl->restart) - n, "%slimits.max_connections",
+                 n ? "," : "");
+    if (rl->restart[0])
+        log_event(CFG_LOG_WARN, "config change needs a restart; the running values stay",
+                  "settings", rl->restart, "source", rl->path, NULL);
+}
+
+/* Publishes 'c' as the next generation and wakes every worker to pick it up. */
+static int publish(struct reload *rl, struct cfg *c)
+{
+    struct rt *rt = rt_new(c, rl->generation + 1, rl->px->metrics);
+    if (!rt)
+        return -1;
+    rl->generation++;
+    rl->loaded_at = rt->loaded_unix_ms;
+    rt_cell_publish(&rl->px->cell, rt);
+    for (unsigned i = 0; i < rl->n_workers; i++)
+        worker_wake(rl->workers[i]);
+    apply_log_settings(rl, c);
+    free(rl->last_error);
+    rl->last_error = NULL;
+    metrics_reload(rl->px->metrics, true, rl->generation, (double)rl->loaded_at / 1000.0);
+    return 0;
+}
+
+/* Records a failed reload: counted, logged one line per error, kept for /config. */
+static void failed(struct reload *rl, const struct cfg_errs *errs)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (m) {
+        cfg_errs_print(m, rl->path, errs);
+        fclose(m);
+    }
+    for (const char *line = text; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        char *one = strndup(line, n);
+        if (one)
+            log_event(CFG_LOG_ERROR, "config reload failed; the running config stays", "error", one,
+                      NULL);
+        free(one);
+        line += n + (end != NULL);
+    }
+    if (text && len && text[len - 1] == '\n')
+        text[len - 1] = '\0';
+    free(rl->last_error);
+    rl->last_error = text; /* every error, one per line */
+    metrics_reload(rl->px->metrics, false, rl->generation, 0);
+}
+
+/* Reads, validates and (if valid) publishes the file. Unless 'force', content already tried
+ * (applied or refused) is left alone. Returns 0 when the served config is the file's, -1
+ * otherwise (errors in 'out' if not NULL). */
+static int load(struct reload *rl, bool force, struct cfg_errs *out)
+{
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = -1;
+
+    if (cfg_read_file(rl->path, &buf, &len, &errs) < 0) {
+        /* A missing file keeps the running config; reported once until it changes. */
+        if (force || !rl->tried_missing)
+            failed(rl, &errs);
+        rl->tried_missing = true;
+        goto out;
+    }
+    uint64_t h = hash(buf, len);
+    if (!force && !rl->tried_missing && rl->tried_once && h == rl->tried_hash) {
+        rc = rl->last_error ? -1 : 0;
+        goto out;
+    }
+    rl->tried_missing = false;
+    rl->tried_once = true;
+    rl->tried_hash = h;
+    struct cfg *c = cfg_load_buffer(buf, len, rl->path, &errs);
+    if (!c) {
+        failed(rl, &errs);
+        goto out;
+    }
+    note_restart_required(rl, c);
+    if (publish(rl, c) < 0) {
+        cfg_errs_add(&errs, "$", 0, 0, "out of memory publishing the config");
+        failed(rl, &errs);
+    } else {
+        char gen[24];
+        snprintf(gen, sizeof(gen), "%llu", (unsigned long long)rl->generation);
+        log_event(CFG_LOG_INFO, "config reloaded", "generation", gen, "source", rl->path, NULL);
+        rc = 0;
+    }
+    cfg_unref(c);
+out:
+    if (out)
+        for (size_t i = 0; i < errs.n; i++)
+            cfg_errs_add(out, errs.v[i].path, errs.v[i].line, errs.v[i].col, "%s", errs.v[i].msg);
+    cfg_errs_clear(&errs);
+    free(buf);
+    return rc;
+}
+
+struct reload *reload_new(struct proxy *px, const char *path, struct cfg *initial,
+                          const struct reload_pins *pins)
+{
+    struct reload *rl = calloc(1, sizeof(*rl));
+    if (!rl)
+        return NULL;
+    rl->px = px;
+    rl->path = strdup(path);
+    rl->pins = *pins;
+    rl->pins.listen = dup_or_null(pins->listen);
+    rl->pins.admin = dup_or_null(pins->admin);
+    rl->start_listen = strdup(initial->listen);
+    rl->start_admin = strdup(initial->admin);
+    rl->start_max_connections = initial->max_connections;
+    if (!rl->path || !rl->start_listen || !rl->start_admin || publish(rl, initial) < 0) {
+        reload_free(rl);
+        return NULL;
+    }
+    /* The content now served is what the file held at start. */
+    char *buf;
+    size_t len;
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    if (cfg_read_file(path, &buf, &len, &errs) == 0) {
+        rl->tried_once = true;
+        rl->tried_hash = hash(buf, len);
+        free(buf);
+    }
+    cfg_errs_clear(&errs);
+    return rl;
+}
+
+void reload_free(struct reload *rl)
+{
+    if (!rl)
+        return;
+    if (rl->loop) {
+        loop_timer_stop(rl->loop, &rl->debounce);
+        loop_timer_stop(rl->loop, &rl->poll);
+        if (rl->watch)
+            loop_watch_del(rl->loop, &rl->lw);
+    }
+    watch_free(rl->watch);
+    free(rl->path);
+    free((void *)rl->pins.listen);
+    free((void *)rl->pins.admin);
+    free(rl->start_listen);
+    free(rl->start_admin);
+    free(rl->last_error);
+    free(rl);
+}
+
+void reload_set_workers(struct reload *rl, struct worker **workers, unsigned n)
+{
+    rl->workers = workers;
+    rl->n_workers = n;
+}
+
+static void on_debounced(struct loop_timer *t)
+{
+    load(t->arg, false, NULL);
+}
+
+static void on_watch(struct loop_watch *lw, uint32_t events)
+{
+    (void)events;
+    struct reload *rl = lw->arg;
+    if (watch_read(rl->watch)) {
+        watch_repair(rl->watch); /* the directory may be back already */
+        loop_timer_start(rl->loop, &rl->debounce, loop_now(rl->loop) + DEBOUNCE_MS, on_debounced,
+                         rl);
+    }
+}
+
+static void on_poll(struct loop_timer *t)
+{
+    struct reload *rl = t->arg;
+    if (rl->watch && !watch_active(rl->watch))
+        watch_repair(rl->watch);
+    load(rl, false, NULL);
+    loop_timer_start(rl->loop, &rl->poll, loop_now(rl->loop) + POLL_MS, on_poll, rl);
+}
+
+int reload_attach(struct reload *rl, struct loop *l)
+{
+    int rc = 0;
+    rl->loop = l;
+    rl->watch = watch_new(rl->path);
+    if (!rl->watch) {
+        rc = -errno;
+        log_event(CFG_LOG_WARN, "cannot watch the config file; polling it instead", "error",
+                  strerror(errno), NULL);
+    } else if (loop_watch_add(l, &rl->lw, watch_fd(rl->watch), EPOLLIN, on_watch, rl) < 0) {
+        rc = -errno;
+        watch_free(rl->watch);
+        rl->watch = NULL;
+    }
+    loop_timer_start(l, &rl->poll, loop_now(l) + POLL_MS, on_poll, rl);
+    return rc;
+}
+
+int reload_force(struct reload *rl, struct cfg_errs *errs, uint64_t *generation)
+{
+    int rc = load(rl, true, errs);
+    if (generation)
+        *generation = rl->generation;
+    return rc;
+}
+
+uint64_t reload_generation(const struct reload *rl)
+{
+    return rl->generation;
+}
+
+int64_t reload_loaded_at(const struct reload *rl)
+{
+    return rl->loaded_at;
+}
+
+const char *reload_source(const struct reload *rl)
+{
+    return rl->path;
+}
+
+const char *reload_last_error(const struct reload *rl)
+{
+    return rl->last_error;
+}
+
+const char *reload_restart_required(const struct reload *rl)
+{
+    return rl->restart;
+}
