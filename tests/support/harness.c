@@ -54,7 +54,7 @@ char *px_stdout(const struct px *p)
     return read_all(p->out_path);
 }
 
-struct px *px_start(const char *json, ...)
+static struct px *px_new(void)
 {
     struct px *p = calloc(1, sizeof(*p));
     cr_assert_not_null(p);
@@ -63,20 +63,12 @@ struct px *px_start(const char *json, ...)
     snprintf(p->cfg_path, sizeof(p->cfg_path), "%s/config.json", p->dir);
     snprintf(p->out_path, sizeof(p->out_path), "%s/stdout", p->dir);
     snprintf(p->err_path, sizeof(p->err_path), "%s/stderr", p->dir);
-    FILE *f = fopen(p->cfg_path, "w");
-    cr_assert_not_null(f);
-    fputs(json, f);
-    fclose(f);
+    return p;
+}
 
-    char *argv[16] = { (char *)proc_bin(), "-c", p->cfg_path, "--listen", "127.0.0.1:0" };
-    size_t argc = 5;
-    va_list ap;
-    va_start(ap, json);
-    for (const char *a; argc < 14 && (a = va_arg(ap, const char *)) != NULL;)
-        argv[argc++] = (char *)a;
-    va_end(ap);
-    argv[argc] = NULL;
-
+/* Spawns argv and waits for the start-up line that names both ports. */
+static struct px *launch(struct px *p, char *const argv[])
+{
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
@@ -90,8 +82,10 @@ struct px *px_start(const char *json, ...)
     while (now_ms() < deadline) {
         char *err = px_stderr(p);
         const char *at = strstr(err, "listening on 127.0.0.1:");
-        if (at) {
+        const char *adm = strstr(err, "admin on 127.0.0.1:");
+        if (at && adm) {
             p->port = (uint16_t)atoi(at + strlen("listening on 127.0.0.1:"));
+            p->admin_port = (uint16_t)atoi(adm + strlen("admin on 127.0.0.1:"));
             free(err);
             return p;
         }
@@ -104,6 +98,37 @@ struct px *px_start(const char *json, ...)
     kill(p->pid, SIGKILL);
     cr_assert_fail("retryproxy did not report listening within 10 s");
     return NULL;
+}
+
+struct px *px_start(const char *json, ...)
+{
+    struct px *p = px_new();
+    FILE *f = fopen(p->cfg_path, "w");
+    cr_assert_not_null(f);
+    fputs(json, f);
+    fclose(f);
+
+    char *argv[20] = { (char *)proc_bin(), "-c",      p->cfg_path,  "--listen",
+                       "127.0.0.1:0",      "--admin", "127.0.0.1:0" };
+    size_t argc = 7;
+    va_list ap;
+    va_start(ap, json);
+    for (const char *a; argc < 18 && (a = va_arg(ap, const char *)) != NULL;)
+        argv[argc++] = (char *)a;
+    va_end(ap);
+    argv[argc] = NULL;
+    return launch(p, argv);
+}
+
+struct px *px_start_argv(const char *const *args)
+{
+    struct px *p = px_new();
+    char *argv[24] = { (char *)proc_bin() };
+    size_t argc = 1;
+    for (size_t i = 0; args[i] && argc < 23; i++)
+        argv[argc++] = (char *)args[i];
+    argv[argc] = NULL;
+    return launch(p, argv);
 }
 
 static void remove_dir(const char *dir)
@@ -147,6 +172,12 @@ int px_stop(struct px *p, int timeout_ms)
 const char *px_url(const struct px *p, const char *path, char *buf, size_t cap)
 {
     snprintf(buf, cap, "http://127.0.0.1:%u%s", p->port, path);
+    return buf;
+}
+
+const char *px_admin_url(const struct px *p, const char *path, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "http://127.0.0.1:%u%s", p->admin_port, path);
     return buf;
 }
 

@@ -14,17 +14,26 @@
 
 struct px {
     pid_t pid;
-    uint16_t port;
-    char dir[64]; /* temporary directory holding config.json, stdout, stderr */
+    uint16_t port;       /* the proxy listener */
+    uint16_t admin_port; /* the admin listener */
+    char dir[64];        /* temporary directory holding config.json, stdout, stderr */
     char cfg_path[96];
     char out_path[96];
     char err_path[96];
 };
 
-/* Starts retryproxy on the config 'json' (complete JSON text; "listen" is overridden) with up
- * to 4 extra arguments (NULL-terminated list, e.g. "--workers", "1", NULL). Aborts the test
- * with a message if it does not come up within 10 s. */
+/* Starts retryproxy on the config 'json' (complete JSON text; "listen" and "admin" are
+ * overridden with free ports) with up to 8 extra arguments (NULL-terminated list, e.g.
+ * "--workers", "1", NULL). Aborts the test with a message if it does not come up within 10 s. */
 struct px *px_start(const char *json, ...);
+
+/* Starts retryproxy with exactly 'args' after the program name (NULL-terminated), for tests
+ * that manage their own config file; otherwise as px_start(). The process's files still go
+ * to p->dir. */
+struct px *px_start_argv(const char *const *args);
+
+/* "http://127.0.0.1:ADMIN_PORT" + path. */
+const char *px_admin_url(const struct px *p, const char *path, char *buf, size_t cap);
 
 /* Sends SIGTERM and waits up to 'timeout_ms'; returns the exit status (128 + signal when
  * killed by one), or -1 if it had to be killed. Frees 'p' and its files. */
