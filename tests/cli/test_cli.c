@@ -62,9 +62,15 @@ Test(cli, check_accepts_a_valid_config)
     proc_result_free(&r);
 }
 
-Test(cli, check_accepts_the_bundled_example_config)
+Test(cli, check_accepts_the_bundled_example_configs)
 {
     struct proc_result r = rp("check", "-c", "deploy/config.json");
+    cr_expect_eq(r.status, 0, "%s%s", r.out, r.err);
+    proc_result_free(&r);
+    r = rp("check", "-c", "deploy/kubernetes/config.json");
+    cr_expect_eq(r.status, 0, "%s%s", r.out, r.err);
+    proc_result_free(&r);
+    r = rp("check", "-c", "bench/peers-config.json");
     cr_expect_eq(r.status, 0, "%s%s", r.out, r.err);
     proc_result_free(&r);
 }
