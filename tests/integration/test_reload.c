@@ -1,0 +1,822 @@
+/* Hot reload (CONTRACT §5), end to end: the real binary with its config file rewritten under
+ * it in every way editors, operators and kubelet do, observed through the admin API (§6) and
+ * through requests to the test upstream on 127.0.0.1.
+ *
+ * The config always has one route "r" with a fixed, jitter-free backoff, so a base_ms change is
+ * visible as is in /config and /schedule, and max_attempts is visible in X-Retry-Attempts.
+ * Each test keeps its config in a directory of its own (not px->dir, which holds the proxy's
+ * stdout and stderr), so it may delete, re-create or restructure that directory at will.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/support/harness.h"
+#include "tests/support/tup.h"
+
+#define T 20000 /* ms: upper bound for any single request in these tests */
+/* The contract says "within one second of the write"; this leaves room for a loaded machine
+ * and sanitizers while still failing if only the 2 s poll backstop noticed the change. */
+#define VISIBLE_MS 1500
+/* Longer than the 100 ms debounce plus a reload, for "nothing happened" checks. */
+#define SETTLE_MS 500
+
+static struct tup *up;
+static struct px *px;
+static char dir[64];       /* the config's directory */
+static char cfg_path[128]; /* dir/config.json */
+
+/* Test 7's request, sent from its own thread so that the config can change while it waits. */
+static struct {
+    pthread_t th;
+    bool started;
+    char url[128];
+    struct http_resp r;
+} flight;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* rm -rf, not following symlinks (kubelet's layout has them). */
+static void rm_tree(const char *path)
+{
+    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void setup(void)
+{
+    /* Test 7 runs libcurl in two threads: initialise it once, before any of them. */
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    up = tup_start();
+    snprintf(dir, sizeof(dir), "/tmp/retryproxy-reload-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", dir);
+}
+
+static void teardown(void)
+{
+    if (flight.started)
+        pthread_join(flight.th, NULL);
+    flight.started = false;
+    http_free(&flight.r);
+    if (px)
+        cr_expect_eq(px_stop(px, 10000), 0, "retryproxy did not exit cleanly");
+    px = NULL;
+    tup_stop(up);
+    up = NULL;
+    if (dir[0])
+        rm_tree(dir);
+    dir[0] = '\0';
+    curl_global_cleanup();
+}
+
+TestSuite(reload, .init = setup, .fini = teardown, .timeout = 60);
+
+/* ---- config files ---- */
+
+/* The config text: route "r" to tup, 'max_attempts', a fixed backoff of 'base_ms' under the
+ * key 'base_key' ("base_ms", or a typo), and 'top' (complete members with a trailing comma, or
+ * "") first. Several lines, so that error positions have a line and a column to check. */
+static void cfg_text(char *buf, size_t cap, int max_attempts, int base_ms, const char *base_key,
+                     const char *top)
+{
+    int n = snprintf(buf, cap,
+                     "{\n"
+                     "  %s\n"
+                     "  \"routes\": [\n"
+                     "    {\n"
+                     "      \"name\": \"r\",\n"
+                     "      \"upstreams\": [\"http://127.0.0.1:%u\"],\n"
+                     "      \"retry\": {\"max_attempts\": %d,\n"
+                     "                \"backoff\": {\"policy\": \"fixed\", \"%s\": %d, "
+                     "\"jitter\": \"none\"}}\n"
+                     "    }\n"
+                     "  ]\n"
+                     "}\n",
+                     top, tup_port(up), max_attempts, base_key, base_ms);
+    cr_assert(n > 0 && (size_t)n < cap, "config text does not fit");
+}
+
+static void cfg_simple(char *buf, size_t cap, int max_attempts, int base_ms)
+{
+    cfg_text(buf, cap, max_attempts, base_ms, "base_ms", "");
+}
+
+/* open(O_TRUNC) + write: the file keeps its inode and is briefly empty or partial. */
+static void write_in_place(const char *path, const char *text, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+    for (size_t done = 0; done < len;) {
+        ssize_t w = write(fd, text + done, len - done);
+        cr_assert_gt(w, 0, "write %s: %s", path, strerror(errno));
+        done += (size_t)w;
+    }
+    cr_assert_eq(close(fd), 0);
+}
+
+/* An editor's save: the whole new content under a temporary name in the same directory, then
+ * rename(2) over the config (a new inode appears atomically). */
+static void write_renamed(const char *path, const char *text)
+{
+    char tmp[160];
+    snprintf(tmp, sizeof(tmp), "%s.swp", path);
+    write_in_place(tmp, text, strlen(text));
+    cr_assert_eq(rename(tmp, path), 0, "rename: %s", strerror(errno));
+}
+
+/* ---- the proxy and its admin API ---- */
+
+/* Starts the proxy on cfg_path, with the listeners on free ports given on the command line
+ * ('pin_listeners') or taken from the file. */
+static void launch(bool pin_listeners)
+{
+    const char *pinned[] = { "-c",          cfg_path,    "--listen", "127.0.0.1:0", "--admin",
+                             "127.0.0.1:0", "--workers", "2",        NULL };
+    const char *unpinned[] = { "-c", cfg_path, "--workers", "2", NULL };
+    px = px_start_argv(pin_listeners ? pinned : unpinned);
+}
+
+/* Sends an admin request and parses its JSON answer (the caller decrefs). */
+static json_t *admin_json(const char *method, const char *path, long *status)
+{
+    char url[256];
+    struct http_resp r;
+    http_do(method, px_admin_url(px, path, url, sizeof(url)), NULL, NULL, 0, 5000, &r);
+    cr_assert_eq(r.rc, 0, "%s %s: curl error %d", method, path, r.rc);
+    json_error_t err;
+    json_t *j = json_loadb((const char *)r.body, r.body_len, 0, &err);
+    cr_assert_not_null(j, "%s %s: not JSON (%s): %.*s", method, path, err.text, (int)r.body_len,
+                       r.body ? (const char *)r.body : "");
+    if (status)
+        *status = r.status;
+    http_free(&r);
+    return j;
+}
+
+static json_t *get_config(void)
+{
+    long status;
+    json_t *c = admin_json("GET", "/config", &status);
+    cr_assert_eq(status, 200, "GET /config: %ld", status);
+    return c;
+}
+
+static long generation_of(const json_t *c)
+{
+    json_t *g = json_object_get(c, "generation");
+    cr_assert(json_is_integer(g), "/config has no integer generation");
+    return (long)json_integer_value(g);
+}
+
+/* routes[0].retry.backoff.base_ms of the effective config, -1 if absent. */
+static long base_ms_of(const json_t *c)
+{
+    json_t *route = json_array_get(json_object_get(json_object_get(c, "config"), "routes"), 0);
+    json_t *b =
+        json_object_get(json_object_get(json_object_get(route, "retry"), "backoff"), "base_ms");
+    return json_is_integer(b) ? (long)json_integer_value(b) : -1;
+}
+
+/* /config's last_error (NULL when it is JSON null), copied into 'buf'. */
+static const char *last_error_of(const json_t *c, char *buf, size_t cap)
+{
+    json_t *e = json_object_get(c, "last_error");
+    cr_assert(json_is_null(e) || json_is_string(e), "last_error is neither null nor a string");
+    if (json_is_null(e))
+        return NULL;
+    snprintf(buf, cap, "%s", json_string_value(e));
+    return buf;
+}
+
+static long generation_now(void)
+{
+    json_t *c = get_config();
+    long g = generation_of(c);
+    json_decref(c);
+    return g;
+}
+
+static long base_ms_now(void)
+{
+    json_t *c = get_config();
+    long b = base_ms_of(c);
+    json_decref(c);
+    return b;
+}
+
+/* The first delay /schedule gives route r with a fixed seed: with a fixed policy and no
+ * jitter, exactly base_ms. Checked separately from /config because it goes through the
+ * published runtime's policy, not the config's JSON rendering. */
+static long schedule_delay(void)
+{
+    long status;
+    json_t *s = admin_json("GET", "/schedule?route=r&retries=2&seed=7", &status);
+    cr_assert_eq(status, 200, "GET /schedule: %ld", status);
+    cr_expect_eq(json_integer_value(json_object_get(s, "seed")), 7);
+    json_t *d = json_object_get(s, "delays_ms");
+    cr_assert(json_is_array(d) && json_array_size(d) == 2, "delays_ms is not 2 delays");
+    long first = (long)json_integer_value(json_array_get(d, 0));
+    cr_expect_eq(json_integer_value(json_array_get(d, 1)), first, "fixed policy, no jitter");
+    json_decref(s);
+    return first;
+}
+
+/* Polls /config every 20 ms until 'generation' reaches 'gen' (if >= 0) and base_ms equals
+ * 'base' (if >= 0). Returns the milliseconds since 't0' (the write), or -1 after 'timeout_ms'. */
+static int64_t wait_config(int64_t t0, long gen, long base, int timeout_ms)
+{
+    for (;;) {
+        json_t *c = get_config();
+        bool ok = (gen < 0 || generation_of(c) >= gen) && (base < 0 || base_ms_of(c) == base);
+        json_decref(c);
+        int64_t now = now_ms();
+        if (ok)
+            return now - t0;
+        if (now - t0 > timeout_ms)
+            return -1;
+        sleep_ms(20);
+    }
+}
+
+/* The value of one metric series ("name{labels}" exactly as rendered), -1 if absent. */
+static double metric(const char *series)
+{
+    char url[128];
+    struct http_resp r;
+    http_do("GET", px_admin_url(px, "/metrics", url, sizeof(url)), NULL, NULL, 0, 5000, &r);
+    cr_assert_eq(r.rc, 0, "GET /metrics: curl error %d", r.rc);
+    cr_assert_eq(r.status, 200);
+    double v = -1;
+    size_t n = strlen(series);
+    for (const char *line = (const char *)r.body; line && *line;) {
+        if (strncmp(line, series, n) == 0 && line[n] == ' ') {
+            v = strtod(line + n + 1, NULL);
+            break;
+        }
+        const char *nl = strchr(line, '\n');
+        line = nl ? nl + 1 : NULL;
+    }
+    http_free(&r);
+    return v;
+}
+
+#define FAILURES  "retryproxy_config_reloads_total{result=\"failure\"}"
+#define SUCCESSES "retryproxy_config_reloads_total{result=\"success\"}"
+
+/* Polls /metrics until 'series' is at least 'want'; milliseconds since 't0' or -1. */
+static int64_t wait_metric(int64_t t0, const char *series, double want, int timeout_ms)
+{
+    for (;;) {
+        bool ok = metric(series) >= want;
+        int64_t now = now_ms();
+        if (ok)
+            return now - t0;
+        if (now - t0 > timeout_ms)
+            return -1;
+        sleep_ms(20);
+    }
+}
+
+/* ---- requests through the proxy ---- */
+
+/* GET through the proxy with request id 'id' and tup plan 'plan'; returns X-Retry-Attempts
+ * (-1 if missing) and the status in '*status'. */
+static int attempts(const char *id, const char *plan, long *status)
+{
+    char url[128], idh[96], planh[96], v[32];
+    snprintf(idh, sizeof(idh), "X-Request-Id: %s", id);
+    snprintf(planh, sizeof(planh), "X-Test-Plan: %s", plan);
+    const char *h[] = { idh, planh, NULL };
+    struct http_resp r;
+    http_do("GET", px_url(px, "/x", url, sizeof(url)), h, NULL, 0, T, &r);
+    cr_assert_eq(r.rc, 0, "request %s: curl error %d", id, r.rc);
+    const char *a = http_header(&r, "X-Retry-Attempts", v, sizeof(v));
+    int n = a ? atoi(a) : -1;
+    *status = r.status;
+    http_free(&r);
+    return n;
+}
+
+/* An always-failing request: shows the max_attempts in force (and its tup count agrees). */
+static void expect_max_attempts(const char *id, int want)
+{
+    long status;
+    int n = attempts(id, "fail=5;status=503", &status);
+    cr_expect_eq(n, want, "%s: X-Retry-Attempts %d, want %d", id, n, want);
+    cr_expect_eq(status, 503, "%s: status %ld", id, status);
+    cr_expect_eq(tup_count_id(up, id), (size_t)want, "%s: upstream saw %zu attempts, want %d", id,
+                 tup_count_id(up, id), want);
+}
+
+/* Writes the initial config (max_attempts, base_ms) and starts the proxy on it. */
+static void start(int max_attempts, int base_ms)
+{
+    char text[2048];
+    cfg_simple(text, sizeof(text), max_attempts, base_ms);
+    write_in_place(cfg_path, text, strlen(text));
+    launch(true);
+    json_t *c = get_config();
+    cr_assert_eq(generation_of(c), 1, "the config read at start is generation 1");
+    cr_assert_eq(base_ms_of(c), base_ms);
+    cr_assert_str_eq(json_string_value(json_object_get(c, "source")), cfg_path);
+    json_decref(c);
+}
+
+/* ---- the tests ---- */
+
+Test(reload, editor_save_by_rename_applies_within_a_second)
+{
+    start(3, 20);
+    expect_max_attempts("before", 3);
+    cr_assert_eq(schedule_delay(), 20);
+
+    char text[2048];
+    cfg_simple(text, sizeof(text), 1, 40);
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, text);
+    int64_t lat = wait_config(t0, 2, 40, VISIBLE_MS);
+    cr_log_info("editor save (rename): new generation visible after %lld ms", (long long)lat);
+    cr_assert(lat >= 0,
+              "generation 2 with base_ms 40 not visible within %d ms (generation %ld, "
+              "base_ms %ld)",
+              VISIBLE_MS, generation_now(), base_ms_now());
+    cr_expect_eq(generation_now(), 2, "one save, one generation");
+    cr_expect_eq(schedule_delay(), 40, "/schedule uses the new policy");
+    expect_max_attempts("after", 1);
+}
+
+Test(reload, in_place_truncating_write_applies)
+{
+    start(3, 20);
+    char text[2048];
+    cfg_simple(text, sizeof(text), 1, 40);
+    int64_t t0 = now_ms();
+    write_in_place(cfg_path, text, strlen(text));
+    int64_t lat = wait_config(t0, 2, 40, VISIBLE_MS);
+    cr_log_info("in-place write: new generation visible after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "in-place write not applied within %d ms (generation %ld, base_ms %ld)",
+              VISIBLE_MS, generation_now(), base_ms_now());
+    cr_expect_eq(generation_now(), 2);
+    cr_expect_eq(schedule_delay(), 40);
+    cr_expect_eq(metric(FAILURES), 0, "a truncating write must not be read half-done");
+    expect_max_attempts("after", 1);
+}
+
+/* kubelet's atomic writer: DIR/..TIMESTAMP/config.json (real), DIR/..data -> ..TIMESTAMP,
+ * DIR/config.json -> ..data/config.json. An update renames a new ..data symlink over the old
+ * one; the file the proxy was told about is never itself written, created or renamed. */
+static void kube_version(int i, char *name, size_t cap, const char *text)
+{
+    snprintf(name, cap, "..2026_01_15_10_00_%02d.%09d", i, 123456789 - i);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    cr_assert_eq(mkdir(path, 0755), 0, "mkdir %s: %s", path, strerror(errno));
+    snprintf(path, sizeof(path), "%s/%s/config.json", dir, name);
+    write_in_place(path, text, strlen(text));
+    cr_assert_eq(chmod(path, 0644), 0);
+}
+
+static void kube_remove(const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s/config.json", dir, name);
+    cr_assert_eq(unlink(path), 0, "unlink %s: %s", path, strerror(errno));
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    cr_assert_eq(rmdir(path), 0, "rmdir %s: %s", path, strerror(errno));
+}
+
+Test(reload, kubelet_configmap_symlink_swap_applies_every_version)
+{
+    char text[2048], cur[64], next[64], path[256], tmp[256];
+    cfg_simple(text, sizeof(text), 3, 10);
+    kube_version(0, cur, sizeof(cur), text);
+    snprintf(path, sizeof(path), "%s/..data", dir);
+    cr_assert_eq(symlink(cur, path), 0);
+    cr_assert_eq(symlink("..data/config.json", cfg_path), 0);
+    launch(true);
+    cr_assert_eq(generation_now(), 1);
+    cr_assert_eq(base_ms_now(), 10);
+
+    int64_t worst = 0, total = 0;
+    for (int i = 1; i <= 10; i++) {
+        long base = 10L * (i + 1);
+        cfg_simple(text, sizeof(text), 3, (int)base);
+        kube_version(i, next, sizeof(next), text);
+        snprintf(tmp, sizeof(tmp), "%s/..data_tmp", dir);
+        cr_assert_eq(symlink(next, tmp), 0, "symlink: %s", strerror(errno));
+        int64_t t0 = now_ms();
+        cr_assert_eq(rename(tmp, path), 0, "rename ..data_tmp: %s", strerror(errno));
+        kube_remove(cur);
+        snprintf(cur, sizeof(cur), "%s", next);
+
+        int64_t lat = wait_config(t0, -1, base, VISIBLE_MS);
+        cr_assert(lat >= 0, "swap %d: base_ms %ld not visible within %d ms (base_ms %ld)", i, base,
+                  VISIBLE_MS, base_ms_now());
+        /* Every version differs, so every swap is exactly one generation: none skipped and
+         * none applied twice. */
+        cr_assert_eq(generation_now(), 1 + i, "swap %d: generation %ld, want %d", i,
+                     generation_now(), 1 + i);
+        worst = lat > worst ? lat : worst;
+        total += lat;
+    }
+    cr_log_info("kubelet swap x10: mean %lld ms, worst %lld ms", (long long)(total / 10),
+                (long long)worst);
+    cr_expect_eq(schedule_delay(), 110);
+    cr_expect_eq(metric(FAILURES), 0, "no swap may expose a missing or partial file");
+    cr_expect_eq(metric(SUCCESSES), 11, "the start and the ten swaps");
+}
+
+/* The line and column (1-based) where 'needle' starts in 'text'. */
+static void position_of(const char *text, const char *needle, unsigned *line, unsigned *col)
+{
+    const char *at = strstr(text, needle);
+    cr_assert_not_null(at);
+    *line = 1;
+    const char *bol = text;
+    for (const char *p = text; p < at; p++)
+        if (*p == '\n') {
+            (*line)++;
+            bol = p + 1;
+        }
+    *col = (unsigned)(at - bol) + 1;
+}
+
+Test(reload, invalid_file_keeps_the_running_config_and_reports_the_path)
+{
+    start(3, 20);
+    char bad[2048], err[4096];
+    cfg_text(bad, sizeof(bad), 1, 40, "bsae_ms", "");
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, bad);
+    int64_t lat = wait_metric(t0, FAILURES, 1, VISIBLE_MS);
+    cr_log_info("invalid file: failure counted after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "no failed reload counted within %d ms", VISIBLE_MS);
+    sleep_ms(SETTLE_MS); /* a second count for the same content would show up by now */
+    cr_expect_eq(metric(FAILURES), 1, "one bad write, one failure");
+
+    json_t *c = get_config();
+    const char *e = last_error_of(c, err, sizeof(err));
+    cr_assert_not_null(e, "last_error is null after a failed reload");
+    cr_expect(strstr(e, "$.routes[0].retry.backoff.bsae_ms") != NULL,
+              "last_error does not name the JSON path: %s", e);
+    cr_expect_eq(generation_of(c), 1, "an invalid file must not be published");
+    cr_expect_eq(base_ms_of(c), 20);
+    json_decref(c);
+    expect_max_attempts("during", 3);
+
+    /* "logs every error": a JSON error line on stdout carrying the path. */
+    char *out = px_stdout(px);
+    bool logged = false;
+    for (char *line = strtok(out, "\n"); line && !logged; line = strtok(NULL, "\n")) {
+        json_t *j = json_loads(line, 0, NULL);
+        const char *level = json_string_value(json_object_get(j, "level"));
+        const char *text = json_string_value(json_object_get(j, "error"));
+        logged = level && strcmp(level, "error") == 0 && text &&
+                 strstr(text, "$.routes[0].retry.backoff.bsae_ms") != NULL;
+        json_decref(j);
+    }
+    free(out);
+    cr_expect(logged, "no JSON error log line names $.routes[0].retry.backoff.bsae_ms");
+
+    char good[2048];
+    cfg_simple(good, sizeof(good), 1, 40);
+    t0 = now_ms();
+    write_renamed(cfg_path, good);
+    lat = wait_config(t0, 2, 40, VISIBLE_MS);
+    cr_log_info("valid file after an invalid one: applied after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "the corrected file was not applied within %d ms", VISIBLE_MS);
+    c = get_config();
+    cr_expect_eq(generation_of(c), 2, "the invalid file used no generation");
+    cr_expect_null(last_error_of(c, err, sizeof(err)), "last_error stays after success: %s", err);
+    json_decref(c);
+    cr_expect_eq(metric(FAILURES), 1);
+    expect_max_attempts("fixed", 1);
+}
+
+Test(reload, half_written_file_fails_once_then_the_full_write_applies)
+{
+    start(3, 20);
+    char text[2048], err[4096];
+    cfg_simple(text, sizeof(text), 1, 40);
+    size_t len = strlen(text);
+    write_in_place(cfg_path, text, len / 2);
+    sleep_ms(SETTLE_MS);
+
+    json_t *c = get_config();
+    cr_expect_eq(generation_of(c), 1, "half a file must not be published");
+    cr_expect_eq(base_ms_of(c), 20);
+    cr_expect_not_null(last_error_of(c, err, sizeof(err)), "the half file's failure is reported");
+    json_decref(c);
+    cr_expect_eq(metric(FAILURES), 1);
+    expect_max_attempts("half", 3);
+
+    /* Rewritten whole in place (the writer finishing its job). */
+    int64_t t0 = now_ms();
+    write_in_place(cfg_path, text, len);
+    int64_t lat = wait_config(t0, 2, 40, VISIBLE_MS);
+    cr_log_info("completed file: applied after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "the completed file was not applied within %d ms (generation %ld)",
+              VISIBLE_MS, generation_now());
+    c = get_config();
+    cr_expect_eq(generation_of(c), 2);
+    cr_expect_null(last_error_of(c, err, sizeof(err)), "last_error stays after success: %s", err);
+    json_decref(c);
+    cr_expect_eq(metric(FAILURES), 1);
+    expect_max_attempts("whole", 1);
+}
+
+Test(reload, deleted_file_keeps_serving_and_a_recreated_one_applies)
+{
+    start(3, 20);
+    char err[4096];
+    cr_assert_eq(unlink(cfg_path), 0);
+    int64_t t0 = now_ms();
+    const char *e = NULL;
+    while (!e && now_ms() - t0 < VISIBLE_MS) {
+        json_t *c = get_config();
+        e = last_error_of(c, err, sizeof(err));
+        json_decref(c);
+        if (!e)
+            sleep_ms(20);
+    }
+    cr_log_info("deleted file: reported after %lld ms", (long long)(now_ms() - t0));
+    cr_assert_not_null(e, "no last_error within %d ms of deleting the config", VISIBLE_MS);
+    cr_expect(strstr(e, "cannot open") != NULL, "last_error does not say so: %s", e);
+    cr_expect_eq(generation_now(), 1);
+    cr_expect_eq(base_ms_now(), 20);
+    cr_expect_eq(metric(FAILURES), 1);
+    long status;
+    cr_expect_eq(attempts("plain", "", &status), 1);
+    cr_expect_eq(status, 200, "the proxy stops serving without its file");
+    expect_max_attempts("gone", 3);
+
+    char text[2048];
+    cfg_simple(text, sizeof(text), 1, 40);
+    t0 = now_ms();
+    write_in_place(cfg_path, text, strlen(text));
+    int64_t lat = wait_config(t0, 2, 40, VISIBLE_MS);
+    cr_log_info("re-created file: applied after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "the re-created file was not applied within %d ms", VISIBLE_MS);
+    json_t *c = get_config();
+    cr_expect_eq(generation_of(c), 2);
+    cr_expect_null(last_error_of(c, err, sizeof(err)), "last_error stays after success: %s", err);
+    json_decref(c);
+    expect_max_attempts("back", 1);
+}
+
+static void *flight_main(void *arg)
+{
+    (void)arg;
+    static const char *const h[] = { "X-Request-Id: inflight", "X-Test-Plan: fail=2;status=503",
+                                     NULL };
+    http_do("GET", flight.url, h, NULL, 0, T, &flight.r);
+    return NULL;
+}
+
+Test(reload, request_in_flight_keeps_the_policy_it_started_with)
+{
+    start(3, 800);
+    px_url(px, "/x", flight.url, sizeof(flight.url));
+    cr_assert_eq(pthread_create(&flight.th, NULL, flight_main, NULL), 0);
+    flight.started = true;
+    cr_assert_eq(tup_wait_count(up, 1, 5000), 0, "the first attempt never arrived");
+
+    char text[2048];
+    cfg_simple(text, sizeof(text), 1, 10);
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, text);
+    int64_t lat = wait_config(t0, 2, 10, VISIBLE_MS);
+    cr_log_info("reload during an 800 ms backoff: visible after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "the new config was not applied within %d ms", VISIBLE_MS);
+    /* Otherwise the reload did not happen while the request was waiting, and proves nothing. */
+    cr_assert_eq(tup_count_id(up, "inflight"), 1, "the reload came too late to overlap");
+
+    /* A new request, while the old one still waits, gets the new snapshot. */
+    expect_max_attempts("new", 1);
+
+    pthread_join(flight.th, NULL);
+    flight.started = false;
+    char v[32];
+    cr_assert_eq(flight.r.rc, 0, "in-flight request: curl error %d", flight.r.rc);
+    cr_expect_eq(flight.r.status, 200, "in-flight request ended %ld", flight.r.status);
+    const char *a = http_header(&flight.r, "X-Retry-Attempts", v, sizeof(v));
+    cr_expect(a && strcmp(a, "3") == 0, "in-flight request: X-Retry-Attempts %s, want 3",
+              a ? a : "(none)");
+    cr_expect_eq(tup_count_id(up, "inflight"), 3);
+
+    /* And its waits are the old policy's 800 ms, not the new 10 ms. */
+    int64_t at[4] = { 0 };
+    for (size_t i = 0; i < tup_count(up); i++) {
+        const struct tup_req *q = tup_get(up, i);
+        if (strcmp(q->request_id, "inflight") == 0 && q->key_attempt <= 3)
+            at[q->key_attempt] = q->arrival_ns;
+    }
+    for (int k = 2; k <= 3; k++) {
+        int64_t gap = (at[k] - at[k - 1]) / 1000000;
+        cr_expect(at[k] && gap >= 780,
+                  "in-flight retry %d came %lld ms after the previous "
+                  "attempt, want the old 800 ms backoff",
+                  k - 1, (long long)gap);
+    }
+}
+
+Test(reload, sighup_and_post_reload_force_a_reload)
+{
+    start(3, 20);
+    cr_assert_eq(kill(px->pid, SIGHUP), 0);
+    int64_t t0 = now_ms();
+    int64_t lat = wait_config(t0, 2, -1, VISIBLE_MS);
+    cr_log_info("SIGHUP: generation 2 after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "SIGHUP with unchanged content did not publish generation 2");
+    cr_expect_eq(generation_now(), 2);
+
+    long status;
+    json_t *j = admin_json("POST", "/reload", &status);
+    cr_expect_eq(status, 200, "POST /reload: %ld", status);
+    cr_expect_eq(json_integer_value(json_object_get(j, "generation")), 3,
+                 "POST /reload answers the new generation");
+    json_decref(j);
+    cr_expect_eq(generation_now(), 3);
+    cr_expect_eq(metric(FAILURES), 0);
+
+    char bad[2048];
+    cfg_text(bad, sizeof(bad), 1, 40, "bsae_ms", "");
+    t0 = now_ms();
+    write_in_place(cfg_path, bad, strlen(bad));
+    /* Let the watch's own attempt finish first, so that the 422 below is POST's. */
+    cr_assert_geq(wait_metric(t0, FAILURES, 1, VISIBLE_MS), 0, "the invalid write went unnoticed");
+    j = admin_json("POST", "/reload", &status);
+    cr_expect_eq(status, 422, "POST /reload of an invalid file: %ld", status);
+    cr_expect_eq(json_integer_value(json_object_get(j, "generation")), 3);
+    json_t *errs = json_object_get(j, "errors");
+    cr_assert(json_is_array(errs) && json_array_size(errs) >= 1, "no errors array");
+    const char *first = json_string_value(json_array_get(errs, 0));
+    cr_assert_not_null(first, "errors[0] is not a string");
+
+    /* FILE:LINE:COL: $.path: message, the position being the typo key's opening quote. */
+    unsigned line, col;
+    position_of(bad, "\"bsae_ms\"", &line, &col);
+    char want[512];
+    snprintf(want, sizeof(want), "%s:%u:%u: $.routes[0].retry.backoff.bsae_ms: ", cfg_path, line,
+             col);
+    cr_expect(strncmp(first, want, strlen(want)) == 0, "errors[0] is '%s', want '%s<message>'",
+              first, want);
+    cr_expect_gt(strlen(first), strlen(want), "errors[0] has no message: %s", first);
+    json_decref(j);
+    cr_expect_eq(generation_now(), 3, "a refused forced reload publishes nothing");
+    cr_expect_eq(metric(FAILURES), 2, "the forced attempt is a failed reload too");
+    expect_max_attempts("still", 3);
+}
+
+/* True if something accepts TCP connections on 127.0.0.1:'port'. */
+static bool listening(unsigned port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return ok;
+}
+
+Test(reload, listen_change_is_reported_and_the_rest_applies)
+{
+    static const char top[] = "\"listen\": \"127.0.0.1:0\", \"admin\": \"127.0.0.1:0\",";
+    char text[2048];
+    cfg_text(text, sizeof(text), 3, 20, "base_ms", top);
+    write_in_place(cfg_path, text, strlen(text));
+    launch(false);
+    json_t *c = get_config();
+    cr_assert_eq(generation_of(c), 1);
+    json_t *rr = json_object_get(c, "restart_required");
+    cr_assert(json_is_array(rr), "/config has no restart_required array");
+    cr_expect_eq(json_array_size(rr), 0, "nothing needs a restart yet");
+    json_decref(c);
+
+    static const char moved[] = "\"listen\": \"127.0.0.1:1\", \"admin\": \"127.0.0.1:0\",";
+    cfg_text(text, sizeof(text), 1, 40, "base_ms", moved);
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, text);
+    int64_t lat = wait_config(t0, 2, 40, VISIBLE_MS);
+    cr_log_info("listen change: the rest applied after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "base_ms change next to a listen change not applied within %d ms",
+              VISIBLE_MS);
+    c = get_config();
+    rr = json_object_get(c, "restart_required");
+    cr_assert(json_is_array(rr));
+    cr_expect_eq(json_array_size(rr), 1, "only listen changed");
+    cr_expect_str_eq(json_string_value(json_array_get(rr, 0)), "listen");
+    char err[4096];
+    cr_expect_null(last_error_of(c, err, sizeof(err)), "a restart-only change is an error: %s",
+                   err);
+    json_decref(c);
+
+    long status;
+    cr_expect_eq(attempts("same-port", "", &status), 1);
+    cr_expect_eq(status, 200, "the original listener stopped serving");
+    expect_max_attempts("new-policy", 1);
+    cr_expect_not(listening(1), "the proxy bound the new listen address without a restart");
+}
+
+Test(reload, watch_survives_its_directory_being_removed_and_recreated)
+{
+    start(3, 20);
+    char err[4096];
+    cr_assert_eq(unlink(cfg_path), 0);
+    cr_assert_eq(rmdir(dir), 0, "rmdir %s: %s", dir, strerror(errno));
+    sleep_ms(300);
+    json_t *c = get_config();
+    cr_expect_not_null(last_error_of(c, err, sizeof(err)), "the missing file is reported");
+    cr_expect_eq(generation_of(c), 1);
+    json_decref(c);
+    expect_max_attempts("homeless", 3);
+
+    cr_assert_eq(mkdir(dir, 0700), 0, "mkdir %s: %s", dir, strerror(errno));
+    char text[2048];
+    cfg_simple(text, sizeof(text), 1, 40);
+    int64_t t0 = now_ms();
+    write_in_place(cfg_path, text, strlen(text));
+    /* The old directory watch died with its directory; the 2 s poll re-adds it. */
+    int64_t lat = wait_config(t0, 2, 40, 6000);
+    cr_log_info("directory re-created: applied after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "the config in the re-created directory not applied within 6 s");
+    cr_expect_eq(generation_now(), 2);
+
+    /* And the watch is live again: the next write is seen at inotify speed, not the poll's. */
+    cfg_simple(text, sizeof(text), 1, 60);
+    t0 = now_ms();
+    write_renamed(cfg_path, text);
+    lat = wait_config(t0, 3, 60, VISIBLE_MS);
+    cr_log_info("first write after the watch came back: applied after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "write after the directory came back not applied within %d ms", VISIBLE_MS);
+    expect_max_attempts("rehomed", 1);
+}
+
+Test(reload, unchanged_content_rewritten_is_not_a_new_generation)
+{
+    start(3, 20);
+    char text[2048];
+    cfg_simple(text, sizeof(text), 3, 20);
+    double ok0 = metric(SUCCESSES);
+    cr_assert_eq(ok0, 1, "the start-up load counts as one success");
+
+    /* touch: only the metadata changes. */
+    cr_assert_eq(utimensat(AT_FDCWD, cfg_path, NULL, 0), 0);
+    sleep_ms(SETTLE_MS);
+    cr_expect_eq(generation_now(), 1, "touch made a new generation");
+    /* the same bytes, in place */
+    write_in_place(cfg_path, text, strlen(text));
+    sleep_ms(SETTLE_MS);
+    cr_expect_eq(generation_now(), 1, "rewriting the same bytes in place made a new generation");
+    /* the same bytes, saved through a rename (a new inode) */
+    write_renamed(cfg_path, text);
+    /* Long enough for the 2 s content poll to have looked too. */
+    sleep_ms(2200);
+    json_t *c = get_config();
+    char err[4096];
+    cr_expect_eq(generation_of(c), 1, "saving the same bytes made a new generation");
+    cr_expect_null(last_error_of(c, err, sizeof(err)), "unchanged content reported: %s", err);
+    json_decref(c);
+    cr_expect_eq(metric(FAILURES), 0);
+    cr_expect_eq(metric(SUCCESSES), ok0, "unchanged content counted as a reload");
+
+    /* The watch was alive all along: a real change is applied. */
+    cfg_simple(text, sizeof(text), 3, 30);
+    int64_t t0 = now_ms();
+    write_in_place(cfg_path, text, strlen(text));
+    int64_t lat = wait_config(t0, 2, 30, VISIBLE_MS);
+    cr_assert(lat >= 0, "a real change after the no-ops was not applied within %d ms", VISIBLE_MS);
+    cr_expect_eq(generation_now(), 2);
+}
