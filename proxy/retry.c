@@ -1495,6 +1495,40 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
     return take;
 }
 
+/* The answer is about to go out: the request's metrics are counted now, before a byte of it
+ * leaves (CONTRACT §8: a client that has its response sees it counted). Its duration runs to
+ * this point, the moment the response starts. */
+static void account_answer(struct retry_req *r)
+{
+    struct worker *w = r->w;
+    metrics_request(r->m, w->id, (int)r->resp_status);
+    if (r->succeeded && r->attempts > 1)
+        metrics_retry_success(r->m, w->id);
+    metrics_observe(r->m, w->id, METRICS_HIST_REQUEST,
+                    (double)(loop_now(w->loop) - r->start_ms) / 1000.0);
+}
+
+/* The request is over (answered, or the client went away): its log line. */
+static void log_done(struct retry_req *r)
+{
+    struct worker *w = r->w;
+    if (!log_enabled(CFG_LOG_INFO) || r->state == RS_HEADERS)
+        return;
+    struct log_request lr = { .unix_ms = r->start_unix_ms,
+                              .route = r->route ? r->route->name : NULL,
+                              .method = r->method,
+                              .path = r->target,
+                              .status = r->queued ? (int)r->resp_status : 0,
+                              .attempts = r->attempts,
+                              .delays = r->delays,
+                              .n_delays = r->n_delays,
+                              .duration_ms = (double)(loop_now(w->loop) - r->start_ms),
+                              .upstream = r->upstream ? r->upstream->url : NULL,
+                              .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
+                              .request_id = r->request_id[0] ? r->request_id : NULL };
+    log_request(w->log, &lr);
+}
+
 enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const char *upload_data,
                                  size_t *upload_data_size)
 {
@@ -1532,6 +1566,7 @@ enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const 
         r->queued = true;
         if (!r->resp)
             return MHD_NO;
+        account_answer(r);
         enum MHD_Result ret = MHD_queue_response(r->conn, r->resp_status, r->resp);
         MHD_destroy_response(r->resp);
         r->resp = NULL;
@@ -1545,40 +1580,11 @@ enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const 
     return MHD_YES;
 }
 
-/* The request is over (answered, or the client went away): its metrics and its log line. */
-static void account_request(struct retry_req *r)
-{
-    struct worker *w = r->w;
-    uint64_t now = loop_now(w->loop);
-    int status = r->queued ? (int)r->resp_status : 0;
-    end_retry_in_flight(r);
-    if (status)
-        metrics_request(r->m, w->id, status);
-    if (r->succeeded && r->attempts > 1)
-        metrics_retry_success(r->m, w->id);
-    if (r->state != RS_HEADERS)
-        metrics_observe(r->m, w->id, METRICS_HIST_REQUEST, (double)(now - r->start_ms) / 1000.0);
-    if (!log_enabled(CFG_LOG_INFO) || r->state == RS_HEADERS)
-        return;
-    struct log_request lr = { .unix_ms = r->start_unix_ms,
-                              .route = r->route ? r->route->name : NULL,
-                              .method = r->method,
-                              .path = r->target,
-                              .status = status,
-                              .attempts = r->attempts,
-                              .delays = r->delays,
-                              .n_delays = r->n_delays,
-                              .duration_ms = (double)(now - r->start_ms),
-                              .upstream = r->upstream ? r->upstream->url : NULL,
-                              .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
-                              .request_id = r->request_id[0] ? r->request_id : NULL };
-    log_request(w->log, &lr);
-}
-
 void retry_req_completed(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
-    account_request(r);
+    end_retry_in_flight(r);
+    log_done(r);
     r->conn = NULL;
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
