@@ -27,8 +27,12 @@ enum metrics_outcome {
 };
 
 /* Histograms, in seconds: backoff_seconds, attempt_duration_seconds, request_duration_seconds */
-enum metrics_hist { METRICS_HIST_BACKOFF, METRICS_HIST_ATTEMPT, METRICS_HIST_REQUEST,
-                    METRICS_HIST_COUNT };
+enum metrics_hist {
+    METRICS_HIST_BACKOFF,
+    METRICS_HIST_ATTEMPT,
+    METRICS_HIST_REQUEST,
+    METRICS_HIST_COUNT
+};
 
 /* retries_denied_total{reason}: the X-Retry-Stop values, in this order. */
 enum metrics_denied {

@@ -26,8 +26,8 @@ struct reload;
 struct reload_pins {
     const char *listen; /* what was bound */
     const char *admin;
-    int log_level;      /* -1: the file's */
-    int log_format;     /* -1: the file's */
+    int log_level;  /* -1: the file's */
+    int log_format; /* -1: the file's */
 };
 
 /* Publishes 'initial' (generation 1, read from 'path') in px->cell. NULL if out of memory. */
