@@ -1,18 +1,26 @@
-/* proxy -- what the whole process shares: the snapshot being served, the metrics registry,
- * and whether it is draining. Created by serve.c, read by every worker. */
+/* proxy -- what the whole process shares: the snapshot being served, the metrics registry, the
+ * process-wide retry budget, per-route live state, and whether (until when) it is draining.
+ * Created by serve.c, read by every worker. */
 #ifndef RETRYPROXY_PROXY_PROXY_H
 #define RETRYPROXY_PROXY_PROXY_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
+#include "policy/budget.h"
+#include "proxy/live.h"
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
 
 struct proxy {
     struct rt_cell cell;
     struct metrics *metrics;
+    struct budget budget; /* the top-level "budget": every retry passes it */
+    struct live *live;    /* per-route budgets and route-scoped backoff, by route name */
     atomic_bool draining;
+    /* Loop-clock ms at which requests still waiting are answered (0: not draining). */
+    atomic_uint_fast64_t drain_deadline_ms;
     unsigned n_workers;
 };
 

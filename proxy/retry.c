@@ -269,6 +269,7 @@ enum req_state {
 enum body_mode { BODY_NONE, BODY_BUFFER, BODY_STREAM };
 
 struct retry_req {
+    struct retry_req *prev, *next; /* the worker's requests */
     struct worker *w;
     struct MHD_Connection *conn; /* NULL once libmicrohttpd is done with it */
     struct rt *rt;               /* the snapshot it started with (one reference) */
@@ -381,7 +382,15 @@ static void req_free(struct retry_req *r)
     free(r->saved.body);
     free(r->delays);
     rt_unref(r->rt);
-    r->w->requests--;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        r->w->reqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    atomic_store_explicit(&r->w->requests,
+                          atomic_load_explicit(&r->w->requests, memory_order_relaxed) - 1,
+                          memory_order_relaxed);
     free(r);
 }
 
@@ -412,7 +421,14 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     r->content_length = -1;
     r->upload.max = UP_RING;
     r->down.max = DOWN_RING;
-    w->requests++;
+    r->next = w->reqs;
+    if (w->reqs)
+        w->reqs->prev = r;
+    w->reqs = r;
+    /* written by this worker only; read by the control thread while draining */
+    atomic_store_explicit(&w->requests,
+                          atomic_load_explicit(&w->requests, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     return r;
 }
 
@@ -420,6 +436,8 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
 
 static void add_retry_headers(struct retry_req *r, struct MHD_Response *resp)
 {
+    if (atomic_load_explicit(&r->w->px->draining, memory_order_relaxed))
+        MHD_add_response_header(resp, "Connection", "close"); /* no more requests here */
     char n[16];
     snprintf(n, sizeof(n), "%u", r->attempts);
     MHD_add_response_header(resp, "X-Retry-Attempts", n);
@@ -691,8 +709,43 @@ static void end_retry_in_flight(struct retry_req *r)
 {
     if (r->retry_in_flight) {
         r->retry_in_flight = false;
+        budget_release(&r->w->px->budget);
+        budget_release(&r->rtr->live->budget);
         metrics_retries_in_flight_add(r->w->px->metrics, -1);
     }
+}
+
+/* A retry the policy asked for must also fit the process-wide budget and the route's
+ * (concurrency first, then the ratio) and, while draining, end its wait before the drain
+ * deadline. An admitted retry holds a concurrency slot in both budgets until its attempt ends
+ * (end_retry_in_flight), its wait included. */
+static enum retry_stop admit(struct retry_req *r, uint32_t delay_ms)
+{
+    struct proxy *px = r->w->px;
+    uint64_t now = loop_now(r->w->loop);
+    uint64_t drain = atomic_load_explicit(&px->drain_deadline_ms, memory_order_relaxed);
+    if (drain && now + delay_ms >= drain)
+        return RETRY_STOP_DRAINING;
+    const struct cfg_budget *gb = &r->cfg->budget, *rb = &r->route->budget;
+    struct budget *g = &px->budget, *lb = &r->rtr->live->budget;
+    if (!budget_acquire(g, gb->max_concurrent_retries))
+        return RETRY_STOP_CONCURRENCY;
+    if (!budget_acquire(lb, rb->max_concurrent_retries)) {
+        budget_release(g);
+        return RETRY_STOP_CONCURRENCY;
+    }
+    struct budget_limits gl = { gb->max_concurrent_retries, gb->retry_ratio,
+                                gb->min_retries_per_second, gb->window_ms };
+    struct budget_limits rl = { rb->max_concurrent_retries, rb->retry_ratio,
+                                rb->min_retries_per_second, rb->window_ms };
+    if (!budget_ratio_allows(g, &gl, now) || !budget_ratio_allows(lb, &rl, now)) {
+        budget_release(lb);
+        budget_release(g);
+        return RETRY_STOP_BUDGET;
+    }
+    budget_note_retry(g, now);
+    budget_note_retry(lb, now);
+    return RETRY_STOP_NONE;
 }
 
 /* Counts a stop: a retry that retry_on asked for but that was not made. */
@@ -711,7 +764,6 @@ static void account_attempt(struct retry_req *r, enum retry_outcome o,
     metrics_attempt(r->m, w->id, outcome_class(o, r->status));
     metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT,
                     (double)(now - r->attempt_start_ms) / 1000.0);
-    end_retry_in_flight(r);
     bool retry = v->fired && v->stop == RETRY_STOP_NONE;
     if (retry) {
         size_t k = (size_t)(v->fired - r->route->retry.on);
@@ -720,7 +772,7 @@ static void account_attempt(struct retry_req *r, enum retry_outcome o,
         if (v->retry_after_used)
             metrics_retry_after_honored(r->m, w->id);
         metrics_retries_in_flight_add(w->px->metrics, 1);
-        r->retry_in_flight = true;
+        r->retry_in_flight = true; /* admit() took the budget slots */
         uint32_t *d = realloc(r->delays, (r->n_delays + 1) * sizeof(*d));
         if (d) {
             d[r->n_delays++] = v->delay_ms;
@@ -774,12 +826,20 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     };
     r->last_outcome = o;
     if (retry_match(policy, o, r->status) && r->attempts < r->max_attempts)
-        f.backoff_ms = backoff_seq_next(&r->seq, &policy->backoff, loop_now(l), &r->w->rng);
+        f.backoff_ms =
+            policy->backoff.scope == BACKOFF_SCOPE_ROUTE
+                ? live_route_backoff(r->rtr->live, &policy->backoff, loop_now(l), &r->w->rng)
+                : backoff_seq_next(&r->seq, &policy->backoff, loop_now(l), &r->w->rng);
     if (o == RETRY_OUT_STATUS)
         f.has_retry_after = retry_after_of(&r->rh, &f.retry_after_ms);
 
     struct retry_verdict v;
     retry_decide(policy, &f, &v);
+    /* end_retry_in_flight() first: the attempt that just ended gives its slots back before a
+     * new retry asks for them */
+    end_retry_in_flight(r);
+    if (v.fired && v.stop == RETRY_STOP_NONE)
+        v.stop = admit(r, v.delay_ms);
     r->fired = v.fired;
     r->stop = v.fired ? v.stop : RETRY_STOP_NONE;
     r->succeeded = o == RETRY_OUT_STATUS && !v.fired;
@@ -850,6 +910,7 @@ static void on_deadline(struct loop_timer *t)
         /* fall through */
     case RS_BACKOFF:
         loop_timer_stop(r->w->loop, &r->backoff_timer);
+        end_retry_in_flight(r);
         r->stop = RETRY_STOP_DEADLINE;
         account_stop(r, r->stop);
         r->last_outcome = RETRY_OUT_TIMEOUT;
@@ -1061,6 +1122,9 @@ static void start_attempt(struct retry_req *r)
         /* timeout_ms covers every attempt and wait, from the first attempt on */
         r->deadline_ms = now + rt->timeout_ms;
         loop_timer_start(l, &r->deadline_timer, r->deadline_ms, on_deadline, r);
+        /* the base of both ratio budgets */
+        budget_note_request(&w->px->budget, now);
+        budget_note_request(&r->rtr->live->budget, now);
     }
     r->attempts++;
     r->sends = 0;
@@ -1130,6 +1194,41 @@ static void start_attempt(struct retry_req *r)
     }
     if (rt->per_try_timeout_ms && now + rt->per_try_timeout_ms < r->deadline_ms)
         loop_timer_start(l, &r->try_timer, now + rt->per_try_timeout_ms, on_try_timeout, r);
+}
+
+/* ---- draining ---- */
+
+/* The drain deadline has come: a request still waiting on the upstream side (an attempt or a
+ * backoff) is answered now with its last upstream response, or a 503 "draining", and
+ * X-Retry-Stop: draining. Responses already streaming are left to finish. */
+static void expire(struct retry_req *r)
+{
+    if (r->answered || r->state == RS_HEADERS || !r->route)
+        return;
+    struct loop *l = r->w->loop;
+    loop_timer_stop(l, &r->backoff_timer);
+    loop_timer_stop(l, &r->try_timer);
+    if (r->xfer.easy) {
+        upstream_cancel(r->w->up, &r->xfer);
+        r->refs--; /* never the last: the connection holds one */
+        if (r->state == RS_DRAIN)
+            r->saved.whole = false;
+    }
+    end_retry_in_flight(r);
+    r->stop = RETRY_STOP_DRAINING;
+    account_stop(r, r->stop);
+    if (r->saved.valid && r->saved.whole)
+        answer_saved(r);
+    else
+        answer_error(r, MHD_HTTP_SERVICE_UNAVAILABLE, "draining", "retryproxy is shutting down");
+}
+
+void retry_expire_all(struct worker *w)
+{
+    for (struct retry_req *r = w->reqs, *next; r; r = next) {
+        next = r->next;
+        expire(r);
+    }
 }
 
 /* ---- the request line and headers ---- */

@@ -82,4 +82,8 @@ enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const 
 /* libmicrohttpd is done with the request's connection (answered, or the client went away). */
 void retry_req_completed(struct retry_req *r);
 
+/* The drain deadline passed: answers every request of 'w' still waiting on the upstream side
+ * (with its last upstream response, or a 503 "draining"). */
+void retry_expire_all(struct worker *w);
+
 #endif

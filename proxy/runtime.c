@@ -20,7 +20,7 @@ static void rt_free(struct rt *rt)
     free(rt);
 }
 
-struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m)
+struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struct live *lv)
 {
     struct rt *rt = calloc(1, sizeof(*rt));
     if (!rt)
@@ -39,7 +39,8 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m)
         unsigned *reasons = calloc(r->retry.n_on ? r->retry.n_on : 1, sizeof(*reasons));
         x->reasons = reasons;
         x->metrics = metrics_route(m, r->name);
-        if (!reasons || !x->metrics)
+        x->live = live_route(lv, r->name, r->budget.window_ms);
+        if (!reasons || !x->metrics || !x->live)
             goto fail;
         for (size_t k = 0; k < r->retry.n_on; k++)
             reasons[k] = metrics_reason(x->metrics, r->retry.on[k].token);

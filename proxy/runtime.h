@@ -17,10 +17,12 @@
 #include <stdint.h>
 
 #include "config/cfg.h"
+#include "proxy/live.h"
 #include "proxy/metrics.h"
 
 struct rt_route {
     struct metrics_route *metrics;
+    struct live_route *live; /* its budget and route-scoped backoff, kept across reloads */
     const unsigned *reasons; /* the metrics reason slot of each retry_on condition */
 };
 
@@ -33,9 +35,9 @@ struct rt {
     struct metrics_route *no_route; /* requests that matched no route (route="") */
 };
 
-/* A runtime snapshot for 'cfg' (a reference is taken) with series from 'm'. NULL if out of
- * memory. Holds one reference. */
-struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m);
+/* A runtime snapshot for 'cfg' (a reference is taken) with series from 'm' and live state from
+ * 'lv'. NULL if out of memory. Holds one reference. */
+struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struct live *lv);
 struct rt *rt_ref(struct rt *rt);
 void rt_unref(struct rt *rt); /* accepts NULL */
 

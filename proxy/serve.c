@@ -27,12 +27,22 @@
 #define EXIT_BIND    3
 #define MAX_WORKERS  256
 
-/* The main thread: signals, the config watch, the admin listener. */
+/* How often the control loop looks at what is still running while draining, and how long the
+ * answers given at the drain deadline get to reach their clients. */
+#define DRAIN_CHECK_MS 20
+#define DRAIN_GRACE_MS 1000
+
+/* The main thread: signals, the config watch, the admin listener, shutdown. */
 struct control {
     struct loop *loop;
     struct reload *rl;
+    struct proxy *px;
+    struct worker **workers;
+    unsigned n;
     int sfd;
     struct loop_watch sig_watch;
+    struct loop_timer drain_timer;
+    uint64_t deadline_ms, grace_ms; /* 0 until draining / until expired */
 };
 
 /* Thousands of client and upstream connections need more descriptors than the usual 1024. */
@@ -53,6 +63,55 @@ static uint64_t random_seed(void)
     return s;
 }
 
+static size_t requests_alive(const struct control *ctl)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < ctl->n; i++)
+        n += atomic_load_explicit(&ctl->workers[i]->requests, memory_order_relaxed);
+    return n;
+}
+
+/* Draining: done when no request is left; at the deadline the workers answer what still
+ * waits, then have a moment to send those answers. */
+static void on_drain_check(struct loop_timer *t)
+{
+    struct control *ctl = t->arg;
+    uint64_t now = loop_now(ctl->loop);
+    if (requests_alive(ctl) == 0 || (ctl->grace_ms && now >= ctl->grace_ms)) {
+        loop_stop(ctl->loop);
+        return;
+    }
+    if (!ctl->grace_ms && now >= ctl->deadline_ms) {
+        char left[24];
+        snprintf(left, sizeof(left), "%zu", requests_alive(ctl));
+        log_event(CFG_LOG_WARN, "drain timeout: answering the requests still waiting", "requests",
+                  left, NULL);
+        for (unsigned i = 0; i < ctl->n; i++)
+            worker_drain(ctl->workers[i], true);
+        ctl->grace_ms = now + DRAIN_GRACE_MS;
+    }
+    loop_timer_start(ctl->loop, &ctl->drain_timer, now + DRAIN_CHECK_MS, on_drain_check, ctl);
+}
+
+/* SIGTERM or SIGINT: /readyz turns 503, the listeners stop accepting, requests in flight
+ * (backoff waits included) get until drain_timeout_ms to finish. */
+static void start_draining(struct control *ctl, const char *signame)
+{
+    uint64_t now = loop_now(ctl->loop);
+    struct rt *rt = rt_cell_get(&ctl->px->cell);
+    uint32_t drain_ms = rt ? rt->cfg->drain_timeout_ms : 0;
+    rt_unref(rt);
+    ctl->deadline_ms = now + drain_ms;
+    atomic_store(&ctl->px->draining, true);
+    atomic_store(&ctl->px->drain_deadline_ms, ctl->deadline_ms ? ctl->deadline_ms : 1);
+    char ms[24];
+    snprintf(ms, sizeof(ms), "%u", drain_ms);
+    log_event(CFG_LOG_INFO, "draining", "signal", signame, "drain_timeout_ms", ms, NULL);
+    for (unsigned i = 0; i < ctl->n; i++)
+        worker_drain(ctl->workers[i], false);
+    loop_timer_start(ctl->loop, &ctl->drain_timer, now, on_drain_check, ctl);
+}
+
 static void on_signal(struct loop_watch *w, uint32_t events)
 {
     (void)events;
@@ -63,9 +122,13 @@ static void on_signal(struct loop_watch *w, uint32_t events)
             log_event(CFG_LOG_INFO, "SIGHUP: reloading the config", NULL);
             reload_force(ctl->rl, NULL, NULL);
         } else {
-            log_event(CFG_LOG_INFO, "shutting down", "signal",
-                      si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
-            loop_stop(ctl->loop);
+            const char *name = si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT";
+            if (atomic_load(&ctl->px->draining)) {
+                /* a second signal: the operator wants out now */
+                log_event(CFG_LOG_WARN, "second signal: exiting at once", "signal", name, NULL);
+                _exit(128 + (int)si.ssi_signo);
+            }
+            start_draining(ctl, name);
         }
     }
 }
@@ -118,11 +181,14 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     atomic_init(&px.draining, false);
     px.n_workers = n;
     px.metrics = metrics_new(n);
+    px.live = live_new();
+    budget_init(&px.budget, cfg->budget.window_ms);
+    atomic_init(&px.drain_deadline_ms, 0);
     struct reload_pins pins = { .listen = o->listen,
                                 .admin = o->admin,
                                 .log_level = o->log_level,
                                 .log_format = o->log_format };
-    ctl.rl = px.metrics ? reload_new(&px, o->config_path, cfg, &pins) : NULL;
+    ctl.rl = px.metrics && px.live ? reload_new(&px, o->config_path, cfg, &pins) : NULL;
     ctl.loop = loop_new();
     ctl.sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (!ctl.rl || !ctl.loop || ctl.sfd < 0) {
@@ -152,6 +218,9 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
         }
     }
     reload_set_workers(ctl.rl, workers, n);
+    ctl.px = &px;
+    ctl.workers = workers;
+    ctl.n = n;
     admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl);
     if (!admin || loop_watch_add(ctl.loop, &ctl.sig_watch, ctl.sfd, EPOLLIN, on_signal, &ctl) < 0)
         goto out;
@@ -169,6 +238,8 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
 
     if (loop_run(ctl.loop) < 0)
         fprintf(stderr, "retryproxy: control loop failed: %s\n", strerror(errno));
+    loop_timer_stop(ctl.loop, &ctl.drain_timer);
+    log_event(CFG_LOG_INFO, "stopped", NULL);
     rc = 0;
 out:
     for (unsigned i = 0; i < started; i++)
@@ -182,6 +253,7 @@ out:
     loop_free(ctl.loop);
     rt_cell_destroy(&px.cell);
     metrics_free(px.metrics);
+    live_free(px.live);
     curl_global_cleanup();
     return rc;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
+#include <unistd.h>
 
 #include <microhttpd.h>
 
@@ -167,6 +168,17 @@ struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c
     }
     schedule(s);
     return s;
+}
+
+void server_quiesce(struct server *s)
+{
+    /* libmicrohttpd hands the listening socket back; closing it stops this worker's share of
+     * the port from accepting (the kernel refuses new connections once every worker's is
+     * closed). */
+    MHD_socket fd = MHD_quiesce_daemon(s->d);
+    if (fd != MHD_INVALID_SOCKET)
+        close(fd);
+    server_kick(s);
 }
 
 void server_stop(struct server *s)

@@ -20,6 +20,9 @@ struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c
  * in external-epoll mode libmicrohttpd has no inter-thread channel to wake itself. */
 void server_kick(struct server *s);
 
+/* Stops accepting new connections (draining); connections already open keep being served. */
+void server_quiesce(struct server *s);
+
 /* Stops accepting and closes every connection (their requests are told they are done).
  * Accepts NULL. */
 void server_stop(struct server *s);

@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "proxy/retry.h"
 #include "proxy/server.h"
 
 /* Takes the snapshot published in the cell if it is newer than ours. Requests in flight keep
@@ -44,6 +45,14 @@ static void on_wake(struct loop_watch *lw, uint32_t events)
         loop_stop(w->loop);
         return;
     }
+    if (atomic_load(&w->drain) && !w->quiesced) {
+        w->quiesced = true;
+        server_quiesce(w->srv);
+    }
+    if (atomic_load(&w->expire) && !w->expired) {
+        w->expired = true;
+        retry_expire_all(w);
+    }
     refresh(w);
 }
 
@@ -69,6 +78,9 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
     w->wake_fd = -1;
     rng_seed(&w->rng, seed);
     atomic_init(&w->stop, false);
+    atomic_init(&w->drain, false);
+    atomic_init(&w->expire, false);
+    atomic_init(&w->requests, 0);
     refresh(w);
     w->log = log_buf_new();
     w->loop = loop_new();
@@ -112,6 +124,14 @@ void worker_wake(struct worker *w)
     if (write(w->wake_fd, &one, sizeof(one)) < 0) {
         /* a full counter already means "wake up" */
     }
+}
+
+void worker_drain(struct worker *w, bool expire)
+{
+    atomic_store(&w->drain, true);
+    if (expire)
+        atomic_store(&w->expire, true);
+    worker_wake(w);
 }
 
 void worker_stop(struct worker *w)

@@ -17,6 +17,7 @@
 #include "proxy/upstream.h"
 
 struct server;
+struct retry_req;
 
 struct worker {
     unsigned id;
@@ -33,8 +34,12 @@ struct worker {
     int wake_fd;         /* eventfd: another thread has news (a snapshot, a stop) */
     struct loop_watch wake_watch;
     atomic_bool stop;
+    atomic_bool drain;  /* stop accepting */
+    atomic_bool expire; /* the drain deadline passed: answer what still waits */
+    bool quiesced, expired;
     pthread_t thread;
-    size_t requests; /* requests alive in this worker */
+    struct retry_req *reqs; /* requests alive in this worker */
+    atomic_size_t requests; /* how many (written by the worker, read while draining) */
 };
 
 /* A worker serving 'listen_fd' (which it owns from now on) with the snapshot current in
@@ -47,6 +52,10 @@ int worker_start(struct worker *w);
 
 /* Wakes the worker to pick up a newly published snapshot (from any thread). */
 void worker_wake(struct worker *w);
+
+/* Draining (from any thread): stop accepting connections; with 'expire', also answer every
+ * request still waiting on the upstream side now. */
+void worker_drain(struct worker *w, bool expire);
 
 /* Asks the worker to stop (from any thread) and waits for its thread to end. */
 void worker_stop(struct worker *w);

@@ -1,0 +1,72 @@
+#include "proxy/live.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct live_entry {
+    struct live_entry *next;
+    struct live_route route;
+    char name[];
+};
+
+struct live {
+    pthread_mutex_t mu;
+    struct live_entry *head;
+};
+
+struct live *live_new(void)
+{
+    struct live *l = calloc(1, sizeof(*l));
+    if (l)
+        pthread_mutex_init(&l->mu, NULL);
+    return l;
+}
+
+void live_free(struct live *l)
+{
+    if (!l)
+        return;
+    for (struct live_entry *e = l->head, *next; e; e = next) {
+        next = e->next;
+        pthread_mutex_destroy(&e->route.mu);
+        free(e);
+    }
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}
+
+struct live_route *live_route(struct live *l, const char *name, uint32_t window_ms)
+{
+    struct live_route *found = NULL;
+    pthread_mutex_lock(&l->mu);
+    for (struct live_entry *e = l->head; e; e = e->next) {
+        if (strcmp(e->name, name) == 0) {
+            found = &e->route;
+            budget_set_window(&found->budget, window_ms);
+            goto out;
+        }
+    }
+    size_t n = strlen(name);
+    struct live_entry *e = calloc(1, sizeof(*e) + n + 1);
+    if (!e)
+        goto out;
+    memcpy(e->name, name, n + 1);
+    budget_init(&e->route.budget, window_ms);
+    pthread_mutex_init(&e->route.mu, NULL);
+    backoff_seq_reset(&e->route.seq);
+    e->next = l->head;
+    l->head = e;
+    found = &e->route;
+out:
+    pthread_mutex_unlock(&l->mu);
+    return found;
+}
+
+uint32_t live_route_backoff(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
+                            struct rng *r)
+{
+    pthread_mutex_lock(&lr->mu);
+    uint32_t d = backoff_seq_next(&lr->seq, b, now_ms, r);
+    pthread_mutex_unlock(&lr->mu);
+    return d;
+}

@@ -1,0 +1,34 @@
+/* live -- per-route state that outlives config snapshots: each route's retry budget and its
+ * route-scoped backoff sequence (CONTRACT §3.1, §5: they survive a reload for routes that keep
+ * their name). Entries are created when a snapshot is installed, never freed before the
+ * registry, so a snapshot's pointers to them stay valid for as long as any request holds it.
+ */
+#ifndef RETRYPROXY_PROXY_LIVE_H
+#define RETRYPROXY_PROXY_LIVE_H
+
+#include <pthread.h>
+
+#include "policy/backoff.h"
+#include "policy/budget.h"
+
+struct live_route {
+    struct budget budget;
+    pthread_mutex_t mu;     /* guards 'seq': route-scoped retries are not the hot path */
+    struct backoff_seq seq; /* the route's shared sequence (scope "route") */
+};
+
+struct live;
+
+struct live *live_new(void);
+void live_free(struct live *l); /* accepts NULL */
+
+/* The state of route 'name' (created on first use with a window of 'window_ms'; an existing
+ * one adopts 'window_ms'). Thread-safe; for snapshot installation, not per request. NULL if
+ * out of memory. */
+struct live_route *live_route(struct live *l, const char *name, uint32_t window_ms);
+
+/* The delay before the next retry of a route-scoped sequence (scope "route"). */
+uint32_t live_route_backoff(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
+                            struct rng *r);
+
+#endif
