@@ -330,6 +330,7 @@ struct retry_req {
     const struct cfg_retry_cond *fired;
     enum retry_stop stop;
     uint32_t pending_delay;
+    uint64_t wait_start_ms; /* when the current backoff wait began */
 
     /* the current attempt */
     struct upstream_xfer xfer;
@@ -860,6 +861,7 @@ static void wait_then_retry(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
     r->state = RS_BACKOFF;
+    r->wait_start_ms = loop_now(l);
     loop_timer_start(l, &r->backoff_timer, loop_now(l) + r->pending_delay, on_backoff, r);
 }
 
@@ -1206,6 +1208,8 @@ static void expire(struct retry_req *r)
     if (r->answered || r->state == RS_HEADERS || !r->route)
         return;
     struct loop *l = r->w->loop;
+    if (r->state == RS_BACKOFF && r->n_delays)
+        r->delays[r->n_delays - 1] = (uint32_t)(loop_now(l) - r->wait_start_ms); /* cut short */
     loop_timer_stop(l, &r->backoff_timer);
     loop_timer_stop(l, &r->try_timer);
     if (r->xfer.easy) {
