@@ -710,9 +710,11 @@ static void end_retry_in_flight(struct retry_req *r)
 {
     if (r->retry_in_flight) {
         r->retry_in_flight = false;
+        /* The gauge goes down before the slots are freed (and up only after they are taken),
+         * so a scrape never sees more retries in flight than the cap allows. */
+        metrics_retries_in_flight_add(r->w->px->metrics, -1);
         budget_release(&r->w->px->budget);
         budget_release(&r->rtr->live->budget);
-        metrics_retries_in_flight_add(r->w->px->metrics, -1);
     }
 }
 
