@@ -2,7 +2,11 @@
  * status. Run from the repository root (make test does). */
 #include <criterion/criterion.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,5 +299,43 @@ Test(cli, reference_matches_docs_config_md)
     cr_expect(strstr(doc, r.out) != NULL,
               "docs/config.md does not hold the current `retryproxy reference` output; "
               "regenerate it with `make docs`");
+    proc_result_free(&r);
+}
+
+/* A port on 127.0.0.1 held by a listening socket of ours. */
+static int busy_port(unsigned *port)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 1) == 0);
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+Test(cli, a_listener_that_cannot_be_bound_exits_three)
+{
+    unsigned port;
+    int fd = busy_port(&port);
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    struct proc_result r =
+        rp("-c", VALID "/minimal.json", "--listen", addr, "--admin", "127.0.0.1:0");
+    cr_expect_eq(r.status, 3, "exit %d, stderr %s", r.status, r.err);
+    cr_expect(strstr(r.err, "cannot listen on"), "%s", r.err);
+    proc_result_free(&r);
+    r = rp("-c", VALID "/minimal.json", "--listen", "127.0.0.1:0", "--admin", addr);
+    cr_expect_eq(r.status, 3, "admin: exit %d, stderr %s", r.status, r.err);
+    proc_result_free(&r);
+    close(fd);
+}
+
+Test(cli, serving_an_invalid_config_exits_one_with_its_errors_on_stderr)
+{
+    struct proc_result r = rp("-c", INVALID "/zero_timeout.json", "--listen", "127.0.0.1:0");
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, INVALID "/zero_timeout.json:3:78: $.routes[0].timeout_ms"), "%s",
+              r.err);
     proc_result_free(&r);
 }
