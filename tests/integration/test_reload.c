@@ -44,34 +44,7 @@ static char dir[64];       /* the config's directory */
 static char cfg_path[128]; /* dir/config.json */
 
 /* Test 7's request, sent from its own thread so that the config can change while it waits. */
-static struct {
-    pthread_t th;
-    bool started;
-    char url[128];
-    struct http_resp r;
-} flight;
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
-
-/* rm -rf, not following symlinks (kubelet's layout has them). */
-static void rm_tree(const char *path)
-{
-    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+static struct http_call flight;
 
 static void setup(void)
 {
@@ -85,9 +58,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    if (flight.started)
-        pthread_join(flight.th, NULL);
-    flight.started = false;
+    http_call_join(&flight);
     http_free(&flight.r);
     if (px)
         cr_expect_eq(px_stop(px, 10000), 0, "retryproxy did not exit cleanly");
@@ -595,21 +566,11 @@ Test(reload, deleted_file_keeps_serving_and_a_recreated_one_applies)
     expect_max_attempts("back", 1);
 }
 
-static void *flight_main(void *arg)
-{
-    (void)arg;
-    static const char *const h[] = { "X-Request-Id: inflight", "X-Test-Plan: fail=2;status=503",
-                                     NULL };
-    http_do("GET", flight.url, h, NULL, 0, T, &flight.r);
-    return NULL;
-}
-
 Test(reload, request_in_flight_keeps_the_policy_it_started_with)
 {
     start(3, 800);
-    px_url(px, "/x", flight.url, sizeof(flight.url));
-    cr_assert_eq(pthread_create(&flight.th, NULL, flight_main, NULL), 0);
-    flight.started = true;
+    char url[128];
+    http_call_start(&flight, px_url(px, "/x", url, sizeof(url)), "inflight", "fail=2;status=503");
     cr_assert_eq(tup_wait_count(up, 1, 5000), 0, "the first attempt never arrived");
 
     char text[2048];
@@ -625,8 +586,7 @@ Test(reload, request_in_flight_keeps_the_policy_it_started_with)
     /* A new request, while the old one still waits, gets the new snapshot. */
     expect_max_attempts("new", 1);
 
-    pthread_join(flight.th, NULL);
-    flight.started = false;
+    http_call_join(&flight);
     char v[32];
     cr_assert_eq(flight.r.rc, 0, "in-flight request: curl error %d", flight.r.rc);
     cr_expect_eq(flight.r.status, 200, "in-flight request ended %ld", flight.r.status);

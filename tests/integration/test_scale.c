@@ -52,22 +52,6 @@ static void stop(void)
 
 TestSuite(scale, .fini = stop, .timeout = 120);
 
-/* Open descriptors of the proxy process. */
-static int px_fds(const struct px *p)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)p->pid);
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
 static size_t discard(char *p, size_t size, size_t n, void *ud)
 {
     (void)p;

@@ -41,54 +41,16 @@
 static struct tup *up;
 static struct px *px;
 
-static void sleep_ms(int ms)
+/* Where the requests sent from their own threads go. */
+static const char *x_url(void)
 {
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
+    static char url[128];
+    return px_url(px, "/x", url, sizeof(url));
 }
 
 /* ---- requests sent from their own threads, so that the test can signal while they wait ---- */
 
-struct call {
-    pthread_t th;
-    bool started;
-    char url[128];
-    char idh[96], planh[96];
-    const char *h[3];
-    struct http_resp r;
-    int64_t t_start, t_end; /* now_ms() around the request */
-};
-
-static struct call calls[4];
-
-static void *call_main(void *arg)
-{
-    struct call *c = arg;
-    c->t_start = now_ms();
-    http_do("GET", c->url, c->h, NULL, 0, T, &c->r);
-    c->t_end = now_ms();
-    return NULL;
-}
-
-static void call_start(struct call *c, const char *id, const char *plan)
-{
-    px_url(px, "/x", c->url, sizeof(c->url));
-    snprintf(c->idh, sizeof(c->idh), "X-Request-Id: %s", id);
-    snprintf(c->planh, sizeof(c->planh), "X-Test-Plan: %s", plan);
-    c->h[0] = c->idh;
-    c->h[1] = c->planh;
-    c->h[2] = NULL;
-    cr_assert_eq(pthread_create(&c->th, NULL, call_main, c), 0);
-    c->started = true;
-}
-
-static void call_join(struct call *c)
-{
-    if (c->started)
-        pthread_join(c->th, NULL);
-    c->started = false;
-}
+static struct http_call calls[4];
 
 static const char *hdr(const struct http_resp *r, const char *name)
 {
@@ -120,7 +82,7 @@ static void teardown(void)
         px_stop(px, 10000);
     px = NULL;
     for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
-        call_join(&calls[i]);
+        http_call_join(&calls[i]);
         http_free(&calls[i].r);
     }
     tup_stop(up);
@@ -245,8 +207,8 @@ static int connect_proxy(void)
 Test(shutdown, requests_in_flight_complete_after_sigterm)
 {
     start("\"drain_timeout_ms\": 5000,", FIXED(200));
-    call_start(&calls[0], "held", "delay=500");
-    call_start(&calls[1], "backoff", "fail=1;status=503");
+    http_call_start(&calls[0], x_url(), "held", "delay=500");
+    http_call_start(&calls[1], x_url(), "backoff", "fail=1;status=503");
     wait_upstream("held", 1);
     wait_upstream("backoff", 1);
     wait_in_flight(1); /* "backoff" waits its 200 ms, "held" is held by the upstream */
@@ -254,8 +216,8 @@ Test(shutdown, requests_in_flight_complete_after_sigterm)
     cr_assert_eq(tup_count_id(up, "backoff"), 1, "the backoff was over before the signal");
     signal_proxy(SIGTERM);
     int64_t took = wait_exit(t0, 5000 + 2000);
-    call_join(&calls[0]);
-    call_join(&calls[1]);
+    http_call_join(&calls[0]);
+    http_call_join(&calls[1]);
     cr_log_info("in flight: SIGTERM -> exit in %lld ms; held %ld after %lld ms, backoff %ld "
                 "after %lld ms",
                 (long long)took, calls[0].r.status, (long long)(calls[0].t_end - t0),
@@ -280,7 +242,7 @@ Test(shutdown, readyz_is_503_and_new_connections_are_refused_while_draining)
     start("\"drain_timeout_ms\": 5000,", FIXED(10));
     cr_assert_eq(admin_status("/readyz"), 200);
     cr_assert_eq(connect_proxy(), 0, "the proxy listener does not accept before the signal");
-    call_start(&calls[0], "held", "delay=1500"); /* keeps the proxy draining */
+    http_call_start(&calls[0], x_url(), "held", "delay=1500"); /* keeps the proxy draining */
     wait_upstream("held", 1);
     int64_t t0 = now_ms();
     signal_proxy(SIGTERM);
@@ -305,7 +267,7 @@ Test(shutdown, readyz_is_503_and_new_connections_are_refused_while_draining)
     cr_expect_lt(t_refused, MARGIN_MS, "refused only after %lld ms", (long long)t_refused);
     cr_expect_eq(healthz, 200, "/healthz %ld while the process runs", healthz);
 
-    call_join(&calls[0]);
+    http_call_join(&calls[0]);
     cr_expect_eq(calls[0].r.rc, 0, "held: curl error %d", calls[0].r.rc);
     cr_expect_eq(calls[0].r.status, 200, "held: status %ld", calls[0].r.status);
     int64_t took = wait_exit(t0, 5000 + 2000);
@@ -325,7 +287,7 @@ Test(shutdown, requests_in_a_long_backoff_get_their_last_response_at_the_deadlin
     /* four of them, so that both workers have some */
     const char *ids[] = { "wait-0", "wait-1", "wait-2", "wait-3" };
     for (size_t i = 0; i < 4; i++)
-        call_start(&calls[i], ids[i], "fail=1;status=503");
+        http_call_start(&calls[i], x_url(), ids[i], "fail=1;status=503");
     for (size_t i = 0; i < 4; i++)
         wait_upstream(ids[i], 1);
     wait_in_flight(4);
@@ -333,8 +295,8 @@ Test(shutdown, requests_in_a_long_backoff_get_their_last_response_at_the_deadlin
     signal_proxy(SIGTERM);
     int64_t took = wait_exit(t0, DRAIN_MS + 2000);
     for (size_t i = 0; i < 4; i++) {
-        struct call *c = &calls[i];
-        call_join(c);
+        struct http_call *c = &calls[i];
+        http_call_join(c);
         int64_t at = c->t_end - t0;
         cr_log_info("%s: %ld %s after %lld ms", ids[i], c->r.status, hdr(&c->r, "X-Retry-Stop"),
                     (long long)at);
@@ -362,12 +324,12 @@ Test(shutdown, requests_in_a_long_backoff_get_their_last_response_at_the_deadlin
 Test(shutdown, request_without_an_upstream_answer_gets_a_json_503_draining)
 {
     start(DRAINING_FOR_DRAIN_MS, FIXED(10));
-    call_start(&calls[0], "hung", "fail=1;action=hang");
+    http_call_start(&calls[0], x_url(), "hung", "fail=1;action=hang");
     wait_upstream("hung", 1);
     int64_t t0 = now_ms();
     signal_proxy(SIGTERM);
     int64_t took = wait_exit(t0, DRAIN_MS + 2000);
-    call_join(&calls[0]);
+    http_call_join(&calls[0]);
     struct http_resp *r = &calls[0].r;
     int64_t at = calls[0].t_end - t0;
     cr_log_info("hung: %ld after %lld ms, exit after %lld ms: %.*s", r->status, (long long)at,
@@ -393,7 +355,7 @@ Test(shutdown, request_without_an_upstream_answer_gets_a_json_503_draining)
 Test(shutdown, second_signal_exits_at_once)
 {
     start("\"drain_timeout_ms\": 10000,", FIXED(5000));
-    call_start(&calls[0], "waiting", "fail=1;status=503");
+    http_call_start(&calls[0], x_url(), "waiting", "fail=1;status=503");
     wait_upstream("waiting", 1);
     wait_in_flight(1);
     signal_proxy(SIGTERM);
@@ -407,19 +369,19 @@ Test(shutdown, second_signal_exits_at_once)
     cr_expect_lt(took, 1000, "exit %lld ms after the second signal", (long long)took);
     int st = reap();
     cr_expect_eq(st, 128 + SIGINT, "exit status %d, want %d", st, 128 + SIGINT);
-    call_join(&calls[0]); /* its connection died with the process */
+    http_call_join(&calls[0]); /* its connection died with the process */
 }
 
 Test(shutdown, zero_drain_timeout_answers_waiting_requests_at_once)
 {
     start("\"drain_timeout_ms\": 0,", FIXED(5000));
-    call_start(&calls[0], "now", "fail=1;status=503");
+    http_call_start(&calls[0], x_url(), "now", "fail=1;status=503");
     wait_upstream("now", 1);
     wait_in_flight(1);
     int64_t t0 = now_ms();
     signal_proxy(SIGTERM);
     int64_t took = wait_exit(t0, 2000);
-    call_join(&calls[0]);
+    http_call_join(&calls[0]);
     struct http_resp *r = &calls[0].r;
     int64_t at = calls[0].t_end - t0;
     cr_log_info("drain 0: %ld %s after %lld ms, exit after %lld ms", r->status,

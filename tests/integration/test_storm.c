@@ -36,68 +36,21 @@
 
 static struct tup *up;
 static struct px *px;
+
+/* Where the requests sent from their own threads go. */
+static const char *x_url(void)
+{
+    static char url[128];
+    return px_url(px, "/x", url, sizeof(url));
+}
 static char dir[64];       /* a config directory of our own (px->dir holds the proxy's output) */
 static char cfg_path[128]; /* dir/config.json */
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 /* ---- a request sent from its own thread, so that the test can act while it waits ---- */
 
-struct call {
-    pthread_t th;
-    bool started;
-    char url[128];
-    char idh[96], planh[96];
-    const char *h[3];
-    struct http_resp r;
-    int64_t t_start, t_end; /* now_ms() around the request */
-};
-
-static void *call_main(void *arg)
-{
-    struct call *c = arg;
-    c->t_start = now_ms();
-    http_do("GET", c->url, c->h, NULL, 0, T, &c->r);
-    c->t_end = now_ms();
-    return NULL;
-}
-
-static void call_start(struct call *c, const char *id, const char *plan)
-{
-    px_url(px, "/x", c->url, sizeof(c->url));
-    snprintf(c->idh, sizeof(c->idh), "X-Request-Id: %s", id);
-    snprintf(c->planh, sizeof(c->planh), "X-Test-Plan: %s", plan);
-    c->h[0] = c->idh;
-    c->h[1] = c->planh;
-    c->h[2] = NULL;
-    cr_assert_eq(pthread_create(&c->th, NULL, call_main, c), 0);
-    c->started = true;
-}
-
-static void call_join(struct call *c)
-{
-    if (c->started)
-        pthread_join(c->th, NULL);
-    c->started = false;
-}
-
-static struct call calls[3];
+static struct http_call calls[3];
 
 /* ---- suite set-up ---- */
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
 
 static void setup(void)
 {
@@ -112,7 +65,7 @@ static void setup(void)
 static void teardown(void)
 {
     for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
-        call_join(&calls[i]);
+        http_call_join(&calls[i]);
         http_free(&calls[i].r);
     }
     if (px)
@@ -121,7 +74,7 @@ static void teardown(void)
     tup_stop(up);
     up = NULL;
     if (dir[0])
-        nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+        rm_tree(dir);
     dir[0] = '\0';
     curl_global_cleanup();
 }
@@ -632,9 +585,9 @@ Test(storm, route_ratio_budget_bounds_retries)
 
 /* Starts request A (fails once, then waits SLOT_WAIT_MS in backoff holding the route's one
  * slot) and waits until its retry is in flight. */
-static void start_slot_holder(struct call *a)
+static void start_slot_holder(struct http_call *a)
 {
-    call_start(a, "slot-a", "fail=1;status=503");
+    http_call_start(a, x_url(), "slot-a", "fail=1;status=503");
     wait_upstream("slot-a", 1);
     double v = wait_metric(IN_FLIGHT, 1, 2000);
     cr_assert_eq(v, 1, "request A's retry is not in flight (retries_in_flight %.0f)", v);
@@ -659,9 +612,9 @@ static void expect_denied_for_concurrency(const char *id)
 }
 
 /* A ends after its wait with the 200 of its second attempt. */
-static void expect_slot_holder_succeeds(struct call *a)
+static void expect_slot_holder_succeeds(struct http_call *a)
 {
-    call_join(a);
+    http_call_join(a);
     double took = (double)(a->t_end - a->t_start) / 1000.0;
     cr_log_info("slot-a: %ld after %.3f s", a->r.status, took);
     cr_expect_eq(a->r.rc, 0, "request A: curl error %d", a->r.rc);

@@ -3,6 +3,8 @@
 #include <criterion/criterion.h>
 #include <curl/curl.h>
 #include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -19,6 +21,46 @@
 #include "tests/support/tup.h"
 
 extern char **environ;
+
+void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static void *call_main(void *arg)
+{
+    struct http_call *c = arg;
+    c->t_start = now_ms();
+    http_do("GET", c->url, c->h, NULL, 0, 20000, &c->r);
+    c->t_end = now_ms();
+    return NULL;
+}
+
+void http_call_start(struct http_call *c, const char *url, const char *id, const char *plan)
+{
+    size_t n = 0;
+    snprintf(c->url, sizeof(c->url), "%s", url);
+    if (id) {
+        snprintf(c->idh, sizeof(c->idh), "X-Request-Id: %s", id);
+        c->h[n++] = c->idh;
+    }
+    if (plan) {
+        snprintf(c->planh, sizeof(c->planh), "X-Test-Plan: %s", plan);
+        c->h[n++] = c->planh;
+    }
+    c->h[n] = NULL;
+    cr_assert_eq(pthread_create(&c->th, NULL, call_main, c), 0);
+    c->started = true;
+}
+
+void http_call_join(struct http_call *c)
+{
+    if (c->started)
+        pthread_join(c->th, NULL);
+    c->started = false;
+}
 
 int64_t now_ms(void)
 {
@@ -131,21 +173,18 @@ struct px *px_start_argv(const char *const *args)
     return launch(p, argv);
 }
 
-static void remove_dir(const char *dir)
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char path[512];
-        while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == '.')
-                continue;
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+void rm_tree(const char *path)
+{
+    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 int px_stop(struct px *p, int timeout_ms)
@@ -164,7 +203,7 @@ int px_stop(struct px *p, int timeout_ms)
         kill(p->pid, SIGKILL);
         waitpid(p->pid, &st, 0);
     }
-    remove_dir(p->dir);
+    rm_tree(p->dir);
     free(p);
     return rc;
 }
@@ -181,10 +220,11 @@ const char *px_admin_url(const struct px *p, const char *path, char *buf, size_t
     return buf;
 }
 
-int px_threads(const struct px *p)
+/* Entries of /proc/PID/'what' (threads, descriptors), or -1. */
+static int proc_entries(const struct px *p, const char *what)
 {
     char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/task", (int)p->pid);
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)p->pid, what);
     DIR *d = opendir(path);
     if (!d)
         return -1;
@@ -194,6 +234,16 @@ int px_threads(const struct px *p)
         n += e->d_name[0] != '.';
     closedir(d);
     return n;
+}
+
+int px_threads(const struct px *p)
+{
+    return proc_entries(p, "task");
+}
+
+int px_fds(const struct px *p)
+{
+    return proc_entries(p, "fd");
 }
 
 long px_rss_kb(const struct px *p)

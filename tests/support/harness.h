@@ -8,6 +8,8 @@
 #ifndef RETRYPROXY_TESTS_HARNESS_H
 #define RETRYPROXY_TESTS_HARNESS_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -42,8 +44,9 @@ int px_stop(struct px *p, int timeout_ms);
 /* "http://127.0.0.1:PORT" + path, in a static buffer per call site (copy it if needed). */
 const char *px_url(const struct px *p, const char *path, char *buf, size_t cap);
 
-/* The proxy process's thread count and resident memory, from /proc. */
+/* The proxy process's thread count, open descriptors and resident memory, from /proc. */
 int px_threads(const struct px *p);
+int px_fds(const struct px *p);
 long px_rss_kb(const struct px *p);
 /* Its stderr/stdout so far (malloc'd, NUL-terminated). */
 char *px_stderr(const struct px *p);
@@ -67,7 +70,28 @@ void http_do(const char *method, const char *url, const char *const *headers, co
 const char *http_header(const struct http_resp *r, const char *name, char *buf, size_t cap);
 void http_free(struct http_resp *r);
 
+/* A GET sent from its own thread, so that a test can act (signal, reload) while it waits. */
+struct http_call {
+    pthread_t th;
+    bool started;
+    char url[128];
+    char idh[96], planh[96];
+    const char *h[3];
+    struct http_resp r;
+    int64_t t_start, t_end; /* now_ms() around the request */
+};
+
+/* Starts a GET of 'url' with X-Request-Id: 'id' and X-Test-Plan: 'plan' (either may be NULL).
+ * The response lands in c->r once http_call_join() returns; the caller frees it. */
+void http_call_start(struct http_call *c, const char *url, const char *id, const char *plan);
+/* Waits for the request if one was started. */
+void http_call_join(struct http_call *c);
+
 /* A monotonic clock in milliseconds. */
 int64_t now_ms(void);
+/* Sleeps 'ms' milliseconds (through signals). */
+void sleep_ms(int ms);
+/* rm -rf 'path', not following symlinks. */
+void rm_tree(const char *path);
 
 #endif
