@@ -384,44 +384,32 @@ void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix
 
 /* ---- rendering ---- */
 
+/* Adds n slot counters into totals; returns their bitwise OR (nonzero: something counted). */
+static uint64_t add_counts(uint64_t *totals, const _Atomic uint64_t *slot, size_t n)
+{
+    uint64_t any = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = peek(&slot[i]);
+        totals[i] += v;
+        any |= v;
+    }
+    return any;
+}
+
 static void route_sum(const struct metrics_route *r, struct route_totals *t)
 {
     memset(t, 0, sizeof(*t));
     uint64_t any = 0;
     for (unsigned w = 0; w < r->nslots; w++) {
         const struct route_slot *s = &r->slots[w];
-        for (size_t i = 0; i < CODE_COUNT; i++) {
-            uint64_t v = peek(&s->codes[i]);
-            t->codes[i] += v;
-            any |= v;
-        }
-        for (size_t i = 0; i < METRICS_OUT_COUNT; i++) {
-            uint64_t v = peek(&s->attempts[i]);
-            t->attempts[i] += v;
-            any |= v;
-        }
-        for (size_t i = 0; i < METRICS_MAX_REASONS; i++) {
-            uint64_t v = peek(&s->retries[i]);
-            t->retries[i] += v;
-            any |= v;
-        }
-        for (size_t i = 0; i < METRICS_DENIED_COUNT; i++) {
-            uint64_t v = peek(&s->denied[i]);
-            t->denied[i] += v;
-            any |= v;
-        }
-        uint64_t v = peek(&s->retry_success);
-        t->retry_success += v;
-        any |= v;
-        v = peek(&s->retry_after_honored);
-        t->retry_after_honored += v;
-        any |= v;
+        any |= add_counts(t->codes, s->codes, CODE_COUNT);
+        any |= add_counts(t->attempts, s->attempts, METRICS_OUT_COUNT);
+        any |= add_counts(t->retries, s->retries, METRICS_MAX_REASONS);
+        any |= add_counts(t->denied, s->denied, METRICS_DENIED_COUNT);
+        any |= add_counts(&t->retry_success, &s->retry_success, 1);
+        any |= add_counts(&t->retry_after_honored, &s->retry_after_honored, 1);
         for (size_t h = 0; h < METRICS_HIST_COUNT; h++) {
-            for (size_t b = 0; b < HIST_BUCKETS; b++) {
-                v = peek(&s->hist[h].buckets[b]);
-                t->buckets[h][b] += v;
-                any |= v;
-            }
+            any |= add_counts(t->buckets[h], s->hist[h].buckets, HIST_BUCKETS);
             t->sum_us[h] += peek(&s->hist[h].sum_us);
         }
     }

@@ -327,7 +327,6 @@ struct retry_req {
     uint64_t tried; /* upstreams tried, as bits */
     struct backoff_seq seq;
     enum retry_outcome last_outcome;
-    const struct cfg_retry_cond *fired;
     enum retry_stop stop;
     uint32_t pending_delay;
     uint64_t wait_start_ms; /* when the current backoff wait began */
@@ -843,7 +842,6 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     end_retry_in_flight(r);
     if (v.fired && v.stop == RETRY_STOP_NONE)
         v.stop = admit(r, v.delay_ms);
-    r->fired = v.fired;
     r->stop = v.fired ? v.stop : RETRY_STOP_NONE;
     r->succeeded = o == RETRY_OUT_STATUS && !v.fired;
     bool retry = v.fired && v.stop == RETRY_STOP_NONE;
@@ -877,11 +875,11 @@ static void attempt_failed(struct retry_req *r, enum retry_outcome o)
         answer_final(r);
 }
 
-static enum retry_outcome classify(const struct retry_req *r, CURLcode rc)
+/* How an attempt without response headers ended. The pre-request callback runs right before
+ * the request goes out on an established connection: if it never ran, nothing reached the
+ * upstream, whatever curl's error. */
+static enum retry_outcome classify(const struct retry_req *r)
 {
-    (void)rc;
-    /* The pre-request callback runs right before the request goes out on an established
-     * connection: if it never ran, nothing reached the upstream. */
     return r->sends == 0 ? RETRY_OUT_CONNECT_FAILURE : RETRY_OUT_RESET;
 }
 
@@ -1069,7 +1067,7 @@ static void attempt_done(struct upstream_xfer *x, CURLcode rc)
     loop_timer_stop(r->w->loop, &r->try_timer);
     switch (r->state) {
     case RS_ATTEMPT:
-        attempt_failed(r, classify(r, rc));
+        attempt_failed(r, classify(r));
         break;
     case RS_DRAIN:
         if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR)

@@ -133,7 +133,7 @@ static void on_signal(struct loop_watch *w, uint32_t events)
     }
 }
 
-/* Binds the admin listener; NULL address: none. */
+/* Binds the admin listener; on failure says why on stderr. */
 static int open_admin(const char *addr, int *fd, char *bound, size_t cap)
 {
     char why[512];
