@@ -1,7 +1,10 @@
 #include "proxy/upstream.h"
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
+#include <unistd.h>
 
 /* Idle easy handles kept for reuse; more are freed. */
 #define POOL_MAX 256
@@ -10,6 +13,17 @@
  * open again; a fixed size keeps them (each idle one costs a socket and a few kilobytes). */
 #define MAX_IDLE_CONNECTIONS 1024L
 
+/* One per upstream socket curl has asked us to watch, from that moment until curl closes the
+ * socket (through on_close). Between transfers curl stops watching a kept-alive connection
+ * (CURL_POLL_REMOVE) and watches it again when the next transfer reuses it: the socket stays
+ * in epoll meanwhile, "parked", so a request costs no epoll_ctl for its upstream socket. */
+struct upstream_sock {
+    struct loop_watch w; /* w.fd is -1 while detached from epoll */
+    struct upstream *u;
+    int fd;
+    bool parked; /* curl is not watching it: events are not passed on */
+};
+
 struct upstream {
     struct loop *loop;
     CURLM *multi;
@@ -17,11 +31,8 @@ struct upstream {
     CURL *pool[POOL_MAX];
     size_t npool;
     size_t active;
-};
-
-struct upstream_sock {
-    struct loop_watch w;
-    struct upstream *u;
+    struct upstream_sock **socks; /* by fd; NULL where curl has no socket */
+    size_t nsocks;
 };
 
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it. */
@@ -63,6 +74,13 @@ static void on_sock_event(struct loop_watch *w, uint32_t events)
     struct upstream_sock *s = w->arg;
     struct upstream *u = s->u;
     int flags = 0, running;
+    if (s->parked) {
+        /* An idle connection became readable: the upstream closed it (or sent bytes nobody
+         * asked for). curl finds it dead when it next looks and closes it; until then it must
+         * not keep waking the loop. */
+        loop_watch_del(u->loop, &s->w);
+        return;
+    }
     if (events & EPOLLIN)
         flags |= CURL_CSELECT_IN;
     if (events & EPOLLOUT)
@@ -73,6 +91,48 @@ static void on_sock_event(struct loop_watch *w, uint32_t events)
     check_done(u);
 }
 
+static struct upstream_sock *sock_find(const struct upstream *u, int fd)
+{
+    return fd >= 0 && (size_t)fd < u->nsocks ? u->socks[fd] : NULL;
+}
+
+static struct upstream_sock *sock_new(struct upstream *u, int fd)
+{
+    if ((size_t)fd >= u->nsocks) {
+        size_t n = u->nsocks ? u->nsocks : 64;
+        while (n <= (size_t)fd)
+            n *= 2;
+        struct upstream_sock **t = realloc(u->socks, n * sizeof(*t));
+        if (!t)
+            return NULL;
+        for (size_t i = u->nsocks; i < n; i++)
+            t[i] = NULL;
+        u->socks = t;
+        u->nsocks = n;
+    }
+    struct upstream_sock *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->u = u;
+    s->fd = fd;
+    s->w.fd = -1;
+    u->socks[fd] = s;
+    return s;
+}
+
+/* Puts the socket in epoll with 'ev', whatever its state there. */
+static int sock_watch(struct upstream *u, struct upstream_sock *s, uint32_t ev)
+{
+    if (s->w.fd < 0)
+        return loop_watch_add(u->loop, &s->w, s->fd, ev, on_sock_event, s);
+    int rc = loop_watch_mod(u->loop, &s->w, ev);
+    if (rc == -ENOENT) { /* not in epoll after all: add it again */
+        s->w.fd = -1;
+        return loop_watch_add(u->loop, &s->w, s->fd, ev, on_sock_event, s);
+    }
+    return rc;
+}
+
 static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
 {
     (void)easy;
@@ -80,10 +140,14 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
     struct upstream_sock *s = socketp;
 
     if (what == CURL_POLL_REMOVE) {
-        if (s) {
-            loop_watch_del(u->loop, &s->w);
+        if (!s)
+            s = sock_find(u, fd);
+        if (s && !s->parked) {
+            s->parked = true;
             curl_multi_assign(u->multi, fd, NULL);
-            loop_defer_free(u->loop, s);
+            /* Parked, only a readable socket (the upstream closing it) may wake us. */
+            if (s->w.fd >= 0 && s->w.events != EPOLLIN && sock_watch(u, s, EPOLLIN) < 0)
+                loop_watch_del(u->loop, &s->w);
         }
         return 0;
     }
@@ -93,18 +157,26 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
     if (what & CURL_POLL_OUT)
         ev |= EPOLLOUT;
     if (!s) {
-        s = calloc(1, sizeof(*s));
-        if (!s)
+        s = sock_find(u, fd);
+        if (!s && !(s = sock_new(u, fd)))
             return -1;
-        s->u = u;
-        if (loop_watch_add(u->loop, &s->w, fd, ev, on_sock_event, s) < 0) {
-            free(s);
-            return -1;
-        }
+        s->parked = false;
         curl_multi_assign(u->multi, fd, s);
-        return 0;
     }
-    return loop_watch_mod(u->loop, &s->w, ev) < 0 ? -1 : 0;
+    return sock_watch(u, s, ev) < 0 ? -1 : 0;
+}
+
+/* curl is done with a socket: forget it, then close it. */
+static int on_close(void *clientp, curl_socket_t fd)
+{
+    struct upstream *u = clientp;
+    struct upstream_sock *s = sock_find(u, fd);
+    if (s) {
+        loop_watch_del(u->loop, &s->w);
+        u->socks[fd] = NULL;
+        loop_defer_free(u->loop, s);
+    }
+    return close(fd);
 }
 
 static void on_timer(struct loop_timer *t)
@@ -156,6 +228,13 @@ void upstream_free(struct upstream *u)
     curl_multi_cleanup(u->multi);
     for (size_t i = 0; i < u->npool; i++)
         curl_easy_cleanup(u->pool[i]);
+    /* Cleaning up closed every socket through on_close; nothing should be left. */
+    for (size_t i = 0; i < u->nsocks; i++)
+        if (u->socks[i]) {
+            loop_watch_del(u->loop, &u->socks[i]->w);
+            free(u->socks[i]);
+        }
+    free(u->socks);
     free(u);
 }
 
@@ -173,6 +252,10 @@ CURL *upstream_easy_get(struct upstream *u)
     /* Upstreams are reached directly: an http_proxy or HTTPS_PROXY in the sidecar's
      * environment must not reroute them (and is not looked up on every transfer). */
     curl_easy_setopt(e, CURLOPT_PROXY, "");
+    /* Sockets are closed through us, so a parked socket is forgotten before its fd number can
+     * be reused. */
+    curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, on_close);
+    curl_easy_setopt(e, CURLOPT_CLOSESOCKETDATA, u);
     return e;
 }
 

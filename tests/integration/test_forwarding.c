@@ -882,6 +882,88 @@ Test(forwarding, sequential_requests_reuse_one_upstream_connection)
         cr_expect_eq(tup_get(up, i)->conn_index, i + 1, "request %zu", i);
 }
 
+/* A bare upstream in the test itself, for what tup does not do: close an idle kept-alive
+ * connection on its own (as servers do when their keep-alive timeout ends). */
+static int bare_listen(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(sa);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert_eq(listen(fd, 8), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+/* Accepts one connection (within 10 s), reads one request head and answers 200 "ok",
+ * keeping the connection open; returns it. */
+static int bare_answer(int lfd)
+{
+    struct pollfd p = { .fd = lfd, .events = POLLIN };
+    cr_assert_eq(poll(&p, 1, 10000), 1, "the proxy did not connect");
+    int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    cr_assert_geq(c, 0);
+    char head[4096];
+    size_t n = 0;
+    while (n < sizeof(head) - 1) {
+        struct pollfd q = { .fd = c, .events = POLLIN };
+        cr_assert_eq(poll(&q, 1, 10000), 1, "no request head");
+        ssize_t k = recv(c, head + n, sizeof(head) - 1 - n, 0);
+        cr_assert_gt(k, 0);
+        n += (size_t)k;
+        head[n] = '\0';
+        if (strstr(head, "\r\n\r\n"))
+            break;
+    }
+    const char *ans = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    cr_assert_eq(send(c, ans, strlen(ans), MSG_NOSIGNAL), (ssize_t)strlen(ans));
+    return c;
+}
+
+/* Between requests the upstream socket stays registered with the proxy's loop. When the
+ * upstream closes it there, the proxy must neither spin on the readable socket nor fail the
+ * next request: it opens a new connection. */
+Test(forwarding, idle_upstream_connection_closed_by_the_upstream_costs_nothing)
+{
+    uint16_t port;
+    int lfd = bare_listen(&port);
+    char json[512], url[128];
+    snprintf(json, sizeof(json),
+             "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"]}]}", port);
+    px = px_start(json, "--workers", "1", NULL);
+
+    struct http_call a;
+    http_call_start(&a, px_url(px, "/one", url, sizeof(url)), "idle-1", NULL);
+    int c1 = bare_answer(lfd);
+    http_call_join(&a);
+    cr_assert_eq(a.r.rc, 0);
+    cr_expect_eq(a.r.status, 200);
+    http_free(&a.r);
+
+    close(c1); /* the kept-alive connection ends while the proxy holds it idle */
+    sleep_ms(100);
+    long cpu0 = px_cpu_ms(px);
+    sleep_ms(1000);
+    long cpu1 = px_cpu_ms(px);
+    cr_assert_geq(cpu0, 0);
+    cr_expect_lt(cpu1 - cpu0, 200, "the idle proxy used %ld ms of CPU in 1 s", cpu1 - cpu0);
+
+    struct http_call b;
+    http_call_start(&b, px_url(px, "/two", url, sizeof(url)), "idle-2", NULL);
+    int c2 = bare_answer(lfd);
+    http_call_join(&b);
+    cr_assert_eq(b.r.rc, 0);
+    cr_expect_eq(b.r.status, 200);
+    char v[16];
+    cr_expect_str_eq(http_header(&b.r, "X-Retry-Attempts", v, sizeof(v)), "1");
+    http_free(&b.r);
+    close(c2);
+    close(lfd);
+}
+
 /* ---- 12. client connection limits ---- */
 
 Test(forwarding, slow_client_is_closed_after_connection_timeout)

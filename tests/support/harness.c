@@ -261,6 +261,24 @@ long px_rss_kb(const struct px *p)
     return kb;
 }
 
+long px_cpu_ms(const struct px *p)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)p->pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* The name in parentheses may hold spaces: fields are counted after its ')'. */
+    const char *q = strrchr(buf, ')');
+    unsigned long ut, st;
+    if (!q || sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (long)((ut + st) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
+}
+
 /* ---- the client ---- */
 
 struct sink {

@@ -48,6 +48,8 @@ const char *px_url(const struct px *p, const char *path, char *buf, size_t cap);
 int px_threads(const struct px *p);
 int px_fds(const struct px *p);
 long px_rss_kb(const struct px *p);
+/* CPU time it has used so far (user + system, every thread), in milliseconds. */
+long px_cpu_ms(const struct px *p);
 /* Its stderr/stdout so far (malloc'd, NUL-terminated). */
 char *px_stderr(const struct px *p);
 char *px_stdout(const struct px *p);
