@@ -969,9 +969,10 @@ static const struct schema log_schema = { log_fields, COUNT(log_fields), NULL };
 
 static const struct field limits_fields[] = {
     UINT_FIELD("max_connections", struct cfg, max_connections, 1, 1000000, "10000",
-               "client connections open at once"),
+               "client connections open at once (a change needs a restart)"),
     UINT_FIELD("connection_timeout_ms", struct cfg, connection_timeout_ms, 0, MS_MAX, "30000",
-               "an idle or slow client connection is closed after this (0: never)"),
+               "an idle or slow client connection is closed after this, counted in whole "
+               "seconds rounded up (0: never)"),
     UINT_FIELD("max_body_bytes", struct cfg, max_body_bytes, 0, 1099511627776.0, "67108864",
                "larger request bodies are answered 413"),
 };
