@@ -2,7 +2,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -24,12 +27,40 @@ static struct snapshot *snap_of(struct cfg *c)
     return (struct snapshot *)(void *)c;
 }
 
+/* ---- jansson's allocations ---- */
+
+static void *(*json_malloc_fn)(size_t) = malloc;
+static _Thread_local bool json_alloc_failed;
+static pthread_once_t json_alloc_once = PTHREAD_ONCE_INIT;
+
+static void *json_malloc_tracked(size_t size)
+{
+    void *p = json_malloc_fn(size);
+    if (!p)
+        json_alloc_failed = true;
+    return p;
+}
+
+static void json_alloc_install(void)
+{
+    json_set_alloc_funcs(json_malloc_tracked, free);
+}
+
+void cfg_set_json_malloc(void *(*fn)(size_t))
+{
+    pthread_once(&json_alloc_once, json_alloc_install);
+    json_malloc_fn = fn ? fn : malloc;
+}
+
 struct cfg *cfg_load_buffer(const char *text, size_t len, const char *source, struct cfg_errs *errs)
 {
     struct jpos pos = { 0 };
     struct snapshot *s = NULL;
     json_t *root = NULL;
     size_t errs_before = errs->n + errs->dropped;
+
+    pthread_once(&json_alloc_once, json_alloc_install);
+    json_alloc_failed = false;
 
     /* The scanner may rewrite unrepresentable numbers, so it works on a copy. */
     char *copy = malloc(len + 1);
@@ -60,6 +91,8 @@ struct cfg *cfg_load_buffer(const char *text, size_t len, const char *source, st
     atomic_init(&s->refs, 1);
     s->cfg.source = arena_strdup(&s->arena, source ? source : "");
     schema_build(&s->cfg, &s->arena, root, &pos, errs);
+    if (json_alloc_failed)
+        cfg_errs_add(errs, "$", 0, 0, "out of memory parsing the config");
 
 out:
     if (errs->n + errs->dropped != errs_before) {

@@ -127,6 +127,12 @@ int cfg_read_file(const char *path, char **buf, size_t *len, struct cfg_errs *er
 struct cfg *cfg_load_buffer(const char *text, size_t len, const char *source,
                             struct cfg_errs *errs);
 
+/* The allocator underneath jansson's (malloc by default). jansson lets some allocation
+ * failures pass silently (a token's text cut short, so a value read differently), so every
+ * jansson allocation goes through a wrapper and a load during which one failed is rejected.
+ * For tests that make allocations fail; set it while no config is loading. */
+void cfg_set_json_malloc(void *(*fn)(size_t));
+
 /* Takes another reference (thread-safe). Returns 'c'. */
 struct cfg *cfg_ref(struct cfg *c);
 /* Drops a reference; the last one frees the snapshot. Thread-safe; accepts NULL. */

@@ -557,3 +557,56 @@ Test(jsonpos, paths_quote_keys_that_are_not_identifiers)
     cr_expect_str_eq(jpos_path_index(&a, "$.r", 12), "$.r[12]");
     arena_free(&a);
 }
+
+/* ---- allocation failures ---- */
+
+/* The allocator under jansson's, failing its Nth call (0: never). */
+static long jfail_at, jcalls;
+static void *jmalloc(size_t size)
+{
+    if (jfail_at && ++jcalls == jfail_at)
+        return NULL;
+    return malloc(size);
+}
+
+/* Every allocation jansson makes while a config loads fails in turn: each load either
+ * succeeds with exactly the values of a load without failures or reports an error, and never
+ * crashes or leaks (the ASan build checks leaks at exit). jansson itself lets some failures
+ * pass (a token's text cut short), which only the allocator wrapper notices. */
+Test(config, every_jansson_allocation_failure_is_an_error_not_a_crash)
+{
+    char *text = slurp(DATA "/valid/contract_example.json");
+    cr_assert_not_null(text);
+    struct cfg *good = load(text);
+    json_t *want = cfg_to_json(good);
+    cfg_set_json_malloc(jmalloc);
+    long failed = 0;
+    for (long n = 1;; n++) {
+        jfail_at = n;
+        jcalls = 0;
+        struct cfg_errs errs;
+        cfg_errs_init(&errs);
+        struct cfg *c = cfg_load_buffer(text, strlen(text), "test", &errs);
+        bool reached = jcalls >= n;
+        jfail_at = 0;
+        if (c) {
+            cr_expect_eq(errs.n, 0);
+            json_t *got = cfg_to_json(c);
+            cr_expect(json_equal(got, want), "allocation %ld failed and the config changed", n);
+            json_decref(got);
+            cfg_unref(c);
+        } else {
+            cr_expect_gt(errs.n, 0, "allocation %ld failed without an error", n);
+            failed++;
+        }
+        cfg_errs_clear(&errs);
+        if (!reached)
+            break; /* fewer than n allocations: every one has been failed once */
+        cr_assert_lt(n, 100000, "no end to jansson's allocations");
+    }
+    cfg_set_json_malloc(NULL);
+    cr_expect_gt(failed, 10, "only %ld loads saw a failure", failed);
+    json_decref(want);
+    cfg_unref(good);
+    free(text);
+}
