@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -779,4 +780,69 @@ Test(reload, unchanged_content_rewritten_is_not_a_new_generation)
     int64_t lat = wait_config(t0, 2, 30, VISIBLE_MS);
     cr_assert(lat >= 0, "a real change after the no-ops was not applied within %d ms", VISIBLE_MS);
     cr_expect_eq(generation_now(), 2);
+}
+
+/* The operator's loop this feature exists for: change cap_ms in the file while traffic flows,
+ * and see the new delays in /schedule and in the metrics within a second. Exponential base
+ * 100 factor 4 without jitter waits 100 then min(400, cap_ms): cap 100 gives 100 100, cap 400
+ * gives 100 400, and backoff_seconds observes the delays the requests were given. */
+static void cfg_capped(char *buf, size_t cap, int cap_ms)
+{
+    int n =
+        snprintf(buf, cap,
+                 "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"],\n"
+                 "  \"retry\": {\"max_attempts\": 3, \"backoff\": {\"policy\": \"exponential\","
+                 " \"base_ms\": 100, \"factor\": 4, \"cap_ms\": %d, \"jitter\": \"none\"}}}]}\n",
+                 tup_port(up), cap_ms);
+    cr_assert(n > 0 && (size_t)n < cap);
+}
+
+/* /schedule's two delays for route r. */
+static void schedule2(long *d1, long *d2)
+{
+    long status;
+    json_t *s = admin_json("GET", "/schedule?route=r&retries=2", &status);
+    cr_assert_eq(status, 200);
+    json_t *d = json_object_get(s, "delays_ms");
+    cr_assert(json_is_array(d) && json_array_size(d) == 2);
+    *d1 = (long)json_integer_value(json_array_get(d, 0));
+    *d2 = (long)json_integer_value(json_array_get(d, 1));
+    json_decref(s);
+}
+
+Test(reload, cap_ms_change_shows_in_schedule_and_metrics_within_a_second)
+{
+    char text[1024];
+    long d1, d2, status;
+    cfg_capped(text, sizeof(text), 100);
+    write_in_place(cfg_path, text, strlen(text));
+    launch(true);
+    schedule2(&d1, &d2);
+    cr_assert(d1 == 100 && d2 == 100, "cap 100: /schedule gives %ld %ld", d1, d2);
+    cr_assert_eq(attempts("cap-before", "fail=2", &status), 3);
+    cr_assert_eq(status, 200);
+    cr_expect_eq(metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 2);
+    double sum = metric("retryproxy_backoff_seconds_sum{route=\"r\"}");
+    cr_expect(fabs(sum - 0.2) < 1e-9, "backoff_seconds_sum %g after waits of 100 and 100", sum);
+
+    cfg_capped(text, sizeof(text), 400);
+    int64_t t0 = now_ms(), lat = -1;
+    write_renamed(cfg_path, text);
+    while (now_ms() - t0 <= VISIBLE_MS) {
+        schedule2(&d1, &d2);
+        if (d2 == 400) {
+            lat = now_ms() - t0;
+            break;
+        }
+        sleep_ms(20);
+    }
+    cr_log_info("cap_ms 100 -> 400: /schedule changed after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "/schedule still gives %ld %ld %d ms after the write", d1, d2, VISIBLE_MS);
+    cr_expect_eq(d1, 100);
+
+    cr_assert_eq(attempts("cap-after", "fail=2", &status), 3);
+    cr_assert_eq(status, 200);
+    cr_expect_eq(metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 4);
+    sum = metric("retryproxy_backoff_seconds_sum{route=\"r\"}");
+    cr_expect(fabs(sum - 0.7) < 1e-9, "backoff_seconds_sum %g, want 0.2 + 0.1 + 0.4", sum);
 }
