@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -38,6 +39,9 @@
 #define DISCARD_MAX (1024 * 1024)
 /* X-Request-Id values longer than this are replaced by a fresh id. */
 #define REQUEST_ID_MAX 128
+/* What the log and requests_total say of a request whose client left before its answer
+ * (nginx's "client closed request"); nothing is sent. */
+#define CLIENT_CLOSED_STATUS 499
 
 /* ---- the decision ---- */
 
@@ -62,6 +66,8 @@ const char *retry_stop_name(enum retry_stop s)
         return "body-too-large";
     case RETRY_STOP_DRAINING:
         return "draining";
+    case RETRY_STOP_CLIENT_CLOSED:
+        return "client-closed";
     }
     return "";
 }
@@ -338,6 +344,8 @@ struct retry_req {
     bool hdrs_done;
     struct hlist rh;
     struct loop_timer try_timer, deadline_timer, backoff_timer;
+    struct loop_watch client_w; /* the client's socket, during a backoff wait */
+    bool client_watched;
 
     /* the last retryable response, returned as it is if retrying stops */
     struct {
@@ -363,9 +371,12 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+static void client_unwatch(struct retry_req *r);
+
 static void req_free(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
+    client_unwatch(r);
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
     loop_timer_stop(l, &r->backoff_timer);
@@ -448,6 +459,7 @@ static void add_retry_headers(struct retry_req *r, struct MHD_Response *resp)
 /* Resumes the suspended connection and has libmicrohttpd look at it this turn. */
 static void resume(struct retry_req *r)
 {
+    client_unwatch(r); /* libmicrohttpd watches the socket again */
     r->suspended = false;
     r->upload_blocked = false;
     r->reader_waiting = false;
@@ -851,9 +863,58 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     return retry;
 }
 
+/* ---- the client going away during a wait ---- */
+
+/* A request waiting out a backoff delay has its connection suspended, and libmicrohttpd does
+ * not look at a suspended connection's socket: a client that gives up would go unnoticed
+ * until retrying ends, every retry still costing the upstream an attempt (nginx stops too,
+ * its "499"). The socket is watched during the wait for the client closing or resetting it.
+ * A request whose attempt is running is not watched: that wait is bounded by the per-try
+ * timeout and watching every request would cost two epoll_ctl calls each. */
+static void on_client_event(struct loop_watch *cw, uint32_t events)
+{
+    (void)events;
+    struct retry_req *r = cw->arg;
+    client_unwatch(r);
+    if (r->state != RS_BACKOFF || r->answered)
+        return;
+    struct worker *w = r->w;
+    struct loop *l = w->loop;
+    if (r->n_delays)
+        r->delays[r->n_delays - 1] = (uint32_t)(loop_now(l) - r->wait_start_ms); /* cut short */
+    loop_timer_stop(l, &r->backoff_timer);
+    end_retry_in_flight(r);
+    r->stop = RETRY_STOP_CLIENT_CLOSED;
+    /* Counted now: no response will go out to count it later. */
+    metrics_request(r->m, w->id, CLIENT_CLOSED_STATUS);
+    metrics_observe(r->m, w->id, METRICS_HIST_REQUEST,
+                    (double)(loop_now(l) - r->start_ms) / 1000.0);
+    answer(r, NULL, CLIENT_CLOSED_STATUS); /* no answer: libmicrohttpd closes the connection */
+}
+
+static void client_watch(struct retry_req *r)
+{
+    if (r->client_watched || !r->suspended || !r->conn)
+        return;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci && loop_watch_add(r->w->loop, &r->client_w, ci->connect_fd, EPOLLRDHUP, on_client_event,
+                             r) == 0)
+        r->client_watched = true;
+}
+
+static void client_unwatch(struct retry_req *r)
+{
+    if (!r->client_watched)
+        return;
+    loop_watch_del(r->w->loop, &r->client_w);
+    r->client_watched = false;
+}
+
 static void on_backoff(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
+    client_unwatch(r);
     start_attempt(r);
 }
 
@@ -863,6 +924,9 @@ static void wait_then_retry(struct retry_req *r)
     r->state = RS_BACKOFF;
     r->wait_start_ms = loop_now(l);
     loop_timer_start(l, &r->backoff_timer, loop_now(l) + r->pending_delay, on_backoff, r);
+    /* A zero wait ends this turn, before the socket could tell anything. */
+    if (r->pending_delay)
+        client_watch(r);
 }
 
 /* An attempt ended without response headers. */
@@ -1686,6 +1750,7 @@ enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const 
 void retry_req_completed(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
+    client_unwatch(r);
     end_retry_in_flight(r);
     log_done(r);
     r->conn = NULL;

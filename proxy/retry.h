@@ -36,6 +36,7 @@ enum retry_stop {
     RETRY_STOP_NOT_RETRYABLE,
     RETRY_STOP_BODY_TOO_LARGE,
     RETRY_STOP_DRAINING,
+    RETRY_STOP_CLIENT_CLOSED, /* the client went away during a wait (log only: no response) */
 };
 
 const char *retry_stop_name(enum retry_stop s);

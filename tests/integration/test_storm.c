@@ -13,6 +13,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
@@ -23,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -752,4 +755,81 @@ Test(storm, route_scoped_backoff_restarts_after_reset_after_ms)
     expect_wait("reset-2", 200);
     sleep_ms(400);
     expect_wait("reset-3", 100);
+}
+
+/* ==================== 6. a client that gives up during a wait ==================== */
+
+#define FIXED_WAIT(ms)                                                                             \
+    ", \"retry\": {\"max_attempts\": 3, \"backoff\": {\"policy\": \"fixed\", \"base_ms\": " #ms    \
+    ", \"jitter\": \"none\"}}"
+
+/* The request status and stop reason of the log line for 'id' (waits for it). */
+static bool logged_outcome(const char *id, long *status, char *stop, size_t cap)
+{
+    int64_t deadline = now_ms() + 3000;
+    for (;;) {
+        char *text = px_stdout(px);
+        bool found = false;
+        for (char *line = text, *next; line && *line && !found; line = next) {
+            next = strchr(line, '\n');
+            if (!next)
+                break;
+            *next++ = '\0';
+            json_t *j = json_loads(line, 0, NULL);
+            const char *rid = json_string_value(json_object_get(j, "request_id"));
+            if (rid && strcmp(rid, id) == 0) {
+                found = true;
+                *status = (long)json_integer_value(json_object_get(j, "status"));
+                const char *s = json_string_value(json_object_get(j, "stop"));
+                snprintf(stop, cap, "%s", s ? s : "");
+            }
+            json_decref(j);
+        }
+        free(text);
+        if (found || now_ms() > deadline)
+            return found;
+        sleep_ms(20);
+    }
+}
+
+/* While a request waits out a backoff its connection is the proxy's to watch: a client that
+ * closes it ends the retrying there (no further attempt reaches the upstream, the retry slot
+ * is given back), counted as 499 like nginx's "client closed request". A client that stays
+ * gets every attempt. */
+Test(storm, client_closing_during_a_backoff_wait_ends_the_retrying)
+{
+    start("", FIXED_WAIT(600));
+
+    struct http_resp r;
+    get("stay", "fail=5;status=503", &r);
+    cr_expect_eq(r.status, 503);
+    cr_expect_eq(hdr_int(&r, "X-Retry-Attempts"), 3);
+    http_free(&r);
+    cr_expect_eq(tup_count_id(up, "stay"), 3);
+
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(px->port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char *req = "GET /x HTTP/1.1\r\nHost: t\r\nX-Request-Id: gone\r\n"
+                      "X-Test-Plan: fail=5;status=503\r\n\r\n";
+    cr_assert_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    wait_upstream("gone", 1);
+    cr_expect_eq(wait_metric(IN_FLIGHT, 1, 2000), 1, "the wait holds a retry slot");
+    int64_t t0 = now_ms();
+    close(fd); /* the client gives up 0.6 s before the second attempt */
+
+    cr_expect_eq(wait_metric(IN_FLIGHT, 0, 2000), 0, "the slot was not given back");
+    cr_expect_eq(wait_metric("retryproxy_requests_total{route=\"r\",code=\"499\"}", 1, 2000), 1);
+    cr_log_info("client gone: retry slot back after %lld ms", (long long)(now_ms() - t0));
+    sleep_ms(1500); /* past both waits the request would have taken */
+    cr_expect_eq(tup_count_id(up, "gone"), 1, "the upstream saw %zu attempts after the client left",
+                 tup_count_id(up, "gone"));
+
+    long status = 0;
+    char stop[32] = "";
+    cr_assert(logged_outcome("gone", &status, stop, sizeof(stop)), "no log line for the request");
+    cr_expect_eq(status, 499);
+    cr_expect_str_eq(stop, "client-closed");
 }
