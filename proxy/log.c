@@ -279,6 +279,19 @@ static void put_escaped(struct sink *s, const char *str, size_t limit, enum esc_
     size_t used = 0;
     char unit[8];
     while (n > 0) {
+        /* A run of printable ASCII that needs no escape goes in one copy, as far as it stays
+         * clear of the limit (exactly what the unit by unit path below would write). */
+        size_t run = 0, room = used + 3 <= limit ? limit - 3 - used : 0;
+        while (run < n && run < room && p[run] >= 0x20 && p[run] < 0x7F && p[run] != '\\' &&
+               (p[run] != '"' || mode == ESC_BARE))
+            run++;
+        if (run) {
+            put(s, (const char *)p, run);
+            used += run;
+            p += run;
+            n -= run;
+            continue;
+        }
         size_t ulen;
         size_t k = esc_unit(p, n, mode, unit, &ulen);
         /* Near the limit, the rest is measured once: whole if it fits, else the mark. */
