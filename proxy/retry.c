@@ -1685,7 +1685,10 @@ static void log_done(struct retry_req *r)
                               .route = r->route ? r->route->name : NULL,
                               .method = r->method,
                               .path = r->target,
-                              .status = r->queued ? (int)r->resp_status : 0,
+                              /* 499: libmicrohttpd may find the socket closed first */
+                              .status = r->queued || r->stop == RETRY_STOP_CLIENT_CLOSED
+                                            ? (int)r->resp_status
+                                            : 0,
                               .attempts = r->attempts,
                               .delays = r->delays,
                               .n_delays = r->n_delays,

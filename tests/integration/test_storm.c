@@ -792,6 +792,25 @@ static bool logged_outcome(const char *id, long *status, char *stop, size_t cap)
     }
 }
 
+/* Sends a GET with X-Request-Id 'id' that always fails on a raw connection and waits until
+ * the upstream has its first attempt; returns the connection. */
+static int send_and_wait_first_attempt(const char *id)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(px->port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    char req[256];
+    int n = snprintf(req, sizeof(req),
+                     "GET /x HTTP/1.1\r\nHost: t\r\nX-Request-Id: %s\r\n"
+                     "X-Test-Plan: fail=5;status=503\r\n\r\n",
+                     id);
+    cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    wait_upstream(id, 1);
+    return fd;
+}
+
 /* While a request waits out a backoff its connection is the proxy's to watch: a client that
  * closes it ends the retrying there (no further attempt reaches the upstream, the retry slot
  * is given back), counted as 499 like nginx's "client closed request". A client that stays
@@ -807,15 +826,7 @@ Test(storm, client_closing_during_a_backoff_wait_ends_the_retrying)
     http_free(&r);
     cr_expect_eq(tup_count_id(up, "stay"), 3);
 
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    cr_assert_geq(fd, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(px->port) };
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    const char *req = "GET /x HTTP/1.1\r\nHost: t\r\nX-Request-Id: gone\r\n"
-                      "X-Test-Plan: fail=5;status=503\r\n\r\n";
-    cr_assert_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
-    wait_upstream("gone", 1);
+    int fd = send_and_wait_first_attempt("gone");
     cr_expect_eq(wait_metric(IN_FLIGHT, 1, 2000), 1, "the wait holds a retry slot");
     int64_t t0 = now_ms();
     close(fd); /* the client gives up 0.6 s before the second attempt */
@@ -832,4 +843,15 @@ Test(storm, client_closing_during_a_backoff_wait_ends_the_retrying)
     cr_assert(logged_outcome("gone", &status, stop, sizeof(stop)), "no log line for the request");
     cr_expect_eq(status, 499);
     cr_expect_str_eq(stop, "client-closed");
+
+    /* A reset instead of a close ends it the same way. */
+    fd = send_and_wait_first_attempt("reset");
+    struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+    cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+    close(fd); /* RST */
+    cr_expect_eq(wait_metric("retryproxy_requests_total{route=\"r\",code=\"499\"}", 2, 2000), 2);
+    sleep_ms(1500);
+    cr_expect_eq(tup_count_id(up, "reset"), 1, "the upstream saw %zu attempts after the reset",
+                 tup_count_id(up, "reset"));
+    cr_expect_eq(metric(IN_FLIGHT), 0);
 }
