@@ -372,6 +372,7 @@ static uint64_t wall_ms(void)
 }
 
 static void client_unwatch(struct retry_req *r);
+static void account_answer(struct retry_req *r);
 
 static void req_free(struct retry_req *r)
 {
@@ -863,6 +864,16 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     return retry;
 }
 
+/* Ends a backoff wait before its time; the log keeps the wait as it was taken. The backoff
+ * timer runs exactly while the request is in RS_BACKOFF. */
+static void cut_wait_short(struct retry_req *r)
+{
+    struct loop *l = r->w->loop;
+    if (r->n_delays)
+        r->delays[r->n_delays - 1] = (uint32_t)(loop_now(l) - r->wait_start_ms);
+    loop_timer_stop(l, &r->backoff_timer);
+}
+
 /* ---- the client going away during a wait ---- */
 
 /* A request waiting out a backoff delay has its connection suspended, and libmicrohttpd does
@@ -878,17 +889,12 @@ static void on_client_event(struct loop_watch *cw, uint32_t events)
     client_unwatch(r);
     if (r->state != RS_BACKOFF || r->answered)
         return;
-    struct worker *w = r->w;
-    struct loop *l = w->loop;
-    if (r->n_delays)
-        r->delays[r->n_delays - 1] = (uint32_t)(loop_now(l) - r->wait_start_ms); /* cut short */
-    loop_timer_stop(l, &r->backoff_timer);
+    cut_wait_short(r);
     end_retry_in_flight(r);
     r->stop = RETRY_STOP_CLIENT_CLOSED;
-    /* Counted now: no response will go out to count it later. */
-    metrics_request(r->m, w->id, CLIENT_CLOSED_STATUS);
-    metrics_observe(r->m, w->id, METRICS_HIST_REQUEST,
-                    (double)(loop_now(l) - r->start_ms) / 1000.0);
+    /* Counted now, as if answered: no response will go out to count it later. */
+    r->resp_status = CLIENT_CLOSED_STATUS;
+    account_answer(r);
     answer(r, NULL, CLIENT_CLOSED_STATUS); /* no answer: libmicrohttpd closes the connection */
 }
 
@@ -1272,9 +1278,8 @@ static void expire(struct retry_req *r)
     if (r->answered || r->state == RS_HEADERS || !r->route)
         return;
     struct loop *l = r->w->loop;
-    if (r->state == RS_BACKOFF && r->n_delays)
-        r->delays[r->n_delays - 1] = (uint32_t)(loop_now(l) - r->wait_start_ms); /* cut short */
-    loop_timer_stop(l, &r->backoff_timer);
+    if (r->state == RS_BACKOFF)
+        cut_wait_short(r);
     loop_timer_stop(l, &r->try_timer);
     if (r->xfer.easy) {
         upstream_cancel(r->w->up, &r->xfer);
