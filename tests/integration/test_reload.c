@@ -207,10 +207,9 @@ static long base_ms_now(void)
     return b;
 }
 
-/* The first delay /schedule gives route r with a fixed seed: with a fixed policy and no
- * jitter, exactly base_ms. Checked separately from /config because it goes through the
- * published runtime's policy, not the config's JSON rendering. */
-static long schedule_delay(void)
+/* The two delays /schedule gives route r with a fixed seed. Checked apart from /config
+ * because it goes through the published runtime's policy, not the config's JSON rendering. */
+static void schedule2(long *d1, long *d2)
 {
     long status;
     json_t *s = admin_json("GET", "/schedule?route=r&retries=2&seed=7", &status);
@@ -218,9 +217,17 @@ static long schedule_delay(void)
     cr_expect_eq(json_integer_value(json_object_get(s, "seed")), 7);
     json_t *d = json_object_get(s, "delays_ms");
     cr_assert(json_is_array(d) && json_array_size(d) == 2, "delays_ms is not 2 delays");
-    long first = (long)json_integer_value(json_array_get(d, 0));
-    cr_expect_eq(json_integer_value(json_array_get(d, 1)), first, "fixed policy, no jitter");
+    *d1 = (long)json_integer_value(json_array_get(d, 0));
+    *d2 = (long)json_integer_value(json_array_get(d, 1));
     json_decref(s);
+}
+
+/* The first delay of route r's fixed policy without jitter: exactly base_ms, both times. */
+static long schedule_delay(void)
+{
+    long first, second;
+    schedule2(&first, &second);
+    cr_expect_eq(second, first, "fixed policy, no jitter");
     return first;
 }
 
@@ -795,19 +802,6 @@ static void cfg_capped(char *buf, size_t cap, int cap_ms)
                  " \"base_ms\": 100, \"factor\": 4, \"cap_ms\": %d, \"jitter\": \"none\"}}}]}\n",
                  tup_port(up), cap_ms);
     cr_assert(n > 0 && (size_t)n < cap);
-}
-
-/* /schedule's two delays for route r. */
-static void schedule2(long *d1, long *d2)
-{
-    long status;
-    json_t *s = admin_json("GET", "/schedule?route=r&retries=2", &status);
-    cr_assert_eq(status, 200);
-    json_t *d = json_object_get(s, "delays_ms");
-    cr_assert(json_is_array(d) && json_array_size(d) == 2);
-    *d1 = (long)json_integer_value(json_array_get(d, 0));
-    *d2 = (long)json_integer_value(json_array_get(d, 1));
-    json_decref(s);
 }
 
 Test(reload, cap_ms_change_shows_in_schedule_and_metrics_within_a_second)

@@ -670,15 +670,15 @@ Test(storm, route_concurrency_slot_survives_a_reload)
 
 /* ========================== 5. route-scoped backoff ========================== */
 
-/* delays_ms of the request log line for 'id' (waits for the line: logs are flushed once per
- * event-loop turn). Returns the number of delays, up to 'cap', or -1 if no line came. */
-static int logged_delays(const char *id, long *out, int cap)
+/* The request log line for 'id', parsed (the caller decrefs), or NULL if none came within
+ * 3 s (logs are flushed once per event-loop turn). */
+static json_t *request_line(const char *id)
 {
     int64_t deadline = now_ms() + 3000;
     for (;;) {
         char *text = px_stdout(px);
-        int n = -1;
-        for (char *line = text, *next; line && *line && n < 0; line = next) {
+        json_t *found = NULL;
+        for (char *line = text, *next; line && *line && !found; line = next) {
             next = strchr(line, '\n');
             if (!next)
                 break; /* a partial last line */
@@ -686,20 +686,32 @@ static int logged_delays(const char *id, long *out, int cap)
             json_t *j = json_loads(line, 0, NULL);
             const char *rid = json_string_value(json_object_get(j, "request_id"));
             const char *msg = json_string_value(json_object_get(j, "msg"));
-            json_t *d = json_object_get(j, "delays_ms");
-            if (rid && msg && strcmp(msg, "request") == 0 && strcmp(rid, id) == 0 &&
-                json_is_array(d)) {
-                n = 0;
-                for (size_t i = 0; i < json_array_size(d) && n < cap; i++)
-                    out[n++] = (long)json_integer_value(json_array_get(d, i));
-            }
-            json_decref(j);
+            if (rid && msg && strcmp(msg, "request") == 0 && strcmp(rid, id) == 0)
+                found = j;
+            else
+                json_decref(j);
         }
         free(text);
-        if (n >= 0 || now_ms() > deadline)
-            return n;
+        if (found || now_ms() > deadline)
+            return found;
         sleep_ms(20);
     }
+}
+
+/* delays_ms of the request log line for 'id': the number of delays, up to 'cap', or -1 if no
+ * line came. */
+static int logged_delays(const char *id, long *out, int cap)
+{
+    json_t *j = request_line(id);
+    json_t *d = json_object_get(j, "delays_ms");
+    int n = -1;
+    if (json_is_array(d)) {
+        n = 0;
+        for (size_t i = 0; i < json_array_size(d) && n < cap; i++)
+            out[n++] = (long)json_integer_value(json_array_get(d, i));
+    }
+    json_decref(j);
+    return n;
 }
 
 /* One request that fails once then succeeds; checks that it waited 'want' ms, as logged and
@@ -766,30 +778,14 @@ Test(storm, route_scoped_backoff_restarts_after_reset_after_ms)
 /* The request status and stop reason of the log line for 'id' (waits for it). */
 static bool logged_outcome(const char *id, long *status, char *stop, size_t cap)
 {
-    int64_t deadline = now_ms() + 3000;
-    for (;;) {
-        char *text = px_stdout(px);
-        bool found = false;
-        for (char *line = text, *next; line && *line && !found; line = next) {
-            next = strchr(line, '\n');
-            if (!next)
-                break;
-            *next++ = '\0';
-            json_t *j = json_loads(line, 0, NULL);
-            const char *rid = json_string_value(json_object_get(j, "request_id"));
-            if (rid && strcmp(rid, id) == 0) {
-                found = true;
-                *status = (long)json_integer_value(json_object_get(j, "status"));
-                const char *s = json_string_value(json_object_get(j, "stop"));
-                snprintf(stop, cap, "%s", s ? s : "");
-            }
-            json_decref(j);
-        }
-        free(text);
-        if (found || now_ms() > deadline)
-            return found;
-        sleep_ms(20);
-    }
+    json_t *j = request_line(id);
+    if (!j)
+        return false;
+    *status = (long)json_integer_value(json_object_get(j, "status"));
+    const char *s = json_string_value(json_object_get(j, "stop"));
+    snprintf(stop, cap, "%s", s ? s : "");
+    json_decref(j);
+    return true;
 }
 
 /* Sends a GET with X-Request-Id 'id' that always fails on a raw connection and waits until
