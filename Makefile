@@ -156,6 +156,9 @@ format-check:
 	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: ok"
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-*
+
+# Hardening targets, one file each: make fuzz, make tsan, make soak (see the files).
+-include $(sort $(wildcard mk/*.mk))
 
 -include $(shell find $(BUILD)/obj $(BUILD)/tests -name '*.d' 2>/dev/null)
