@@ -975,6 +975,10 @@ static const struct field limits_fields[] = {
                "seconds rounded up (0: never)"),
     UINT_FIELD("max_body_bytes", struct cfg, max_body_bytes, 0, 1099511627776.0, "67108864",
                "larger request bodies are answered 413"),
+    UINT_FIELD("header_timeout_ms", struct cfg, header_timeout_ms, 0, MS_MAX, "10000",
+               "a request line and headers not complete this long after their first byte are "
+               "answered 408 and the connection closed (0: no limit beyond "
+               "connection_timeout_ms)"),
 };
 static const struct schema limits_schema = { limits_fields, COUNT(limits_fields), NULL };
 
