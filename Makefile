@@ -36,7 +36,9 @@ TEST_LIBS = $(shell pkg-config --libs $(TEST_PKGS))
 
 POLICY_SRC := $(wildcard policy/*.c)
 CONFIG_SRC := $(wildcard config/*.c)
-PROXY_SRC := $(filter-out proxy/main.c,$(wildcard proxy/*.c))
+# main.c and recv_hook.c (recv() for the binary only, see proxy/wiretab.h) are not linked
+# into test programs.
+PROXY_SRC := $(filter-out proxy/main.c proxy/recv_hook.c,$(wildcard proxy/*.c))
 LIB_SRC := $(POLICY_SRC) $(CONFIG_SRC) $(PROXY_SRC)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -93,7 +95,7 @@ $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -c $< -o $@
 
-$(BIN): $(BUILD)/obj/proxy/main.o $(LIB_OBJ)
+$(BIN): $(BUILD)/obj/proxy/main.o $(BUILD)/obj/proxy/recv_hook.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps

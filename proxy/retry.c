@@ -300,7 +300,8 @@ struct retry_req {
 
     /* the request as received */
     char *target;
-    char method[24];
+    char method[WIRE_METHOD_MAX + 1]; /* the framing check refuses longer ones */
+    enum wire_reason refused;         /* the head was refused: answer its error */
     uint32_t method_bit;
     bool is_head;
     char request_id[REQUEST_ID_MAX + 1];
@@ -412,7 +413,8 @@ static void req_release(struct retry_req *r)
         req_free(r);
 }
 
-struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target)
+struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target,
+                                enum wire_reason refused)
 {
     struct retry_req *r = calloc(1, sizeof(*r));
     if (!r)
@@ -424,6 +426,7 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     }
     r->w = w;
     r->conn = c;
+    r->refused = refused;
     r->refs = 1;
     r->rt = rt_ref(w->rt);
     r->cfg = r->rt->cfg;
@@ -500,6 +503,29 @@ static void answer_error(struct retry_req *r, unsigned status, const char *code,
         add_retry_headers(r, resp);
     }
     answer(r, resp, status);
+}
+
+/* A head the framing check refused (proxy/wire.h): its error, and the connection closes, as
+ * what follows on it cannot be framed. The log shows no method or path: they were not read. */
+static void answer_refused(struct retry_req *r)
+{
+    static const struct {
+        unsigned status;
+        const char *code;
+    } codes[] = { { 400, "bad_request" },     { 408, "request_timeout" },
+                  { 414, "uri_too_long" },    { 431, "headers_too_large" },
+                  { 501, "not_implemented" }, { 505, "version_not_supported" } };
+    unsigned status = wire_reason_status(r->refused);
+    const char *code = "bad_request";
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (codes[i].status == status)
+            code = codes[i].code;
+    r->method[0] = '\0';
+    r->target[0] = '\0';
+    r->state = RS_BODY;
+    answer_error(r, status, code, wire_reason_text(r->refused));
+    if (r->resp)
+        MHD_add_response_header(r->resp, "Connection", "close");
 }
 
 static bool forward_response_header(const char *name, const struct hlist *h)
@@ -1525,6 +1551,10 @@ static void begin(struct retry_req *r, const char *method)
 {
     struct worker *w = r->w;
     struct scan s = { 0 };
+    if (r->refused != WIRE_OK) {
+        answer_refused(r);
+        return;
+    }
     snprintf(r->method, sizeof(r->method), "%s", method);
     r->method_bit = cfg_method_bit(method, strlen(method));
     r->is_head = strcmp(method, "HEAD") == 0;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "config/cfg.h"
+#include "proxy/wire.h"
 
 struct worker;
 struct retry_req;
@@ -73,8 +74,11 @@ void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct
 
 /* ---- the request state machine, driven by server.c ---- */
 
-/* A request whose request line has arrived ('raw_target' as sent). NULL if out of memory. */
-struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target);
+/* A request whose request line has arrived ('raw_target' as sent). 'refused' is not WIRE_OK
+ * when the framing check refused the head this one stands in for: it is answered with that
+ * error and the connection closed. NULL if out of memory. */
+struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target,
+                                enum wire_reason refused);
 
 /* libmicrohttpd's access handler for this request (see MHD_AccessHandlerCallback). */
 enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const char *upload_data,

@@ -21,6 +21,7 @@
 #include "proxy/metrics.h"
 #include "proxy/proxy.h"
 #include "proxy/reload.h"
+#include "proxy/wiretab.h"
 #include "proxy/worker.h"
 
 #define EXIT_STARTUP 1
@@ -53,6 +54,19 @@ static void raise_fd_limit(void)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+}
+
+/* The framing check's table has a slot per descriptor, up to a million (a client socket
+ * beyond it is closed unread, see server.c). */
+#define WIRETAB_MAX (1u << 20)
+
+static int init_wiretab(void)
+{
+    struct rlimit rl;
+    size_t n = WIRETAB_MAX;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < n)
+        n = (size_t)rl.rlim_cur;
+    return wiretab_init(n);
 }
 
 static uint64_t random_seed(void)
@@ -172,6 +186,10 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit();
+    if (init_wiretab() < 0) {
+        fputs("retryproxy: out of memory\n", stderr);
+        return EXIT_STARTUP;
+    }
 
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fputs("retryproxy: cannot initialise libcurl\n", stderr);
@@ -255,5 +273,6 @@ out:
     metrics_free(px.metrics);
     live_free(px.live);
     curl_global_cleanup();
+    wiretab_free();
     return rc;
 }

@@ -5,23 +5,37 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
 
 #include "proxy/loop.h"
 #include "proxy/retry.h"
+#include "proxy/wire.h"
+#include "proxy/wiretab.h"
 #include "proxy/worker.h"
 
 /* Per-connection memory for the request line, headers and I/O buffers. libmicrohttpd zeroes
  * it for every request, so it is kept at its default size. */
 #define CONN_MEMORY (32 * 1024)
+/* How often the worker looks for request heads past limits.header_timeout_ms. */
+#define SWEEP_MS 250
+
+/* A client connection: its framing state (proxy/wire.h), on the server's list. */
+struct client {
+    struct wire wire;
+    struct client *prev, *next;
+    int fd;
+};
 
 struct server {
     struct worker *w;
     struct MHD_Daemon *d;
     struct loop_watch watch;
     struct loop_timer timer;
+    struct loop_timer sweep;
+    struct client *clients;
     unsigned conns; /* client connections open */
     bool relisten;  /* a connection closed at the limit: run again to accept */
 };
@@ -71,20 +85,76 @@ void server_kick(struct server *s)
     loop_timer_start(l, &s->timer, loop_now(l), on_timer, s);
 }
 
+/* A head held past its deadline: the read side is shut so that libmicrohttpd reads once more,
+ * and that read hands it the stand-in that the access handler answers 408 (proxy/wire.h). */
+static void on_sweep(struct loop_timer *t)
+{
+    struct server *s = t->arg;
+    struct loop *l = s->w->loop;
+    uint64_t now = loop_now(l);
+    for (struct client *cl = s->clients; cl; cl = cl->next)
+        if (wire_head_expired(&cl->wire, now)) {
+            cl->wire.expired = true;
+            shutdown(cl->fd, SHUT_RD);
+        }
+    loop_timer_start(l, &s->sweep, now + SWEEP_MS, on_sweep, s);
+}
+
+static void client_open(struct server *s, struct MHD_Connection *c, void **socket_context)
+{
+    struct worker *w = s->w;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct client *cl = calloc(1, sizeof(*cl));
+    *socket_context = cl;
+    if (!cl || !ci || wiretab_attach(ci->connect_fd, &cl->wire) < 0) {
+        /* unchecked bytes never reach libmicrohttpd: this connection reads nothing */
+        if (ci)
+            shutdown(ci->connect_fd, SHUT_RDWR);
+        free(cl);
+        *socket_context = NULL;
+        return;
+    }
+    wire_init(&cl->wire, w->rt->cfg->header_timeout_ms);
+    cl->fd = ci->connect_fd;
+    cl->next = s->clients;
+    if (s->clients)
+        s->clients->prev = cl;
+    s->clients = cl;
+}
+
+static void client_close(struct server *s, void **socket_context)
+{
+    struct client *cl = *socket_context;
+    if (!cl)
+        return;
+    wiretab_detach(cl->fd); /* before libmicrohttpd closes the descriptor */
+    wire_release(&cl->wire);
+    if (cl->prev)
+        cl->prev->next = cl->next;
+    else
+        s->clients = cl->next;
+    if (cl->next)
+        cl->next->prev = cl->prev;
+    free(cl);
+    *socket_context = NULL;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
-    (void)socket_context;
     struct server *s = cls;
     struct worker *w = s->w;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         s->conns++;
         metrics_connections_add(w->px->metrics, w->id, 1);
+        client_open(s, c, socket_context);
         /* The idle timeout of the snapshot in force when the connection opened: a reload
          * changes it for new connections. */
         unsigned ms = w->rt->cfg->connection_timeout_ms;
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (ms + 999) / 1000);
     } else {
+        client_close(s, socket_context);
         if (s->conns >= w->conn_limit)
             s->relisten = true;
         s->conns--;
@@ -94,7 +164,13 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
 {
-    return retry_req_new(cls, c, uri);
+    /* Every head libmicrohttpd parses passes here once, in order: the framing check tells
+     * whether this one stands in for a head it refused. */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct client *cl = ci ? ci->socket_context : NULL;
+    enum wire_reason refused = cl ? wire_take_reject(&cl->wire) : WIRE_OK;
+    return retry_req_new(cls, c, uri, refused);
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
@@ -167,6 +243,7 @@ struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c
         return NULL;
     }
     schedule(s);
+    loop_timer_start(w->loop, &s->sweep, loop_now(w->loop) + SWEEP_MS, on_sweep, s);
     return s;
 }
 
@@ -187,6 +264,7 @@ void server_stop(struct server *s)
         return;
     loop_watch_del(s->w->loop, &s->watch);
     loop_timer_stop(s->w->loop, &s->timer);
+    loop_timer_stop(s->w->loop, &s->sweep);
     MHD_stop_daemon(s->d); /* resumes suspended connections and completes every request */
     free(s);
 }

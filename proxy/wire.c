@@ -1,0 +1,869 @@
+#include "proxy/wire.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The stand-in for a refused head: a request libmicrohttpd parses without complaint. The
+ * access handler knows it by its position (wire_take_reject), never by its bytes, so a client
+ * sending the same bytes gets no special treatment. */
+const char wire_standin[] = "GET / HTTP/1.1\r\nHost: -\r\n\r\n";
+const size_t wire_standin_len = sizeof(wire_standin) - 1;
+
+/* A chunk-size line (with extensions) and a trailer section are bounded too. */
+#define CHUNK_LINE_MAX 4096
+#define TRAILER_MAX    (8 * 1024)
+
+enum st {
+    S_START, /* before a head, or inside its leading empty lines */
+    S_LEAD_CR,
+    S_METHOD,
+    S_TARGET0,
+    S_TARGET,
+    S_VERSION,
+    S_RL_CR,
+    S_FIELD_START,
+    S_NAME,
+    S_VALUE,
+    S_VALUE_CR,
+    S_END_CR, /* last head state */
+    S_BODY,   /* Content-Length body */
+    S_CHUNK_SIZE,
+    S_CHUNK_EXT,
+    S_CHUNK_SIZE_CR,
+    S_CHUNK_DATA,
+    S_CHUNK_DATA_CR,
+    S_CHUNK_DATA_LF,
+    S_TRAILER_START,
+    S_TRAILER_NAME,
+    S_TRAILER_VALUE,
+    S_TRAILER_VALUE_CR,
+    S_TRAILER_END_CR,
+};
+
+/* Which framing field the current line is. */
+enum field { F_OTHER, F_CL, F_TE, F_HOST };
+
+/* Head facts (w->flags). */
+#define FL_VAL_OVERFLOW 0x01 /* the framing value did not fit w->val */
+#define FL_TE_BAD       0x02 /* a Transfer-Encoding element is not a token */
+
+unsigned wire_reason_status(enum wire_reason r)
+{
+    switch (r) {
+    case WIRE_METHOD_TOO_LONG:
+    case WIRE_UNSUPPORTED_CODING:
+        return 501;
+    case WIRE_BAD_VERSION:
+        return 505;
+    case WIRE_TARGET_TOO_LONG:
+        return 414;
+    case WIRE_HEAD_TOO_LARGE:
+        return 431;
+    case WIRE_HEAD_TIMEOUT:
+        return 408;
+    default:
+        return 400;
+    }
+}
+
+const char *wire_reason_text(enum wire_reason r)
+{
+    switch (r) {
+    case WIRE_OK:
+        return "";
+    case WIRE_BAD_REQUEST_LINE:
+        return "a malformed request line";
+    case WIRE_BAD_METHOD:
+        return "a method that is not a token";
+    case WIRE_METHOD_TOO_LONG:
+        return "a method longer than 32 bytes";
+    case WIRE_BAD_TARGET:
+        return "a control character or space in the request target";
+    case WIRE_BAD_VERSION:
+        return "an HTTP version other than 1.0 and 1.1";
+    case WIRE_BARE_CR:
+        return "a CR not followed by LF";
+    case WIRE_BAD_FIELD_NAME:
+        return "a header name that is not a token";
+    case WIRE_SPACE_BEFORE_COLON:
+        return "whitespace between a header name and its colon";
+    case WIRE_BAD_FIELD_VALUE:
+        return "a header with a forbidden character";
+    case WIRE_OBS_FOLD:
+        return "an obsolete folded header line";
+    case WIRE_BAD_CONTENT_LENGTH:
+        return "an invalid Content-Length";
+    case WIRE_TWO_CONTENT_LENGTHS:
+        return "two Content-Length headers";
+    case WIRE_CL_AND_TE:
+        return "both Content-Length and Transfer-Encoding";
+    case WIRE_BAD_TRANSFER_ENCODING:
+        return "a Transfer-Encoding other than one final chunked";
+    case WIRE_UNSUPPORTED_CODING:
+        return "a transfer coding other than chunked";
+    case WIRE_TE_IN_HTTP10:
+        return "Transfer-Encoding in an HTTP/1.0 request";
+    case WIRE_NO_HOST:
+        return "an HTTP/1.1 request without Host";
+    case WIRE_TWO_HOSTS:
+        return "two Host headers";
+    case WIRE_TARGET_TOO_LONG:
+        return "a request line longer than 8 KiB";
+    case WIRE_HEAD_TOO_LARGE:
+        return "request headers larger than 16 KiB or 100 fields";
+    case WIRE_HEAD_TIMEOUT:
+        return "the request headers did not arrive within limits.header_timeout_ms";
+    case WIRE_BAD_CHUNK:
+        return "malformed chunked framing";
+    }
+    return "";
+}
+
+void wire_init(struct wire *w, uint32_t head_timeout_ms)
+{
+    memset(w, 0, sizeof(*w));
+    w->head_timeout_ms = head_timeout_ms;
+}
+
+void wire_release(struct wire *w)
+{
+    free(w->stash);
+    free(w->q);
+    w->stash = w->q = NULL;
+    w->stash_len = w->q_len = w->q_off = 0;
+}
+
+/* RFC 9110 tchar. */
+static bool is_tchar(unsigned char c)
+{
+    static const uint32_t bits[8] = {
+        0x00000000, 0x03ff6cfa, /* ! # $ % & ' * + - . 0-9 */
+        0xc7fffffe, 0x57ffffff, /* A-Z ^ _ ` a-z | ~ */
+        0,          0,          0, 0,
+    };
+    return (bits[c >> 5] >> (c & 31)) & 1;
+}
+
+/* A byte of a field value (or a chunk extension): HTAB, SP, VCHAR, obs-text. */
+static bool is_value_byte(unsigned char c)
+{
+    return c == '\t' || (c >= 0x20 && c != 0x7f);
+}
+
+/* A byte of a request target: VCHAR or obs-text, never a control byte or space. */
+static bool is_target_byte(unsigned char c)
+{
+    return c > 0x20 && c != 0x7f;
+}
+
+static int hexval(unsigned char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c |= 0x20;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+static bool lower_eq(const char *a, size_t n, const char *lit)
+{
+    return strlen(lit) == n && memcmp(a, lit, n) == 0;
+}
+
+/* The value of a framing field without its surrounding whitespace. */
+static const char *trimmed(struct wire *w, size_t *n)
+{
+    const char *s = w->val, *e = w->val + w->vlen;
+    while (s < e && (*s == ' ' || *s == '\t'))
+        s++;
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+        e--;
+    *n = (size_t)(e - s);
+    return s;
+}
+
+/* A field line ended: checks the framing fields. */
+static enum wire_reason end_field(struct wire *w)
+{
+    size_t n;
+    const char *v;
+    switch ((enum field)w->field) {
+    case F_CL: {
+        w->n_cl++;
+        v = w->val;
+        n = w->vlen;
+        while (n && (*v == ' ' || *v == '\t')) {
+            v++;
+            n--;
+        }
+        /* Digits only: libmicrohttpd reads the value with its trailing whitespace, so "5 "
+         * would not mean 5 to it; no sign, no list, at most 18 digits. */
+        if ((w->flags & FL_VAL_OVERFLOW) || n == 0 || n > 18)
+            return WIRE_BAD_CONTENT_LENGTH;
+        uint64_t cl = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (v[i] < '0' || v[i] > '9')
+                return WIRE_BAD_CONTENT_LENGTH;
+            cl = cl * 10 + (uint64_t)(v[i] - '0');
+        }
+        w->cl = cl;
+        break;
+    }
+    case F_TE: {
+        w->n_te_fields++;
+        if (w->flags & FL_VAL_OVERFLOW) {
+            w->flags |= FL_TE_BAD;
+            break;
+        }
+        v = trimmed(w, &n);
+        /* a comma-separated list of codings, each a bare token */
+        size_t i = 0;
+        do {
+            while (i < n && (v[i] == ' ' || v[i] == '\t'))
+                i++;
+            size_t s = i;
+            while (i < n && is_tchar((unsigned char)v[i]))
+                i++;
+            size_t e = i;
+            while (i < n && (v[i] == ' ' || v[i] == '\t'))
+                i++;
+            if (e == s || (i < n && v[i] != ',')) {
+                w->flags |= FL_TE_BAD;
+                break;
+            }
+            char low[8];
+            bool chunked = false;
+            if (e - s == 7) {
+                for (size_t k = 0; k < 7; k++)
+                    low[k] = (char)(v[s + k] | 0x20);
+                chunked = memcmp(low, "chunked", 7) == 0;
+            }
+            w->te_codings++;
+            w->te_chunked += chunked;
+            w->te_last_chunked = chunked;
+            if (i < n)
+                i++; /* the comma */
+            else
+                break;
+        } while (1);
+        break;
+    }
+    case F_HOST:
+        w->n_host++;
+        break;
+    case F_OTHER:
+        break;
+    }
+    return WIRE_OK;
+}
+
+/* The head is complete: is its framing unambiguous? Sets up the body. */
+static enum wire_reason end_head(struct wire *w)
+{
+    if (w->version == 11 && w->n_host == 0)
+        return WIRE_NO_HOST;
+    if (w->n_host > 1)
+        return WIRE_TWO_HOSTS;
+    if (w->n_cl && w->n_te_fields)
+        return WIRE_CL_AND_TE;
+    if (w->n_cl > 1)
+        return WIRE_TWO_CONTENT_LENGTHS;
+    if (w->n_te_fields) {
+        if (w->version == 10)
+            return WIRE_TE_IN_HTTP10;
+        if (w->flags & FL_TE_BAD)
+            return WIRE_BAD_TRANSFER_ENCODING;
+        /* RFC 9112 6.1: chunked exactly once and last; one field line, so that no two
+         * recipients can disagree on which line counts */
+        if (w->n_te_fields > 1 || w->te_chunked != 1 || !w->te_last_chunked)
+            return WIRE_BAD_TRANSFER_ENCODING;
+        if (w->te_codings > 1)
+            return WIRE_UNSUPPORTED_CODING;
+        w->st = S_CHUNK_SIZE;
+        w->tok = 0;
+        w->left = 0;
+        w->line = 0;
+    } else if (w->n_cl && w->cl > 0) {
+        w->st = S_BODY;
+        w->left = w->cl;
+    } else {
+        w->st = S_START;
+    }
+    w->heads_out++;
+    w->head = 0;
+    return WIRE_OK;
+}
+
+static void head_reset(struct wire *w)
+{
+    w->flags = 0;
+    w->version = 0;
+    w->fields = 0;
+    w->tok = 0;
+    w->line = 0;
+    w->n_cl = w->n_host = w->n_te_fields = 0;
+    w->te_codings = w->te_chunked = 0;
+    w->te_last_chunked = false;
+    w->cl = 0;
+}
+
+struct scan {
+    size_t safe;             /* bytes before the head still open (or refused) */
+    enum wire_reason reason; /* WIRE_OK, a refusal, or WIRE_BAD_CHUNK (close) */
+};
+
+static bool in_head_state(uint8_t st)
+{
+    return st <= S_END_CR;
+}
+
+/* Runs the parser over p[0..n). */
+static struct scan parse(struct wire *w, const char *p, size_t n)
+{
+    struct scan sc = { n, WIRE_OK };
+    size_t head_at = w->head > 0 ? 0 : (size_t)-1;
+    size_t i = 0;
+    enum wire_reason bad = WIRE_OK;
+
+    while (i < n) {
+        /* body bytes pass in bulk */
+        if (w->st == S_BODY || w->st == S_CHUNK_DATA) {
+            size_t k = n - i;
+            if (k > w->left)
+                k = (size_t)w->left;
+            i += k;
+            w->left -= k;
+            if (w->left == 0)
+                w->st = w->st == S_BODY ? S_START : S_CHUNK_DATA_CR;
+            continue;
+        }
+        unsigned char c = (unsigned char)p[i++];
+        if (in_head_state(w->st)) {
+            if (w->head == 0) {
+                head_reset(w);
+                head_at = i - 1;
+            }
+            w->head++;
+            w->line++;
+            if (w->st <= S_RL_CR && w->line > WIRE_LINE_MAX) {
+                bad = WIRE_TARGET_TOO_LONG;
+                goto refuse;
+            }
+            if (w->head > WIRE_HEAD_MAX || w->line > WIRE_LINE_MAX) {
+                bad = WIRE_HEAD_TOO_LARGE;
+                goto refuse;
+            }
+        } else if (w->st >= S_TRAILER_START) {
+            if (++w->line > TRAILER_MAX)
+                goto broken;
+        } else if (w->st != S_CHUNK_DATA_CR && w->st != S_CHUNK_DATA_LF) {
+            if (++w->line > CHUNK_LINE_MAX)
+                goto broken;
+        }
+
+        switch ((enum st)w->st) {
+        case S_START:
+            if (c == '\r') {
+                w->st = S_LEAD_CR;
+            } else if (c == '\n') {
+                w->line = 0; /* a leading empty line, tolerated (RFC 9112 2.2) */
+            } else if (is_tchar(c)) {
+                w->st = S_METHOD;
+                w->tok = 1;
+            } else {
+                bad = WIRE_BAD_REQUEST_LINE;
+                goto refuse;
+            }
+            break;
+        case S_LEAD_CR:
+            if (c != '\n') {
+                bad = WIRE_BARE_CR;
+                goto refuse;
+            }
+            w->st = S_START;
+            w->line = 0;
+            break;
+        case S_METHOD:
+            if (c == ' ') {
+                w->st = S_TARGET0;
+            } else if (!is_tchar(c)) {
+                bad = WIRE_BAD_METHOD;
+                goto refuse;
+            } else if (++w->tok > WIRE_METHOD_MAX) {
+                bad = WIRE_METHOD_TOO_LONG;
+                goto refuse;
+            }
+            break;
+        case S_TARGET0:
+        case S_TARGET:
+            if (c == ' ' && w->st == S_TARGET) {
+                w->st = S_VERSION;
+                w->tok = 0;
+            } else if (is_target_byte(c)) {
+                w->st = S_TARGET;
+            } else {
+                bad = c == ' ' || c == '\r' || c == '\n' ? WIRE_BAD_REQUEST_LINE : WIRE_BAD_TARGET;
+                goto refuse;
+            }
+            break;
+        case S_VERSION:
+            if (w->tok < 8) {
+                static const char want[] = "HTTP/d.d";
+                bool ok =
+                    want[w->tok] == 'd' ? (c >= '0' && c <= '9') : c == (unsigned char)want[w->tok];
+                if (!ok) {
+                    bad = WIRE_BAD_REQUEST_LINE;
+                    goto refuse;
+                }
+                if (w->tok == 5)
+                    w->version = (uint8_t)((c - '0') * 10);
+                else if (w->tok == 7)
+                    w->version = (uint8_t)(w->version + (c - '0'));
+                w->tok++;
+                break;
+            }
+            if (c != '\r' && c != '\n') {
+                bad = WIRE_BAD_REQUEST_LINE;
+                goto refuse;
+            }
+            if (w->version != 10 && w->version != 11) {
+                bad = WIRE_BAD_VERSION;
+                goto refuse;
+            }
+            if (c == '\r') {
+                w->st = S_RL_CR;
+                break;
+            }
+            w->st = S_FIELD_START;
+            w->line = 0;
+            break;
+        case S_RL_CR:
+        case S_VALUE_CR:
+        case S_END_CR:
+            if (c != '\n') {
+                bad = WIRE_BARE_CR;
+                goto refuse;
+            }
+            if (w->st == S_VALUE_CR && (bad = end_field(w)) != WIRE_OK)
+                goto refuse;
+            if (w->st == S_END_CR)
+                goto head_done;
+            w->st = S_FIELD_START;
+            w->line = 0;
+            break;
+        case S_FIELD_START:
+            if (c == '\r') {
+                w->st = S_END_CR;
+            } else if (c == '\n') {
+                goto head_done;
+            } else if (c == ' ' || c == '\t') {
+                /* RFC 9112 5.2: obs-fold; whitespace before the first field is no better */
+                bad = w->fields ? WIRE_OBS_FOLD : WIRE_BAD_FIELD_NAME;
+                goto refuse;
+            } else if (is_tchar(c)) {
+                if (++w->fields > WIRE_FIELDS_MAX) {
+                    bad = WIRE_HEAD_TOO_LARGE;
+                    goto refuse;
+                }
+                w->st = S_NAME;
+                w->tok = 1;
+                w->name[0] = (char)(c | ((c >= 'A' && c <= 'Z') ? 0x20 : 0));
+            } else {
+                bad = WIRE_BAD_FIELD_NAME;
+                goto refuse;
+            }
+            break;
+        case S_NAME:
+            if (c == ':') {
+                size_t nl = w->tok;
+                w->field = F_OTHER;
+                if (nl <= sizeof(w->name)) {
+                    if (lower_eq(w->name, nl, "content-length"))
+                        w->field = F_CL;
+                    else if (lower_eq(w->name, nl, "transfer-encoding"))
+                        w->field = F_TE;
+                    else if (lower_eq(w->name, nl, "host"))
+                        w->field = F_HOST;
+                }
+                w->vlen = 0;
+                w->flags &= (uint8_t)~FL_VAL_OVERFLOW;
+                w->st = S_VALUE;
+            } else if (c == ' ' || c == '\t') {
+                bad = WIRE_SPACE_BEFORE_COLON;
+                goto refuse;
+            } else if (!is_tchar(c)) {
+                bad = WIRE_BAD_FIELD_NAME;
+                goto refuse;
+            } else {
+                if (w->tok < sizeof(w->name))
+                    w->name[w->tok] = (char)(c | ((c >= 'A' && c <= 'Z') ? 0x20 : 0));
+                if (w->tok < UINT16_MAX)
+                    w->tok++;
+            }
+            break;
+        case S_VALUE:
+            if (c == '\r') {
+                w->st = S_VALUE_CR;
+            } else if (c == '\n') {
+                if ((bad = end_field(w)) != WIRE_OK)
+                    goto refuse;
+                w->st = S_FIELD_START;
+                w->line = 0;
+            } else if (!is_value_byte(c)) {
+                bad = WIRE_BAD_FIELD_VALUE;
+                goto refuse;
+            } else if (w->field != F_OTHER) {
+                if (w->vlen < sizeof(w->val))
+                    w->val[w->vlen++] = (char)c;
+                else
+                    w->flags |= FL_VAL_OVERFLOW;
+            }
+            break;
+
+        /* ---- chunked body: a violation here closes the connection ---- */
+        case S_CHUNK_SIZE: {
+            int h = hexval(c);
+            if (h >= 0) {
+                if (++w->tok > 15)
+                    goto broken; /* 15 hex digits: 2^60, far above any body we take */
+                w->left = w->left * 16 + (uint64_t)h;
+            } else if (w->tok && c == ';') {
+                w->st = S_CHUNK_EXT;
+            } else if (w->tok && c == '\r') {
+                w->st = S_CHUNK_SIZE_CR;
+            } else {
+                goto broken;
+            }
+            break;
+        }
+        case S_CHUNK_EXT:
+            if (c == '\r')
+                w->st = S_CHUNK_SIZE_CR;
+            else if (!is_value_byte(c))
+                goto broken;
+            break;
+        case S_CHUNK_SIZE_CR:
+            if (c != '\n')
+                goto broken;
+            w->line = 0;
+            w->st = w->left ? S_CHUNK_DATA : S_TRAILER_START;
+            break;
+        case S_CHUNK_DATA_CR:
+            if (c != '\r')
+                goto broken;
+            w->st = S_CHUNK_DATA_LF;
+            break;
+        case S_CHUNK_DATA_LF:
+            if (c != '\n')
+                goto broken;
+            w->st = S_CHUNK_SIZE;
+            w->tok = 0;
+            w->left = 0;
+            w->line = 0;
+            break;
+        case S_TRAILER_START:
+            if (c == '\r')
+                w->st = S_TRAILER_END_CR;
+            else if (is_tchar(c))
+                w->st = S_TRAILER_NAME;
+            else
+                goto broken;
+            break;
+        case S_TRAILER_NAME:
+            if (c == ':')
+                w->st = S_TRAILER_VALUE;
+            else if (!is_tchar(c))
+                goto broken;
+            break;
+        case S_TRAILER_VALUE:
+            if (c == '\r')
+                w->st = S_TRAILER_VALUE_CR;
+            else if (!is_value_byte(c))
+                goto broken;
+            break;
+        case S_TRAILER_VALUE_CR:
+            if (c != '\n')
+                goto broken;
+            w->st = S_TRAILER_START;
+            break;
+        case S_TRAILER_END_CR:
+            if (c != '\n')
+                goto broken;
+            w->st = S_START; /* the message is complete */
+            w->line = 0;
+            break;
+        case S_BODY:
+        case S_CHUNK_DATA:
+            break; /* handled above */
+        }
+        continue;
+
+    head_done:
+        if ((bad = end_head(w)) != WIRE_OK)
+            goto refuse;
+        head_at = (size_t)-1;
+        w->line = 0;
+    }
+    sc.safe = head_at == (size_t)-1 ? n : head_at;
+    return sc;
+
+refuse:
+    sc.safe = head_at == (size_t)-1 ? 0 : head_at;
+    sc.reason = bad;
+    return sc;
+broken:
+    sc.safe = 0;
+    sc.reason = WIRE_BAD_CHUNK;
+    return sc;
+}
+
+/* ---- handing bytes to libmicrohttpd ---- */
+
+static int q_append(struct wire *w, const char *p, size_t n)
+{
+    if (w->q_off == w->q_len)
+        w->q_off = w->q_len = 0;
+    char *b = realloc(w->q, w->q_len + n);
+    if (!b)
+        return -1;
+    memcpy(b + w->q_len, p, n);
+    w->q = b;
+    w->q_len += n;
+    return 0;
+}
+
+/* Copies queued bytes into buf[*out..len). */
+static void q_flush(struct wire *w, char *buf, size_t len, size_t *out)
+{
+    size_t k = w->q_len - w->q_off;
+    if (k > len - *out)
+        k = len - *out;
+    memcpy(buf + *out, w->q + w->q_off, k);
+    w->q_off += k;
+    *out += k;
+    if (w->q_off == w->q_len) {
+        free(w->q);
+        w->q = NULL;
+        w->q_len = w->q_off = 0;
+    }
+}
+
+static bool q_pending(const struct wire *w)
+{
+    return w->q_off < w->q_len;
+}
+
+static void drop_stash(struct wire *w)
+{
+    free(w->stash);
+    w->stash = NULL;
+    w->stash_len = 0;
+}
+
+/* A refused head: the stand-in takes its place and nothing more is read. */
+static ssize_t refuse(struct wire *w, enum wire_reason why, char *buf, size_t len, size_t out)
+{
+    drop_stash(w);
+    w->dead = true;
+    w->rejected = why;
+    w->reject_head = ++w->heads_out;
+    if (q_append(w, wire_standin, wire_standin_len) < 0) {
+        w->closing = true;
+        errno = ECONNRESET;
+        return -1;
+    }
+    q_flush(w, buf, len, &out);
+    return (ssize_t)out;
+}
+
+static ssize_t broken(struct wire *w)
+{
+    drop_stash(w);
+    w->closing = true;
+    w->rejected = WIRE_BAD_CHUNK;
+    errno = ECONNRESET;
+    return -1;
+}
+
+static ssize_t nothing_yet(size_t out)
+{
+    if (out)
+        return (ssize_t)out;
+    errno = EAGAIN;
+    return -1;
+}
+
+bool wire_holding(const struct wire *w)
+{
+    return w->stash_len > 0 && !w->dead;
+}
+
+bool wire_head_expired(const struct wire *w, uint64_t now_ms)
+{
+    return wire_holding(w) && w->head_timeout_ms && now_ms - w->head_start_ms >= w->head_timeout_ms;
+}
+
+ssize_t wire_recv(struct wire *w, void *vbuf, size_t len, wire_read_fn read, void *ctx,
+                  uint64_t now_ms)
+{
+    char *buf = vbuf;
+    size_t out = 0;
+    if (w->closing) {
+        errno = ECONNRESET;
+        return -1;
+    }
+    if (len == 0)
+        return 0;
+    if (q_pending(w)) {
+        q_flush(w, buf, len, &out);
+        if (q_pending(w))
+            return (ssize_t)out; /* a full read: libmicrohttpd comes back for the rest */
+    }
+    if (w->dead)
+        return nothing_yet(out);
+    if (wire_holding(w) && (w->expired || wire_head_expired(w, now_ms)))
+        return refuse(w, WIRE_HEAD_TIMEOUT, buf, len, out);
+
+    for (;;) {
+        if (!w->stash_len) {
+            /* the usual case: read straight into libmicrohttpd's buffer, check in place */
+            size_t room = len - out;
+            if (room == 0)
+                return (ssize_t)out;
+            ssize_t got = read(ctx, buf + out, room);
+            if (got <= 0)
+                return out ? (ssize_t)out : got;
+            struct scan sc = parse(w, buf + out, (size_t)got);
+            if (sc.reason == WIRE_BAD_CHUNK)
+                return broken(w);
+            if (sc.reason != WIRE_OK)
+                return refuse(w, sc.reason, buf, len, out + sc.safe);
+            if (sc.safe < (size_t)got) {
+                /* a head began and is not complete: hold it back */
+                size_t k = (size_t)got - sc.safe;
+                w->stash = malloc(WIRE_HEAD_MAX + 1);
+                if (!w->stash)
+                    return broken(w);
+                memcpy(w->stash, buf + out + sc.safe, k);
+                w->stash_len = k;
+                w->head_start_ms = now_ms;
+            }
+            out += sc.safe;
+            if ((size_t)got < room)
+                return nothing_yet(out); /* the socket is drained */
+            continue;
+        }
+        /* a head is held: the next bytes go after it */
+        size_t room = WIRE_HEAD_MAX + 1 - w->stash_len;
+        ssize_t got = read(ctx, w->stash + w->stash_len, room);
+        if (got <= 0)
+            return out ? (ssize_t)out : got;
+        size_t old = w->stash_len;
+        struct scan sc = parse(w, w->stash + old, (size_t)got);
+        if (sc.reason == WIRE_BAD_CHUNK)
+            return broken(w);
+        if (sc.reason != WIRE_OK) {
+            /* the refused head is the held one, or one after it in these bytes */
+            size_t keep = sc.safe ? old + sc.safe : 0;
+            if (keep && q_append(w, w->stash, keep) < 0)
+                return broken(w);
+            return refuse(w, sc.reason, buf, len, out);
+        }
+        w->stash_len += (size_t)got;
+        if (sc.safe > 0) {
+            /* the held head is complete: it and what follows up to any new open head go */
+            size_t done = old + sc.safe;
+            if (q_append(w, w->stash, done) < 0)
+                return broken(w);
+            memmove(w->stash, w->stash + done, w->stash_len - done);
+            w->stash_len -= done;
+            if (w->stash_len)
+                w->head_start_ms = now_ms;
+            else
+                drop_stash(w);
+            q_flush(w, buf, len, &out);
+            if (q_pending(w))
+                return (ssize_t)out;
+        }
+        if ((size_t)got < room)
+            return nothing_yet(out);
+    }
+}
+
+enum wire_reason wire_take_reject(struct wire *w)
+{
+    w->heads_in++;
+    if (w->reject_head && w->heads_in == w->reject_head)
+        return w->rejected;
+    return WIRE_OK;
+}
+
+/* ---- a whole byte string through the checker ---- */
+
+struct feed {
+    const char *data;
+    size_t n, pos;
+    const size_t *pieces;
+    size_t n_pieces, k;
+    size_t piece_left; /* bytes left of the current piece; 0: next call is a drained socket */
+    bool drained;
+};
+
+static ssize_t feed_read(void *ctx, void *buf, size_t len)
+{
+    struct feed *f = ctx;
+    if (f->pos == f->n)
+        return 0;
+    if (f->piece_left == 0) {
+        if (!f->drained) {
+            f->drained = true;
+            errno = EAGAIN;
+            return -1;
+        }
+        f->drained = false;
+        size_t p = f->n_pieces ? f->pieces[f->k++ % f->n_pieces] : f->n;
+        f->piece_left = p ? p : 1;
+    }
+    size_t k = f->n - f->pos;
+    if (k > f->piece_left)
+        k = f->piece_left;
+    if (k > len)
+        k = len;
+    memcpy(buf, f->data + f->pos, k);
+    f->pos += k;
+    f->piece_left -= k;
+    return (ssize_t)k;
+}
+
+size_t wire_run(const char *data, size_t n, const size_t *pieces, size_t n_pieces, char *out,
+                size_t cap, bool *closed, struct wire *w)
+{
+    struct feed f = {
+        .data = data, .n = n, .pieces = pieces, .n_pieces = n_pieces, .drained = true
+    };
+    size_t olen = 0;
+    *closed = false;
+    /* libmicrohttpd reads into what is left of its buffer, at most 16 KiB at a time here */
+    for (unsigned rounds = 0; rounds < 1000000; rounds++) {
+        size_t len = cap - olen < 16384 ? cap - olen : 16384;
+        if (len == 0)
+            break;
+        ssize_t r = wire_recv(w, out + olen, len, feed_read, &f, 0);
+        if (r > 0) {
+            olen += (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            break;
+        if (errno == ECONNRESET) {
+            *closed = true;
+            break;
+        }
+        /* EAGAIN: with nothing left to read and nothing queued, the run is over */
+        if (f.pos == f.n && !q_pending(w))
+            break;
+    }
+    return olen;
+}

@@ -1,0 +1,144 @@
+/* wire -- the request framing check: every byte a client sends, before libmicrohttpd parses it.
+ *
+ * libmicrohttpd 0.9.75 is lenient where a proxy must not be (docs/hardening.md): it appends a
+ * folded header line to the field *name*, decodes "Transfer-Encoding: chunked" followed by a
+ * second Transfer-Encoding line as chunked, cuts values at a NUL, and answers some malformed
+ * heads itself with a response whose header block is written twice. So the bytes of each
+ * client connection pass through this checker first (proxy/rawrecv.c routes libmicrohttpd's
+ * recv() calls here). It parses the HTTP/1.1 message framing (RFC 9112) as a strict recipient:
+ *
+ *   - a head that is well formed and unambiguous goes to libmicrohttpd untouched, in place;
+ *   - a head that is not is never handed over: in its place libmicrohttpd receives a short
+ *     stand-in request, which the access handler recognises (wire_take_reject) and answers with
+ *     retryproxy's JSON error and Connection: close; nothing after it is read;
+ *   - a body whose chunked framing breaks mid-way closes the connection (ECONNRESET), since
+ *     part of it is already on its way: the upstream never gets a complete request;
+ *   - a head still incomplete after the header deadline is answered 408.
+ *
+ * Heads that arrive whole in one read cost one pass over their bytes and no copy. A head split
+ * across reads is held here (at most WIRE_HEAD_MAX bytes) until it is complete.
+ *
+ * Pure: no libmicrohttpd, no libcurl; the socket read and the clock are passed in.
+ */
+#ifndef RETRYPROXY_PROXY_WIRE_H
+#define RETRYPROXY_PROXY_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* A head (request line, fields, blank line) above this many bytes is a 431; a request line
+ * above WIRE_LINE_MAX a 414. Both stay well inside libmicrohttpd's 32 KiB connection pool, so
+ * libmicrohttpd never has to refuse a head itself. */
+#define WIRE_HEAD_MAX   (16 * 1024)
+#define WIRE_LINE_MAX   (8 * 1024)
+#define WIRE_FIELDS_MAX 100
+/* Longest method forwarded; a longer one is a 501. */
+#define WIRE_METHOD_MAX 32
+
+/* Why a head was refused (the JSON error's message, see wire_reason_text). */
+enum wire_reason {
+    WIRE_OK = 0,
+    WIRE_BAD_REQUEST_LINE,
+    WIRE_BAD_METHOD,
+    WIRE_METHOD_TOO_LONG,
+    WIRE_BAD_TARGET,
+    WIRE_BAD_VERSION,
+    WIRE_BARE_CR,
+    WIRE_BAD_FIELD_NAME,
+    WIRE_SPACE_BEFORE_COLON,
+    WIRE_BAD_FIELD_VALUE,
+    WIRE_OBS_FOLD,
+    WIRE_BAD_CONTENT_LENGTH,
+    WIRE_TWO_CONTENT_LENGTHS,
+    WIRE_CL_AND_TE,
+    WIRE_BAD_TRANSFER_ENCODING,
+    WIRE_UNSUPPORTED_CODING,
+    WIRE_TE_IN_HTTP10,
+    WIRE_NO_HOST,
+    WIRE_TWO_HOSTS,
+    WIRE_TARGET_TOO_LONG,
+    WIRE_HEAD_TOO_LARGE,
+    WIRE_HEAD_TIMEOUT,
+    WIRE_BAD_CHUNK, /* mid-body: the connection is closed */
+};
+
+/* The HTTP status and the short text for a refused head. */
+unsigned wire_reason_status(enum wire_reason r);
+const char *wire_reason_text(enum wire_reason r);
+
+/* Reads up to 'len' bytes of the connection into 'buf' (recv semantics: >0 bytes, 0 end of
+ * stream, -1 with errno). */
+typedef ssize_t (*wire_read_fn)(void *ctx, void *buf, size_t len);
+
+/* The framing state of one client connection. Zero-initialise, then wire_init(). */
+struct wire {
+    /* parser */
+    uint8_t st;      /* enum in wire.c */
+    uint8_t field;   /* which framing field the current line is */
+    uint8_t flags;   /* head facts (wire.c) */
+    uint8_t version; /* 10 or 11 */
+    uint16_t fields; /* field lines in this head */
+    uint16_t tok;    /* length of the current token (method, name, hex digits) */
+    uint32_t line;   /* bytes of the current line */
+    uint32_t head;   /* bytes of the current head */
+    uint16_t n_cl, n_host, n_te_fields;
+    uint16_t te_codings, te_chunked; /* coding tokens seen; how many were "chunked" */
+    bool te_last_chunked;
+    uint8_t vlen;  /* bytes kept of the current framing field's value */
+    char val[48];  /* the current framing field's value (trimmed at line end) */
+    char name[20]; /* the current field name, lowercased, while it may be a framing one */
+    uint64_t cl;   /* body bytes declared */
+    uint64_t left; /* body or chunk bytes still to pass */
+    enum wire_reason reason;
+
+    /* buffers of a connection whose head is split across reads, or refused */
+    char *stash; /* the incomplete head so far */
+    size_t stash_len;
+    char *q; /* bytes checked and waiting for libmicrohttpd */
+    size_t q_len, q_off;
+    uint64_t head_start_ms; /* when the held head began */
+    uint32_t head_timeout_ms;
+
+    /* the refusal handed to the access handler */
+    bool expired;              /* the worker's sweep found the held head past its deadline */
+    bool dead;                 /* refused: nothing more is read */
+    bool closing;              /* broken mid-body: every read fails */
+    uint32_t heads_out;        /* heads handed to libmicrohttpd, the stand-in included */
+    uint32_t heads_in;         /* heads the access handler has seen */
+    uint32_t reject_head;      /* 1-based index of the stand-in head; 0: none */
+    enum wire_reason rejected; /* why */
+};
+
+void wire_init(struct wire *w, uint32_t head_timeout_ms);
+/* Frees the buffers (the struct itself is the caller's). */
+void wire_release(struct wire *w);
+
+/* libmicrohttpd's read of this connection: fills 'buf' with checked bytes. Returns as recv()
+ * does; -1 with errno EAGAIN when nothing may be handed over yet, ECONNRESET once the body
+ * framing broke. 'now_ms' is a monotonic clock. */
+ssize_t wire_recv(struct wire *w, void *buf, size_t len, wire_read_fn read, void *ctx,
+                  uint64_t now_ms);
+
+/* Whether a held, incomplete head has passed its deadline (the worker's sweep asks). */
+bool wire_head_expired(const struct wire *w, uint64_t now_ms);
+/* Whether a head is being held (for the sweep's list). */
+bool wire_holding(const struct wire *w);
+
+/* Called once per request head that libmicrohttpd parsed on this connection, in order. Returns
+ * the reason when that head is the stand-in for a refused one, else WIRE_OK. */
+enum wire_reason wire_take_reject(struct wire *w);
+
+/* The checker over a whole byte string, for tests and the fuzzer: feeds 'data' in pieces of
+ * the given sizes (cycled; NULL: all at once) and collects what libmicrohttpd would receive
+ * into 'out' (at most 'cap' bytes). Returns the bytes written; *closed is set when the
+ * connection would be reset. */
+size_t wire_run(const char *data, size_t n, const size_t *pieces, size_t n_pieces, char *out,
+                size_t cap, bool *closed, struct wire *w);
+
+/* The stand-in request handed over in place of a refused head. */
+extern const char wire_standin[];
+extern const size_t wire_standin_len;
+
+#endif
