@@ -109,12 +109,30 @@ out:
     return s ? &s->cfg : NULL;
 }
 
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    return "an unknown kind of file";
+}
+
 int cfg_read_file(const char *path, char **buf, size_t *len, struct cfg_errs *errs)
 {
     int rc = -1;
     char *b = NULL;
     size_t n = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO (or a device) for reading would otherwise wait for a writer,
+     * and it is only after the open that fstat can tell what the path is. It changes nothing
+     * for a regular file, the one kind read. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         cfg_errs_add(errs, "$", 0, 0, "cannot open: %s", strerror(errno));
         goto out;
@@ -125,7 +143,7 @@ int cfg_read_file(const char *path, char **buf, size_t *len, struct cfg_errs *er
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
-        cfg_errs_add(errs, "$", 0, 0, "not a regular file");
+        cfg_errs_add(errs, "$", 0, 0, "not a regular file (%s)", file_kind(st.st_mode));
         goto out;
     }
     /* Read up to one byte past the cap so an oversized file (even one still growing) is
@@ -148,8 +166,9 @@ int cfg_read_file(const char *path, char **buf, size_t *len, struct cfg_errs *er
             break;
         n += (size_t)got;
         if (n == cap) {
-            cfg_errs_add(errs, "$", 0, 0, "larger than %u bytes: not a config file?",
-                         CFG_MAX_FILE_BYTES);
+            cfg_errs_add(errs, "$", 0, 0,
+                         "larger than %u MiB (%u bytes), the limit for a config file",
+                         CFG_MAX_FILE_BYTES >> 20, CFG_MAX_FILE_BYTES);
             goto out;
         }
     }

@@ -18,7 +18,8 @@
 #include "config/errors.h"
 #include "policy/backoff.h"
 
-/* Largest config file read: configs are a few kilobytes; this bounds a mistaken path. */
+/* Largest config file read (4 MiB; docs/config.md): configs are a few kilobytes. This bounds
+ * the memory and time one load may take, and a mistaken path. */
 #define CFG_MAX_FILE_BYTES (4u << 20)
 
 enum cfg_log_level { CFG_LOG_DEBUG, CFG_LOG_INFO, CFG_LOG_WARN, CFG_LOG_ERROR };
@@ -121,7 +122,8 @@ struct cfg {
 struct cfg *cfg_load_file(const char *path, struct cfg_errs *errs);
 
 /* Reads the whole file at 'path' (at most CFG_MAX_FILE_BYTES) into a malloc'd *buf. 0, or -1
- * with the reason in 'errs'. */
+ * with the reason in 'errs'. Only a regular file is read, and nothing blocks: a FIFO, a
+ * device or a directory at 'path' is an error found without waiting for a writer. */
 int cfg_read_file(const char *path, char **buf, size_t *len, struct cfg_errs *errs);
 
 /* The same from 'len' bytes of JSON text; 'source' names it in the snapshot. */

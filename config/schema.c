@@ -209,6 +209,46 @@ static struct at elem_at(struct walk *w, const char *parent, size_t i)
     return at;
 }
 
+/* ---- duplicates in a list ---- */
+
+/* The strings of one list seen so far, each with the index where it first appeared, so that a
+ * list's duplicate check costs one lookup per element: a file repeating one entry 20,000
+ * times must not take n^2 comparisons. Open addressing, at most half full; memory from
+ * w->tmp. */
+struct seen {
+    const char **key;
+    size_t *first;
+    size_t mask;
+};
+
+static void seen_init(struct walk *w, struct seen *s, size_t n)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    s->key = arena_alloc(&w->tmp, cap * sizeof(*s->key));
+    s->first = arena_alloc(&w->tmp, cap * sizeof(*s->first));
+    s->mask = cap - 1;
+}
+
+/* Records 'key' (borrowed: it must outlive the set) as seen at index 'i'. Returns the index
+ * of an earlier equal string, or SIZE_MAX when this is the first. */
+static size_t seen_add(struct seen *s, const char *key, size_t i)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const char *p = key; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ULL;
+    for (size_t k = (size_t)h & s->mask;; k = (k + 1) & s->mask) {
+        if (!s->key[k]) {
+            s->key[k] = key;
+            s->first[k] = i;
+            return SIZE_MAX;
+        }
+        if (strcmp(s->key[k], key) == 0)
+            return s->first[k];
+    }
+}
+
 /* ---- string checks ---- */
 
 static int has_ctl_or_space(const char *s, size_t len)
@@ -546,6 +586,8 @@ static int parse_retry_on(struct walk *w, const struct at *at, const json_t *v, 
         return -1;
     size_t n = (size_t)len;
     struct cfg_retry_cond *conds = arena_alloc(w->a, (n ? n : 1) * sizeof(*conds));
+    struct seen seen;
+    seen_init(w, &seen, n);
     size_t i;
     const json_t *t;
     json_array_foreach(v, i, t)
@@ -562,11 +604,9 @@ static int parse_retry_on(struct walk *w, const struct at *at, const json_t *v, 
             continue;
         }
         conds[i].token = arena_strdup(w->a, s);
-        for (size_t j = 0; j < i; j++) {
-            if (conds[j].token && strcmp(conds[j].token, s) == 0) {
-                err_at(w, &e, "\"%s\" is listed twice", s);
-                rc = -1;
-            }
+        if (seen_add(&seen, conds[i].token, i) != SIZE_MAX) {
+            err_at(w, &e, "\"%s\" is listed twice", s);
+            rc = -1;
         }
     }
     if (rc == 0) {
@@ -652,6 +692,8 @@ static int parse_upstreams(struct walk *w, const struct at *at, const json_t *v,
         return -1;
     size_t n = (size_t)len;
     struct cfg_upstream *ups = arena_alloc(w->a, n * sizeof(*ups));
+    struct seen seen;
+    seen_init(w, &seen, n);
     size_t i;
     const json_t *u;
     json_array_foreach(v, i, u)
@@ -666,11 +708,9 @@ static int parse_upstreams(struct walk *w, const struct at *at, const json_t *v,
             rc = -1;
             continue;
         }
-        for (size_t j = 0; j < i; j++) {
-            if (ups[j].url && strcmp(ups[j].url, ups[i].url) == 0) {
-                err_at(w, &e, "\"%s\" is listed twice", ups[i].url);
-                rc = -1;
-            }
+        if (seen_add(&seen, ups[i].url, i) != SIZE_MAX) {
+            err_at(w, &e, "\"%s\" is listed twice", ups[i].url);
+            rc = -1;
         }
     }
     if (rc == 0) {
@@ -1307,6 +1347,8 @@ static int parse_routes(struct walk *w, const struct at *at, const json_t *v, vo
         return -1;
     size_t n = (size_t)len;
     struct cfg_route *routes = arena_alloc(w->a, n * sizeof(*routes));
+    struct seen names;
+    seen_init(w, &names, n);
     size_t i;
     const json_t *r;
     json_array_foreach(v, i, r)
@@ -1323,14 +1365,12 @@ static int parse_routes(struct walk *w, const struct at *at, const json_t *v, vo
         x.layer[1] = w->defaults;
         x.layer_path[1] = "$.defaults";
         walk_object(w, &x, &routes[i]);
-        for (size_t j = 0; j < i; j++) {
-            if (routes[i].name && routes[j].name && strcmp(routes[i].name, routes[j].name) == 0) {
-                struct at name_at = child_at(w, e.path, "name");
-                err_at(w, &name_at, "duplicate route name \"%s\" (also $.routes[%zu].name)",
-                       routes[i].name, j);
-                rc = -1;
-                break;
-            }
+        size_t j = routes[i].name ? seen_add(&names, routes[i].name, i) : SIZE_MAX;
+        if (j != SIZE_MAX) {
+            struct at name_at = child_at(w, e.path, "name");
+            err_at(w, &name_at, "duplicate route name \"%s\" (also $.routes[%zu].name)",
+                   routes[i].name, j);
+            rc = -1;
         }
     }
     c->routes = routes;

@@ -1,13 +1,17 @@
 /* Config loading: data-driven cases (tests/data/config/{invalid,valid}) and the resolved
  * values of a snapshot. Run from the repository root (make test does). */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 #include <criterion/parameterized.h>
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config/cfg.h"
@@ -18,6 +22,11 @@
 struct file_case {
     char name[96];
 };
+
+static double ms_between(const struct timespec *a, const struct timespec *b)
+{
+    return (double)(b->tv_sec - a->tv_sec) * 1e3 + (double)(b->tv_nsec - a->tv_nsec) / 1e6;
+}
 
 static char *slurp(const char *path)
 {
@@ -370,7 +379,41 @@ Test(config, file_that_cannot_be_read_is_an_error_without_position)
     cfg_errs_clear(&errs);
     cr_expect_null(cfg_load_file(DATA, &errs));
     cr_assert_eq(errs.n, 1);
-    cr_expect_str_eq(errs.v[0].msg, "not a regular file");
+    cr_expect_str_eq(errs.v[0].msg, "not a regular file (a directory)");
+    cfg_errs_clear(&errs);
+}
+
+/* A FIFO at the config path: opening it for reading would wait for a writer that may never
+ * come (the control thread stuck, health checks timing out). It is refused at once, and a
+ * writer that does come finds nobody reading. */
+Test(config, fifo_is_refused_without_waiting_for_a_writer, .timeout = 10)
+{
+    char dir[] = "/tmp/retryproxy-fifo-XXXXXX", path[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0, "mkfifo: %s", strerror(errno));
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_expect_null(cfg_load_file(path, &errs));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cr_assert_eq(errs.n, 1);
+    cr_expect_eq(errs.v[0].line, 0);
+    cr_expect_str_eq(errs.v[0].msg, "not a regular file (a FIFO)");
+    cr_expect_lt(ms_between(&t0, &t1), 1000.0);
+    cfg_errs_clear(&errs);
+    unlink(path);
+    rmdir(dir);
+}
+
+Test(config, device_is_refused)
+{
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    cr_expect_null(cfg_load_file("/dev/zero", &errs));
+    cr_assert_eq(errs.n, 1);
+    cr_expect_str_eq(errs.v[0].msg, "not a regular file (a character device)");
     cfg_errs_clear(&errs);
 }
 
@@ -387,9 +430,185 @@ Test(config, oversized_file_is_refused)
     cfg_errs_init(&errs);
     cr_expect_null(cfg_load_file(path, &errs));
     cr_assert_eq(errs.n, 1);
-    cr_expect(strstr(errs.v[0].msg, "larger than") != NULL, "%s", errs.v[0].msg);
+    cr_expect_eq(errs.v[0].line, 0);
+    cr_expect_str_eq(errs.v[0].msg,
+                     "larger than 4 MiB (4194304 bytes), the limit for a config file");
     cfg_errs_clear(&errs);
     unlink(path);
+}
+
+Test(config, file_of_exactly_the_limit_is_read)
+{
+    /* A valid config padded with spaces to exactly CFG_MAX_FILE_BYTES. */
+    static const char head[] = "{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"]}]}";
+    char path[] = "/tmp/retryproxy-big-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(head, f);
+    for (size_t i = strlen(head); i < CFG_MAX_FILE_BYTES; i++)
+        fputc(' ', f);
+    fclose(f);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct cfg *c = cfg_load_file(path, &errs);
+    cr_expect_not_null(c, "%s", errs.n ? errs.v[0].msg : "");
+    cfg_unref(c);
+    cfg_errs_clear(&errs);
+    unlink(path);
+}
+
+/* ---- long lists: each element is checked against the others in constant time ---- */
+
+/* {"routes": [ROUTE]} where ROUTE's 'key' (a path inside the route, as JSON text up to the
+ * list) holds 'n' strings made by 'elem' from their index. */
+static char *long_list_config(const char *before, const char *after, size_t n,
+                              void (*elem)(char *buf, size_t cap, size_t i))
+{
+    size_t cap = strlen(before) + strlen(after) + n * 40 + 64;
+    char *text = malloc(cap), *p = text;
+    p += sprintf(p, "%s", before);
+    for (size_t i = 0; i < n; i++) {
+        char e[40];
+        elem(e, sizeof(e), i);
+        p += sprintf(p, "%s\"%s\"", i ? ", " : "", e);
+    }
+    sprintf(p, "%s", after);
+    return text;
+}
+
+static void same_status(char *buf, size_t cap, size_t i)
+{
+    (void)i;
+    snprintf(buf, cap, "429");
+}
+
+static void same_url(char *buf, size_t cap, size_t i)
+{
+    (void)i;
+    snprintf(buf, cap, "http://127.0.0.1:9001");
+}
+
+/* Every range lo-hi with 100 <= lo <= hi <= 599, in order: 125,250 distinct tokens. */
+static void distinct_range(char *buf, size_t cap, size_t i)
+{
+    unsigned lo = 100;
+    while (i >= 600 - lo) {
+        i -= 600 - lo;
+        lo++;
+    }
+    snprintf(buf, cap, "%u-%u", lo, lo + (unsigned)i);
+}
+
+static void distinct_url(char *buf, size_t cap, size_t i)
+{
+    snprintf(buf, cap, "http://10.%zu.%zu.%zu:80", i >> 16, (i >> 8) & 255, i & 255);
+}
+
+/* Loads 'text', returns the milliseconds it took; 'errs' keeps what was found. */
+static double timed_load(const char *text, struct cfg_errs *errs, struct cfg **out)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct cfg *c = cfg_load_buffer(text, strlen(text), "t", errs);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (out)
+        *out = c;
+    else
+        cfg_unref(c);
+    return ms_between(&t0, &t1);
+}
+
+/* The case of issue 9: 20,000 copies of "429" (140 KB) took 30 s, comparing each entry with
+ * every earlier one and reporting each pair. Now each duplicate is one error, found in one
+ * lookup. */
+Test(config, retry_on_repeating_one_entry_20000_times_is_one_error_per_copy, .timeout = 20)
+{
+    char *text = long_list_config("{\"routes\": [{\"name\": \"a\", \"upstreams\": "
+                                  "[\"http://h:1\"], \"retry\": {\"retry_on\": [",
+                                  "]}}]}", 20000, same_status);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    double ms = timed_load(text, &errs, NULL);
+    cr_log_info("20,000 x \"429\" in retry_on: %.0f ms", ms);
+    cr_expect_eq(errs.n + errs.dropped, 19999, "%zu errors, want one per copy after the first",
+                 errs.n + errs.dropped);
+    cr_assert_gt(errs.n, 0);
+    cr_expect_str_eq(errs.v[0].path, "$.routes[0].retry.retry_on[1]");
+    cr_expect_str_eq(errs.v[0].msg, "\"429\" is listed twice");
+    cr_expect_lt(ms, 1000.0, "loading took %.0f ms", ms);
+    cfg_errs_clear(&errs);
+    free(text);
+}
+
+Test(config, upstreams_repeating_one_url_20000_times_is_one_error_per_copy, .timeout = 20)
+{
+    char *text = long_list_config("{\"routes\": [{\"name\": \"a\", \"upstreams\": [", "]}]}", 20000,
+                                  same_url);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    double ms = timed_load(text, &errs, NULL);
+    cr_log_info("20,000 x the same upstream: %.0f ms", ms);
+    cr_expect_eq(errs.n + errs.dropped, 19999, "%zu errors, want one per copy after the first",
+                 errs.n + errs.dropped);
+    cr_assert_gt(errs.n, 0);
+    cr_expect_str_eq(errs.v[0].path, "$.routes[0].upstreams[1]");
+    cr_expect_str_eq(errs.v[0].msg, "\"http://127.0.0.1:9001\" is listed twice");
+    cr_expect_lt(ms, 1000.0, "loading took %.0f ms", ms);
+    cfg_errs_clear(&errs);
+    free(text);
+}
+
+/* Valid lists as long as a 4 MiB file allows: no element is compared with all the others. */
+Test(config, long_lists_of_distinct_entries_load_in_linear_time, .timeout = 60)
+{
+    char *text = long_list_config("{\"routes\": [{\"name\": \"a\", \"upstreams\": "
+                                  "[\"http://h:1\"], \"retry\": {\"retry_on\": [",
+                                  "]}}]}", 125250, distinct_range);
+    cr_assert_lt(strlen(text), CFG_MAX_FILE_BYTES);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    struct cfg *c;
+    double ms = timed_load(text, &errs, &c);
+    cr_log_info("125,250 distinct retry_on ranges: %.0f ms", ms);
+    cr_assert_not_null(c, "%s", errs.n ? errs.v[0].msg : "");
+    cr_expect_eq(c->routes[0].retry.n_on, 125250);
+    cr_expect_lt(ms, 3000.0, "loading took %.0f ms", ms);
+    cfg_unref(c);
+    free(text);
+
+    text = long_list_config("{\"routes\": [{\"name\": \"a\", \"upstreams\": [", "]}]}", 100000,
+                            distinct_url);
+    cr_assert_lt(strlen(text), CFG_MAX_FILE_BYTES);
+    ms = timed_load(text, &errs, &c);
+    cr_log_info("100,000 distinct upstreams: %.0f ms", ms);
+    cr_assert_not_null(c, "%s", errs.n ? errs.v[0].msg : "");
+    cr_expect_eq(c->routes[0].n_upstreams, 100000);
+    cr_expect_lt(ms, 3000.0, "loading took %.0f ms", ms);
+    cfg_unref(c);
+    cfg_errs_clear(&errs);
+    free(text);
+}
+
+/* Route names are checked for duplicates the same way: the first copy is the one named. */
+Test(config, duplicate_route_names_among_many_name_the_first_copy, .timeout = 60)
+{
+    size_t n = 20000;
+    char *text = malloc(n * 64 + 64), *p = text;
+    p += sprintf(p, "{\"routes\": [");
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s{\"name\": \"r%zu\", \"upstreams\": [\"http://h:1\"]}", i ? "," : "",
+                     i < n - 1 ? i : 12345);
+    strcpy(p, "]}");
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    double ms = timed_load(text, &errs, NULL);
+    cr_log_info("20,000 routes: %.0f ms", ms);
+    cr_assert_eq(errs.n, 1);
+    cr_expect_str_eq(errs.v[0].path, "$.routes[19999].name");
+    cr_expect_str_eq(errs.v[0].msg, "duplicate route name \"r12345\" (also $.routes[12345].name)");
+    cfg_errs_clear(&errs);
+    free(text);
 }
 
 Test(config, error_list_is_capped_and_counts_the_rest)
