@@ -31,14 +31,97 @@ void cfg_errs_clear(struct cfg_errs *e)
     cfg_errs_init(e);
 }
 
+/* Length of the well-formed UTF-8 character at s[0..n) (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF), 0 if there is none there. */
+static size_t utf8_char(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf; /* the range of the second byte */
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else {
+        return 0;
+    }
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    return len;
+}
+
+/* The message as it is kept, in 'out' (at least 6 * strlen(msg) + 4 bytes). Messages quote
+ * strings from the file, which may hold any character once their escapes are decoded, and end
+ * up in line-oriented output and in JSON (the admin API): a control character is written as
+ * an escape ("\n", "\u001b"), so that one error stays one line, and a byte that is not part of
+ * a well-formed UTF-8 character as "\xNN" (jansson refuses to hold invalid UTF-8). A message
+ * cut short ('cut', or a character cut at its end) ends in "...". */
+static void tidy_message(char *out, const char *msg, int cut)
+{
+    const unsigned char *p = (const unsigned char *)msg;
+    size_t n = strlen(msg);
+    char *o = out;
+    while (n > 0) {
+        size_t k = utf8_char(p, n);
+        size_t need = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : 2;
+        if (k == 0 && p[0] >= 0xc2 && p[0] <= 0xf4 && n < need) {
+            /* A character cut off at the end, as vsnprintf leaves it. */
+            size_t i = 1;
+            while (i < n && (p[i] & 0xc0) == 0x80)
+                i++;
+            if (i == n) {
+                cut = 1;
+                break;
+            }
+        }
+        if (k == 0) {
+            o += sprintf(o, "\\x%02x", p[0]);
+            k = 1;
+        } else if (p[0] == '\n') {
+            o += sprintf(o, "\\n");
+        } else if (p[0] == '\t') {
+            o += sprintf(o, "\\t");
+        } else if (p[0] == '\r') {
+            o += sprintf(o, "\\r");
+        } else if (p[0] < 0x20 || p[0] == 0x7f) {
+            o += sprintf(o, "\\u%04x", p[0]);
+        } else {
+            memcpy(o, p, k);
+            o += k;
+        }
+        p += k;
+        n -= k;
+    }
+    if (cut)
+        o += sprintf(o, "...");
+    *o = '\0';
+}
+
 void cfg_errs_add(struct cfg_errs *e, const char *path, uint32_t line, uint32_t col,
                   const char *fmt, ...)
 {
-    char msg[1024];
+    char raw[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    int full = vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
+    char msg[6 * sizeof(raw) + 4];
+    tidy_message(msg, raw, full < 0 || (size_t)full >= sizeof(raw));
 
     for (size_t i = 0; i < e->n; i++) {
         const struct cfg_err *x = &e->v[i];
