@@ -74,12 +74,19 @@ struct cfg *cfg_load_buffer(const char *text, size_t len, const char *source, st
     if (jpos_scan(&pos, copy, len, errs) < 0)
         goto out;
 
+    /* JSON_DECODE_ANY: a root that is not an object is the schema's to report ("expected a
+     * JSON object, got a string"), as the scanner accepts it. */
     json_error_t jerr;
-    root = json_loadb(copy, len, 0, &jerr);
+    root = json_loadb(copy, len, JSON_DECODE_ANY, &jerr);
     if (!root) {
-        /* Everything the scanner accepts jansson should too; report it rather than trust it. */
-        cfg_errs_add(errs, "$", jerr.line > 0 ? (uint32_t)jerr.line : 0,
-                     jerr.column > 0 ? (uint32_t)jerr.column : 0, "%s", jerr.text);
+        /* Everything the scanner accepts jansson should too, unless an allocation failed;
+         * report it rather than trust it. */
+        if (json_alloc_failed)
+            cfg_errs_add(errs, "$", 0, 0, "out of memory parsing the config");
+        else
+            cfg_errs_add(errs, "$", jerr.line > 0 ? (uint32_t)jerr.line : 0,
+                         jerr.column > 0 ? (uint32_t)jerr.column : 0, "%s",
+                         jerr.text[0] ? jerr.text : "jansson cannot load the document");
         goto out;
     }
 
