@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Writes (in place or through a rename), creation, deletion, Kubernetes' symlink swap, and
@@ -14,12 +15,149 @@
     (IN_CLOSE_WRITE | IN_MODIFY | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE |            \
      IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF)
 
+/* The watch itself went away or its directory moved: what the path names may have changed. */
+#define GONE_EVENTS (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)
+
+/* Places watched along the path's symlinks (a ConfigMap needs three: the config's link, the
+ * ..data link, the real file). Longer chains are followed but watched only this far; the
+ * content poll covers the rest. */
+#define MAX_POINTS 16
+/* Symlinks followed while resolving, as the kernel's own limit (ELOOP past it). */
+#define MAX_LINKS 40
+
+/* One entry of a directory whose change would change what the config path reads: a symlink
+ * on the way, the file it finally names, or the first component that does not exist yet. */
+struct point {
+    int wd; /* -1 when the directory could not be watched */
+    char name[NAME_MAX + 1];
+    char dir[PATH_MAX]; /* absolute, free of symlinks */
+};
+
 struct watch {
     int fd;
-    int wd; /* -1 while the directory is not watched */
+    int wd; /* the directory as named in the path; -1 while not watched */
     char dir[PATH_MAX];
     char name[NAME_MAX + 1];
+    char abs[PATH_MAX]; /* the path, made absolute at watch_new() */
+    struct point pts[MAX_POINTS];
+    size_t n_pts;
+    struct point next[MAX_POINTS]; /* scratch for follow_links() */
 };
+
+/* ---- resolving the path ---- */
+
+static size_t add_point(struct point *v, size_t n, const char *dir, const char *name)
+{
+    const char *d = *dir ? dir : "/";
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(v[i].dir, d) == 0 && strcmp(v[i].name, name) == 0)
+            return n;
+    if (n == MAX_POINTS)
+        return n;
+    v[n].wd = -1;
+    snprintf(v[n].dir, sizeof(v[n].dir), "%s", d);
+    snprintf(v[n].name, sizeof(v[n].name), "%s", name);
+    return n + 1;
+}
+
+/* Walks the absolute 'path' one component at a time, as the kernel resolves it, and records
+ * in 'v' every place where a change alters what the path reads: the directory and name of
+ * each symlink met (in a directory component or at the end), of the file finally reached, or
+ * of the first component that does not exist. Returns how many were recorded. Only lstat and
+ * readlink: nothing is opened. */
+static size_t resolve(const char *path, struct point *v)
+{
+    char done[PATH_MAX] = ""; /* the part resolved so far, without symlinks; "" is the root */
+    char todo[PATH_MAX], rest[PATH_MAX], target[PATH_MAX], cand[PATH_MAX + NAME_MAX + 2];
+    char comp[NAME_MAX + 1];
+    size_t n = 0;
+    int links = 0;
+
+    if (snprintf(todo, sizeof(todo), "%s", path) >= (int)sizeof(todo))
+        return 0;
+    for (const char *p = todo;;) {
+        while (*p == '/')
+            p++;
+        if (!*p)
+            break;
+        size_t len = strcspn(p, "/");
+        if (len > NAME_MAX)
+            break;
+        memcpy(comp, p, len);
+        comp[len] = '\0';
+        p += len;
+        while (*p == '/')
+            p++;
+        bool last = *p == '\0';
+        if (strcmp(comp, ".") == 0)
+            continue;
+        if (strcmp(comp, "..") == 0) {
+            char *slash = strrchr(done, '/');
+            if (slash)
+                *slash = '\0';
+            continue;
+        }
+        snprintf(cand, sizeof(cand), "%s/%s", done, comp);
+        struct stat st;
+        if (lstat(cand, &st) < 0) {
+            n = add_point(v, n, done, comp); /* where it would appear */
+            break;
+        }
+        if (S_ISLNK(st.st_mode)) {
+            n = add_point(v, n, done, comp);
+            if (++links > MAX_LINKS)
+                break;
+            ssize_t tl = readlink(cand, target, sizeof(target) - 1);
+            if (tl < 0)
+                break;
+            target[tl] = '\0';
+            snprintf(rest, sizeof(rest), "%s", p);
+            if (snprintf(todo, sizeof(todo), "%s/%s", target, rest) >= (int)sizeof(todo))
+                break;
+            if (target[0] == '/')
+                done[0] = '\0';
+            p = todo;
+            continue;
+        }
+        if (last) {
+            n = add_point(v, n, done, comp);
+            break;
+        }
+        if (strlen(cand) >= sizeof(done))
+            break;
+        memcpy(done, cand, strlen(cand) + 1);
+    }
+    return n;
+}
+
+static bool wd_in_use(const struct watch *w, const struct point *v, size_t n, int wd)
+{
+    if (wd == w->wd)
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].wd == wd)
+            return true;
+    return false;
+}
+
+/* Resolves the path again and moves the watches to where it now leads: the directories of
+ * the new points are watched, those no longer needed are released. Cheap (a few lstat and
+ * inotify calls), so it runs after every relevant event. */
+static void follow_links(struct watch *w)
+{
+    size_t n = resolve(w->abs, w->next);
+    for (size_t i = 0; i < n; i++)
+        w->next[i].wd = inotify_add_watch(w->fd, w->next[i].dir, DIR_EVENTS | IN_ONLYDIR);
+    for (size_t i = 0; i < w->n_pts; i++) {
+        int wd = w->pts[i].wd;
+        if (wd >= 0 && !wd_in_use(w, w->next, n, wd) && !wd_in_use(w, w->pts, i, wd))
+            inotify_rm_watch(w->fd, wd);
+    }
+    memcpy(w->pts, w->next, n * sizeof(*w->pts));
+    w->n_pts = n;
+}
+
+/* ---- the public interface ---- */
 
 struct watch *watch_new(const char *path)
 {
@@ -41,6 +179,11 @@ struct watch *watch_new(const char *path)
         w->dir[dl] = '\0';
         snprintf(w->name, sizeof(w->name), "%s", slash + 1);
     }
+    char cwd[PATH_MAX];
+    if (path[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+        snprintf(w->abs, sizeof(w->abs), "%s", path);
+    else if (snprintf(w->abs, sizeof(w->abs), "%s/%s", cwd, path) >= (int)sizeof(w->abs))
+        snprintf(w->abs, sizeof(w->abs), "%s", path); /* too long: no links followed */
     w->wd = -1;
     w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (w->fd < 0) {
@@ -73,20 +216,43 @@ bool watch_active(const struct watch *w)
 
 bool watch_repair(struct watch *w)
 {
-    if (w->wd >= 0)
-        return true;
-    w->wd = inotify_add_watch(w->fd, w->dir, DIR_EVENTS | IN_ONLYDIR);
+    if (w->wd < 0)
+        w->wd = inotify_add_watch(w->fd, w->dir, DIR_EVENTS | IN_ONLYDIR);
+    if (w->abs[0] == '/')
+        follow_links(w);
     return w->wd >= 0;
 }
 
 static bool concerns_config(const struct watch *w, const struct inotify_event *ev)
 {
-    if (ev->mask & (IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF))
+    if (ev->mask & IN_Q_OVERFLOW)
         return true;
-    if (!ev->len)
-        return false;
-    /* kubelet's entries: "..data", "..data_tmp", "..2026_11_21_10_00_00.123456789" */
-    return strcmp(ev->name, w->name) == 0 || strncmp(ev->name, "..", 2) == 0;
+    if (ev->wd == w->wd) {
+        if (ev->mask & GONE_EVENTS)
+            return true;
+        /* kubelet's entries: "..data", "..data_tmp", "..2026_11_21_10_00_00.123456789" */
+        if (ev->len && (strcmp(ev->name, w->name) == 0 || strncmp(ev->name, "..", 2) == 0))
+            return true;
+    }
+    for (size_t i = 0; i < w->n_pts; i++) {
+        const struct point *pt = &w->pts[i];
+        if (pt->wd != ev->wd)
+            continue;
+        if ((ev->mask & GONE_EVENTS) || (ev->len && strcmp(ev->name, pt->name) == 0))
+            return true;
+    }
+    return false;
+}
+
+/* The kernel dropped watch 'wd' (its directory went away): every place watched through it
+ * needs watching again. */
+static void forget_wd(struct watch *w, int wd)
+{
+    if (wd == w->wd)
+        w->wd = -1;
+    for (size_t i = 0; i < w->n_pts; i++)
+        if (w->pts[i].wd == wd)
+            w->pts[i].wd = -1;
 }
 
 bool watch_read(struct watch *w)
@@ -105,14 +271,18 @@ bool watch_read(struct watch *w)
                 relevant = true;
             /* The kernel dropped the watch (the directory went away or moved): it must be added
              * again once the directory exists. */
-            if ((ev->mask & IN_IGNORED) && ev->wd == w->wd)
-                w->wd = -1;
-            if ((ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) && ev->wd == w->wd) {
+            if ((ev->mask & IN_IGNORED) && ev->wd >= 0)
+                forget_wd(w, ev->wd);
+            if ((ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) && ev->wd == w->wd && w->wd >= 0) {
                 inotify_rm_watch(w->fd, w->wd);
-                w->wd = -1;
+                forget_wd(w, ev->wd);
             }
             p += sizeof(*ev) + ev->len;
         }
     }
+    /* A symlink on the way may point elsewhere now (kubelet's ..data swap): watch where the
+     * path leads after this change. */
+    if (relevant && w->abs[0] == '/')
+        follow_links(w);
     return relevant;
 }

@@ -7,6 +7,13 @@
  * starting with ".." (kubelet's), a queue overflow, or the directory's own watch going away
  * is reported as "maybe changed"; the caller then re-reads and compares contents, so a
  * spurious report costs one read. Event-loop agnostic: the caller polls watch_fd().
+ *
+ * A path that goes through symlinks (a ConfigMap's config.json -> ..data/config.json, ..data
+ * -> ..2026_01_15_10_00_00.123456789) is also watched where it leads: the directory of every
+ * symlink met on the way (for that link's name) and the directory of the file finally
+ * reached (for its name), so an in-place write to the real file is seen like one to the path
+ * itself. The path is resolved again after every relevant event and every repair, so the
+ * watches follow a swapped link to its new target and leave the old one.
  */
 #ifndef RETRYPROXY_CONFIG_WATCH_H
 #define RETRYPROXY_CONFIG_WATCH_H
@@ -30,8 +37,9 @@ bool watch_read(struct watch *w);
 /* Whether the directory watch is in place. */
 bool watch_active(const struct watch *w);
 
-/* Re-adds a dropped directory watch (the directory came back). True if it is now in place.
- * Cheap when it already is. */
+/* Re-adds a dropped directory watch (the directory came back) and re-resolves the path's
+ * symlinks. True if the directory watch is now in place. Cheap: a few lstat and inotify
+ * calls. */
 bool watch_repair(struct watch *w);
 
 #endif
