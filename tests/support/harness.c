@@ -142,6 +142,22 @@ static struct px *launch(struct px *p, char *const argv[])
     return NULL;
 }
 
+/* With RETRYPROXY_TEST_WORKERS=N in the environment (make tsan), a proxy started without
+ * "--workers" gets "--workers N": the integration suites then run multi-threaded however many
+ * cores the machine has. */
+static size_t add_workers(char **argv, size_t argc, size_t cap)
+{
+    const char *w = getenv("RETRYPROXY_TEST_WORKERS");
+    if (!w || !*w || argc + 2 >= cap)
+        return argc;
+    for (size_t i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--workers") == 0 || strncmp(argv[i], "--workers=", 10) == 0)
+            return argc;
+    argv[argc++] = "--workers";
+    argv[argc++] = (char *)w;
+    return argc;
+}
+
 struct px *px_start(const char *json, ...)
 {
     struct px *p = px_new();
@@ -158,6 +174,7 @@ struct px *px_start(const char *json, ...)
     for (const char *a; argc < 18 && (a = va_arg(ap, const char *)) != NULL;)
         argv[argc++] = (char *)a;
     va_end(ap);
+    argc = add_workers(argv, argc, 20);
     argv[argc] = NULL;
     return launch(p, argv);
 }
@@ -169,6 +186,7 @@ struct px *px_start_argv(const char *const *args)
     size_t argc = 1;
     for (size_t i = 0; args[i] && argc < 23; i++)
         argv[argc++] = (char *)args[i];
+    argc = add_workers(argv, argc, 24);
     argv[argc] = NULL;
     return launch(p, argv);
 }
@@ -187,6 +205,27 @@ void rm_tree(const char *path)
     nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* A ThreadSanitizer report from the proxy fails the test that ran it (make tsan): in its
+ * stderr, or in the file TSan writes instead when TSAN_OPTIONS sets log_path (PATH.PID, kept
+ * for the make target, which lists every one after the suites). */
+static void check_sanitizer_reports(const struct px *p)
+{
+    char *err = px_stderr(p);
+    if (strstr(err, "WARNING: ThreadSanitizer:"))
+        cr_expect_fail("ThreadSanitizer report in the proxy's stderr:\n%s", err);
+    free(err);
+    const char *opts = getenv("TSAN_OPTIONS");
+    const char *lp = opts ? strstr(opts, "log_path=") : NULL;
+    if (!lp)
+        return;
+    lp += strlen("log_path=");
+    char path[512];
+    int n = (int)strcspn(lp, " :,");
+    snprintf(path, sizeof(path), "%.*s.%d", n, lp, (int)p->pid);
+    if (access(path, F_OK) == 0)
+        cr_expect_fail("ThreadSanitizer report from the proxy (pid %d): %s", (int)p->pid, path);
+}
+
 int px_stop(struct px *p, int timeout_ms)
 {
     int st = 0, rc = -1;
@@ -203,6 +242,7 @@ int px_stop(struct px *p, int timeout_ms)
         kill(p->pid, SIGKILL);
         waitpid(p->pid, &st, 0);
     }
+    check_sanitizer_reports(p);
     rm_tree(p->dir);
     free(p);
     return rc;

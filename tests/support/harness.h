@@ -26,7 +26,8 @@ struct px {
 
 /* Starts retryproxy on the config 'json' (complete JSON text; "listen" and "admin" are
  * overridden with free ports) with up to 8 extra arguments (NULL-terminated list, e.g.
- * "--workers", "1", NULL). Aborts the test with a message if it does not come up within 10 s. */
+ * "--workers", "1", NULL). Aborts the test with a message if it does not come up within 10 s.
+ * Without "--workers" among them, $RETRYPROXY_TEST_WORKERS (if set) is passed as --workers. */
 struct px *px_start(const char *json, ...);
 
 /* Starts retryproxy with exactly 'args' after the program name (NULL-terminated), for tests
@@ -38,7 +39,8 @@ struct px *px_start_argv(const char *const *args);
 const char *px_admin_url(const struct px *p, const char *path, char *buf, size_t cap);
 
 /* Sends SIGTERM and waits up to 'timeout_ms'; returns the exit status (128 + signal when
- * killed by one), or -1 if it had to be killed. Frees 'p' and its files. */
+ * killed by one), or -1 if it had to be killed. Frees 'p' and its files. A ThreadSanitizer
+ * report from the process (its stderr, or TSAN_OPTIONS' log_path file) fails the test. */
 int px_stop(struct px *p, int timeout_ms);
 
 /* "http://127.0.0.1:PORT" + path, in a static buffer per call site (copy it if needed). */
