@@ -40,10 +40,15 @@ bool hdr_token_listed(const char *list, const char *name)
 
 bool hdr_name_valid(const char *name)
 {
-    if (!*name)
+    return hdr_name_valid_n(name, strlen(name));
+}
+
+bool hdr_name_valid_n(const char *name, size_t n)
+{
+    if (n == 0)
         return false;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-        unsigned char c = *p;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
         bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                   (c && strchr("!#$%&'*+-.^_`|~", c));
         if (!ok)

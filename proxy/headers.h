@@ -22,6 +22,8 @@ bool hdr_token_listed(const char *list, const char *name);
 /* A field name is an RFC 9110 token; a value going upstream holds no CR, LF or other control
  * byte but HTAB. Either check failing makes the request a 400. */
 bool hdr_name_valid(const char *name);
+/* The same for the n bytes at 'name' (no NUL needed). */
+bool hdr_name_valid_n(const char *name, size_t n);
 bool hdr_value_valid(const char *value);
 
 /* The whole decimal number in 's' if it is 1 to 19 digits, else -1. */

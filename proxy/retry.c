@@ -181,6 +181,29 @@ static int hlist_add(struct hlist *h, const char *name, size_t nl, const char *v
     return 0;
 }
 
+/* Appends " " and v[0..vl) to the value of the last field (an unfolded continuation). */
+static int hlist_extend_last(struct hlist *h, const char *v, size_t vl)
+{
+    if (!h->count || h->len + vl + 1 > HLIST_MAX_BYTES)
+        return -1;
+    if (h->len + vl + 1 > h->cap) {
+        size_t cap = h->cap * 2;
+        while (cap < h->len + vl + 1)
+            cap *= 2;
+        char *b = realloc(h->buf, cap);
+        if (!b)
+            return -1;
+        h->buf = b;
+        h->cap = cap;
+    }
+    /* the last value's NUL becomes the space */
+    h->buf[h->len - 1] = ' ';
+    memcpy(h->buf + h->len, v, vl);
+    h->len += vl;
+    h->buf[h->len++] = '\0';
+    return 0;
+}
+
 /* Iterates: *pos starts at 0; returns false at the end. */
 static bool hlist_next(const struct hlist *h, size_t *pos, const char **name, const char **value)
 {
@@ -362,7 +385,8 @@ struct retry_req {
     unsigned resp_status;
     struct ring down;
     bool down_done, down_failed, curl_paused, reader_waiting;
-    bool collecting; /* holding a short body back to answer it in one piece */
+    bool collecting;   /* holding a short body back to answer it in one piece */
+    bool bad_response; /* the last attempt's response head was malformed or ambiguous */
 };
 
 static uint64_t wall_ms(void)
@@ -599,6 +623,9 @@ static void answer_final(struct retry_req *r)
     if (r->last_outcome == RETRY_OUT_TIMEOUT)
         answer_error(r, MHD_HTTP_GATEWAY_TIMEOUT, "upstream_timeout",
                      "no response from the upstream in time");
+    else if (r->bad_response)
+        answer_error(r, MHD_HTTP_BAD_GATEWAY, "upstream_invalid_response",
+                     "the upstream's response head was malformed or ambiguous");
     else
         answer_error(r, MHD_HTTP_BAD_GATEWAY, "upstream_unavailable",
                      "no response from any upstream attempt");
@@ -687,7 +714,9 @@ static void answer_stream(struct retry_req *r)
 {
     int64_t cl = content_length_of(&r->rh);
     r->state = RS_STREAM;
-    if (!r->is_head && status_has_body(r->status) && (cl < 0 || (uint64_t)cl <= DOWN_RING)) {
+    if (!status_has_body(r->status) || (!r->is_head && (cl < 0 || (uint64_t)cl <= DOWN_RING))) {
+        /* 1xx, 204 and 304 have no body whatever the upstream sends (RFC 9112 6.3): answered
+         * once the transfer ends, with none */
         r->collecting = true;
         if (cl > 0 && !r->down.buf && (r->down.buf = malloc((size_t)cl)) != NULL)
             r->down.cap = (size_t)cl;
@@ -1027,6 +1056,43 @@ static void on_deadline(struct loop_timer *t)
     }
 }
 
+/* A response head that cannot be relayed as received: the transfer is aborted and the attempt
+ * ends as a reset would (RFC 9112 6.3: a proxy answers such a response with 502). */
+static size_t bad_head(struct retry_req *r)
+{
+    r->bad_response = true;
+    return 0;
+}
+
+/* A field value going to the client: no NUL, CR, LF or other control byte but HTAB. */
+static bool value_bytes_ok(const char *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return false;
+    }
+    return true;
+}
+
+/* Content-Length, when present, must be one decimal number however many times it is sent
+ * (RFC 9112 6.3: differing values make the framing unknowable). */
+static bool length_unambiguous(const struct hlist *h)
+{
+    size_t pos = 0;
+    const char *n, *v;
+    int64_t seen = -1;
+    while (hlist_next(h, &pos, &n, &v)) {
+        if (!hdr_name_eq(n, "Content-Length"))
+            continue;
+        int64_t cl = hdr_parse_uint(v);
+        if (cl < 0 || (seen >= 0 && cl != seen))
+            return false;
+        seen = cl;
+    }
+    return true;
+}
+
 static size_t on_header(char *b, size_t size, size_t n, void *ud)
 {
     struct retry_req *r = ud;
@@ -1042,6 +1108,8 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
         hlist_clear(&r->rh);
         return len;
     }
+    if (r->status == 0)
+        return bad_head(r); /* a field before any status line */
     if (len <= 2 && (b[0] == '\r' || b[0] == '\n')) {
         if (r->status >= 200)
             r->hdrs_done = true;
@@ -1049,6 +1117,8 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
             r->status = 0; /* an interim 1xx: the real status line follows */
         if (!r->hdrs_done)
             return len;
+        if (!length_unambiguous(&r->rh))
+            return bad_head(r);
         loop_timer_stop(r->w->loop, &r->try_timer);
         if (decide(r, RETRY_OUT_STATUS)) {
             /* Keep this response in case retrying stops; read its body first so the
@@ -1070,9 +1140,24 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
     size_t end = len;
     while (end > 0 && (b[end - 1] == '\r' || b[end - 1] == '\n'))
         end--;
+    if (b[0] == ' ' || b[0] == '\t') {
+        /* RFC 9112 5.2: an obs-fold continues the previous value; a proxy replaces it by a
+         * space before anything reads the value */
+        const char *v = b;
+        size_t vl = end;
+        while (vl && (*v == ' ' || *v == '\t')) {
+            v++;
+            vl--;
+        }
+        while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+            vl--;
+        if (!value_bytes_ok(v, vl) || hlist_extend_last(&r->rh, v, vl) < 0)
+            return bad_head(r);
+        return len;
+    }
     const char *colon = memchr(b, ':', end);
-    if (!colon)
-        return len; /* obsolete folding or junk: dropped */
+    if (!colon || !hdr_name_valid_n(b, (size_t)(colon - b)))
+        return bad_head(r); /* not a field line */
     size_t nl = (size_t)(colon - b);
     const char *v = colon + 1;
     while (v < b + end && (*v == ' ' || *v == '\t'))
@@ -1080,6 +1165,8 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
     size_t vl = (size_t)(b + end - v);
     while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
         vl--;
+    if (!value_bytes_ok(v, vl))
+        return bad_head(r);
     if (hlist_add(&r->rh, b, nl, v, vl) < 0)
         return 0; /* too many or too large: abort, seen as a reset */
     return len;
@@ -1106,6 +1193,8 @@ static size_t on_write(char *p, size_t size, size_t n, void *ud)
     }
     if (r->state != RS_STREAM || !r->conn)
         return 0;
+    if (!status_has_body(r->status))
+        return len; /* never relayed */
     if (r->collecting && len > ring_space(&r->down))
         start_streaming(r); /* too large to answer in one piece */
     if (len > ring_space(&r->down)) {
@@ -1227,6 +1316,7 @@ static void start_attempt(struct retry_req *r)
     r->attempts++;
     r->sends = 0;
     r->status = 0;
+    r->bad_response = false;
     r->hdrs_done = false;
     r->body_sent = 0;
     hlist_clear(&r->rh);
@@ -1531,18 +1621,45 @@ static const struct cfg_route *match_route(const struct cfg *c, const char *host
     return NULL;
 }
 
-/* Absolute-form targets ("http://host/path") become origin-form for the upstream. */
-static void to_origin_form(struct retry_req *r)
+/* The request target's form (RFC 9112 3.2). Origin-form ("/path?q") goes as it is. Absolute-form
+ * ("http://host/path") becomes origin-form for the upstream and its authority, copied into
+ * 'authority', replaces the Host header for routing and preserve_host (3.2.2: the target's
+ * authority wins). "*" is for OPTIONS only. Returns false for anything else (400). */
+static bool to_origin_form(struct retry_req *r, char *authority, size_t cap)
 {
     const char *t = r->target;
-    if (strncasecmp(t, "http://", 7) != 0 && strncasecmp(t, "https://", 8) != 0)
-        return;
-    const char *path = strchr(strstr(t, "://") + 3, '/');
-    char *o = strdup(path ? path : "/");
-    if (o) {
-        free(r->target);
-        r->target = o;
+    authority[0] = '\0';
+    if (strchr(t, '#'))
+        return false; /* a fragment is never sent */
+    if (t[0] == '/')
+        return true;
+    if (t[0] == '*')
+        return t[1] == '\0' && strcmp(r->method, "OPTIONS") == 0;
+    size_t skip = strncasecmp(t, "http://", 7) == 0    ? 7
+                  : strncasecmp(t, "https://", 8) == 0 ? 8
+                                                       : 0;
+    if (!skip)
+        return false;
+    const char *a = t + skip;
+    size_t al = strcspn(a, "/?");
+    if (al == 0 || al >= cap || memchr(a, '@', al))
+        return false; /* no host, or userinfo (RFC 9110 4.2.4) */
+    memcpy(authority, a, al);
+    authority[al] = '\0';
+    const char *rest = a + al;
+    size_t rl = strlen(rest);
+    char *o = malloc(rl + 2);
+    if (!o)
+        return false;
+    if (*rest == '/') {
+        memcpy(o, rest, rl + 1);
+    } else {
+        o[0] = '/'; /* "http://a?x" is "/?x" */
+        memcpy(o + 1, rest, rl + 1);
     }
+    free(r->target);
+    r->target = o;
+    return true;
 }
 
 /* First call of the access handler: headers are complete, no body byte read yet. Either an
@@ -1576,7 +1693,13 @@ static void begin(struct retry_req *r, const char *method)
         answer_error(r, MHD_HTTP_BAD_REQUEST, "bad_request", why);
         return;
     }
-    to_origin_form(r);
+    char authority[256];
+    if (!to_origin_form(r, authority, sizeof(authority))) {
+        answer_error(r, MHD_HTTP_BAD_REQUEST, "bad_request", "a request target of no valid form");
+        return;
+    }
+    if (authority[0])
+        s.host = authority;
     const char *q = strchr(r->target, '?');
     size_t path_len = q ? (size_t)(q - r->target) : strlen(r->target);
     r->route = match_route(r->cfg, s.host, r->target, path_len, r->method_bit);

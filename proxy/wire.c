@@ -217,7 +217,11 @@ static enum wire_reason end_field(struct wire *w)
             w->flags |= FL_TE_BAD;
             break;
         }
+        /* libmicrohttpd compares the value with its trailing whitespace: "chunked " would not
+         * be chunked to it, so trailing whitespace is refused like any other oddity here */
         v = trimmed(w, &n);
+        if (v + n != w->val + w->vlen)
+            w->flags |= FL_TE_BAD;
         /* a comma-separated list of codings, each a bare token */
         size_t i = 0;
         do {

@@ -162,6 +162,7 @@ struct tup {
     size_t n_recs;
     size_t cap_recs;
     uint64_t accepted;
+    uint64_t bytes_in; /* every byte read from any connection */
     size_t open;
     char *default_plan;
     FILE *log;
@@ -552,6 +553,14 @@ uint64_t tup_connections(struct tup *t)
 {
     pthread_mutex_lock(&t->mu);
     uint64_t n = t->accepted;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+uint64_t tup_bytes_in(struct tup *t)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t n = t->bytes_in;
     pthread_mutex_unlock(&t->mu);
     return n;
 }
@@ -1630,14 +1639,23 @@ static void conn_drive(struct tup *t, struct conn *c)
 }
 
 /* Reads what is available. Returns -1 if the connection was closed. */
+static void count_in(struct tup *t, ssize_t n)
+{
+    pthread_mutex_lock(&t->mu);
+    t->bytes_in += (uint64_t)n;
+    pthread_mutex_unlock(&t->mu);
+}
+
 static int conn_read(struct tup *t, struct conn *c)
 {
     if (c->state == ST_HANG || c->state == ST_LINGER) {
         char sink[16384];
         for (;;) {
             ssize_t n = read(c->fd, sink, sizeof sink);
-            if (n > 0)
+            if (n > 0) {
+                count_in(t, n);
                 continue;
+            }
             if (n < 0 && errno == EINTR)
                 continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -1664,6 +1682,8 @@ static int conn_read(struct tup *t, struct conn *c)
         conn_close(t, c, false);
         return -1;
     }
+    if (n > 0)
+        count_in(t, n);
     if (n == 0) {
         c->eof = true;
         /* Nothing more will come: no need to listen for input. */

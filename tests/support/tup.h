@@ -67,7 +67,7 @@ struct tup_req {
     uint64_t seq;        /* index: tup_get(t, r->seq) == r */
     uint64_t conn_id;    /* 1 for the first accepted connection, and so on */
     unsigned conn_index; /* 1 = first request on its connection */
-    char method[16];
+    char method[40];
     char *target;
     size_t n_headers;
     struct tup_header *headers; /* in received order, duplicates kept */
@@ -110,6 +110,8 @@ size_t tup_count_id(struct tup *t, const char *request_id);
 const char *tup_req_header(const struct tup_req *r, const char *name);
 size_t tup_req_header_count(const struct tup_req *r, const char *name);
 
+/* Bytes read from every connection so far, whether they parsed or not. */
+uint64_t tup_bytes_in(struct tup *t);
 /* TCP connections accepted so far. */
 uint64_t tup_connections(struct tup *t);
 /* TCP connections accepted and not yet closed by tup. */
