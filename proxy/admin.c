@@ -1,5 +1,6 @@
 #include "proxy/admin.h"
 
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,6 +224,32 @@ static enum MHD_Result post_reload(struct admin *a, struct MHD_Connection *c)
     return ret;
 }
 
+/* What kubelet probes and Prometheus scrapes need, served to every client. */
+static const char *const public_paths[] = { "/healthz", "/readyz", "/metrics" };
+
+static bool is_loopback(const struct sockaddr *sa)
+{
+    if (!sa)
+        return false;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+        return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+bool admin_allows(const struct sockaddr *peer, const char *path)
+{
+    for (size_t i = 0; i < sizeof(public_paths) / sizeof(public_paths[0]); i++)
+        if (strcmp(path, public_paths[i]) == 0)
+            return true;
+    return is_loopback(peer);
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls)
@@ -230,8 +257,16 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     (void)version;
     (void)upload_data;
     struct admin *a = cls;
-    /* Bodies (of a POST /reload, say) are read and ignored; answer once they are in. */
+    /* Bodies (of a POST /reload, say) are read and ignored; answer once they are in. A client
+     * that may not ask is answered at once, with its body left unread. */
     if (!*con_cls) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        if (!admin_allows(ci ? ci->client_addr : NULL, url))
+            return send_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
+                              "only /healthz, /readyz and /metrics answer clients that are not on "
+                              "a loopback address",
+                              NULL);
         *con_cls = a;
         return MHD_YES;
     }

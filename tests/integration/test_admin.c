@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <regex.h>
 #include <sched.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -536,6 +538,175 @@ Test(admin, get_reload_is_405_allow_post_and_unknown_path_is_404)
     json_decref(j);
     /* a known name as a prefix is still unknown */
     j = admin_json("GET", "/healthz/x", 404);
+    json_decref(j);
+}
+
+/* ================================ who may ask ================================ */
+
+/* Not a loopback address (TEST-NET-1): a client from elsewhere, once it is on an interface. */
+#define ELSEWHERE "192.0.2.1"
+
+/* 's' into 'out', cut to fit. */
+static void copy_str(char *out, size_t cap, const char *s)
+{
+    size_t n = strlen(s) < cap ? strlen(s) : cap - 1;
+    memcpy(out, s, n);
+    out[n] = '\0';
+}
+
+/* One request over a new connection from source address 'src' to the admin listener, read
+ * until the proxy closes it; returns the status, the body goes to 'body' (NUL-terminated) and
+ * the header block to 'head'. */
+static long raw_admin(const char *src, const char *method, const char *path, char *head,
+                      size_t head_cap, char *body, size_t body_cap)
+{
+    struct sockaddr_in s = { .sin_family = AF_INET };
+    struct sockaddr_in d = { .sin_family = AF_INET,
+                             .sin_port = htons(px->admin_port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    cr_assert_eq(inet_pton(AF_INET, src, &s.sin_addr), 1, "%s", src);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0, "socket: %s", strerror(errno));
+    cr_assert_eq(bind(fd, (struct sockaddr *)&s, sizeof(s)), 0, "bind %s: %s", src,
+                 strerror(errno));
+    cr_assert_eq(connect(fd, (struct sockaddr *)&d, sizeof(d)), 0, "connect: %s", strerror(errno));
+    struct timeval tv = { .tv_sec = 5 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char req[512], resp[65536];
+    bool post = strcmp(method, "POST") == 0;
+    int n =
+        snprintf(req, sizeof(req), "%s %s HTTP/1.1\r\nHost: admin\r\n%sConnection: close\r\n\r\n",
+                 method, path, post ? "Content-Length: 0\r\n" : "");
+    cr_assert_eq(write(fd, req, (size_t)n), n);
+    size_t len = 0;
+    ssize_t got;
+    while (len < sizeof(resp) - 1 && (got = read(fd, resp + len, sizeof(resp) - 1 - len)) > 0)
+        len += (size_t)got;
+    close(fd);
+    resp[len] = '\0';
+    long status = -1;
+    cr_assert_eq(sscanf(resp, "HTTP/1.1 %ld ", &status), 1, "%s %s from %s: no status line in %s",
+                 method, path, src, resp);
+    char *end = strstr(resp, "\r\n\r\n");
+    cr_assert_not_null(end, "%s %s from %s: no end of head in %s", method, path, src, resp);
+    *end = '\0';
+    copy_str(head, head_cap, resp);
+    copy_str(body, body_cap, end + 4);
+    return status;
+}
+
+/* Moves this test (a process of its own) into a new network namespace whose loopback device
+ * also holds 'ip', so that a connection from 'ip' is a client that is not on a loopback
+ * address while everything stays on this host. False, with the reason, when not permitted. */
+static bool netns_with_address(const char *ip, char *why, size_t cap)
+{
+    if (unshare(CLONE_NEWNET) < 0) {
+        snprintf(why, cap, "unshare(CLONE_NEWNET): %s", strerror(errno));
+        return false;
+    }
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    cr_assert(s >= 0);
+    struct ifreq lo = { 0 }, alias = { 0 };
+    snprintf(lo.ifr_name, sizeof(lo.ifr_name), "lo");
+    cr_assert_eq(ioctl(s, SIOCGIFFLAGS, &lo), 0, "SIOCGIFFLAGS lo: %s", strerror(errno));
+    lo.ifr_flags |= IFF_UP;
+    cr_assert_eq(ioctl(s, SIOCSIFFLAGS, &lo), 0, "lo up: %s", strerror(errno));
+    snprintf(alias.ifr_name, sizeof(alias.ifr_name), "lo:rp");
+    struct sockaddr_in *a = (struct sockaddr_in *)&alias.ifr_addr;
+    a->sin_family = AF_INET;
+    cr_assert_eq(inet_pton(AF_INET, ip, &a->sin_addr), 1);
+    cr_assert_eq(ioctl(s, SIOCSIFADDR, &alias), 0, "add %s to lo: %s", ip, strerror(errno));
+    close(s);
+    return true;
+}
+
+/* A 403 as the admin listener's other errors are: JSON {"error": "forbidden", "message"}. */
+static void expect_forbidden(const char *method, const char *path)
+{
+    char head[4096], body[65536];
+    long st = raw_admin(ELSEWHERE, method, path, head, sizeof(head), body, sizeof(body));
+    cr_expect_eq(st, 403, "%s %s from " ELSEWHERE ": status %ld, want 403\n%s", method, path, st,
+                 body);
+    cr_expect(strstr(head, "\r\nContent-Type: application/json"), "%s %s: head\n%s", method, path,
+              head);
+    if (strcmp(method, "HEAD") == 0) {
+        cr_expect_str_eq(body, "", "HEAD %s sent a body", path);
+        return;
+    }
+    json_error_t e;
+    json_t *j = json_loads(body, 0, &e);
+    cr_expect(json_is_object(j) && json_object_size(j) == 2, "%s %s: body %s", method, path, body);
+    cr_expect_str_eq(jstr(j, "error"), "forbidden");
+    const char *msg = jstr(j, "message");
+    cr_expect(msg && strstr(msg, "loopback"), "%s %s: message %s", method, path,
+              msg ? msg : "(none)");
+    json_decref(j);
+}
+
+/* In Kubernetes the admin listener is on the pod's address (kubelet probes and Prometheus come
+ * from outside the pod), where every pod in the cluster reaches it too: those get what probes
+ * and scrapers need, and nothing that reads the config or changes it. */
+Test(admin, non_loopback_client_gets_probes_and_metrics_only)
+{
+    char why[256];
+    if (!netns_with_address(ELSEWHERE, why, sizeof(why)))
+        cr_skip_test("needs a network namespace of its own (root or CAP_SYS_ADMIN): %s", why);
+    start("");
+    char head[4096], body[65536];
+    static const char *const probes[] = { "/healthz", "/readyz", "/metrics" };
+    for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
+        long st = raw_admin(ELSEWHERE, "GET", probes[i], head, sizeof(head), body, sizeof(body));
+        cr_expect_eq(st, 200, "GET %s from " ELSEWHERE ": %ld", probes[i], st);
+    }
+    cr_expect(strstr(body, "retryproxy_requests_total"), "/metrics body:\n%s", body);
+    /* a wrong method on a public path is still 405, not 403: the path is no secret */
+    cr_expect_eq(raw_admin(ELSEWHERE, "POST", "/healthz", head, sizeof(head), body, sizeof(body)),
+                 405);
+
+    static const char *const closed[][2] = {
+        { "GET", "/config" },  { "HEAD", "/config" },   { "GET", "/schedule?route=r&seed=1" },
+        { "POST", "/reload" }, { "GET", "/reload" },    { "DELETE", "/config" },
+        { "GET", "/nope" },    { "GET", "/healthz/x" },
+    };
+    for (size_t i = 0; i < sizeof(closed) / sizeof(closed[0]); i++)
+        expect_forbidden(closed[i][0], closed[i][1]);
+
+    /* the refused POST /reload reloaded nothing, and loopback still gets everything */
+    cr_expect_eq(raw_admin("127.0.0.1", "GET", "/config", head, sizeof(head), body, sizeof(body)),
+                 200);
+    json_t *j = json_loads(body, 0, NULL);
+    cr_expect_eq(json_integer_value(json_object_get(j, "generation")), 1, "%s", body);
+    json_decref(j);
+    cr_expect_eq(raw_admin("127.0.0.1", "POST", "/reload", head, sizeof(head), body, sizeof(body)),
+                 200);
+}
+
+/* Every 127.0.0.0/8 address is loopback, not only 127.0.0.1. */
+Test(admin, loopback_clients_get_every_endpoint)
+{
+    start("");
+    static const char *const sources[] = { "127.0.0.1", "127.0.0.2", "127.255.255.254" };
+    static const struct {
+        const char *method, *path;
+        long status;
+    } asks[] = {
+        { "GET", "/healthz", 200 },
+        { "GET", "/config", 200 },
+        { "GET", "/schedule?route=r&seed=1", 200 },
+        { "POST", "/reload", 200 },
+        { "GET", "/reload", 405 },
+        { "GET", "/nope", 404 },
+    };
+    char head[4096], body[65536];
+    for (size_t s = 0; s < sizeof(sources) / sizeof(sources[0]); s++)
+        for (size_t i = 0; i < sizeof(asks) / sizeof(asks[0]); i++) {
+            long st = raw_admin(sources[s], asks[i].method, asks[i].path, head, sizeof(head), body,
+                                sizeof(body));
+            cr_expect_eq(st, asks[i].status, "%s %s from %s: %ld, want %ld\n%s", asks[i].method,
+                         asks[i].path, sources[s], st, asks[i].status, body);
+        }
+    /* and through libcurl, as every other test here asks */
+    json_t *j = admin_json("GET", "/config", 200);
     json_decref(j);
 }
 
