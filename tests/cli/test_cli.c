@@ -302,13 +302,17 @@ Test(cli, reference_matches_docs_config_md)
     proc_result_free(&r);
 }
 
-/* A port on 127.0.0.1 held by a listening socket of ours. */
-static int busy_port(unsigned *port)
+/* A port on 127.0.0.1 held by a listening socket of ours, with SO_REUSEPORT if 'reuseport' (as
+ * another retryproxy's workers hold theirs). */
+static int busy_port(unsigned *port, int reuseport)
 {
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     socklen_t len = sizeof(a);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 1) == 0);
+    cr_assert(fd >= 0);
+    if (reuseport)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &reuseport, sizeof(reuseport));
+    cr_assert(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 1) == 0);
     getsockname(fd, (struct sockaddr *)&a, &len);
     *port = ntohs(a.sin_port);
     return fd;
@@ -316,19 +320,31 @@ static int busy_port(unsigned *port)
 
 Test(cli, a_listener_that_cannot_be_bound_exits_three)
 {
-    unsigned port;
-    int fd = busy_port(&port);
-    char addr[32];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
-    struct proc_result r =
-        rp("-c", VALID "/minimal.json", "--listen", addr, "--admin", "127.0.0.1:0");
-    cr_expect_eq(r.status, 3, "exit %d, stderr %s", r.status, r.err);
-    cr_expect(strstr(r.err, "cannot listen on"), "%s", r.err);
-    proc_result_free(&r);
-    r = rp("-c", VALID "/minimal.json", "--listen", "127.0.0.1:0", "--admin", addr);
-    cr_expect_eq(r.status, 3, "admin: exit %d, stderr %s", r.status, r.err);
-    proc_result_free(&r);
-    close(fd);
+    for (int reuseport = 0; reuseport <= 1; reuseport++) {
+        unsigned port;
+        int fd = busy_port(&port, reuseport);
+        char addr[32], want[160];
+        snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+        struct proc_result r =
+            rp("-c", VALID "/minimal.json", "--listen", addr, "--admin", "127.0.0.1:0");
+        cr_expect_eq(r.status, 3, "SO_REUSEPORT %d: exit %d, stderr %s", reuseport, r.status,
+                     r.err);
+        snprintf(want, sizeof(want),
+                 "retryproxy: cannot listen on %s: address already in use by another process\n",
+                 addr);
+        cr_expect_str_eq(r.err, want, "SO_REUSEPORT %d", reuseport);
+        proc_result_free(&r);
+        r = rp("-c", VALID "/minimal.json", "--listen", "127.0.0.1:0", "--admin", addr);
+        cr_expect_eq(r.status, 3, "SO_REUSEPORT %d: admin: exit %d, stderr %s", reuseport, r.status,
+                     r.err);
+        snprintf(want, sizeof(want),
+                 "retryproxy: admin: cannot listen on %s: address already in use by another "
+                 "process\n",
+                 addr);
+        cr_expect_str_eq(r.err, want, "SO_REUSEPORT %d", reuseport);
+        proc_result_free(&r);
+        close(fd);
+    }
 }
 
 Test(cli, serving_an_invalid_config_exits_one_with_its_errors_on_stderr)
