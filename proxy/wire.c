@@ -865,8 +865,8 @@ size_t wire_run(const char *data, size_t n, const size_t *pieces, size_t n_piece
             *closed = true;
             break;
         }
-        /* EAGAIN: with nothing left to read and nothing queued, the run is over */
-        if (f.pos == f.n && !q_pending(w))
+        /* EAGAIN: with nothing left to read (or refused) and nothing queued, the run is over */
+        if ((f.pos == f.n || w->dead) && !q_pending(w))
             break;
     }
     return olen;
