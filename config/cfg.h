@@ -111,6 +111,7 @@ struct cfg {
     uint32_t connection_timeout_ms;
     uint32_t header_timeout_ms;
     uint64_t max_body_bytes;
+    uint64_t max_buffered_body_bytes;
     struct cfg_budget budget;
     struct cfg_route defaults; /* the resolved "defaults" object (no name, match, upstreams) */
     const struct cfg_route *routes;

@@ -1015,6 +1015,10 @@ static const struct field limits_fields[] = {
                "seconds rounded up (0: never)"),
     UINT_FIELD("max_body_bytes", struct cfg, max_body_bytes, 0, 1099511627776.0, "67108864",
                "larger request bodies are answered 413"),
+    UINT_FIELD("max_buffered_body_bytes", struct cfg, max_buffered_body_bytes, 0, 1099511627776.0,
+               "134217728",
+               "request-body bytes held for replay by the whole process; a body that does not "
+               "fit streams to the upstream once and is not retried"),
     UINT_FIELD("header_timeout_ms", struct cfg, header_timeout_ms, 0, MS_MAX, "10000",
                "a request line and headers not complete this long after their first byte are "
                "answered 408 and the connection closed (0: no limit beyond "

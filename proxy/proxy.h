@@ -21,6 +21,9 @@ struct proxy {
     atomic_bool draining;
     /* Loop-clock ms at which requests still waiting are answered (0: not draining). */
     atomic_uint_fast64_t drain_deadline_ms;
+    /* Request-body bytes held for replay by every worker, against
+     * limits.max_buffered_body_bytes. */
+    atomic_uint_fast64_t body_bytes;
     unsigned n_workers;
 };
 

@@ -340,6 +340,7 @@ struct retry_req {
     int64_t content_length; /* -1: chunked */
     char *body;             /* buffered body, or the head of a streamed one */
     size_t body_len, body_cap;
+    size_t body_held;      /* of body_cap, counted in the process's buffered bytes */
     size_t body_sent;      /* bytes of 'body' handed to curl in this attempt */
     struct ring upload;    /* the rest of a streamed body */
     uint64_t upload_total; /* bytes received from the client */
@@ -399,6 +400,32 @@ static uint64_t wall_ms(void)
 static void client_unwatch(struct retry_req *r);
 static void account_answer(struct retry_req *r);
 
+/* Counts 'cap' bytes of body buffer for replay against limits.max_buffered_body_bytes (what
+ * this request holds already included). False, with nothing counted, when they do not fit. */
+static bool body_hold(struct retry_req *r, size_t cap)
+{
+    if (cap <= r->body_held)
+        return true;
+    atomic_uint_fast64_t *held = &r->w->px->body_bytes;
+    uint64_t more = cap - r->body_held;
+    uint64_t now = atomic_fetch_add_explicit(held, more, memory_order_relaxed) + more;
+    if (now > r->cfg->max_buffered_body_bytes) {
+        atomic_fetch_sub_explicit(held, more, memory_order_relaxed);
+        return false;
+    }
+    r->body_held = cap;
+    return true;
+}
+
+static void body_unhold(struct retry_req *r)
+{
+    if (r->body_held) {
+        atomic_fetch_sub_explicit(&r->w->px->body_bytes, r->body_held, memory_order_relaxed);
+        r->w->body_freed += r->body_held;
+        r->body_held = 0;
+    }
+}
+
 static void req_free(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
@@ -412,6 +439,7 @@ static void req_free(struct retry_req *r)
     free(r->target);
     free(r->upstream_target);
     free(r->body);
+    body_unhold(r);
     ring_free(&r->upload);
     ring_free(&r->down);
     hlist_free(&r->rh);
@@ -1745,6 +1773,8 @@ static void begin(struct retry_req *r, const char *method)
         r->body_mode = BODY_STREAM;
     else
         r->body_mode = BODY_BUFFER; /* chunked: buffered until it proves too large */
+    if (r->body_mode == BODY_BUFFER && cl > 0 && !body_hold(r, (size_t)cl))
+        r->body_mode = BODY_STREAM; /* no room left for replay: this body goes once */
     if (r->body_mode == BODY_BUFFER && cl > 0) {
         r->body = malloc((size_t)cl);
         if (!r->body) {
@@ -1784,15 +1814,19 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
         return n;
     }
     if (r->body_mode == BODY_BUFFER) {
-        if (r->body_len + n > policy->max_retry_body_bytes) {
-            /* A chunked body outgrew the replay limit: stream it, what we have first. */
+        size_t cap = r->body_cap;
+        if (r->body_len + n > cap) {
+            cap = cap ? cap * 2 : 16384;
+            while (cap < r->body_len + n)
+                cap *= 2;
+        }
+        if (r->body_len + n > policy->max_retry_body_bytes || !body_hold(r, cap)) {
+            /* A chunked body outgrew the replay limit, or the process's: stream it, what we
+             * have first. */
             r->body_mode = BODY_STREAM;
             start_attempt(r);
         } else {
-            if (r->body_len + n > r->body_cap) {
-                size_t cap = r->body_cap ? r->body_cap * 2 : 16384;
-                while (cap < r->body_len + n)
-                    cap *= 2;
+            if (cap > r->body_cap) {
                 char *b = realloc(r->body, cap);
                 if (!b)
                     return 0;

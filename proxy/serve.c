@@ -1,6 +1,7 @@
 #include "proxy/serve.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,6 +187,9 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit();
+    /* Replay buffers above 256 KiB are mapped and unmapped whole, so they never stay behind
+     * in the heap (a fixed threshold: glibc would otherwise raise it after the first free). */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
     if (init_wiretab() < 0) {
         fputs("retryproxy: out of memory\n", stderr);
         return EXIT_STARTUP;

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -19,8 +20,10 @@
 /* Per-connection memory for the request line, headers and I/O buffers. libmicrohttpd zeroes
  * it for every request, so it is kept at its default size. */
 #define CONN_MEMORY (32 * 1024)
-/* How often the worker looks for request heads past limits.header_timeout_ms. */
-#define SWEEP_MS 250
+/* How often the worker looks for request heads past limits.header_timeout_ms, and for freed
+ * replay buffers worth giving back to the system. */
+#define SWEEP_MS   250
+#define TRIM_BYTES (1024 * 1024)
 
 /* A client connection: its framing state (proxy/wire.h), on the server's list. */
 struct client {
@@ -97,6 +100,11 @@ static void on_sweep(struct loop_timer *t)
             cl->wire.expired = true;
             shutdown(cl->fd, SHUT_RD);
         }
+    if (s->w->body_freed >= TRIM_BYTES) {
+        /* a burst of buffered uploads is over: return its memory (glibc keeps freed heap) */
+        s->w->body_freed = 0;
+        malloc_trim(0);
+    }
     loop_timer_start(l, &s->sweep, now + SWEEP_MS, on_sweep, s);
 }
 

@@ -39,6 +39,7 @@ struct worker {
     bool quiesced, expired;
     pthread_t thread;
     struct retry_req *reqs; /* requests alive in this worker */
+    uint64_t body_freed;    /* replay-buffer bytes freed since the memory was last trimmed */
     atomic_size_t requests; /* how many (written by the worker, read while draining) */
 };
 

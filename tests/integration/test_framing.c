@@ -666,3 +666,61 @@ Test(framing, responses_with_bad_framing_become_502_and_the_rest_are_relayed_cle
     px = NULL;
     script_stop(s);
 }
+
+/* ---- the process-wide cap on bodies held for replay (limits.max_buffered_body_bytes) ---- */
+
+static int put_with_body(size_t len, const char *plan, bool finish)
+{
+    char head[256];
+    int fd = dial(px->port);
+    int n = snprintf(head, sizeof(head),
+                     "PUT /cap HTTP/1.1\r\nHost: a\r\nX-Test-Plan: %s\r\nX-Request-Id: cap-%d\r\n"
+                     "Content-Length: %zu\r\n\r\n",
+                     plan, fd, len);
+    send_all(fd, head, (size_t)n);
+    char *body = malloc(len);
+    memset(body, 'b', len);
+    send_all(fd, body, finish ? len : len / 2);
+    free(body);
+    return fd;
+}
+
+Test(framing, bodies_beyond_the_process_replay_cap_stream_once_and_are_not_retried)
+{
+    up = tup_start();
+    char json[1024];
+    snprintf(json, sizeof(json),
+             "{\"limits\": {\"max_buffered_body_bytes\": 100000}, \"routes\": [{\"name\": \"r\", "
+             "\"upstreams\": [\"http://127.0.0.1:%u\"], \"retry\": {\"retry_on\": [\"503\"], "
+             "\"methods\": [\"PUT\"], \"backoff\": {\"policy\": \"fixed\", \"base_ms\": 10, "
+             "\"jitter\": \"none\"}}}]}",
+             tup_port(up));
+    px = px_start(json, "--workers", "1", NULL);
+    struct answer *a = malloc(sizeof(*a));
+
+    /* a stalled upload holds 60,000 bytes of the 100,000 */
+    int stalled = put_with_body(60000, "", false);
+    sleep_ms(100);
+    /* a second one does not fit: it streams, and its 503 is not retried */
+    int fd = put_with_body(60000, "fail=1", true);
+    read_answer(fd, a, 1);
+    close(fd);
+    cr_expect_eq(a->status, 503, "got:\n%.300s", a->buf);
+    cr_expect(strstr(a->buf, "X-Retry-Stop: body-too-large") != NULL, "got:\n%.300s", a->buf);
+    cr_expect(strstr(a->buf, "X-Retry-Attempts: 1") != NULL);
+
+    /* the stalled client leaves: its bytes are given back, and the same request is retried */
+    close(stalled);
+    sleep_ms(200);
+    fd = put_with_body(60000, "fail=1", true);
+    read_answer(fd, a, 1);
+    close(fd);
+    cr_expect_eq(a->status, 200, "got:\n%.300s", a->buf);
+    cr_expect(strstr(a->buf, "X-Retry-Attempts: 2") != NULL, "got:\n%.300s", a->buf);
+    /* every upload that completed arrived whole */
+    size_t n = tup_count(up);
+    cr_expect_eq(n, 3);
+    for (size_t i = 0; i < n; i++)
+        cr_expect_eq(tup_get(up, i)->body_len, 60000);
+    free(a);
+}
