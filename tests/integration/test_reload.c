@@ -840,3 +840,211 @@ Test(reload, cap_ms_change_shows_in_schedule_and_metrics_within_a_second)
     sum = metric("retryproxy_backoff_seconds_sum{route=\"r\"}");
     cr_expect(fabs(sum - 0.7) < 1e-9, "backoff_seconds_sum %g, want 0.2 + 0.1 + 0.4", sum);
 }
+
+/* ---- issue 9: files the reload must refuse quickly, and links it must see through ---- */
+
+/* GET /healthz with a short timeout: the control thread answers within 'limit_ms'. Returns
+ * the milliseconds it took. */
+static int64_t healthz_ms(int limit_ms)
+{
+    char url[128];
+    struct http_resp r;
+    int64_t t0 = now_ms();
+    http_do("GET", px_admin_url(px, "/healthz", url, sizeof(url)), NULL, NULL, 0, limit_ms, &r);
+    int64_t ms = now_ms() - t0;
+    cr_assert_eq(r.rc, 0, "GET /healthz: curl error %d after %lld ms (control thread stuck?)", r.rc,
+                 (long long)ms);
+    cr_assert_eq(r.status, 200);
+    http_free(&r);
+    return ms;
+}
+
+/* Waits until /config's last_error holds 'needle'; milliseconds since 't0' or -1. */
+static int64_t wait_last_error(int64_t t0, const char *needle, int timeout_ms, char *err,
+                               size_t cap)
+{
+    for (;;) {
+        json_t *c = get_config();
+        const char *e = last_error_of(c, err, cap);
+        bool ok = e && strstr(e, needle);
+        json_decref(c);
+        int64_t now = now_ms();
+        if (ok)
+            return now - t0;
+        if (now - t0 > timeout_ms)
+            return -1;
+        sleep_ms(20);
+    }
+}
+
+/* The running config stays after a refused file, and a good file afterwards applies. */
+static void expect_recovery(void)
+{
+    cr_expect_eq(generation_now(), 1, "a refused file must not be published");
+    cr_expect_eq(base_ms_now(), 20);
+    expect_max_attempts("during", 3);
+    char text[2048];
+    cfg_simple(text, sizeof(text), 1, 40);
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, text);
+    int64_t lat = wait_config(t0, 2, 40, VISIBLE_MS);
+    cr_assert(lat >= 0, "a good file after the refused one not applied within %d ms", VISIBLE_MS);
+    expect_max_attempts("after", 1);
+}
+
+/* A FIFO renamed over the config: the watch reloads, and opening a FIFO for reading would
+ * wait for a writer, stalling the control thread (admin API, signals, reloads) for good. */
+Test(reload, fifo_at_the_config_path_is_refused_without_stalling_the_control_thread)
+{
+    start(3, 20);
+    char fifo[160], err[4096];
+    snprintf(fifo, sizeof(fifo), "%s/config.fifo", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
+    int64_t t0 = now_ms();
+    cr_assert_eq(rename(fifo, cfg_path), 0);
+    int64_t lat = wait_last_error(t0, "not a regular file (a FIFO)", VISIBLE_MS, err, sizeof(err));
+    cr_log_info("FIFO at the config path: refused after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "no 'not a regular file (a FIFO)' in last_error within %d ms: %s",
+              VISIBLE_MS, err);
+    cr_expect(strstr(err, cfg_path) != NULL, "last_error does not name the file: %s", err);
+    cr_expect_eq(metric(FAILURES), 1);
+
+    /* Past the 2 s poll, which reads the path too: the control thread still answers. */
+    for (int i = 0; i < 6; i++) {
+        cr_expect_lt(healthz_ms(1000), 1000);
+        sleep_ms(400);
+    }
+    long status;
+    t0 = now_ms();
+    json_t *j = admin_json("POST", "/reload", &status);
+    cr_expect_eq(status, 422, "POST /reload of a FIFO: %ld", status);
+    cr_expect_lt(now_ms() - t0, 1000, "POST /reload of a FIFO took %lld ms",
+                 (long long)(now_ms() - t0));
+    json_decref(j);
+    cr_assert_eq(kill(px->pid, SIGHUP), 0);
+    cr_expect_lt(healthz_ms(1000), 1000);
+
+    cr_assert_eq(unlink(cfg_path), 0);
+    expect_recovery();
+}
+
+/* A file above the 4 MiB limit: refused on reload with the limit in the message, the running
+ * config untouched. */
+Test(reload, file_above_the_size_limit_is_refused_and_the_running_config_stays)
+{
+    start(3, 20);
+    char text[2048], err[4096];
+    cfg_simple(text, sizeof(text), 1, 40);
+    size_t len = (4u << 20) + 1;
+    char *big = malloc(len);
+    memset(big, ' ', len);
+    memcpy(big, text, strlen(text)); /* a valid config, padded */
+    char tmp[160];
+    snprintf(tmp, sizeof(tmp), "%s.big", cfg_path);
+    write_in_place(tmp, big, len);
+    free(big);
+    int64_t t0 = now_ms();
+    cr_assert_eq(rename(tmp, cfg_path), 0);
+    int64_t lat =
+        wait_last_error(t0, "larger than 4 MiB (4194304 bytes), the limit for a config file",
+                        VISIBLE_MS, err, sizeof(err));
+    cr_log_info("file above 4 MiB: refused after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "the size limit not reported within %d ms: %s", VISIBLE_MS, err);
+    char want[256];
+    snprintf(want, sizeof(want), "%s: $: larger than 4 MiB", cfg_path);
+    cr_expect(strstr(err, want) != NULL, "last_error does not name the file: %s", err);
+    cr_expect_eq(metric(FAILURES), 1);
+    expect_recovery();
+}
+
+/* Issue 9: the same file that took 30 s to check stalled the control thread 49 s when it
+ * was hot-reloaded. Now it is refused at once and health checks never wait. */
+Test(reload, file_with_20000_duplicate_entries_is_refused_at_once)
+{
+    start(3, 20);
+    size_t n = 20000;
+    static char err[65536]; /* 200 errors and the count of the rest */
+    char *text = malloc(n * 8 + 512), *p = text;
+    p += sprintf(p,
+                 "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"],\n"
+                 "  \"retry\": {\"retry_on\": [",
+                 tup_port(up));
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s\"429\"", i ? ", " : "");
+    p += sprintf(p, "]}}]}\n");
+    char tmp[160];
+    snprintf(tmp, sizeof(tmp), "%s.dup", cfg_path);
+    write_in_place(tmp, text, (size_t)(p - text));
+    free(text);
+    int64_t t0 = now_ms();
+    cr_assert_eq(rename(tmp, cfg_path), 0);
+    int64_t lat = wait_metric(t0, FAILURES, 1, VISIBLE_MS);
+    cr_log_info("20,000 duplicate retry_on entries: refused after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "the reload was not refused within %d ms", VISIBLE_MS);
+    cr_expect_lt(healthz_ms(1000), 1000);
+    json_t *c = get_config();
+    const char *e = last_error_of(c, err, sizeof(err));
+    cr_assert_not_null(e);
+    cr_expect(strstr(e, "$.routes[0].retry.retry_on[1]: \"429\" is listed twice") != NULL, "%.300s",
+              e);
+    cr_expect(strstr(e, "(19799 more errors not shown)") != NULL, "no count of the rest");
+    json_decref(c);
+    expect_recovery();
+}
+
+/* kubelet's layout, the real file then written in place (what `kubectl cp` or a debugging
+ * operator does, and what some config agents do): the write lands in ..TIMESTAMP/, not in the
+ * watched directory. Seen through the watch on the link's target, not the 2 s poll: every one
+ * of several writes (each at a different phase of the poll) applies within a second. */
+Test(reload, in_place_write_behind_a_configmap_symlink_applies_within_a_second)
+{
+    char text[2048], cur[64], path[256], real[256];
+    cfg_simple(text, sizeof(text), 3, 10);
+    kube_version(0, cur, sizeof(cur), text);
+    snprintf(path, sizeof(path), "%s/..data", dir);
+    cr_assert_eq(symlink(cur, path), 0);
+    cr_assert_eq(symlink("..data/config.json", cfg_path), 0);
+    snprintf(real, sizeof(real), "%s/%s/config.json", dir, cur);
+    launch(true);
+    cr_assert_eq(generation_now(), 1);
+
+    int64_t worst = 0, total = 0;
+    const int rounds = 5;
+    for (int i = 1; i <= rounds; i++) {
+        long base = 10L * (i + 1);
+        cfg_simple(text, sizeof(text), 3, (int)base);
+        int64_t t0 = now_ms();
+        write_in_place(real, text, strlen(text));
+        int64_t lat = wait_config(t0, 1 + i, base, 3000);
+        cr_log_info("in-place write %d behind the symlinks: applied after %lld ms", i,
+                    (long long)lat);
+        cr_assert(lat >= 0, "write %d: base_ms %ld not applied within 3 s", i, base);
+        cr_expect_lt(lat, 1000, "write %d applied after %lld ms: only the poll saw it?", i,
+                     (long long)lat);
+        worst = lat > worst ? lat : worst;
+        total += lat;
+        sleep_ms(300 + 170 * i); /* another phase of the 2 s poll for the next write */
+    }
+    cr_log_info("in-place write behind symlinks x%d: mean %lld ms, worst %lld ms", rounds,
+                (long long)(total / rounds), (long long)worst);
+
+    /* After a kubelet swap the watch follows the link to the new directory. */
+    char next[64], tmp[256];
+    cfg_simple(text, sizeof(text), 3, 500);
+    kube_version(9, next, sizeof(next), text);
+    snprintf(tmp, sizeof(tmp), "%s/..data_tmp", dir);
+    cr_assert_eq(symlink(next, tmp), 0);
+    int64_t t0 = now_ms();
+    cr_assert_eq(rename(tmp, path), 0);
+    kube_remove(cur);
+    cr_assert_geq(wait_config(t0, -1, 500, VISIBLE_MS), 0, "the swap was not applied");
+    snprintf(real, sizeof(real), "%s/%s/config.json", dir, next);
+    cfg_simple(text, sizeof(text), 3, 600);
+    t0 = now_ms();
+    write_in_place(real, text, strlen(text));
+    int64_t lat = wait_config(t0, -1, 600, 3000);
+    cr_log_info("in-place write after a swap: applied after %lld ms", (long long)lat);
+    cr_assert(lat >= 0, "the write after the swap was not applied within 3 s");
+    cr_expect_lt(lat, 1000, "the write after the swap applied after %lld ms", (long long)lat);
+    cr_expect_eq(metric(FAILURES), 0, "an in-place write must not be read half-done");
+}
