@@ -15,15 +15,21 @@
  *   3. check: /proc/net/tcp (tcp6 for IPv6) must show no listener on the port at an
  *      overlapping address other than the group's own sockets (matched by inode).
  *
+ * When the probe fails, /proc/self/fd tells whether the listener in its way is one of this
+ * process's own (listen and admin given one address), so that the message says which.
+ *
  * Step 3 closes the race step 1 leaves open: two instances starting at the same moment can
  * both pass their probe before either binds, but each checks only after its own group is
  * bound, so whichever checks second sees the other. Both may see each other and both fail;
- * never do both keep serving. What remains: an IPv6 wildcard that also takes IPv4 ("[::]"
- * without IPV6_V6ONLY) is in tcp6 only, so step 3 does not compare it with an IPv4 address
- * (step 1 does); and without /proc (never the case on Linux in practice) step 3 is skipped.
+ * never do both keep serving. What remains: a program that is not retryproxy, runs as the same
+ * user and joins the group with SO_REUSEPORT after step 3 is not seen (we have started by
+ * then, and it does not check); an IPv6 wildcard that also takes IPv4 ("[::]" without
+ * IPV6_V6ONLY) is in tcp6 only, so step 3 does not compare it with an IPv4 address (step 1
+ * does); and without /proc (never the case on Linux in practice) step 3 is skipped.
  */
 #include "proxy/listen.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
@@ -37,10 +43,23 @@
 
 #define BACKLOG 4096
 #define IN_USE  "address already in use by another process"
+/* listen and admin on one address: the probe cannot tell it from another process */
+#define IN_USE_HERE "address already in use by this process's other listener"
+
+/* Whether the socket with this inode counts (listen_shared: it is not one of the group's). */
+typedef bool inode_pred(uintmax_t inode, const void *arg);
+
+/* A group of worker sockets, for not_in_group(). */
+struct group {
+    const int *fds;
+    size_t n;
+};
 
 static int split(const char *addr, char *host, size_t hcap, char *port, size_t pcap);
 static int probe(const struct sockaddr *sa, socklen_t len);
 static int bind_one(const struct sockaddr *sa, socklen_t len);
+static int find_listener(const struct sockaddr_storage *ss, inode_pred *pred, const void *arg);
+static inode_pred not_in_group, held_here;
 
 int listen_open(const char *addr, size_t n, int *fds, char *bound, size_t bound_cap, char *why,
                 size_t why_cap)
@@ -66,8 +85,11 @@ int listen_open(const char *addr, size_t n, int *fds, char *bound, size_t bound_
 
     /* sin_port and sin6_port sit at the same offset */
     if (((struct sockaddr_in *)&ss)->sin_port != 0 && probe((struct sockaddr *)&ss, len) < 0) {
-        snprintf(why, why_cap, "cannot listen on %s: %s", addr,
-                 errno == EADDRINUSE ? IN_USE : strerror(errno));
+        int err = errno;
+        const char *what = err != EADDRINUSE                         ? strerror(err)
+                           : find_listener(&ss, held_here, NULL) > 0 ? IN_USE_HERE
+                                                                     : IN_USE;
+        snprintf(why, why_cap, "cannot listen on %s: %s", addr, what);
         return -1;
     }
     for (; opened < n; opened++) {
@@ -176,12 +198,54 @@ int listen_shared(const int *fds, size_t n)
 {
     struct sockaddr_storage ss;
     socklen_t sslen = sizeof(ss);
-    if (n == 0 || getsockname(fds[0], (struct sockaddr *)&ss, &sslen) < 0 ||
-        (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
+    if (n == 0 || getsockname(fds[0], (struct sockaddr *)&ss, &sslen) < 0)
         return -1;
-    const bool v6 = ss.ss_family == AF_INET6;
-    const struct sockaddr_in *s4 = (const struct sockaddr_in *)&ss;
-    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&ss;
+    struct group g = { fds, n };
+    return find_listener(&ss, not_in_group, &g);
+}
+
+static bool not_in_group(uintmax_t inode, const void *arg)
+{
+    const struct group *g = arg;
+    for (size_t i = 0; i < g->n; i++) {
+        struct stat st;
+        if (fstat(g->fds[i], &st) == 0 && (uintmax_t)st.st_ino == inode)
+            return false;
+    }
+    return true;
+}
+
+/* Whether one of this process's descriptors is the socket with this inode. */
+static bool held_here(uintmax_t inode, const void *arg)
+{
+    (void)arg;
+    char want[48], path[300], link[64];
+    snprintf(want, sizeof(want), "socket:[%ju]", inode);
+    DIR *d = opendir("/proc/self/fd");
+    bool found = false;
+    for (struct dirent *de; d && !found && (de = readdir(d)) != NULL;) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+        ssize_t k = readlink(path, link, sizeof(link) - 1);
+        if (k > 0) {
+            link[k] = '\0';
+            found = strcmp(link, want) == 0;
+        }
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* 1 when a listening socket for which pred(inode, arg) holds has the port of 'ss' and an
+ * address that overlaps it (the same, or a wildcard on either side); 0 when none does; -1
+ * when that cannot be read. */
+static int find_listener(const struct sockaddr_storage *ss, inode_pred *pred, const void *arg)
+{
+    if (ss->ss_family != AF_INET && ss->ss_family != AF_INET6)
+        return -1;
+    const bool v6 = ss->ss_family == AF_INET6;
+    const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
     const size_t alen = v6 ? 16 : 4;
     const unsigned char *ours = v6 ? s6->sin6_addr.s6_addr : (const unsigned char *)&s4->sin_addr;
     const unsigned port = ntohs(v6 ? s6->sin6_port : s4->sin_port);
@@ -207,12 +271,7 @@ int listen_shared(const int *fds, size_t n)
             continue;
         if (memcmp(a, ours, alen) != 0 && memcmp(a, any, alen) != 0 && memcmp(ours, any, alen) != 0)
             continue;
-        bool mine = false;
-        for (size_t i = 0; i < n && !mine; i++) {
-            struct stat st;
-            mine = fstat(fds[i], &st) == 0 && (uintmax_t)st.st_ino == inode;
-        }
-        if (!mine)
+        if (pred(inode, arg))
             found = 1;
     }
     fclose(f);

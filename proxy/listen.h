@@ -10,7 +10,9 @@
  * one free port for all of them. On success returns 0, fills fds[0..n) and writes the address
  * actually bound to 'bound' ("127.0.0.1:40123"). On failure returns -1 with the reason in
  * 'why' ("cannot listen on ADDR: address already in use by another process" when anything
- * else listens there, SO_REUSEPORT or not) and no socket left open. */
+ * else listens there, SO_REUSEPORT or not; "... by this process's other listener" when that is
+ * a socket of this process, as when listen and admin are one address) and no socket left
+ * open. */
 int listen_open(const char *addr, size_t n, int *fds, char *bound, size_t bound_cap, char *why,
                 size_t why_cap);
 

@@ -111,6 +111,27 @@ Test(listeners, second_instance_on_the_same_admin_address_exits_three)
     first_keeps_serving(20);
 }
 
+/* Before, the admin listener joined the proxy's SO_REUSEPORT group and took a share of its
+ * clients; now the start stops, and the line says the other listener is this process's. */
+Test(listeners, listen_and_admin_on_one_address_exits_three)
+{
+    start_first(); /* only to learn a port that is free once it has stopped */
+    char addr[32], want[160];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", px->port);
+    cr_assert_eq(px_stop(px, 10000), 0);
+    px = NULL;
+    char *argv[] = { (char *)proc_bin(), "-c", MINIMAL, "--listen", addr, "--admin", addr, NULL };
+    struct proc_result r;
+    cr_assert_eq(proc_run(argv, NULL, 5000, &r), 0);
+    cr_expect_eq(r.status, 3, "exit %d, stderr:\n%s", r.status, r.err);
+    snprintf(want, sizeof(want),
+             "retryproxy: admin: cannot listen on %s: address already in use by this process's "
+             "other listener\n",
+             addr);
+    cr_expect_str_eq(r.err, want);
+    proc_result_free(&r);
+}
+
 /* Listening sockets on 127.0.0.1:'port' in /proc/net/tcp. */
 static int listeners_on(unsigned port)
 {

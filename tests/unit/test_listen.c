@@ -1,6 +1,7 @@
 /* proxy/listen: the workers of one process share a port, nothing else does. Real sockets on
- * 127.0.0.1 (and ::1 where the host has IPv6); the "other process" is a socket of this test
- * that is not one of the group's, which is all the kernel and /proc/net/tcp can tell apart.
+ * 127.0.0.1 (and ::1 where the host has IPv6); the "other process" is a child of the test
+ * holding a socket, or for listen_shared() a socket of this test that is not one of the
+ * group's, which is all that /proc/net/tcp can tell apart.
  */
 #include <criterion/criterion.h>
 
@@ -10,12 +11,15 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "proxy/listen.h"
 
-#define IN_USE "address already in use by another process"
+#define IN_USE      "address already in use by another process"
+#define IN_USE_HERE "address already in use by this process's other listener"
 
 TestSuite(listen, .timeout = 30);
 
@@ -79,16 +83,41 @@ static void close_all(int *fds, size_t n)
         close(fds[i]);
 }
 
-/* listen_open on 'addr' that must fail because something else holds it. */
-static void expect_in_use(const char *addr)
+/* Hands socket 'fd' to a child process that holds it until elsewhere_end(); this process no
+ * longer has it. */
+static pid_t elsewhere(int fd)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        for (;;)
+            pause();
+    }
+    close(fd);
+    return pid;
+}
+
+static void elsewhere_end(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* listen_open on 'addr' that must fail because something holds it: 'msg' says what. */
+static void expect_refused(const char *addr, const char *msg)
 {
     int fds[2] = { -1, -1 };
-    char bound[64], why[256], want[128];
+    char bound[64], why[256], want[160];
     cr_expect_eq(listen_open(addr, 2, fds, bound, sizeof(bound), why, sizeof(why)), -1,
-                 "%s was bound beside another process's socket", addr);
-    snprintf(want, sizeof(want), "cannot listen on %s: " IN_USE, addr);
+                 "%s was bound beside another socket", addr);
+    snprintf(want, sizeof(want), "cannot listen on %s: %s", addr, msg);
     cr_expect_str_eq(why, want);
     cr_expect_eq(fds[0], -1);
+}
+
+static void expect_in_use(const char *addr)
+{
+    expect_refused(addr, IN_USE);
 }
 
 Test(listen, workers_share_the_port_the_kernel_picked_for_port_0)
@@ -110,11 +139,11 @@ Test(listen, workers_share_the_port_the_kernel_picked_for_port_0)
 Test(listen, a_port_another_socket_listens_on_is_refused)
 {
     unsigned port;
-    int other = sock_at(AF_INET, "127.0.0.1", 0, false, false, &port);
+    pid_t other = elsewhere(sock_at(AF_INET, "127.0.0.1", 0, false, false, &port));
     char addr[32];
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
     expect_in_use(addr);
-    close(other);
+    elsewhere_end(other);
 }
 
 /* The case SO_REUSEPORT alone lets through: the other socket set it too, as a second
@@ -122,26 +151,36 @@ Test(listen, a_port_another_socket_listens_on_is_refused)
 Test(listen, a_port_another_reuseport_group_listens_on_is_refused)
 {
     unsigned port;
-    int other = sock_at(AF_INET, "127.0.0.1", 0, true, false, &port);
+    pid_t other = elsewhere(sock_at(AF_INET, "127.0.0.1", 0, true, false, &port));
     char addr[32];
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
     expect_in_use(addr);
-    close(other);
+    elsewhere_end(other);
+}
+
+/* listen and admin given one address: the other listener is this process's own. */
+Test(listen, a_port_this_process_already_listens_on_is_named_as_such)
+{
+    int fds[2];
+    char bound[64], why[256];
+    cr_assert_eq(listen_open("127.0.0.1:0", 2, fds, bound, sizeof(bound), why, sizeof(why)), 0);
+    expect_refused(bound, IN_USE_HERE);
+    close_all(fds, 2);
 }
 
 Test(listen, a_wildcard_listener_on_the_port_is_refused_and_so_is_the_reverse)
 {
     unsigned port;
-    int other = sock_at(AF_INET, "0.0.0.0", 0, true, false, &port);
+    pid_t other = elsewhere(sock_at(AF_INET, "0.0.0.0", 0, true, false, &port));
     char addr[32];
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
     expect_in_use(addr);
-    close(other);
+    elsewhere_end(other);
 
-    other = sock_at(AF_INET, "127.0.0.1", 0, true, false, &port);
+    other = elsewhere(sock_at(AF_INET, "127.0.0.1", 0, true, false, &port));
     snprintf(addr, sizeof(addr), "0.0.0.0:%u", port);
     expect_in_use(addr);
-    close(other);
+    elsewhere_end(other);
 }
 
 Test(listen, ipv6_port_another_reuseport_group_listens_on_is_refused)
@@ -149,11 +188,11 @@ Test(listen, ipv6_port_another_reuseport_group_listens_on_is_refused)
     if (!have_ipv6_loopback())
         cr_skip_test("no IPv6 loopback on this host");
     unsigned port;
-    int other = sock_at(AF_INET6, "::1", 0, true, false, &port);
+    pid_t other = elsewhere(sock_at(AF_INET6, "::1", 0, true, false, &port));
     char addr[32];
     snprintf(addr, sizeof(addr), "[::1]:%u", port);
     expect_in_use(addr);
-    close(other);
+    elsewhere_end(other);
 }
 
 /* A restart: the previous instance's connections in TIME_WAIT do not hold the port. */
