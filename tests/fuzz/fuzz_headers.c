@@ -1,5 +1,11 @@
 /* fuzz_headers: the header rules of proxy/headers.h against simple reference models.
  *
+ * hdr_name_valid(_n), hdr_value_valid, hdr_is_hop_by_hop, hdr_name_eq, hdr_token_listed and
+ * hdr_parse_uint each agree with a plain model written here; hdr_match_host's output is the
+ * input's case-folded prefix, lowercase, never longer, cut where the port starts, and fits the
+ * given capacity exactly when it says so (the buffer is exactly that large); hdr_uuid's output
+ * is a version 4 UUID in lowercase hex.
+ *
  * Input: one flag byte (bit 0: keep_port for hdr_match_host), one byte for the output capacity
  * of hdr_match_host, eight bytes of RNG seed for hdr_uuid, then NUL-separated strings: a
  * header name (or host), a header value (or Connection list) and a second name. Missing
@@ -234,6 +240,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                "hdr_parse_uint(\"%s\") = %lld, not %lld", name, (long long)hdr_parse_uint(name),
                (long long)ref_parse_uint(name));
     FUZZ_CHECK(hdr_parse_uint(value) == ref_parse_uint(value), "hdr_parse_uint(\"%s\")", value);
+
+    /* hdr_name_valid_n over the raw pieces (NUL separators included) in a buffer of exactly
+     * that many bytes, with no NUL after it: a read past 'n' is an AddressSanitizer report. */
+    size_t raw_n = size > 10 ? size - 10 : 0;
+    char *raw = malloc(raw_n ? raw_n : 1);
+    FUZZ_CHECK(raw != NULL, "out of memory");
+    if (raw_n)
+        memcpy(raw, data + 10, raw_n);
+    bool want_n = raw_n > 0;
+    for (size_t i = 0; i < raw_n; i++)
+        want_n &= ref_tchar((unsigned char)raw[i]);
+    FUZZ_CHECK(hdr_name_valid_n(raw, raw_n) == want_n, "hdr_name_valid_n over %zu bytes", raw_n);
+    size_t ln = strlen(name);
+    FUZZ_CHECK(hdr_name_valid_n(name, ln) == ref_name_valid(name), "hdr_name_valid_n(\"%s\")",
+               name);
+    free(raw);
 
     check_match_host(name, flags & 1, cap);
     check_match_host(value, !(flags & 1), cap);
