@@ -1,6 +1,7 @@
 # ThreadSanitizer over the integration suites (see docs/testing.md).
 #
 #   make tsan [TSAN_SUITES='retry reload'] [TSAN_WORKERS=2]
+#   make tsan-soak [TSAN_SOAK_SECONDS=60]   the soak load (mk/soak.mk) against the TSan binary
 #
 # Only the retryproxy binary is built with -fsanitize=thread (build-tsan/retryproxy): Criterion
 # does not run under TSan, but the integration suites spawn the real binary (RETRYPROXY_BIN), so
@@ -31,7 +32,7 @@ TSAN_SKIP ?= scale/thousand_requests_waiting_in_backoff_cost_no_threads
 TSAN_FILTER = $(if $(strip $(TSAN_SKIP)),--filter '!($(subst $(tsan_space),|,$(strip $(TSAN_SKIP))))')
 tsan_space := $(subst ,, )
 
-.PHONY: tsan tsan-build
+.PHONY: tsan tsan-build tsan-soak
 
 tsan-build:
 	@$(MAKE) --no-print-directory BUILD=$(TSAN_DIR) OPT=-O1 SAN="$(TSAN_SAN)" $(TSAN_DIR)/retryproxy
@@ -62,3 +63,18 @@ tsan: tsan-build
 	if [ -n "$$failed" ]; then echo "tsan FAILED suites:$$failed"; fi; \
 	if [ -n "$$reports" ] || [ -n "$$failed" ]; then exit 1; fi; \
 	echo "tsan: $(words $(TSAN_SUITES)) integration suites, $(TSAN_WORKERS) workers, no report"
+
+# The integration suites send few requests at once; the soak load generator (tests/tools/soak.c)
+# sends 64 at a time with reloads and scrapes alongside. RSS is not judged (TSan's own memory).
+TSAN_SOAK_SECONDS ?= 60
+tsan-soak: tsan-build
+	@rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS); \
+	TSAN_OPTIONS="$(TSAN_RUN_OPTIONS)" $(TSAN_DIR)/plain/tests/soak \
+	  --bin $(TSAN_DIR)/retryproxy --seconds $(TSAN_SOAK_SECONDS) --workers $(TSAN_WORKERS) \
+	  --no-rss-check; rc=$$?; \
+	reports=$$(find $(TSAN_REPORTS) -type f -name 'tsan.*' | sort); \
+	for f in $$reports; do \
+	  echo "tsan-soak: report $$f"; grep -h '^SUMMARY: ThreadSanitizer' $$f | sort -u | sed 's/^/    /'; \
+	done; \
+	if [ -n "$$reports" ] || [ $$rc -ne 0 ]; then echo "tsan-soak FAILED"; exit 1; fi; \
+	echo "tsan-soak: $(TSAN_SOAK_SECONDS) s of soak load, no report"
