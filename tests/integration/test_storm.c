@@ -734,9 +734,11 @@ static void expect_wait(const char *id, long want)
     double gap = (double)(q[1]->arrival_ns - q[0]->arrival_ns) / 1e6;
     cr_log_info("%s: delays_ms [%ld], upstream gap %.1f ms, want %ld", id, d[0], gap, want);
     cr_expect_eq(d[0], want, "%s waited %ld ms, want %ld", id, d[0], want);
-    /* the wait starts after the first answer arrived, so the gap is at least the delay */
-    cr_expect(gap >= (double)want && gap < (double)want + 300, "%s: upstream gap %.1f ms, want %ld",
-              id, gap, want);
+    /* the wait starts after the first answer arrived, so the gap is at least the delay; the
+     * upstream stamps an arrival when its thread reads it, which on a loaded machine (ASan, a
+     * parallel build) can lag the real arrival by some milliseconds */
+    cr_expect(gap >= (double)want - 15 && gap < (double)want + 300,
+              "%s: upstream gap %.1f ms, want %ld", id, gap, want);
 }
 
 #define ROUTE_SCOPE(timeout, reset)                                                                \
