@@ -459,16 +459,18 @@ static int write_config(uint16_t up_port, unsigned g)
     if (!f)
         return -1;
     /* Budgets wide open: the 11 % of retries must not be denied, or the outcome check would
-     * see 503s that only say the budget worked. */
+     * see 503s that only say the budget worked. Caps are set all the same, and the slow route
+     * shares one backoff sequence (scope "route"), so that the workers contend on that state. */
     fprintf(
         f,
         "{\n"
         "  \"log\": {\"level\": \"info\"},\n"
-        "  \"budget\": {\"max_concurrent_retries\": null, \"retry_ratio\": 10,\n"
+        "  \"budget\": {\"max_concurrent_retries\": 1000000, \"retry_ratio\": 10,\n"
         "             \"min_retries_per_second\": 100000},\n"
         "  \"defaults\": {\n"
         "    \"timeout_ms\": 10000,\n"
-        "    \"budget\": {\"retry_ratio\": 10, \"min_retries_per_second\": 100000},\n"
+        "    \"budget\": {\"max_concurrent_retries\": 1000000, \"retry_ratio\": 10,\n"
+        "               \"min_retries_per_second\": 100000},\n"
         "    \"retry\": {\"max_attempts\": 3,\n"
         "              \"retry_on\": [\"connect-failure\", \"reset\", \"timeout\", \"503\"]}\n"
         "  },\n"
@@ -476,7 +478,7 @@ static int write_config(uint16_t up_port, unsigned g)
         "    {\"name\": \"slow\", \"match\": {\"path_prefix\": \"/slow\"},\n"
         "     \"upstreams\": [\"http://127.0.0.1:%u\"],\n"
         "     \"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": %u, \"cap_ms\": %u,\n"
-        "                            \"jitter\": \"none\"}}},\n"
+        "                            \"jitter\": \"none\", \"scope\": \"route\"}}},\n"
         "    {\"name\": \"fast\", \"upstreams\": [\"http://127.0.0.1:%u\"],\n"
         "     \"retry\": {\"backoff\": {\"policy\": \"exponential\", \"base_ms\": %u,\n"
         "                            \"cap_ms\": %u, \"jitter\": \"full\"}}}\n"
@@ -726,16 +728,20 @@ static void slot_done(CURLM *m, struct slot *s, CURLcode rc)
     s->busy = false;
     done_n++;
     by_kind[s->kind]++;
+    double took = 0;
+    curl_easy_getinfo(s->e, CURLINFO_TOTAL_TIME, &took);
     bool ok;
     if (s->kind == K_SLOW || s->kind == K_BACKOFF)
-        ok = rc == CURLE_OPERATION_TIMEDOUT;
+        /* Given up after 150 ms; or the answer came in while this loop was busy elsewhere (a
+         * slow /metrics scrape) and libcurl read it before looking at the clock. */
+        ok = rc == CURLE_OPERATION_TIMEDOUT || (rc == CURLE_OK && status == 200 && took >= 0.3);
     else
         ok = rc == CURLE_OK && status == 200 && s->got == s->want;
     if (!ok && ++unexpected_n <= 10)
         fprintf(stderr,
                 "soak: unexpected outcome for a '%s' request: curl %d (%s), status %ld, "
-                "%zu of %zu body bytes\n",
-                kind_name[s->kind], rc, curl_easy_strerror(rc), status, s->got, s->want);
+                "%zu of %zu body bytes, %.3f s\n",
+                kind_name[s->kind], rc, curl_easy_strerror(rc), status, s->got, s->want, took);
 }
 
 /* ---- the run ---- */
