@@ -157,6 +157,20 @@ static bool is_target_byte(unsigned char c)
     return c > 0x20 && c != 0x7f;
 }
 
+/* Byte classes for the bulk scans of a target or a field value. */
+#define C_TARGET 1 /* VCHAR or obs-text */
+#define C_VALUE  2 /* HTAB, SP, VCHAR or obs-text */
+#define C_TCHAR  4 /* RFC 9110 tchar */
+#define C_TV     (C_TARGET | C_VALUE)
+#define C_TVT    (C_TARGET | C_VALUE | C_TCHAR)
+static const uint8_t byte_class[256] = {
+    ['\t'] = C_VALUE,       [' '] = C_VALUE,      ['!'] = C_TVT,         ['"'] = C_TV,
+    ['#' ... '\''] = C_TVT, ['(' ... ')'] = C_TV, ['*' ... '+'] = C_TVT, [','] = C_TV,
+    ['-' ... '.'] = C_TVT,  ['/'] = C_TV,         ['0' ... '9'] = C_TVT, [':' ... '@'] = C_TV,
+    ['A' ... 'Z'] = C_TVT,  ['[' ... ']'] = C_TV, ['^' ... 'z'] = C_TVT, ['{'] = C_TV,
+    ['|'] = C_TVT,          ['}'] = C_TV,         ['~'] = C_TVT,         [0x80 ... 0xff] = C_TV,
+};
+
 static int hexval(unsigned char c)
 {
     if (c >= '0' && c <= '9')
@@ -343,6 +357,51 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
                 w->st = w->st == S_BODY ? S_START : S_CHUNK_DATA_CR;
             continue;
         }
+        /* the rest of a field name, in bulk: lowercased into w->name while it may still be
+         * a framing field's */
+        if (w->st == S_NAME) {
+            size_t j = i;
+            unsigned tok = w->tok;
+            char *nm = w->name;
+            while (j < n && (byte_class[(unsigned char)p[j]] & C_TCHAR)) {
+                unsigned char c = (unsigned char)p[j++];
+                if (tok < sizeof(w->name))
+                    nm[tok] = (char)(c | ((c >= 'A' && c <= 'Z') ? 0x20 : 0));
+                tok++;
+            }
+            if (j > i) {
+                w->tok = (uint16_t)(tok < UINT16_MAX ? tok : UINT16_MAX);
+                w->head += (uint32_t)(j - i);
+                w->line += (uint32_t)(j - i);
+                i = j;
+                if (w->head > WIRE_HEAD_MAX || w->line > WIRE_LINE_MAX) {
+                    bad = WIRE_HEAD_TOO_LARGE;
+                    goto refuse;
+                }
+                continue;
+            }
+        }
+        /* the bytes of a target or of a value that is not a framing field, in bulk */
+        if (w->st == S_TARGET || (w->st == S_VALUE && w->field != F_CL && w->field != F_TE)) {
+            uint8_t want = w->st == S_TARGET ? C_TARGET : C_VALUE;
+            size_t j = i;
+            while (j < n && (byte_class[(unsigned char)p[j]] & want))
+                j++;
+            if (j > i) {
+                w->head += (uint32_t)(j - i);
+                w->line += (uint32_t)(j - i);
+                i = j;
+                if (w->st == S_TARGET && w->line > WIRE_LINE_MAX) {
+                    bad = WIRE_TARGET_TOO_LONG;
+                    goto refuse;
+                }
+                if (w->head > WIRE_HEAD_MAX || w->line > WIRE_LINE_MAX) {
+                    bad = WIRE_HEAD_TOO_LARGE;
+                    goto refuse;
+                }
+                continue;
+            }
+        }
         unsigned char c = (unsigned char)p[i++];
         if (in_head_state(w->st)) {
             if (w->head == 0) {
@@ -518,7 +577,7 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
             } else if (!is_value_byte(c)) {
                 bad = WIRE_BAD_FIELD_VALUE;
                 goto refuse;
-            } else if (w->field != F_OTHER) {
+            } else if (w->field == F_CL || w->field == F_TE) {
                 if (w->vlen < sizeof(w->val))
                     w->val[w->vlen++] = (char)c;
                 else
