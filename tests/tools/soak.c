@@ -30,8 +30,8 @@
  *   - config reloads took effect (config_generation) and the proxy exits 0 on SIGTERM.
  *
  * Exit status 0 when every check passed, 1 when one failed, 2 on a usage error, 3 when the
- * run could not be set up. A watchdog kills the proxy and exits 3 if the run overstays its time
- * by two minutes.
+ * run could not be set up or was interrupted (SIGINT, SIGTERM). A watchdog kills the proxy and
+ * exits 3 if the run overstays its time by two minutes.
  */
 #include <curl/curl.h>
 
@@ -436,6 +436,14 @@ static char dir[64], cfg_path[128], err_path[128];
 static pid_t proxy_pid = -1;
 static uint16_t proxy_port, admin_port;
 
+/* SIGINT or SIGTERM: stop the load, stop the proxy, clean up, exit 3 without judging. */
+static volatile sig_atomic_t interrupted;
+static void on_interrupt(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
 static void watchdog(int sig)
 {
     (void)sig;
@@ -826,6 +834,8 @@ int main(int argc, char **argv)
 
     signal(SIGPIPE, SIG_IGN);
     signal(SIGALRM, watchdog);
+    signal(SIGINT, on_interrupt);
+    signal(SIGTERM, on_interrupt);
     alarm((unsigned)seconds + 120);
     rng_state ^= (uint64_t)now_ms() * 0x9e3779b97f4a7c15u;
     memset(post_body, 'p', sizeof(post_body));
@@ -875,7 +885,7 @@ int main(int argc, char **argv)
     double generation = -1;
     for (;;) {
         int64_t now = now_ms();
-        bool loading = now < t_end;
+        bool loading = now < t_end && !interrupted;
         int busy = 0;
         for (long i = 0; i < conc; i++) {
             if (!slots[i].busy && loading && (rate == 0 || (int64_t)seq < rate * (now - t0) / 1000))
@@ -928,6 +938,13 @@ int main(int argc, char **argv)
     }
     curl_multi_cleanup(m); /* closes the client connections */
     free(slots);
+    if (interrupted) {
+        stop_proxy(5000);
+        up_stop(&up);
+        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        printf("soak: interrupted after %llu requests\n", (unsigned long long)done_n);
+        return 3;
+    }
 
     /* Idle after the load: the upstream closes its idle connections, then the proxy's count
      * must come back to the baseline within the grace period. libcurl notices that an upstream
