@@ -157,14 +157,14 @@ static void hlist_free(struct hlist *h)
     memset(h, 0, sizeof(*h));
 }
 
-static int hlist_add(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl)
+/* Room for 'more' bytes after h->len, within HLIST_MAX_BYTES. */
+static int hlist_reserve(struct hlist *h, size_t more)
 {
-    size_t need = nl + vl + 2;
-    if (h->count >= HLIST_MAX_COUNT || h->len + need > HLIST_MAX_BYTES)
+    if (h->len + more > HLIST_MAX_BYTES)
         return -1;
-    if (h->len + need > h->cap) {
+    if (h->len + more > h->cap) {
         size_t cap = h->cap ? h->cap : 1024;
-        while (cap < h->len + need)
+        while (cap < h->len + more)
             cap *= 2;
         char *b = realloc(h->buf, cap);
         if (!b)
@@ -172,6 +172,14 @@ static int hlist_add(struct hlist *h, const char *name, size_t nl, const char *v
         h->buf = b;
         h->cap = cap;
     }
+    return 0;
+}
+
+static int hlist_add(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl)
+{
+    size_t need = nl + vl + 2;
+    if (h->count >= HLIST_MAX_COUNT || hlist_reserve(h, need) < 0)
+        return -1;
     memcpy(h->buf + h->len, name, nl);
     h->buf[h->len + nl] = '\0';
     memcpy(h->buf + h->len + nl + 1, value, vl);
@@ -184,18 +192,8 @@ static int hlist_add(struct hlist *h, const char *name, size_t nl, const char *v
 /* Appends " " and v[0..vl) to the value of the last field (an unfolded continuation). */
 static int hlist_extend_last(struct hlist *h, const char *v, size_t vl)
 {
-    if (!h->count || h->len + vl + 1 > HLIST_MAX_BYTES)
+    if (!h->count || hlist_reserve(h, vl + 1) < 0)
         return -1;
-    if (h->len + vl + 1 > h->cap) {
-        size_t cap = h->cap * 2;
-        while (cap < h->len + vl + 1)
-            cap *= 2;
-        char *b = realloc(h->buf, cap);
-        if (!b)
-            return -1;
-        h->buf = b;
-        h->cap = cap;
-    }
     /* the last value's NUL becomes the space */
     h->buf[h->len - 1] = ' ';
     memcpy(h->buf + h->len, v, vl);
