@@ -311,6 +311,7 @@ static enum wire_reason end_head(struct wire *w)
     }
     w->heads_out++;
     w->head = 0;
+    w->blank = 0;
     return WIRE_OK;
 }
 
@@ -403,6 +404,30 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
             }
         }
         unsigned char c = (unsigned char)p[i++];
+        if (w->head == 0 && (w->st == S_START || w->st == S_LEAD_CR)) {
+            /* Empty lines before a request line are passed on, not held as a head (RFC 9112
+             * 2.2: tolerated; libmicrohttpd skips them): a client that ends a body with a
+             * stray CRLF and then idles is not a slow head. A few only. */
+            if (w->st == S_LEAD_CR) {
+                if (c != '\n') {
+                    head_at = i - 1;
+                    bad = WIRE_BARE_CR;
+                    goto refuse;
+                }
+                w->st = S_START;
+                continue;
+            }
+            if (c == '\r' || c == '\n') {
+                if (++w->blank > 8) {
+                    head_at = i - 1;
+                    bad = WIRE_BAD_REQUEST_LINE;
+                    goto refuse;
+                }
+                if (c == '\r')
+                    w->st = S_LEAD_CR;
+                continue;
+            }
+        }
         if (in_head_state(w->st)) {
             if (w->head == 0) {
                 head_reset(w);
@@ -428,26 +453,15 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
 
         switch ((enum st)w->st) {
         case S_START:
-            if (c == '\r') {
-                w->st = S_LEAD_CR;
-            } else if (c == '\n') {
-                w->line = 0; /* a leading empty line, tolerated (RFC 9112 2.2) */
-            } else if (is_tchar(c)) {
-                w->st = S_METHOD;
-                w->tok = 1;
-            } else {
+            if (!is_tchar(c)) {
                 bad = WIRE_BAD_REQUEST_LINE;
                 goto refuse;
             }
+            w->st = S_METHOD;
+            w->tok = 1;
             break;
         case S_LEAD_CR:
-            if (c != '\n') {
-                bad = WIRE_BARE_CR;
-                goto refuse;
-            }
-            w->st = S_START;
-            w->line = 0;
-            break;
+            break; /* handled before the head began */
         case S_METHOD:
             if (c == ' ') {
                 w->st = S_TARGET0;

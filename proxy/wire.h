@@ -87,6 +87,7 @@ struct wire {
     uint16_t te_codings, te_chunked; /* coding tokens seen; how many were "chunked" */
     bool te_last_chunked;
     uint8_t vlen;  /* bytes kept of the current framing field's value */
+    uint8_t blank; /* empty lines before this request line */
     char val[48];  /* the current framing field's value (trimmed at line end) */
     char name[20]; /* the current field name, lowercased, while it may be a framing one */
     uint64_t cl;   /* body bytes declared */

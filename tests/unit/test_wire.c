@@ -164,3 +164,28 @@ Test(wire, a_small_reader_buffer_gets_everything_in_order)
     cr_expect(n == sizeof(s) - 1 && memcmp(got, s, n) == 0);
     wire_release(&w);
 }
+
+/* A client that ends a body with a stray CRLF and then idles is not a slow head: the CRLF is
+ * handed over at once and no deadline runs. More than a few empty lines are refused. */
+Test(wire, empty_lines_between_requests_are_passed_on_not_held)
+{
+    static const char s[] = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok\r\n";
+    struct wire w;
+    wire_init(&w, 1000);
+    struct sock k = { s, sizeof(s) - 1, 0 };
+    char buf[256];
+    cr_expect_eq(wire_recv(&w, buf, sizeof(buf), sock_read, &k, 0), (ssize_t)(sizeof(s) - 1));
+    cr_expect(!wire_holding(&w));
+    cr_expect(!wire_head_expired(&w, 60000));
+    wire_release(&w);
+
+    static const char many[] =
+        "\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    struct run r;
+    run(many, sizeof(many) - 1, 0, &r);
+    cr_expect_eq(r.w.rejected, WIRE_BAD_REQUEST_LINE);
+    wire_release(&r.w);
+    run(many + 2, sizeof(many) - 3, 0, &r);
+    cr_expect_eq(r.w.rejected, WIRE_OK, "eight empty lines are tolerated");
+    wire_release(&r.w);
+}
