@@ -27,7 +27,8 @@
  *     clients are gone) they come back to the count measured at idle before the load, within
  *     a grace period of 10 s;
  *   - outcomes: at most 0.1 % of requests ended otherwise than described above;
- *   - config reloads took effect (config_generation) and the proxy exits 0 on SIGTERM.
+ *   - config reloads took effect (config_generation) and the proxy exits 0 on SIGTERM;
+ *   - the proxy did not end during the run (checked every 500 ms; a crash stops the load).
  *
  * Exit status 0 when every check passed, 1 when one failed, 2 on a usage error, 3 when the
  * run could not be set up or was interrupted (SIGINT, SIGTERM). A watchdog kills the proxy and
@@ -582,15 +583,39 @@ static long proxy_rss_kb(void)
     return kb;
 }
 
+static int exit_status(int st)
+{
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Set when the proxy ended on its own during the run (a crash): its exit status. */
+static int died = -1;
+
+/* False, and 'died' set, once the proxy has ended on its own. */
+static bool proxy_alive(void)
+{
+    int st;
+    if (proxy_pid > 0 && waitpid(proxy_pid, &st, WNOHANG) == proxy_pid) {
+        died = exit_status(st);
+        proxy_pid = -1;
+        printf("soak: the proxy ended during the run, status %d%s\n", died,
+               died > 128 ? " (killed by a signal)" : "");
+        fflush(stdout);
+    }
+    return proxy_pid > 0;
+}
+
 /* Exit status after SIGTERM (128 + signal if killed by one; -1 if it had to be killed). */
 static int stop_proxy(int timeout_ms)
 {
     int st;
+    if (!proxy_alive())
+        return died;
     kill(proxy_pid, SIGTERM);
     for (int64_t deadline = now_ms() + timeout_ms; now_ms() < deadline; sleep_ms(10))
         if (waitpid(proxy_pid, &st, WNOHANG) == proxy_pid) {
             proxy_pid = -1;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            return exit_status(st);
         }
     kill(proxy_pid, SIGKILL);
     waitpid(proxy_pid, &st, 0);
@@ -882,6 +907,7 @@ int main(int argc, char **argv)
     uint64_t seq = 0, reloads = 0;
     int64_t t0 = now_ms(), t_end = t0 + seconds * 1000;
     int64_t next_sample = t0 + interval * 1000, next_reload = t0 + reload_s * 1000;
+    int64_t next_check = t0 + 500;
     double generation = -1;
     for (;;) {
         int64_t now = now_ms();
@@ -912,7 +938,12 @@ int main(int argc, char **argv)
             else
                 fprintf(stderr, "soak: cannot rewrite the config: %s\n", strerror(errno));
         }
-        if (now >= next_sample && ns < n_samples) {
+        if (loading && now >= next_check) {
+            next_check = now + 500;
+            if (!proxy_alive())
+                t_end = now; /* what is in flight fails fast; nothing more to measure */
+        }
+        if (now >= next_sample && ns < n_samples && proxy_pid > 0) {
             next_sample += interval * 1000;
             struct sample *sm = &samples[ns++];
             sm->t = (int)((now - t0 + 500) / 1000);
@@ -956,7 +987,7 @@ int main(int argc, char **argv)
     sleep_ms(250);
     int fds_after = -1, nudges = 0;
     int64_t t_idle = now_ms();
-    while (now_ms() - t_idle < 10000) {
+    while (now_ms() - t_idle < 10000 && proxy_alive()) {
         fds_after = proxy_fds();
         if (fds_after <= fds_idle)
             break;
@@ -1002,7 +1033,7 @@ int main(int argc, char **argv)
             failed |= rss_check;
         }
     }
-    if (fds_after < 0 || fds_after > fds_idle) {
+    if (died < 0 && (fds_after < 0 || fds_after > fds_idle)) {
         printf("soak: FAILED: %d descriptors open at idle after the load, %d before it\n",
                fds_after, fds_idle);
         failed = 1;
@@ -1017,8 +1048,12 @@ int main(int argc, char **argv)
                (unsigned long long)reloads, generation);
         failed = 1;
     }
+    if (died >= 0) {
+        printf("soak: FAILED: the proxy ended during the run, status %d\n", died);
+        failed = 1;
+    }
     int st = stop_proxy(15000);
-    if (st != 0) {
+    if (died < 0 && st != 0) {
         printf("soak: FAILED: the proxy exited with status %d on SIGTERM\n", st);
         failed = 1;
     }
