@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proxy/strmap.h"
+
 struct live_entry {
     struct live_entry *next;
     struct live_route route;
@@ -12,6 +14,7 @@ struct live_entry {
 struct live {
     pthread_mutex_t mu;
     struct live_entry *head;
+    struct strmap by_name; /* every entry, keyed by its name */
 };
 
 struct live *live_new(void)
@@ -31,6 +34,7 @@ void live_free(struct live *l)
         pthread_mutex_destroy(&e->route.mu);
         free(e);
     }
+    strmap_free(&l->by_name);
     pthread_mutex_destroy(&l->mu);
     free(l);
 }
@@ -39,18 +43,21 @@ struct live_route *live_route(struct live *l, const char *name, uint32_t window_
 {
     struct live_route *found = NULL;
     pthread_mutex_lock(&l->mu);
-    for (struct live_entry *e = l->head; e; e = e->next) {
-        if (strcmp(e->name, name) == 0) {
-            found = &e->route;
-            budget_set_window(&found->budget, window_ms);
-            goto out;
-        }
+    struct live_entry *e = strmap_get(&l->by_name, name);
+    if (e) {
+        found = &e->route;
+        budget_set_window(&found->budget, window_ms);
+        goto out;
     }
     size_t n = strlen(name);
-    struct live_entry *e = calloc(1, sizeof(*e) + n + 1);
+    e = calloc(1, sizeof(*e) + n + 1);
     if (!e)
         goto out;
     memcpy(e->name, name, n + 1);
+    if (strmap_put(&l->by_name, e->name, e) < 0) {
+        free(e);
+        goto out;
+    }
     budget_init(&e->route.budget, window_ms);
     pthread_mutex_init(&e->route.mu, NULL);
     backoff_seq_reset(&e->route.seq);

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proxy/strmap.h"
+
 #define CACHE_LINE 64
 #define CODE_MIN   100
 #define CODE_MAX   599
@@ -93,9 +95,12 @@ struct metrics {
     _Atomic int64_t retries_in_flight;
 
     pthread_mutex_t lock;
-    /* Sorted by strcmp(name), so lookups bisect and scrapes print in order. */
+    /* In the order they were added; found by name through 'by_name', sorted by name before a
+     * scrape prints them ('unsorted' says one was added since). */
     struct metrics_route **routes;
     size_t nroutes, cap;
+    struct strmap by_name;
+    bool unsorted;
     uint64_t reloads_ok, reloads_failed, generation;
     double last_success;
 };
@@ -172,29 +177,16 @@ void metrics_free(struct metrics *m)
     for (size_t i = 0; i < m->nroutes; i++)
         route_free(m->routes[i]);
     free(m->routes);
+    strmap_free(&m->by_name);
     free(m->wslots);
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
 
-/* Index of 'name' in m->routes, or where it would go (with *found false). Caller holds lock. */
-static size_t route_find(const struct metrics *m, const char *name, bool *found)
+static int by_name(const void *a, const void *b)
 {
-    size_t lo = 0, hi = m->nroutes;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(m->routes[mid]->name, name);
-        if (c == 0) {
-            *found = true;
-            return mid;
-        }
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    *found = false;
-    return lo;
+    return strcmp((*(struct metrics_route *const *)a)->name,
+                  (*(struct metrics_route *const *)b)->name);
 }
 
 static struct metrics_route *route_new(struct metrics *m, const char *name)
@@ -217,14 +209,10 @@ struct metrics_route *metrics_route(struct metrics *m, const char *name)
 {
     if (!m || !name)
         return NULL;
-    struct metrics_route *r = NULL;
     pthread_mutex_lock(&m->lock);
-    bool found;
-    size_t at = route_find(m, name, &found);
-    if (found) {
-        r = m->routes[at];
+    struct metrics_route *r = strmap_get(&m->by_name, name);
+    if (r)
         goto out;
-    }
     if (m->nroutes == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 8;
         struct metrics_route **grown = realloc(m->routes, cap * sizeof(*grown));
@@ -236,9 +224,13 @@ struct metrics_route *metrics_route(struct metrics *m, const char *name)
     r = route_new(m, name);
     if (!r)
         goto out;
-    memmove(&m->routes[at + 1], &m->routes[at], (m->nroutes - at) * sizeof(*m->routes));
-    m->routes[at] = r;
-    m->nroutes++;
+    if (strmap_put(&m->by_name, r->name, r) < 0) {
+        route_free(r);
+        r = NULL;
+        goto out;
+    }
+    m->routes[m->nroutes++] = r;
+    m->unsorted = true;
 out:
     pthread_mutex_unlock(&m->lock);
     return r;
@@ -620,6 +612,10 @@ char *metrics_render(struct metrics *m, size_t *len)
     /* The lock keeps the route list and reason names still while they are printed; workers
      * never take it, so a scrape only ever delays a config install. */
     pthread_mutex_lock(&m->lock);
+    if (m->unsorted) {
+        qsort(m->routes, m->nroutes, sizeof(*m->routes), by_name);
+        m->unsorted = false;
+    }
     struct scrape sc = { 0 };
     bool failed = false;
     if (m->nroutes) {
