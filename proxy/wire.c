@@ -342,7 +342,8 @@ static bool in_head_state(uint8_t st)
 static struct scan parse(struct wire *w, const char *p, size_t n)
 {
     struct scan sc = { n, WIRE_OK };
-    size_t head_at = w->head > 0 ? 0 : (size_t)-1;
+    /* where the head (or the lone CR) still open began: before these bytes, or not at all */
+    size_t head_at = w->head > 0 || w->st == S_LEAD_CR ? 0 : (size_t)-1;
     size_t i = 0;
     enum wire_reason bad = WIRE_OK;
 
@@ -409,12 +410,13 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
              * 2.2: tolerated; libmicrohttpd skips them): a client that ends a body with a
              * stray CRLF and then idles is not a slow head. A few only. */
             if (w->st == S_LEAD_CR) {
+                /* head_at is the CR: it goes on only with its LF */
                 if (c != '\n') {
-                    head_at = i - 1;
                     bad = WIRE_BARE_CR;
                     goto refuse;
                 }
                 w->st = S_START;
+                head_at = (size_t)-1;
                 continue;
             }
             if (c == '\r' || c == '\n') {
@@ -423,8 +425,10 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
                     bad = WIRE_BAD_REQUEST_LINE;
                     goto refuse;
                 }
-                if (c == '\r')
+                if (c == '\r') {
                     w->st = S_LEAD_CR;
+                    head_at = i - 1;
+                }
                 continue;
             }
         }

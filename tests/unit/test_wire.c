@@ -64,6 +64,8 @@ static const struct {
     { "GET / HTTP/2.0\r\nHost: a\r\n\r\n", WIRE_BAD_VERSION },
     { "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFG / HTTP/1.1\r\n", WIRE_METHOD_TOO_LONG },
     { "GET / HTTP/1.1\r\nHost : a\r\n\r\n", WIRE_SPACE_BEFORE_COLON },
+    /* a lone CR between requests is refused with what follows, never handed over alone */
+    { "\rGET / HTTP/1.1\r\nHost: a\r\n\r\n", WIRE_BARE_CR },
     { "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5 \r\n\r\n", WIRE_BAD_CONTENT_LENGTH },
 };
 
