@@ -40,8 +40,17 @@ tsan-build:
 	  $(TSAN_SUITES:%=$(TSAN_DIR)/plain/tests/integration/test_%) \
 	  $(TOOL_SRC:tests/tools/%.c=$(TSAN_DIR)/plain/tests/%)
 
+# The TSan runtime refuses some kernels' address-space layouts at start ("unexpected memory
+# mapping", vm.mmap_rnd_bits above 28): say so once instead of failing every test.
+TSAN_PROBE = $(TSAN_DIR)/retryproxy --help >/dev/null 2>$(TSAN_DIR)/probe.err || { \
+	  cat $(TSAN_DIR)/probe.err >&2; \
+	  echo "tsan: the ThreadSanitizer build does not start here; if the message above is about" \
+	    "memory mappings: sysctl vm.mmap_rnd_bits=28, or run make under setarch -R" >&2; \
+	  exit 1; }
+
 # Every suite runs even when an earlier one fails; then every report file is listed.
 tsan: tsan-build
+	@$(TSAN_PROBE)
 	@rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS); \
 	failed=""; \
 	for s in $(TSAN_SUITES); do \
@@ -68,6 +77,7 @@ tsan: tsan-build
 # sends 64 at a time with reloads and scrapes alongside. RSS is not judged (TSan's own memory).
 TSAN_SOAK_SECONDS ?= 60
 tsan-soak: tsan-build
+	@$(TSAN_PROBE)
 	@rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS); \
 	TSAN_OPTIONS="$(TSAN_RUN_OPTIONS)" $(TSAN_DIR)/plain/tests/soak \
 	  --bin $(TSAN_DIR)/retryproxy --seconds $(TSAN_SOAK_SECONDS) --workers $(TSAN_WORKERS) \
