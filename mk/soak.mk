@@ -24,11 +24,13 @@ SOAK_RATE ?= 0
 SOAK_BIN ?= $(SOAK_DIR)/retryproxy
 SOAK_FLAGS ?=
 
-.PHONY: soak soak-build
+.PHONY: soak soak-build soak-bins
 
 soak-build:
-	@$(MAKE) --no-print-directory BUILD=$(SOAK_DIR) SAN= $(SOAK_DIR)/retryproxy \
-	  $(SOAK_DIR)/tests/soak
+	@$(MAKE) --no-print-directory BUILD=$(SOAK_DIR) SAN= soak-bins
+# Run by the sub-make above, with BUILD set.
+soak-bins: $(BIN) $(BUILD)/tests/soak
+	@:
 
 soak: soak-build
 	$(SOAK_DIR)/tests/soak --bin $(SOAK_BIN) --seconds $(SOAK_SECONDS) --workers $(SOAK_WORKERS) \

@@ -32,13 +32,16 @@ TSAN_SKIP ?= scale/thousand_requests_waiting_in_backoff_cost_no_threads
 TSAN_FILTER = $(if $(strip $(TSAN_SKIP)),--filter '!($(subst $(tsan_space),|,$(strip $(TSAN_SKIP))))')
 tsan_space := $(subst ,, )
 
-.PHONY: tsan tsan-build tsan-soak
+.PHONY: tsan tsan-build tsan-soak tsan-bin tsan-plain
 
 tsan-build:
-	@$(MAKE) --no-print-directory BUILD=$(TSAN_DIR) OPT=-O1 SAN="$(TSAN_SAN)" $(TSAN_DIR)/retryproxy
-	@$(MAKE) --no-print-directory BUILD=$(TSAN_DIR)/plain SAN= \
-	  $(TSAN_SUITES:%=$(TSAN_DIR)/plain/tests/integration/test_%) \
-	  $(TOOL_SRC:tests/tools/%.c=$(TSAN_DIR)/plain/tests/%)
+	@$(MAKE) --no-print-directory BUILD=$(TSAN_DIR) OPT=-O1 SAN="$(TSAN_SAN)" tsan-bin
+	@$(MAKE) --no-print-directory BUILD=$(TSAN_DIR)/plain SAN= tsan-plain
+# Run by the two sub-makes above, with BUILD set.
+tsan-bin: $(BIN)
+	@:
+tsan-plain: $(TSAN_SUITES:%=$(BUILD)/tests/integration/test_%) $(TOOL_BIN)
+	@:
 
 # The TSan runtime refuses some kernels' address-space layouts at start ("unexpected memory
 # mapping", vm.mmap_rnd_bits above 28): say so once instead of failing every test.
