@@ -207,14 +207,19 @@ static enum MHD_Result post_reload(struct admin *a, struct MHD_Connection *c)
     } else {
         json_t *list = json_array();
         for (size_t i = 0; i < errs.n; i++) {
-            char line[1400];
-            if (errs.v[i].line)
-                snprintf(line, sizeof(line), "%s:%u:%u: %s: %s", reload_source(a->rl),
-                         errs.v[i].line, errs.v[i].col, errs.v[i].path, errs.v[i].msg);
-            else
-                snprintf(line, sizeof(line), "%s: %s: %s", reload_source(a->rl), errs.v[i].path,
-                         errs.v[i].msg);
-            json_array_append_new(list, json_string(line));
+            /* whole, never cut: a cut in the middle of a UTF-8 character would make jansson
+             * drop the line */
+            char *line = NULL;
+            int n = errs.v[i].line
+                        ? asprintf(&line, "%s:%u:%u: %s: %s", reload_source(a->rl), errs.v[i].line,
+                                   errs.v[i].col, errs.v[i].path, errs.v[i].msg)
+                        : asprintf(&line, "%s: %s: %s", reload_source(a->rl), errs.v[i].path,
+                                   errs.v[i].msg);
+            json_t *js = n >= 0 ? json_string(line) : NULL;
+            json_array_append_new(list,
+                                  js ? js : json_string("(an error that could not be shown)"));
+            if (n >= 0)
+                free(line);
         }
         ret =
             send_json(c, MHD_HTTP_UNPROCESSABLE_CONTENT,

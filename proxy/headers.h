@@ -26,7 +26,7 @@ bool hdr_name_valid(const char *name);
 bool hdr_name_valid_n(const char *name, size_t n);
 bool hdr_value_valid(const char *value);
 
-/* The whole decimal number in 's' if it is 1 to 19 digits, else -1. */
+/* The whole decimal number in 's' if it is 1 to 18 digits, else -1. */
 int64_t hdr_parse_uint(const char *s);
 
 /* A random (version 4) UUID in lowercase hex, 36 characters and a NUL. */

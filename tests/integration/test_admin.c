@@ -886,6 +886,25 @@ Test(admin, reload_invalid_file_is_422_and_keeps_generation)
     json_decref(j);
 }
 
+/* An error line longer than any fixed buffer, made of two-byte UTF-8 characters, is reported
+ * whole: a line cut in the middle of a character would be refused by jansson and vanish. */
+Test(admin, reload_reports_a_long_non_ascii_error_whole)
+{
+    start("\"retry\": {" FAST "}");
+    char key[1200] = "", extra[1400], cfg[4096];
+    for (int i = 0; i < 400; i++)
+        strcat(key, "\xc3\xa9");
+    snprintf(extra, sizeof(extra), "\"retry\": {\"%s\": 1}", key);
+    route_cfg(cfg, sizeof(cfg), extra);
+    write_cfg(cfg);
+    json_t *j = admin_json("POST", "/reload", 422);
+    json_t *errs = json_object_get(j, "errors");
+    cr_assert_eq(json_array_size(errs), 1, "%zu errors", json_array_size(errs));
+    const char *s = json_string_value(json_array_get(errs, 0));
+    cr_expect(s && strstr(s, "unknown key") != NULL, "error: %s", s ? s : "(none)");
+    json_decref(j);
+}
+
 /* ================================ metrics ================================ */
 
 /* Route "r" (default retry policy, fast backoff, paths under /r) and a route "other" that
