@@ -40,7 +40,8 @@ const char *px_admin_url(const struct px *p, const char *path, char *buf, size_t
 
 /* Sends SIGTERM and waits up to 'timeout_ms'; returns the exit status (128 + signal when
  * killed by one), or -1 if it had to be killed. Frees 'p' and its files. A ThreadSanitizer
- * report from the process (its stderr, or TSAN_OPTIONS' log_path file) fails the test. */
+ * report from the process (its stderr, or TSAN_OPTIONS' log_path file) fails the test and
+ * aborts (a failed assertion in a .fini is not counted by Criterion 2.4; a crash is). */
 int px_stop(struct px *p, int timeout_ms);
 
 /* "http://127.0.0.1:PORT" + path, in a static buffer per call site (copy it if needed). */
