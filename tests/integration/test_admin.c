@@ -48,7 +48,7 @@ static void teardown(void)
             close(held[i]);
     n_held = 0;
     if (px)
-        cr_expect_eq(px_stop(px, 10000), 0, "retryproxy did not exit cleanly");
+        px_stop_clean(px);
     tup_stop(up);
     px = NULL;
     up = NULL;

@@ -70,7 +70,7 @@ static void start(const char *route_extra, const char *workers)
 static void stop(void)
 {
     if (px)
-        cr_expect_eq(px_stop(px, 10000), 0, "retryproxy did not exit cleanly");
+        px_stop_clean(px);
     tup_stop(up);
     px = NULL;
     up = NULL;

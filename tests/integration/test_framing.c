@@ -29,7 +29,7 @@ static struct px *px;
 static void stop(void)
 {
     if (px)
-        px_stop(px, 5000);
+        px_stop_clean(px);
     px = NULL;
     tup_stop(up);
     up = NULL;
@@ -662,7 +662,7 @@ Test(framing, responses_with_bad_framing_become_502_and_the_rest_are_relayed_cle
         }
     }
     free(a);
-    px_stop(px, 5000);
+    px_stop_clean(px);
     px = NULL;
     script_stop(s);
 }

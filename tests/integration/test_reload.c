@@ -62,7 +62,7 @@ static void teardown(void)
     http_call_join(&flight);
     http_free(&flight.r);
     if (px)
-        cr_expect_eq(px_stop(px, 10000), 0, "retryproxy did not exit cleanly");
+        px_stop_clean(px);
     px = NULL;
     tup_stop(up);
     up = NULL;

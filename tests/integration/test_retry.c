@@ -41,7 +41,7 @@ static void start(const char *route_extra)
 static void stop(void)
 {
     if (px)
-        cr_expect_eq(px_stop(px, 10000), 0, "retryproxy did not exit cleanly");
+        px_stop_clean(px);
     tup_stop(up);
     px = NULL;
     up = NULL;

@@ -72,7 +72,7 @@ static void teardown(void)
         http_free(&calls[i].r);
     }
     if (px)
-        cr_expect_eq(px_stop(px, 10000), 0, "retryproxy did not exit cleanly");
+        px_stop_clean(px);
     px = NULL;
     tup_stop(up);
     up = NULL;

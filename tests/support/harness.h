@@ -44,6 +44,10 @@ const char *px_admin_url(const struct px *p, const char *path, char *buf, size_t
  * aborts (a failed assertion in a .fini is not counted by Criterion 2.4; a crash is). */
 int px_stop(struct px *p, int timeout_ms);
 
+/* px_stop() that expects exit status 0 and aborts otherwise, for a suite's .fini (where
+ * Criterion 2.4 ignores failed assertions). */
+void px_stop_clean(struct px *p);
+
 /* "http://127.0.0.1:PORT" + path, in a static buffer per call site (copy it if needed). */
 const char *px_url(const struct px *p, const char *path, char *buf, size_t cap);
 
