@@ -134,30 +134,7 @@ void wire_release(struct wire *w)
     w->stash_len = w->q_len = w->q_off = 0;
 }
 
-/* RFC 9110 tchar. */
-static bool is_tchar(unsigned char c)
-{
-    static const uint32_t bits[8] = {
-        0x00000000, 0x03ff6cfa, /* ! # $ % & ' * + - . 0-9 */
-        0xc7fffffe, 0x57ffffff, /* A-Z ^ _ ` a-z | ~ */
-        0,          0,          0, 0,
-    };
-    return (bits[c >> 5] >> (c & 31)) & 1;
-}
-
-/* A byte of a field value (or a chunk extension): HTAB, SP, VCHAR, obs-text. */
-static bool is_value_byte(unsigned char c)
-{
-    return c == '\t' || (c >= 0x20 && c != 0x7f);
-}
-
-/* A byte of a request target: VCHAR or obs-text, never a control byte or space. */
-static bool is_target_byte(unsigned char c)
-{
-    return c > 0x20 && c != 0x7f;
-}
-
-/* Byte classes for the bulk scans of a target or a field value. */
+/* Byte classes: what may stand in a name, a value, a target. */
 #define C_TARGET 1 /* VCHAR or obs-text */
 #define C_VALUE  2 /* HTAB, SP, VCHAR or obs-text */
 #define C_TCHAR  4 /* RFC 9110 tchar */
@@ -170,6 +147,29 @@ static const uint8_t byte_class[256] = {
     ['A' ... 'Z'] = C_TVT,  ['[' ... ']'] = C_TV, ['^' ... 'z'] = C_TVT, ['{'] = C_TV,
     ['|'] = C_TVT,          ['}'] = C_TV,         ['~'] = C_TVT,         [0x80 ... 0xff] = C_TV,
 };
+
+/* RFC 9110 tchar. */
+static bool is_tchar(unsigned char c)
+{
+    return byte_class[c] & C_TCHAR;
+}
+
+/* A byte of a field value (or a chunk extension): HTAB, SP, VCHAR, obs-text. */
+static bool is_value_byte(unsigned char c)
+{
+    return byte_class[c] & C_VALUE;
+}
+
+/* A byte of a request target: VCHAR or obs-text, never a control byte or space. */
+static bool is_target_byte(unsigned char c)
+{
+    return byte_class[c] & C_TARGET;
+}
+
+static char lower(unsigned char c)
+{
+    return (char)(c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c);
+}
 
 static int hexval(unsigned char c)
 {
@@ -255,7 +255,7 @@ static enum wire_reason end_field(struct wire *w)
             bool chunked = false;
             if (e - s == 7) {
                 for (size_t k = 0; k < 7; k++)
-                    low[k] = (char)(v[s + k] | 0x20);
+                    low[k] = lower((unsigned char)v[s + k]);
                 chunked = memcmp(low, "chunked", 7) == 0;
             }
             w->te_codings++;
@@ -338,6 +338,29 @@ static bool in_head_state(uint8_t st)
     return st <= S_END_CR;
 }
 
+/* A head or one of its lines grown past its bound, or WIRE_OK. */
+static enum wire_reason over_limit(const struct wire *w)
+{
+    if (w->st <= S_RL_CR && w->line > WIRE_LINE_MAX)
+        return WIRE_TARGET_TOO_LONG;
+    if (w->head > WIRE_HEAD_MAX || w->line > WIRE_LINE_MAX)
+        return WIRE_HEAD_TOO_LARGE;
+    return WIRE_OK;
+}
+
+/* The class of bytes that may be taken in bulk in the current state, or 0: the rest of a
+ * field name, a target, or a value that is not a framing field's. */
+static uint8_t bulk_class(const struct wire *w)
+{
+    if (w->st == S_NAME)
+        return C_TCHAR;
+    if (w->st == S_TARGET)
+        return C_TARGET;
+    if (w->st == S_VALUE && w->field != F_CL && w->field != F_TE)
+        return C_VALUE;
+    return 0;
+}
+
 /* Runs the parser over p[0..n). */
 static struct scan parse(struct wire *w, const char *p, size_t n)
 {
@@ -359,48 +382,25 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
                 w->st = w->st == S_BODY ? S_START : S_CHUNK_DATA_CR;
             continue;
         }
-        /* the rest of a field name, in bulk: lowercased into w->name while it may still be
-         * a framing field's */
-        if (w->st == S_NAME) {
-            size_t j = i;
-            unsigned tok = w->tok;
-            char *nm = w->name;
-            while (j < n && (byte_class[(unsigned char)p[j]] & C_TCHAR)) {
-                unsigned char c = (unsigned char)p[j++];
-                if (tok < sizeof(w->name))
-                    nm[tok] = (char)(c | ((c >= 'A' && c <= 'Z') ? 0x20 : 0));
-                tok++;
-            }
-            if (j > i) {
-                w->tok = (uint16_t)(tok < UINT16_MAX ? tok : UINT16_MAX);
-                w->head += (uint32_t)(j - i);
-                w->line += (uint32_t)(j - i);
-                i = j;
-                if (w->head > WIRE_HEAD_MAX || w->line > WIRE_LINE_MAX) {
-                    bad = WIRE_HEAD_TOO_LARGE;
-                    goto refuse;
-                }
-                continue;
-            }
-        }
-        /* the bytes of a target or of a value that is not a framing field, in bulk */
-        if (w->st == S_TARGET || (w->st == S_VALUE && w->field != F_CL && w->field != F_TE)) {
-            uint8_t want = w->st == S_TARGET ? C_TARGET : C_VALUE;
+        uint8_t want = bulk_class(w);
+        if (want) {
             size_t j = i;
             while (j < n && (byte_class[(unsigned char)p[j]] & want))
                 j++;
             if (j > i) {
+                if (w->st == S_NAME) {
+                    /* kept, lowercased, while it may still be a framing field's name */
+                    unsigned tok = w->tok;
+                    for (size_t k = i; k < j; k++, tok++)
+                        if (tok < sizeof(w->name))
+                            w->name[tok] = lower((unsigned char)p[k]);
+                    w->tok = (uint16_t)(tok < UINT16_MAX ? tok : UINT16_MAX);
+                }
                 w->head += (uint32_t)(j - i);
                 w->line += (uint32_t)(j - i);
                 i = j;
-                if (w->st == S_TARGET && w->line > WIRE_LINE_MAX) {
-                    bad = WIRE_TARGET_TOO_LONG;
+                if ((bad = over_limit(w)) != WIRE_OK)
                     goto refuse;
-                }
-                if (w->head > WIRE_HEAD_MAX || w->line > WIRE_LINE_MAX) {
-                    bad = WIRE_HEAD_TOO_LARGE;
-                    goto refuse;
-                }
                 continue;
             }
         }
@@ -439,14 +439,8 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
             }
             w->head++;
             w->line++;
-            if (w->st <= S_RL_CR && w->line > WIRE_LINE_MAX) {
-                bad = WIRE_TARGET_TOO_LONG;
+            if ((bad = over_limit(w)) != WIRE_OK)
                 goto refuse;
-            }
-            if (w->head > WIRE_HEAD_MAX || w->line > WIRE_LINE_MAX) {
-                bad = WIRE_HEAD_TOO_LARGE;
-                goto refuse;
-            }
         } else if (w->st >= S_TRAILER_START) {
             if (++w->line > TRAILER_MAX)
                 goto broken;
@@ -491,9 +485,9 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
             break;
         case S_VERSION:
             if (w->tok < 8) {
-                static const char want[] = "HTTP/d.d";
+                static const char form[] = "HTTP/d.d";
                 bool ok =
-                    want[w->tok] == 'd' ? (c >= '0' && c <= '9') : c == (unsigned char)want[w->tok];
+                    form[w->tok] == 'd' ? (c >= '0' && c <= '9') : c == (unsigned char)form[w->tok];
                 if (!ok) {
                     bad = WIRE_BAD_REQUEST_LINE;
                     goto refuse;
@@ -550,7 +544,7 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
                 }
                 w->st = S_NAME;
                 w->tok = 1;
-                w->name[0] = (char)(c | ((c >= 'A' && c <= 'Z') ? 0x20 : 0));
+                w->name[0] = lower(c);
             } else {
                 bad = WIRE_BAD_FIELD_NAME;
                 goto refuse;
@@ -574,14 +568,10 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
             } else if (c == ' ' || c == '\t') {
                 bad = WIRE_SPACE_BEFORE_COLON;
                 goto refuse;
-            } else if (!is_tchar(c)) {
+            } else {
+                /* tchar were taken in bulk above: this byte is not one */
                 bad = WIRE_BAD_FIELD_NAME;
                 goto refuse;
-            } else {
-                if (w->tok < sizeof(w->name))
-                    w->name[w->tok] = (char)(c | ((c >= 'A' && c <= 'Z') ? 0x20 : 0));
-                if (w->tok < UINT16_MAX)
-                    w->tok++;
             }
             break;
         case S_VALUE:
