@@ -68,14 +68,14 @@ static size_t add_point(struct point *v, size_t n, const char *dir, const char *
 static size_t resolve(const char *path, struct point *v)
 {
     char done[PATH_MAX] = ""; /* the part resolved so far, without symlinks; "" is the root */
-    char todo[PATH_MAX], rest[PATH_MAX], target[PATH_MAX], cand[PATH_MAX + NAME_MAX + 2];
+    char ahead[PATH_MAX], rest[PATH_MAX], target[PATH_MAX], cand[PATH_MAX + NAME_MAX + 2];
     char comp[NAME_MAX + 1];
     size_t n = 0;
     int links = 0;
 
-    if (snprintf(todo, sizeof(todo), "%s", path) >= (int)sizeof(todo))
+    if (snprintf(ahead, sizeof(ahead), "%s", path) >= (int)sizeof(ahead))
         return 0;
-    for (const char *p = todo;;) {
+    for (const char *p = ahead;;) {
         while (*p == '/')
             p++;
         if (!*p)
@@ -112,11 +112,11 @@ static size_t resolve(const char *path, struct point *v)
                 break;
             target[tl] = '\0';
             snprintf(rest, sizeof(rest), "%s", p);
-            if (snprintf(todo, sizeof(todo), "%s/%s", target, rest) >= (int)sizeof(todo))
+            if (snprintf(ahead, sizeof(ahead), "%s/%s", target, rest) >= (int)sizeof(ahead))
                 break;
             if (target[0] == '/')
                 done[0] = '\0';
-            p = todo;
+            p = ahead;
             continue;
         }
         if (last) {
