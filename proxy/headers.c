@@ -59,9 +59,16 @@ bool hdr_name_valid_n(const char *name, size_t n)
 
 bool hdr_value_valid(const char *value)
 {
-    for (const unsigned char *p = (const unsigned char *)value; *p; p++)
-        if ((*p < 0x20 && *p != '\t') || *p == 0x7f)
+    return hdr_value_valid_n(value, strlen(value));
+}
+
+bool hdr_value_valid_n(const char *value, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)value[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
             return false;
+    }
     return true;
 }
 

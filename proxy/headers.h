@@ -25,6 +25,8 @@ bool hdr_name_valid(const char *name);
 /* The same for the n bytes at 'name' (no NUL needed). */
 bool hdr_name_valid_n(const char *name, size_t n);
 bool hdr_value_valid(const char *value);
+/* The same for the n bytes at 'value' (a NUL among them is a forbidden byte). */
+bool hdr_value_valid_n(const char *value, size_t n);
 
 /* The whole decimal number in 's' if it is 1 to 18 digits, else -1. */
 int64_t hdr_parse_uint(const char *s);

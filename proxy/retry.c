@@ -1090,17 +1090,6 @@ static size_t bad_head(struct retry_req *r)
     return 0;
 }
 
-/* A field value going to the client: no NUL, CR, LF or other control byte but HTAB. */
-static bool value_bytes_ok(const char *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)v[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return false;
-    }
-    return true;
-}
-
 /* Content-Length, when present, must be one decimal number however many times it is sent
  * (RFC 9112 6.3: differing values make the framing unknowable). */
 static bool length_unambiguous(const struct hlist *h)
@@ -1177,7 +1166,7 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
         }
         while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
             vl--;
-        if (!value_bytes_ok(v, vl) || hlist_extend_last(&r->rh, v, vl) < 0)
+        if (!hdr_value_valid_n(v, vl) || hlist_extend_last(&r->rh, v, vl) < 0)
             return bad_head(r);
         return len;
     }
@@ -1191,7 +1180,7 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
     size_t vl = (size_t)(b + end - v);
     while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
         vl--;
-    if (!value_bytes_ok(v, vl))
+    if (!hdr_value_valid_n(v, vl))
         return bad_head(r);
     if (hlist_add(&r->rh, b, nl, v, vl) < 0)
         return 0; /* too many or too large: abort, seen as a reset */
