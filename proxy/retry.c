@@ -1155,34 +1155,23 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
     size_t end = len;
     while (end > 0 && (b[end - 1] == '\r' || b[end - 1] == '\n'))
         end--;
-    if (b[0] == ' ' || b[0] == '\t') {
-        /* RFC 9112 5.2: an obs-fold continues the previous value; a proxy replaces it by a
-         * space before anything reads the value */
-        const char *v = b;
-        size_t vl = end;
-        while (vl && (*v == ' ' || *v == '\t')) {
-            v++;
-            vl--;
-        }
-        while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
-            vl--;
-        if (!hdr_value_valid_n(v, vl) || hlist_extend_last(&r->rh, v, vl) < 0)
-            return bad_head(r);
-        return len;
-    }
-    const char *colon = memchr(b, ':', end);
-    if (!colon || !hdr_name_valid_n(b, (size_t)(colon - b)))
+    /* RFC 9112 5.2: an obs-fold (a line starting with whitespace) continues the previous
+     * value; a proxy replaces it by a space before anything reads the value */
+    bool fold = b[0] == ' ' || b[0] == '\t';
+    const char *colon = fold ? NULL : memchr(b, ':', end);
+    if (!fold && (!colon || !hdr_name_valid_n(b, (size_t)(colon - b))))
         return bad_head(r); /* not a field line */
-    size_t nl = (size_t)(colon - b);
-    const char *v = colon + 1;
-    while (v < b + end && (*v == ' ' || *v == '\t'))
+    const char *v = fold ? b : colon + 1, *ve = b + end;
+    while (v < ve && (*v == ' ' || *v == '\t'))
         v++;
-    size_t vl = (size_t)(b + end - v);
-    while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
-        vl--;
+    while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+        ve--;
+    size_t vl = (size_t)(ve - v);
     if (!hdr_value_valid_n(v, vl))
         return bad_head(r);
-    if (hlist_add(&r->rh, b, nl, v, vl) < 0)
+    if (fold)
+        return hlist_extend_last(&r->rh, v, vl) < 0 ? bad_head(r) : len;
+    if (hlist_add(&r->rh, b, (size_t)(colon - b), v, vl) < 0)
         return 0; /* too many or too large: abort, seen as a reset */
     return len;
 }
