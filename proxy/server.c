@@ -114,16 +114,17 @@ static void client_open(struct server *s, struct MHD_Connection *c, void **socke
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     struct client *cl = calloc(1, sizeof(*cl));
-    *socket_context = cl;
+    *socket_context = NULL;
+    if (cl)
+        wire_init(&cl->wire, w->rt->cfg->header_timeout_ms);
     if (!cl || !ci || wiretab_attach(ci->connect_fd, &cl->wire) < 0) {
         /* unchecked bytes never reach libmicrohttpd: this connection reads nothing */
         if (ci)
             shutdown(ci->connect_fd, SHUT_RDWR);
         free(cl);
-        *socket_context = NULL;
         return;
     }
-    wire_init(&cl->wire, w->rt->cfg->header_timeout_ms);
+    *socket_context = cl;
     cl->fd = ci->connect_fd;
     cl->next = s->clients;
     if (s->clients)
