@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/strhash.h"
+
 #define NO_PARENT SIZE_MAX
 
 struct sbuf {
@@ -93,18 +95,10 @@ char *jpos_path_index(struct arena *a, const char *parent, size_t index)
 
 /* ---- the path table ---- */
 
-static size_t hash_path(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-    return (size_t)h;
-}
-
 static size_t *slot_for(const struct jpos *p, const char *path)
 {
     size_t mask = p->nslots - 1;
-    for (size_t i = hash_path(path) & mask;; i = (i + 1) & mask) {
+    for (size_t i = (size_t)str_hash(path) & mask;; i = (i + 1) & mask) {
         size_t *slot = &p->slots[i];
         if (*slot == 0 || strcmp(p->v[*slot - 1].path, path) == 0)
             return slot;

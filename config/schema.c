@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/strhash.h"
+
 /* Durations are integer milliseconds up to one day (CONTRACT §3). */
 #define MS_MAX     86400000.0
 #define NO_MAX     DBL_MAX
@@ -235,10 +237,7 @@ static void seen_init(struct walk *w, struct seen *s, size_t n)
  * of an earlier equal string, or SIZE_MAX when this is the first. */
 static size_t seen_add(struct seen *s, const char *key, size_t i)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (const char *p = key; *p; p++)
-        h = (h ^ (unsigned char)*p) * 0x100000001b3ULL;
-    for (size_t k = (size_t)h & s->mask;; k = (k + 1) & s->mask) {
+    for (size_t k = (size_t)str_hash(key) & s->mask;; k = (k + 1) & s->mask) {
         if (!s->key[k]) {
             s->key[k] = key;
             s->first[k] = i;

@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/strhash.h"
+
 static size_t hash(const char *s)
 {
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    uint64_t h = str_hash(s);
     return (size_t)(h ^ (h >> 29));
 }
 
