@@ -103,9 +103,9 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(LIB_OBJ) $(SUPPORT_OBJ) $(LDFLAGS_ALL) \
 	  $(PKG_LIBS) $(TEST_LIBS)
 
-# Tools are standalone programs: the test upstream library only, and no Criterion (whose
+# Tools are standalone programs: the test upstream and process helpers only, no Criterion (whose
 # sandbox would take over a tool started from inside a test).
-TOOL_SUPPORT_OBJ := $(BUILD)/obj/tests/support/tup.o
+TOOL_SUPPORT_OBJ := $(BUILD)/obj/tests/support/tup.o $(BUILD)/obj/tests/support/proc.o
 $(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) $(LDFLAGS_ALL) \

@@ -69,31 +69,14 @@ int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return strdup("");
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&buf, &len);
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
-        fwrite(chunk, 1, n, m);
-    fclose(m);
-    fclose(f);
-    return buf;
-}
-
 char *px_stderr(const struct px *p)
 {
-    return read_all(p->err_path);
+    return proc_read_file(p->err_path);
 }
 
 char *px_stdout(const struct px *p)
 {
-    return read_all(p->out_path);
+    return proc_read_file(p->out_path);
 }
 
 static struct px *px_new(void)

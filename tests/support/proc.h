@@ -22,4 +22,7 @@ int proc_run(char *const argv[], char *const env_extra[], int timeout_ms, struct
 
 void proc_result_free(struct proc_result *r);
 
+/* The whole file at 'path' (malloc'd, NUL-terminated; "" if it cannot be read). */
+char *proc_read_file(const char *path);
+
 #endif

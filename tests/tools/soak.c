@@ -59,6 +59,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/support/proc.h"
+
 extern char **environ;
 
 static int64_t now_ms(void)
@@ -499,23 +501,6 @@ static int write_config(uint16_t up_port, unsigned g)
     return rename(tmp, cfg_path);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return strdup("");
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&buf, &len);
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
-        fwrite(chunk, 1, n, m);
-    fclose(m);
-    fclose(f);
-    return buf;
-}
-
 static int start_proxy(const char *bin, const char *workers)
 {
     char *argv[] = { (char *)bin, "-c",          cfg_path,    "--listen",      "127.0.0.1:0",
@@ -532,7 +517,7 @@ static int start_proxy(const char *bin, const char *workers)
         return -1;
     }
     for (int64_t deadline = now_ms() + 20000; now_ms() < deadline; sleep_ms(20)) {
-        char *err = read_file(err_path);
+        char *err = proc_read_file(err_path);
         const char *at = strstr(err, "listening on 127.0.0.1:");
         const char *adm = strstr(err, "admin on 127.0.0.1:");
         if (at && adm) {
@@ -1059,7 +1044,7 @@ int main(int argc, char **argv)
     }
     up_stop(&up);
     if (failed) {
-        char *err = read_file(err_path);
+        char *err = proc_read_file(err_path);
         size_t len = strlen(err);
         printf("soak: the proxy's stderr (last 4 KiB):\n%s", len > 4096 ? err + len - 4096 : err);
         free(err);
