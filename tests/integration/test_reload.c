@@ -231,21 +231,38 @@ static long schedule_delay(void)
     return first;
 }
 
-/* Polls /config every 20 ms until 'generation' reaches 'gen' (if >= 0) and base_ms equals
- * 'base' (if >= 0). Returns the milliseconds since 't0' (the write), or -1 after 'timeout_ms'. */
-static int64_t wait_config(int64_t t0, long gen, long base, int timeout_ms)
+/* Polls /config every 20 ms until 'ok' holds for it. Returns the milliseconds since 't0'
+ * (the write), or -1 after 'timeout_ms'. */
+static int64_t poll_config(int64_t t0, int timeout_ms, bool (*ok)(json_t *c, void *arg), void *arg)
 {
     for (;;) {
         json_t *c = get_config();
-        bool ok = (gen < 0 || generation_of(c) >= gen) && (base < 0 || base_ms_of(c) == base);
+        bool done = ok(c, arg);
         json_decref(c);
         int64_t now = now_ms();
-        if (ok)
+        if (done)
             return now - t0;
         if (now - t0 > timeout_ms)
             return -1;
         sleep_ms(20);
     }
+}
+
+struct want_config {
+    long gen, base;
+};
+
+static bool config_is(json_t *c, void *arg)
+{
+    const struct want_config *w = arg;
+    return (w->gen < 0 || generation_of(c) >= w->gen) && (w->base < 0 || base_ms_of(c) == w->base);
+}
+
+/* Waits until 'generation' reaches 'gen' (if >= 0) and base_ms equals 'base' (if >= 0). */
+static int64_t wait_config(int64_t t0, long gen, long base, int timeout_ms)
+{
+    struct want_config w = { gen, base };
+    return poll_config(t0, timeout_ms, config_is, &w);
 }
 
 /* The value of one metric series ("name{labels}" exactly as rendered), -1 if absent. */
@@ -859,22 +876,25 @@ static int64_t healthz_ms(int limit_ms)
     return ms;
 }
 
+struct want_error {
+    const char *needle;
+    char *err;
+    size_t cap;
+};
+
+static bool error_holds(json_t *c, void *arg)
+{
+    const struct want_error *w = arg;
+    const char *e = last_error_of(c, w->err, w->cap);
+    return e && strstr(e, w->needle);
+}
+
 /* Waits until /config's last_error holds 'needle'; milliseconds since 't0' or -1. */
 static int64_t wait_last_error(int64_t t0, const char *needle, int timeout_ms, char *err,
                                size_t cap)
 {
-    for (;;) {
-        json_t *c = get_config();
-        const char *e = last_error_of(c, err, cap);
-        bool ok = e && strstr(e, needle);
-        json_decref(c);
-        int64_t now = now_ms();
-        if (ok)
-            return now - t0;
-        if (now - t0 > timeout_ms)
-            return -1;
-        sleep_ms(20);
-    }
+    struct want_error w = { needle, err, cap };
+    return poll_config(t0, timeout_ms, error_holds, &w);
 }
 
 /* The running config stays after a refused file, and a good file afterwards applies. */
