@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,10 +143,19 @@ static bool wd_in_use(const struct watch *w, const struct point *v, size_t n, in
 
 /* Resolves the path again and moves the watches to where it now leads: the directories of
  * the new points are watched, those no longer needed are released. Cheap (a few lstat and
- * inotify calls), so it runs after every relevant event. */
-static void follow_links(struct watch *w)
+ * inotify calls), so it runs after every relevant event. Returns which of the previous points
+ * (bit i for pts[i]) the path still leads through. */
+static uint32_t follow_links(struct watch *w)
 {
     size_t n = resolve(w->abs, w->next);
+    uint32_t kept = 0;
+    for (size_t i = 0; i < w->n_pts; i++)
+        for (size_t j = 0; j < n; j++)
+            if (strcmp(w->pts[i].dir, w->next[j].dir) == 0 &&
+                strcmp(w->pts[i].name, w->next[j].name) == 0) {
+                kept |= 1u << i;
+                break;
+            }
     for (size_t i = 0; i < n; i++)
         w->next[i].wd = inotify_add_watch(w->fd, w->next[i].dir, DIR_EVENTS | IN_ONLYDIR);
     for (size_t i = 0; i < w->n_pts; i++) {
@@ -155,6 +165,7 @@ static void follow_links(struct watch *w)
     }
     memcpy(w->pts, w->next, n * sizeof(*w->pts));
     w->n_pts = n;
+    return kept;
 }
 
 /* ---- the public interface ---- */
@@ -223,25 +234,88 @@ bool watch_repair(struct watch *w)
     return w->wd >= 0;
 }
 
-static bool concerns_config(const struct watch *w, const struct inotify_event *ev)
+/* What one event says about what it touches: an entry of a directory on the way, named
+ * 'name' in 'dir'. */
+static enum watch_change entry_change(const struct inotify_event *ev, const char *dir,
+                                      const char *name)
 {
-    if (ev->mask & IN_Q_OVERFLOW)
-        return true;
-    if (ev->wd == w->wd) {
-        if (ev->mask & GONE_EVENTS)
-            return true;
-        /* kubelet's entries: "..data", "..data_tmp", "..2026_11_21_10_00_00.123456789" */
-        if (ev->len && (strcmp(ev->name, w->name) == 0 || strncmp(ev->name, "..", 2) == 0))
-            return true;
+    if (ev->mask & IN_MOVED_TO)
+        return WATCH_COMPLETE; /* a whole file, link or directory renamed into place */
+    if (ev->mask & IN_CREATE) {
+        if (ev->mask & IN_ISDIR)
+            return WATCH_COMPLETE; /* a directory on the way appeared */
+        /* symlink(2) makes a link whole, with its target; a regular file created here is
+         * about to be written. */
+        char p[PATH_MAX + NAME_MAX + 2];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s/%s", dir, name);
+        if (lstat(p, &st) == 0 && S_ISLNK(st.st_mode))
+            return WATCH_COMPLETE;
     }
+    /* Written, closed after writing, chmod/touch, deleted or renamed away. */
+    return WATCH_IN_PROGRESS;
+}
+
+/* What the events of one watch_read() add up to, taken in order. */
+struct tally {
+    bool relevant;  /* something concerned the config */
+    bool complete;  /* a complete change was seen */
+    bool overflow;  /* events were lost: never complete */
+    bool unsettled; /* an in-place change after the last complete one, on the config's own name
+                       or its directory */
+    uint32_t unsettled_pts; /* the same on points (bit i for w->pts[i]), which count only if the
+                               path still leads through them once the read is over */
+};
+
+static void tally_complete(struct tally *t)
+{
+    t->complete = true; /* what came before it is replaced */
+    t->unsettled = false;
+    t->unsettled_pts = 0;
+}
+
+/* Adds one event to 't'. */
+static void tally_event(const struct watch *w, const struct inotify_event *ev, struct tally *t)
+{
+    if (ev->mask & IN_Q_OVERFLOW) {
+        t->relevant = t->overflow = true;
+        return;
+    }
+    bool named = false; /* the event named one of the points (handled below) */
     for (size_t i = 0; i < w->n_pts; i++) {
         const struct point *pt = &w->pts[i];
         if (pt->wd != ev->wd)
             continue;
-        if ((ev->mask & GONE_EVENTS) || (ev->len && strcmp(ev->name, pt->name) == 0))
-            return true;
+        if (ev->mask & GONE_EVENTS) {
+            t->relevant = true;
+            t->unsettled_pts |= 1u << i;
+        } else if (ev->len && strcmp(ev->name, pt->name) == 0) {
+            named = true;
+            t->relevant = true;
+            if (entry_change(ev, pt->dir, pt->name) == WATCH_COMPLETE)
+                tally_complete(t);
+            else
+                t->unsettled_pts |= 1u << i;
+        }
     }
-    return false;
+    if (ev->wd != w->wd)
+        return;
+    if (ev->mask & GONE_EVENTS) {
+        t->relevant = t->unsettled = true;
+    } else if (ev->len && strcmp(ev->name, w->name) == 0) {
+        /* The name as given: always on the path, also when its points are not known (a
+         * relative path too long to make absolute). */
+        t->relevant = true;
+        if (entry_change(ev, w->dir, w->name) == WATCH_COMPLETE)
+            tally_complete(t);
+        else
+            t->unsettled = true;
+    } else if (!named && ev->len && strncmp(ev->name, "..", 2) == 0) {
+        /* kubelet's entries off the path ("..data_tmp", a new or an old
+         * "..2026_11_21_10_00_00.123456789"): worth a look, but they neither complete a
+         * change nor leave one half done. */
+        t->relevant = true;
+    }
 }
 
 /* The kernel dropped watch 'wd' (its directory went away): every place watched through it
@@ -255,9 +329,9 @@ static void forget_wd(struct watch *w, int wd)
             w->pts[i].wd = -1;
 }
 
-bool watch_read(struct watch *w)
+enum watch_change watch_read(struct watch *w)
 {
-    bool relevant = false;
+    struct tally t = { 0 };
     char buf[16384] __attribute__((aligned(__alignof__(struct inotify_event))));
     for (;;) {
         ssize_t n = read(w->fd, buf, sizeof(buf));
@@ -267,8 +341,7 @@ bool watch_read(struct watch *w)
             break; /* EAGAIN: drained */
         for (char *p = buf; p < buf + n;) {
             const struct inotify_event *ev = (const struct inotify_event *)(void *)p;
-            if (concerns_config(w, ev))
-                relevant = true;
+            tally_event(w, ev, &t);
             /* The kernel dropped the watch (the directory went away or moved): it must be added
              * again once the directory exists. */
             if ((ev->mask & IN_IGNORED) && ev->wd >= 0)
@@ -280,9 +353,14 @@ bool watch_read(struct watch *w)
             p += sizeof(*ev) + ev->len;
         }
     }
+    if (!t.relevant)
+        return WATCH_NONE;
     /* A symlink on the way may point elsewhere now (kubelet's ..data swap): watch where the
-     * path leads after this change. */
-    if (relevant && w->abs[0] == '/')
-        follow_links(w);
-    return relevant;
+     * path leads after this change. In-place changes to places it no longer leads through
+     * (kubelet removing the previous version) do not make the change unfinished. */
+    if (w->abs[0] == '/')
+        t.unsettled_pts &= follow_links(w);
+    if (t.complete && !t.overflow && !t.unsettled && !t.unsettled_pts)
+        return WATCH_COMPLETE;
+    return WATCH_IN_PROGRESS;
 }
