@@ -12,7 +12,9 @@
 #include "proxy/runtime.h"
 #include "proxy/worker.h"
 
-/* Editors and kubelet produce bursts of events for one change: act once the burst is over. */
+/* An in-place write is seen while the writer may still be writing, and comes as a burst of
+ * events: such a change is read once the burst has been over this long. A change the watch
+ * reports as complete (a rename into place, kubelet's ..data swap) is read at once. */
 #define DEBOUNCE_MS 100
 /* The backstop for events inotify could not deliver (a watch lost with its directory, an
  * unusual filesystem): the file's content is compared this often. */
@@ -100,7 +102,7 @@ static int publish(struct reload *rl, struct cfg *c)
 }
 
 /* Records a failed reload: counted, logged one line per error, kept for /config. */
-static void failed(struct reload *rl, const struct cfg_errs *errs)
+static void failed(struct reload *rl, const struct cfg_errs *errs, const char *trigger)
 {
     char *text = NULL;
     size_t len = 0;
@@ -115,7 +117,7 @@ static void failed(struct reload *rl, const struct cfg_errs *errs)
         char *one = strndup(line, n);
         if (one)
             log_event(CFG_LOG_ERROR, "config reload failed; the running config stays", "error", one,
-                      NULL);
+                      "trigger", trigger, NULL);
         free(one);
         line += n + (end != NULL);
     }
@@ -126,10 +128,16 @@ static void failed(struct reload *rl, const struct cfg_errs *errs)
     metrics_reload(rl->px->metrics, false, rl->generation, 0);
 }
 
+/* What made a reload happen, as logged ("trigger"). */
+#define BY_REPLACED "replaced" /* the watch saw a complete change: read at once */
+#define BY_CHANGED  "changed"  /* the watch saw a change in progress: read after the debounce */
+#define BY_POLL     "poll"     /* the content poll */
+#define BY_FORCED   "forced"   /* SIGHUP or POST /reload */
+
 /* Reads, validates and (if valid) publishes the file. Unless 'force', content already tried
- * (applied or refused) is left alone. Returns 0 when the served config is the file's, -1
- * otherwise (errors in 'out' if not NULL). */
-static int load(struct reload *rl, bool force, struct cfg_errs *out)
+ * (applied or refused) is left alone. 'trigger' is one of the BY_ values, for the log.
+ * Returns 0 when the served config is the file's, -1 otherwise (errors in 'out' if not NULL). */
+static int load(struct reload *rl, bool force, const char *trigger, struct cfg_errs *out)
 {
     struct cfg_errs errs;
     cfg_errs_init(&errs);
@@ -140,7 +148,7 @@ static int load(struct reload *rl, bool force, struct cfg_errs *out)
     if (cfg_read_file(rl->path, &buf, &len, &errs) < 0) {
         /* A missing file keeps the running config; reported once until it changes. */
         if (force || !rl->tried_missing)
-            failed(rl, &errs);
+            failed(rl, &errs, trigger);
         rl->tried_missing = true;
         goto out;
     }
@@ -154,17 +162,18 @@ static int load(struct reload *rl, bool force, struct cfg_errs *out)
     rl->tried_hash = h;
     struct cfg *c = cfg_load_buffer(buf, len, rl->path, &errs);
     if (!c) {
-        failed(rl, &errs);
+        failed(rl, &errs, trigger);
         goto out;
     }
     note_restart_required(rl, c);
     if (publish(rl, c) < 0) {
         cfg_errs_add(&errs, "$", 0, 0, "out of memory publishing the config");
-        failed(rl, &errs);
+        failed(rl, &errs, trigger);
     } else {
         char gen[24];
         snprintf(gen, sizeof(gen), "%llu", (unsigned long long)rl->generation);
-        log_event(CFG_LOG_INFO, "config reloaded", "generation", gen, "source", rl->path, NULL);
+        log_event(CFG_LOG_INFO, "config reloaded", "generation", gen, "source", rl->path, "trigger",
+                  trigger, NULL);
         rc = 0;
     }
     cfg_unref(c);
@@ -237,15 +246,25 @@ void reload_set_workers(struct reload *rl, struct worker **workers, unsigned n)
 
 static void on_debounced(struct loop_timer *t)
 {
-    load(t->arg, false, NULL);
+    load(t->arg, false, BY_CHANGED, NULL);
 }
 
 static void on_watch(struct loop_watch *lw, uint32_t events)
 {
     (void)events;
     struct reload *rl = lw->arg;
-    if (watch_read(rl->watch)) {
-        watch_repair(rl->watch); /* the directory may be back already */
+    enum watch_change ch = watch_read(rl->watch);
+    if (ch == WATCH_NONE)
+        return;
+    watch_repair(rl->watch); /* the directory may be back already */
+    if (ch == WATCH_COMPLETE) {
+        /* Whole when its event arrives: read now, in this loop turn. A pending debounce is
+         * cancelled: this read is newer than every event it waited on, and an in-place writer
+         * that goes on writing arms it again with its next event. Kept, it would re-read the
+         * same content and, the hash unchanged, do nothing. */
+        loop_timer_stop(rl->loop, &rl->debounce);
+        load(rl, false, BY_REPLACED, NULL);
+    } else {
         loop_timer_start(rl->loop, &rl->debounce, loop_now(rl->loop) + DEBOUNCE_MS, on_debounced,
                          rl);
     }
@@ -256,7 +275,7 @@ static void on_poll(struct loop_timer *t)
     struct reload *rl = t->arg;
     if (rl->watch && !watch_active(rl->watch))
         watch_repair(rl->watch);
-    load(rl, false, NULL);
+    load(rl, false, BY_POLL, NULL);
     loop_timer_start(rl->loop, &rl->poll, loop_now(rl->loop) + POLL_MS, on_poll, rl);
 }
 
@@ -280,7 +299,7 @@ int reload_attach(struct reload *rl, struct loop *l)
 
 int reload_force(struct reload *rl, struct cfg_errs *errs, uint64_t *generation)
 {
-    int rc = load(rl, true, errs);
+    int rc = load(rl, true, BY_FORCED, errs);
     if (generation)
         *generation = rl->generation;
     return rc;

@@ -1,7 +1,10 @@
 /* reload -- the config file into the running proxy (CONTRACT §5). Control thread only.
  *
- * Triggers: the directory watch (debounced about 100 ms), a poll of the file's content hash
- * every 2 s as a backstop for missed events, SIGHUP and POST /reload (forced). A reload reads
+ * Triggers: the directory watch, a poll of the file's content hash every 2 s as a backstop for
+ * missed events, SIGHUP and POST /reload (forced). A change the watch sees complete (a rename
+ * into place, kubelet's ..data swap, a symlink made) is read in the loop turn that reads its
+ * event; one it sees in progress (an in-place write, a deletion) about 100 ms after the last
+ * such event (debounced). Each reload's log lines say which ("trigger"). A reload reads
  * and validates the whole file; only a valid one is published, atomically, as the next
  * generation; requests in flight keep the snapshot they started with. A file whose content did
  * not change since the last attempt is not re-applied unless forced, so a half-written file

@@ -304,6 +304,54 @@ static int64_t wait_metric(int64_t t0, const char *series, double want, int time
     }
 }
 
+/* ---- the reload log ---- */
+
+/* The "trigger" of the "config reloaded" log line for generation 'gen' (copied into 'buf'),
+ * polled from the proxy's stdout for up to SETTLE_MS (the line follows the publication the
+ * test saw in /config), or NULL if there is none: "replaced" (the watch saw a complete change
+ * and read it at once), "changed" (a change in progress, read after the debounce), "poll" or
+ * "forced". */
+static const char *reload_trigger(long gen, char *buf, size_t cap)
+{
+    char want[24];
+    snprintf(want, sizeof(want), "%ld", gen);
+    int64_t t0 = now_ms();
+    for (;;) {
+        char *out = px_stdout(px);
+        const char *found = NULL;
+        char *save = NULL;
+        for (char *line = strtok_r(out, "\n", &save); line && !found;
+             line = strtok_r(NULL, "\n", &save)) {
+            json_t *j = json_loads(line, 0, NULL);
+            const char *msg = json_string_value(json_object_get(j, "msg"));
+            const char *g = json_string_value(json_object_get(j, "generation"));
+            if (msg && strcmp(msg, "config reloaded") == 0 && g && strcmp(g, want) == 0) {
+                const char *t = json_string_value(json_object_get(j, "trigger"));
+                snprintf(buf, cap, "%s", t ? t : "(none)");
+                found = buf;
+            }
+            json_decref(j);
+        }
+        free(out);
+        if (found || now_ms() - t0 > SETTLE_MS)
+            return found;
+        sleep_ms(20);
+    }
+}
+
+/* Generation 'gen' was published through the path 'want' ("replaced" or "changed"). The 2 s
+ * content poll may get there first, in the moment between a change and the reading of its
+ * event (a race of microseconds per 2 s), so "poll" passes too: it never stands for the
+ * debounce. */
+static void expect_trigger(long gen, const char *want, const char *what)
+{
+    char t[32];
+    const char *got = reload_trigger(gen, t, sizeof(t));
+    cr_assert_not_null(got, "%s: no \"config reloaded\" line for generation %ld", what, gen);
+    cr_expect(strcmp(got, want) == 0 || strcmp(got, "poll") == 0,
+              "%s: generation %ld was reloaded by \"%s\", want \"%s\"", what, gen, got, want);
+}
+
 /* ---- requests through the proxy ---- */
 
 /* GET through the proxy with request id 'id' and tup plan 'plan'; returns X-Retry-Attempts
@@ -368,6 +416,7 @@ Test(reload, editor_save_by_rename_applies_within_a_second)
               "base_ms %ld)",
               VISIBLE_MS, generation_now(), base_ms_now());
     cr_expect_eq(generation_now(), 2, "one save, one generation");
+    expect_trigger(2, "replaced", "editor save");
     cr_expect_eq(schedule_delay(), 40, "/schedule uses the new policy");
     expect_max_attempts("after", 1);
 }
@@ -384,6 +433,7 @@ Test(reload, in_place_truncating_write_applies)
     cr_assert(lat >= 0, "in-place write not applied within %d ms (generation %ld, base_ms %ld)",
               VISIBLE_MS, generation_now(), base_ms_now());
     cr_expect_eq(generation_now(), 2);
+    expect_trigger(2, "changed", "in-place write");
     cr_expect_eq(schedule_delay(), 40);
     cr_expect_eq(metric(FAILURES), 0, "a truncating write must not be read half-done");
     expect_max_attempts("after", 1);
@@ -443,6 +493,8 @@ Test(reload, kubelet_configmap_symlink_swap_applies_every_version)
          * none applied twice. */
         cr_assert_eq(generation_now(), 1 + i, "swap %d: generation %ld, want %d", i,
                      generation_now(), 1 + i);
+        /* The swap is whole when its event arrives: read at once, not after the debounce. */
+        expect_trigger(1 + i, "replaced", "kubelet swap");
         worst = lat > worst ? lat : worst;
         total += lat;
     }
@@ -1067,4 +1119,69 @@ Test(reload, in_place_write_behind_a_configmap_symlink_applies_within_a_second)
     cr_assert(lat >= 0, "the write after the swap was not applied within 3 s");
     cr_expect_lt(lat, 1000, "the write after the swap applied after %lld ms", (long long)lat);
     cr_expect_eq(metric(FAILURES), 0, "an in-place write must not be read half-done");
+}
+
+/* ---- issue 10: a config that arrives whole is applied at once ---- */
+
+/* The cases around the debounce, each proven by the reload's own log line rather than by
+ * the clock: a rename while an in-place write's debounce is pending is read at once (and the
+ * debounce, cancelled, publishes nothing more: the same content would be a no-op anyway); a
+ * rename followed by in-place writes ends with the written content, read after the debounce;
+ * a deletion and a re-creation through a symlink. */
+Test(reload, rename_during_a_pending_debounce_applies_at_once_and_writes_after_a_rename_apply)
+{
+    start(3, 20);
+    char text[2048];
+
+    /* An in-place write arms the debounce; the rename that follows at once is read at once
+     * (or, on a machine slow enough to let the debounce end between the two, after the
+     * write's own generation). */
+    cfg_simple(text, sizeof(text), 3, 30);
+    write_in_place(cfg_path, text, strlen(text));
+    cfg_simple(text, sizeof(text), 3, 40);
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, text);
+    cr_assert_geq(wait_config(t0, 2, 40, VISIBLE_MS), 0, "the rename was not applied");
+    long gen = generation_now();
+    cr_assert(gen == 2 || gen == 3, "generation %ld after a write and a rename", gen);
+    expect_trigger(gen, "replaced", "rename during a pending debounce");
+    sleep_ms(SETTLE_MS); /* past the debounce the write armed */
+    cr_expect_eq(generation_now(), gen, "the pending debounce published the same content again");
+    cr_expect_eq(metric(SUCCESSES), gen, "one success per generation");
+    cr_expect_eq(metric(FAILURES), 0);
+
+    /* A rename, then the new file written further in place: whatever the rename's own read
+     * found, the written content is what stays, and it is read after the debounce (or, when
+     * the write came before the rename's read, by that read). */
+    cfg_simple(text, sizeof(text), 3, 50);
+    write_renamed(cfg_path, text);
+    cfg_simple(text, sizeof(text), 2, 60);
+    t0 = now_ms();
+    write_in_place(cfg_path, text, strlen(text));
+    cr_assert_geq(wait_config(t0, -1, 60, VISIBLE_MS), 0, "the write after a rename was lost");
+    sleep_ms(SETTLE_MS);
+    cr_expect_eq(base_ms_now(), 60, "the written content did not stay");
+    char err[4096];
+    json_t *c = get_config();
+    cr_expect_null(last_error_of(c, err, sizeof(err)), "the written content failed: %s", err);
+    json_decref(c);
+    expect_max_attempts("written", 2);
+
+    /* Deleted: reported after the debounce, as before; the path completed again by a symlink
+     * to a whole file is read at once. */
+    gen = generation_now();
+    double failures = metric(FAILURES);
+    cr_assert_eq(unlink(cfg_path), 0);
+    t0 = now_ms();
+    cr_assert_geq(wait_metric(t0, FAILURES, failures + 1, VISIBLE_MS), 0,
+                  "the deletion was not reported");
+    char real[160];
+    snprintf(real, sizeof(real), "%s/real.json", dir);
+    cfg_simple(text, sizeof(text), 1, 70);
+    write_in_place(real, text, strlen(text));
+    t0 = now_ms();
+    cr_assert_eq(symlink("real.json", cfg_path), 0, "symlink: %s", strerror(errno));
+    cr_assert_geq(wait_config(t0, gen + 1, 70, VISIBLE_MS), 0, "the symlink was not applied");
+    expect_trigger(gen + 1, "replaced", "symlink made at the path");
+    expect_max_attempts("linked", 1);
 }
