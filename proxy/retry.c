@@ -1348,7 +1348,7 @@ static void start_attempt(struct retry_req *r)
             memcpy(r->upstream_target + bl, r->target, tl + 1);
         }
     }
-    curl_easy_setopt(e, CURLOPT_URL, u->origin);
+    upstream_easy_url(e, r->rtr->urls[i]);
     curl_easy_setopt(e, CURLOPT_REQUEST_TARGET,
                      r->upstream_target ? r->upstream_target : r->target);
     if (r->is_head)

@@ -13,8 +13,14 @@ static int64_t unix_ms(void)
 static void rt_free(struct rt *rt)
 {
     if (rt->routes)
-        for (size_t i = 0; i < rt->cfg->n_routes; i++)
-            free((void *)rt->routes[i].reasons);
+        for (size_t i = 0; i < rt->cfg->n_routes; i++) {
+            struct rt_route *x = &rt->routes[i];
+            free((void *)x->reasons);
+            if (x->urls)
+                for (size_t k = 0; k < rt->cfg->routes[i].n_upstreams; k++)
+                    upstream_url_free(x->urls[k]);
+            free(x->urls);
+        }
     free(rt->routes);
     cfg_unref(rt->cfg);
     free(rt);
@@ -40,8 +46,12 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struc
         x->reasons = reasons;
         x->metrics = metrics_route(m, r->name);
         x->live = live_route(lv, r->name, r->budget.window_ms);
-        if (!reasons || !x->metrics || !x->live)
+        x->urls = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->urls));
+        if (!reasons || !x->metrics || !x->live || !x->urls)
             goto fail;
+        for (size_t k = 0; k < r->n_upstreams; k++)
+            if (!(x->urls[k] = upstream_url_new(r->upstreams[k].origin)))
+                goto fail;
         for (size_t k = 0; k < r->retry.n_on; k++)
             reasons[k] = metrics_reason(x->metrics, r->retry.on[k].token);
     }

@@ -283,6 +283,27 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
     x->easy = NULL;
 }
 
+struct upstream_url *upstream_url_new(const char *origin)
+{
+    CURLU *h = curl_url();
+    if (h && curl_url_set(h, CURLUPART_URL, origin, 0) != CURLUE_OK) {
+        curl_url_cleanup(h);
+        h = NULL;
+    }
+    return (struct upstream_url *)h;
+}
+
+void upstream_url_free(struct upstream_url *url)
+{
+    curl_url_cleanup((CURLU *)url);
+}
+
+void upstream_easy_url(CURL *e, const struct upstream_url *url)
+{
+    /* curl only reads the handle (it works on a copy of it) */
+    curl_easy_setopt(e, CURLOPT_CURLU, (CURLU *)url);
+}
+
 size_t upstream_active(const struct upstream *u)
 {
     return u->active;

@@ -40,6 +40,16 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
  * from inside a curl callback of that transfer. */
 void upstream_cancel(struct upstream *u, struct upstream_xfer *x);
 
+/* An upstream origin ("http://host:port/") parsed once, for every transfer to it: libcurl
+ * copies a parsed URL instead of parsing the string again per transfer. Read-only once made,
+ * so transfers of any worker may share it; it must outlive them (the config snapshot that
+ * names the upstream owns it). NULL if out of memory or curl refuses the URL. */
+struct upstream_url;
+struct upstream_url *upstream_url_new(const char *origin);
+void upstream_url_free(struct upstream_url *url); /* accepts NULL */
+/* Points 'e' at 'url'. */
+void upstream_easy_url(CURL *e, const struct upstream_url *url);
+
 /* Transfers running now. */
 size_t upstream_active(const struct upstream *u);
 
