@@ -24,6 +24,10 @@
  * replay buffers worth giving back to the system. */
 #define SWEEP_MS   250
 #define TRIM_BYTES (1024 * 1024)
+/* A burst is over when this many connections, requests and upstream transfers fewer are alive
+ * than at the busiest moment since the last trim: what they used is given back. Under a steady
+ * load the count does not fall that far, and nothing is trimmed. */
+#define TRIM_DROP 512
 
 /* A client connection: its framing state (proxy/wire.h), on the server's list. */
 struct client {
@@ -39,7 +43,8 @@ struct server {
     struct loop_timer timer;
     struct loop_timer sweep;
     struct client *clients;
-    unsigned conns; /* client connections open */
+    unsigned conns;   /* client connections open */
+    size_t busiest;   /* most connections + requests + transfers alive since the last trim */
     bool relisten;  /* a connection closed at the limit: run again to accept */
 };
 
@@ -100,9 +105,15 @@ static void on_sweep(struct loop_timer *t)
             cl->wire.expired = true;
             shutdown(cl->fd, SHUT_RD);
         }
-    if (s->w->body_freed >= TRIM_BYTES) {
-        /* a burst of buffered uploads is over: return its memory (glibc keeps freed heap) */
+    /* glibc keeps freed heap memory for reuse; after a burst (of connections, of requests
+     * waiting, of buffered uploads) it is returned to the system */
+    size_t alive = s->conns + atomic_load_explicit(&s->w->requests, memory_order_relaxed) +
+                   upstream_active(s->w->up);
+    if (alive > s->busiest)
+        s->busiest = alive;
+    if (s->w->body_freed >= TRIM_BYTES || s->busiest - alive >= TRIM_DROP) {
         s->w->body_freed = 0;
+        s->busiest = alive;
         malloc_trim(0);
     }
     loop_timer_start(l, &s->sweep, now + SWEEP_MS, on_sweep, s);
