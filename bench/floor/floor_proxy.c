@@ -1,0 +1,227 @@
+/* floor_proxy -- libmicrohttpd and libcurl's multi-socket API, nothing else: every request is
+ * suspended, fetched from one fixed upstream URL with a pooled easy handle (curl_easy_reset
+ * between uses), its body collected into a buffer, then the connection is resumed and answered
+ * with the upstream's status and body (502 if the transfer failed). One thread, one epoll loop:
+ * the daemon's epoll descriptor, libcurl's sockets (CURLMOPT_SOCKETFUNCTION) and a timerfd for
+ * libcurl's timer (CURLMOPT_TIMERFUNCTION). The request's path, method and headers are not
+ * forwarded: the upstream URL is all there is.
+ *
+ *   floor_proxy --upstream URL [--port N] [--tuned]
+ *
+ * --tuned: the URL is parsed once and passed as CURLOPT_CURLU, CURLOPT_NOSIGNAL is set,
+ * MHD_USE_TURBO, and an 8 KiB MHD_OPTION_CONNECTION_MEMORY_LIMIT.
+ */
+#include "bench/floor/floor.h"
+
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#define MAX_FD 65536
+
+struct req {
+    CURL *easy;
+    struct MHD_Connection *conn;
+    char *buf;
+    size_t len, cap;
+    long status;
+    CURLcode rc;
+    struct req *next_free;
+};
+
+static struct floor_opts opts;
+static CURLM *multi;
+static CURLU *parsed_url;
+static int tfd;
+static struct req *free_reqs;
+/* Tags of libcurl's sockets in the loop's epoll set: sock_tag[fd] == fd. */
+static int sock_tag[MAX_FD];
+
+static size_t on_body(char *data, size_t size, size_t n, void *cls)
+{
+    struct req *r = cls;
+    size_t add = size * n;
+    if (r->len + add > r->cap) {
+        size_t cap = r->cap ? r->cap : 1024;
+        while (cap < r->len + add)
+            cap *= 2;
+        char *b = realloc(r->buf, cap);
+        if (!b)
+            return 0;
+        r->buf = b;
+        r->cap = cap;
+    }
+    memcpy(r->buf + r->len, data, add);
+    r->len += add;
+    return add;
+}
+
+static struct req *req_get(void)
+{
+    struct req *r = free_reqs;
+    if (r) {
+        free_reqs = r->next_free;
+        curl_easy_reset(r->easy);
+    } else {
+        r = calloc(1, sizeof(*r));
+        if (!r || !(r->easy = curl_easy_init()))
+            abort();
+    }
+    r->len = 0;
+    r->status = 0;
+    r->rc = CURLE_OK;
+    return r;
+}
+
+static void req_put(struct req *r)
+{
+    r->conn = NULL;
+    r->next_free = free_reqs;
+    free_reqs = r;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *data,
+                                  size_t *data_size, void **req_cls)
+{
+    (void)cls, (void)url, (void)method, (void)version, (void)data, (void)data_size;
+    if (floor_first_call(req_cls))
+        return MHD_YES;
+    struct req *r = *req_cls;
+    if (!floor_marked(r)) { /* resumed: the transfer is over */
+        long status = r->rc == CURLE_OK ? r->status : MHD_HTTP_BAD_GATEWAY;
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(r->len, r->buf, MHD_RESPMEM_PERSISTENT);
+        enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+    r = req_get();
+    r->conn = c;
+    if (opts.tuned) {
+        curl_easy_setopt(r->easy, CURLOPT_CURLU, parsed_url);
+        curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
+    } else {
+        curl_easy_setopt(r->easy, CURLOPT_URL, opts.upstream);
+    }
+    curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
+    *req_cls = r;
+    MHD_suspend_connection(c);
+    curl_multi_add_handle(multi, r->easy);
+    return MHD_YES;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls, (void)c, (void)toe;
+    if (*req_cls && !floor_marked(*req_cls))
+        req_put(*req_cls);
+    *req_cls = NULL;
+}
+
+/* Resume the connection of every finished transfer. */
+static void finish_done(void)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        struct req *r;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+        r->rc = m->data.result;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_RESPONSE_CODE, &r->status);
+        curl_multi_remove_handle(multi, m->easy_handle);
+        MHD_resume_connection(r->conn);
+    }
+}
+
+static int on_socket(CURL *e, curl_socket_t s, int what, void *cls, void *sock_cls)
+{
+    (void)e, (void)cls, (void)sock_cls;
+    if (s < 0 || s >= MAX_FD)
+        abort();
+    if (what == CURL_POLL_REMOVE) {
+        epoll_ctl(floor_epoll(), EPOLL_CTL_DEL, s, NULL);
+        return 0;
+    }
+    uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
+    sock_tag[s] = s;
+    floor_watch(s, ev, &sock_tag[s]);
+    return 0;
+}
+
+static int on_timer(CURLM *m, long ms, void *cls)
+{
+    (void)m, (void)cls;
+    struct itimerspec its = { 0 };
+    if (ms >= 0) { /* 0: as soon as possible, which a zero itimerspec would not arm */
+        its.it_value.tv_sec = ms / 1000;
+        its.it_value.tv_nsec = ms % 1000 * 1000000L + (ms == 0);
+    }
+    timerfd_settime(tfd, 0, &its, NULL);
+    return 0;
+}
+
+static void on_event(void *tag, uint32_t events)
+{
+    int running;
+    if (tag == &tfd) {
+        uint64_t n;
+        if (read(tfd, &n, sizeof(n)) < 0)
+            return;
+        curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    } else {
+        int flags = (events & EPOLLIN ? CURL_CSELECT_IN : 0) |
+                    (events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
+                    (events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+        curl_multi_socket_action(multi, *(int *)tag, flags, &running);
+    }
+    finish_done();
+}
+
+int main(int argc, char **argv)
+{
+    floor_parse(argc, argv, "usage: floor_proxy --upstream URL [--port N] [--tuned]\n", &opts);
+    if (!opts.upstream) {
+        fputs("floor_proxy: --upstream URL is required\n", stderr);
+        return 2;
+    }
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (opts.tuned) {
+        parsed_url = curl_url();
+        if (!parsed_url || curl_url_set(parsed_url, CURLUPART_URL, opts.upstream, 0)) {
+            fprintf(stderr, "floor_proxy: bad URL '%s'\n", opts.upstream);
+            return 2;
+        }
+    }
+    multi = curl_multi_init();
+    curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, on_timer);
+    /* A fixed connection cache: the default follows the number of transfers in progress and
+     * would close kept-alive upstream connections as the load moves. */
+    curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, 1024L);
+    unsigned flags = MHD_ALLOW_SUSPEND_RESUME | (opts.tuned ? MHD_USE_TURBO : 0);
+    struct MHD_Daemon *d =
+        floor_start(opts.port, flags, opts.tuned ? 8 * 1024 : 0, on_request, NULL, on_completed);
+    tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    floor_watch(tfd, EPOLLIN, &tfd);
+    int rc = floor_loop(d, on_event, NULL);
+    curl_multi_cleanup(multi);
+    while (free_reqs) {
+        struct req *r = free_reqs;
+        free_reqs = r->next_free;
+        curl_easy_cleanup(r->easy);
+        free(r->buf);
+        free(r);
+    }
+    curl_url_cleanup(parsed_url);
+    curl_global_cleanup();
+    return rc;
+}
