@@ -1,0 +1,38 @@
+# Benchmarks (see bench/README.md). Not part of make test.
+#
+#   make bench           everything below, then the tables into bench/README.md ("Latest run")
+#   make bench-peers     throughput: nginx, HAProxy, Caddy, retryproxy and the floor programs
+#   make bench-memory    10,000 requests waiting in backoff: retryproxy's RSS and threads
+#   make bench-outage    an upstream that answers 503 to everything: attempts per request
+#   make bench-build     build what the runs need, run nothing
+#
+# Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
+# PATHS=ok ONLY=floor N=1000 ...): see the top of bench/bench.sh. The floor programs are
+# bench/floor/floor_*.c, built into $(BUILD)/bench/ with the project's flags.
+
+FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
+FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
+BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters
+
+.PHONY: bench bench-build bench-peers bench-memory bench-outage
+
+$(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS)
+
+$(BUILD)/bench/waiters: $(BUILD)/obj/bench/waiters.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^
+
+bench-build: $(BIN) $(BUILD)/tests/upstream $(BENCH_TOOLS)
+
+BENCH_RUN = BUILD=$(BUILD) BENCH_COMMAND='make $@' bench/bench.sh
+
+bench: bench-build
+	$(BENCH_RUN) all
+bench-peers: bench-build
+	$(BENCH_RUN) peers
+bench-memory: bench-build
+	$(BENCH_RUN) memory
+bench-outage: bench-build
+	$(BENCH_RUN) outage
