@@ -721,6 +721,7 @@ case "$MODE" in all | memory) run_memory ;; esac
     case "$MODE" in all | outage) settings+=("OUTAGE_DURATION=$OUTAGE_DURATION OUTAGE_CONNS=$OUTAGE_CONNS") ;; esac
     case "$MODE" in all | memory) settings+=("N=$N MEM_WORKERS='$MEM_WORKERS' MEM_AFTER=$MEM_AFTER") ;; esac
     echo "- command: \`$COMMAND\` (${settings[*]})"
+    echo
 } >"$BENCH_DIR/header.md"
 cat "$BENCH_DIR/header.md" "$RESULTS" >"$BENCH_DIR/report.md"
 echo
