@@ -326,8 +326,8 @@ struct retry_req {
     uint32_t method_bit;
     bool is_head;
     char request_id[REQUEST_ID_MAX + 1];
-    struct curl_slist *hdrs;
-    struct curl_slist *hdrs_tail;
+    struct curl_slist *hdrs;        /* what each attempt sends, in 'hdrs_block' */
+    char *hdrs_block;               /* one allocation: see build_upstream_headers() */
     struct curl_slist attempt_node; /* "X-Retry-Attempt: N", linked at the tail */
     char attempt_hdr[40];
     char *upstream_target; /* base path + target for the current upstream */
@@ -431,9 +431,7 @@ static void req_free(struct retry_req *r)
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
     loop_timer_stop(l, &r->backoff_timer);
-    if (r->hdrs_tail)
-        r->hdrs_tail->next = NULL; /* the attempt node is ours, not curl's */
-    curl_slist_free_all(r->hdrs);
+    free(r->hdrs_block);
     free(r->target);
     free(r->upstream_target);
     free(r->body);
@@ -1428,6 +1426,7 @@ void retry_expire_all(struct worker *w)
 
 struct scan {
     unsigned n_cl, n_te, n_host, n_bad;
+    size_t n_fields, field_bytes; /* every header, for sizing what is forwarded */
     const char *cl, *host, *idem, *max_attempts, *request_id, *accept, *ctype;
     const char *connection[8];
     unsigned n_connection;
@@ -1444,6 +1443,8 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     struct scan *s = cls;
     if (!v)
         v = "";
+    s->n_fields++;
+    s->field_bytes += k_len + v_len;
     if (!hdr_name_valid(k) || !hdr_value_valid(v) || strlen(k) != k_len || strlen(v) != v_len)
         s->n_bad++;
     if (hdr_name_eq(k, "Content-Length")) {
@@ -1473,45 +1474,52 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     return MHD_YES;
 }
 
-struct fwd {
-    struct retry_req *r;
-    const struct scan *s;
-    int failed;
-    char *xff;
-    size_t xff_len;
+/* The header lines every attempt sends, built once per request in one allocation: the list
+ * nodes first, then the text they point into. Sized from the scan, so it never grows. */
+struct hbuild {
+    struct curl_slist *nodes;
+    size_t n, max;
+    char *text;
+    size_t used, cap;
 };
 
-static void append_header(struct retry_req *r, const char *line, int *failed)
+/* Appends "name: value", or "name;" for an empty value (curl reads "name:" as "remove
+ * name"), or the bare 'name' when 'v' is NULL (a removal such as "Accept:"). */
+static void hb_add(struct hbuild *b, const char *k, size_t kl, const char *v, size_t vl)
 {
-    struct curl_slist *n = curl_slist_append(NULL, line);
-    if (!n) {
-        *failed = 1;
-        return;
+    size_t need = kl + (v ? vl + 2 : 0) + 1;
+    if (b->n == b->max || b->used + need > b->cap)
+        return; /* cannot happen: sized from the scan; the header is left out */
+    char *o = b->text + b->used;
+    memcpy(o, k, kl);
+    if (v && vl) {
+        memcpy(o + kl, ": ", 2);
+        memcpy(o + kl + 2, v, vl);
+        o[kl + 2 + vl] = '\0';
+    } else if (v) {
+        memcpy(o + kl, ";", 2);
+    } else {
+        o[kl] = '\0';
     }
-    if (r->hdrs_tail)
-        r->hdrs_tail->next = n;
-    else
-        r->hdrs = n;
-    r->hdrs_tail = n;
+    b->used += need;
+    struct curl_slist *node = &b->nodes[b->n++];
+    node->data = o;
+    node->next = NULL;
+    if (b->n > 1)
+        b->nodes[b->n - 2].next = node;
 }
 
-/* "Name: value", or "Name;" for an empty value (curl reads "Name:" as "remove Name"). */
-static void append_field(struct retry_req *r, const char *k, const char *v, int *failed)
+static void hb_field(struct hbuild *b, const char *k, const char *v)
 {
-    size_t kl = strlen(k), vl = strlen(v);
-    char stack[512], *line = kl + vl + 3 <= sizeof(stack) ? stack : malloc(kl + vl + 3);
-    if (!line) {
-        *failed = 1;
-        return;
-    }
-    if (vl)
-        snprintf(line, kl + vl + 3, "%s: %s", k, v);
-    else
-        snprintf(line, kl + 2, "%s;", k);
-    append_header(r, line, failed);
-    if (line != stack)
-        free(line);
+    hb_add(b, k, strlen(k), v, strlen(v));
 }
+
+struct fwd {
+    struct hbuild *b;
+    const struct scan *s;
+    char *xff; /* the X-Forwarded-For values joined, the peer's address to come */
+    size_t xff_len, xff_cap;
+};
 
 static bool dropped_on_the_way_up(const char *k, const struct scan *s)
 {
@@ -1540,12 +1548,19 @@ static enum MHD_Result forward_header(void *cls, enum MHD_ValueKind kind, const 
     (void)kind;
     struct fwd *f = cls;
     if (hdr_name_eq(k, "X-Forwarded-For")) {
-        size_t used = strlen(f->xff);
-        snprintf(f->xff + used, f->xff_len - used, "%s%s", used ? ", " : "", v);
+        size_t vl = strlen(v);
+        if (f->xff_len + vl + 3 <= f->xff_cap) {
+            if (f->xff_len) {
+                memcpy(f->xff + f->xff_len, ", ", 2);
+                f->xff_len += 2;
+            }
+            memcpy(f->xff + f->xff_len, v, vl);
+            f->xff_len += vl;
+        }
         return MHD_YES;
     }
     if (!dropped_on_the_way_up(k, f->s))
-        append_field(f->r, k, v, &f->failed);
+        hb_field(f->b, k, v);
     return MHD_YES;
 }
 
@@ -1570,35 +1585,54 @@ static int build_upstream_headers(struct retry_req *r, const struct scan *s)
 {
     char peer[INET6_ADDRSTRLEN] = "";
     peer_address(r->conn, peer, sizeof(peer));
-    struct fwd f = { .r = r, .s = s, .xff_len = s->xff_len + sizeof(peer) + 32 };
-    f.xff = calloc(1, f.xff_len);
-    if (!f.xff)
+    size_t peer_len = strlen(peer);
+    /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
+     * peer), X-Forwarded-Proto, X-Request-Id, Host, and up to three removals */
+    size_t max = s->n_fields + 7;
+    size_t xff_cap = s->xff_len + peer_len + 3;
+    size_t cap = s->field_bytes + 3 * s->n_fields + sizeof("X-Forwarded-For: ") + xff_cap +
+                 sizeof("X-Forwarded-Proto: http") + sizeof("X-Request-Id: ") + REQUEST_ID_MAX +
+                 (s->host ? strlen(s->host) : 0) + sizeof("Host: ") +
+                 sizeof("Expect:Accept:Content-Type:") + 8;
+    char *block = malloc(max * sizeof(struct curl_slist) + cap + xff_cap);
+    if (!block)
         return -1;
+    struct hbuild b = { .nodes = (struct curl_slist *)(void *)block,
+                        .max = max,
+                        .text = block + max * sizeof(struct curl_slist),
+                        .cap = cap };
+    struct fwd f = { .b = &b, .s = s, .xff = b.text + cap, .xff_cap = xff_cap };
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, forward_header, &f);
-    if (*peer) {
-        size_t used = strlen(f.xff);
-        snprintf(f.xff + used, f.xff_len - used, "%s%s", used ? ", " : "", peer);
+    if (peer_len) {
+        if (f.xff_len) {
+            memcpy(f.xff + f.xff_len, ", ", 2);
+            f.xff_len += 2;
+        }
+        memcpy(f.xff + f.xff_len, peer, peer_len);
+        f.xff_len += peer_len;
     }
-    if (*f.xff)
-        append_field(r, "X-Forwarded-For", f.xff, &f.failed);
-    free(f.xff);
-    append_field(r, "X-Forwarded-Proto", "http", &f.failed);
-    append_field(r, "X-Request-Id", r->request_id, &f.failed);
+    if (f.xff_len)
+        hb_add(&b, "X-Forwarded-For", 15, f.xff, f.xff_len);
+    hb_field(&b, "X-Forwarded-Proto", "http");
+    hb_field(&b, "X-Request-Id", r->request_id);
     if (r->route->preserve_host && s->host)
-        append_field(r, "Host", s->host, &f.failed);
-    /* curl's own additions that a proxy must not make: Expect: 100-continue on uploads,
-     * Accept: *\/\* and a form Content-Type where the client sent none. */
-    append_header(r, "Expect:", &f.failed);
+        hb_field(&b, "Host", s->host);
+    /* curl's own additions that a proxy must not make: Accept: *\/\* where the client sent
+     * none, and for a request with a body Expect: 100-continue and a form Content-Type */
     if (!s->accept)
-        append_header(r, "Accept:", &f.failed);
-    if (!s->ctype)
-        append_header(r, "Content-Type:", &f.failed);
-    if (f.failed)
-        return -1;
+        hb_add(&b, "Accept:", 7, NULL, 0);
+    if (s->n_te || (s->cl && hdr_parse_uint(s->cl) > 0)) {
+        hb_add(&b, "Expect:", 7, NULL, 0);
+        if (!s->ctype)
+            hb_add(&b, "Content-Type:", 13, NULL, 0);
+    }
+    r->hdrs_block = block;
+    r->hdrs = b.n ? b.nodes : &r->attempt_node;
     /* The attempt header is ours, rewritten before each attempt. */
     r->attempt_node.data = r->attempt_hdr;
     r->attempt_node.next = NULL;
-    r->hdrs_tail->next = &r->attempt_node;
+    if (b.n)
+        b.nodes[b.n - 1].next = &r->attempt_node;
     return 0;
 }
 

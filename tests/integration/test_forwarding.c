@@ -403,6 +403,45 @@ Test(forwarding, hop_by_hop_request_headers_are_dropped_others_kept_in_order)
     http_free(&r);
 }
 
+/* libcurl adds Accept: *\/\* to a request that has none, Expect: 100-continue to a streamed
+ * upload and a form Content-Type to a buffered one: a proxy adds none of them. Raw bytes, so
+ * that no client library adds them on the way in either; the upload is over
+ * max_retry_body_bytes, so it streams. */
+Test(forwarding, curls_own_headers_never_reach_the_upstream)
+{
+    start("\"retry\": {\"max_retry_body_bytes\": 1000}", "", "2");
+    int fd = raw_connect();
+    raw_send(fd, "GET /plain HTTP/1.1\r\nHost: a\r\nX-Request-Id: curl-own-get\r\n\r\n");
+    static struct raw_resp resp;
+    raw_response(fd, false, 10000, &resp);
+    cr_expect_eq(resp.status, 200);
+    raw_send(fd, "POST /form HTTP/1.1\r\nHost: a\r\nX-Request-Id: curl-own-form\r\n"
+                 "Content-Length: 3\r\n\r\nabc");
+    raw_response(fd, false, 10000, &resp);
+    cr_expect_eq(resp.status, 200);
+    char body[1200];
+    memset(body, 'b', sizeof(body));
+    char head[256];
+    snprintf(head, sizeof(head),
+             "POST /upload HTTP/1.1\r\nHost: a\r\nX-Request-Id: curl-own-post\r\n"
+             "Content-Length: %zu\r\n\r\n",
+             sizeof(body));
+    raw_send(fd, head);
+    send(fd, body, sizeof(body), MSG_NOSIGNAL);
+    raw_response(fd, false, 10000, &resp);
+    cr_expect_eq(resp.status, 200);
+    close(fd);
+    static const char *const ids[] = { "curl-own-get", "curl-own-form", "curl-own-post" };
+    static const char *const never[] = { "Accept", "Expect", "Content-Type" };
+    for (size_t i = 0; i < 3; i++) {
+        const struct tup_req *q = only_record(up, ids[i]);
+        for (size_t k = 0; k < 3; k++)
+            cr_expect_eq(tup_req_header_count(q, never[k]), 0, "%s: %s was added: %s", ids[i],
+                         never[k], tup_req_header(q, never[k]));
+    }
+    cr_expect_eq(only_record(up, "curl-own-post")->body_len, sizeof(body));
+}
+
 /* A chunked request body: Transfer-Encoding is hop-by-hop, so the client's field is not
  * forwarded; the body arrives whole (the proxy may frame it its own way). */
 Test(forwarding, chunked_request_body_arrives_whole_without_the_clients_framing)
