@@ -43,8 +43,8 @@ struct server {
     struct loop_timer timer;
     struct loop_timer sweep;
     struct client *clients;
-    unsigned conns;   /* client connections open */
-    size_t busiest;   /* most connections + requests + transfers alive since the last trim */
+    unsigned conns; /* client connections open */
+    size_t busiest; /* most connections + requests + transfers alive since the last trim */
     bool relisten;  /* a connection closed at the limit: run again to accept */
 };
 
