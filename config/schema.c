@@ -1018,6 +1018,9 @@ static const struct field limits_fields[] = {
                "134217728",
                "request-body bytes held for replay by the whole process; a body that does not "
                "fit streams to the upstream once and is not retried"),
+    UINT_FIELD("max_upstream_requests", struct cfg, max_upstream_requests, 1, 1000000, "1024",
+               "upstream attempts in flight at once, shared evenly by the workers; more wait "
+               "their turn in order, the wait counting against the route's timeout_ms"),
     UINT_FIELD("header_timeout_ms", struct cfg, header_timeout_ms, 0, MS_MAX, "10000",
                "a request line and headers not complete this long after their first byte are "
                "answered 408 and the connection closed (0: no limit beyond "

@@ -307,6 +307,7 @@ struct retry_req {
     int64_t start_unix_ms;
     uint64_t attempt_start_ms;
     const struct cfg_upstream *upstream; /* of the last attempt */
+    size_t upstream_index;               /* its place in the route's list */
     uint32_t *delays;                    /* the waits taken, for the log */
     size_t n_delays;
     bool retry_in_flight; /* counted in retries_in_flight until its attempt ends */
@@ -362,7 +363,8 @@ struct retry_req {
 
     /* the current attempt */
     struct upstream_xfer xfer;
-    unsigned sends; /* times curl was about to send this attempt's request */
+    struct upstream_wait slot; /* queued for a transfer slot (limits.max_upstream_requests) */
+    unsigned sends;            /* times curl was about to send this attempt's request */
     int status;
     bool hdrs_done;
     struct hlist rh;
@@ -428,6 +430,7 @@ static void req_free(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
     client_unwatch(r);
+    upstream_unwait(r->w->up, &r->slot);
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
     loop_timer_stop(l, &r->backoff_timer);
@@ -1032,24 +1035,31 @@ static enum retry_outcome classify(const struct retry_req *r)
     return r->sends == 0 ? RETRY_OUT_CONNECT_FAILURE : RETRY_OUT_RESET;
 }
 
+/* Ends the current attempt's transfer, whether it runs or still waits for a slot, without its
+ * 'done' being called. Returns true if it was running; its reference is dropped then, never
+ * the last: the connection, or the response reader, holds one. */
+static bool stop_transfer(struct retry_req *r)
+{
+    upstream_unwait(r->w->up, &r->slot);
+    if (!r->xfer.easy)
+        return false;
+    upstream_cancel(r->w->up, &r->xfer);
+    r->refs--;
+    return true;
+}
+
 static void on_try_timeout(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
-    if (r->state != RS_ATTEMPT || !r->xfer.easy)
+    if (r->state != RS_ATTEMPT || !stop_transfer(r))
         return;
-    upstream_cancel(r->w->up, &r->xfer);
-    req_release(r); /* the transfer's reference; the connection's keeps r alive */
     attempt_failed(r, RETRY_OUT_TIMEOUT);
 }
 
 static void on_deadline(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
-    bool running = r->xfer.easy != NULL;
-    if (running) {
-        upstream_cancel(r->w->up, &r->xfer);
-        r->refs--; /* never the last: the connection or the reader holds one */
-    }
+    bool running = stop_transfer(r);
     loop_timer_stop(r->w->loop, &r->try_timer);
     switch (r->state) {
     case RS_ATTEMPT:
@@ -1300,6 +1310,13 @@ static size_t pick_upstream(struct retry_req *r)
     return start;
 }
 
+static void launch(struct retry_req *r);
+
+static void on_slot(struct upstream_wait *wt)
+{
+    launch((struct retry_req *)(void *)((char *)wt - offsetof(struct retry_req, slot)));
+}
+
 static void start_attempt(struct retry_req *r)
 {
     struct worker *w = r->w;
@@ -1327,9 +1344,24 @@ static void start_attempt(struct retry_req *r)
     size_t i = pick_upstream(r);
     if (i < 64)
         r->tried |= 1ULL << i;
-    const struct cfg_upstream *u = &rt->upstreams[i];
-    r->upstream = u;
+    r->upstream = &rt->upstreams[i];
+    r->upstream_index = i;
     r->attempt_start_ms = now;
+    if (upstream_full(w->up))
+        upstream_wait(w->up, &r->slot, on_slot); /* the attempt starts when a slot frees */
+    else
+        launch(r);
+}
+
+/* The current attempt's transfer, given a slot. */
+static void launch(struct retry_req *r)
+{
+    struct worker *w = r->w;
+    struct loop *l = w->loop;
+    const struct cfg_route *rt = r->route;
+    const struct cfg_upstream *u = r->upstream;
+    size_t i = r->upstream_index;
+    uint64_t now = loop_now(l);
 
     CURL *e = upstream_easy_get(w->up);
     if (!e) {
@@ -1399,12 +1431,8 @@ static void expire(struct retry_req *r)
     if (r->state == RS_BACKOFF)
         cut_wait_short(r);
     loop_timer_stop(l, &r->try_timer);
-    if (r->xfer.easy) {
-        upstream_cancel(r->w->up, &r->xfer);
-        r->refs--; /* never the last: the connection holds one */
-        if (r->state == RS_DRAIN)
-            r->saved.whole = false;
-    }
+    if (stop_transfer(r) && r->state == RS_DRAIN)
+        r->saved.whole = false;
     end_retry_in_flight(r);
     r->stop = RETRY_STOP_DRAINING;
     account_stop(r, r->stop);
@@ -1813,10 +1841,7 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
         struct loop *l = r->w->loop;
         loop_timer_stop(l, &r->backoff_timer);
         loop_timer_stop(l, &r->try_timer);
-        if (r->xfer.easy) {
-            upstream_cancel(r->w->up, &r->xfer);
-            req_release(r);
-        }
+        stop_transfer(r);
         r->over_limit = true;
         r->discarded = n;
         answer_error(r, MHD_HTTP_CONTENT_TOO_LARGE, "body_too_large",
@@ -1962,10 +1987,7 @@ void retry_req_completed(struct retry_req *r)
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
     loop_timer_stop(l, &r->backoff_timer);
-    if (r->xfer.easy) {
-        upstream_cancel(r->w->up, &r->xfer);
-        r->refs--; /* the connection's reference below is never the last while we run */
-    }
+    stop_transfer(r);
     if (r->resp && !r->queued)
         MHD_destroy_response(r->resp); /* its reader's reference is released here */
     r->resp = NULL;

@@ -33,7 +33,35 @@ struct upstream {
     size_t active;
     struct upstream_sock **socks; /* by fd; NULL where curl has no socket */
     size_t nsocks;
+    size_t cap;                      /* transfers at once; 0: no limit */
+    struct upstream_wait *wait_head; /* owners waiting for a slot, oldest first */
+    struct upstream_wait *wait_tail;
+    size_t nwait;
+    struct loop_timer wake; /* hands free slots to waiting owners */
 };
+
+static bool has_slot(const struct upstream *u)
+{
+    return !u->cap || u->active < u->cap;
+}
+
+static void on_wake(struct loop_timer *t)
+{
+    struct upstream *u = t->arg;
+    while (u->wait_head && has_slot(u)) {
+        struct upstream_wait *wt = u->wait_head;
+        upstream_unwait(u, wt);
+        wt->go(wt);
+    }
+}
+
+/* A slot was freed: waiting owners get it in the next turn, never from inside curl or from
+ * the middle of their own code. */
+static void slot_freed(struct upstream *u)
+{
+    if (u->wait_head && has_slot(u))
+        loop_timer_start(u->loop, &u->wake, loop_now(u->loop), on_wake, u);
+}
 
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it. */
 static void pool_put(struct upstream *u, CURL *e)
@@ -67,6 +95,7 @@ static void check_done(struct upstream *u)
         }
         pool_put(u, easy);
     }
+    slot_freed(u);
 }
 
 static void on_sock_event(struct loop_watch *w, uint32_t events)
@@ -225,6 +254,7 @@ void upstream_free(struct upstream *u)
         return;
     /* Running transfers were cancelled by their requests when the worker tore them down. */
     loop_timer_stop(u->loop, &u->timer);
+    loop_timer_stop(u->loop, &u->wake);
     curl_multi_cleanup(u->multi);
     for (size_t i = 0; i < u->npool; i++)
         curl_easy_cleanup(u->pool[i]);
@@ -281,6 +311,7 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
     u->active--;
     pool_put(u, x->easy);
     x->easy = NULL;
+    slot_freed(u);
 }
 
 struct upstream_url *upstream_url_new(const char *origin)
@@ -307,4 +338,54 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
 size_t upstream_active(const struct upstream *u)
 {
     return u->active;
+}
+
+void upstream_set_cap(struct upstream *u, size_t cap)
+{
+    u->cap = cap;
+    slot_freed(u);
+}
+
+bool upstream_full(const struct upstream *u)
+{
+    return u->wait_head || !has_slot(u);
+}
+
+void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn go)
+{
+    if (wt->queued)
+        return;
+    wt->go = go;
+    wt->queued = true;
+    wt->next = NULL;
+    wt->prev = u->wait_tail;
+    if (u->wait_tail)
+        u->wait_tail->next = wt;
+    else
+        u->wait_head = wt;
+    u->wait_tail = wt;
+    u->nwait++;
+    slot_freed(u);
+}
+
+void upstream_unwait(struct upstream *u, struct upstream_wait *wt)
+{
+    if (!wt->queued)
+        return;
+    if (wt->prev)
+        wt->prev->next = wt->next;
+    else
+        u->wait_head = wt->next;
+    if (wt->next)
+        wt->next->prev = wt->prev;
+    else
+        u->wait_tail = wt->prev;
+    wt->prev = wt->next = NULL;
+    wt->queued = false;
+    u->nwait--;
+}
+
+size_t upstream_waiting(const struct upstream *u)
+{
+    return u->nwait;
 }

@@ -9,6 +9,8 @@
 #ifndef RETRYPROXY_PROXY_UPSTREAM_H
 #define RETRYPROXY_PROXY_UPSTREAM_H
 
+#include <stdbool.h>
+
 #include <curl/curl.h>
 
 #include "proxy/loop.h"
@@ -22,6 +24,15 @@ struct upstream_xfer {
     CURL *easy; /* NULL when no transfer is running */
     upstream_done_fn done;
     void *arg;
+};
+
+/* An owner waiting for a transfer slot (see upstream_set_cap). */
+struct upstream_wait;
+typedef void (*upstream_go_fn)(struct upstream_wait *wt);
+struct upstream_wait {
+    struct upstream_wait *prev, *next;
+    upstream_go_fn go;
+    bool queued;
 };
 
 /* A multi handle driven by 'l', or NULL. */
@@ -52,5 +63,19 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url);
 
 /* Transfers running now. */
 size_t upstream_active(const struct upstream *u);
+
+/* At most 'cap' transfers run at once (0: no limit). Each costs an easy handle, its buffers and
+ * an upstream socket, so a burst of attempts is bounded by this rather than by the number of
+ * requests; the others wait their turn in order. */
+void upstream_set_cap(struct upstream *u, size_t cap);
+/* True when a transfer started now would pass the cap, or others already wait. */
+bool upstream_full(const struct upstream *u);
+/* Queues 'wt': its 'go' is called from the loop, in arrival order, once a slot is free (a
+ * transfer must then be started from it, or the slot passes to the next). */
+void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn go);
+/* Leaves the queue (a no-op when 'wt' is not in it). */
+void upstream_unwait(struct upstream *u, struct upstream_wait *wt);
+/* Owners waiting for a slot now. */
+size_t upstream_waiting(const struct upstream *u);
 
 #endif

@@ -11,6 +11,14 @@
 #include "proxy/retry.h"
 #include "proxy/server.h"
 
+/* This worker's share of limits.max_upstream_requests. */
+static void set_upstream_cap(struct worker *w)
+{
+    unsigned n = w->px->n_workers ? w->px->n_workers : 1;
+    if (w->up && w->rt)
+        upstream_set_cap(w->up, (w->rt->cfg->max_upstream_requests + n - 1) / n);
+}
+
 /* Takes the snapshot published in the cell if it is newer than ours. Requests in flight keep
  * the one they started with; the round-robin positions start over for the new routes. */
 static void refresh(struct worker *w)
@@ -29,6 +37,7 @@ static void refresh(struct worker *w)
     w->rr = rr;
     rt_unref(w->rt);
     w->rt = rt;
+    set_upstream_cap(w);
 }
 
 static void on_wake(struct loop_watch *lw, uint32_t events)
@@ -92,6 +101,7 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
     w->up = upstream_new(w->loop);
     if (!w->up)
         goto fail;
+    set_upstream_cap(w);
     w->srv = server_start(w, listen_fd, w->rt->cfg);
     if (!w->srv)
         goto fail;

@@ -296,3 +296,77 @@ Test(scale, sequential_keepalive_requests_leak_nothing)
     cr_expect_leq(rss_after, rss_warm + 5 * 1024, "proxy RSS grew from %ld to %ld KiB", rss_warm,
                   rss_after);
 }
+
+/* ---- 4: a cap on upstream attempts in flight ---- */
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* limits.max_upstream_requests bounds the transfers a worker runs at once: a burst of requests
+ * reaches the upstream in waves of the cap, each wave after an answer freed its slot, over
+ * no more connections than the cap; every request is answered. */
+Test(scale, attempts_over_max_upstream_requests_wait_their_turn)
+{
+    enum { N = 6, CAP = 2, DELAY = 300 };
+    start("\"limits\": {\"max_upstream_requests\": 2}", "", "1");
+    static struct http_call calls[N];
+    char url[128];
+    px_url(px, "/cap", url, sizeof(url));
+    for (int i = 0; i < N; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "cap-%d", i);
+        http_call_start(&calls[i], url, id, "delay=300");
+    }
+    for (int i = 0; i < N; i++) {
+        http_call_join(&calls[i]);
+        cr_expect_eq(calls[i].r.status, 200, "request %d: status %d", i, calls[i].r.status);
+    }
+    cr_assert_eq(tup_count(up), N);
+    cr_expect_leq(tup_connections(up), CAP, "%llu upstream connections for a cap of %d",
+                  (unsigned long long)tup_connections(up), CAP);
+    int64_t at[N];
+    for (int i = 0; i < N; i++)
+        at[i] = tup_get(up, (size_t)i)->arrival_ns;
+    qsort(at, N, sizeof(at[0]), cmp_i64);
+    /* A slot frees only once its answer, sent DELAY ms after its request arrived, is in: the
+     * request CAP places later cannot have arrived sooner. */
+    for (int i = CAP; i < N; i++)
+        cr_expect_geq(at[i] - at[i - CAP], (int64_t)DELAY * 1000000,
+                      "arrival %d came %lld ms after arrival %d", i,
+                      (long long)((at[i] - at[i - CAP]) / 1000000), i - CAP);
+    for (int i = 0; i < N; i++)
+        http_free(&calls[i].r);
+}
+
+/* A request waiting for a slot is bound by its route's timeout_ms like any attempt: at the
+ * deadline it is answered 504 and the upstream never sees it. */
+Test(scale, a_request_still_waiting_for_a_slot_at_its_deadline_gets_504)
+{
+    up = tup_start();
+    char json[1024];
+    snprintf(json, sizeof(json),
+             "{\"limits\": {\"max_upstream_requests\": 1}, \"routes\": ["
+             "{\"name\": \"hog\", \"match\": {\"path_prefix\": \"/hog\"}, "
+             "\"upstreams\": [\"http://127.0.0.1:%u\"]}, "
+             "{\"name\": \"r\", \"timeout_ms\": 500, \"upstreams\": [\"http://127.0.0.1:%u\"]}]}",
+             tup_port(up), tup_port(up));
+    px = px_start(json, "--workers", "1", NULL);
+    char url[128];
+    static struct http_call hog, late;
+    http_call_start(&hog, px_url(px, "/hog", url, sizeof(url)), "slot-hog", "delay=2500");
+    /* the hog's transfer holds the only slot before the second request arrives */
+    for (int64_t t0 = now_ms(); tup_count(up) == 0 && now_ms() - t0 < T;)
+        sleep_ms(5);
+    cr_assert_eq(tup_count(up), 1);
+    http_call_start(&late, px_url(px, "/late", url, sizeof(url)), "slot-late", "fail=0");
+    http_call_join(&late);
+    cr_expect_eq(late.r.status, 504);
+    http_call_join(&hog);
+    cr_expect_eq(hog.r.status, 200);
+    cr_expect_eq(tup_count_id(up, "slot-late"), 0, "the late request reached the upstream");
+    http_free(&hog.r);
+    http_free(&late.r);
+}
