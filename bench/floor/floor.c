@@ -14,6 +14,7 @@
 static int epfd = -1;
 static int sigfd = -1;
 static char first_marker;
+static bool woken;
 
 void floor_parse(int argc, char **argv, const char *usage, struct floor_opts *o)
 {
@@ -101,9 +102,11 @@ int floor_loop(struct MHD_Daemon *d, floor_event_fn on_event, floor_tick_fn on_t
     struct epoll_event evs[64];
     for (;;) {
         MHD_UNSIGNED_LONG_LONG ms;
-        int timeout = -1;
-        if (MHD_get_timeout(d, &ms) == MHD_YES)
-            timeout = ms > 1000 ? 1000 : (int)ms;
+        int timeout = 1000;
+        if (woken)
+            timeout = 0;
+        else if (MHD_get_timeout(d, &ms) == MHD_YES && ms < 1000)
+            timeout = (int)ms;
         int n = epoll_wait(epfd, evs, 64, timeout);
         if (n < 0 && errno != EINTR) {
             perror("epoll_wait");
@@ -117,10 +120,16 @@ int floor_loop(struct MHD_Daemon *d, floor_event_fn on_event, floor_tick_fn on_t
             if (evs[i].data.ptr != d && on_event)
                 on_event(evs[i].data.ptr, evs[i].events);
         }
+        woken = false;
         if (on_tick)
             on_tick();
         MHD_run(d);
     }
+}
+
+void floor_wake(void)
+{
+    woken = true;
 }
 
 bool floor_first_call(void **req_cls)

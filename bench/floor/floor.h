@@ -34,12 +34,15 @@ void floor_watch(int fd, uint32_t events, void *tag);
 
 /* Called for every ready descriptor that is not the daemon's, with its tag and events. */
 typedef void (*floor_event_fn)(void *tag, uint32_t events);
-/* Called once per iteration before MHD_run: resume what is due. */
+/* Called once per iteration before MHD_run: do what is due (resume connections...). */
 typedef void (*floor_tick_fn)(void);
 
 /* Serve until SIGINT or SIGTERM: epoll_wait with the daemon's timeout, other descriptors to
- * on_event, then on_tick, then MHD_run. Returns 0 after a signal. */
+ * on_event, then on_tick, then MHD_run. Returns 0 after a signal. on_event and on_tick may
+ * be NULL. */
 int floor_loop(struct MHD_Daemon *d, floor_event_fn on_event, floor_tick_fn on_tick);
+/* Work was queued for the next tick: the next epoll_wait does not wait. */
+void floor_wake(void);
 
 /* The first call of the access handler for a request: true once, after storing a marker in
  * *req_cls; the handler then returns MHD_YES and answers on a later call. */

@@ -3,8 +3,12 @@
  * between uses), its body collected into a buffer, then the connection is resumed and answered
  * with the upstream's status and body (502 if the transfer failed). One thread, one epoll loop:
  * the daemon's epoll descriptor, libcurl's sockets (CURLMOPT_SOCKETFUNCTION) and a timerfd for
- * libcurl's timer (CURLMOPT_TIMERFUNCTION). The request's path, method and headers are not
- * forwarded: the upstream URL is all there is.
+ * libcurl's timer (CURLMOPT_TIMERFUNCTION). A timeout of 0 ("as soon as possible", asked for
+ * every new transfer) is run on the loop's next iteration without arming the timerfd, and the
+ * timerfd is re-armed only for a deadline earlier than the one it holds: programming a timer is
+ * among the most expensive system calls here (a VM exit on a virtual machine), and a timerfd
+ * that fires early only costs one curl_multi_socket_action. The request's path, method and
+ * headers are not forwarded: the upstream URL is all there is.
  *
  *   floor_proxy --upstream URL [--port N] [--tuned]
  *
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/timerfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_FD 65536
@@ -36,6 +41,9 @@ static struct floor_opts opts;
 static CURLM *multi;
 static CURLU *parsed_url;
 static int tfd;
+static int64_t armed_ms;  /* CLOCK_MONOTONIC deadline the timerfd holds, 0 if none */
+static int64_t wanted_ms; /* libcurl's last deadline, 0 if none */
+static bool timeout_due;  /* libcurl asked for a timeout of 0 */
 static struct req *free_reqs;
 /* Tags of libcurl's sockets in the loop's epoll set: sock_tag[fd] == fd. */
 static int sock_tag[MAX_FD];
@@ -157,16 +165,45 @@ static int on_socket(CURL *e, curl_socket_t s, int what, void *cls, void *sock_c
     return 0;
 }
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void arm(int64_t deadline)
+{
+    struct itimerspec its = { 0 };
+    its.it_value.tv_sec = deadline / 1000;
+    its.it_value.tv_nsec = deadline % 1000 * 1000000L;
+    timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL);
+    armed_ms = deadline;
+}
+
 static int on_timer(CURLM *m, long ms, void *cls)
 {
     (void)m, (void)cls;
-    struct itimerspec its = { 0 };
-    if (ms >= 0) { /* 0: as soon as possible, which a zero itimerspec would not arm */
-        its.it_value.tv_sec = ms / 1000;
-        its.it_value.tv_nsec = ms % 1000 * 1000000L + (ms == 0);
+    wanted_ms = 0;
+    if (ms == 0) {
+        timeout_due = true;
+        floor_wake();
+    } else if (ms > 0) { /* ms < 0: none; a timer still armed fires once for nothing */
+        wanted_ms = now_ms() + ms + 1; /* rounded up: never before libcurl's deadline */
+        if (!armed_ms || armed_ms > wanted_ms)
+            arm(wanted_ms);
     }
-    timerfd_settime(tfd, 0, &its, NULL);
     return 0;
+}
+
+static void run_due_timeout(void)
+{
+    if (!timeout_due)
+        return;
+    timeout_due = false;
+    int running;
+    curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    finish_done();
 }
 
 static void on_event(void *tag, uint32_t events)
@@ -176,7 +213,11 @@ static void on_event(void *tag, uint32_t events)
         uint64_t n;
         if (read(tfd, &n, sizeof(n)) < 0)
             return;
+        armed_ms = 0;
         curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+        /* Fired early: libcurl's deadline is unchanged, so it will not tell it again. */
+        if (wanted_ms && !armed_ms)
+            arm(wanted_ms);
     } else {
         int flags = (events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                     (events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
@@ -212,7 +253,7 @@ int main(int argc, char **argv)
         floor_start(opts.port, flags, opts.tuned ? 8 * 1024 : 0, on_request, NULL, on_completed);
     tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     floor_watch(tfd, EPOLLIN, &tfd);
-    int rc = floor_loop(d, on_event, NULL);
+    int rc = floor_loop(d, on_event, run_due_timeout);
     curl_multi_cleanup(multi);
     while (free_reqs) {
         struct req *r = free_reqs;

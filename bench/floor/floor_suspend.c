@@ -1,6 +1,7 @@
 /* floor_suspend -- floor_mhd plus one suspend/resume per request: the access handler suspends
- * the connection and signals an eventfd; the loop resumes every suspended connection on its
- * next iteration, and the handler then answers 200 "ok\n" from one persistent response.
+ * the connection and puts it on a list; the loop resumes every connection on the list on its
+ * next iteration (which does not wait in epoll_wait: floor_wake), and the handler then answers
+ * 200 "ok\n" from one persistent response.
  *
  *   floor_suspend [--port N]
  */
@@ -9,11 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 static struct MHD_Response *ok;
-static int efd;
 static char suspended_marker;
 /* Connections suspended since the last iteration (a growing array). */
 static struct MHD_Connection **pending;
@@ -37,18 +35,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     pending[n_pending++] = c;
     *req_cls = &suspended_marker;
     MHD_suspend_connection(c);
-    uint64_t one = 1;
-    if (write(efd, &one, sizeof(one)) < 0)
-        perror("eventfd write");
+    floor_wake();
     return MHD_YES;
-}
-
-static void on_event(void *tag, uint32_t events)
-{
-    (void)tag, (void)events;
-    uint64_t v;
-    if (read(efd, &v, sizeof(v)) < 0)
-        return;
 }
 
 static void resume_pending(void)
@@ -64,9 +52,7 @@ int main(int argc, char **argv)
     floor_parse(argc, argv, "usage: floor_suspend [--port N]\n", &o);
     ok = MHD_create_response_from_buffer(3, "ok\n", MHD_RESPMEM_PERSISTENT);
     struct MHD_Daemon *d = floor_start(o.port, MHD_ALLOW_SUSPEND_RESUME, 0, on_request, NULL, NULL);
-    efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    floor_watch(efd, EPOLLIN, &efd);
-    int rc = floor_loop(d, on_event, resume_pending);
+    int rc = floor_loop(d, NULL, resume_pending);
     MHD_destroy_response(ok);
     free(pending);
     return rc;
