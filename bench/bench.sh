@@ -23,7 +23,8 @@
 #   OUTAGE_DURATION [4]    OUTAGE_CONNS [64]
 #   N [10000]              memory test: clients    MEM_WORKERS ["1 2"]   MEM_AFTER [10] s
 #   QUIET_PCT [10]         before each run, wait until the machine uses <= this % CPU
-#   QUIET_MAX_WAIT [120]   ... for at most this many seconds (then measure, flagged)
+#   QUIET_MAX_WAIT [60]    ... for at most this many seconds, then measure anyway (and wait at
+#                          most 5 s before the next runs until the machine is quiet again)
 #   NOISY_PCT [5]          a run where other processes used more than this % of all CPUs is
 #                          discarded and re-run, at most RERUN_NOISY [2] times (then kept, flagged)
 #   PORT_BASE [24000]      every port is PORT_BASE + a fixed offset (see ports below)
@@ -53,7 +54,7 @@ N=${N:-10000}
 MEM_WORKERS=${MEM_WORKERS:-"1 2"}
 MEM_AFTER=${MEM_AFTER:-10}
 QUIET_PCT=${QUIET_PCT:-10}
-QUIET_MAX_WAIT=${QUIET_MAX_WAIT:-120}
+QUIET_MAX_WAIT=${QUIET_MAX_WAIT:-60}
 NOISY_PCT=${NOISY_PCT:-5}
 RERUN_NOISY=${RERUN_NOISY:-2}
 PORT_BASE=${PORT_BASE:-24000}
@@ -178,18 +179,25 @@ foreign_ticks() {
         t += a[12] + a[13] + a[14] + a[15] } END { print t + 0 }'
 }
 FLAGGED_WAITS=0
+BUSY_STREAK=0 # set after a quiet wait timed out: later waits give up after 5 s until one succeeds
 wait_quiet() {
-    local w=0 b0 t0 b1 t1 pct
+    local w=0 b0 t0 b1 t1 pct limit=$QUIET_MAX_WAIT
+    [ "$BUSY_STREAK" = 1 ] && [ "$limit" -gt 5 ] && limit=5
     while :; do
         read -r b0 t0 < <(machine_ticks)
         sleep 1
         read -r b1 t1 < <(machine_ticks)
         pct=$(((b1 - b0) * 100 / (t1 > t0 ? t1 - t0 : 1)))
-        [ "$pct" -le "$QUIET_PCT" ] && return 0
-        [ "$w" = 0 ] && log "machine busy (${pct}% CPU) with our servers idle: waiting up to ${QUIET_MAX_WAIT}s"
+        if [ "$pct" -le "$QUIET_PCT" ]; then
+            BUSY_STREAK=0
+            return 0
+        fi
+        [ "$w" = 0 ] && [ "$BUSY_STREAK" = 0 ] &&
+            log "machine busy (${pct}% CPU) with our servers idle: waiting up to ${limit}s"
         w=$((w + 1))
-        if [ "$w" -ge "$QUIET_MAX_WAIT" ]; then
-            log "still ${pct}% busy: measuring anyway (flagged)"
+        if [ "$w" -ge "$limit" ]; then
+            [ "$BUSY_STREAK" = 0 ] && log "still ${pct}% busy after ${w}s: measuring anyway"
+            BUSY_STREAK=1
             FLAGGED_WAITS=$((FLAGGED_WAITS + 1))
             return 0
         fi
