@@ -110,6 +110,7 @@ struct cfg {
     uint32_t max_connections;
     uint32_t connection_timeout_ms;
     uint32_t header_timeout_ms;
+    uint32_t max_header_bytes;
     uint32_t max_upstream_requests;
     uint64_t max_body_bytes;
     uint64_t max_buffered_body_bytes;

@@ -1018,6 +1018,9 @@ static const struct field limits_fields[] = {
                "134217728",
                "request-body bytes held for replay by the whole process; a body that does not "
                "fit streams to the upstream once and is not retried"),
+    UINT_FIELD("max_header_bytes", struct cfg, max_header_bytes, 1024, 65536, "8192",
+               "a request line and headers above this many bytes are answered 431; a client "
+               "connection holds up to twice this in memory (a change needs a restart)"),
     UINT_FIELD("max_upstream_requests", struct cfg, max_upstream_requests, 1, 1000000, "1024",
                "upstream attempts in flight at once, shared evenly by the workers; more wait "
                "their turn in order, the wait counting against the route's timeout_ms"),

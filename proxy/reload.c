@@ -26,6 +26,7 @@ struct reload {
     struct reload_pins pins;
     char *start_listen, *start_admin; /* as loaded at start */
     unsigned start_max_connections;
+    unsigned start_max_header_bytes;
     struct worker **workers;
     unsigned n_workers;
 
@@ -75,7 +76,10 @@ static void note_restart_required(struct reload *rl, const struct cfg *c)
     if (!rl->pins.admin && strcmp(c->admin, rl->start_admin) != 0)
         n += (size_t)snprintf(rl->restart + n, sizeof(rl->restart) - n, "%sadmin", n ? "," : "");
     if (c->max_connections != rl->start_max_connections)
-        snprintf(rl->restart + n, sizeof(rl->restart) - n, "%slimits.max_connections",
+        n += (size_t)snprintf(rl->restart + n, sizeof(rl->restart) - n, "%slimits.max_connections",
+                              n ? "," : "");
+    if (c->max_header_bytes != rl->start_max_header_bytes)
+        snprintf(rl->restart + n, sizeof(rl->restart) - n, "%slimits.max_header_bytes",
                  n ? "," : "");
     if (rl->restart[0])
         log_event(CFG_LOG_WARN, "config change needs a restart; the running values stay",
@@ -200,6 +204,7 @@ struct reload *reload_new(struct proxy *px, const char *path, struct cfg *initia
     rl->start_listen = strdup(initial->listen);
     rl->start_admin = strdup(initial->admin);
     rl->start_max_connections = initial->max_connections;
+    rl->start_max_header_bytes = initial->max_header_bytes;
     if (!rl->path || !rl->start_listen || !rl->start_admin || publish(rl, initial) < 0) {
         reload_free(rl);
         return NULL;

@@ -17,9 +17,11 @@
 #include "proxy/wiretab.h"
 #include "proxy/worker.h"
 
-/* Per-connection memory for the request line, headers and I/O buffers. libmicrohttpd zeroes
- * it for every request, so it is kept at its default size. */
-#define CONN_MEMORY (32 * 1024)
+/* libmicrohttpd's per-connection memory holds the request head, one record per header, and
+ * the response head being written; it is zeroed after every request, so a kept-alive
+ * connection holds all of it. Twice limits.max_header_bytes leaves room for a head of that
+ * size with its records and a response head; never less than CONN_MEMORY_MIN. */
+#define CONN_MEMORY_MIN (16 * 1024)
 /* How often the worker looks for request heads past limits.header_timeout_ms, and for freed
  * replay buffers worth giving back to the system. */
 #define SWEEP_MS   250
@@ -43,9 +45,10 @@ struct server {
     struct loop_timer timer;
     struct loop_timer sweep;
     struct client *clients;
-    unsigned conns; /* client connections open */
-    size_t busiest; /* most connections + requests + transfers alive since the last trim */
-    bool relisten;  /* a connection closed at the limit: run again to accept */
+    uint32_t head_max; /* limits.max_header_bytes at start */
+    unsigned conns;    /* client connections open */
+    size_t busiest;    /* most connections + requests + transfers alive since the last trim */
+    bool relisten;     /* a connection closed at the limit: run again to accept */
 };
 
 static void schedule(struct server *s);
@@ -127,7 +130,7 @@ static void client_open(struct server *s, struct MHD_Connection *c, void **socke
     struct client *cl = calloc(1, sizeof(*cl));
     *socket_context = NULL;
     if (cl)
-        wire_init(&cl->wire, w->rt->cfg->header_timeout_ms);
+        wire_init(&cl->wire, w->rt->cfg->header_timeout_ms, s->head_max);
     if (!cl || !ci || wiretab_attach(ci->connect_fd, &cl->wire) < 0) {
         /* unchecked bytes never reach libmicrohttpd: this connection reads nothing */
         if (ci)
@@ -234,6 +237,10 @@ struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c
     if (!s)
         return NULL;
     s->w = w;
+    s->head_max = c->max_header_bytes;
+    size_t conn_memory = 2 * (size_t)c->max_header_bytes;
+    if (conn_memory < CONN_MEMORY_MIN)
+        conn_memory = CONN_MEMORY_MIN;
     /* libmicrohttpd counts connection timeouts in whole seconds. */
     unsigned timeout_s = (c->connection_timeout_ms + 999) / 1000;
     /* clang-format off */
@@ -245,7 +252,7 @@ struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
                             MHD_OPTION_CONNECTION_LIMIT, w->conn_limit,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, conn_memory,
                             MHD_OPTION_STRICT_FOR_CLIENT, 1,
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
                             MHD_OPTION_END);

@@ -120,10 +120,11 @@ const char *wire_reason_text(enum wire_reason r)
     return "";
 }
 
-void wire_init(struct wire *w, uint32_t head_timeout_ms)
+void wire_init(struct wire *w, uint32_t head_timeout_ms, uint32_t head_max)
 {
     memset(w, 0, sizeof(*w));
     w->head_timeout_ms = head_timeout_ms;
+    w->head_max = head_max;
 }
 
 void wire_release(struct wire *w)
@@ -341,9 +342,10 @@ static bool in_head_state(uint8_t st)
 /* A head or one of its lines grown past its bound, or WIRE_OK. */
 static enum wire_reason over_limit(const struct wire *w)
 {
-    if (w->st <= S_RL_CR && w->line > WIRE_LINE_MAX)
+    uint32_t line_max = w->head_max < WIRE_LINE_MAX ? w->head_max : WIRE_LINE_MAX;
+    if (w->st <= S_RL_CR && w->line > line_max)
         return WIRE_TARGET_TOO_LONG;
-    if (w->head > WIRE_HEAD_MAX || w->line > WIRE_LINE_MAX)
+    if (w->head > w->head_max || w->line > line_max)
         return WIRE_HEAD_TOO_LARGE;
     return WIRE_OK;
 }
@@ -814,7 +816,7 @@ ssize_t wire_recv(struct wire *w, void *vbuf, size_t len, wire_read_fn read, voi
             if (sc.safe < (size_t)got) {
                 /* a head began and is not complete: hold it back */
                 size_t k = (size_t)got - sc.safe;
-                w->stash = malloc(WIRE_HEAD_MAX + 1);
+                w->stash = malloc((size_t)w->head_max + 1);
                 if (!w->stash)
                     return broken(w);
                 memcpy(w->stash, buf + out + sc.safe, k);
@@ -827,7 +829,7 @@ ssize_t wire_recv(struct wire *w, void *vbuf, size_t len, wire_read_fn read, voi
             continue;
         }
         /* a head is held: the next bytes go after it */
-        size_t room = WIRE_HEAD_MAX + 1 - w->stash_len;
+        size_t room = (size_t)w->head_max + 1 - w->stash_len;
         ssize_t got = read(ctx, w->stash + w->stash_len, room);
         if (got <= 0)
             return out ? (ssize_t)out : got;

@@ -16,7 +16,7 @@
  *   - a head still incomplete after the header deadline is answered 408.
  *
  * Heads that arrive whole in one read cost one pass over their bytes and no copy. A head split
- * across reads is held here (at most WIRE_HEAD_MAX bytes) until it is complete.
+ * across reads is held here (at most head_max bytes) until it is complete.
  *
  * Pure: no libmicrohttpd, no libcurl; the socket read and the clock are passed in.
  */
@@ -28,12 +28,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* A head (request line, fields, blank line) above this many bytes is a 431; a request line
- * above WIRE_LINE_MAX a 414. Both stay well inside libmicrohttpd's 32 KiB connection pool, so
- * libmicrohttpd never has to refuse a head itself. */
-#define WIRE_HEAD_MAX   (16 * 1024)
-#define WIRE_LINE_MAX   (8 * 1024)
-#define WIRE_FIELDS_MAX 100
+/* A head (request line, fields, blank line) above the connection's head_max bytes
+ * (limits.max_header_bytes, WIRE_HEAD_DEFAULT unless configured) is a 431; a request line above
+ * WIRE_LINE_MAX (or head_max if lower) a 414. The server sizes libmicrohttpd's per-connection
+ * pool from head_max so that libmicrohttpd never has to refuse a head itself. */
+#define WIRE_HEAD_DEFAULT (8 * 1024)
+#define WIRE_LINE_MAX     (8 * 1024)
+#define WIRE_FIELDS_MAX   100
 /* Longest method forwarded; a longer one is a 501. */
 #define WIRE_METHOD_MAX 32
 
@@ -101,6 +102,7 @@ struct wire {
     size_t q_len, q_off;
     uint64_t head_start_ms; /* when the held head began */
     uint32_t head_timeout_ms;
+    uint32_t head_max; /* bytes a head may have */
 
     /* the refusal handed to the access handler */
     bool expired;              /* the worker's sweep found the held head past its deadline */
@@ -112,7 +114,7 @@ struct wire {
     enum wire_reason rejected; /* why */
 };
 
-void wire_init(struct wire *w, uint32_t head_timeout_ms);
+void wire_init(struct wire *w, uint32_t head_timeout_ms, uint32_t head_max);
 /* Frees the buffers (the struct itself is the caller's). */
 void wire_release(struct wire *w);
 

@@ -30,9 +30,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     struct wire a, b, c;
     bool closed_a, closed_b, closed_c;
-    wire_init(&a, 0);
+    wire_init(&a, 0, WIRE_HEAD_DEFAULT);
     size_t na = wire_run(s, n, NULL, 0, out_whole, OUT_MAX, &closed_a, &a);
-    wire_init(&b, 0);
+    wire_init(&b, 0, WIRE_HEAD_DEFAULT);
     size_t nb = wire_run(s, n, pieces, 4, out_cut, OUT_MAX, &closed_b, &b);
 
     FUZZ_CHECK(closed_a == closed_b, "reset whole %d, cut %d", closed_a, closed_b);
@@ -49,7 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                                     wire_standin_len) == 0,
                    "a refusal ends with the stand-in");
 
-    wire_init(&c, 0);
+    wire_init(&c, 0, WIRE_HEAD_DEFAULT);
     size_t nc = wire_run(out_whole, na, NULL, 0, out_again, OUT_MAX, &closed_c, &c);
     FUZZ_CHECK(!closed_c && c.rejected == WIRE_OK, "handed-over bytes are not clean: %s",
                wire_reason_text(c.rejected));

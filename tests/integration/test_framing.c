@@ -308,7 +308,7 @@ static const struct rcase refused[] = {
     { "two Hosts", GET_H "Host: b\r\n\r\n", 0, 400, 0, NULL, NULL, "Host" },
     /* sizes */
     { "request line over 8 KiB", long_line, 0, 414, 0, NULL, NULL, NULL },
-    { "head over 16 KiB", big_head, 0, 431, 0, NULL, NULL, NULL },
+    { "head over 16 KiB (8 KiB by default)", big_head, 0, 431, 0, NULL, NULL, NULL },
     { "101 fields", many_fields, 0, 431, 0, NULL, NULL, NULL },
 };
 
@@ -434,6 +434,51 @@ Test(framing, broken_chunked_bodies_close_the_connection_before_any_request_comp
 
 /* A refused request after a good one on the same connection: the first is answered and
  * forwarded, the second refused, nothing after it read. */
+/* A head of exactly 'total' bytes: GET_H, then 'fields' field lines of about equal length,
+ * then the blank line. Returns its length. */
+static size_t sized_head(char *out, size_t cap, size_t total, int fields)
+{
+    size_t n = (size_t)snprintf(out, cap, GET_H);
+    size_t rem = total - n - 2;
+    for (int i = 0; i < fields; i++) {
+        size_t line = rem / (size_t)(fields - i); /* "X-Fnnn: v...v\r\n" */
+        cr_assert_gt(line, 10);
+        n += (size_t)snprintf(out + n, cap - n, "X-F%03d: %0*d\r\n", i, (int)(line - 10), 0);
+        rem -= line;
+    }
+    n += (size_t)snprintf(out + n, cap - n, "\r\n");
+    cr_assert_eq(n, total);
+    return n;
+}
+
+/* limits.max_header_bytes bounds the whole head (8 KiB by default): a head of exactly that size
+ * with 100 fields (Host and 99 more) is forwarded, one byte more is a 431, and libmicrohttpd's
+ * per-connection memory, sized from the limit, never refuses a head the check let through. */
+Test(framing, the_head_limit_is_limits_max_header_bytes)
+{
+    static char head[32769];
+    static const unsigned limits[] = { 8192, 16384, 32768 };
+    for (size_t k = 0; k < sizeof(limits) / sizeof(limits[0]); k++) {
+        char lim[96] = "";
+        if (limits[k] != 8192)
+            snprintf(lim, sizeof(lim), "\"limits\": {\"max_header_bytes\": %u}, ", limits[k]);
+        start(lim);
+        for (size_t extra = 0; extra < 2; extra++) {
+            char name[64];
+            snprintf(name, sizeof(name), "limit %u, head of %zu bytes", limits[k],
+                     limits[k] + extra);
+            struct rcase c = { .name = name,
+                               .bytes = head,
+                               .len = sized_head(head, sizeof(head), limits[k] + extra, 99),
+                               .status = extra ? 431 : 200,
+                               .forwarded = extra ? 0 : 1,
+                               .target = extra ? NULL : "/" };
+            run_case(&c);
+        }
+        stop();
+    }
+}
+
 Test(framing, pipelined_refusal_answers_what_came_before)
 {
     start("");

@@ -16,7 +16,7 @@ struct run {
 
 static void run(const char *s, size_t n, size_t piece, struct run *r)
 {
-    wire_init(&r->w, 0);
+    wire_init(&r->w, 0, WIRE_HEAD_DEFAULT);
     r->len =
         wire_run(s, n, piece ? &piece : NULL, piece ? 1 : 0, out, sizeof(out), &r->closed, &r->w);
 }
@@ -129,7 +129,7 @@ static ssize_t sock_read(void *ctx, void *buf, size_t len)
 Test(wire, a_head_held_past_the_deadline_is_refused_with_408)
 {
     struct wire w;
-    wire_init(&w, 1000);
+    wire_init(&w, 1000, WIRE_HEAD_DEFAULT);
     struct sock k = { "GET / HTTP/1.1\r\nHo", 18, 0 };
     char buf[4096];
     errno = 0;
@@ -154,7 +154,7 @@ Test(wire, a_small_reader_buffer_gets_everything_in_order)
 {
     static const char s[] = "GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n";
     struct wire w;
-    wire_init(&w, 0);
+    wire_init(&w, 0, WIRE_HEAD_DEFAULT);
     struct sock k = { s, sizeof(s) - 1, 0 };
     char got[256];
     size_t n = 0;
@@ -173,7 +173,7 @@ Test(wire, empty_lines_between_requests_are_passed_on_not_held)
 {
     static const char s[] = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok\r\n";
     struct wire w;
-    wire_init(&w, 1000);
+    wire_init(&w, 1000, WIRE_HEAD_DEFAULT);
     struct sock k = { s, sizeof(s) - 1, 0 };
     char buf[256];
     cr_expect_eq(wire_recv(&w, buf, sizeof(buf), sock_read, &k, 0), (ssize_t)(sizeof(s) - 1));
