@@ -11,12 +11,21 @@ bool hdr_name_eq(const char *a, const char *b)
 
 bool hdr_is_hop_by_hop(const char *name)
 {
-    static const char *const hop[] = { "Connection", "Keep-Alive",        "Proxy-Connection", "TE",
-                                       "Trailer",    "Transfer-Encoding", "Upgrade" };
-    for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        if (strcasecmp(name, hop[i]) == 0)
-            return true;
-    return false;
+    /* by length first: most names match none, and are told so by one comparison */
+    switch (strlen(name)) {
+    case 2:
+        return strcasecmp(name, "TE") == 0;
+    case 7:
+        return strcasecmp(name, "Trailer") == 0 || strcasecmp(name, "Upgrade") == 0;
+    case 10:
+        return strcasecmp(name, "Connection") == 0 || strcasecmp(name, "Keep-Alive") == 0;
+    case 16:
+        return strcasecmp(name, "Proxy-Connection") == 0;
+    case 17:
+        return strcasecmp(name, "Transfer-Encoding") == 0;
+    default:
+        return false;
+    }
 }
 
 bool hdr_token_listed(const char *list, const char *name)
@@ -43,17 +52,27 @@ bool hdr_name_valid(const char *name)
     return hdr_name_valid_n(name, strlen(name));
 }
 
+/* RFC 9110 5.6.2 tchar: the bytes a field name is made of. */
+static const bool tchar[256] = {
+    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1, ['+'] = 1,
+    ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1,  ['~'] = 1, ['0'] = 1,
+    ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1,  ['7'] = 1, ['8'] = 1,
+    ['9'] = 1, ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1,  ['F'] = 1, ['G'] = 1,
+    ['H'] = 1, ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1, ['M'] = 1,  ['N'] = 1, ['O'] = 1,
+    ['P'] = 1, ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1, ['U'] = 1,  ['V'] = 1, ['W'] = 1,
+    ['X'] = 1, ['Y'] = 1, ['Z'] = 1, ['a'] = 1, ['b'] = 1, ['c'] = 1,  ['d'] = 1, ['e'] = 1,
+    ['f'] = 1, ['g'] = 1, ['h'] = 1, ['i'] = 1, ['j'] = 1, ['k'] = 1,  ['l'] = 1, ['m'] = 1,
+    ['n'] = 1, ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1, ['s'] = 1,  ['t'] = 1, ['u'] = 1,
+    ['v'] = 1, ['w'] = 1, ['x'] = 1, ['y'] = 1, ['z'] = 1,
+};
+
 bool hdr_name_valid_n(const char *name, size_t n)
 {
     if (n == 0)
         return false;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)name[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  (c && strchr("!#$%&'*+-.^_`|~", c));
-        if (!ok)
+    for (size_t i = 0; i < n; i++)
+        if (!tchar[(unsigned char)name[i]])
             return false;
-    }
     return true;
 }
 
@@ -89,9 +108,34 @@ void hdr_uuid(struct rng *r, char out[37])
     uint64_t hi = rng_next(r), lo = rng_next(r);
     hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL; /* version 4 */
     lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL; /* variant 10 */
-    snprintf(out, 37, "%08x-%04x-%04x-%04x-%012llx", (unsigned)(hi >> 32),
-             (unsigned)(hi >> 16) & 0xffff, (unsigned)hi & 0xffff, (unsigned)(lo >> 48),
-             (unsigned long long)(lo & 0xffffffffffffULL));
+    /* 8-4-4-4-12 lowercase hex digits: hi's 16, then lo's 16 */
+    static const char hex[] = "0123456789abcdef";
+    char *o = out;
+    for (int i = 60; i >= 0; i -= 4) {
+        *o++ = hex[(hi >> i) & 0xf];
+        if (i == 32 || i == 16)
+            *o++ = '-';
+    }
+    *o++ = '-';
+    for (int i = 60; i >= 0; i -= 4) {
+        *o++ = hex[(lo >> i) & 0xf];
+        if (i == 48)
+            *o++ = '-';
+    }
+    *o = '\0';
+}
+
+char *hdr_utoa(uint64_t v, char *out)
+{
+    char tmp[20];
+    size_t n = 0;
+    do
+        tmp[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n)
+        *out++ = tmp[--n];
+    *out = '\0';
+    return out;
 }
 
 int hdr_match_host(const char *host, bool keep_port, char *out, size_t cap)

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <strings.h>
 
 #include "policy/rng.h"
 
@@ -14,6 +15,10 @@ bool hdr_name_eq(const char *a, const char *b);
 /* Connection, Keep-Alive, Proxy-Connection, TE, Trailer, Transfer-Encoding, Upgrade: they
  * describe one hop and are never forwarded, in either direction. */
 bool hdr_is_hop_by_hop(const char *name);
+/* Whether the name 'k' of length 'kl' is the string literal 'lit', in any case: the length
+ * decides most comparisons. */
+#define HDR_NAME_IS(k, kl, lit)                                                                    \
+    ((kl) == sizeof(lit) - 1 && strncasecmp((k), (lit), sizeof(lit) - 1) == 0)
 
 /* Whether 'name' is one of the comma-separated tokens of a Connection header value
  * ("close, X-Foo" lists X-Foo), case-insensitively. */
@@ -33,6 +38,8 @@ int64_t hdr_parse_uint(const char *s);
 
 /* A random (version 4) UUID in lowercase hex, 36 characters and a NUL. */
 void hdr_uuid(struct rng *r, char out[37]);
+/* Writes 'v' in decimal and a NUL at 'out' (room for 21 bytes); returns the NUL's address. */
+char *hdr_utoa(uint64_t v, char *out);
 
 /* The host part of a Host header value for matching: lowercased, its port removed unless
  * 'keep_port'. Writes at most 'cap' bytes including the NUL; returns 0, or -1 if too long. */

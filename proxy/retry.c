@@ -504,8 +504,8 @@ static void add_retry_headers(struct retry_req *r, struct MHD_Response *resp)
 {
     if (atomic_load_explicit(&r->w->px->draining, memory_order_relaxed))
         MHD_add_response_header(resp, "Connection", "close"); /* no more requests here */
-    char n[16];
-    snprintf(n, sizeof(n), "%u", r->attempts);
+    char n[24];
+    hdr_utoa(r->attempts, n);
     MHD_add_response_header(resp, "X-Retry-Attempts", n);
     if (r->stop != RETRY_STOP_NONE)
         MHD_add_response_header(resp, "X-Retry-Stop", retry_stop_name(r->stop));
@@ -579,27 +579,35 @@ static void answer_refused(struct retry_req *r)
         MHD_add_response_header(r->resp, "Connection", "close");
 }
 
-static bool forward_response_header(const char *name, const struct hlist *h)
+/* Whether 'name' is listed in a Connection field of 'h'. */
+static bool named_in_connection(const struct hlist *h, const char *name)
 {
-    if (hdr_is_hop_by_hop(name) || hdr_name_eq(name, "Content-Length") ||
-        hdr_name_eq(name, "X-Retry-Attempts") || hdr_name_eq(name, "X-Retry-Stop"))
-        return false;
     size_t pos = 0;
     const char *n, *v;
     while (hlist_next(h, &pos, &n, &v))
-        if (hdr_name_eq(n, "Connection") && hdr_token_listed(v, name))
-            return false;
-    return true;
+        if (HDR_NAME_IS(n, strlen(n), "Connection") && hdr_token_listed(v, name))
+            return true;
+    return false;
 }
 
 static void copy_response_headers(struct retry_req *r, struct MHD_Response *resp,
                                   const struct hlist *h)
 {
+    bool has_connection = false;
     size_t pos = 0;
     const char *n, *v;
-    while (hlist_next(h, &pos, &n, &v))
-        if (forward_response_header(n, h))
-            MHD_add_response_header(resp, n, v);
+    while (!has_connection && hlist_next(h, &pos, &n, &v))
+        has_connection = HDR_NAME_IS(n, strlen(n), "Connection");
+    pos = 0;
+    while (hlist_next(h, &pos, &n, &v)) {
+        /* not hop-by-hop, not one of ours, not named in a Connection field */
+        size_t nl = strlen(n);
+        if (hdr_is_hop_by_hop(n) || HDR_NAME_IS(n, nl, "Content-Length") ||
+            HDR_NAME_IS(n, nl, "X-Retry-Attempts") || HDR_NAME_IS(n, nl, "X-Retry-Stop") ||
+            (has_connection && named_in_connection(h, n)))
+            continue;
+        MHD_add_response_header(resp, n, v);
+    }
     add_retry_headers(r, resp);
 }
 
@@ -1394,7 +1402,8 @@ static void launch(struct retry_req *r)
         curl_easy_setopt(e, CURLOPT_READDATA, r);
         curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->content_length);
     }
-    snprintf(r->attempt_hdr, sizeof(r->attempt_hdr), "X-Retry-Attempt: %u", r->attempts);
+    memcpy(r->attempt_hdr, "X-Retry-Attempt: ", 17);
+    hdr_utoa(r->attempts, r->attempt_hdr + 17);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->hdrs);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
@@ -1461,6 +1470,11 @@ struct scan {
     size_t xff_len;
 };
 
+/* Whether the name 'k' of length 'kl' is the literal 'lit', in any case: the length decides
+ * most comparisons. */
+#define HDR_NAME_IS(k, kl, lit)                                                                    \
+    ((kl) == sizeof(lit) - 1 && strncasecmp((k), (lit), sizeof(lit) - 1) == 0)
+
 /* CR, LF and other control bytes in a header make the request a 400. A NUL cannot reach the
  * upstream: libmicrohttpd 0.9.75 cuts the value at it while parsing (and reports that shorter
  * length); a version reporting the true length makes such a header a 400 here too. */
@@ -1475,29 +1489,29 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     s->field_bytes += k_len + v_len;
     if (!hdr_name_valid(k) || !hdr_value_valid(v) || strlen(k) != k_len || strlen(v) != v_len)
         s->n_bad++;
-    if (hdr_name_eq(k, "Content-Length")) {
+    if (HDR_NAME_IS(k, k_len, "Content-Length")) {
         s->n_cl++;
         s->cl = v;
-    } else if (hdr_name_eq(k, "Transfer-Encoding")) {
+    } else if (HDR_NAME_IS(k, k_len, "Transfer-Encoding")) {
         s->n_te++;
-    } else if (hdr_name_eq(k, "Host")) {
+    } else if (HDR_NAME_IS(k, k_len, "Host")) {
         s->n_host++;
         s->host = v;
-    } else if (hdr_name_eq(k, "Idempotency-Key")) {
+    } else if (HDR_NAME_IS(k, k_len, "Idempotency-Key")) {
         s->idem = v;
-    } else if (hdr_name_eq(k, "X-Retry-Max-Attempts")) {
+    } else if (HDR_NAME_IS(k, k_len, "X-Retry-Max-Attempts")) {
         s->max_attempts = v;
-    } else if (hdr_name_eq(k, "X-Request-Id")) {
+    } else if (HDR_NAME_IS(k, k_len, "X-Request-Id")) {
         s->request_id = v;
-    } else if (hdr_name_eq(k, "Accept")) {
+    } else if (HDR_NAME_IS(k, k_len, "Accept")) {
         s->accept = v;
-    } else if (hdr_name_eq(k, "Content-Type")) {
+    } else if (HDR_NAME_IS(k, k_len, "Content-Type")) {
         s->ctype = v;
-    } else if (hdr_name_eq(k, "Connection")) {
+    } else if (HDR_NAME_IS(k, k_len, "Connection")) {
         if (s->n_connection < 8)
             s->connection[s->n_connection++] = v;
-    } else if (hdr_name_eq(k, "X-Forwarded-For")) {
-        s->xff_len += strlen(v) + 2;
+    } else if (HDR_NAME_IS(k, k_len, "X-Forwarded-For")) {
+        s->xff_len += v_len + 2;
     }
     return MHD_YES;
 }
@@ -1551,19 +1565,13 @@ struct fwd {
 
 static bool dropped_on_the_way_up(const char *k, const struct scan *s)
 {
-    static const char *const ours[] = { "Host",
-                                        "Content-Length",
-                                        "Expect",
-                                        "X-Retry-Max-Attempts",
-                                        "X-Retry-Attempt",
-                                        "X-Forwarded-For",
-                                        "X-Forwarded-Proto",
-                                        "X-Request-Id" };
-    if (hdr_is_hop_by_hop(k))
+    size_t kl = strlen(k);
+    if (hdr_is_hop_by_hop(k) || HDR_NAME_IS(k, kl, "Host") ||
+        HDR_NAME_IS(k, kl, "Content-Length") || HDR_NAME_IS(k, kl, "Expect") ||
+        HDR_NAME_IS(k, kl, "X-Retry-Max-Attempts") || HDR_NAME_IS(k, kl, "X-Retry-Attempt") ||
+        HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
+        HDR_NAME_IS(k, kl, "X-Request-Id"))
         return true;
-    for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
-        if (hdr_name_eq(k, ours[i]))
-            return true;
     for (unsigned i = 0; i < s->n_connection; i++)
         if (hdr_token_listed(s->connection[i], k))
             return true;

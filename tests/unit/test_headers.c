@@ -1,4 +1,6 @@
 #include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include <string.h>
 
@@ -69,6 +71,57 @@ Test(headers, uuid_is_version_4_and_distinct)
     cr_expect_eq(a[14], '4');
     cr_expect(strchr("89ab", a[19]) != NULL, "%s", a);
     cr_expect_str_neq(a, b);
+}
+
+/* The same 128 bits as the printf form "%08x-%04x-%04x-%04x-%012llx" would give. */
+Test(headers, uuid_spells_the_generators_bits_in_order)
+{
+    struct rng r, twin;
+    rng_seed(&r, 77);
+    rng_seed(&twin, 77);
+    char got[37], want[37];
+    for (int k = 0; k < 100; k++) {
+        hdr_uuid(&r, got);
+        uint64_t hi = rng_next(&twin), lo = rng_next(&twin);
+        hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;
+        lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;
+        snprintf(want, sizeof(want), "%08x-%04x-%04x-%04x-%012llx", (unsigned)(hi >> 32),
+                 (unsigned)(hi >> 16) & 0xffff, (unsigned)hi & 0xffff, (unsigned)(lo >> 48),
+                 (unsigned long long)(lo & 0xffffffffffffULL));
+        cr_assert_str_eq(got, want);
+    }
+}
+
+Test(headers, utoa_writes_decimal_and_returns_the_end)
+{
+    static const uint64_t v[] = { 0, 7, 10, 99, 4294967295u, UINT64_MAX };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        char got[24], want[24];
+        char *end = hdr_utoa(v[i], got);
+        snprintf(want, sizeof(want), "%llu", (unsigned long long)v[i]);
+        cr_expect_str_eq(got, want);
+        cr_expect_eq(end, got + strlen(want));
+    }
+}
+
+Test(headers, name_bytes_are_exactly_rfc9110_tchar)
+{
+    for (int c = 1; c < 256; c++) {
+        char name[2] = { (char)c, 0 };
+        bool tchar = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                     strchr("!#$%&'*+-.^_`|~", c) != NULL;
+        cr_expect_eq(hdr_name_valid(name), tchar, "byte 0x%02x", c);
+    }
+    static const char *const hop[] = {
+        "te",         "TRAILER",          "upgrade",          "connection",
+        "Keep-Alive", "proxy-connection", "Transfer-Encoding"
+    };
+    for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
+        cr_expect(hdr_is_hop_by_hop(hop[i]), "%s", hop[i]);
+    static const char *const not_hop[] = { "",         "T",    "TEE",       "Trailers",
+                                           "Upgrade2", "Host", "Connectio", "Transfer-Encodings" };
+    for (size_t i = 0; i < sizeof(not_hop) / sizeof(not_hop[0]); i++)
+        cr_expect_not(hdr_is_hop_by_hop(not_hop[i]), "%s", not_hop[i]);
 }
 
 Test(headers, match_host_lowercases_and_drops_the_port_unless_asked)
