@@ -12,6 +12,15 @@
  * running at that moment, so a short dip in load closes connections that the next burst has to
  * open again; a fixed size keeps them (each idle one costs a socket and a few kilobytes). */
 #define MAX_IDLE_CONNECTIONS 1024L
+/* A worker's transfers are spread over several multi handles ("shards"), each with its own
+ * connection cache. libcurl looks for a connection to reuse by walking every connection to
+ * the host in its cache, and walks the whole cache again when a transfer is removed: with
+ * hundreds of connections that cost grows with the load. A shard takes transfers until
+ * SHARD_FILL run on it, then the next one is used, so that each cache holds about SHARD_FILL
+ * connections at any load, and a light load still runs on the first shard alone (one
+ * connection for requests one after another). */
+#define SHARDS     8
+#define SHARD_FILL 32
 
 /* One per upstream socket curl has asked us to watch, from that moment until curl closes the
  * socket (through on_close). Between transfers curl stops watching a kept-alive connection
@@ -19,15 +28,21 @@
  * in epoll meanwhile, "parked", so a request costs no epoll_ctl for its upstream socket. */
 struct upstream_sock {
     struct loop_watch w; /* w.fd is -1 while detached from epoll */
-    struct upstream *u;
+    struct shard *sh;    /* the multi handle whose connection this is */
     int fd;
     bool parked; /* curl is not watching it: events are not passed on */
 };
 
-struct upstream {
-    struct loop *loop;
+struct shard {
+    struct upstream *u;
     CURLM *multi;
     struct loop_timer timer;
+    size_t active;
+};
+
+struct upstream {
+    struct loop *loop;
+    struct shard shards[SHARDS];
     CURL *pool[POOL_MAX];
     size_t npool;
     size_t active;
@@ -74,20 +89,22 @@ static void pool_put(struct upstream *u, CURL *e)
     }
 }
 
-/* Hands every finished transfer to its owner. Runs after curl returned to us, so owners may
- * start or cancel transfers from 'done'. */
-static void check_done(struct upstream *u)
+/* Hands every finished transfer of 'sh' to its owner. Runs after curl returned to us, so
+ * owners may start or cancel transfers from 'done'. */
+static void check_done(struct shard *sh)
 {
+    struct upstream *u = sh->u;
     CURLMsg *m;
     int left;
-    while ((m = curl_multi_info_read(u->multi, &left)) != NULL) {
+    while ((m = curl_multi_info_read(sh->multi, &left)) != NULL) {
         if (m->msg != CURLMSG_DONE)
             continue;
         CURL *easy = m->easy_handle;
         CURLcode rc = m->data.result;
         struct upstream_xfer *x = NULL;
         curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
-        curl_multi_remove_handle(u->multi, easy);
+        curl_multi_remove_handle(sh->multi, easy);
+        sh->active--;
         u->active--;
         if (x) {
             x->easy = NULL;
@@ -101,13 +118,13 @@ static void check_done(struct upstream *u)
 static void on_sock_event(struct loop_watch *w, uint32_t events)
 {
     struct upstream_sock *s = w->arg;
-    struct upstream *u = s->u;
+    struct shard *sh = s->sh;
     int flags = 0, running;
     if (s->parked) {
         /* An idle connection became readable: the upstream closed it (or sent bytes nobody
          * asked for). curl finds it dead when it next looks and closes it; until then it must
          * not keep waking the loop. */
-        loop_watch_del(u->loop, &s->w);
+        loop_watch_del(sh->u->loop, &s->w);
         return;
     }
     if (events & EPOLLIN)
@@ -116,8 +133,8 @@ static void on_sock_event(struct loop_watch *w, uint32_t events)
         flags |= CURL_CSELECT_OUT;
     if (events & (EPOLLERR | EPOLLHUP))
         flags |= CURL_CSELECT_ERR;
-    curl_multi_socket_action(u->multi, w->fd, flags, &running);
-    check_done(u);
+    curl_multi_socket_action(sh->multi, w->fd, flags, &running);
+    check_done(sh);
 }
 
 static struct upstream_sock *sock_find(const struct upstream *u, int fd)
@@ -125,8 +142,9 @@ static struct upstream_sock *sock_find(const struct upstream *u, int fd)
     return fd >= 0 && (size_t)fd < u->nsocks ? u->socks[fd] : NULL;
 }
 
-static struct upstream_sock *sock_new(struct upstream *u, int fd)
+static struct upstream_sock *sock_new(struct shard *sh, int fd)
 {
+    struct upstream *u = sh->u;
     if ((size_t)fd >= u->nsocks) {
         size_t n = u->nsocks ? u->nsocks : 64;
         while (n <= (size_t)fd)
@@ -142,7 +160,7 @@ static struct upstream_sock *sock_new(struct upstream *u, int fd)
     struct upstream_sock *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
-    s->u = u;
+    s->sh = sh;
     s->fd = fd;
     s->w.fd = -1;
     u->socks[fd] = s;
@@ -165,7 +183,8 @@ static int sock_watch(struct upstream *u, struct upstream_sock *s, uint32_t ev)
 static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
 {
     (void)easy;
-    struct upstream *u = userp;
+    struct shard *sh = userp;
+    struct upstream *u = sh->u;
     struct upstream_sock *s = socketp;
 
     if (what == CURL_POLL_REMOVE) {
@@ -173,7 +192,7 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
             s = sock_find(u, fd);
         if (s && !s->parked) {
             s->parked = true;
-            curl_multi_assign(u->multi, fd, NULL);
+            curl_multi_assign(sh->multi, fd, NULL);
             /* Parked, only a readable socket (the upstream closing it) may wake us. */
             if (s->w.fd >= 0 && s->w.events != EPOLLIN && sock_watch(u, s, EPOLLIN) < 0)
                 loop_watch_del(u->loop, &s->w);
@@ -187,10 +206,10 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         ev |= EPOLLOUT;
     if (!s) {
         s = sock_find(u, fd);
-        if (!s && !(s = sock_new(u, fd)))
+        if (!s && !(s = sock_new(sh, fd)))
             return -1;
         s->parked = false;
-        curl_multi_assign(u->multi, fd, s);
+        curl_multi_assign(sh->multi, fd, s);
     }
     return sock_watch(u, s, ev) < 0 ? -1 : 0;
 }
@@ -210,10 +229,10 @@ static int on_close(void *clientp, curl_socket_t fd)
 
 static void on_timer(struct loop_timer *t)
 {
-    struct upstream *u = t->arg;
+    struct shard *sh = t->arg;
     int running;
-    curl_multi_socket_action(u->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-    check_done(u);
+    curl_multi_socket_action(sh->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    check_done(sh);
 }
 
 /* curl asks to be called back after 'ms' (-1: never). Acting here would re-enter curl, so
@@ -221,11 +240,12 @@ static void on_timer(struct loop_timer *t)
 static int on_curl_timer(CURLM *multi, long ms, void *userp)
 {
     (void)multi;
-    struct upstream *u = userp;
+    struct shard *sh = userp;
+    struct loop *l = sh->u->loop;
     if (ms < 0)
-        loop_timer_stop(u->loop, &u->timer);
+        loop_timer_stop(l, &sh->timer);
     else
-        loop_timer_start(u->loop, &u->timer, loop_now(u->loop) + (uint64_t)ms, on_timer, u);
+        loop_timer_start(l, &sh->timer, loop_now(l) + (uint64_t)ms, on_timer, sh);
     return 0;
 }
 
@@ -235,16 +255,20 @@ struct upstream *upstream_new(struct loop *l)
     if (!u)
         return NULL;
     u->loop = l;
-    u->multi = curl_multi_init();
-    if (!u->multi) {
-        free(u);
-        return NULL;
+    for (size_t i = 0; i < SHARDS; i++) {
+        struct shard *sh = &u->shards[i];
+        sh->u = u;
+        sh->multi = curl_multi_init();
+        if (!sh->multi) {
+            upstream_free(u);
+            return NULL;
+        }
+        curl_multi_setopt(sh->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+        curl_multi_setopt(sh->multi, CURLMOPT_SOCKETDATA, sh);
+        curl_multi_setopt(sh->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+        curl_multi_setopt(sh->multi, CURLMOPT_TIMERDATA, sh);
+        curl_multi_setopt(sh->multi, CURLMOPT_MAXCONNECTS, MAX_IDLE_CONNECTIONS / SHARDS);
     }
-    curl_multi_setopt(u->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
-    curl_multi_setopt(u->multi, CURLMOPT_SOCKETDATA, u);
-    curl_multi_setopt(u->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
-    curl_multi_setopt(u->multi, CURLMOPT_TIMERDATA, u);
-    curl_multi_setopt(u->multi, CURLMOPT_MAXCONNECTS, MAX_IDLE_CONNECTIONS);
     return u;
 }
 
@@ -253,9 +277,12 @@ void upstream_free(struct upstream *u)
     if (!u)
         return;
     /* Running transfers were cancelled by their requests when the worker tore them down. */
-    loop_timer_stop(u->loop, &u->timer);
     loop_timer_stop(u->loop, &u->wake);
-    curl_multi_cleanup(u->multi);
+    for (size_t i = 0; i < SHARDS; i++) {
+        loop_timer_stop(u->loop, &u->shards[i].timer);
+        if (u->shards[i].multi)
+            curl_multi_cleanup(u->shards[i].multi);
+    }
     for (size_t i = 0; i < u->npool; i++)
         curl_easy_cleanup(u->pool[i]);
     /* Cleaning up closed every socket through on_close; nothing should be left. */
@@ -289,16 +316,33 @@ CURL *upstream_easy_get(struct upstream *u)
     return e;
 }
 
+/* The first shard with room under SHARD_FILL, else the least busy. */
+static struct shard *pick_shard(struct upstream *u)
+{
+    struct shard *least = &u->shards[0];
+    for (size_t i = 0; i < SHARDS; i++) {
+        struct shard *sh = &u->shards[i];
+        if (sh->active < SHARD_FILL)
+            return sh;
+        if (sh->active < least->active)
+            least = sh;
+    }
+    return least;
+}
+
 int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn done, void *arg)
 {
     x->done = done;
     x->arg = arg;
+    struct shard *sh = pick_shard(u);
+    x->shard = sh;
     curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
-    if (curl_multi_add_handle(u->multi, x->easy) != CURLM_OK) {
+    if (curl_multi_add_handle(sh->multi, x->easy) != CURLM_OK) {
         pool_put(u, x->easy);
         x->easy = NULL;
         return -1;
     }
+    sh->active++;
     u->active++;
     return 0;
 }
@@ -307,7 +351,9 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
 {
     if (!x->easy)
         return;
-    curl_multi_remove_handle(u->multi, x->easy);
+    struct shard *sh = x->shard;
+    curl_multi_remove_handle(sh->multi, x->easy);
+    sh->active--;
     u->active--;
     pool_put(u, x->easy);
     x->easy = NULL;

@@ -1,8 +1,9 @@
 /* upstream -- libcurl's multi-socket API inside a worker's event loop.
  *
- * One multi handle per worker: its sockets are loop watches, its timer a loop timer, and its
- * connection cache keeps upstream connections alive between requests of that worker. Easy
- * handles are pooled and reused (curl_easy_reset) so a request costs no handle setup.
+ * A few multi handles per worker (upstream.c says why): their sockets are loop watches, their
+ * timers loop timers, and their connection caches keep upstream connections alive between
+ * requests of that worker. Easy handles are pooled and reused (curl_easy_reset) so a request
+ * costs no handle setup.
  * A transfer's owner embeds a struct upstream_xfer and learns of its end through 'done',
  * always called from the loop, never from inside a curl callback.
  */
@@ -16,12 +17,14 @@
 #include "proxy/loop.h"
 
 struct upstream;
+struct shard;
 
 struct upstream_xfer;
 typedef void (*upstream_done_fn)(struct upstream_xfer *x, CURLcode rc);
 
 struct upstream_xfer {
-    CURL *easy; /* NULL when no transfer is running */
+    CURL *easy;          /* NULL when no transfer is running */
+    struct shard *shard; /* the multi handle it runs on (upstream.c) */
     upstream_done_fn done;
     void *arg;
 };
