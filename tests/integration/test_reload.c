@@ -787,6 +787,27 @@ Test(reload, listen_change_is_reported_and_the_rest_applies)
     cr_expect_not(listening(1), "the proxy bound the new listen address without a restart");
 }
 
+/* libmicrohttpd's per-connection memory is sized from limits.max_header_bytes when the daemon
+ * starts: a change waits for a restart, and says so; the rest of the file applies. */
+Test(reload, header_limit_change_needs_a_restart)
+{
+    char text[2048];
+    cfg_text(text, sizeof(text), 3, 20, "base_ms", "\"limits\": {\"max_header_bytes\": 8192},");
+    write_in_place(cfg_path, text, strlen(text));
+    launch(false);
+    cfg_text(text, sizeof(text), 1, 40, "base_ms", "\"limits\": {\"max_header_bytes\": 16384},");
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, text);
+    cr_assert(wait_config(t0, 2, 40, VISIBLE_MS) >= 0, "the rest of the change was not applied");
+    json_t *c = get_config();
+    json_t *rr = json_object_get(c, "restart_required");
+    cr_assert(json_is_array(rr));
+    cr_expect_eq(json_array_size(rr), 1);
+    cr_expect_str_eq(json_string_value(json_array_get(rr, 0)), "limits.max_header_bytes");
+    json_decref(c);
+    expect_max_attempts("header-limit", 1);
+}
+
 Test(reload, watch_survives_its_directory_being_removed_and_recreated)
 {
     start(3, 20);
