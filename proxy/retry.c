@@ -1,7 +1,5 @@
 #include "proxy/retry.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,6 +297,7 @@ struct retry_req {
     struct retry_req *prev, *next; /* the worker's requests */
     struct worker *w;
     struct MHD_Connection *conn; /* NULL once libmicrohttpd is done with it */
+    const char *peer;            /* the client's address, while 'conn' is set */
     struct rt *rt;               /* the snapshot it started with (one reference) */
     struct cfg *cfg;             /* rt->cfg */
     const struct rt_route *rtr;  /* the matched route's bindings */
@@ -465,7 +464,7 @@ static void req_release(struct retry_req *r)
 }
 
 struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target,
-                                enum wire_reason refused)
+                                const char *peer, enum wire_reason refused)
 {
     struct retry_req *r = calloc(1, sizeof(*r));
     if (!r)
@@ -477,6 +476,7 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     }
     r->w = w;
     r->conn = c;
+    r->peer = peer;
     r->refused = refused;
     r->refs = 1;
     r->rt = rt_ref(w->rt);
@@ -1600,27 +1600,10 @@ static enum MHD_Result forward_header(void *cls, enum MHD_ValueKind kind, const 
     return MHD_YES;
 }
 
-static void peer_address(struct MHD_Connection *c, char *out, size_t cap)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    out[0] = '\0';
-    if (!ci || !ci->client_addr)
-        return;
-    const struct sockaddr *sa = ci->client_addr;
-    if (sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
-                  (socklen_t)cap);
-    else if (sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
-                  (socklen_t)cap);
-}
-
 /* Builds the header list every attempt sends. 0, or -1 out of memory. */
 static int build_upstream_headers(struct retry_req *r, const struct scan *s)
 {
-    char peer[INET6_ADDRSTRLEN] = "";
-    peer_address(r->conn, peer, sizeof(peer));
+    const char *peer = r->peer ? r->peer : "";
     size_t peer_len = strlen(peer);
     /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
      * peer), X-Forwarded-Proto, X-Request-Id, Host, and up to three removals */

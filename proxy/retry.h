@@ -74,11 +74,13 @@ void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct
 
 /* ---- the request state machine, driven by server.c ---- */
 
-/* A request whose request line has arrived ('raw_target' as sent). 'refused' is not WIRE_OK
- * when the framing check refused the head this one stands in for: it is answered with that
- * error and the connection closed. NULL if out of memory. */
+/* A request whose request line has arrived ('raw_target' as sent) on a connection from
+ * 'peer' (the client's address as text, "" if unknown; it must stay valid while the
+ * connection is open). 'refused' is not WIRE_OK when the framing check refused the head this
+ * one stands in for: it is answered with that error and the connection closed. NULL if out of
+ * memory. */
 struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target,
-                                enum wire_reason refused);
+                                const char *peer, enum wire_reason refused);
 
 /* libmicrohttpd's access handler for this request (see MHD_AccessHandlerCallback). */
 enum MHD_Result retry_req_access(struct retry_req *r, const char *method, const char *upload_data,

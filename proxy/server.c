@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <malloc.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -36,6 +38,7 @@ struct client {
     struct wire wire;
     struct client *prev, *next;
     int fd;
+    char peer[INET6_ADDRSTRLEN]; /* the client's address, for X-Forwarded-For */
 };
 
 struct server {
@@ -122,6 +125,23 @@ static void on_sweep(struct loop_timer *t)
     loop_timer_start(l, &s->sweep, now + SWEEP_MS, on_sweep, s);
 }
 
+/* The client's address as text, once per connection. */
+static void peer_address(struct MHD_Connection *c, char *out, size_t cap)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    out[0] = '\0';
+    if (!ci || !ci->client_addr)
+        return;
+    const struct sockaddr *sa = ci->client_addr;
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
+                  (socklen_t)cap);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
+                  (socklen_t)cap);
+}
+
 static void client_open(struct server *s, struct MHD_Connection *c, void **socket_context)
 {
     struct worker *w = s->w;
@@ -140,6 +160,7 @@ static void client_open(struct server *s, struct MHD_Connection *c, void **socke
     }
     *socket_context = cl;
     cl->fd = ci->connect_fd;
+    peer_address(c, cl->peer, sizeof(cl->peer));
     cl->next = s->clients;
     if (s->clients)
         s->clients->prev = cl;
@@ -193,7 +214,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     struct client *cl = ci ? ci->socket_context : NULL;
     enum wire_reason refused = cl ? wire_take_reject(&cl->wire) : WIRE_OK;
-    return retry_req_new(cls, c, uri, refused);
+    return retry_req_new(cls, c, uri, cl ? cl->peer : "", refused);
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
