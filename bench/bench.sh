@@ -704,6 +704,8 @@ run_memory() {
 }
 
 # ---------------------------------------------------------------- main
+# The sources the binaries were built from, as far as git tells (read before the long run).
+REV="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- proxy config policy 2>/dev/null || echo ' with uncommitted changes in proxy/, config/ or policy/')"
 ensure_packages
 for f in retryproxy tests/upstream bench/floor_mhd bench/floor_suspend bench/floor_proxy bench/waiters; do
     [ -x "$BUILD/$f" ] || fail "$BUILD/$f is missing: run make bench-build (BUILD=${BUILD#$ROOT/})"
@@ -723,7 +725,7 @@ case "$MODE" in all | memory) run_memory ;; esac
 
 {
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $NCPU CPUs, Linux $(uname -r)"
-    echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //'), $(haproxy -v | head -n 1 | awk '{ print "HAProxy " $3 }'), Caddy $(caddy version | awk '{ print $1 }'), wrk $(wrk -v 2>&1 | head -n 1 | awk '{ print $2 }'), retryproxy $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- proxy config policy 2>/dev/null || echo ' with uncommitted changes in its sources')"
+    echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //'), $(haproxy -v | head -n 1 | awk '{ print "HAProxy " $3 }'), Caddy $(caddy version | awk '{ print $1 }'), wrk $(wrk -v 2>&1 | head -n 1 | awk '{ print $2 }'), retryproxy $REV"
     settings=()
     case "$MODE" in all | peers) settings+=("DURATION=$DURATION REPS=$REPS CONNS='$CONNS' PATHS='$PATHS' ONLY='$ONLY'") ;; esac
     case "$MODE" in all | outage) settings+=("OUTAGE_DURATION=$OUTAGE_DURATION OUTAGE_CONNS=$OUTAGE_CONNS") ;; esac
