@@ -67,6 +67,8 @@ static size_t on_body(char *data, size_t size, size_t n, void *cls)
     return add;
 }
 
+static int on_close(void *cls, curl_socket_t s);
+
 static struct req *req_get(void)
 {
     struct req *r = free_reqs;
@@ -118,6 +120,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
     curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(r->easy, CURLOPT_CLOSESOCKETFUNCTION, on_close);
     *req_cls = r;
     MHD_suspend_connection(c);
     curl_multi_add_handle(multi, r->easy);
@@ -150,19 +153,49 @@ static void finish_done(void)
     }
 }
 
+/* Events each curl socket is registered for in epoll (0: not registered), and whether curl
+ * has stopped watching it. A kept-alive connection stays registered between transfers, as in
+ * retryproxy (proxy/upstream.c), so that reusing it costs no epoll_ctl; its events are ignored
+ * while parked, and a parked socket that turns readable (the upstream closed it) is dropped
+ * from epoll until curl wants it again. */
+static uint32_t sock_events[MAX_FD];
+static bool sock_parked[MAX_FD];
+
+static void sock_set(int s, uint32_t ev)
+{
+    if (sock_events[s] == ev)
+        return;
+    struct epoll_event e = { .events = ev, .data.ptr = &sock_tag[s] };
+    epoll_ctl(floor_epoll(), sock_events[s] ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, &e);
+    sock_events[s] = ev;
+}
+
 static int on_socket(CURL *e, curl_socket_t s, int what, void *cls, void *sock_cls)
 {
     (void)e, (void)cls, (void)sock_cls;
     if (s < 0 || s >= MAX_FD)
         abort();
+    sock_tag[s] = s;
     if (what == CURL_POLL_REMOVE) {
-        epoll_ctl(floor_epoll(), EPOLL_CTL_DEL, s, NULL);
+        sock_parked[s] = true;
+        if (sock_events[s])
+            sock_set(s, EPOLLIN);
         return 0;
     }
-    uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
-    sock_tag[s] = s;
-    floor_watch(s, ev, &sock_tag[s]);
+    sock_parked[s] = false;
+    sock_set(s, (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0));
     return 0;
+}
+
+/* curl closes a socket: forget it first (its number may come back for another). */
+static int on_close(void *cls, curl_socket_t s)
+{
+    (void)cls;
+    if (s >= 0 && s < MAX_FD) {
+        sock_events[s] = 0;
+        sock_parked[s] = false;
+    }
+    return close(s);
 }
 
 static int64_t now_ms(void)
@@ -218,6 +251,11 @@ static void on_event(void *tag, uint32_t events)
         /* Fired early: libcurl's deadline is unchanged, so it will not tell it again. */
         if (wanted_ms && !armed_ms)
             arm(wanted_ms);
+    } else if (sock_parked[*(int *)tag]) {
+        int s = *(int *)tag;
+        epoll_ctl(floor_epoll(), EPOLL_CTL_DEL, s, NULL);
+        sock_events[s] = 0;
+        return;
     } else {
         int flags = (events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                     (events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
