@@ -161,7 +161,9 @@ static int hlist_reserve(struct hlist *h, size_t more)
     if (h->len + more > HLIST_MAX_BYTES)
         return -1;
     if (h->len + more > h->cap) {
-        size_t cap = h->cap ? h->cap : 1024;
+        size_t cap = h->cap
+                         ? h->cap
+                         : 512; /* a typical head, and small enough for malloc's per-thread cache */
         while (cap < h->len + more)
             cap *= 2;
         char *b = realloc(h->buf, cap);
