@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench.sh -- retryproxy's benchmark (make bench; bench/README.md says what each row is).
 #
-#   bench/bench.sh [all|peers|memory|outage]      (default: all)
+#   bench/bench.sh [all|peers|memory|outage|reload]      (default: all)
 #
 #   peers    wrk -t1 against nginx, HAProxy, Caddy, retryproxy, the floor programs and the
 #            upstream itself, targets alternated inside each repetition; medians of req/s,
@@ -10,6 +10,7 @@
 #   outage   every upstream answers 503: attempts per client request and the statuses clients
 #            see, for each proxy (retryproxy with its default retry budget)
 #   memory   N clients wait in a 5 s backoff in retryproxy (--workers 1, then 2): RSS, threads
+#   reload   bench/reload_latency.sh for a rename, a ConfigMap swap and an in-place write
 #   all      the three, then the tables into bench/README.md between the bench:begin/end marks
 #
 # Every server is started here by hand on 127.0.0.1, one worker or thread each, and stopped on
@@ -22,6 +23,7 @@
 #   ONLY ['']              extended regex: only peer targets whose name matches are measured
 #   OUTAGE_DURATION [4]    OUTAGE_CONNS [64]
 #   N [10000]              memory test: clients    MEM_WORKERS ["1 2"]   MEM_AFTER [10] s
+#   RELOAD_N [50]          reload test: changes per way of changing the file
 #   QUIET_PCT [10]         before each run, wait until the machine uses <= this % CPU
 #   QUIET_MAX_WAIT [60]    ... for at most this many seconds, then measure anyway (and wait at
 #                          most 5 s before the next runs until the machine is quiet again)
@@ -34,9 +36,9 @@ set -euo pipefail
 
 MODE=${1:-all}
 case "$MODE" in
-all | peers | memory | outage) ;;
+all | peers | memory | outage | reload) ;;
 -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-*) echo "bench.sh: unknown mode '$MODE' (all, peers, memory, outage)" >&2; exit 2 ;;
+*) echo "bench.sh: unknown mode '$MODE' (all, peers, memory, outage, reload)" >&2; exit 2 ;;
 esac
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,6 +55,7 @@ OUTAGE_CONNS=${OUTAGE_CONNS:-64}
 N=${N:-10000}
 MEM_WORKERS=${MEM_WORKERS:-"1 2"}
 MEM_AFTER=${MEM_AFTER:-10}
+RELOAD_N=${RELOAD_N:-50}
 QUIET_PCT=${QUIET_PCT:-10}
 QUIET_MAX_WAIT=${QUIET_MAX_WAIT:-60}
 NOISY_PCT=${NOISY_PCT:-5}
@@ -70,6 +73,7 @@ P_FLOOR_OK=$((PORT_BASE + 93)) P_FLOOR_10K=$((PORT_BASE + 94))
 P_TUNED_OK=$((PORT_BASE + 95)) P_TUNED_10K=$((PORT_BASE + 96))
 P_RP_ADMIN=$((PORT_BASE + 100)) P_RP=$((PORT_BASE + 101))
 P_RPO_ADMIN=$((PORT_BASE + 110)) P_RPO=$((PORT_BASE + 111))
+P_RPL_ADMIN=$((PORT_BASE + 120)) P_RPL=$((PORT_BASE + 121))
 P_MEM_UP=$((PORT_BASE + 201)) P_MEM_ADMIN=$((PORT_BASE + 210)) P_MEM=$((PORT_BASE + 211))
 
 BENCH_DIR=${BENCH_DIR:-$(mktemp -d -t retryproxy-bench.XXXXXX)}
@@ -381,6 +385,9 @@ http://127.0.0.1:$P_CADDY {
 }
 EOF
     remap_ports "$ROOT/bench/peers-config.json" >"$d/retryproxy-peers.json"
+    # the same with the JSON request log on (level info), for the log's own cost
+    sed -e "s/127\.0\.0\.1:$P_RP\b/127.0.0.1:$P_RPL/; s/127\.0\.0\.1:$P_RP_ADMIN\b/127.0.0.1:$P_RPL_ADMIN/" \
+        -e 's/"level": "warn"/"level": "info"/' "$d/retryproxy-peers.json" >"$d/retryproxy-log.json"
     remap_ports "$ROOT/bench/outage-config.json" >"$d/retryproxy-outage.json"
     remap_ports "$ROOT/bench/memory-config.json" >"$d/retryproxy-memory.json"
     # wrk script for the outage test: count statuses (and retryproxy's X-Retry-Stop).
@@ -418,7 +425,8 @@ start_upstream() {
     SERVE_PID[direct]=$(workers_of "$UP_PID")
 }
 start_peers() {
-    need_ports "$P_NGINX" "$P_HAPROXY" "$P_CADDY" "$P_RP" "$P_RP_ADMIN" "$P_RPO" "$P_RPO_ADMIN"
+    need_ports "$P_NGINX" "$P_HAPROXY" "$P_CADDY" "$P_RP" "$P_RP_ADMIN" "$P_RPO" "$P_RPO_ADMIN" \
+        "$P_RPL" "$P_RPL_ADMIN"
     nginx -t -q -p "$BENCH_DIR/nginx/" -c "$BENCH_DIR/nginx/nginx.conf" >>"$LOG" 2>&1 ||
         fail "peer nginx config (see $LOG)"
     start nginx "$BENCH_DIR/logs/nginx.log" nginx -p "$BENCH_DIR/nginx/" -c "$BENCH_DIR/nginx/nginx.conf"
@@ -443,6 +451,11 @@ start_peers() {
     RP_PID=$STARTED_PID
     wait_listen "$P_RP" "$RP_PID" retryproxy
     SERVE_PID[retryproxy]=$RP_PID
+    # its request log goes to /dev/null: formatting and writing it is the cost measured
+    start retryproxy-log /dev/null "$BUILD/retryproxy" -c "$BENCH_DIR/retryproxy-log.json" --workers 1
+    RPL_PID=$STARTED_PID
+    wait_listen "$P_RPL" "$RPL_PID" retryproxy-log
+    SERVE_PID[retryproxy_log]=$RPL_PID
     start retryproxy-outage "$BENCH_DIR/logs/retryproxy-outage.log" \
         "$BUILD/retryproxy" -c "$BENCH_DIR/retryproxy-outage.json" --workers 1
     RPO_PID=$STARTED_PID
@@ -485,6 +498,7 @@ build_targets() {
         add_target "retryproxy /$p" "http://127.0.0.1:$P_RP/$p" retryproxy
         case "$p" in
         ok)
+            add_target "retryproxy /ok (request log on)" "http://127.0.0.1:$P_RPL/ok" retryproxy_log
             add_target "floor_mhd" "http://127.0.0.1:$P_MHD/ok" floor_mhd
             add_target "floor_suspend" "http://127.0.0.1:$P_SUSPEND/ok" floor_suspend
             add_target "floor_proxy /ok" "http://127.0.0.1:$P_FLOOR_OK/ok" floor_proxy_ok
@@ -647,6 +661,34 @@ run_outage() {
 }
 
 # ---------------------------------------------------------------- memory
+# ---------------------------------------------------------------- reload latency
+run_reload() {
+    log "reload latency: bench/reload_latency.sh, N=$RELOAD_N per mode"
+    {
+        echo "### Reload latency: a config change to the new policy in GET /schedule"
+        echo
+        echo "| how the change arrives | changes | median ms | p90 ms | max ms |"
+        echo "|---|---:|---:|---:|---:|"
+        local m line
+        for m in rename kube inplace; do
+            line=$(N=$RELOAD_N MODE=$m sh "$ROOT/bench/reload_latency.sh" "$BUILD/retryproxy" 2>>"$LOG" | tail -n 1)
+            log "reload $m: $line"
+            echo "$line" | awk -v m="$m" '{
+                for (i = 1; i <= NF; i++) { if ($i == "median") md = $(i + 1); if ($i == "p90") p = $(i + 1); if ($i == "max") mx = $(i + 1) }
+                gsub(/[^0-9.]/, "", md); gsub(/[^0-9.]/, "", p); gsub(/[^0-9.]/, "", mx)
+                n = $2; sub(/^x/, "", n); sub(/:$/, "", n)
+                d = m == "rename" ? "rename over the config (an editor, a config agent)" : m == "kube" ? "Kubernetes ConfigMap swap (`..data`)" : "in-place write (debounced 100 ms)"
+                printf "| %s | %s | %s | %s | %s |\n", d, n, md, p, mx }'
+        done
+        echo
+        echo "bench/reload_latency.sh: one retryproxy, one worker; each change rewrites route r's base_ms"
+        echo "and the time runs until GET /schedule (polled back to back) shows it. A file that arrives"
+        echo "whole is read in the loop turn that reads its event; an in-place write waits for the"
+        echo "100 ms debounce."
+        echo
+    } >>"$RESULTS"
+}
+
 run_memory() {
     local w out up_pid rp_pid r
     local cfg="$BENCH_DIR/retryproxy-memory.json"
@@ -722,6 +764,7 @@ case "$MODE" in all | peers) run_peers ;; esac
 case "$MODE" in all | outage) run_outage ;; esac
 stop_all
 case "$MODE" in all | memory) run_memory ;; esac
+case "$MODE" in all | reload) run_reload ;; esac
 
 {
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $NCPU CPUs, Linux $(uname -r)"
@@ -730,6 +773,7 @@ case "$MODE" in all | memory) run_memory ;; esac
     case "$MODE" in all | peers) settings+=("DURATION=$DURATION REPS=$REPS CONNS='$CONNS' PATHS='$PATHS' ONLY='$ONLY'") ;; esac
     case "$MODE" in all | outage) settings+=("OUTAGE_DURATION=$OUTAGE_DURATION OUTAGE_CONNS=$OUTAGE_CONNS") ;; esac
     case "$MODE" in all | memory) settings+=("N=$N MEM_WORKERS='$MEM_WORKERS' MEM_AFTER=$MEM_AFTER") ;; esac
+    case "$MODE" in all | reload) settings+=("RELOAD_N=$RELOAD_N") ;; esac
     echo "- command: \`$COMMAND\` (${settings[*]})"
     echo
 } >"$BENCH_DIR/header.md"

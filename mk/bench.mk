@@ -4,6 +4,7 @@
 #   make bench-peers     throughput: nginx, HAProxy, Caddy, retryproxy and the floor programs
 #   make bench-memory    10,000 requests waiting in backoff: retryproxy's RSS and threads
 #   make bench-outage    an upstream that answers 503 to everything: attempts per request
+#   make bench-reload    a config change to the new policy in GET /schedule (ms)
 #   make bench-build     build what the runs need, run nothing
 #
 # Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
@@ -14,7 +15,7 @@ FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
 BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters
 
-.PHONY: bench bench-build bench-peers bench-memory bench-outage
+.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload
 
 $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
 	@mkdir -p $(dir $@)
@@ -36,3 +37,5 @@ bench-memory: bench-build
 	$(BENCH_RUN) memory
 bench-outage: bench-build
 	$(BENCH_RUN) outage
+bench-reload: bench-build
+	$(BENCH_RUN) reload
