@@ -51,6 +51,7 @@ struct server {
     uint32_t head_max; /* limits.max_header_bytes at start */
     unsigned conns;    /* client connections open */
     size_t busiest;    /* most connections + requests + transfers alive since the last trim */
+    unsigned closed;   /* connections closed since the sweep was last brought forward */
     bool relisten;     /* a connection closed at the limit: run again to accept */
 };
 
@@ -203,6 +204,12 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             s->relisten = true;
         s->conns--;
         metrics_connections_add(w->px->metrics, w->id, -1);
+        /* many connections closing at once: look at the memory now rather than at the next
+         * sweep, so that their buffers go back before the burst's end piles up more */
+        if (++s->closed >= TRIM_DROP) {
+            s->closed = 0;
+            loop_timer_start(w->loop, &s->sweep, loop_now(w->loop), on_sweep, s);
+        }
     }
 }
 
