@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <string.h>
@@ -38,6 +40,10 @@ static void start(const char *route_extra)
     px = px_start(json, "--workers", "2", NULL);
 }
 
+/* The TLS test server of the https test, when it runs. */
+static pid_t tls_pid = -1;
+static char tls_dir[64];
+
 static void stop(void)
 {
     if (px)
@@ -45,6 +51,16 @@ static void stop(void)
     tup_stop(up);
     px = NULL;
     up = NULL;
+    if (tls_pid > 0) {
+        /* whatever the test's assertions did, the server goes, and its files */
+        kill(tls_pid, SIGTERM);
+        waitpid(tls_pid, NULL, 0);
+        tls_pid = -1;
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", tls_dir);
+        if (system(cmd) != 0)
+            cr_log_warn("could not remove %s", tls_dir);
+    }
 }
 
 TestSuite(retry, .fini = stop, .timeout = 60);
@@ -450,7 +466,8 @@ static int sh(const char *cmd)
  * handshake fails, nothing is sent, and the answer is a 502 with no upstream response. */
 Test(retry, https_upstream_certificate_is_verified_by_default)
 {
-    char dir[] = "/tmp/retryproxy-tls-XXXXXX", cmd[1024], url[128], json[512];
+    char *dir = tls_dir, cmd[1024], url[128], json[512];
+    snprintf(tls_dir, sizeof(tls_dir), "/tmp/retryproxy-tls-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     snprintf(cmd, sizeof(cmd),
              "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
@@ -458,11 +475,23 @@ Test(retry, https_upstream_certificate_is_verified_by_default)
              dir, dir);
     cr_assert_eq(sh(cmd), 0, "openssl could not make a certificate (is openssl installed?)");
     unsigned port = closed_port();
-    snprintf(cmd, sizeof(cmd),
-             "openssl s_server -quiet -www -accept 127.0.0.1:%u -cert %s/cert.pem "
-             "-key %s/key.pem >/dev/null 2>&1 & echo $! > %s/pid",
-             port, dir, dir, dir);
-    cr_assert_eq(sh(cmd), 0);
+    /* started directly (not through a shell, whose PID would not be the server's), and
+     * stopped by the suite's fini */
+    char accept[32], cert[96], key[96];
+    snprintf(accept, sizeof(accept), "127.0.0.1:%u", port);
+    snprintf(cert, sizeof(cert), "%s/cert.pem", dir);
+    snprintf(key, sizeof(key), "%s/key.pem", dir);
+    tls_pid = fork();
+    cr_assert_geq(tls_pid, 0);
+    if (tls_pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        execlp("openssl", "openssl", "s_server", "-quiet", "-www", "-accept", accept, "-cert", cert,
+               "-key", key, (char *)NULL);
+        _exit(127);
+    }
 
     /* The TLS server answers a client that does not verify. */
     snprintf(url, sizeof(url), "https://127.0.0.1:%u/", port);
@@ -492,7 +521,4 @@ Test(retry, https_upstream_certificate_is_verified_by_default)
     cr_expect_eq(r.status, 502);
     cr_expect(strstr((char *)r.body, "\"error\": \"upstream_unavailable\""), "%s", r.body);
     http_free(&r);
-
-    snprintf(cmd, sizeof(cmd), "kill $(cat %s/pid); rm -rf %s", dir, dir);
-    sh(cmd);
 }
