@@ -859,7 +859,8 @@ static const struct field backoff_fields[] = {
     UINT_FIELD("jitter_ms", struct backoff_spec, jitter_ms, 0, MS_MAX, "0",
                "spread of the constant jitter"),
     ENUM_FIELD("scope", struct backoff_spec, scope, backoff_scope_names, "\"request\"",
-               "request: a sequence per request; route: one sequence shared by the route"),
+               "request: a sequence per request; route: one sequence shared by the route, moved by "
+               "each retry taken"),
     UINT_FIELD("reset_after_ms", struct backoff_spec, reset_after_ms, 0, MS_MAX, "0",
                "scope route: restart the sequence after this long without a retry (0: never)"),
 };

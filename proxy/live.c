@@ -69,11 +69,23 @@ out:
     return found;
 }
 
-uint32_t live_route_backoff(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
-                            struct rng *r)
+uint32_t live_route_backoff_peek(struct live_route *lr, const struct backoff_spec *b,
+                                 uint64_t now_ms, struct rng *r, struct live_backoff_mark *m)
 {
     pthread_mutex_lock(&lr->mu);
-    uint32_t d = backoff_seq_next(&lr->seq, b, now_ms, r);
+    m->was = lr->seq;
     pthread_mutex_unlock(&lr->mu);
-    return d;
+    m->next = m->was;
+    return backoff_seq_next(&m->next, b, now_ms, r);
+}
+
+void live_route_backoff_take(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
+                             struct rng *r, const struct live_backoff_mark *m)
+{
+    pthread_mutex_lock(&lr->mu);
+    if (memcmp(&lr->seq, &m->was, sizeof(m->was)) == 0)
+        lr->seq = m->next;
+    else
+        backoff_seq_next(&lr->seq, b, now_ms, r);
+    pthread_mutex_unlock(&lr->mu);
 }

@@ -27,8 +27,19 @@ void live_free(struct live *l); /* accepts NULL */
  * out of memory. */
 struct live_route *live_route(struct live *l, const char *name, uint32_t window_ms);
 
-/* The delay before the next retry of a route-scoped sequence (scope "route"). */
-uint32_t live_route_backoff(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
-                            struct rng *r);
+/* A route-scoped sequence (scope "route") advances only for retries that are taken: the delay
+ * is looked at first (the policy, the budgets and the deadline may still refuse the retry),
+ * and the sequence moves when the retry goes ahead. */
+struct live_backoff_mark {
+    struct backoff_seq was, next; /* the sequence when looked at, and after this retry */
+};
+
+/* The delay before the next retry of the route's sequence, which does not move yet. */
+uint32_t live_route_backoff_peek(struct live_route *lr, const struct backoff_spec *b,
+                                 uint64_t now_ms, struct rng *r, struct live_backoff_mark *m);
+/* The retry looked at with 'm' is taken: the sequence becomes m->next, or, if another retry
+ * moved it meanwhile, one step further from where that one left it. */
+void live_route_backoff_take(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
+                             struct rng *r, const struct live_backoff_mark *m);
 
 #endif

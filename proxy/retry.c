@@ -932,11 +932,16 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
         .deadline_ms = r->deadline_ms,
     };
     r->last_outcome = o;
+    /* The delay this retry would wait; the sequence moves only if the retry is taken (a
+     * route-scoped one is shared, and a refused retry must not move it for the others). */
+    bool route_scope = policy->backoff.scope == BACKOFF_SCOPE_ROUTE;
+    struct live_backoff_mark mark = { 0 };
+    struct backoff_seq seq = r->seq;
     if (retry_match(policy, o, r->status) && r->attempts < r->max_attempts)
-        f.backoff_ms =
-            policy->backoff.scope == BACKOFF_SCOPE_ROUTE
-                ? live_route_backoff(r->rtr->live, &policy->backoff, loop_now(l), &r->w->rng)
-                : backoff_seq_next(&r->seq, &policy->backoff, loop_now(l), &r->w->rng);
+        f.backoff_ms = route_scope
+                           ? live_route_backoff_peek(r->rtr->live, &policy->backoff, loop_now(l),
+                                                     &r->w->rng, &mark)
+                           : backoff_seq_next(&seq, &policy->backoff, loop_now(l), &r->w->rng);
     if (o == RETRY_OUT_STATUS)
         f.has_retry_after = retry_after_of(&r->rh, &f.retry_after_ms);
 
@@ -950,8 +955,13 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     r->stop = v.fired ? v.stop : RETRY_STOP_NONE;
     r->succeeded = o == RETRY_OUT_STATUS && !v.fired;
     bool retry = v.fired && v.stop == RETRY_STOP_NONE;
-    if (retry)
+    if (retry) {
         r->pending_delay = v.delay_ms;
+        if (route_scope)
+            live_route_backoff_take(r->rtr->live, &policy->backoff, loop_now(l), &r->w->rng, &mark);
+        else
+            r->seq = seq;
+    }
     account_attempt(r, o, &v);
     return retry;
 }

@@ -761,6 +761,24 @@ Test(storm, route_scoped_backoff_is_one_sequence_that_survives_a_reload)
     expect_wait("seq-4", 800);
 }
 
+/* The route's sequence advances for retries that are taken, not for ones the policy then
+ * refuses: a POST whose 503 is not retried (the method is not retryable) leaves it where it
+ * was, so the next retry waits the next delay of the sequence, not the one after. */
+Test(storm, a_refused_retry_does_not_move_the_route_sequence)
+{
+    start("", ROUTE_SCOPE(15000, 60000));
+    expect_wait("moved-1", 100);
+    char url[128];
+    const char *h[] = { "X-Request-Id: moved-post", "X-Test-Plan: fail=1;status=503", NULL };
+    struct http_resp r;
+    http_do("POST", px_url(px, "/x", url, sizeof(url)), h, "body", 4, T, &r);
+    cr_assert_eq(r.rc, 0);
+    cr_expect_eq(r.status, 503);
+    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "not-retryable");
+    http_free(&r);
+    expect_wait("moved-2", 200);
+}
+
 Test(storm, route_scoped_backoff_restarts_after_reset_after_ms)
 {
     start("", ROUTE_SCOPE(15000, 300));
