@@ -20,7 +20,8 @@ Test(live, a_peek_alone_leaves_the_route_sequence_where_it_was)
     rng_seed(&rng, 1);
     struct live_backoff_mark m;
     cr_expect_eq(live_route_backoff_peek(lr, &exp100, 0, &rng, &m), 100);
-    cr_expect_eq(live_route_backoff_peek(lr, &exp100, 0, &rng, &m), 100, "a refused retry moved it");
+    cr_expect_eq(live_route_backoff_peek(lr, &exp100, 0, &rng, &m), 100,
+                 "a refused retry moved it");
     live_route_backoff_take(lr, &exp100, 0, &rng, &m);
     cr_expect_eq(live_route_backoff_peek(lr, &exp100, 0, &rng, &m), 200);
     live_free(l);
