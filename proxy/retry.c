@@ -161,9 +161,8 @@ static int hlist_reserve(struct hlist *h, size_t more)
     if (h->len + more > HLIST_MAX_BYTES)
         return -1;
     if (h->len + more > h->cap) {
-        size_t cap = h->cap
-                         ? h->cap
-                         : 512; /* a typical head, and small enough for malloc's per-thread cache */
+        /* from 512: a typical head, and small enough for malloc's per-thread cache */
+        size_t cap = h->cap ? h->cap : 512;
         while (cap < h->len + more)
             cap *= 2;
         char *b = realloc(h->buf, cap);
@@ -308,7 +307,6 @@ struct retry_req {
     int64_t start_unix_ms;
     uint64_t attempt_start_ms;
     const struct cfg_upstream *upstream; /* of the last attempt */
-    size_t upstream_index;               /* its place in the route's list */
     uint32_t *delays;                    /* the waits taken, for the log */
     size_t n_delays;
     bool retry_in_flight; /* counted in retries_in_flight until its attempt ends */
@@ -1365,7 +1363,6 @@ static void start_attempt(struct retry_req *r)
     if (i < 64)
         r->tried |= 1ULL << i;
     r->upstream = &rt->upstreams[i];
-    r->upstream_index = i;
     r->attempt_start_ms = now;
     if (upstream_full(w->up))
         upstream_wait(w->up, &r->slot, on_slot); /* the attempt starts when a slot frees */
@@ -1380,7 +1377,7 @@ static void launch(struct retry_req *r)
     struct loop *l = w->loop;
     const struct cfg_route *rt = r->route;
     const struct cfg_upstream *u = r->upstream;
-    size_t i = r->upstream_index;
+    size_t i = (size_t)(u - rt->upstreams);
     uint64_t now = loop_now(l);
 
     CURL *e = upstream_easy_get(w->up);
@@ -1481,11 +1478,6 @@ struct scan {
     unsigned n_connection;
     size_t xff_len;
 };
-
-/* Whether the name 'k' of length 'kl' is the literal 'lit', in any case: the length decides
- * most comparisons. */
-#define HDR_NAME_IS(k, kl, lit)                                                                    \
-    ((kl) == sizeof(lit) - 1 && strncasecmp((k), (lit), sizeof(lit) - 1) == 0)
 
 /* CR, LF and other control bytes in a header make the request a 400. A NUL cannot reach the
  * upstream: libmicrohttpd 0.9.75 cuts the value at it while parsing (and reports that shorter
@@ -1590,21 +1582,26 @@ static bool dropped_on_the_way_up(const char *k, const struct scan *s)
     return false;
 }
 
+/* Adds 'v' to the X-Forwarded-For value being built, after ", " unless it is the first. */
+static void xff_append(struct fwd *f, const char *v, size_t vl)
+{
+    if (f->xff_len + vl + 3 > f->xff_cap)
+        return; /* cannot happen: sized from the scan */
+    if (f->xff_len) {
+        memcpy(f->xff + f->xff_len, ", ", 2);
+        f->xff_len += 2;
+    }
+    memcpy(f->xff + f->xff_len, v, vl);
+    f->xff_len += vl;
+}
+
 static enum MHD_Result forward_header(void *cls, enum MHD_ValueKind kind, const char *k,
                                       const char *v)
 {
     (void)kind;
     struct fwd *f = cls;
     if (hdr_name_eq(k, "X-Forwarded-For")) {
-        size_t vl = strlen(v);
-        if (f->xff_len + vl + 3 <= f->xff_cap) {
-            if (f->xff_len) {
-                memcpy(f->xff + f->xff_len, ", ", 2);
-                f->xff_len += 2;
-            }
-            memcpy(f->xff + f->xff_len, v, vl);
-            f->xff_len += vl;
-        }
+        xff_append(f, v, strlen(v));
         return MHD_YES;
     }
     if (!dropped_on_the_way_up(k, f->s))
@@ -1634,14 +1631,8 @@ static int build_upstream_headers(struct retry_req *r, const struct scan *s)
                         .cap = cap };
     struct fwd f = { .b = &b, .s = s, .xff = b.text + cap, .xff_cap = xff_cap };
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, forward_header, &f);
-    if (peer_len) {
-        if (f.xff_len) {
-            memcpy(f.xff + f.xff_len, ", ", 2);
-            f.xff_len += 2;
-        }
-        memcpy(f.xff + f.xff_len, peer, peer_len);
-        f.xff_len += peer_len;
-    }
+    if (peer_len)
+        xff_append(&f, peer, peer_len);
     if (f.xff_len)
         hb_add(&b, "X-Forwarded-For", 15, f.xff, f.xff_len);
     hb_field(&b, "X-Forwarded-Proto", "http");
