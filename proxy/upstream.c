@@ -51,7 +51,6 @@ struct upstream {
     size_t cap;                      /* transfers at once; 0: no limit */
     struct upstream_wait *wait_head; /* owners waiting for a slot, oldest first */
     struct upstream_wait *wait_tail;
-    size_t nwait;
     struct loop_timer wake; /* hands free slots to waiting owners */
 };
 
@@ -410,7 +409,6 @@ void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn 
     else
         u->wait_head = wt;
     u->wait_tail = wt;
-    u->nwait++;
     slot_freed(u);
 }
 
@@ -428,10 +426,4 @@ void upstream_unwait(struct upstream *u, struct upstream_wait *wt)
         u->wait_tail = wt->prev;
     wt->prev = wt->next = NULL;
     wt->queued = false;
-    u->nwait--;
-}
-
-size_t upstream_waiting(const struct upstream *u)
-{
-    return u->nwait;
 }

@@ -78,7 +78,5 @@ bool upstream_full(const struct upstream *u);
 void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn go);
 /* Leaves the queue (a no-op when 'wt' is not in it). */
 void upstream_unwait(struct upstream *u, struct upstream_wait *wt);
-/* Owners waiting for a slot now. */
-size_t upstream_waiting(const struct upstream *u);
 
 #endif
