@@ -239,6 +239,16 @@ remap_ports() {
         -e "s/127\.0\.0\.1:9003\b/127.0.0.1:$P_BAD2/g; s/127\.0\.0\.1:9004\b/127.0.0.1:$P_BAD3/g" \
         -e "s/127\.0\.0\.1:9021\b/127.0.0.1:$P_MEM_UP/g" "$1"
 }
+nginx_main_common() { # $1 = instance dir: one worker in the foreground
+    cat <<EOF
+worker_processes 1;
+daemon off;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+worker_rlimit_nofile 16384;
+events { worker_connections 8192; }
+EOF
+}
 nginx_http_common() { # $1 = instance dir
     cat <<EOF
     access_log off;
@@ -256,12 +266,7 @@ write_configs() {
     chmod -R a+rX "$d/www"
     cat >"$d/up/nginx.conf" <<EOF
 # The upstream: healthy $P_UP, three servers answering 503 ($P_BAD $P_BAD2 $P_BAD3), counters.
-worker_processes 1;
-daemon off;
-pid $d/up/nginx.pid;
-error_log $d/up/error.log warn;
-worker_rlimit_nofile 16384;
-events { worker_connections 8192; }
+$(nginx_main_common "$d/up")
 http {
 $(nginx_http_common "$d/up")
     server {
@@ -287,12 +292,7 @@ EOF
     # Peer nginx: 3 tries on error, timeout, 502/503/504; kept-alive upstream connections;
     # max_fails=0 so that a 503 server is never ejected (the retries are what is measured).
     cat >"$d/nginx/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $d/nginx/nginx.pid;
-error_log $d/nginx/error.log warn;
-worker_rlimit_nofile 16384;
-events { worker_connections 8192; }
+$(nginx_main_common "$d/nginx")
 http {
 $(nginx_http_common "$d/nginx")
     upstream single { server 127.0.0.1:$P_UP; keepalive 64; keepalive_requests 1000000; }
