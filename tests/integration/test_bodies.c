@@ -1,6 +1,7 @@
 /* Request and response bodies, end to end: replay of buffered bodies across retries, streamed
  * uploads sent once, stale kept-alive connections, failures mid-body, and bounded memory while
- * large bodies flow through (CONTRACT §3 retry.max_retry_body_bytes, §4).
+ * large bodies flow through (docs/config.md retry.max_retry_body_bytes,
+ * docs/forwarding.md).
  *
  * Bodies are generated on the fly and hashed with tup_hash on both sides, so a lost, repeated
  * or reordered block shows up as a hash mismatch without either side holding the body whole.
@@ -20,8 +21,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define T    60000 /* ms: upper bound for any single request in these tests */
 #define MIB  (1024u * 1024u)
@@ -29,54 +29,24 @@
 /* Response bytes kept by send_gen (enough for our own JSON errors); the rest is only hashed. */
 #define KEEP 65536
 
-static struct tup *up;
-static struct px *px;
-
 /* The ASan build's shadow memory and quarantine inflate RSS several times over: the bound is
  * looser there but still a bound. */
-static bool under_asan(void)
-{
-    const char *b = getenv("RETRYPROXY_BIN");
-    return b && strstr(b, "build-asan") != NULL;
-}
-
 static long rss_bound_kb(void)
 {
-    return under_asan() ? 256L * 1024 : 64L * 1024;
+    return fx_under_asan() ? 256L * 1024 : 64L * 1024;
 }
 
-/* Starts the proxy on one route named "r" with the given "upstreams" JSON array text and extra
- * route fields ("" for none); 'workers' NULL keeps the default (one per core). */
-static void start_route(const char *upstreams, const char *route_extra, const char *workers)
-{
-    char json[4096];
-    snprintf(json, sizeof(json), "{\"routes\": [{\"name\": \"r\", \"upstreams\": %s%s%s}]}",
-             upstreams, *route_extra ? ", " : "", route_extra);
-    if (workers)
-        px = px_start(json, "--workers", workers, NULL);
-    else
-        px = px_start(json, NULL);
-}
-
-/* A tup and a proxy routing everything to it. */
+/* A tup and a proxy routing everything to it with 'route_extra' members; 'workers' NULL keeps
+ * the default (one per core). */
 static void start(const char *route_extra, const char *workers)
 {
-    char ups[64];
-    up = tup_start();
-    snprintf(ups, sizeof(ups), "[\"http://127.0.0.1:%u\"]", tup_port(up));
-    start_route(ups, route_extra, workers);
+    if (workers)
+        fx_start_r("", route_extra, "--workers", workers, NULL);
+    else
+        fx_start_r("", route_extra, NULL);
 }
 
-static void stop(void)
-{
-    if (px)
-        px_stop_clean(px);
-    tup_stop(up);
-    px = NULL;
-    up = NULL;
-}
-
-TestSuite(bodies, .fini = stop, .timeout = 120);
+TestSuite(bodies, .fini = fx_stop, .timeout = 120);
 
 /* ---- generated request bodies ---- */
 
@@ -339,26 +309,11 @@ static void expect_json_error(const struct http_resp *r, const char *code)
     json_decref(j);
 }
 
-/* A port on 127.0.0.1 that nothing listens on: bound, then released. */
-static uint16_t closed_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-#define FAST_BACKOFF "\"backoff\": {\"base_ms\": 10, \"jitter\": \"none\"}"
-
 /* ---- 1, 2: buffered bodies replayed byte for byte ---- */
 
 Test(bodies, post_1mib_with_idempotency_key_is_replayed_on_each_attempt)
 {
-    start("\"retry\": {" FAST_BACKOFF "}", NULL);
+    start("\"retry\": {" CFG_FAST "}", NULL);
     const char *h[] = { "X-Test-Plan: fail=2;status=503", "X-Request-Id: post-1m",
                         "Idempotency-Key: k-post-1m", NULL };
     struct gen_req g = {
@@ -378,7 +333,7 @@ Test(bodies, post_1mib_with_idempotency_key_is_replayed_on_each_attempt)
 
 Test(bodies, put_of_exactly_the_limit_is_replayed_on_each_attempt)
 {
-    start("\"retry\": {\"max_retry_body_bytes\": 1048576, " FAST_BACKOFF "}", NULL);
+    start("\"retry\": {\"max_retry_body_bytes\": 1048576, " CFG_FAST "}", NULL);
     const char *h[] = { "X-Test-Plan: fail=2;status=503", "X-Request-Id: put-1m", NULL };
     struct gen_req g = {
         .method = "PUT", .path = "/p", .headers = h, .body_len = MIB, .seed = SEED + 1
@@ -397,7 +352,7 @@ Test(bodies, put_of_exactly_the_limit_is_replayed_on_each_attempt)
 
 Test(bodies, put_one_byte_over_the_limit_is_streamed_once_and_not_retried)
 {
-    start("\"retry\": {\"max_retry_body_bytes\": 1048576, " FAST_BACKOFF "}", NULL);
+    start("\"retry\": {\"max_retry_body_bytes\": 1048576, " CFG_FAST "}", NULL);
     const char *h[] = { "X-Test-Plan: fail=2;status=503", "X-Request-Id: put-1m1", NULL };
     struct gen_req g = {
         .method = "PUT", .path = "/p", .headers = h, .body_len = MIB + 1, .seed = SEED + 2
@@ -418,7 +373,7 @@ Test(bodies, put_one_byte_over_the_limit_is_streamed_once_and_not_retried)
 
 Test(bodies, chunked_body_under_the_limit_is_buffered_and_replayed)
 {
-    start("\"retry\": {" FAST_BACKOFF "}", NULL);
+    start("\"retry\": {" CFG_FAST "}", NULL);
     const char *h[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: chunked-300k", NULL };
     struct gen_req g = { .method = "PUT",
                          .path = "/c",
@@ -446,7 +401,7 @@ Test(bodies, chunked_body_under_the_limit_is_buffered_and_replayed)
 
 Test(bodies, chunked_body_growing_past_the_limit_is_streamed_once)
 {
-    start("\"retry\": {" FAST_BACKOFF "}", NULL);
+    start("\"retry\": {" CFG_FAST "}", NULL);
     const char *h[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: chunked-1m5", NULL };
     uint64_t len = MIB + MIB / 2;
     struct gen_req g = { .method = "PUT",
@@ -499,11 +454,13 @@ Test(bodies, large_streamed_upload_arrives_once_intact_with_bounded_memory)
 
 Test(bodies, connect_failure_is_retried_for_a_streamed_post)
 {
-    char ups[128];
-    up = tup_start();
-    snprintf(ups, sizeof(ups), "[\"http://127.0.0.1:%u\", \"http://127.0.0.1:%u\"]", closed_port(),
-             tup_port(up));
-    start_route(ups, "\"retry\": {\"max_attempts\": 2, " FAST_BACKOFF "}", "2");
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], "
+               "\"retry\": {\"max_attempts\": 2, " CFG_FAST "}",
+               fx_closed_port(), fx_up_url(0));
+    fx_start_b(b, "--workers", "2", NULL);
 
     /* Round-robin may send a request to tup first. With 2 workers, 4 requests put at least
      * two on one worker, and consecutive requests there start on different upstreams, so at
@@ -604,7 +561,7 @@ Test(bodies, post_on_a_stale_connection_is_sent_once_and_answered_502)
 
 Test(bodies, failure_mid_body_is_not_retried_and_the_client_sees_it)
 {
-    start("\"retry\": {" FAST_BACKOFF "}", NULL);
+    start("\"retry\": {" CFG_FAST "}", NULL);
     char url[128];
     const char *h[] = { "X-Test-Plan: action=reset-mid;fail=1;body=1000000", "X-Request-Id: mid",
                         NULL };
@@ -623,7 +580,7 @@ Test(bodies, failure_mid_body_is_not_retried_and_the_client_sees_it)
  * client must still see a truncated response, not a complete-looking shorter one. */
 Test(bodies, failure_mid_short_body_is_not_retried_and_the_client_sees_it)
 {
-    start("\"retry\": {" FAST_BACKOFF "}", NULL);
+    start("\"retry\": {" CFG_FAST "}", NULL);
     char url[128];
     const char *h[] = { "X-Test-Plan: action=reset-mid;fail=1;body=2000", "X-Request-Id: mid-s",
                         NULL };

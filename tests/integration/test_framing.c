@@ -18,57 +18,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define READ_MS 3000
 
-static struct tup *up;
-static struct px *px;
+TestSuite(framing, .fini = fx_stop, .timeout = 120);
 
-static void stop(void)
-{
-    if (px)
-        px_stop_clean(px);
-    px = NULL;
-    tup_stop(up);
-    up = NULL;
-}
-
-TestSuite(framing, .fini = stop, .timeout = 120);
-
+/* A test upstream and a proxy (one worker) with route "r" to it that retries nothing;
+ * 'limits' is a top-level member or "". */
 static void start(const char *limits)
 {
-    char json[1024];
-    up = tup_start();
-    snprintf(json, sizeof(json),
-             "{%s\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"], "
-             "\"retry\": {\"retry_on\": []}}]}",
-             limits, tup_port(up));
-    px = px_start(json, "--workers", "1", NULL);
-}
-
-/* ---- a raw client ---- */
-
-static int dial(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert(fd >= 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert(connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0, "connect: %s", strerror(errno));
-    return fd;
-}
-
-static void send_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0)
-            return; /* the proxy may close first: what it answered is checked */
-        p += k;
-        n -= (size_t)k;
-    }
+    fx_start_r(limits, "\"retry\": {\"retry_on\": []}", "--workers", "1", NULL);
 }
 
 struct answer {
@@ -371,8 +331,8 @@ static void run_case(const struct rcase *c)
 {
     size_t n0 = tup_count(up);
     uint64_t b0 = tup_bytes_in(up);
-    int fd = dial(px->port);
-    send_all(fd, c->bytes, c->len ? c->len : strlen(c->bytes));
+    int fd = raw_dial(px->port);
+    raw_send_all(fd, c->bytes, c->len ? c->len : strlen(c->bytes));
     struct answer *a = malloc(sizeof(*a));
     cr_assert(a);
     read_answer(fd, a, 1);
@@ -461,7 +421,7 @@ Test(framing, the_head_limit_is_limits_max_header_bytes)
     for (size_t k = 0; k < sizeof(limits) / sizeof(limits[0]); k++) {
         char lim[96] = "";
         if (limits[k] != 8192)
-            snprintf(lim, sizeof(lim), "\"limits\": {\"max_header_bytes\": %u}, ", limits[k]);
+            snprintf(lim, sizeof(lim), "\"limits\": {\"max_header_bytes\": %u}", limits[k]);
         start(lim);
         for (size_t extra = 0; extra < 2; extra++) {
             char name[64];
@@ -475,16 +435,16 @@ Test(framing, the_head_limit_is_limits_max_header_bytes)
                                .target = extra ? NULL : "/" };
             run_case(&c);
         }
-        stop();
+        fx_stop();
     }
 }
 
 Test(framing, pipelined_refusal_answers_what_came_before)
 {
     start("");
-    int fd = dial(px->port);
+    int fd = raw_dial(px->port);
     const char req[] = GET_H "\r\n" POST_H CL "5\r\n 0\r\n\r\n" SMUGGLE;
-    send_all(fd, req, sizeof(req) - 1);
+    raw_send_all(fd, req, sizeof(req) - 1);
     struct answer *a = malloc(sizeof(*a));
     read_answer(fd, a, 2);
     close(fd);
@@ -507,11 +467,11 @@ Test(framing, heads_split_across_reads_are_checked_whole)
     for (int k = 0; k < 2; k++) {
         const char *req = k ? bad : good;
         size_t n = strlen(req);
-        int fd = dial(px->port);
+        int fd = raw_dial(px->port);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
         for (size_t i = 0; i < n; i += 7) {
-            send_all(fd, req + i, n - i < 7 ? n - i : 7);
+            raw_send_all(fd, req + i, n - i < 7 ? n - i : 7);
             sleep_ms(5);
         }
         struct answer *a = malloc(sizeof(*a));
@@ -529,10 +489,10 @@ Test(framing, heads_split_across_reads_are_checked_whole)
 /* limits.header_timeout_ms bounds the whole head, not the gaps between its bytes. */
 Test(framing, a_head_slower_than_the_header_deadline_gets_408)
 {
-    start("\"limits\": {\"header_timeout_ms\": 600, \"connection_timeout_ms\": 30000}, ");
+    start("\"limits\": {\"header_timeout_ms\": 600, \"connection_timeout_ms\": 30000}");
     /* silent after a partial head */
-    int fd = dial(px->port);
-    send_all(fd, "GET / HTTP/1.1\r\nHo", 18);
+    int fd = raw_dial(px->port);
+    raw_send_all(fd, "GET / HTTP/1.1\r\nHo", 18);
     int64_t t0 = now_ms();
     struct answer *a = malloc(sizeof(*a));
     read_answer(fd, a, 1);
@@ -542,12 +502,12 @@ Test(framing, a_head_slower_than_the_header_deadline_gets_408)
     cr_expect(a->closed);
     cr_expect(took >= 500 && took < 2500, "answered after %lld ms", (long long)took);
     /* a byte every 100 ms: the idle timeout never fires, the deadline does */
-    fd = dial(px->port);
+    fd = raw_dial(px->port);
     t0 = now_ms();
     const char *slow = "GET / HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     int status = 0;
     for (size_t i = 0; slow[i] && now_ms() - t0 < 3000; i++) {
-        send_all(fd, slow + i, 1);
+        raw_send_all(fd, slow + i, 1);
         struct pollfd p = { fd, POLLIN, 0 };
         if (poll(&p, 1, 100) > 0)
             break;
@@ -595,7 +555,7 @@ static void *script_main(void *arg)
                 break;
             n += (size_t)k;
         }
-        send_all(c, s->resp, s->resp_len);
+        raw_send_all(c, s->resp, s->resp_len);
         shutdown(c, SHUT_WR);
         sleep_ms(20);
         close(c);
@@ -673,20 +633,18 @@ static const struct pcase responses[] = {
 Test(framing, responses_with_bad_framing_become_502_and_the_rest_are_relayed_cleanly)
 {
     struct script *s = script_start();
-    char json[512];
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"], "
-             "\"retry\": {\"retry_on\": []}}]}",
-             s->port);
-    px = px_start(json, "--workers", "1", NULL);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "r", "\"upstreams\": [\"http://127.0.0.1:%u\"], \"retry\": {\"retry_on\": []}",
+               s->port);
+    fx_start_b(b, "--workers", "1", NULL);
     struct answer *a = malloc(sizeof(*a));
     for (size_t i = 0; i < sizeof(responses) / sizeof(responses[0]); i++) {
         const struct pcase *c = &responses[i];
         s->resp = c->resp;
         s->resp_len = c->len ? c->len : strlen(c->resp);
-        int fd = dial(px->port);
-        send_all(fd, GET_H "Connection: close\r\n\r\n",
-                 sizeof(GET_H "Connection: close\r\n\r\n") - 1);
+        int fd = raw_dial(px->port);
+        raw_send_all(fd, GET_H "Connection: close\r\n\r\n",
+                     sizeof(GET_H "Connection: close\r\n\r\n") - 1);
         read_answer(fd, a, 1);
         close(fd);
         cr_expect_eq(a->status, c->status, "%s: status %d, want %d; got:\n%s", c->name, a->status,
@@ -717,30 +675,24 @@ Test(framing, responses_with_bad_framing_become_502_and_the_rest_are_relayed_cle
 static int put_with_body(size_t len, const char *plan, bool finish)
 {
     char head[256];
-    int fd = dial(px->port);
+    int fd = raw_dial(px->port);
     int n = snprintf(head, sizeof(head),
                      "PUT /cap HTTP/1.1\r\nHost: a\r\nX-Test-Plan: %s\r\nX-Request-Id: cap-%d\r\n"
                      "Content-Length: %zu\r\n\r\n",
                      plan, fd, len);
-    send_all(fd, head, (size_t)n);
+    raw_send_all(fd, head, (size_t)n);
     char *body = malloc(len);
     memset(body, 'b', len);
-    send_all(fd, body, finish ? len : len / 2);
+    raw_send_all(fd, body, finish ? len : len / 2);
     free(body);
     return fd;
 }
 
 Test(framing, bodies_beyond_the_process_replay_cap_stream_once_and_are_not_retried)
 {
-    up = tup_start();
-    char json[1024];
-    snprintf(json, sizeof(json),
-             "{\"limits\": {\"max_buffered_body_bytes\": 100000}, \"routes\": [{\"name\": \"r\", "
-             "\"upstreams\": [\"http://127.0.0.1:%u\"], \"retry\": {\"retry_on\": [\"503\"], "
-             "\"methods\": [\"PUT\"], \"backoff\": {\"policy\": \"fixed\", \"base_ms\": 10, "
-             "\"jitter\": \"none\"}}}]}",
-             tup_port(up));
-    px = px_start(json, "--workers", "1", NULL);
+    fx_start_r("\"limits\": {\"max_buffered_body_bytes\": 100000}",
+               "\"retry\": {\"retry_on\": [\"503\"], \"methods\": [\"PUT\"], " CFG_FIXED(10) "}",
+               "--workers", "1", NULL);
     struct answer *a = malloc(sizeof(*a));
 
     /* a stalled upload holds 60,000 bytes of the 100,000 */

@@ -10,36 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/proc.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define MINIMAL "tests/data/config/valid/minimal.json"
 #define IN_USE  "address already in use by another process"
 
-static struct tup *up;
-static struct px *px;
-
-static void teardown(void)
-{
-    if (px)
-        px_stop_clean(px);
-    tup_stop(up);
-    px = NULL;
-    up = NULL;
-}
-
-TestSuite(listeners, .fini = teardown, .timeout = 60);
+TestSuite(listeners, .fini = fx_stop, .timeout = 60);
 
 /* The first instance: two workers, route "r" to a test upstream. */
 static void start_first(void)
 {
-    char json[256];
-    up = tup_start();
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"]}]}",
-             tup_port(up));
-    px = px_start(json, "--workers", "2", NULL);
+    fx_start_r("", "", "--workers", "2", NULL);
 }
 
 /* Runs a second retryproxy on the first one's config with 'listen' and 'admin'; it must not

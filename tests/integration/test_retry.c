@@ -14,30 +14,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define T 20000 /* ms: upper bound for any single request in these tests */
 
-static struct tup *up;
-
-static size_t discard(char *p, size_t size, size_t n, void *ud)
-{
-    (void)p;
-    (void)ud;
-    return size * n;
-}
-static struct px *px;
-
-/* A config with one route to the test upstream; 'retry' is the route's "retry" object. */
+/* A test upstream and a proxy (two workers) with route "r" to it; 'route_extra' are the
+ * route's members. */
 static void start(const char *route_extra)
 {
-    char json[4096];
-    up = tup_start();
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"]%s%s}]}",
-             tup_port(up), *route_extra ? ", " : "", route_extra);
-    px = px_start(json, "--workers", "2", NULL);
+    fx_start_r("", route_extra, "--workers", "2", NULL);
 }
 
 /* The TLS test server of the https test, when it runs. */
@@ -46,11 +31,7 @@ static char tls_dir[64];
 
 static void stop(void)
 {
-    if (px)
-        px_stop_clean(px);
-    tup_stop(up);
-    px = NULL;
-    up = NULL;
+    fx_stop();
     if (tls_pid > 0) {
         /* whatever the test's assertions did, the server goes, and its files */
         kill(tls_pid, SIGTERM);
@@ -98,23 +79,15 @@ static struct http_resp send_req(const char *method, const char *path, const cha
     return r;
 }
 
-static const char *hdr(const struct http_resp *r, const char *name)
-{
-    static char v[256];
-    return http_header(r, name, v, sizeof(v));
-}
-
-#define FAST "\"backoff\": {\"base_ms\": 10, \"jitter\": \"none\"}"
-
 Test(retry, always_failing_returns_the_last_response_as_it_is)
 {
-    start("\"retry\": {" FAST "}");
+    start("\"retry\": {" CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=9;status=503", "X-Request-Id: all-503", NULL };
     struct http_resp r = send_req("GET", "/", h, NULL);
     cr_expect_eq(r.status, 503);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "3");
-    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "max-attempts");
-    cr_expect_str_eq(hdr(&r, "X-Tup-Attempt"), "3"); /* the third response, not a copy */
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "3");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "max-attempts");
+    cr_expect_str_eq(http_hdr(&r, "X-Tup-Attempt"), "3"); /* the third response, not a copy */
     cr_expect_str_eq((char *)r.body, "tup: attempt 3 fails on purpose (fail=9)\n");
     cr_expect_eq(tup_count_id(up, "all-503"), 3);
     http_free(&r);
@@ -122,17 +95,17 @@ Test(retry, always_failing_returns_the_last_response_as_it_is)
 
 Test(retry, client_may_lower_but_not_raise_max_attempts_and_the_header_stays_here)
 {
-    start("\"retry\": {" FAST "}");
+    start("\"retry\": {" CFG_FAST "}");
     const char *lower[] = { "X-Test-Plan: fail=9", "X-Request-Id: low", "X-Retry-Max-Attempts: 2",
                             NULL };
     struct http_resp r = send_req("GET", "/", lower, NULL);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
     cr_expect_eq(tup_count_id(up, "low"), 2);
     http_free(&r);
     const char *raise[] = { "X-Test-Plan: fail=9", "X-Request-Id: high", "X-Retry-Max-Attempts: 10",
                             NULL };
     r = send_req("GET", "/", raise, NULL);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "3");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "3");
     cr_expect_eq(tup_count_id(up, "high"), 3);
     for (size_t i = 0; i < tup_count(up); i++)
         cr_expect_null(tup_req_header(tup_get(up, i), "X-Retry-Max-Attempts"));
@@ -141,19 +114,19 @@ Test(retry, client_may_lower_but_not_raise_max_attempts_and_the_header_stays_her
 
 Test(retry, post_is_not_retried_once_sent)
 {
-    start("\"retry\": {" FAST "}");
+    start("\"retry\": {" CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: post", NULL };
     struct http_resp r = send_req("POST", "/", h, "payload");
     cr_expect_eq(r.status, 503);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "1");
-    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "not-retryable");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "not-retryable");
     cr_expect_eq(tup_count_id(up, "post"), 1);
     http_free(&r);
 }
 
 Test(retry, idempotency_key_makes_post_retryable)
 {
-    start("\"retry\": {" FAST "}");
+    start("\"retry\": {" CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: idem",
                         "Idempotency-Key: k-1", NULL };
     struct http_resp r = send_req("POST", "/", h, "payload");
@@ -165,18 +138,18 @@ Test(retry, idempotency_key_makes_post_retryable)
 
 Test(retry, status_not_in_retry_on_passes_through_without_stop_reason)
 {
-    start("\"retry\": {" FAST "}");
+    start("\"retry\": {" CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=1;status=500", "X-Request-Id: s500", NULL };
     struct http_resp r = send_req("GET", "/", h, NULL);
     cr_expect_eq(r.status, 500);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "1");
-    cr_expect_null(hdr(&r, "X-Retry-Stop"));
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_null(http_hdr(&r, "X-Retry-Stop"));
     http_free(&r);
 }
 
 Test(retry, status_and_range_tokens_fire)
 {
-    start("\"retry\": {\"retry_on\": [\"429\", \"500-501\"], " FAST "}");
+    start("\"retry\": {\"retry_on\": [\"429\", \"500-501\"], " CFG_FAST "}");
     const char *a[] = { "X-Test-Plan: fail=1;status=429", "X-Request-Id: t429", NULL };
     struct http_resp r = send_req("GET", "/", a, NULL);
     cr_expect_eq(r.status, 200);
@@ -192,24 +165,15 @@ Test(retry, status_and_range_tokens_fire)
     http_free(&r);
 }
 
-/* A port on 127.0.0.1 where nothing listens. */
-static unsigned closed_port(void)
-{
-    struct tup *t = tup_start();
-    unsigned p = tup_port(t);
-    tup_stop(t);
-    return p;
-}
-
 Test(retry, connect_failure_is_retried_even_for_post)
 {
-    char json[512];
-    up = tup_start();
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\", "
-             "\"http://127.0.0.1:%u\"], \"retry\": {\"max_attempts\": 2, " FAST "}}]}",
-             closed_port(), tup_port(up));
-    px = px_start(json, "--workers", "1", NULL);
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], "
+               "\"retry\": {\"max_attempts\": 2, " CFG_FAST "}",
+               fx_closed_port(), fx_up_url(0));
+    fx_start_b(b, "--workers", "1", NULL);
     for (int i = 0; i < 4; i++) {
         char id[32], idh[48];
         snprintf(id, sizeof(id), "cf-%d", i);
@@ -225,18 +189,15 @@ Test(retry, connect_failure_is_retried_even_for_post)
 
 Test(retry, no_response_from_any_attempt_is_a_json_502)
 {
-    char json[512];
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"dead\", \"upstreams\": [\"http://127.0.0.1:%u\"], "
-             "\"retry\": {" FAST "}}]}",
-             closed_port());
-    up = tup_start(); /* unused, keeps stop() uniform */
-    px = px_start(json, NULL);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "dead", "\"upstreams\": [\"http://127.0.0.1:%u\"], \"retry\": {" CFG_FAST "}",
+               fx_closed_port());
+    fx_start_b(b, NULL);
     struct http_resp r = send_req("GET", "/x", NULL, NULL);
     cr_expect_eq(r.status, 502);
-    cr_expect_str_eq(hdr(&r, "Content-Type"), "application/json");
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "3");
-    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "max-attempts");
+    cr_expect_str_eq(http_hdr(&r, "Content-Type"), "application/json");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "3");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "max-attempts");
     cr_expect(strstr((char *)r.body, "\"error\": \"upstream_unavailable\""), "%s", r.body);
     cr_expect(strstr((char *)r.body, "\"route\": \"dead\""), "%s", r.body);
     cr_expect(strstr((char *)r.body, "\"attempts\": 3"), "%s", r.body);
@@ -245,22 +206,22 @@ Test(retry, no_response_from_any_attempt_is_a_json_502)
 
 Test(retry, reset_before_headers_is_retried)
 {
-    start("\"retry\": {" FAST "}");
+    start("\"retry\": {" CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=1;action=reset", "X-Request-Id: rst", NULL };
     struct http_resp r = send_req("GET", "/", h, NULL);
     cr_expect_eq(r.status, 200);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
     cr_expect_eq(tup_count_id(up, "rst"), 2);
     http_free(&r);
 }
 
 Test(retry, per_try_timeout_abandons_a_hung_attempt_and_retries)
 {
-    start("\"per_try_timeout_ms\": 300, \"retry\": {" FAST "}");
+    start("\"per_try_timeout_ms\": 300, \"retry\": {" CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=1;action=hang", "X-Request-Id: hang1", NULL };
     struct http_resp r = send_req("GET", "/", h, NULL);
     cr_expect_eq(r.status, 200);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
     cr_expect_geq(r.seconds, 0.29);
     cr_expect_lt(r.seconds, 5.0);
     cr_expect_eq(tup_count_id(up, "hang1"), 2);
@@ -269,11 +230,11 @@ Test(retry, per_try_timeout_abandons_a_hung_attempt_and_retries)
 
 Test(retry, overall_deadline_gives_a_json_504)
 {
-    start("\"timeout_ms\": 500, \"retry\": {" FAST "}");
+    start("\"timeout_ms\": 500, \"retry\": {" CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=9;action=hang", "X-Request-Id: dl", NULL };
     struct http_resp r = send_req("GET", "/", h, NULL);
     cr_expect_eq(r.status, 504);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "deadline");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "deadline");
     cr_expect(strstr((char *)r.body, "\"error\": \"upstream_timeout\""), "%s", r.body);
     cr_expect_geq(r.seconds, 0.49);
     cr_expect_lt(r.seconds, 5.0);
@@ -287,8 +248,8 @@ Test(retry, wait_that_would_pass_the_deadline_is_not_taken)
     const char *h[] = { "X-Test-Plan: fail=9;status=503", "X-Request-Id: far", NULL };
     struct http_resp r = send_req("GET", "/", h, NULL);
     cr_expect_eq(r.status, 503);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "deadline");
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "deadline");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
     cr_expect_lt(r.seconds, 0.9); /* answered at once, not after waiting */
     http_free(&r);
 }
@@ -300,7 +261,7 @@ static double gap_s(size_t a, size_t b)
 
 Test(retry, retry_after_seconds_replaces_the_backoff)
 {
-    start("\"retry\": {" FAST "}");
+    start("\"retry\": {" CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=1;status=503;retry-after=1", "X-Request-Id: ra", NULL };
     struct http_resp r = send_req("GET", "/", h, NULL);
     cr_expect_eq(r.status, 200);
@@ -312,7 +273,7 @@ Test(retry, retry_after_seconds_replaces_the_backoff)
 
 Test(retry, retry_after_http_date_replaces_the_backoff)
 {
-    start("\"retry\": {" FAST "}");
+    start("\"retry\": {" CFG_FAST "}");
     char date[64], plan[128];
     time_t when = time(NULL) + 2;
     struct tm tm;
@@ -331,13 +292,13 @@ Test(retry, retry_after_http_date_replaces_the_backoff)
 
 Test(retry, retry_after_above_max_ms_ends_retrying)
 {
-    start("\"retry\": {\"retry_after\": {\"max_ms\": 1000}, " FAST "}");
+    start("\"retry\": {\"retry_after\": {\"max_ms\": 1000}, " CFG_FAST "}");
     const char *h[] = { "X-Test-Plan: fail=1;status=503;retry-after=5", "X-Request-Id: ra-max",
                         NULL };
     struct http_resp r = send_req("GET", "/", h, NULL);
     cr_expect_eq(r.status, 503);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "retry-after");
-    cr_expect_str_eq(hdr(&r, "Retry-After"), "5");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "retry-after");
+    cr_expect_str_eq(http_hdr(&r, "Retry-After"), "5");
     cr_expect_lt(r.seconds, 0.9);
     cr_expect_eq(tup_count_id(up, "ra-max"), 1);
     http_free(&r);
@@ -365,14 +326,15 @@ Test(retry, backoff_gaps_follow_the_policy)
  * each of them back to the upstream it just tried. Each must go to the other one instead. */
 Test(retry, retry_goes_to_an_upstream_not_yet_tried)
 {
-    struct tup *a = tup_start(), *b = tup_start();
-    char json[512], url[128];
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"rr\", \"upstreams\": [\"http://127.0.0.1:%u\", "
-             "\"http://127.0.0.1:%u\"], \"retry\": {\"max_attempts\": 2, \"backoff\": "
-             "{\"policy\": \"fixed\", \"base_ms\": 200, \"jitter\": \"none\"}}}]}",
-             tup_port(a), tup_port(b));
-    px = px_start(json, "--workers", "1", NULL);
+    fx_upstreams(2);
+    struct tup *a = fx_up(0), *b = fx_up(1);
+    char url[128];
+    struct cfgb *cb = cfgb_new();
+    cfgb_route(cb, "rr",
+               "\"upstreams\": [\"%s\", \"%s\"], "
+               "\"retry\": {\"max_attempts\": 2, " CFG_FIXED(200) "}",
+               fx_up_url(0), fx_up_url(1));
+    fx_start_b(cb, "--workers", "1", NULL);
     px_url(px, "/", url, sizeof(url));
 
     CURLM *m = curl_multi_init();
@@ -387,7 +349,7 @@ Test(retry, retry_goes_to_an_upstream_not_yet_tried)
         curl_easy_setopt(e[i], CURLOPT_URL, url);
         curl_easy_setopt(e[i], CURLOPT_HTTPHEADER, h[i]);
         curl_easy_setopt(e[i], CURLOPT_TIMEOUT_MS, (long)T);
-        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, discard);
+        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, http_discard);
         curl_multi_add_handle(m, e[i]);
     }
     int running = 1;
@@ -413,8 +375,6 @@ Test(retry, retry_goes_to_an_upstream_not_yet_tried)
     curl_multi_cleanup(m);
     cr_expect_eq(px_stop(px, 10000), 0);
     px = NULL;
-    tup_stop(a);
-    tup_stop(b);
 }
 
 /* A listener whose accept queue is full: the kernel drops further SYNs, so a connection to it
@@ -436,16 +396,15 @@ Test(retry, connect_timeout_bounds_each_connection_attempt)
 {
     unsigned port;
     int filler, ls = full_listener(&port, &filler);
-    char json[512];
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"slow\", \"upstreams\": [\"http://127.0.0.1:%u\"], "
-             "\"connect_timeout_ms\": 200, \"retry\": {\"max_attempts\": 2, " FAST "}}]}",
-             port);
-    up = tup_start(); /* unused, keeps stop() uniform */
-    px = px_start(json, NULL);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "slow",
+               "\"upstreams\": [\"http://127.0.0.1:%u\"], \"connect_timeout_ms\": 200, "
+               "\"retry\": {\"max_attempts\": 2, " CFG_FAST "}",
+               port);
+    fx_start_b(b, NULL);
     struct http_resp r = send_req("POST", "/", NULL, "x"); /* connect failures retry POST */
     cr_expect_eq(r.status, 502);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
     cr_expect(strstr((char *)r.body, "\"error\": \"upstream_unavailable\""), "%s", r.body);
     cr_expect_geq(r.seconds, 0.39, "two 200 ms connect timeouts took %.3f s", r.seconds);
     cr_expect_lt(r.seconds, 3.0);
@@ -454,27 +413,20 @@ Test(retry, connect_timeout_bounds_each_connection_attempt)
     close(ls);
 }
 
-/* Runs a command line through the shell, for the openssl tool. */
-static int sh(const char *cmd)
-{
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* An https upstream with a self-signed certificate: the TLS server itself works (a client that
  * skips verification gets a 200), but retryproxy verifies certificates by default, so the
  * handshake fails, nothing is sent, and the answer is a 502 with no upstream response. */
 Test(retry, https_upstream_certificate_is_verified_by_default)
 {
-    char *dir = tls_dir, cmd[1024], url[128], json[512];
+    char *dir = tls_dir, cmd[1024], url[128];
     snprintf(tls_dir, sizeof(tls_dir), "/tmp/retryproxy-tls-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     snprintf(cmd, sizeof(cmd),
              "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
              "-keyout %s/key.pem -out %s/cert.pem >/dev/null 2>&1",
              dir, dir);
-    cr_assert_eq(sh(cmd), 0, "openssl could not make a certificate (is openssl installed?)");
-    unsigned port = closed_port();
+    cr_assert_eq(fx_sh(cmd), 0, "openssl could not make a certificate (is openssl installed?)");
+    unsigned port = fx_closed_port();
     /* started directly (not through a shell, whose PID would not be the server's), and
      * stopped by the suite's fini */
     char accept[32], cert[96], key[96];
@@ -501,7 +453,7 @@ Test(retry, https_upstream_certificate_is_verified_by_default)
         curl_easy_setopt(e, CURLOPT_URL, url);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);
-        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, http_discard);
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 2000L);
         if (curl_easy_perform(e) == CURLE_OK)
             curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
@@ -511,12 +463,9 @@ Test(retry, https_upstream_certificate_is_verified_by_default)
     }
     cr_assert_eq(code, 200, "the TLS test server did not come up");
 
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"tls\", \"upstreams\": [\"%s\"], "
-             "\"retry\": {\"max_attempts\": 1}}]}",
-             url);
-    up = tup_start(); /* unused, keeps stop() uniform */
-    px = px_start(json, NULL);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "tls", "\"upstreams\": [\"%s\"], \"retry\": {\"max_attempts\": 1}", url);
+    fx_start_b(b, NULL);
     struct http_resp r = send_req("GET", "/", NULL, NULL);
     cr_expect_eq(r.status, 502);
     cr_expect(strstr((char *)r.body, "\"error\": \"upstream_unavailable\""), "%s", r.body);

@@ -1,6 +1,6 @@
 /* Scale, end to end: many requests waiting in backoff at once cost memory, not threads; backoff
  * waits keep their schedule; a long keep-alive session leaks neither descriptors nor memory
- * (CONTRACT §1 "Waiting requests cost memory, not threads", §3.1).
+ * (docs/README.md "Waiting requests cost memory, not threads", docs/backoff.md).
  */
 #include <criterion/criterion.h>
 
@@ -14,50 +14,18 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define T 20000 /* ms: upper bound for any single request in these tests */
 
-static struct tup *up;
-static struct px *px;
-
-/* The ASan build's shadow memory and quarantine inflate RSS: looser bounds, still bounds. */
-static bool under_asan(void)
-{
-    const char *b = getenv("RETRYPROXY_BIN");
-    return b && strstr(b, "build-asan") != NULL;
-}
-
-/* A config with one route "r" to the test upstream; 'top' is extra top-level fields and
- * 'route_extra' extra route fields ("" for none). */
+/* A test upstream and a proxy with route "r" to it; 'top' is extra top-level members and
+ * 'route_extra' extra route members ("" for none). */
 static void start(const char *top, const char *route_extra, const char *workers)
 {
-    char json[4096];
-    up = tup_start();
-    snprintf(json, sizeof(json),
-             "{%s%s\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"]%s%s}]}",
-             top, *top ? ", " : "", tup_port(up), *route_extra ? ", " : "", route_extra);
-    px = px_start(json, "--workers", workers, NULL);
+    fx_start_r(top, route_extra, "--workers", workers, NULL);
 }
 
-static void stop(void)
-{
-    if (px)
-        px_stop_clean(px);
-    tup_stop(up);
-    px = NULL;
-    up = NULL;
-}
-
-TestSuite(scale, .fini = stop, .timeout = 120);
-
-static size_t discard(char *p, size_t size, size_t n, void *ud)
-{
-    (void)p;
-    (void)ud;
-    return size * n;
-}
+TestSuite(scale, .fini = fx_stop, .timeout = 120);
 
 /* ---- 1: a thousand requests waiting in backoff ---- */
 
@@ -111,7 +79,7 @@ Test(scale, thousand_requests_waiting_in_backoff_cost_no_threads)
         curl_easy_setopt(easy[i], CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(easy[i], CURLOPT_HTTPHEADER, hdrs[i]);
         curl_easy_setopt(easy[i], CURLOPT_TIMEOUT_MS, 30000L);
-        curl_easy_setopt(easy[i], CURLOPT_WRITEFUNCTION, discard);
+        curl_easy_setopt(easy[i], CURLOPT_WRITEFUNCTION, http_discard);
         curl_easy_setopt(easy[i], CURLOPT_PRIVATE, (char *)(intptr_t)i);
         rc[i] = -1;
         curl_multi_add_handle(m, easy[i]);
@@ -167,7 +135,7 @@ Test(scale, thousand_requests_waiting_in_backoff_cost_no_threads)
                  "%zu retries arrived while sampling: the sample was not of 1000 waiting requests",
                  retried_while_sampling);
     cr_expect_leq(threads_max, 2 + 8, "%d threads with %d requests waiting", threads_max, N_WAIT);
-    long rss_bound = under_asan() ? 256L * 1024 : 200L * 1024;
+    long rss_bound = fx_under_asan() ? 256L * 1024 : 200L * 1024;
     cr_expect_lt(rss_max, rss_bound, "RSS %ld KiB with %d requests waiting", rss_max, N_WAIT);
     cr_expect_lt(elapsed, 60000, "the 1000 requests took %lld ms", (long long)elapsed);
 
@@ -240,7 +208,7 @@ Test(scale, exponential_backoff_gaps_between_attempts)
 Test(scale, sequential_keepalive_requests_leak_nothing)
 {
     enum { N = 2000, WARM = 100 };
-    if (under_asan()) {
+    if (fx_under_asan()) {
         /* ASan keeps freed blocks in a quarantine of up to 256 MiB, which reads as steady
          * growth of about one request's buffers per request. A small quarantine fills within
          * the first requests, so growth after that is real; leaks proper are LeakSanitizer's. */
@@ -261,7 +229,7 @@ Test(scale, sequential_keepalive_requests_leak_nothing)
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)T);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, http_discard);
     int64_t t0 = now_ms();
     long connects = 0;
     int not_ok = 0;
@@ -299,12 +267,6 @@ Test(scale, sequential_keepalive_requests_leak_nothing)
 
 /* ---- 4: a cap on upstream attempts in flight ---- */
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* limits.max_upstream_requests bounds the transfers a worker runs at once: a burst of requests
  * reaches the upstream in waves of the cap, each wave after an answer freed its slot, over
  * no more connections than the cap; every request is answered. */
@@ -330,7 +292,7 @@ Test(scale, attempts_over_max_upstream_requests_wait_their_turn)
     int64_t at[N];
     for (int i = 0; i < N; i++)
         at[i] = tup_get(up, (size_t)i)->arrival_ns;
-    qsort(at, N, sizeof(at[0]), cmp_i64);
+    qsort(at, N, sizeof(at[0]), fx_cmp_i64);
     /* A slot frees only once its answer, sent DELAY ms after its request arrived, is in: the
      * request CAP places later cannot have arrived sooner. */
     for (int i = CAP; i < N; i++)
@@ -345,15 +307,12 @@ Test(scale, attempts_over_max_upstream_requests_wait_their_turn)
  * deadline it is answered 504 and the upstream never sees it. */
 Test(scale, a_request_still_waiting_for_a_slot_at_its_deadline_gets_504)
 {
-    up = tup_start();
-    char json[1024];
-    snprintf(json, sizeof(json),
-             "{\"limits\": {\"max_upstream_requests\": 1}, \"routes\": ["
-             "{\"name\": \"hog\", \"match\": {\"path_prefix\": \"/hog\"}, "
-             "\"upstreams\": [\"http://127.0.0.1:%u\"]}, "
-             "{\"name\": \"r\", \"timeout_ms\": 500, \"upstreams\": [\"http://127.0.0.1:%u\"]}]}",
-             tup_port(up), tup_port(up));
-    px = px_start(json, "--workers", "1", NULL);
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"limits\": {\"max_upstream_requests\": 1}");
+    cfgb_route(b, "hog", "\"match\": {\"path_prefix\": \"/hog\"}");
+    cfgb_route(b, "r", "\"timeout_ms\": 500");
+    fx_start_b(b, "--workers", "1", NULL);
     char url[128];
     static struct http_call hog, late;
     http_call_start(&hog, px_url(px, "/hog", url, sizeof(url)), "slot-hog", "delay=2500");

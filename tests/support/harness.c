@@ -2,9 +2,7 @@
 
 #include <criterion/criterion.h>
 #include <curl/curl.h>
-#include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -21,13 +19,6 @@
 #include "tests/support/tup.h"
 
 extern char **environ;
-
-void sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
 static void *call_main(void *arg)
 {
@@ -60,13 +51,6 @@ void http_call_join(struct http_call *c)
     if (c->started)
         pthread_join(c->th, NULL);
     c->started = false;
-}
-
-int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 char *px_stderr(const struct px *p)
@@ -143,6 +127,15 @@ static size_t add_workers(char **argv, size_t argc, size_t cap)
 
 struct px *px_start(const char *json, ...)
 {
+    va_list ap;
+    va_start(ap, json);
+    struct px *p = px_startv(json, ap);
+    va_end(ap);
+    return p;
+}
+
+struct px *px_startv(const char *json, va_list ap)
+{
     struct px *p = px_new();
     FILE *f = fopen(p->cfg_path, "w");
     cr_assert_not_null(f);
@@ -152,11 +145,8 @@ struct px *px_start(const char *json, ...)
     char *argv[20] = { (char *)proc_bin(), "-c",      p->cfg_path,  "--listen",
                        "127.0.0.1:0",      "--admin", "127.0.0.1:0" };
     size_t argc = 7;
-    va_list ap;
-    va_start(ap, json);
     for (const char *a; argc < 18 && (a = va_arg(ap, const char *)) != NULL;)
         argv[argc++] = (char *)a;
-    va_end(ap);
     argc = add_workers(argv, argc, 20);
     argv[argc] = NULL;
     return launch(p, argv);
@@ -172,20 +162,6 @@ struct px *px_start_argv(const char *const *args)
     argc = add_workers(argv, argc, 24);
     argv[argc] = NULL;
     return launch(p, argv);
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
-
-void rm_tree(const char *path)
-{
-    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* A ThreadSanitizer report from the proxy fails the test that ran it (make tsan): in its
@@ -274,45 +250,19 @@ const char *px_admin_url(const struct px *p, const char *path, char *buf, size_t
     return buf;
 }
 
-/* Entries of /proc/PID/'what' (threads, descriptors), or -1. */
-static int proc_entries(const struct px *p, const char *what)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/%s", (int)p->pid, what);
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
 int px_threads(const struct px *p)
 {
-    return proc_entries(p, "task");
+    return proc_entries(p->pid, "task");
 }
 
 int px_fds(const struct px *p)
 {
-    return proc_entries(p, "fd");
+    return proc_entries(p->pid, "fd");
 }
 
 long px_rss_kb(const struct px *p)
 {
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)p->pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
+    return proc_rss_kb(p->pid);
 }
 
 long px_cpu_ms(const struct px *p)
@@ -427,6 +377,19 @@ const char *http_header(const struct http_resp *r, const char *name, char *buf, 
         line = end ? end + 1 : line + len;
     }
     return NULL;
+}
+
+const char *http_hdr(const struct http_resp *r, const char *name)
+{
+    static char v[512];
+    return http_header(r, name, v, sizeof(v));
+}
+
+size_t http_discard(char *p, size_t size, size_t n, void *ud)
+{
+    (void)p;
+    (void)ud;
+    return size * n;
 }
 
 void http_free(struct http_resp *r)

@@ -9,10 +9,13 @@
 #define RETRYPROXY_TESTS_HARNESS_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "tests/support/proc.h"
 
 struct px {
     pid_t pid;
@@ -29,6 +32,8 @@ struct px {
  * "--workers", "1", NULL). Aborts the test with a message if it does not come up within 10 s.
  * Without "--workers" among them, $RETRYPROXY_TEST_WORKERS (if set) is passed as --workers. */
 struct px *px_start(const char *json, ...);
+/* px_start() with the extra arguments in 'ap'. */
+struct px *px_startv(const char *json, va_list ap);
 
 /* Starts retryproxy with exactly 'args' after the program name (NULL-terminated), for tests
  * that manage their own config file; otherwise as px_start(). The process's files still go
@@ -77,7 +82,11 @@ void http_do(const char *method, const char *url, const char *const *headers, co
              size_t body_len, long timeout_ms, struct http_resp *out);
 /* Value of response header 'name' (first), copied into 'buf', or NULL. */
 const char *http_header(const struct http_resp *r, const char *name, char *buf, size_t cap);
+/* The same in a static buffer (512 bytes), valid until the next call. */
+const char *http_hdr(const struct http_resp *r, const char *name);
 void http_free(struct http_resp *r);
+/* A libcurl write callback that drops the body. */
+size_t http_discard(char *p, size_t size, size_t n, void *ud);
 
 /* A GET sent from its own thread, so that a test can act (signal, reload) while it waits. */
 struct http_call {
@@ -96,11 +105,6 @@ void http_call_start(struct http_call *c, const char *url, const char *id, const
 /* Waits for the request if one was started. */
 void http_call_join(struct http_call *c);
 
-/* A monotonic clock in milliseconds. */
-int64_t now_ms(void);
-/* Sleeps 'ms' milliseconds (through signals). */
-void sleep_ms(int ms);
-/* rm -rf 'path', not following symlinks. */
-void rm_tree(const char *path);
+/* now_ms(), sleep_ms() and rm_tree() are in proc.h. */
 
 #endif

@@ -1,8 +1,11 @@
-/* proc -- run the built binaries from tests: spawn, capture output, wait with a deadline. */
+/* proc -- run the built binaries from tests: spawn, capture output, wait with a deadline, look
+ * at a running process in /proc. Linked into the tools (tests/tools) as well as the suites: no
+ * Criterion here. */
 #ifndef RETRYPROXY_TESTS_PROC_H
 #define RETRYPROXY_TESTS_PROC_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct proc_result {
@@ -24,5 +27,17 @@ void proc_result_free(struct proc_result *r);
 
 /* The whole file at 'path' (malloc'd, NUL-terminated; "" if it cannot be read). */
 char *proc_read_file(const char *path);
+
+/* A monotonic clock in milliseconds. */
+int64_t now_ms(void);
+/* Sleeps 'ms' milliseconds (through signals). */
+void sleep_ms(int ms);
+/* rm -rf 'path', not following symlinks. */
+void rm_tree(const char *path);
+
+/* Entries of /proc/PID/'what' ("task": threads, "fd": descriptors), or -1. */
+int proc_entries(pid_t pid, const char *what);
+/* VmRSS of process 'pid' in KiB, or -1. */
+long proc_rss_kb(pid_t pid);
 
 #endif

@@ -39,7 +39,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -55,27 +54,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "tests/support/proc.h"
 
 extern char **environ;
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
 /* xorshift64*: the request mix, seeded per run. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15u;
@@ -539,35 +523,6 @@ static int start_proxy(const char *bin, const char *workers)
     return -1;
 }
 
-static int proxy_fds(void)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)proxy_pid);
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
-static long proxy_rss_kb(void)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)proxy_pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
-
 static int exit_status(int st)
 {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -781,15 +736,6 @@ static void usage(FILE *f)
           f);
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     const char *bin = NULL, *workers = "2";
@@ -872,8 +818,8 @@ int main(int argc, char **argv)
 
     /* Idle before the load: the descriptor baseline. */
     sleep_ms(1000);
-    int fds_idle = proxy_fds();
-    long rss_idle = proxy_rss_kb();
+    int fds_idle = proc_entries(proxy_pid, "fd");
+    long rss_idle = proc_rss_kb(proxy_pid);
     printf("soak: %s, %s workers, %ld s, %ld connections at most%s; upstream 127.0.0.1:%u, "
            "proxy 127.0.0.1:%u\n",
            bin, workers, seconds, conc, rate ? "" : ", no rate limit", up.port, proxy_port);
@@ -932,8 +878,8 @@ int main(int argc, char **argv)
             next_sample += interval * 1000;
             struct sample *sm = &samples[ns++];
             sm->t = (int)((now - t0 + 500) / 1000);
-            sm->rss_kb = proxy_rss_kb();
-            sm->fds = proxy_fds();
+            sm->rss_kb = proc_rss_kb(proxy_pid);
+            sm->fds = proc_entries(proxy_pid, "fd");
             sm->done = done_n;
             char *text = admin_get("/metrics");
             if (text)
@@ -957,7 +903,7 @@ int main(int argc, char **argv)
     if (interrupted) {
         stop_proxy(5000);
         up_stop(&up);
-        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        rm_tree(dir);
         printf("soak: interrupted after %llu requests\n", (unsigned long long)done_n);
         return 3;
     }
@@ -973,14 +919,14 @@ int main(int argc, char **argv)
     int fds_after = -1, nudges = 0;
     int64_t t_idle = now_ms();
     while (now_ms() - t_idle < 10000 && proxy_alive()) {
-        fds_after = proxy_fds();
+        fds_after = proc_entries(proxy_pid, "fd");
         if (fds_after <= fds_idle)
             break;
         nudge();
         nudges++;
         sleep_ms(250);
     }
-    long rss_after = proxy_rss_kb();
+    long rss_after = proc_rss_kb(proxy_pid);
     char *text = admin_get("/metrics");
     if (text)
         generation = metric(text, "retryproxy_config_generation");
@@ -1049,7 +995,7 @@ int main(int argc, char **argv)
         printf("soak: the proxy's stderr (last 4 KiB):\n%s", len > 4096 ? err + len - 4096 : err);
         free(err);
     }
-    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    rm_tree(dir);
     free(samples);
     curl_global_cleanup();
     printf("soak: %s\n", failed ? "FAILED" : "passed");

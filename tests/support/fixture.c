@@ -1,0 +1,325 @@
+#include "tests/support/fixture.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+struct px *px;
+struct tup *up;
+struct http_call fx_calls[FX_CALLS];
+char fx_cfg_path[128];
+
+static struct tup *ups[FX_UPSTREAMS];
+static char dir[64];
+static int held[FX_HELD];
+static size_t n_held;
+static bool curl_inited;
+
+void fx_upstreams(size_t n)
+{
+    cr_assert_leq(n, FX_UPSTREAMS, "at most %d test upstreams", FX_UPSTREAMS);
+    for (size_t i = 0; i < n; i++)
+        if (!ups[i])
+            ups[i] = tup_start();
+    up = ups[0];
+}
+
+struct tup *fx_up(size_t i)
+{
+    return i < FX_UPSTREAMS ? ups[i] : NULL;
+}
+
+const char *fx_up_url(size_t i)
+{
+    static char urls[FX_UPSTREAMS][40];
+    cr_assert(i < FX_UPSTREAMS && ups[i], "upstream %zu is not running", i);
+    snprintf(urls[i], sizeof(urls[i]), "http://127.0.0.1:%u", tup_port(ups[i]));
+    return urls[i];
+}
+
+void fx_start(const char *json, ...)
+{
+    va_list ap;
+    va_start(ap, json);
+    px = px_startv(json, ap);
+    va_end(ap);
+}
+
+void fx_start_r(const char *top, const char *route, ...)
+{
+    fx_upstreams(1);
+    char *json = cfg_r(top, route);
+    va_list ap;
+    va_start(ap, route);
+    px = px_startv(json, ap);
+    va_end(ap);
+    free(json);
+}
+
+void fx_start_b(struct cfgb *b, ...)
+{
+    char *json = cfgb_text(b);
+    va_list ap;
+    va_start(ap, b);
+    px = px_startv(json, ap);
+    va_end(ap);
+    free(json);
+}
+
+void fx_start_argv(const char *const *args)
+{
+    px = px_start_argv(args);
+}
+
+const char *fx_config_dir(const char *name)
+{
+    snprintf(dir, sizeof(dir), "/tmp/retryproxy-%s-XXXXXX", name);
+    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    snprintf(fx_cfg_path, sizeof(fx_cfg_path), "%s/config.json", dir);
+    return dir;
+}
+
+int fx_hold(int fd)
+{
+    cr_assert_lt(n_held, FX_HELD, "more than %d held sockets", FX_HELD);
+    held[n_held++] = fd;
+    return fd;
+}
+
+void fx_release(int fd)
+{
+    for (size_t i = 0; i < n_held; i++)
+        if (held[i] == fd)
+            held[i] = -1;
+}
+
+void fx_init_curl(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    curl_inited = true;
+}
+
+static void join_calls(void)
+{
+    for (size_t i = 0; i < FX_CALLS; i++) {
+        http_call_join(&fx_calls[i]);
+        http_free(&fx_calls[i].r);
+    }
+}
+
+/* Everything but the proxy and the calls. */
+static void stop_rest(void)
+{
+    for (size_t i = 0; i < n_held; i++)
+        if (held[i] >= 0)
+            close(held[i]);
+    n_held = 0;
+    for (size_t i = 0; i < FX_UPSTREAMS; i++) {
+        tup_stop(ups[i]);
+        ups[i] = NULL;
+    }
+    up = NULL;
+    if (dir[0])
+        rm_tree(dir);
+    dir[0] = '\0';
+    fx_cfg_path[0] = '\0';
+    if (curl_inited)
+        curl_global_cleanup();
+    curl_inited = false;
+}
+
+void fx_stop(void)
+{
+    join_calls();
+    if (px)
+        px_stop_clean(px);
+    px = NULL;
+    stop_rest();
+}
+
+void fx_stop_any(void)
+{
+    if (px)
+        px_stop(px, 10000);
+    px = NULL;
+    join_calls();
+    stop_rest();
+}
+
+/* ---- helpers ---- */
+
+const char *fx_url(const char *path)
+{
+    static char url[512];
+    return px_url(px, path, url, sizeof(url));
+}
+
+bool fx_under_asan(void)
+{
+    const char *b = getenv("RETRYPROXY_BIN");
+    return b && strstr(b, "build-asan") != NULL;
+}
+
+uint16_t fx_closed_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+int fx_sh(const char *cmd)
+{
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int fx_cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+bool fx_wait(bool (*cond)(void *arg), void *arg, int timeout_ms, int step_ms)
+{
+    int64_t deadline = now_ms() + timeout_ms;
+    for (;;) {
+        if (cond(arg))
+            return true;
+        if (now_ms() >= deadline)
+            return false;
+        sleep_ms(step_ms);
+    }
+}
+
+struct id_count {
+    const char *id;
+    size_t n;
+};
+
+static bool upstream_saw(void *arg)
+{
+    const struct id_count *w = arg;
+    return tup_count_id(up, w->id) >= w->n;
+}
+
+void fx_wait_upstream(const char *id, size_t n)
+{
+    struct id_count w = { id, n };
+    fx_wait(upstream_saw, &w, 5000, 2);
+    cr_assert_geq(tup_count_id(up, id), n, "upstream saw %zu attempts of %s, want %zu",
+                  tup_count_id(up, id), id, n);
+}
+
+/* ---- the admin API ---- */
+
+double metric_in(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *line = text; line && *line;) {
+        if (strncmp(line, series, n) == 0 && line[n] == ' ')
+            return strtod(line + n + 1, NULL);
+        const char *nl = strchr(line, '\n');
+        line = nl ? nl + 1 : NULL;
+    }
+    return NAN;
+}
+
+int fx_scrape_metric(const char *series, double *v)
+{
+    char url[128];
+    struct http_resp r;
+    http_do("GET", px_admin_url(px, "/metrics", url, sizeof(url)), NULL, NULL, 0, 5000, &r);
+    int rc = r.rc == 0 && r.status == 200 && r.body ? 0 : -1;
+    if (rc == 0)
+        *v = metric_in((const char *)r.body, series);
+    http_free(&r);
+    return rc;
+}
+
+double fx_metric(const char *series)
+{
+    double v = NAN;
+    cr_assert_eq(fx_scrape_metric(series, &v), 0, "GET /metrics failed");
+    return v;
+}
+
+double fx_wait_metric(const char *series, double want, int timeout_ms)
+{
+    int64_t deadline = now_ms() + timeout_ms;
+    double v;
+    while ((v = fx_metric(series)) != want && now_ms() < deadline)
+        sleep_ms(10);
+    return v;
+}
+
+json_t *fx_admin_get_json(const char *path)
+{
+    char url[256];
+    struct http_resp r;
+    http_do("GET", px_admin_url(px, path, url, sizeof(url)), NULL, NULL, 0, 5000, &r);
+    cr_assert_eq(r.rc, 0, "GET %s: curl error %d", path, r.rc);
+    cr_assert_eq(r.status, 200, "GET %s: %ld", path, r.status);
+    json_error_t err;
+    json_t *j = json_loadb((const char *)r.body, r.body_len, 0, &err);
+    cr_assert_not_null(j, "GET %s: not JSON: %s", path, err.text);
+    http_free(&r);
+    return j;
+}
+
+const char *json_str(const json_t *o, const char *key)
+{
+    return json_string_value(json_object_get(o, key));
+}
+
+/* ---- a raw client ---- */
+
+int raw_dial(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "connect: %s",
+                 strerror(errno));
+    return fd;
+}
+
+bool raw_send_all(int fd, const void *p, size_t n)
+{
+    const char *s = p;
+    while (n) {
+        ssize_t k = send(fd, s, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return false;
+        s += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+ssize_t raw_recv(int fd, char *buf, size_t cap, int timeout_ms)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    int n = poll(&p, 1, timeout_ms);
+    if (n == 0)
+        return -2;
+    if (n < 0)
+        return -1;
+    return recv(fd, buf, cap, 0);
+}
