@@ -1,4 +1,4 @@
-/* Forwarding rules (CONTRACT.md section 4), end to end: the real binary between a client and
+/* Forwarding rules (docs/forwarding.md), end to end: the real binary between a client and
  * the test upstream on 127.0.0.1.
  *
  * Each test asserts what tup received (headers in order, target, connection) and what the client
@@ -21,39 +21,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define T     10000 /* ms: upper bound for any single request in these tests */
 #define QUIET 300   /* ms: how long "nothing more arrives" is watched for */
 
-static struct tup *up, *up2;
-static struct px *px;
-
-static void stop(void)
-{
-    if (px)
-        px_stop_clean(px);
-    tup_stop(up);
-    tup_stop(up2);
-    px = NULL;
-    up = NULL;
-    up2 = NULL;
-}
-
-TestSuite(forwarding, .fini = stop, .timeout = 60);
+TestSuite(forwarding, .fini = fx_stop, .timeout = 60);
 
 /* One tup and a proxy with one route "r" to it. 'route_extra' and 'top_extra' are JSON members
  * added to the route and to the top level ("" for none). */
 static void start(const char *route_extra, const char *top_extra, const char *workers)
 {
-    char json[4096];
-    up = tup_start();
-    snprintf(json, sizeof(json),
-             "{%s%s\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"]%s%s}]}",
-             top_extra, *top_extra ? ", " : "", tup_port(up), *route_extra ? ", " : "",
-             route_extra);
-    px = px_start(json, "--workers", workers, NULL);
+    fx_start_r(top_extra, route_extra, "--workers", workers, NULL);
 }
 
 /* GET 'path' through the proxy with 'headers'; asserts the transfer itself worked. */
@@ -109,37 +88,12 @@ static bool is_uuid_v4(const char *s)
 
 static int raw_connect(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(px->port) };
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "connect: %s",
-                 strerror(errno));
-    return fd;
+    return raw_dial(px->port);
 }
 
 static void raw_send(int fd, const char *s)
 {
-    size_t n = strlen(s);
-    while (n) {
-        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
-        cr_assert_gt(w, 0, "send: %s", strerror(errno));
-        s += w;
-        n -= (size_t)w;
-    }
-}
-
-/* Waits up to 'timeout_ms' for bytes: >0 bytes read, 0 end of stream, -1 error (errno set;
- * ECONNRESET is a close too), -2 nothing arrived in time. */
-static ssize_t raw_recv(int fd, char *buf, size_t cap, int timeout_ms)
-{
-    struct pollfd p = { .fd = fd, .events = POLLIN };
-    int n = poll(&p, 1, timeout_ms);
-    if (n == 0)
-        return -2;
-    if (n < 0)
-        return -1;
-    return recv(fd, buf, cap, 0);
+    cr_assert(raw_send_all(fd, s, strlen(s)), "send: %s", strerror(errno));
 }
 
 /* Milliseconds until the peer closes 'fd' (end of stream or reset; bytes before it are
@@ -648,12 +602,10 @@ Test(forwarding, request_target_is_forwarded_byte_for_byte)
 
 Test(forwarding, upstream_base_path_prefixes_the_target)
 {
-    char json[512];
-    up = tup_start();
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"api\", \"upstreams\": [\"http://127.0.0.1:%u/api\"]}]}",
-             tup_port(up));
-    px = px_start(json, "--workers", "2", NULL);
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "api", "\"upstreams\": [\"%s/api\"]", fx_up_url(0));
+    fx_start_b(b, "--workers", "2", NULL);
     struct raw_resp r;
     raw_exchange("GET /x HTTP/1.1\r\nHost: t\r\nX-Request-Id: x\r\n\r\n", &r);
     cr_expect_eq(r.status, 200);
@@ -786,10 +738,10 @@ Test(forwarding, connect_is_405_and_no_route_is_404_json)
 
 /* ---- 9. route matching ---- */
 
-/* Which tup got the request with id 'id': 1 (up), 2 (up2), 0 neither, -1 both. */
+/* Which tup got the request with id 'id': 1 (up), 2 (fx_up(1)), 0 neither, -1 both. */
 static int receiver(const char *id)
 {
-    size_t a = tup_count_id(up, id), b = tup_count_id(up2, id);
+    size_t a = tup_count_id(up, id), b = tup_count_id(fx_up(1), id);
     return a && b ? -1 : a ? 1 : b ? 2 : 0;
 }
 
@@ -810,31 +762,21 @@ static long route_probe(const char *method, const char *path, const char *host, 
 
 Test(forwarding, routes_match_host_port_prefix_methods_first_wins)
 {
-    char json[2048];
-    up = tup_start();
-    up2 = tup_start();
-    unsigned a = tup_port(up), b = tup_port(up2);
-    snprintf(json, sizeof(json),
-             "{\"routes\": ["
-             "{\"name\": \"a-port\", \"match\": {\"host\": \"svc.test:8080\"}, "
-             "\"upstreams\": [\"http://127.0.0.1:%u\"]},"
-             "{\"name\": \"b-host\", \"match\": {\"host\": \"svc.test\"}, "
-             "\"upstreams\": [\"http://127.0.0.1:%u\"]},"
-             "{\"name\": \"a-prefix\", \"match\": {\"path_prefix\": \"/pa\"}, "
-             "\"upstreams\": [\"http://127.0.0.1:%u\"]},"
-             "{\"name\": \"b-post\", \"match\": {\"methods\": [\"POST\"]}, "
-             "\"upstreams\": [\"http://127.0.0.1:%u\"]},"
-             "{\"name\": \"a-same\", \"match\": {\"path_prefix\": \"/same\"}, "
-             "\"upstreams\": [\"http://127.0.0.1:%u\"]},"
-             "{\"name\": \"b-same\", \"match\": {\"path_prefix\": \"/same\"}, "
-             "\"upstreams\": [\"http://127.0.0.1:%u\"]}]}",
-             a, b, a, b, a, b);
-    px = px_start(json, "--workers", "2", NULL);
+    fx_upstreams(2);
+    struct cfgb *cb = cfgb_new();
+    const char *b = fx_up_url(1); /* routes named a-* go to upstream 0, b-* to upstream 1 */
+    cfgb_route(cb, "a-port", "\"match\": {\"host\": \"svc.test:8080\"}");
+    cfgb_route(cb, "b-host", "\"match\": {\"host\": \"svc.test\"}, \"upstreams\": [\"%s\"]", b);
+    cfgb_route(cb, "a-prefix", "\"match\": {\"path_prefix\": \"/pa\"}");
+    cfgb_route(cb, "b-post", "\"match\": {\"methods\": [\"POST\"]}, \"upstreams\": [\"%s\"]", b);
+    cfgb_route(cb, "a-same", "\"match\": {\"path_prefix\": \"/same\"}");
+    cfgb_route(cb, "b-same", "\"match\": {\"path_prefix\": \"/same\"}, \"upstreams\": [\"%s\"]", b);
+    fx_start_b(cb, "--workers", "2", NULL);
 
     static const struct {
         const char *method, *path, *host;
         long status;
-        int to; /* 1: up, 2: up2, 0: none */
+        int to; /* 1: up, 2: fx_up(1), 0: none */
     } cases[] = {
         { "GET", "/x", "SVC.Test:8080", 200, 1 }, /* host with port, case-insensitive */
         { "GET", "/x", "svc.test:9090", 200, 2 }, /* another port: only the portless pattern */
@@ -969,10 +911,10 @@ Test(forwarding, idle_upstream_connection_closed_by_the_upstream_costs_nothing)
 {
     uint16_t port;
     int lfd = bare_listen(&port);
-    char json[512], url[128];
-    snprintf(json, sizeof(json),
-             "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:%u\"]}]}", port);
-    px = px_start(json, "--workers", "1", NULL);
+    char url[128];
+    struct cfgb *cb = cfgb_new();
+    cfgb_route(cb, "r", "\"upstreams\": [\"http://127.0.0.1:%u\"]", port);
+    fx_start_b(cb, "--workers", "1", NULL);
 
     struct http_call a;
     http_call_start(&a, px_url(px, "/one", url, sizeof(url)), "idle-1", NULL);
