@@ -1,4 +1,4 @@
-/* Graceful shutdown (CONTRACT §8), end to end: the real binary, signalled by the test, against
+/* Graceful shutdown (docs/logs.md), end to end: the real binary, signalled by the test, against
  * the test upstream on 127.0.0.1.
  *
  * SIGTERM or SIGINT: /readyz turns 503, the listener stops accepting, requests in flight
@@ -15,6 +15,7 @@
 #include <criterion/logging.h>
 #include <curl/curl.h>
 #include <jansson.h>
+#include <math.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,39 +31,23 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define T 20000 /* ms: upper bound for any single request in these tests */
 /* How late an answer or an exit may come after the moment it is due: event-loop turns, the
  * 20 ms drain check, a loaded 2-core machine, sanitizers. */
 #define MARGIN_MS 500
 
-static struct tup *up;
-static struct px *px;
-
-/* Where the requests sent from their own threads go. */
-static const char *x_url(void)
-{
-    static char url[128];
-    return px_url(px, "/x", url, sizeof(url));
-}
-
-/* ---- requests sent from their own threads, so that the test can signal while they wait ---- */
-
-static struct http_call calls[4];
-
 static const char *hdr(const struct http_resp *r, const char *name)
 {
-    static char v[256];
-    const char *s = http_header(r, name, v, sizeof(v));
+    const char *s = http_hdr(r, name);
     return s ? s : "(none)";
 }
 
 /* A string member of a JSON object, "(none)" when absent or not a string. */
 static const char *jstr(const json_t *j, const char *key)
 {
-    const char *s = json_string_value(json_object_get(j, key));
+    const char *s = json_str(j, key);
     return s ? s : "(none)";
 }
 
@@ -70,43 +55,24 @@ static const char *jstr(const json_t *j, const char *key)
 
 static void setup(void)
 {
-    curl_global_init(CURL_GLOBAL_DEFAULT); /* before the call threads run libcurl */
-    up = tup_start();
+    fx_init_curl(); /* before the call threads run libcurl */
+    fx_upstreams(1);
 }
 
-static void teardown(void)
-{
-    /* a test that failed half-way may leave the proxy running: px_stop ends it (at once if it
-     * was draining), which also ends the calls still waiting on it */
-    if (px)
-        px_stop(px, 10000);
-    px = NULL;
-    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
-        http_call_join(&calls[i]);
-        http_free(&calls[i].r);
-    }
-    tup_stop(up);
-    up = NULL;
-    curl_global_cleanup();
-}
+/* A test that failed half-way may leave the proxy running: fx_stop_any ends it (at once if it
+ * was draining), which also ends the calls (fx_calls) still waiting on it. */
+TestSuite(shutdown, .init = setup, .fini = fx_stop_any, .timeout = 60);
 
-TestSuite(shutdown, .init = setup, .fini = teardown, .timeout = 60);
-
-/* Starts the proxy with route "r" to tup: 'top' are top-level members with a trailing comma,
- * 'retry' the route's "retry" object. */
+/* Starts the proxy with route "r" to tup: 'top' are top-level members, 'retry' the route's
+ * "retry" object. */
 static void start(const char *top, const char *retry)
 {
-    char json[2048];
-    int n = snprintf(json, sizeof(json),
-                     "{%s \"routes\": [{\"name\": \"r\", \"upstreams\": "
-                     "[\"http://127.0.0.1:%u\"], \"retry\": %s}]}",
-                     top, tup_port(up), retry);
-    cr_assert(n > 0 && (size_t)n < sizeof(json));
-    px = px_start(json, "--workers", "2", NULL);
+    char route[512];
+    snprintf(route, sizeof(route), "\"retry\": %s", retry);
+    fx_start_r(top, route, "--workers", "2", NULL);
 }
 
-#define FIXED(ms)                                                                                  \
-    "{\"backoff\": {\"policy\": \"fixed\", \"base_ms\": " #ms ", \"jitter\": \"none\"}}"
+#define FIXED(ms) "{" CFG_FIXED(ms) "}"
 
 /* ---- signals and the exit ---- */
 
@@ -143,29 +109,11 @@ static int reap(void)
     return st;
 }
 
-/* Waits until the upstream has seen 'n' attempts of 'id'. */
-static void wait_upstream(const char *id, size_t n)
-{
-    int64_t deadline = now_ms() + 5000;
-    while (tup_count_id(up, id) < n && now_ms() < deadline)
-        sleep_ms(2);
-    cr_assert_geq(tup_count_id(up, id), n, "upstream saw %zu attempts of %s, want %zu",
-                  tup_count_id(up, id), id, n);
-}
-
 /* The retries_in_flight gauge, -1 if it cannot be read. */
 static double in_flight(void)
 {
-    char url[128];
-    struct http_resp r;
-    http_do("GET", px_admin_url(px, "/metrics", url, sizeof(url)), NULL, NULL, 0, 5000, &r);
-    double v = -1;
-    const char *s =
-        r.rc == 0 && r.body ? strstr((char *)r.body, "\nretryproxy_retries_in_flight ") : NULL;
-    if (s)
-        v = strtod(s + strlen("\nretryproxy_retries_in_flight "), NULL);
-    http_free(&r);
-    return v;
+    double v;
+    return fx_scrape_metric("retryproxy_retries_in_flight", &v) == 0 && !isnan(v) ? v : -1;
 }
 
 /* Waits until 'n' retries are in flight: the requests that failed once are in backoff. */
@@ -206,30 +154,30 @@ static int connect_proxy(void)
 
 Test(shutdown, requests_in_flight_complete_after_sigterm)
 {
-    start("\"drain_timeout_ms\": 5000,", FIXED(200));
-    http_call_start(&calls[0], x_url(), "held", "delay=500");
-    http_call_start(&calls[1], x_url(), "backoff", "fail=1;status=503");
-    wait_upstream("held", 1);
-    wait_upstream("backoff", 1);
+    start("\"drain_timeout_ms\": 5000", FIXED(200));
+    http_call_start(&fx_calls[0], fx_url("/x"), "held", "delay=500");
+    http_call_start(&fx_calls[1], fx_url("/x"), "backoff", "fail=1;status=503");
+    fx_wait_upstream("held", 1);
+    fx_wait_upstream("backoff", 1);
     wait_in_flight(1); /* "backoff" waits its 200 ms, "held" is held by the upstream */
     int64_t t0 = now_ms();
     cr_assert_eq(tup_count_id(up, "backoff"), 1, "the backoff was over before the signal");
     signal_proxy(SIGTERM);
     int64_t took = wait_exit(t0, 5000 + 2000);
-    http_call_join(&calls[0]);
-    http_call_join(&calls[1]);
+    http_call_join(&fx_calls[0]);
+    http_call_join(&fx_calls[1]);
     cr_log_info("in flight: SIGTERM -> exit in %lld ms; held %ld after %lld ms, backoff %ld "
                 "after %lld ms",
-                (long long)took, calls[0].r.status, (long long)(calls[0].t_end - t0),
-                calls[1].r.status, (long long)(calls[1].t_end - t0));
+                (long long)took, fx_calls[0].r.status, (long long)(fx_calls[0].t_end - t0),
+                fx_calls[1].r.status, (long long)(fx_calls[1].t_end - t0));
 
-    cr_expect_eq(calls[0].r.rc, 0, "held: curl error %d", calls[0].r.rc);
-    cr_expect_eq(calls[0].r.status, 200, "held: status %ld", calls[0].r.status);
-    cr_expect_str_eq(hdr(&calls[0].r, "X-Retry-Stop"), "(none)");
-    cr_expect_eq(calls[1].r.rc, 0, "backoff: curl error %d", calls[1].r.rc);
-    cr_expect_eq(calls[1].r.status, 200, "backoff: status %ld", calls[1].r.status);
-    cr_expect_str_eq(hdr(&calls[1].r, "X-Retry-Attempts"), "2");
-    cr_expect_str_eq(hdr(&calls[1].r, "X-Retry-Stop"), "(none)");
+    cr_expect_eq(fx_calls[0].r.rc, 0, "held: curl error %d", fx_calls[0].r.rc);
+    cr_expect_eq(fx_calls[0].r.status, 200, "held: status %ld", fx_calls[0].r.status);
+    cr_expect_str_eq(hdr(&fx_calls[0].r, "X-Retry-Stop"), "(none)");
+    cr_expect_eq(fx_calls[1].r.rc, 0, "backoff: curl error %d", fx_calls[1].r.rc);
+    cr_expect_eq(fx_calls[1].r.status, 200, "backoff: status %ld", fx_calls[1].r.status);
+    cr_expect_str_eq(hdr(&fx_calls[1].r, "X-Retry-Attempts"), "2");
+    cr_expect_str_eq(hdr(&fx_calls[1].r, "X-Retry-Stop"), "(none)");
     cr_expect_eq(tup_count_id(up, "backoff"), 2, "the retry after the signal was not made");
     cr_assert_geq(took, 0, "the proxy did not exit within the drain timeout");
     /* nothing left to wait for once both are answered: no need to sit out the 5 s timeout */
@@ -239,11 +187,12 @@ Test(shutdown, requests_in_flight_complete_after_sigterm)
 
 Test(shutdown, readyz_is_503_and_new_connections_are_refused_while_draining)
 {
-    start("\"drain_timeout_ms\": 5000,", FIXED(10));
+    start("\"drain_timeout_ms\": 5000", FIXED(10));
     cr_assert_eq(admin_status("/readyz"), 200);
     cr_assert_eq(connect_proxy(), 0, "the proxy listener does not accept before the signal");
-    http_call_start(&calls[0], x_url(), "held", "delay=1500"); /* keeps the proxy draining */
-    wait_upstream("held", 1);
+    http_call_start(&fx_calls[0], fx_url("/x"), "held",
+                    "delay=1500"); /* keeps the proxy draining */
+    fx_wait_upstream("held", 1);
     int64_t t0 = now_ms();
     signal_proxy(SIGTERM);
 
@@ -267,9 +216,9 @@ Test(shutdown, readyz_is_503_and_new_connections_are_refused_while_draining)
     cr_expect_lt(t_refused, MARGIN_MS, "refused only after %lld ms", (long long)t_refused);
     cr_expect_eq(healthz, 200, "/healthz %ld while the process runs", healthz);
 
-    http_call_join(&calls[0]);
-    cr_expect_eq(calls[0].r.rc, 0, "held: curl error %d", calls[0].r.rc);
-    cr_expect_eq(calls[0].r.status, 200, "held: status %ld", calls[0].r.status);
+    http_call_join(&fx_calls[0]);
+    cr_expect_eq(fx_calls[0].r.rc, 0, "held: curl error %d", fx_calls[0].r.rc);
+    cr_expect_eq(fx_calls[0].r.status, 200, "held: status %ld", fx_calls[0].r.status);
     int64_t took = wait_exit(t0, 5000 + 2000);
     cr_log_info("draining: exit %lld ms after SIGTERM", (long long)took);
     cr_assert_geq(took, 0, "no exit");
@@ -279,7 +228,7 @@ Test(shutdown, readyz_is_503_and_new_connections_are_refused_while_draining)
 #define DRAIN_MS              800 /* drain_timeout_ms of the tests that reach the deadline */
 #define STR(x)                #x
 #define XSTR(x)               STR(x)
-#define DRAINING_FOR_DRAIN_MS "\"drain_timeout_ms\": " XSTR(DRAIN_MS) ","
+#define DRAINING_FOR_DRAIN_MS "\"drain_timeout_ms\": " XSTR(DRAIN_MS)
 
 Test(shutdown, requests_in_a_long_backoff_get_their_last_response_at_the_deadline)
 {
@@ -287,15 +236,15 @@ Test(shutdown, requests_in_a_long_backoff_get_their_last_response_at_the_deadlin
     /* four of them, so that both workers have some */
     const char *ids[] = { "wait-0", "wait-1", "wait-2", "wait-3" };
     for (size_t i = 0; i < 4; i++)
-        http_call_start(&calls[i], x_url(), ids[i], "fail=1;status=503");
+        http_call_start(&fx_calls[i], fx_url("/x"), ids[i], "fail=1;status=503");
     for (size_t i = 0; i < 4; i++)
-        wait_upstream(ids[i], 1);
+        fx_wait_upstream(ids[i], 1);
     wait_in_flight(4);
     int64_t t0 = now_ms();
     signal_proxy(SIGTERM);
     int64_t took = wait_exit(t0, DRAIN_MS + 2000);
     for (size_t i = 0; i < 4; i++) {
-        struct http_call *c = &calls[i];
+        struct http_call *c = &fx_calls[i];
         http_call_join(c);
         int64_t at = c->t_end - t0;
         cr_log_info("%s: %ld %s after %lld ms", ids[i], c->r.status, hdr(&c->r, "X-Retry-Stop"),
@@ -324,14 +273,14 @@ Test(shutdown, requests_in_a_long_backoff_get_their_last_response_at_the_deadlin
 Test(shutdown, request_without_an_upstream_answer_gets_a_json_503_draining)
 {
     start(DRAINING_FOR_DRAIN_MS, FIXED(10));
-    http_call_start(&calls[0], x_url(), "hung", "fail=1;action=hang");
-    wait_upstream("hung", 1);
+    http_call_start(&fx_calls[0], fx_url("/x"), "hung", "fail=1;action=hang");
+    fx_wait_upstream("hung", 1);
     int64_t t0 = now_ms();
     signal_proxy(SIGTERM);
     int64_t took = wait_exit(t0, DRAIN_MS + 2000);
-    http_call_join(&calls[0]);
-    struct http_resp *r = &calls[0].r;
-    int64_t at = calls[0].t_end - t0;
+    http_call_join(&fx_calls[0]);
+    struct http_resp *r = &fx_calls[0].r;
+    int64_t at = fx_calls[0].t_end - t0;
     cr_log_info("hung: %ld after %lld ms, exit after %lld ms: %.*s", r->status, (long long)at,
                 (long long)took, (int)r->body_len, r->body ? (char *)r->body : "");
     cr_expect_eq(r->rc, 0, "curl error %d", r->rc);
@@ -354,9 +303,9 @@ Test(shutdown, request_without_an_upstream_answer_gets_a_json_503_draining)
 
 Test(shutdown, second_signal_exits_at_once)
 {
-    start("\"drain_timeout_ms\": 10000,", FIXED(5000));
-    http_call_start(&calls[0], x_url(), "waiting", "fail=1;status=503");
-    wait_upstream("waiting", 1);
+    start("\"drain_timeout_ms\": 10000", FIXED(5000));
+    http_call_start(&fx_calls[0], fx_url("/x"), "waiting", "fail=1;status=503");
+    fx_wait_upstream("waiting", 1);
     wait_in_flight(1);
     signal_proxy(SIGTERM);
     sleep_ms(200);
@@ -369,21 +318,21 @@ Test(shutdown, second_signal_exits_at_once)
     cr_expect_lt(took, 1000, "exit %lld ms after the second signal", (long long)took);
     int st = reap();
     cr_expect_eq(st, 128 + SIGINT, "exit status %d, want %d", st, 128 + SIGINT);
-    http_call_join(&calls[0]); /* its connection died with the process */
+    http_call_join(&fx_calls[0]); /* its connection died with the process */
 }
 
 Test(shutdown, zero_drain_timeout_answers_waiting_requests_at_once)
 {
-    start("\"drain_timeout_ms\": 0,", FIXED(5000));
-    http_call_start(&calls[0], x_url(), "now", "fail=1;status=503");
-    wait_upstream("now", 1);
+    start("\"drain_timeout_ms\": 0", FIXED(5000));
+    http_call_start(&fx_calls[0], fx_url("/x"), "now", "fail=1;status=503");
+    fx_wait_upstream("now", 1);
     wait_in_flight(1);
     int64_t t0 = now_ms();
     signal_proxy(SIGTERM);
     int64_t took = wait_exit(t0, 2000);
-    http_call_join(&calls[0]);
-    struct http_resp *r = &calls[0].r;
-    int64_t at = calls[0].t_end - t0;
+    http_call_join(&fx_calls[0]);
+    struct http_resp *r = &fx_calls[0].r;
+    int64_t at = fx_calls[0].t_end - t0;
     cr_log_info("drain 0: %ld %s after %lld ms, exit after %lld ms", r->status,
                 hdr(r, "X-Retry-Stop"), (long long)at, (long long)took);
     cr_expect_eq(r->rc, 0, "curl error %d", r->rc);
