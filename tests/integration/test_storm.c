@@ -1,5 +1,5 @@
-/* Retry budgets under load (CONTRACT §3 "budget", §3.1 scope route, §5, §7), end to end: the
- * real binary against the test upstream on 127.0.0.1.
+/* Retry budgets under load (docs/budgets.md, docs/backoff.md scope route, docs/reload.md,
+ * docs/metrics.md), end to end: the real binary against the test upstream on 127.0.0.1.
  *
  * The proxy counts a retry "in flight" from the decision to retry until that retry's attempt
  * ends, its backoff wait included; the top-level budget caps that count process-wide and a
@@ -30,164 +30,45 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define T 20000 /* ms: upper bound for any single request in these tests */
 /* The contract gives a reload one second to apply; room for a loaded machine and sanitizers. */
 #define RELOAD_MS 3000
-
-static struct tup *up;
-static struct px *px;
-
-/* Where the requests sent from their own threads go. */
-static const char *x_url(void)
-{
-    static char url[128];
-    return px_url(px, "/x", url, sizeof(url));
-}
-static char dir[64];       /* a config directory of our own (px->dir holds the proxy's output) */
-static char cfg_path[128]; /* dir/config.json */
-
-/* ---- a request sent from its own thread, so that the test can act while it waits ---- */
-
-static struct http_call calls[3];
 
 /* ---- suite set-up ---- */
 
 static void setup(void)
 {
     /* the metrics sampler and the call threads run libcurl beside the main thread */
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    up = tup_start();
-    snprintf(dir, sizeof(dir), "/tmp/retryproxy-storm-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-    snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", dir);
+    fx_init_curl();
+    fx_upstreams(1);
+    fx_config_dir("storm"); /* px->dir holds the proxy's output */
 }
 
-static void teardown(void)
-{
-    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
-        http_call_join(&calls[i]);
-        http_free(&calls[i].r);
-    }
-    if (px)
-        px_stop_clean(px);
-    px = NULL;
-    tup_stop(up);
-    up = NULL;
-    if (dir[0])
-        rm_tree(dir);
-    dir[0] = '\0';
-    curl_global_cleanup();
-}
-
-TestSuite(storm, .init = setup, .fini = teardown, .timeout = 90);
+TestSuite(storm, .init = setup, .fini = fx_stop, .timeout = 90);
 
 /* ---- config and admin ---- */
 
-/* Writes the config atomically (temporary file + rename), as an editor saves. */
 static void cfg_write(const char *text)
 {
-    char tmp[160];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", cfg_path);
-    FILE *f = fopen(tmp, "w");
-    cr_assert_not_null(f, "fopen %s: %s", tmp, strerror(errno));
-    int put = fputs(text, f);
-    int closed = fclose(f);
-    cr_assert(put >= 0 && closed == 0, "write %s: %s", tmp, strerror(errno));
-    cr_assert_eq(rename(tmp, cfg_path), 0, "rename: %s", strerror(errno));
+    cfg_write_renamed(fx_cfg_path, text);
 }
 
-/* Config with route "r" to tup: 'top' is top-level members with a trailing comma (or ""),
- * 'route' the route's members after "upstreams" (with a leading comma, or ""). */
-static void cfg_text(char *buf, size_t cap, const char *top, const char *route)
-{
-    int n = snprintf(buf, cap,
-                     "{%s \"routes\": [{\"name\": \"r\", "
-                     "\"upstreams\": [\"http://127.0.0.1:%u\"]%s}]}\n",
-                     top, tup_port(up), route);
-    cr_assert(n > 0 && (size_t)n < cap, "config text does not fit");
-}
-
-/* Starts the proxy on cfg_path (so the test may rewrite it), two workers. */
-static void launch(void)
-{
-    const char *args[] = { "-c",          cfg_path,    "--listen", "127.0.0.1:0", "--admin",
-                           "127.0.0.1:0", "--workers", "2",        NULL };
-    px = px_start_argv(args);
-}
-
+/* Starts the proxy, two workers, on fx_cfg_path (so the test may rewrite it) holding a config
+ * with 'top' members and route "r" to tup with 'route' members. */
 static void start(const char *top, const char *route)
 {
-    char text[4096];
-    cfg_text(text, sizeof(text), top, route);
+    char *text = cfg_r(top, route);
     cfg_write(text);
-    launch();
-}
-
-/* The value of one series ("name{labels}" exactly as rendered, or a bare name) in a /metrics
- * text, NAN if absent. */
-static double series_in(const char *text, const char *series)
-{
-    size_t n = strlen(series);
-    for (const char *line = text; line && *line;) {
-        if (strncmp(line, series, n) == 0 && line[n] == ' ')
-            return strtod(line + n + 1, NULL);
-        const char *nl = strchr(line, '\n');
-        line = nl ? nl + 1 : NULL;
-    }
-    return NAN;
-}
-
-/* One scrape of /metrics; returns 0 and the value of 'series' in '*v', or -1 on a failed
- * scrape (never asserts: the sampler thread calls it). */
-static int scrape_one(const char *series, double *v)
-{
-    char url[128];
-    struct http_resp r;
-    http_do("GET", px_admin_url(px, "/metrics", url, sizeof(url)), NULL, NULL, 0, 5000, &r);
-    int rc = r.rc == 0 && r.status == 200 && r.body ? 0 : -1;
-    if (rc == 0)
-        *v = series_in((const char *)r.body, series);
-    http_free(&r);
-    return rc;
-}
-
-static double metric(const char *series)
-{
-    double v = NAN;
-    cr_assert_eq(scrape_one(series, &v), 0, "GET /metrics failed");
-    return v;
+    free(text);
+    const char *args[] = { "-c",          fx_cfg_path, "--listen", "127.0.0.1:0", "--admin",
+                           "127.0.0.1:0", "--workers", "2",        NULL };
+    fx_start_argv(args);
 }
 
 #define IN_FLIGHT      "retryproxy_retries_in_flight"
 #define DENIED(reason) "retryproxy_retries_denied_total{route=\"r\",reason=\"" reason "\"}"
-
-/* Polls a gauge until it equals 'want'; returns the last value seen. */
-static double wait_metric(const char *series, double want, int timeout_ms)
-{
-    int64_t deadline = now_ms() + timeout_ms;
-    double v;
-    while ((v = metric(series)) != want && now_ms() < deadline)
-        sleep_ms(10);
-    return v;
-}
-
-/* GET /config, parsed (the caller decrefs). */
-static json_t *get_config(void)
-{
-    char url[128];
-    struct http_resp r;
-    http_do("GET", px_admin_url(px, "/config", url, sizeof(url)), NULL, NULL, 0, 5000, &r);
-    cr_assert_eq(r.rc, 0, "GET /config: curl error %d", r.rc);
-    cr_assert_eq(r.status, 200, "GET /config: %ld", r.status);
-    json_error_t err;
-    json_t *j = json_loadb((const char *)r.body, r.body_len, 0, &err);
-    cr_assert_not_null(j, "GET /config: not JSON: %s", err.text);
-    http_free(&r);
-    return j;
-}
 
 /* Waits until /config shows generation 'gen' with routes[0].timeout_ms == 'timeout_ms';
  * milliseconds waited, -1 after RELOAD_MS. */
@@ -195,7 +76,7 @@ static int64_t wait_generation(long gen, long timeout_ms)
 {
     int64_t t0 = now_ms();
     for (;;) {
-        json_t *c = get_config();
+        json_t *c = fx_admin_get_json("/config");
         json_t *route = json_array_get(json_object_get(json_object_get(c, "config"), "routes"), 0);
         bool ok = json_integer_value(json_object_get(c, "generation")) >= gen &&
                   json_integer_value(json_object_get(route, "timeout_ms")) == timeout_ms;
@@ -221,26 +102,10 @@ static void get(const char *id, const char *plan, struct http_resp *r)
     cr_assert_eq(r->rc, 0, "request %s: curl error %d", id, r->rc);
 }
 
-static const char *hdr(const struct http_resp *r, const char *name)
-{
-    static char v[256];
-    return http_header(r, name, v, sizeof(v));
-}
-
 static int hdr_int(const struct http_resp *r, const char *name)
 {
-    const char *v = hdr(r, name);
+    const char *v = http_hdr(r, name);
     return v ? atoi(v) : -1;
-}
-
-/* Waits until tup has recorded 'n' attempts of 'id'. */
-static void wait_upstream(const char *id, size_t n)
-{
-    int64_t deadline = now_ms() + 5000;
-    while (tup_count_id(up, id) < n && now_ms() < deadline)
-        sleep_ms(5);
-    cr_assert_geq(tup_count_id(up, id), n, "upstream saw %zu attempts of %s, want %zu",
-                  tup_count_id(up, id), id, n);
 }
 
 /* ================================ 1. the storm ================================ */
@@ -264,13 +129,6 @@ struct storm_tally {
 };
 
 static const char *const storm_stops[3] = { "max-attempts", "concurrency", "budget" };
-
-static size_t discard(char *p, size_t size, size_t n, void *ud)
-{
-    (void)p;
-    (void)ud;
-    return size * n;
-}
 
 static size_t on_client_header(char *p, size_t size, size_t n, void *ud)
 {
@@ -301,7 +159,7 @@ static void client_next(CURLM *m, struct client *c, const char *url, long seq)
     curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
     curl_easy_setopt(c->e, CURLOPT_TIMEOUT_MS, (long)T);
     curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, http_discard);
     curl_easy_setopt(c->e, CURLOPT_HEADERFUNCTION, on_client_header);
     curl_easy_setopt(c->e, CURLOPT_HEADERDATA, c);
     curl_easy_setopt(c->e, CURLOPT_PRIVATE, c);
@@ -397,7 +255,7 @@ static void *sampler_main(void *arg)
     struct sampler *s = arg;
     while (!atomic_load(&s->stop)) {
         double v;
-        if (scrape_one(IN_FLIGHT, &v) == 0 && !isnan(v)) {
+        if (fx_scrape_metric(IN_FLIGHT, &v) == 0 && !isnan(v)) {
             s->samples++;
             if (v > s->max)
                 s->max = v;
@@ -407,12 +265,6 @@ static void *sampler_main(void *arg)
         sleep_ms(50);
     }
     return NULL;
-}
-
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
 }
 
 /* The most retries (X-Retry-Attempt >= 2) the upstream was serving at one instant. tup holds
@@ -436,8 +288,8 @@ static size_t upstream_max_concurrent_retries(size_t *n_retries, int64_t hold_ms
             k++;
         }
     }
-    qsort(start, k, sizeof(*start), cmp_i64);
-    qsort(stop, k, sizeof(*stop), cmp_i64);
+    qsort(start, k, sizeof(*start), fx_cmp_i64);
+    qsort(stop, k, sizeof(*stop), fx_cmp_i64);
     /* sweep: at equal instants an interval ending counts before one starting (half-open) */
     size_t cur = 0, best = 0;
     for (size_t i = 0, j = 0; i < k;) {
@@ -463,8 +315,8 @@ Test(storm, concurrency_cap_holds_under_hundreds_of_clients)
     snprintf(plan, sizeof(plan), "fail=1000000;status=503;delay=%d", STORM_DELAY_MS);
     tup_set_default_plan(up, plan);
     start("\"budget\": {\"max_concurrent_retries\": 20, \"retry_ratio\": 100, "
-          "\"min_retries_per_second\": 100000},",
-          ", \"retry\": {\"max_attempts\": 5, \"backoff\": {\"policy\": \"fixed\", "
+          "\"min_retries_per_second\": 100000}",
+          "\"retry\": {\"max_attempts\": 5, \"backoff\": {\"policy\": \"fixed\", "
           "\"base_ms\": 50, \"jitter\": \"none\"}}, "
           "\"budget\": {\"max_concurrent_retries\": null, \"retry_ratio\": 100, "
           "\"min_retries_per_second\": 100000}");
@@ -479,8 +331,8 @@ Test(storm, concurrency_cap_holds_under_hundreds_of_clients)
 
     size_t n_retries = 0;
     size_t up_max = upstream_max_concurrent_retries(&n_retries, STORM_DELAY_MS);
-    double denied_conc = metric(DENIED("concurrency"));
-    double denied_budget = metric(DENIED("budget"));
+    double denied_conc = fx_metric(DENIED("concurrency"));
+    double denied_budget = fx_metric(DENIED("budget"));
     cr_log_info("storm: retries_in_flight max %.0f over %ld samples (%ld failed scrapes); "
                 "upstream: %zu attempts, %zu retries, at most %zu retries at once",
                 s.max, s.samples, s.failures, tup_count(up), n_retries, up_max);
@@ -506,7 +358,7 @@ Test(storm, concurrency_cap_holds_under_hundreds_of_clients)
                  "retries_denied_total{reason=concurrency} %.0f, clients saw %ld", denied_conc,
                  t.stops[1]);
     /* every slot is given back once the storm is over */
-    double left = wait_metric(IN_FLIGHT, 0, 2000);
+    double left = fx_wait_metric(IN_FLIGHT, 0, 2000);
     cr_expect_eq(left, 0, "retries_in_flight is %.0f after every request ended", left);
 }
 
@@ -525,7 +377,7 @@ static double run_ratio(const char *what)
         snprintf(id, sizeof(id), "ratio-%d", i);
         struct http_resp r;
         get(id, NULL, &r);
-        const char *s = hdr(&r, "X-Retry-Stop");
+        const char *s = http_hdr(&r, "X-Retry-Stop");
         if (r.status == 503 && s && strcmp(s, "max-attempts") == 0)
             stops[0]++;
         else if (r.status == 503 && s && strcmp(s, "budget") == 0)
@@ -537,7 +389,7 @@ static double run_ratio(const char *what)
     }
     size_t attempts = tup_count(up);
     double ratio = (double)attempts / RATIO_REQUESTS;
-    double denied = metric(DENIED("budget"));
+    double denied = fx_metric(DENIED("budget"));
     cr_log_info("ratio (%s): %d requests, %zu upstream attempts (%.3f per request); stops "
                 "max-attempts %ld, budget %ld; denied_total budget %.0f",
                 what, RATIO_REQUESTS, attempts, ratio, stops[0], stops[1], denied);
@@ -557,14 +409,12 @@ static double run_ratio(const char *what)
     return ratio;
 }
 
-#define RATIO_RETRY                                                                                \
-    ", \"retry\": {\"max_attempts\": 3, \"backoff\": {\"policy\": \"fixed\", "                     \
-    "\"base_ms\": 1, \"jitter\": \"none\"}}"
+#define RATIO_RETRY "\"retry\": {\"max_attempts\": 3, " CFG_FIXED(1) "}"
 
 Test(storm, process_wide_ratio_budget_bounds_retries)
 {
     start("\"budget\": {\"max_concurrent_retries\": null, \"retry_ratio\": 0.2, "
-          "\"min_retries_per_second\": 0, \"window_ms\": 60000},",
+          "\"min_retries_per_second\": 0, \"window_ms\": 60000}",
           RATIO_RETRY ", \"budget\": {\"retry_ratio\": 100, \"min_retries_per_second\": 100000}");
     run_ratio("top-level budget binds");
 }
@@ -572,7 +422,7 @@ Test(storm, process_wide_ratio_budget_bounds_retries)
 Test(storm, route_ratio_budget_bounds_retries)
 {
     start("\"budget\": {\"max_concurrent_retries\": null, \"retry_ratio\": 100, "
-          "\"min_retries_per_second\": 100000},",
+          "\"min_retries_per_second\": 100000}",
           RATIO_RETRY ", \"budget\": {\"retry_ratio\": 0.2, \"min_retries_per_second\": 0, "
                       "\"window_ms\": 60000}");
     run_ratio("route budget binds");
@@ -582,7 +432,7 @@ Test(storm, route_ratio_budget_bounds_retries)
 
 #define SLOT_WAIT_MS 1500
 #define SLOT_ROUTE(timeout)                                                                        \
-    ", \"timeout_ms\": " #timeout ", \"retry\": {\"max_attempts\": 2, \"backoff\": "               \
+    "\"timeout_ms\": " #timeout ", \"retry\": {\"max_attempts\": 2, \"backoff\": "                 \
     "{\"policy\": \"fixed\", \"base_ms\": 1500, \"jitter\": \"none\"}}, "                          \
     "\"budget\": {\"max_concurrent_retries\": 1}"
 
@@ -590,9 +440,9 @@ Test(storm, route_ratio_budget_bounds_retries)
  * slot) and waits until its retry is in flight. */
 static void start_slot_holder(struct http_call *a)
 {
-    http_call_start(a, x_url(), "slot-a", "fail=1;status=503");
-    wait_upstream("slot-a", 1);
-    double v = wait_metric(IN_FLIGHT, 1, 2000);
+    http_call_start(a, fx_url("/x"), "slot-a", "fail=1;status=503");
+    fx_wait_upstream("slot-a", 1);
+    double v = fx_wait_metric(IN_FLIGHT, 1, 2000);
     cr_assert_eq(v, 1, "request A's retry is not in flight (retries_in_flight %.0f)", v);
 }
 
@@ -602,10 +452,10 @@ static void expect_denied_for_concurrency(const char *id)
     struct http_resp r;
     get(id, "fail=1;status=503", &r);
     cr_log_info("%s: %ld in %.3f s, X-Retry-Stop %s", id, r.status, r.seconds,
-                hdr(&r, "X-Retry-Stop") ? hdr(&r, "X-Retry-Stop") : "(none)");
+                http_hdr(&r, "X-Retry-Stop") ? http_hdr(&r, "X-Retry-Stop") : "(none)");
     cr_expect_eq(r.status, 503, "%s: status %ld", id, r.status);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Stop") ? hdr(&r, "X-Retry-Stop") : "(none)", "concurrency",
-                     "%s was not denied for concurrency", id);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop") ? http_hdr(&r, "X-Retry-Stop") : "(none)",
+                     "concurrency", "%s was not denied for concurrency", id);
     cr_expect_eq(hdr_int(&r, "X-Retry-Attempts"), 1);
     cr_expect_eq(hdr_int(&r, "X-Tup-Attempt"), 1, "%s: not its own first 503", id);
     cr_expect_lt(r.seconds, 0.5, "%s answered after %.3f s, not at once", id, r.seconds);
@@ -630,23 +480,23 @@ static void expect_slot_holder_succeeds(struct http_call *a)
 Test(storm, route_concurrency_cap_denies_a_second_retry_at_once)
 {
     start("", SLOT_ROUTE(15000));
-    start_slot_holder(&calls[0]);
+    start_slot_holder(&fx_calls[0]);
     expect_denied_for_concurrency("slot-b");
-    cr_expect_eq(metric(DENIED("concurrency")), 1);
-    expect_slot_holder_succeeds(&calls[0]);
-    cr_expect_eq(wait_metric(IN_FLIGHT, 0, 2000), 0, "the slot was not given back");
+    cr_expect_eq(fx_metric(DENIED("concurrency")), 1);
+    expect_slot_holder_succeeds(&fx_calls[0]);
+    cr_expect_eq(fx_wait_metric(IN_FLIGHT, 0, 2000), 0, "the slot was not given back");
 }
 
 Test(storm, route_concurrency_slot_survives_a_reload)
 {
     start("", SLOT_ROUTE(15000));
-    start_slot_holder(&calls[0]);
+    start_slot_holder(&fx_calls[0]);
 
     /* an unrelated change: the route keeps its name, so its budget state must stay */
-    char text[4096];
-    cfg_text(text, sizeof(text), "", SLOT_ROUTE(16000));
+    char *text = cfg_r("", SLOT_ROUTE(16000));
     int64_t t0 = now_ms();
     cfg_write(text);
+    free(text);
     int64_t lat = wait_generation(2, 16000);
     cr_assert_geq(lat, 0, "the reload was not applied within %d ms", RELOAD_MS);
     cr_log_info("reload applied after %lld ms", (long long)lat);
@@ -655,17 +505,17 @@ Test(storm, route_concurrency_slot_survives_a_reload)
     cr_assert_eq(tup_count_id(up, "slot-a"), 1, "A's wait ended before the check");
 
     expect_denied_for_concurrency("slot-b");
-    expect_slot_holder_succeeds(&calls[0]);
+    expect_slot_holder_succeeds(&fx_calls[0]);
 
     /* the slot is free again under the new generation: C retries and succeeds */
     struct http_resp r;
     get("slot-c", "fail=1;status=503", &r);
     cr_expect_eq(r.status, 200, "request C: status %ld, X-Retry-Stop %s", r.status,
-                 hdr(&r, "X-Retry-Stop") ? hdr(&r, "X-Retry-Stop") : "(none)");
+                 http_hdr(&r, "X-Retry-Stop") ? http_hdr(&r, "X-Retry-Stop") : "(none)");
     cr_expect_eq(hdr_int(&r, "X-Retry-Attempts"), 2);
     cr_expect_eq(tup_count_id(up, "slot-c"), 2);
     http_free(&r);
-    cr_expect_eq(metric(DENIED("concurrency")), 1);
+    cr_expect_eq(fx_metric(DENIED("concurrency")), 1);
 }
 
 /* ========================== 5. route-scoped backoff ========================== */
@@ -742,7 +592,7 @@ static void expect_wait(const char *id, long want)
 }
 
 #define ROUTE_SCOPE(timeout, reset)                                                                \
-    ", \"timeout_ms\": " #timeout ", \"retry\": {\"backoff\": {\"policy\": \"exponential\", "      \
+    "\"timeout_ms\": " #timeout ", \"retry\": {\"backoff\": {\"policy\": \"exponential\", "        \
     "\"base_ms\": 100, \"factor\": 2, \"jitter\": \"none\", \"scope\": \"route\", "                \
     "\"reset_after_ms\": " #reset "}}"
 
@@ -753,9 +603,9 @@ Test(storm, route_scoped_backoff_is_one_sequence_that_survives_a_reload)
     expect_wait("seq-2", 200);
     expect_wait("seq-3", 400);
 
-    char text[4096];
-    cfg_text(text, sizeof(text), "", ROUTE_SCOPE(16000, 60000));
+    char *text = cfg_r("", ROUTE_SCOPE(16000, 60000));
     cfg_write(text);
+    free(text);
     int64_t lat = wait_generation(2, 16000);
     cr_assert_geq(lat, 0, "the reload was not applied within %d ms", RELOAD_MS);
     expect_wait("seq-4", 800);
@@ -774,7 +624,7 @@ Test(storm, a_refused_retry_does_not_move_the_route_sequence)
     http_do("POST", px_url(px, "/x", url, sizeof(url)), h, "body", 4, T, &r);
     cr_assert_eq(r.rc, 0);
     cr_expect_eq(r.status, 503);
-    cr_expect_str_eq(hdr(&r, "X-Retry-Stop"), "not-retryable");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "not-retryable");
     http_free(&r);
     expect_wait("moved-2", 200);
 }
@@ -791,9 +641,7 @@ Test(storm, route_scoped_backoff_restarts_after_reset_after_ms)
 
 /* ==================== 6. a client that gives up during a wait ==================== */
 
-#define FIXED_WAIT(ms)                                                                             \
-    ", \"retry\": {\"max_attempts\": 3, \"backoff\": {\"policy\": \"fixed\", \"base_ms\": " #ms    \
-    ", \"jitter\": \"none\"}}"
+#define FIXED_WAIT(ms) "\"retry\": {\"max_attempts\": 3, " CFG_FIXED(ms) "}"
 
 /* The request status and stop reason of the log line for 'id' (waits for it). */
 static bool logged_outcome(const char *id, long *status, char *stop, size_t cap)
@@ -823,7 +671,7 @@ static int send_and_wait_first_attempt(const char *id)
                      "X-Test-Plan: fail=5;status=503\r\n\r\n",
                      id);
     cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
-    wait_upstream(id, 1);
+    fx_wait_upstream(id, 1);
     return fd;
 }
 
@@ -843,12 +691,12 @@ Test(storm, client_closing_during_a_backoff_wait_ends_the_retrying)
     cr_expect_eq(tup_count_id(up, "stay"), 3);
 
     int fd = send_and_wait_first_attempt("gone");
-    cr_expect_eq(wait_metric(IN_FLIGHT, 1, 2000), 1, "the wait holds a retry slot");
+    cr_expect_eq(fx_wait_metric(IN_FLIGHT, 1, 2000), 1, "the wait holds a retry slot");
     int64_t t0 = now_ms();
     close(fd); /* the client gives up 0.6 s before the second attempt */
 
-    cr_expect_eq(wait_metric(IN_FLIGHT, 0, 2000), 0, "the slot was not given back");
-    cr_expect_eq(wait_metric("retryproxy_requests_total{route=\"r\",code=\"499\"}", 1, 2000), 1);
+    cr_expect_eq(fx_wait_metric(IN_FLIGHT, 0, 2000), 0, "the slot was not given back");
+    cr_expect_eq(fx_wait_metric("retryproxy_requests_total{route=\"r\",code=\"499\"}", 1, 2000), 1);
     cr_log_info("client gone: retry slot back after %lld ms", (long long)(now_ms() - t0));
     sleep_ms(1500); /* past both waits the request would have taken */
     cr_expect_eq(tup_count_id(up, "gone"), 1, "the upstream saw %zu attempts after the client left",
@@ -865,9 +713,9 @@ Test(storm, client_closing_during_a_backoff_wait_ends_the_retrying)
     struct linger lg = { .l_onoff = 1, .l_linger = 0 };
     cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
     close(fd); /* RST */
-    cr_expect_eq(wait_metric("retryproxy_requests_total{route=\"r\",code=\"499\"}", 2, 2000), 2);
+    cr_expect_eq(fx_wait_metric("retryproxy_requests_total{route=\"r\",code=\"499\"}", 2, 2000), 2);
     sleep_ms(1500);
     cr_expect_eq(tup_count_id(up, "reset"), 1, "the upstream saw %zu attempts after the reset",
                  tup_count_id(up, "reset"));
-    cr_expect_eq(metric(IN_FLIGHT), 0);
+    cr_expect_eq(fx_metric(IN_FLIGHT), 0);
 }
