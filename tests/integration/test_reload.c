@@ -1,5 +1,6 @@
-/* Hot reload (CONTRACT §5), end to end: the real binary with its config file rewritten under
- * it in every way editors, operators and kubelet do, observed through the admin API (§6) and
+/* Hot reload (docs/reload.md), end to end: the real binary with its config file rewritten under
+ * it in every way editors, operators and kubelet do, observed through the admin API
+ * (docs/admin.md) and
  * through requests to the test upstream on 127.0.0.1.
  *
  * The config always has one route "r" with a fixed, jitter-free backoff, so a base_ms change is
@@ -29,8 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tests/support/harness.h"
-#include "tests/support/tup.h"
+#include "tests/support/fixture.h"
 
 #define T 20000 /* ms: upper bound for any single request in these tests */
 /* The contract says "within one second of the write"; this leaves room for a loaded machine
@@ -39,10 +39,8 @@
 /* Longer than the 100 ms debounce plus a reload, for "nothing happened" checks. */
 #define SETTLE_MS 500
 
-static struct tup *up;
-static struct px *px;
-static char dir[64];       /* the config's directory */
-static char cfg_path[128]; /* dir/config.json */
+static char dir[64];                       /* the config's directory */
+static const char *cfg_path = fx_cfg_path; /* dir/config.json */
 
 /* Test 7's request, sent from its own thread so that the config can change while it waits. */
 static struct http_call flight;
@@ -50,26 +48,17 @@ static struct http_call flight;
 static void setup(void)
 {
     /* Test 7 runs libcurl in two threads: initialise it once, before any of them. */
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    up = tup_start();
-    snprintf(dir, sizeof(dir), "/tmp/retryproxy-reload-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-    snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", dir);
+    fx_init_curl();
+    fx_upstreams(1);
+    snprintf(dir, sizeof(dir), "%s", fx_config_dir("reload"));
 }
 
 static void teardown(void)
 {
     http_call_join(&flight);
     http_free(&flight.r);
-    if (px)
-        px_stop_clean(px);
-    px = NULL;
-    tup_stop(up);
-    up = NULL;
-    if (dir[0])
-        rm_tree(dir);
+    fx_stop();
     dir[0] = '\0';
-    curl_global_cleanup();
 }
 
 TestSuite(reload, .init = setup, .fini = teardown, .timeout = 60);
@@ -107,24 +96,14 @@ static void cfg_simple(char *buf, size_t cap, int max_attempts, int base_ms)
 /* open(O_TRUNC) + write: the file keeps its inode and is briefly empty or partial. */
 static void write_in_place(const char *path, const char *text, size_t len)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
-    for (size_t done = 0; done < len;) {
-        ssize_t w = write(fd, text + done, len - done);
-        cr_assert_gt(w, 0, "write %s: %s", path, strerror(errno));
-        done += (size_t)w;
-    }
-    cr_assert_eq(close(fd), 0);
+    cfg_write_in_place(path, text, len);
 }
 
 /* An editor's save: the whole new content under a temporary name in the same directory, then
  * rename(2) over the config (a new inode appears atomically). */
 static void write_renamed(const char *path, const char *text)
 {
-    char tmp[160];
-    snprintf(tmp, sizeof(tmp), "%s.swp", path);
-    write_in_place(tmp, text, strlen(text));
-    cr_assert_eq(rename(tmp, path), 0, "rename: %s", strerror(errno));
+    cfg_write_renamed(path, text);
 }
 
 /* ---- the proxy and its admin API ---- */
@@ -136,7 +115,7 @@ static void launch(bool pin_listeners)
     const char *pinned[] = { "-c",          cfg_path,    "--listen", "127.0.0.1:0", "--admin",
                              "127.0.0.1:0", "--workers", "2",        NULL };
     const char *unpinned[] = { "-c", cfg_path, "--workers", "2", NULL };
-    px = px_start_argv(pin_listeners ? pinned : unpinned);
+    fx_start_argv(pin_listeners ? pinned : unpinned);
 }
 
 /* Sends an admin request and parses its JSON answer (the caller decrefs). */
@@ -268,23 +247,8 @@ static int64_t wait_config(int64_t t0, long gen, long base, int timeout_ms)
 /* The value of one metric series ("name{labels}" exactly as rendered), -1 if absent. */
 static double metric(const char *series)
 {
-    char url[128];
-    struct http_resp r;
-    http_do("GET", px_admin_url(px, "/metrics", url, sizeof(url)), NULL, NULL, 0, 5000, &r);
-    cr_assert_eq(r.rc, 0, "GET /metrics: curl error %d", r.rc);
-    cr_assert_eq(r.status, 200);
-    double v = -1;
-    size_t n = strlen(series);
-    for (const char *line = (const char *)r.body; line && *line;) {
-        if (strncmp(line, series, n) == 0 && line[n] == ' ') {
-            v = strtod(line + n + 1, NULL);
-            break;
-        }
-        const char *nl = strchr(line, '\n');
-        line = nl ? nl + 1 : NULL;
-    }
-    http_free(&r);
-    return v;
+    double v = fx_metric(series);
+    return isnan(v) ? -1 : v;
 }
 
 #define FAILURES  "retryproxy_config_reloads_total{result=\"failure\"}"
