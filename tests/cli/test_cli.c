@@ -1,4 +1,4 @@
-/* The command line of CONTRACT §2, run as users run it: the built binary, its output and exit
+/* The command line of docs/cli.md, run as users run it: the built binary, its output and exit
  * status. Run from the repository root (make test does). */
 #include <criterion/criterion.h>
 

@@ -25,7 +25,7 @@ static void expect_schedule(const struct backoff_spec *b, const uint32_t *want, 
         cr_expect_eq(got[i], want[i], "retry %u: got %u, want %u", i + 1, got[i], want[i]);
 }
 
-/* ---- the exact sequences of CONTRACT §3.1 ---- */
+/* ---- the exact sequences of docs/backoff.md ---- */
 
 Test(backoff, exponential_matches_seed_sequence)
 {

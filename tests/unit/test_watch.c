@@ -1,4 +1,4 @@
-/* config/watch: which directory events count as "the config may have changed" (CONTRACT §5),
+/* config/watch: which directory events count as "the config may have changed" (docs/reload.md),
  * and which of those are complete (a rename into place: reloaded at once) or in progress (an
  * in-place write: reloaded after the debounce), read from a real inotify instance on a
  * temporary directory. The reload integration tests cover the same paths end to end; here the
