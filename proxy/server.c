@@ -57,6 +57,7 @@ struct server {
 
 static void schedule(struct server *s);
 static void on_timer(struct loop_timer *t);
+static void server_kick(struct server *s);
 
 static void run(struct server *s)
 {
@@ -94,10 +95,18 @@ static void schedule(struct server *s)
         loop_timer_stop(l, &s->timer);
 }
 
-void server_kick(struct server *s)
+/* Has libmicrohttpd run at the end of this loop turn. Needed after MHD_resume_connection():
+ * in external-epoll mode libmicrohttpd has no inter-thread channel to wake itself. The relay
+ * (proxy/relay.h) calls it through the worker's 'kick'. */
+static void server_kick(struct server *s)
 {
     struct loop *l = s->w->loop;
     loop_timer_start(l, &s->timer, loop_now(l), on_timer, s);
+}
+
+static void kick(void *s)
+{
+    server_kick(s);
 }
 
 /* A head held past its deadline: the read side is shut so that libmicrohttpd reads once more,
@@ -234,7 +243,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     (void)version;
     if (!*con_cls)
         return MHD_NO; /* out of memory at the request line */
-    return retry_req_access(*con_cls, method, upload_data, upload_data_size);
+    return retry_req_access(*con_cls, method, upload_data, upload_data_size) ? MHD_YES : MHD_NO;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -265,6 +274,8 @@ struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c
     if (!s)
         return NULL;
     s->w = w;
+    w->kick = kick;
+    w->kick_arg = s;
     s->head_max = c->max_header_bytes;
     size_t conn_memory = 2 * (size_t)c->max_header_bytes;
     if (conn_memory < CONN_MEMORY_MIN)

@@ -16,10 +16,6 @@ struct server;
  * with a message on stderr on failure. */
 struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c);
 
-/* Has libmicrohttpd run at the end of this loop turn. Needed after MHD_resume_connection():
- * in external-epoll mode libmicrohttpd has no inter-thread channel to wake itself. */
-void server_kick(struct server *s);
-
 /* Stops accepting new connections (draining); connections already open keep being served. */
 void server_quiesce(struct server *s);
 

@@ -24,6 +24,8 @@ struct worker {
     struct loop *loop;
     struct upstream *up;
     struct server *srv;
+    void (*kick)(void *); /* has 'srv' run this turn (set by server_start) */
+    void *kick_arg;
     struct rng rng;
     struct proxy *px;
     struct rt *rt; /* the snapshot new requests start with (one reference held) */

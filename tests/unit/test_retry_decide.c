@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "config/cfg.h"
-#include "proxy/retry.h"
+#include "proxy/decide.h"
 
 static struct cfg *cfg;
 static const struct cfg_retry *policy;

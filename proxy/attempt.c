@@ -1,0 +1,254 @@
+#include "proxy/attempt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#include "proxy/headers.h"
+
+void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_ops *ops, void *arg)
+{
+    memset(a, 0, sizeof(*a));
+    a->up = up;
+    a->ops = ops;
+    a->arg = arg;
+}
+
+void attempt_fini(struct attempt *a)
+{
+    upstream_unwait(a->up, &a->slot);
+    free(a->target_buf);
+    a->target_buf = NULL;
+    hlist_free(&a->head);
+}
+
+size_t attempt_pick(uint64_t tried, size_t n, uint32_t *rr, struct rng *rng)
+{
+    size_t start;
+    if (rr) {
+        start = *rr % n;
+        *rr = (uint32_t)(start + 1);
+    } else {
+        start = (size_t)rng_between(rng, 0, n - 1);
+    }
+    for (size_t k = 0; k < n && k < 64; k++) {
+        size_t i = (start + k) % n;
+        if (i >= 64 || !(tried & (1ULL << i)))
+            return i;
+    }
+    return start;
+}
+
+static void on_slot(struct upstream_wait *wt)
+{
+    struct attempt *a = (struct attempt *)(void *)((char *)wt - offsetof(struct attempt, slot));
+    a->ops->go(a);
+}
+
+bool attempt_queue(struct attempt *a)
+{
+    a->sends = 0;
+    a->status = 0;
+    a->bad_head = false;
+    a->head_done = false;
+    a->upload_paused = a->body_paused = false;
+    hlist_clear(&a->head);
+    if (!upstream_full(a->up))
+        return false;
+    upstream_wait(a->up, &a->slot, on_slot);
+    return true;
+}
+
+/* A response head that cannot be relayed as received: the transfer is aborted and the attempt
+ * ends broken, as a reset would (RFC 9112 6.3: a proxy answers such a response with 502). */
+static size_t bad_head(struct attempt *a)
+{
+    a->bad_head = true;
+    return 0;
+}
+
+/* The status line: "HTTP/x.y NNN ...". */
+static size_t status_line(struct attempt *a, const char *b, size_t len)
+{
+    const char *sp = memchr(b, ' ', len);
+    if (!sp || (size_t)(sp - b) + 4 > len || sp[1] < '1' || sp[1] > '5' || sp[2] < '0' ||
+        sp[2] > '9' || sp[3] < '0' || sp[3] > '9')
+        return 0; /* not an HTTP status line: abort, seen as a reset */
+    a->status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
+    hlist_clear(&a->head);
+    return len;
+}
+
+/* The blank line after the fields. An interim 1xx head is dropped: the real one follows. */
+static size_t head_end(struct attempt *a, size_t len)
+{
+    if (a->status < 200) {
+        a->status = 0;
+        return len;
+    }
+    if (!hlist_length_unambiguous(&a->head))
+        return bad_head(a);
+    a->head_done = true;
+    a->ops->head(a);
+    return len;
+}
+
+/* "name: value", or an obs-fold continuing the previous value (RFC 9112 5.2: a proxy replaces
+ * it by a space before anything reads the value). */
+static size_t field_line(struct attempt *a, const char *b, size_t len)
+{
+    size_t end = len;
+    while (end > 0 && (b[end - 1] == '\r' || b[end - 1] == '\n'))
+        end--;
+    bool fold = b[0] == ' ' || b[0] == '\t';
+    const char *colon = fold ? NULL : memchr(b, ':', end);
+    if (!fold && (!colon || !hdr_name_valid_n(b, (size_t)(colon - b))))
+        return bad_head(a); /* not a field line */
+    const char *v = fold ? b : colon + 1, *ve = b + end;
+    while (v < ve && (*v == ' ' || *v == '\t'))
+        v++;
+    while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+        ve--;
+    size_t vl = (size_t)(ve - v);
+    if (!hdr_value_valid_n(v, vl))
+        return bad_head(a);
+    if (fold)
+        return hlist_extend_last(&a->head, v, vl) < 0 ? bad_head(a) : len;
+    if (hlist_add(&a->head, b, (size_t)(colon - b), v, vl) < 0)
+        return 0; /* too many or too large: abort, seen as a reset */
+    return len;
+}
+
+static size_t on_header(char *b, size_t size, size_t n, void *ud)
+{
+    struct attempt *a = ud;
+    size_t len = size * n;
+    if (a->head_done)
+        return len; /* trailers of a response already reported */
+    if (len >= 5 && memcmp(b, "HTTP/", 5) == 0)
+        return status_line(a, b, len);
+    if (a->status == 0)
+        return bad_head(a); /* a field before any status line */
+    if (len <= 2 && (b[0] == '\r' || b[0] == '\n'))
+        return head_end(a, len);
+    return field_line(a, b, len);
+}
+
+static size_t on_write(char *p, size_t size, size_t n, void *ud)
+{
+    struct attempt *a = ud;
+    size_t took = a->ops->body(a, p, size * n);
+    if (took != ATTEMPT_PAUSE)
+        return took;
+    a->body_paused = true;
+    return CURL_WRITEFUNC_PAUSE; /* delivered again once resumed */
+}
+
+static size_t on_read(char *buf, size_t size, size_t n, void *ud)
+{
+    struct attempt *a = ud;
+    size_t got = a->ops->upload(a, buf, size * n);
+    if (got != ATTEMPT_PAUSE)
+        return got;
+    a->upload_paused = true;
+    return CURL_READFUNC_PAUSE;
+}
+
+/* A second call means curl is about to send the same request again on a new connection by
+ * itself (its reaction to a kept-alive connection found dead). The first send may have reached
+ * the upstream: abort, and let the retry policy decide as for any reset. */
+static int on_prereq(void *ud, char *ip, char *local_ip, int port, int local_port)
+{
+    (void)ip;
+    (void)local_ip;
+    (void)port;
+    (void)local_port;
+    struct attempt *a = ud;
+    return ++a->sends > 1 ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
+}
+
+static void on_done(struct upstream_xfer *x, CURLcode rc)
+{
+    struct attempt *a = x->arg;
+    a->upload_paused = a->body_paused = false;
+    a->ops->done(a, rc == CURLE_OK            ? ATTEMPT_COMPLETE
+                    : rc == CURLE_WRITE_ERROR ? ATTEMPT_REFUSED
+                                              : ATTEMPT_BROKEN);
+}
+
+/* The target the upstream sees: its base path, then the request's (an asterisk alone). */
+static const char *upstream_target(struct attempt *a, const char *base_path, const char *target)
+{
+    free(a->target_buf);
+    a->target_buf = NULL;
+    if (!*base_path || strcmp(target, "*") == 0)
+        return target;
+    size_t bl = strlen(base_path), tl = strlen(target);
+    a->target_buf = malloc(bl + tl + 1);
+    if (!a->target_buf)
+        return target;
+    memcpy(a->target_buf, base_path, bl);
+    memcpy(a->target_buf + bl, target, tl + 1);
+    return a->target_buf;
+}
+
+int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+                   const struct attempt_req *req, uint64_t connect_timeout_ms)
+{
+    CURL *e = upstream_easy_get(a->up);
+    if (!e)
+        return -1;
+    upstream_easy_url(e, url);
+    curl_easy_setopt(e, CURLOPT_REQUEST_TARGET, upstream_target(a, base_path, req->target));
+    if (strcmp(req->method, "HEAD") == 0)
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    else if (strcmp(req->method, "GET") != 0 || req->body != ATTEMPT_BODY_NONE)
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
+    if (req->body == ATTEMPT_BODY_BUFFER) {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body_buf ? req->body_buf : "");
+    } else if (req->body == ATTEMPT_BODY_STREAM) {
+        curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+        curl_easy_setopt(e, CURLOPT_READDATA, a);
+        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)req->content_length);
+    }
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, req->headers);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, a);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, a);
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
+    a->xfer.easy = e;
+    return upstream_start(a->up, &a->xfer, on_done, a);
+}
+
+bool attempt_cancel(struct attempt *a)
+{
+    upstream_unwait(a->up, &a->slot);
+    if (!a->xfer.easy)
+        return false;
+    upstream_cancel(a->up, &a->xfer);
+    return true;
+}
+
+static void resume(struct attempt *a, bool *paused)
+{
+    if (*paused && a->xfer.easy) {
+        *paused = false;
+        curl_easy_pause(a->xfer.easy, CURLPAUSE_CONT);
+    }
+}
+
+void attempt_resume_body(struct attempt *a)
+{
+    resume(a, &a->body_paused);
+}
+
+void attempt_resume_upload(struct attempt *a)
+{
+    resume(a, &a->upload_paused);
+}

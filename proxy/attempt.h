@@ -1,0 +1,114 @@
+/* attempt -- one upstream attempt of a request: the choice of upstream, the curl transfer's
+ * setup, its callbacks (the response head parsed into a header list, body bytes, the upload
+ * pulled from the owner), its slot under limits.max_upstream_requests, and its cancel. With
+ * upstream.c, the only part that calls libcurl.
+ *
+ * The owner embeds a struct attempt and learns what happens through struct attempt_ops, each
+ * called from the loop (curl's callbacks run inside the multi-socket calls of upstream.c):
+ * the head once complete and well formed, body bytes, upload requests, and the end.
+ */
+#ifndef RETRYPROXY_PROXY_ATTEMPT_H
+#define RETRYPROXY_PROXY_ATTEMPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy/rng.h"
+#include "proxy/hlist.h"
+#include "proxy/upstream.h"
+
+struct attempt;
+
+/* Returned by a body or upload callback: no bytes now, the attempt pauses that direction
+ * until attempt_resume_body() / attempt_resume_upload(). */
+#define ATTEMPT_PAUSE ((size_t)-1)
+
+/* How a transfer ended. */
+enum attempt_end {
+    ATTEMPT_COMPLETE, /* the whole response arrived */
+    ATTEMPT_REFUSED,  /* the owner's body callback took no bytes: the transfer was stopped */
+    ATTEMPT_BROKEN,   /* connect failure, reset, bad head or framing: see attempt_sent() */
+};
+
+struct attempt_ops {
+    /* A slot is free for the attempt queued by attempt_queue(): launch it now. */
+    void (*go)(struct attempt *a);
+    /* The response head is complete and well formed: a->status and a->head are set. Field
+     * lines that come later (trailers) are not reported. */
+    void (*head)(struct attempt *a);
+    /* Body bytes: returns how many were taken (all of them, 0 to stop the transfer), or
+     * ATTEMPT_PAUSE to get the same bytes again after attempt_resume_body(). */
+    size_t (*body)(struct attempt *a, const char *p, size_t n);
+    /* Upload bytes for the request body: up to 'max' into 'buf'; 0 at its end; ATTEMPT_PAUSE
+     * while none is there yet (attempt_resume_upload() when there is). */
+    size_t (*upload)(struct attempt *a, char *buf, size_t max);
+    /* The transfer ended (never for a cancelled one). */
+    void (*done)(struct attempt *a, enum attempt_end end);
+};
+
+/* What the attempt sends: the same for every attempt of a request but the upstream. */
+struct attempt_req {
+    const char *method;
+    const char *target;         /* origin-form */
+    struct curl_slist *headers; /* every field, built by proxy/head.c */
+    enum { ATTEMPT_BODY_NONE, ATTEMPT_BODY_BUFFER, ATTEMPT_BODY_STREAM } body;
+    const char *body_buf; /* ATTEMPT_BODY_BUFFER: the whole body */
+    size_t body_len;
+    int64_t content_length; /* ATTEMPT_BODY_STREAM: -1 for chunked */
+};
+
+struct attempt {
+    const struct attempt_ops *ops;
+    void *arg; /* the owner's */
+    struct upstream *up;
+    struct upstream_xfer xfer;
+    struct upstream_wait slot; /* queued for a transfer slot */
+    char *target_buf;          /* the upstream's base path + the target */
+    unsigned sends;            /* times curl was about to send this attempt's request */
+    int status;                /* the response's, once its status line came */
+    struct hlist head;         /* the response's header fields */
+    bool head_done;            /* the head was reported: later field lines are trailers */
+    bool bad_head;             /* the response head was malformed or ambiguous */
+    bool upload_paused, body_paused;
+};
+
+void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_ops *ops, void *arg);
+/* Frees the buffers; the attempt must not be running (attempt_cancel()). */
+void attempt_fini(struct attempt *a);
+
+/* Which of 'n' upstreams the next attempt goes to: round-robin from *rr (advanced), else from
+ * a random one when 'rr' is NULL, preferring one that 'tried' (bits) does not name. */
+size_t attempt_pick(uint64_t tried, size_t n, uint32_t *rr, struct rng *rng);
+
+/* Resets the per-attempt state. True when no transfer slot is free: the attempt is queued and
+ * ops->go() is called once one frees; false: launch it now. */
+bool attempt_queue(struct attempt *a);
+
+/* Starts the transfer to 'url' with the upstream's 'base_path'. 0, or -1 if it could not start
+ * (handled as a connect failure; ops->done is not called). */
+int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+                   const struct attempt_req *req, uint64_t connect_timeout_ms);
+
+/* Whether the transfer is running. */
+static inline bool attempt_running(const struct attempt *a)
+{
+    return a->xfer.easy != NULL;
+}
+
+/* Whether any of the request went out (curl was about to send it): if not, nothing reached
+ * the upstream, whatever the error. */
+static inline bool attempt_sent(const struct attempt *a)
+{
+    return a->sends > 0;
+}
+
+/* Ends the transfer, running or queued for a slot, without ops->done. Returns true if it was
+ * running. Not from inside one of its callbacks. */
+bool attempt_cancel(struct attempt *a);
+
+/* The owner has room for body bytes again / upload bytes are there. */
+void attempt_resume_body(struct attempt *a);
+void attempt_resume_upload(struct attempt *a);
+
+#endif

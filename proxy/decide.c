@@ -1,0 +1,154 @@
+#include "proxy/decide.h"
+
+#include <string.h>
+
+const char *retry_stop_name(enum retry_stop s)
+{
+    switch (s) {
+    case RETRY_STOP_NONE:
+        return "";
+    case RETRY_STOP_MAX_ATTEMPTS:
+        return "max-attempts";
+    case RETRY_STOP_BUDGET:
+        return "budget";
+    case RETRY_STOP_CONCURRENCY:
+        return "concurrency";
+    case RETRY_STOP_DEADLINE:
+        return "deadline";
+    case RETRY_STOP_RETRY_AFTER:
+        return "retry-after";
+    case RETRY_STOP_NOT_RETRYABLE:
+        return "not-retryable";
+    case RETRY_STOP_BODY_TOO_LARGE:
+        return "body-too-large";
+    case RETRY_STOP_DRAINING:
+        return "draining";
+    case RETRY_STOP_CLIENT_CLOSED:
+        return "client-closed";
+    }
+    return "";
+}
+
+const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
+                                         int status)
+{
+    for (size_t i = 0; i < r->n_on; i++) {
+        const struct cfg_retry_cond *c = &r->on[i];
+        switch (c->kind) {
+        case CFG_RETRY_CONNECT_FAILURE:
+            if (o == RETRY_OUT_CONNECT_FAILURE)
+                return c;
+            break;
+        case CFG_RETRY_RESET:
+            if (o == RETRY_OUT_RESET)
+                return c;
+            break;
+        case CFG_RETRY_TIMEOUT:
+            if (o == RETRY_OUT_TIMEOUT)
+                return c;
+            break;
+        case CFG_RETRY_STATUS:
+            if (o == RETRY_OUT_STATUS && status >= c->lo && status <= c->hi)
+                return c;
+            break;
+        }
+    }
+    return NULL;
+}
+
+void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct retry_verdict *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->fired = retry_match(r, f->outcome, f->status);
+    if (!v->fired)
+        return;
+
+    /* Nothing was sent on a connect failure, so any method and any body may go again. */
+    bool sent = f->outcome != RETRY_OUT_CONNECT_FAILURE;
+    if (sent && !f->method_retryable) {
+        v->stop = RETRY_STOP_NOT_RETRYABLE;
+        return;
+    }
+    if (sent && !f->body_replayable) {
+        v->stop = RETRY_STOP_BODY_TOO_LARGE;
+        return;
+    }
+    if (f->attempts >= f->max_attempts) {
+        v->stop = RETRY_STOP_MAX_ATTEMPTS;
+        return;
+    }
+    uint64_t delay = f->backoff_ms;
+    if (f->has_retry_after && r->retry_after_honor) {
+        if (f->retry_after_ms > r->retry_after_max_ms) {
+            v->stop = RETRY_STOP_RETRY_AFTER;
+            return;
+        }
+        delay = f->retry_after_ms;
+        v->retry_after_used = true;
+    }
+    /* A wait that would end at or after the deadline leaves no time for the attempt. */
+    if (f->now_ms + delay >= f->deadline_ms) {
+        v->stop = RETRY_STOP_DEADLINE;
+        return;
+    }
+    v->delay_ms = (uint32_t)delay;
+}
+
+/* A retry the policy asked for must also fit the process-wide budget and the route's
+ * (concurrency first, then the ratio) and, while draining, end its wait before the drain
+ * deadline. An admitted retry holds a concurrency slot in both budgets. */
+static enum retry_stop admit(const struct decide_budgets *b, uint64_t now, uint32_t delay_ms)
+{
+    if (b->drain_deadline_ms && now + delay_ms >= b->drain_deadline_ms)
+        return RETRY_STOP_DRAINING;
+    const struct cfg_budget *gb = b->global_limits, *rb = b->route_limits;
+    if (!budget_acquire(b->global, gb->max_concurrent_retries))
+        return RETRY_STOP_CONCURRENCY;
+    if (!budget_acquire(b->route, rb->max_concurrent_retries)) {
+        budget_release(b->global);
+        return RETRY_STOP_CONCURRENCY;
+    }
+    struct budget_limits gl = { gb->max_concurrent_retries, gb->retry_ratio,
+                                gb->min_retries_per_second, gb->window_ms };
+    struct budget_limits rl = { rb->max_concurrent_retries, rb->retry_ratio,
+                                rb->min_retries_per_second, rb->window_ms };
+    if (!budget_ratio_allows(b->global, &gl, now) || !budget_ratio_allows(b->route, &rl, now)) {
+        budget_release(b->route);
+        budget_release(b->global);
+        return RETRY_STOP_BUDGET;
+    }
+    budget_note_retry(b->global, now);
+    budget_note_retry(b->route, now);
+    return RETRY_STOP_NONE;
+}
+
+void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct retry_verdict *v)
+{
+    const struct cfg_retry *policy = d->policy;
+    /* The delay this retry would wait; the sequence moves only if the retry is taken (a
+     * route-scoped one is shared, and a refused retry must not move it for the others). */
+    bool route_scope = policy->backoff.scope == BACKOFF_SCOPE_ROUTE;
+    struct live_backoff_mark mark = { 0 };
+    struct backoff_seq seq = *d->seq;
+    f->backoff_ms = 0;
+    if (retry_match(policy, f->outcome, f->status) && f->attempts < f->max_attempts)
+        f->backoff_ms = route_scope ? live_route_backoff_peek(d->live, &policy->backoff, f->now_ms,
+                                                              d->rng, &mark)
+                                    : backoff_seq_next(&seq, &policy->backoff, f->now_ms, d->rng);
+    retry_decide(policy, f, v);
+    if (!v->fired || v->stop != RETRY_STOP_NONE)
+        return;
+    v->stop = admit(&d->budgets, f->now_ms, v->delay_ms);
+    if (v->stop != RETRY_STOP_NONE)
+        return;
+    if (route_scope)
+        live_route_backoff_take(d->live, &policy->backoff, f->now_ms, d->rng, &mark);
+    else
+        *d->seq = seq;
+}
+
+void decide_release(const struct decide_req *d)
+{
+    budget_release(d->budgets.global);
+    budget_release(d->budgets.route);
+}

@@ -1,0 +1,104 @@
+/* decide -- whether an attempt that just ended is retried, and after what wait (the rules of
+ * docs/config.md "retry", docs/backoff.md and docs/budgets.md).
+ *
+ * A function of what is known when the attempt ends, the route's policy, the budgets and the
+ * clock, all passed in: no libmicrohttpd, no libcurl, no clock read, no I/O. The request state
+ * machine (retry.c) gathers the facts, calls decide_attempt(), and acts on the verdict.
+ */
+#ifndef RETRYPROXY_PROXY_DECIDE_H
+#define RETRYPROXY_PROXY_DECIDE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config/cfg.h"
+#include "policy/backoff.h"
+#include "policy/budget.h"
+#include "policy/rng.h"
+#include "proxy/live.h"
+
+/* How an attempt ended. */
+enum retry_outcome {
+    RETRY_OUT_STATUS,          /* response headers arrived: see the status */
+    RETRY_OUT_CONNECT_FAILURE, /* no connection: the request was never sent */
+    RETRY_OUT_RESET,           /* closed or reset before complete response headers */
+    RETRY_OUT_TIMEOUT,         /* the per-try timeout or the deadline passed first */
+};
+
+/* Why retrying stopped (the X-Retry-Stop values, docs/forwarding.md). */
+enum retry_stop {
+    RETRY_STOP_NONE, /* not stopped: retry */
+    RETRY_STOP_MAX_ATTEMPTS,
+    RETRY_STOP_BUDGET,
+    RETRY_STOP_CONCURRENCY,
+    RETRY_STOP_DEADLINE,
+    RETRY_STOP_RETRY_AFTER,
+    RETRY_STOP_NOT_RETRYABLE,
+    RETRY_STOP_BODY_TOO_LARGE,
+    RETRY_STOP_DRAINING,
+    RETRY_STOP_CLIENT_CLOSED, /* the client went away during a wait (log only: no response) */
+};
+
+const char *retry_stop_name(enum retry_stop s);
+
+/* What is known when an attempt ends. */
+struct retry_facts {
+    enum retry_outcome outcome;
+    int status;            /* RETRY_OUT_STATUS only */
+    bool method_retryable; /* in retry.methods, or carries Idempotency-Key (when honoured) */
+    bool body_replayable;  /* no body, or one buffered whole */
+    uint32_t attempts;     /* attempts made, this one included */
+    uint32_t max_attempts; /* the route's, lowered by X-Retry-Max-Attempts */
+    uint64_t now_ms;
+    uint64_t deadline_ms;
+    uint32_t backoff_ms;  /* the policy's delay before the next retry */
+    bool has_retry_after; /* a valid Retry-After came with this response */
+    uint64_t retry_after_ms;
+};
+
+struct retry_verdict {
+    const struct cfg_retry_cond *fired; /* the retry_on condition that matched; NULL: none */
+    enum retry_stop stop;               /* RETRY_STOP_NONE with 'fired' set: retry */
+    uint32_t delay_ms;                  /* the wait before the retry */
+    bool retry_after_used;
+};
+
+/* The retry_on condition of 'r' that names this outcome, in file order, or NULL. */
+const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
+                                         int status);
+
+/* The policy's rules alone (method, body, attempts, Retry-After, deadline), with the delay the
+ * caller looked up in f->backoff_ms. When no condition fires, the attempt is final and not a
+ * failure for retry purposes (fired NULL, stop NONE). */
+void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct retry_verdict *v);
+
+/* What a retry must fit besides the policy: the process-wide budget and the route's, and
+ * while draining, the drain deadline. */
+struct decide_budgets {
+    struct budget *global;
+    const struct cfg_budget *global_limits;
+    struct budget *route;
+    const struct cfg_budget *route_limits;
+    uint64_t drain_deadline_ms; /* 0: not draining */
+};
+
+/* One request's view of retrying. */
+struct decide_req {
+    const struct cfg_retry *policy;
+    struct backoff_seq *seq; /* the request's own sequence (scope "request") */
+    struct live_route *live; /* the route's shared sequence (scope "route") */
+    struct rng *rng;
+    struct decide_budgets budgets;
+};
+
+/* The whole decision for the attempt described by 'f' (f->backoff_ms is filled in here): the
+ * policy's rules, then the budgets. A retry that is taken holds a concurrency slot in both
+ * budgets until decide_release(), and moves the backoff sequence (the request's, or the
+ * route's shared one); a refused one moves neither and is counted nowhere. */
+void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct retry_verdict *v);
+
+/* The attempt of a retry that decide_attempt() took has ended (or the request ended first):
+ * its concurrency slots go back. */
+void decide_release(const struct decide_req *d);
+
+#endif

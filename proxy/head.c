@@ -1,0 +1,264 @@
+#include "proxy/head.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "proxy/headers.h"
+
+/* CR, LF and other control bytes in a field make the request a 400. A NUL cannot reach the
+ * upstream: libmicrohttpd 0.9.75 cuts the value at it while parsing (and reports that shorter
+ * length); a version reporting the true length makes such a field a 400 here too. */
+static void scan_field(void *arg, const char *k, size_t k_len, const char *v, size_t v_len)
+{
+    struct head_scan *s = arg;
+    s->n_fields++;
+    s->field_bytes += k_len + v_len;
+    if (!hdr_name_valid(k) || !hdr_value_valid(v) || strlen(k) != k_len || strlen(v) != v_len)
+        s->n_bad++;
+    if (HDR_NAME_IS(k, k_len, "Content-Length")) {
+        s->n_cl++;
+        s->cl = v;
+    } else if (HDR_NAME_IS(k, k_len, "Transfer-Encoding")) {
+        s->n_te++;
+    } else if (HDR_NAME_IS(k, k_len, "Host")) {
+        s->n_host++;
+        s->host = v;
+    } else if (HDR_NAME_IS(k, k_len, "Idempotency-Key")) {
+        s->idem = v;
+    } else if (HDR_NAME_IS(k, k_len, "X-Retry-Max-Attempts")) {
+        s->max_attempts = v;
+    } else if (HDR_NAME_IS(k, k_len, "X-Request-Id")) {
+        s->request_id = v;
+    } else if (HDR_NAME_IS(k, k_len, "Accept")) {
+        s->accept = v;
+    } else if (HDR_NAME_IS(k, k_len, "Content-Type")) {
+        s->ctype = v;
+    } else if (HDR_NAME_IS(k, k_len, "Connection")) {
+        if (s->n_connection < 8)
+            s->connection[s->n_connection++] = v;
+    } else if (HDR_NAME_IS(k, k_len, "X-Forwarded-For")) {
+        s->xff_len += v_len + 2;
+    }
+}
+
+void head_scan(struct head_scan *s, head_each_fn each, void *src)
+{
+    memset(s, 0, sizeof(*s));
+    each(src, scan_field, s);
+}
+
+const char *head_refusal(const struct head_scan *s)
+{
+    return s->n_cl > 1                          ? "two Content-Length headers"
+           : s->n_cl && s->n_te                 ? "both Content-Length and Transfer-Encoding"
+           : s->n_host > 1                      ? "two Host headers"
+           : s->n_bad                           ? "a header with a forbidden character"
+           : s->cl && hdr_parse_uint(s->cl) < 0 ? "an invalid Content-Length"
+                                                : NULL;
+}
+
+const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,
+                                   size_t path_len, uint32_t method_bit)
+{
+    for (size_t i = 0; i < c->n_routes; i++) {
+        const struct cfg_route *rt = &c->routes[i];
+        if (rt->match_methods && !(rt->match_methods & method_bit))
+            continue;
+        size_t pl = strlen(rt->match_path_prefix);
+        if (pl > path_len || memcmp(path, rt->match_path_prefix, pl) != 0)
+            continue;
+        if (rt->match_host) {
+            char h[300];
+            bool keep_port = strchr(rt->match_host, ':') != NULL &&
+                             (rt->match_host[0] != '[' || strstr(rt->match_host, "]:"));
+            if (!host || hdr_match_host(host, keep_port, h, sizeof(h)) < 0 ||
+                strcmp(h, rt->match_host) != 0)
+                continue;
+        }
+        return rt;
+    }
+    return NULL;
+}
+
+bool head_origin_form(char **target, const char *method, char *authority, size_t cap)
+{
+    const char *t = *target;
+    authority[0] = '\0';
+    if (strchr(t, '#'))
+        return false; /* a fragment is never sent */
+    if (t[0] == '/')
+        return true;
+    if (t[0] == '*')
+        return t[1] == '\0' && strcmp(method, "OPTIONS") == 0;
+    size_t skip = strncasecmp(t, "http://", 7) == 0    ? 7
+                  : strncasecmp(t, "https://", 8) == 0 ? 8
+                                                       : 0;
+    if (!skip)
+        return false;
+    const char *a = t + skip;
+    size_t al = strcspn(a, "/?");
+    if (al == 0 || al >= cap || memchr(a, '@', al))
+        return false; /* no host, or userinfo (RFC 9110 4.2.4) */
+    memcpy(authority, a, al);
+    authority[al] = '\0';
+    const char *rest = a + al;
+    size_t rl = strlen(rest);
+    char *o = malloc(rl + 2);
+    if (!o)
+        return false;
+    if (*rest == '/') {
+        memcpy(o, rest, rl + 1);
+    } else {
+        o[0] = '/'; /* "http://a?x" is "/?x" */
+        memcpy(o + 1, rest, rl + 1);
+    }
+    free(*target);
+    *target = o;
+    return true;
+}
+
+/* The header lines every attempt sends, built once per request in one allocation: the list
+ * nodes first, then the text they point into. Sized from the scan, so it never grows. */
+struct hbuild {
+    struct curl_slist *nodes;
+    size_t n, max;
+    char *text;
+    size_t used, cap;
+};
+
+/* Appends "name: value", or "name;" for an empty value (curl reads "name:" as "remove
+ * name"), or the bare 'name' when 'v' is NULL (a removal such as "Accept:"). */
+static void hb_add(struct hbuild *b, const char *k, size_t kl, const char *v, size_t vl)
+{
+    size_t need = kl + (v ? vl + 2 : 0) + 1;
+    if (b->n == b->max || b->used + need > b->cap)
+        return; /* cannot happen: sized from the scan; the header is left out */
+    char *o = b->text + b->used;
+    memcpy(o, k, kl);
+    if (v && vl) {
+        memcpy(o + kl, ": ", 2);
+        memcpy(o + kl + 2, v, vl);
+        o[kl + 2 + vl] = '\0';
+    } else if (v) {
+        memcpy(o + kl, ";", 2);
+    } else {
+        o[kl] = '\0';
+    }
+    b->used += need;
+    struct curl_slist *node = &b->nodes[b->n++];
+    node->data = o;
+    node->next = NULL;
+    if (b->n > 1)
+        b->nodes[b->n - 2].next = node;
+}
+
+static void hb_field(struct hbuild *b, const char *k, const char *v)
+{
+    hb_add(b, k, strlen(k), v, strlen(v));
+}
+
+struct fwd {
+    struct hbuild *b;
+    const struct head_scan *s;
+    char *xff; /* the X-Forwarded-For values joined, the peer's address to come */
+    size_t xff_len, xff_cap;
+};
+
+static bool dropped_on_the_way_up(const char *k, size_t kl, const struct head_scan *s)
+{
+    if (hdr_is_hop_by_hop(k) || HDR_NAME_IS(k, kl, "Host") ||
+        HDR_NAME_IS(k, kl, "Content-Length") || HDR_NAME_IS(k, kl, "Expect") ||
+        HDR_NAME_IS(k, kl, "X-Retry-Max-Attempts") || HDR_NAME_IS(k, kl, "X-Retry-Attempt") ||
+        HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
+        HDR_NAME_IS(k, kl, "X-Request-Id"))
+        return true;
+    for (unsigned i = 0; i < s->n_connection; i++)
+        if (hdr_token_listed(s->connection[i], k))
+            return true;
+    return false;
+}
+
+/* Adds 'v' to the X-Forwarded-For value being built, after ", " unless it is the first. */
+static void xff_append(struct fwd *f, const char *v, size_t vl)
+{
+    if (f->xff_len + vl + 3 > f->xff_cap)
+        return; /* cannot happen: sized from the scan */
+    if (f->xff_len) {
+        memcpy(f->xff + f->xff_len, ", ", 2);
+        f->xff_len += 2;
+    }
+    memcpy(f->xff + f->xff_len, v, vl);
+    f->xff_len += vl;
+}
+
+static void forward_field(void *arg, const char *k, size_t kl, const char *v, size_t vl)
+{
+    struct fwd *f = arg;
+    if (HDR_NAME_IS(k, kl, "X-Forwarded-For"))
+        xff_append(f, v, vl);
+    else if (!dropped_on_the_way_up(k, kl, f->s))
+        hb_add(f->b, k, kl, v, vl);
+}
+
+int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
+                  const char *peer, const char *request_id, bool preserve_host)
+{
+    size_t peer_len = strlen(peer);
+    /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
+     * peer), X-Forwarded-Proto, X-Request-Id, Host, and up to three removals */
+    size_t max = s->n_fields + 7;
+    size_t xff_cap = s->xff_len + peer_len + 3;
+    size_t cap = s->field_bytes + 3 * s->n_fields + sizeof("X-Forwarded-For: ") + xff_cap +
+                 sizeof("X-Forwarded-Proto: http") + sizeof("X-Request-Id: ") +
+                 HEAD_REQUEST_ID_MAX + (s->host ? strlen(s->host) : 0) + sizeof("Host: ") +
+                 sizeof("Expect:Accept:Content-Type:") + 8;
+    char *block = malloc(max * sizeof(struct curl_slist) + cap + xff_cap);
+    if (!block)
+        return -1;
+    struct hbuild b = { .nodes = (struct curl_slist *)(void *)block,
+                        .max = max,
+                        .text = block + max * sizeof(struct curl_slist),
+                        .cap = cap };
+    struct fwd f = { .b = &b, .s = s, .xff = b.text + cap, .xff_cap = xff_cap };
+    each(src, forward_field, &f);
+    if (peer_len)
+        xff_append(&f, peer, peer_len);
+    if (f.xff_len)
+        hb_add(&b, "X-Forwarded-For", 15, f.xff, f.xff_len);
+    hb_field(&b, "X-Forwarded-Proto", "http");
+    hb_field(&b, "X-Request-Id", request_id);
+    if (preserve_host && s->host)
+        hb_field(&b, "Host", s->host);
+    /* curl's own additions that a proxy must not make: Accept: *\/\* where the client sent
+     * none, and for a request with a body Expect: 100-continue and a form Content-Type */
+    if (!s->accept)
+        hb_add(&b, "Accept:", 7, NULL, 0);
+    if (s->n_te || (s->cl && hdr_parse_uint(s->cl) > 0)) {
+        hb_add(&b, "Expect:", 7, NULL, 0);
+        if (!s->ctype)
+            hb_add(&b, "Content-Type:", 13, NULL, 0);
+    }
+    h->block = block;
+    h->list = b.n ? b.nodes : &h->attempt_node;
+    /* The attempt field is ours, rewritten before each attempt. */
+    h->attempt_node.data = h->attempt_hdr;
+    h->attempt_node.next = NULL;
+    if (b.n)
+        b.nodes[b.n - 1].next = &h->attempt_node;
+    return 0;
+}
+
+void head_up_attempt(struct head_up *h, uint32_t attempt)
+{
+    memcpy(h->attempt_hdr, "X-Retry-Attempt: ", 17);
+    hdr_utoa(attempt, h->attempt_hdr + 17);
+}
+
+void head_up_free(struct head_up *h)
+{
+    free(h->block);
+    h->block = NULL;
+    h->list = NULL;
+}

@@ -1,0 +1,67 @@
+/* head -- the client's request head turned into what goes upstream (docs/forwarding.md): the
+ * fields that steer the proxy picked out, framing conflicts found, the route chosen, the
+ * target put in origin-form, and the header list every attempt sends. Pure: the fields come
+ * from the caller, one at a time.
+ */
+#ifndef RETRYPROXY_PROXY_HEAD_H
+#define RETRYPROXY_PROXY_HEAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <curl/curl.h> /* struct curl_slist, the list's shape (no call into libcurl) */
+
+#include "config/cfg.h"
+
+/* X-Request-Id values longer than this are replaced by a fresh id. */
+#define HEAD_REQUEST_ID_MAX 128
+
+/* What a look at every field found. */
+struct head_scan {
+    unsigned n_cl, n_te, n_host, n_bad;
+    size_t n_fields, field_bytes; /* every field, for sizing what is forwarded */
+    const char *cl, *host, *idem, *max_attempts, *request_id, *accept, *ctype;
+    const char *connection[8];
+    unsigned n_connection;
+    size_t xff_len;
+};
+
+/* Walks the fields: calls fn(arg, name, name length, value, value length) for each. */
+typedef void (*head_field_fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl);
+typedef void (*head_each_fn)(void *src, head_field_fn fn, void *arg);
+
+/* Looks at every field of 'src' into 's' (zeroed first). */
+void head_scan(struct head_scan *s, head_each_fn each, void *src);
+/* Why the head cannot be forwarded as one unambiguous request (a 400), or NULL. */
+const char *head_refusal(const struct head_scan *s);
+
+/* The first route matching the method, path (its first 'path_len' bytes) and host, or NULL. */
+const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,
+                                   size_t path_len, uint32_t method_bit);
+
+/* The request target's form (RFC 9112 3.2). Origin-form ("/path?q") goes as it is.
+ * Absolute-form ("http://host/path") becomes origin-form in *target (reallocated) and its
+ * authority, copied into 'authority', replaces the Host field for routing and preserve_host
+ * (3.2.2: the target's authority wins). "*" is for OPTIONS only. Returns false for anything
+ * else (a 400). */
+bool head_origin_form(char **target, const char *method, char *authority, size_t cap);
+
+/* The header list every attempt sends: the client's fields but hop-by-hop ones and those the
+ * proxy owns, X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, Host when preserved, curl's
+ * own additions removed, and X-Retry-Attempt last (rewritten per attempt). */
+struct head_up {
+    struct curl_slist *list;
+    char *block; /* one allocation: the nodes, then their text */
+    struct curl_slist attempt_node;
+    char attempt_hdr[40];
+};
+
+/* Builds it. 'peer' is the client's address ("" if unknown). 0, or -1 out of memory. */
+int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
+                  const char *peer, const char *request_id, bool preserve_host);
+/* Sets the X-Retry-Attempt value. */
+void head_up_attempt(struct head_up *h, uint32_t attempt);
+void head_up_free(struct head_up *h);
+
+#endif

@@ -1,0 +1,365 @@
+#include "proxy/relay.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+#include <microhttpd.h>
+
+#include "proxy/headers.h"
+
+/* libmicrohttpd asks the content reader for at most this much at a time. */
+#define READER_BLOCK (32 * 1024)
+/* The most the upstream side delivers in one write (libcurl's CURL_MAX_WRITE_SIZE): once the
+ * buffer has this much room, a paused upstream may go on. */
+#define UPSTREAM_WRITE_MAX (16 * 1024)
+
+void relay_init(struct relay *rl, struct MHD_Connection *c, struct loop *l, void (*kick)(void *),
+                void *kick_arg, const struct relay_ops *ops, void *arg)
+{
+    memset(rl, 0, sizeof(*rl));
+    rl->conn = c;
+    rl->loop = l;
+    rl->kick = kick;
+    rl->kick_arg = kick_arg;
+    rl->ops = ops;
+    rl->arg = arg;
+    rl->down.max = RELAY_BUFFER;
+}
+
+void relay_fini(struct relay *rl)
+{
+    relay_unwatch(rl);
+    ring_free(&rl->down);
+}
+
+struct each {
+    void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl);
+    void *arg;
+};
+
+static enum MHD_Result each_field(void *cls, enum MHD_ValueKind kind, const char *k, size_t kl,
+                                  const char *v, size_t vl)
+{
+    (void)kind;
+    struct each *e = cls;
+    e->fn(e->arg, k, kl, v ? v : "", v ? vl : 0);
+    return MHD_YES;
+}
+
+void relay_each_field(struct relay *rl,
+                      void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
+                      void *arg)
+{
+    struct each e = { fn, arg };
+    MHD_get_connection_values_n(rl->conn, MHD_HEADER_KIND, each_field, &e);
+}
+
+/* ---- answers ---- */
+
+static void add_tag(struct MHD_Response *resp, const struct relay_tag *tag)
+{
+    if (tag->close)
+        MHD_add_response_header(resp, "Connection", "close"); /* no more requests here */
+    char n[24];
+    hdr_utoa(tag->attempts, n);
+    MHD_add_response_header(resp, "X-Retry-Attempts", n);
+    if (tag->stop)
+        MHD_add_response_header(resp, "X-Retry-Stop", tag->stop);
+}
+
+/* Resumes the suspended connection and has libmicrohttpd look at it this turn. */
+static void resume(struct relay *rl)
+{
+    relay_unwatch(rl); /* libmicrohttpd watches the socket again */
+    rl->flags &= ~(RL_SUSPENDED | RL_UPLOAD | RL_READER);
+    MHD_resume_connection(rl->conn);
+    rl->kick(rl->kick_arg);
+}
+
+static void suspend(struct relay *rl, unsigned why)
+{
+    rl->flags |= RL_SUSPENDED | why;
+    MHD_suspend_connection(rl->conn);
+}
+
+/* Makes 'resp' the answer. Inside the access handler it is queued on leaving; otherwise the
+ * suspended connection is resumed and libmicrohttpd calls the handler, which queues it. */
+static void answer(struct relay *rl, struct MHD_Response *resp, unsigned status)
+{
+    /* resp NULL (out of memory): closing the connection is the only honest answer left */
+    rl->resp = resp;
+    rl->resp_status = status;
+    rl->flags |= RL_ANSWERED;
+    if (!(rl->flags & RL_IN_HANDLER) && (rl->flags & RL_SUSPENDED) && rl->conn)
+        resume(rl);
+}
+
+void relay_close(struct relay *rl, unsigned status)
+{
+    answer(rl, NULL, status);
+}
+
+void relay_error(struct relay *rl, unsigned status, const char *code, const char *route,
+                 const char *message, const struct relay_tag *tag)
+{
+    char body[512];
+    char rname[160] = "null";
+    if (route)
+        snprintf(rname, sizeof(rname), "\"%s\"", route); /* names need no escaping */
+    int n = snprintf(body, sizeof(body),
+                     "{\"error\": \"%s\", \"route\": %s, \"attempts\": %u, \"message\": \"%s\"}\n",
+                     code, rname, tag->attempts, message);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer((size_t)n, body, MHD_RESPMEM_MUST_COPY);
+    if (resp) {
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+        add_tag(resp, tag);
+    }
+    answer(rl, resp, status);
+}
+
+/* The upstream's fields but hop-by-hop ones, Content-Length (libmicrohttpd frames the body),
+ * ours, and any named in a Connection field; then ours. */
+static void copy_fields(struct MHD_Response *resp, const struct hlist *h,
+                        const struct relay_tag *tag)
+{
+    bool has_connection = hlist_get(h, "Connection") != NULL;
+    size_t pos = 0;
+    const char *n, *v;
+    while (hlist_next(h, &pos, &n, &v)) {
+        size_t nl = strlen(n);
+        if (hdr_is_hop_by_hop(n) || HDR_NAME_IS(n, nl, "Content-Length") ||
+            HDR_NAME_IS(n, nl, "X-Retry-Attempts") || HDR_NAME_IS(n, nl, "X-Retry-Stop") ||
+            (has_connection && hlist_connection_names(h, n)))
+            continue;
+        MHD_add_response_header(resp, n, v);
+    }
+    add_tag(resp, tag);
+}
+
+static bool status_has_body(int status)
+{
+    return status != 204 && status != 304 && !(status >= 100 && status < 200);
+}
+
+static ssize_t never_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)cls;
+    (void)pos;
+    (void)buf;
+    (void)max;
+    return MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+void relay_saved(struct relay *rl, int status, const struct hlist *h, const char *body, size_t len,
+                 const struct relay_tag *tag)
+{
+    struct MHD_Response *resp;
+    int64_t cl = hlist_content_length(h);
+    if (rl->is_head && cl >= 0)
+        /* HEAD: the upstream's length, and no body (libmicrohttpd never reads it). */
+        resp = MHD_create_response_from_callback((uint64_t)cl, 1024, never_read, NULL, NULL);
+    else
+        resp =
+            MHD_create_response_from_buffer(len, body ? (void *)body : "", MHD_RESPMEM_MUST_COPY);
+    if (resp)
+        copy_fields(resp, h, tag);
+    answer(rl, resp, (unsigned)status);
+}
+
+/* ---- the response body ---- */
+
+static void release_reader(void *cls)
+{
+    struct relay *rl = cls;
+    rl->ops->release(rl);
+}
+
+static void resume_reader(struct relay *rl)
+{
+    if ((rl->flags & RL_READER) && (rl->flags & RL_SUSPENDED) && rl->conn)
+        resume(rl);
+}
+
+/* libmicrohttpd wants body bytes for the client. With none buffered and the upstream still
+ * sending, the connection is suspended until more come (returning 0 alone would make
+ * libmicrohttpd call again at once, a busy loop). */
+static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    struct relay *rl = cls;
+    if (rl->down.len) {
+        size_t n = ring_get(&rl->down, buf, max);
+        if (ring_space(&rl->down) >= UPSTREAM_WRITE_MAX)
+            rl->ops->room(rl);
+        return (ssize_t)n;
+    }
+    if (rl->flags & RL_DOWN_FAIL)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (rl->flags & RL_DOWN_DONE)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    if (rl->conn)
+        suspend(rl, RL_READER);
+    return 0;
+}
+
+/* Answers with the response whose head is in, its body read through read_body(). */
+static void start_streaming(struct relay *rl)
+{
+    int64_t cl = hlist_content_length(rl->head);
+    uint64_t size = MHD_SIZE_UNKNOWN;
+    if (cl >= 0 && (rl->is_head || status_has_body(rl->status)))
+        size = (uint64_t)cl;
+    rl->flags &= ~RL_COLLECT;
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(size, READER_BLOCK, read_body, rl, release_reader);
+    if (resp) {
+        rl->ops->hold(rl); /* the reader's, until release_reader() */
+        copy_fields(resp, rl->head, &rl->tag);
+    }
+    answer(rl, resp, (unsigned)rl->status);
+}
+
+/* The whole body is in the buffer: answer with it in one piece (libmicrohttpd writes headers
+ * and body together), handing the buffer over rather than copying it. */
+static void answer_collected(struct relay *rl)
+{
+    struct MHD_Response *resp;
+    rl->flags &= ~RL_COLLECT;
+    if (rl->down.start == 0 && rl->down.buf) {
+        resp = MHD_create_response_from_buffer(rl->down.len, rl->down.buf, MHD_RESPMEM_MUST_FREE);
+        if (resp)
+            rl->down.buf = NULL;
+    } else {
+        resp = MHD_create_response_from_buffer(rl->down.len, (void *)"", MHD_RESPMEM_PERSISTENT);
+    }
+    rl->down.len = 0;
+    if (resp)
+        copy_fields(resp, rl->head, &rl->tag);
+    answer(rl, resp, (unsigned)rl->status);
+}
+
+void relay_response(struct relay *rl, int status, const struct hlist *h,
+                    const struct relay_tag *tag)
+{
+    rl->status = status;
+    rl->head = h;
+    rl->tag = *tag;
+    int64_t cl = hlist_content_length(h);
+    if (!status_has_body(status) || (!rl->is_head && (cl < 0 || (uint64_t)cl <= RELAY_BUFFER))) {
+        /* 1xx, 204 and 304 have no body whatever the upstream sends (RFC 9112 6.3): answered
+         * once the transfer ends, with none */
+        rl->flags |= RL_COLLECT;
+        if (cl > 0 && !rl->down.buf && (rl->down.buf = malloc((size_t)cl)) != NULL)
+            rl->down.cap = (size_t)cl;
+    } else {
+        start_streaming(rl);
+    }
+}
+
+size_t relay_body(struct relay *rl, const char *p, size_t n)
+{
+    if (!rl->conn)
+        return 0;
+    if (!status_has_body(rl->status))
+        return n; /* never relayed */
+    if ((rl->flags & RL_COLLECT) && n > ring_space(&rl->down))
+        start_streaming(rl); /* too large to answer in one piece */
+    if (n > ring_space(&rl->down))
+        return RELAY_FULL;
+    if (ring_put(&rl->down, p, n) < 0)
+        return 0;
+    resume_reader(rl);
+    return n;
+}
+
+void relay_body_end(struct relay *rl, bool failed)
+{
+    rl->flags |= failed ? RL_DOWN_FAIL : RL_DOWN_DONE;
+    if ((rl->flags & RL_COLLECT) && !failed)
+        answer_collected(rl);
+    else if (rl->flags & RL_COLLECT)
+        start_streaming(rl); /* what came, then the truncation */
+    else
+        resume_reader(rl);
+}
+
+/* ---- the access handler ---- */
+
+void relay_enter(struct relay *rl)
+{
+    rl->flags |= RL_IN_HANDLER;
+}
+
+bool relay_leave(struct relay *rl, bool can_answer, bool waiting, bool close_now)
+{
+    rl->flags &= ~RL_IN_HANDLER;
+    if (close_now)
+        return false;
+    if ((rl->flags & (RL_ANSWERED | RL_QUEUED)) == RL_ANSWERED && can_answer) {
+        /* Right after the headers (400, 404, 405, 413 by Content-Length) libmicrohttpd then
+         * reads none of the body; after the body, the connection may be kept alive. */
+        rl->flags |= RL_QUEUED;
+        if (!rl->resp)
+            return false;
+        rl->ops->sending(rl);
+        enum MHD_Result ret = MHD_queue_response(rl->conn, rl->resp_status, rl->resp);
+        MHD_destroy_response(rl->resp);
+        rl->resp = NULL;
+        return ret == MHD_YES;
+    }
+    if (!(rl->flags & (RL_ANSWERED | RL_SUSPENDED)) && waiting)
+        suspend(rl, 0); /* the upstream side has the request: nothing to do until it answers */
+    return true;
+}
+
+void relay_wait_upload(struct relay *rl)
+{
+    suspend(rl, RL_UPLOAD);
+}
+
+void relay_upload_room(struct relay *rl)
+{
+    if ((rl->flags & RL_UPLOAD) && rl->conn)
+        resume(rl);
+}
+
+/* ---- the client going away during a wait ---- */
+
+static void on_client_event(struct loop_watch *cw, uint32_t events)
+{
+    (void)events;
+    struct relay *rl = cw->arg;
+    relay_unwatch(rl);
+    rl->ops->client_gone(rl);
+}
+
+void relay_watch(struct relay *rl)
+{
+    if ((rl->flags & RL_WATCHED) || !(rl->flags & RL_SUSPENDED) || !rl->conn)
+        return;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(rl->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci && loop_watch_add(rl->loop, &rl->client_w, ci->connect_fd, EPOLLRDHUP, on_client_event,
+                             rl) == 0)
+        rl->flags |= RL_WATCHED;
+}
+
+void relay_unwatch(struct relay *rl)
+{
+    if (!(rl->flags & RL_WATCHED))
+        return;
+    loop_watch_del(rl->loop, &rl->client_w);
+    rl->flags &= ~RL_WATCHED;
+}
+
+void relay_done(struct relay *rl)
+{
+    relay_unwatch(rl);
+    rl->conn = NULL;
+    if (rl->resp && !(rl->flags & RL_QUEUED))
+        MHD_destroy_response(rl->resp); /* its reader's reference is released here */
+    rl->resp = NULL;
+}
