@@ -1,10 +1,11 @@
-/* main -- the command line (CONTRACT §2): run, check, schedule, --version, --help.
+/* main -- the command line (docs/cli.md): run, check, schedule, reference, --version, --help.
  *
  * Exit codes: 0 success, 1 invalid config (or unknown route), 2 usage error, 3 cannot bind.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "config/cfg.h"
 #include "policy/backoff.h"
 #include "policy/rng.h"
+#include "proxy/metrics.h"
 #include "proxy/serve.h"
 
 #define VERSION        "0.1.0"
@@ -30,7 +32,7 @@ static const char usage_text[] =
     "                  [--log-format json|text] [--workers N]\n"
     "       retryproxy check -c FILE [--print]\n"
     "       retryproxy schedule -c FILE --route NAME [--retries N] [--runs K] [--seed S]\n"
-    "       retryproxy reference\n"
+    "       retryproxy reference [--metrics]\n"
     "       retryproxy --version | --help\n"
     "\n"
     "A sidecar HTTP retry proxy: requests sent to the listener are forwarded to the matching\n"
@@ -43,6 +45,7 @@ static const char usage_text[] =
     "  schedule   print the delays (ms) a route's policy would use: K lines of N delays\n"
     "             (N defaults to max_attempts-1, K to 1; --seed makes jitter repeatable)\n"
     "  reference  print every config key with its type, range, default and meaning\n"
+    "             (--metrics: every metric with its type, labels and meaning)\n"
     "\n"
     "options:\n"
     "  -c, --config FILE   config file [$RETRYPROXY_CONFIG, then " DEFAULT_CONFIG "]\n"
@@ -338,9 +341,13 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "schedule") == 0)
         return cmd_schedule(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "reference") == 0) {
-        if (argc > 2)
-            return usage_error("reference: unexpected argument '%s'", argv[2]);
-        cfg_write_reference(stdout);
+        bool metrics = argc > 2 && strcmp(argv[2], "--metrics") == 0;
+        if (argc > 2 + metrics)
+            return usage_error("reference: unexpected argument '%s'", argv[2 + metrics]);
+        if (metrics)
+            metrics_write_reference(stdout);
+        else
+            cfg_write_reference(stdout);
         return 0;
     }
     return cmd_run(argc, argv);

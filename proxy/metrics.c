@@ -1,4 +1,4 @@
-/* metrics -- the registry behind proxy/metrics.h (CONTRACT §7).
+/* metrics -- the registry behind proxy/metrics.h (docs/metrics.md).
  *
  * Layout: every route owns an array of per-worker slots, each slot a cache-line-aligned block of
  * 64-bit counters. Worker w is the only writer of slot w, so an increment is a relaxed load
@@ -48,6 +48,68 @@ static const char *const denied_names[METRICS_DENIED_COUNT] = { "max-attempts", 
                                                                 "concurrency",    "deadline",
                                                                 "retry-after",    "not-retryable",
                                                                 "body-too-large", "draining" };
+
+static const char *const result_names[] = { "success", "failure" };
+
+/* Every family, in the order a scrape prints them. */
+enum family {
+    FAM_REQUESTS,
+    FAM_ATTEMPTS,
+    FAM_RETRIES,
+    FAM_RETRY_SUCCESS,
+    FAM_DENIED,
+    FAM_IN_FLIGHT,
+    FAM_RETRY_AFTER,
+    FAM_BACKOFF,
+    FAM_ATTEMPT_DURATION,
+    FAM_REQUEST_DURATION,
+    FAM_RELOADS,
+    FAM_GENERATION,
+    FAM_LAST_SUCCESS,
+    FAM_CONNECTIONS,
+    FAM_COUNT
+};
+
+/* One row per family: the # HELP and # TYPE lines of a scrape and the table of
+ * docs/metrics.md (metrics_write_reference()) both come from here. */
+static const struct family_def {
+    const char *name;   /* after the retryproxy_ prefix */
+    const char *type;   /* counter, gauge or histogram */
+    const char *labels; /* "" for none; the last one may have a fixed set of values: */
+    const char *const *values;
+    size_t n_values;
+    const char *help;
+} families[FAM_COUNT] = {
+    [FAM_REQUESTS] = { "requests_total", "counter", "route, code", NULL, 0,
+                       "Requests answered, by route and final status code sent to the client." },
+    [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, outcome", outcome_names,
+                       METRICS_OUT_COUNT, "Upstream attempts, by route and outcome." },
+    [FAM_RETRIES] = { "retries_total", "counter", "route, reason", NULL, 0,
+                      "Retries started, by route and the retry_on token that fired." },
+    [FAM_RETRY_SUCCESS] = { "retry_success_total", "counter", "route", NULL, 0,
+                            "Requests that succeeded after at least one retry." },
+    [FAM_DENIED] = { "retries_denied_total", "counter", "route, reason", denied_names,
+                     METRICS_DENIED_COUNT,
+                     "Retries not made, by route and the reason (as X-Retry-Stop)." },
+    [FAM_IN_FLIGHT] = { "retries_in_flight", "gauge", "", NULL, 0,
+                        "Retries decided and not yet finished, backoff waits included." },
+    [FAM_RETRY_AFTER] = { "retry_after_honored_total", "counter", "route", NULL, 0,
+                          "Retries whose wait followed an upstream Retry-After." },
+    [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
+                      "Backoff waits before retries, in seconds." },
+    [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route", NULL, 0,
+                               "Duration of single upstream attempts, in seconds." },
+    [FAM_REQUEST_DURATION] = { "request_duration_seconds", "histogram", "route", NULL, 0,
+                               "Duration of whole client requests, retries included, in seconds." },
+    [FAM_RELOADS] = { "config_reloads_total", "counter", "result", result_names, 2,
+                      "Configuration loads, by result; the initial load counts as a success." },
+    [FAM_GENERATION] = { "config_generation", "gauge", "", NULL, 0,
+                         "Generation of the configuration in effect." },
+    [FAM_LAST_SUCCESS] = { "config_last_reload_success_timestamp_seconds", "gauge", "", NULL, 0,
+                           "Unix time of the last successful configuration load." },
+    [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
+                          "Client connections currently open." },
+};
 
 struct hist_slot {
     /* Non-cumulative per bucket; the scrape accumulates them, and _count is their total so that
@@ -428,9 +490,13 @@ static void put_label(FILE *f, const char *s)
     }
 }
 
-static void put_family(FILE *f, const char *name, const char *type, const char *help)
+/* The # HELP and # TYPE lines of family 'fam'; returns its name (after the prefix). */
+static const char *put_family(FILE *f, enum family fam)
 {
-    fprintf(f, "# HELP retryproxy_%s %s\n# TYPE retryproxy_%s %s\n", name, help, name, type);
+    const struct family_def *d = &families[fam];
+    fprintf(f, "# HELP retryproxy_%s %s\n# TYPE retryproxy_%s %s\n", d->name, d->help, d->name,
+            d->type);
+    return d->name;
 }
 
 /* Starts a series line: retryproxy_<name>{route="<route>" -- the caller closes the labels. */
@@ -449,13 +515,12 @@ struct scrape {
 
 static void render_requests(FILE *f, const struct scrape *sc)
 {
-    put_family(f, "requests_total", "counter",
-               "Requests answered, by route and final status code sent to the client.");
+    const char *name = put_family(f, FAM_REQUESTS);
     for (size_t i = 0; i < sc->n; i++) {
         for (size_t c = 0; c < CODE_COUNT; c++) {
             if (!sc->totals[i].codes[c])
                 continue;
-            put_route_series(f, "requests_total", sc->routes[i]);
+            put_route_series(f, name, sc->routes[i]);
             fprintf(f, ",code=\"%zu\"} %" PRIu64 "\n", c + CODE_MIN, sc->totals[i].codes[c]);
         }
     }
@@ -463,10 +528,10 @@ static void render_requests(FILE *f, const struct scrape *sc)
 
 static void render_attempts(FILE *f, const struct scrape *sc)
 {
-    put_family(f, "attempts_total", "counter", "Upstream attempts, by route and outcome.");
+    const char *name = put_family(f, FAM_ATTEMPTS);
     for (size_t i = 0; i < sc->n; i++) {
         for (size_t o = 0; o < METRICS_OUT_COUNT; o++) {
-            put_route_series(f, "attempts_total", sc->routes[i]);
+            put_route_series(f, name, sc->routes[i]);
             fprintf(f, ",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o],
                     sc->totals[i].attempts[o]);
         }
@@ -475,13 +540,12 @@ static void render_attempts(FILE *f, const struct scrape *sc)
 
 static void render_retries(FILE *f, const struct scrape *sc)
 {
-    put_family(f, "retries_total", "counter",
-               "Retries started, by route and the retry_on token that fired.");
+    const char *name = put_family(f, FAM_RETRIES);
     for (size_t i = 0; i < sc->n; i++) {
         const struct metrics_route *r = sc->routes[i];
         const struct route_totals *t = &sc->totals[i];
         for (unsigned k = 0; k < r->nreasons; k++) {
-            put_route_series(f, "retries_total", r);
+            put_route_series(f, name, r);
             fputs(",reason=\"", f);
             put_label(f, r->reasons[k]);
             fprintf(f, "\"} %" PRIu64 "\n", t->retries[k]);
@@ -492,16 +556,15 @@ static void render_retries(FILE *f, const struct scrape *sc)
         for (unsigned k = r->nreasons; k < METRICS_MAX_REASONS; k++)
             other += t->retries[k];
         if (r->other_used || other) {
-            put_route_series(f, "retries_total", r);
+            put_route_series(f, name, r);
             fprintf(f, ",reason=\"other\"} %" PRIu64 "\n", other);
         }
     }
 }
 
-static void render_route_counter(FILE *f, const struct scrape *sc, const char *name,
-                                 const char *help, size_t field)
+static void render_route_counter(FILE *f, const struct scrape *sc, enum family fam, size_t field)
 {
-    put_family(f, name, "counter", help);
+    const char *name = put_family(f, fam);
     for (size_t i = 0; i < sc->n; i++) {
         uint64_t v;
         memcpy(&v, (const char *)&sc->totals[i] + field, sizeof(v));
@@ -512,20 +575,18 @@ static void render_route_counter(FILE *f, const struct scrape *sc, const char *n
 
 static void render_denied(FILE *f, const struct scrape *sc)
 {
-    put_family(f, "retries_denied_total", "counter",
-               "Retries not made, by route and the reason (as X-Retry-Stop).");
+    const char *name = put_family(f, FAM_DENIED);
     for (size_t i = 0; i < sc->n; i++) {
         for (size_t d = 0; d < METRICS_DENIED_COUNT; d++) {
-            put_route_series(f, "retries_denied_total", sc->routes[i]);
+            put_route_series(f, name, sc->routes[i]);
             fprintf(f, ",reason=\"%s\"} %" PRIu64 "\n", denied_names[d], sc->totals[i].denied[d]);
         }
     }
 }
 
-static void render_hist(FILE *f, const struct scrape *sc, enum metrics_hist h, const char *name,
-                        const char *help)
+static void render_hist(FILE *f, const struct scrape *sc, enum metrics_hist h, enum family fam)
 {
-    put_family(f, name, "histogram", help);
+    const char *name = put_family(f, fam);
     for (size_t i = 0; i < sc->n; i++) {
         const struct route_totals *t = &sc->totals[i];
         uint64_t cum = 0;
@@ -548,52 +609,44 @@ static void render_hist(FILE *f, const struct scrape *sc, enum metrics_hist h, c
 
 static void render_in_flight(FILE *f, const struct metrics *m)
 {
-    put_family(f, "retries_in_flight", "gauge",
-               "Retries decided and not yet finished, backoff waits included.");
-    fprintf(f, "retryproxy_retries_in_flight %" PRId64 "\n", metrics_retries_in_flight(m));
+    const char *name = put_family(f, FAM_IN_FLIGHT);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, metrics_retries_in_flight(m));
 }
 
 static void render_process(FILE *f, struct metrics *m)
 {
-    put_family(f, "config_reloads_total", "counter",
-               "Configuration loads, by result; the initial load counts as a success.");
-    fprintf(f, "retryproxy_config_reloads_total{result=\"success\"} %" PRIu64 "\n", m->reloads_ok);
-    fprintf(f, "retryproxy_config_reloads_total{result=\"failure\"} %" PRIu64 "\n",
-            m->reloads_failed);
+    const char *name = put_family(f, FAM_RELOADS);
+    const uint64_t reloads[2] = { m->reloads_ok, m->reloads_failed }; /* as result_names */
+    for (size_t i = 0; i < 2; i++)
+        fprintf(f, "retryproxy_%s{result=\"%s\"} %" PRIu64 "\n", name, result_names[i], reloads[i]);
 
-    put_family(f, "config_generation", "gauge", "Generation of the configuration in effect.");
-    fprintf(f, "retryproxy_config_generation %" PRIu64 "\n", m->generation);
+    name = put_family(f, FAM_GENERATION);
+    fprintf(f, "retryproxy_%s %" PRIu64 "\n", name, m->generation);
 
-    put_family(f, "config_last_reload_success_timestamp_seconds", "gauge",
-               "Unix time of the last successful configuration load.");
-    fprintf(f, "retryproxy_config_last_reload_success_timestamp_seconds %.3f\n", m->last_success);
+    name = put_family(f, FAM_LAST_SUCCESS);
+    fprintf(f, "retryproxy_%s %.3f\n", name, m->last_success);
 
     int64_t conns = 0;
     for (unsigned w = 0; w < m->workers; w++)
         conns += atomic_load_explicit(&m->wslots[w].connections, memory_order_relaxed);
-    put_family(f, "connections_active", "gauge", "Client connections currently open.");
-    fprintf(f, "retryproxy_connections_active %" PRId64 "\n", conns);
+    name = put_family(f, FAM_CONNECTIONS);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, conns);
 }
 
+/* Every family in enum family order, the order of the table above. */
 static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
 {
     render_requests(f, sc);
     render_attempts(f, sc);
     render_retries(f, sc);
-    render_route_counter(f, sc, "retry_success_total",
-                         "Requests that succeeded after at least one retry.",
-                         offsetof(struct route_totals, retry_success));
+    render_route_counter(f, sc, FAM_RETRY_SUCCESS, offsetof(struct route_totals, retry_success));
     render_denied(f, sc);
     render_in_flight(f, m);
-    render_route_counter(f, sc, "retry_after_honored_total",
-                         "Retries whose wait followed an upstream Retry-After.",
+    render_route_counter(f, sc, FAM_RETRY_AFTER,
                          offsetof(struct route_totals, retry_after_honored));
-    render_hist(f, sc, METRICS_HIST_BACKOFF, "backoff_seconds",
-                "Backoff waits before retries, in seconds.");
-    render_hist(f, sc, METRICS_HIST_ATTEMPT, "attempt_duration_seconds",
-                "Duration of single upstream attempts, in seconds.");
-    render_hist(f, sc, METRICS_HIST_REQUEST, "request_duration_seconds",
-                "Duration of whole client requests, retries included, in seconds.");
+    render_hist(f, sc, METRICS_HIST_BACKOFF, FAM_BACKOFF);
+    render_hist(f, sc, METRICS_HIST_ATTEMPT, FAM_ATTEMPT_DURATION);
+    render_hist(f, sc, METRICS_HIST_REQUEST, FAM_REQUEST_DURATION);
     render_process(f, m);
 }
 
@@ -647,4 +700,40 @@ char *metrics_render(struct metrics *m, size_t *len)
     if (len)
         *len = size;
     return buf;
+}
+
+/* ---- the reference ---- */
+
+/* "route, outcome" as "`route`, `outcome`", the values of the last label after it. */
+static void put_doc_labels(FILE *f, const struct family_def *d)
+{
+    const char *p = d->labels;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        fprintf(f, "`%.*s`", (int)n, p);
+        p += n;
+        if (*p) {
+            fputs(", ", f);
+            p += strspn(p, ", ");
+        }
+    }
+    for (size_t i = 0; i < d->n_values; i++)
+        fprintf(f, "%s`%s`", i ? ", " : " (", d->values[i]);
+    if (d->n_values)
+        fputc(')', f);
+}
+
+void metrics_write_reference(FILE *out)
+{
+    fputs("| metric | type | labels | meaning |\n|---|---|---|---|\n", out);
+    for (size_t i = 0; i < FAM_COUNT; i++) {
+        const struct family_def *d = &families[i];
+        fprintf(out, "| `retryproxy_%s` | %s | ", d->name, d->type);
+        put_doc_labels(out, d);
+        fprintf(out, " | %s |\n", d->help);
+    }
+    fputs("\nHistogram buckets (`le`, upper bounds in seconds):", out);
+    for (size_t b = 0; b < HIST_BUCKETS; b++)
+        fprintf(out, "%s `%s`", b ? "," : "", hist_le[b]);
+    fputs(".\n", out);
 }

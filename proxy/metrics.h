@@ -1,4 +1,4 @@
-/* metrics -- Prometheus counters, gauges and histograms (CONTRACT §7), cheap on the hot path.
+/* metrics -- Prometheus counters, gauges and histograms (docs/metrics.md), cheap on the hot path.
  *
  * Every per-route series has one slot per worker. A worker only ever writes its own slot, with
  * relaxed atomic loads and stores (no lock, no contended read-modify-write); a scrape sums the
@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* attempts_total{outcome} */
 enum metrics_outcome {
@@ -100,5 +101,10 @@ void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix
  * names prefixed retryproxy_, series sorted by route name, label values escaped. Returns a
  * malloc'd NUL-terminated buffer (length in *len), or NULL if out of memory. */
 char *metrics_render(struct metrics *m, size_t *len);
+
+/* The Markdown table of every family (name, type, labels with their fixed values, help) and
+ * the histogram buckets, from the same table the exposition's # HELP and # TYPE lines come
+ * from: what `retryproxy reference --metrics` prints and docs/metrics.md holds. */
+void metrics_write_reference(FILE *out);
 
 #endif
