@@ -1,4 +1,4 @@
-/* admin -- the admin listener (CONTRACT §6), in the control thread's loop.
+/* admin -- the admin listener (docs/admin.md), in the control thread's loop.
  *
  *   GET  /healthz   200 while the process runs
  *   GET  /readyz    200 when serving, 503 while draining

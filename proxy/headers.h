@@ -1,4 +1,4 @@
-/* headers -- HTTP header rules of the forwarding path (CONTRACT §4). Pure functions. */
+/* headers -- HTTP header rules of the forwarding path (docs/forwarding.md). Pure functions. */
 #ifndef RETRYPROXY_PROXY_HEADERS_H
 #define RETRYPROXY_PROXY_HEADERS_H
 

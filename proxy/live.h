@@ -1,7 +1,8 @@
 /* live -- per-route state that outlives config snapshots: each route's retry budget and its
- * route-scoped backoff sequence (CONTRACT §3.1, §5: they survive a reload for routes that keep
- * their name). Entries are created when a snapshot is installed, never freed before the
- * registry, so a snapshot's pointers to them stay valid for as long as any request holds it.
+ * route-scoped backoff sequence (docs/budgets.md, docs/backoff.md; docs/reload.md: they
+ * survive a reload for routes that keep their name). Entries are created when a snapshot is
+ * installed, never freed before the registry, so a snapshot's pointers to them stay valid for
+ * as long as any request holds it.
  */
 #ifndef RETRYPROXY_PROXY_LIVE_H
 #define RETRYPROXY_PROXY_LIVE_H

@@ -1,4 +1,4 @@
-/* log -- request and event logs on stdout (CONTRACT §8).
+/* log -- request and event logs on stdout (docs/logs.md).
  *
  * One line per request, JSON by default ("format": "text" for humans), at level info; attempt
  * detail at debug; reloads at info (success) or error (each error its own line). The level and
