@@ -167,8 +167,9 @@ const char *fx_url(const char *path)
 
 bool fx_under_asan(void)
 {
+    /* make asan builds in build-asan/, a developer's own ASan build may be build-NAME-asan/ */
     const char *b = getenv("RETRYPROXY_BIN");
-    return b && strstr(b, "build-asan") != NULL;
+    return b && strstr(b, "asan") != NULL;
 }
 
 uint16_t fx_closed_port(void)

@@ -81,7 +81,7 @@ void fx_stop_any(void);
 
 /* "http://127.0.0.1:PROXY_PORT" + path, in a static buffer (copy it to keep it). */
 const char *fx_url(const char *path);
-/* Whether the proxy under test is the ASan build (RSS bounds are looser there). */
+/* Whether the proxy under test is an ASan build (a path with "asan"): RSS bounds are looser. */
 bool fx_under_asan(void);
 /* A 127.0.0.1 port nothing listens on (bound, then closed). */
 uint16_t fx_closed_port(void);
