@@ -103,6 +103,24 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(LIB_OBJ) $(SUPPORT_OBJ) $(LDFLAGS_ALL) \
 	  $(PKG_LIBS) $(TEST_LIBS)
 
+# Two unit suites link less than the whole library, on purpose:
+# - test_retry_decide: the decision (proxy/decide.c) with neither libmicrohttpd nor libcurl
+#   linked, which shows that it needs neither;
+# - test_retry_timers: the request state machine with the upstream attempt and the relay
+#   replaced by the suite's own fakes (proxy/attempt.o and proxy/relay.o left out).
+DECIDE_OBJ := $(filter $(BUILD)/obj/policy/% $(BUILD)/obj/config/%,$(LIB_OBJ)) \
+              $(addprefix $(BUILD)/obj/proxy/,decide.o live.o strmap.o)
+$(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_OBJ) | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags jansson) -o $@ $< $(DECIDE_OBJ) \
+	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
+
+FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,attempt.o relay.o),$(LIB_OBJ))
+$(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(FAKED_OBJ) $(LDFLAGS_ALL) $(PKG_LIBS) \
+	  $(TEST_LIBS)
+
 # Tools are standalone programs: the test upstream and process helpers only, no Criterion (whose
 # sandbox would take over a tool started from inside a test).
 TOOL_SUPPORT_OBJ := $(BUILD)/obj/tests/support/tup.o $(BUILD)/obj/tests/support/proc.o

@@ -15,6 +15,8 @@ struct loop {
     int tfd;           /* timerfd armed to the earliest timer */
     uint64_t armed_ms; /* what tfd is armed to; 0: disarmed */
     uint64_t now_ms;
+    uint64_t (*clock)(void *); /* the time source: CLOCK_MONOTONIC unless a test sets one */
+    void *clock_arg;
     bool stopping;
     struct loop_watch tfd_watch;
 
@@ -32,8 +34,9 @@ struct loop {
     int nevents;
 };
 
-static uint64_t clock_ms(void)
+static uint64_t monotonic_ms(void *arg)
 {
+    (void)arg;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
@@ -46,8 +49,15 @@ uint64_t loop_now(const struct loop *l)
 
 uint64_t loop_update_now(struct loop *l)
 {
-    l->now_ms = clock_ms();
+    l->now_ms = l->clock(l->clock_arg);
     return l->now_ms;
+}
+
+void loop_set_clock(struct loop *l, uint64_t (*clock)(void *arg), void *arg)
+{
+    l->clock = clock ? clock : monotonic_ms;
+    l->clock_arg = arg;
+    loop_update_now(l);
 }
 
 /* ---- the timer heap ---- */
@@ -242,7 +252,7 @@ struct loop *loop_new(void)
         errno = e;
         return NULL;
     }
-    l->now_ms = clock_ms();
+    loop_set_clock(l, NULL, NULL);
     return l;
 }
 
@@ -272,29 +282,35 @@ void loop_stop(struct loop *l)
     l->stopping = true;
 }
 
+int loop_turn(struct loop *l, int timeout_ms)
+{
+    rearm(l);
+    l->nevents = epoll_wait(l->epfd, l->events, MAX_EVENTS, timeout_ms);
+    if (l->nevents < 0) {
+        l->nevents = 0;
+        return errno == EINTR ? 0 : -errno;
+    }
+    loop_update_now(l);
+    for (int i = 0; i < l->nevents; i++) {
+        struct loop_watch *w = l->events[i].data.ptr;
+        if (w) /* NULL: deleted by an earlier callback of this turn */
+            w->fn(w, l->events[i].events);
+    }
+    l->nevents = 0;
+    run_timers(l);
+    bury(l);
+    if (l->idle)
+        l->idle(l->idle_arg);
+    return 0;
+}
+
 int loop_run(struct loop *l)
 {
     l->stopping = false;
     while (!l->stopping) {
-        rearm(l);
-        l->nevents = epoll_wait(l->epfd, l->events, MAX_EVENTS, -1);
-        if (l->nevents < 0) {
-            l->nevents = 0;
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        l->now_ms = clock_ms();
-        for (int i = 0; i < l->nevents; i++) {
-            struct loop_watch *w = l->events[i].data.ptr;
-            if (w) /* NULL: deleted by an earlier callback of this turn */
-                w->fn(w, l->events[i].events);
-        }
-        l->nevents = 0;
-        run_timers(l);
-        bury(l);
-        if (l->idle)
-            l->idle(l->idle_arg);
+        int rc = loop_turn(l, -1);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }

@@ -6,7 +6,9 @@
  * nothing sleeps: a request waiting out a backoff delay is one timer in a binary heap.
  *
  * "now" is read once per loop turn (CLOCK_MONOTONIC, milliseconds), so every decision made in
- * one turn sees the same time. A loop and its watches and timers belong to one thread.
+ * one turn sees the same time. A test may put a clock of its own in its place and drive the
+ * loop turn by turn: every timer then fires at exactly the time it was set for, whatever the
+ * machine's speed. A loop and its watches and timers belong to one thread.
  */
 #ifndef RETRYPROXY_PROXY_LOOP_H
 #define RETRYPROXY_PROXY_LOOP_H
@@ -73,11 +75,21 @@ uint64_t loop_now(const struct loop *l);
 /* Re-reads the clock (for work that spans a long callback). */
 uint64_t loop_update_now(struct loop *l);
 
+/* Reads the time from clock(arg), in milliseconds, from now on (NULL: CLOCK_MONOTONIC again).
+ * For tests: the timerfd still follows the real clock, so drive a loop with a clock of its
+ * own by loop_turn(l, 0) after moving the clock. */
+void loop_set_clock(struct loop *l, uint64_t (*clock)(void *arg), void *arg);
+
 /* Calls fn(arg) once per turn, after the turn's events and timers, before waiting again
  * (batching work, such as writing buffered log lines). */
 void loop_set_idle(struct loop *l, void (*fn)(void *), void *arg);
 
-/* Runs until loop_stop(). Returns 0, or -errno if epoll failed. */
+/* One turn: waits up to 'timeout_ms' (-1: until something happens, 0: not at all) for events,
+ * reads the clock, runs the events, then every timer due, then the idle callback. 0, or
+ * -errno if epoll failed. */
+int loop_turn(struct loop *l, int timeout_ms);
+
+/* Runs turns until loop_stop(). Returns 0, or -errno if epoll failed. */
 int loop_run(struct loop *l);
 /* Makes loop_run() return after the current turn. From the loop's own thread only. */
 void loop_stop(struct loop *l);

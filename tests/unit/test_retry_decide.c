@@ -226,3 +226,124 @@ Test(decide, stop_names_match_the_contract)
     for (int s = RETRY_STOP_NONE; s <= RETRY_STOP_DRAINING; s++)
         cr_expect_str_eq(retry_stop_name((enum retry_stop)s), want[s]);
 }
+
+/* ---- decide_attempt(): the policy, then the budgets, then the sequence ---- */
+
+static struct live *live;
+static struct budget global;
+static struct rng rng;
+static struct backoff_seq seq;
+
+/* A route "r" with exponential backoff from 100 ms without jitter, and the top-level budget
+ * 'budget_json'; 'drain' is the drain deadline (0: not draining). */
+static struct decide_req whole(const char *budget_json, uint64_t drain)
+{
+    char text[1024];
+    snprintf(text, sizeof(text),
+             "{\"budget\": %s, \"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://h:1\"], "
+             "\"retry\": {\"backoff\": {\"policy\": \"exponential\", \"base_ms\": 100, "
+             "\"jitter\": \"none\"}}}]}",
+             budget_json);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    cfg = cfg_load_buffer(text, strlen(text), "t", &errs);
+    cr_assert_not_null(cfg, "%s", errs.n ? errs.v[0].msg : "?");
+    cfg_errs_clear(&errs);
+    live = live_new();
+    struct live_route *lr = live_route(live, "r", cfg->routes[0].budget.window_ms);
+    cr_assert_not_null(lr);
+    budget_init(&global, cfg->budget.window_ms);
+    rng_seed(&rng, 1);
+    backoff_seq_reset(&seq);
+    return (struct decide_req){ .policy = &cfg->routes[0].retry,
+                                .seq = &seq,
+                                .live = lr,
+                                .rng = &rng,
+                                .budgets = { .global = &global,
+                                             .global_limits = &cfg->budget,
+                                             .route = &lr->budget,
+                                             .route_limits = &cfg->routes[0].budget,
+                                             .drain_deadline_ms = drain } };
+}
+
+static void unload_whole(void)
+{
+    live_free(live);
+    cfg_unref(cfg);
+}
+
+TestSuite(decide_attempt, .fini = unload_whole);
+
+Test(decide_attempt, a_taken_retry_holds_a_slot_in_both_budgets_until_released)
+{
+    struct decide_req d = whole("{\"max_concurrent_retries\": 1}", 0);
+    struct retry_facts f = facts(RETRY_OUT_CONNECT_FAILURE, 0);
+    struct retry_verdict v;
+    decide_attempt(&d, &f, &v);
+    cr_assert_eq(v.stop, RETRY_STOP_NONE);
+    cr_assert_eq(v.delay_ms, 100);
+    cr_assert_eq(budget_in_flight(&global), 1);
+    cr_assert_eq(budget_in_flight(d.budgets.route), 1);
+
+    decide_attempt(&d, &f, &v); /* another request, while the first retry is in flight */
+    cr_assert_eq(v.stop, RETRY_STOP_CONCURRENCY);
+    cr_assert_eq(budget_in_flight(&global), 1, "a refused retry kept a slot");
+    cr_assert_eq(budget_in_flight(d.budgets.route), 1);
+
+    decide_release(&d);
+    cr_assert_eq(budget_in_flight(&global), 0);
+    cr_assert_eq(budget_in_flight(d.budgets.route), 0);
+}
+
+Test(decide_attempt, a_refused_retry_leaves_the_request_sequence_where_it_was)
+{
+    struct decide_req d = whole("{\"max_concurrent_retries\": 1}", 0);
+    struct retry_facts f = facts(RETRY_OUT_CONNECT_FAILURE, 0);
+    struct retry_verdict v;
+    decide_attempt(&d, &f, &v);
+    cr_assert_eq(v.delay_ms, 100);
+    decide_attempt(&d, &f, &v); /* refused: the first retry holds the only slot */
+    cr_assert_eq(v.stop, RETRY_STOP_CONCURRENCY);
+    decide_release(&d);
+    f.attempts = 2;
+    decide_attempt(&d, &f, &v);
+    cr_assert_eq(v.stop, RETRY_STOP_NONE);
+    cr_assert_eq(v.delay_ms, 200, "the refused retry moved the sequence (200 ms expected)");
+    decide_release(&d);
+}
+
+Test(decide_attempt, the_ratio_budget_refuses_once_its_share_is_spent)
+{
+    struct decide_req d =
+        whole("{\"retry_ratio\": 0.5, \"min_retries_per_second\": 0, \"window_ms\": 1000}", 0);
+    struct retry_facts f = facts(RETRY_OUT_CONNECT_FAILURE, 0);
+    struct retry_verdict v;
+    for (int i = 0; i < 4; i++) {
+        budget_note_request(&global, f.now_ms);
+        budget_note_request(d.budgets.route, f.now_ms);
+    }
+    for (int i = 0; i < 2; i++) {
+        backoff_seq_reset(&seq);
+        decide_attempt(&d, &f, &v);
+        cr_assert_eq(v.stop, RETRY_STOP_NONE, "retry %d of 4 requests at ratio 0.5", i + 1);
+        decide_release(&d);
+    }
+    decide_attempt(&d, &f, &v);
+    cr_assert_eq(v.stop, RETRY_STOP_BUDGET);
+    cr_assert_eq(budget_in_flight(&global), 0);
+    cr_assert_eq(budget_in_flight(d.budgets.route), 0);
+}
+
+Test(decide_attempt, while_draining_a_wait_past_the_drain_deadline_is_refused)
+{
+    struct retry_facts f = facts(RETRY_OUT_CONNECT_FAILURE, 0);
+    struct decide_req d = whole("{}", f.now_ms + 100); /* the wait would end right at it */
+    struct retry_verdict v;
+    decide_attempt(&d, &f, &v);
+    cr_assert_eq(v.stop, RETRY_STOP_DRAINING);
+    cr_assert_eq(budget_in_flight(&global), 0);
+    d.budgets.drain_deadline_ms = f.now_ms + 101;
+    decide_attempt(&d, &f, &v);
+    cr_assert_eq(v.stop, RETRY_STOP_NONE);
+    decide_release(&d);
+}

@@ -1,0 +1,522 @@
+/* The request state machine's timers (proxy/retry.c) on a fake clock: backoff waits, the
+ * per-try timeout, the deadline, Retry-After and the drain deadline fire at exactly their
+ * millisecond, with no network and no wall-clock slack.
+ *
+ * This suite is linked without proxy/attempt.o and proxy/relay.o: the fakes below stand in
+ * for the upstream attempt and the client side, record what the state machine asked of them,
+ * and let each test say how an attempt ends. The loop is the real one, its clock the test's
+ * (loop_set_clock), turned with loop_turn(l, 0) after each move of the clock.
+ */
+#include <criterion/criterion.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/attempt.h"
+#include "proxy/log.h"
+#include "proxy/relay.h"
+#include "proxy/retry.h"
+#include "proxy/worker.h"
+
+/* ---- the fakes ---- */
+
+static struct {
+    struct attempt *a; /* the request's attempt */
+    unsigned launches;
+    uint64_t launched_at[16];
+    unsigned cancels;
+} up;
+
+static struct {
+    struct relay *rl;
+    unsigned answers;
+    unsigned status;
+    uint64_t at;
+    char code[64];
+    char stop[32];
+    uint32_t attempts;
+} client;
+
+static uint64_t now_ms;
+
+static uint64_t fake_clock(void *arg)
+{
+    (void)arg;
+    return now_ms;
+}
+
+void attempt_init(struct attempt *a, struct upstream *u, const struct attempt_ops *ops, void *arg)
+{
+    memset(a, 0, sizeof(*a));
+    a->up = u;
+    a->ops = ops;
+    a->arg = arg;
+    up.a = a;
+}
+
+void attempt_fini(struct attempt *a)
+{
+    hlist_free(&a->head);
+}
+
+size_t attempt_pick(uint64_t tried, size_t n, uint32_t *rr, struct rng *rng)
+{
+    (void)rr;
+    (void)rng;
+    for (size_t i = 0; i < n; i++)
+        if (!(tried & (1ULL << i)))
+            return i;
+    return 0;
+}
+
+bool attempt_queue(struct attempt *a)
+{
+    a->sends = 0;
+    a->status = 0;
+    a->head_done = a->bad_head = false;
+    hlist_clear(&a->head);
+    return false;
+}
+
+int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+                   const struct attempt_req *req, uint64_t connect_timeout_ms)
+{
+    (void)url;
+    (void)base_path;
+    (void)req;
+    (void)connect_timeout_ms;
+    cr_assert(up.launches < 16);
+    up.launched_at[up.launches++] = now_ms;
+    a->xfer.easy = (CURL *)a; /* running */
+    return 0;
+}
+
+bool attempt_cancel(struct attempt *a)
+{
+    if (!a->xfer.easy)
+        return false;
+    a->xfer.easy = NULL;
+    up.cancels++;
+    return true;
+}
+
+void attempt_resume_body(struct attempt *a)
+{
+    (void)a;
+}
+
+void attempt_resume_upload(struct attempt *a)
+{
+    (void)a;
+}
+
+void relay_init(struct relay *rl, struct MHD_Connection *c, struct loop *l, void (*kick)(void *),
+                void *kick_arg, const struct relay_ops *ops, void *arg)
+{
+    memset(rl, 0, sizeof(*rl));
+    rl->conn = c;
+    rl->loop = l;
+    rl->kick = kick;
+    rl->kick_arg = kick_arg;
+    rl->ops = ops;
+    rl->arg = arg;
+    client.rl = rl;
+}
+
+void relay_fini(struct relay *rl)
+{
+    (void)rl;
+}
+
+void relay_each_field(struct relay *rl,
+                      void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
+                      void *arg)
+{
+    (void)rl;
+    fn(arg, "Host", 4, "svc", 3);
+}
+
+static void answered(struct relay *rl, unsigned status, const char *code,
+                     const struct relay_tag *tag)
+{
+    rl->flags |= RL_ANSWERED;
+    rl->resp_status = status;
+    client.answers++;
+    client.status = status;
+    client.at = now_ms;
+    snprintf(client.code, sizeof(client.code), "%s", code);
+    snprintf(client.stop, sizeof(client.stop), "%s", tag && tag->stop ? tag->stop : "");
+    client.attempts = tag ? tag->attempts : 0;
+}
+
+void relay_error(struct relay *rl, unsigned status, const char *code, const char *route,
+                 const char *message, const struct relay_tag *tag)
+{
+    (void)route;
+    (void)message;
+    answered(rl, status, code, tag);
+}
+
+void relay_saved(struct relay *rl, int status, const struct hlist *h, const char *body, size_t len,
+                 const struct relay_tag *tag)
+{
+    (void)h;
+    (void)body;
+    (void)len;
+    answered(rl, (unsigned)status, "saved", tag);
+}
+
+void relay_response(struct relay *rl, int status, const struct hlist *h,
+                    const struct relay_tag *tag)
+{
+    (void)h;
+    answered(rl, (unsigned)status, "response", tag);
+}
+
+size_t relay_body(struct relay *rl, const char *p, size_t n)
+{
+    (void)rl;
+    (void)p;
+    return n;
+}
+
+void relay_body_end(struct relay *rl, bool failed)
+{
+    (void)rl;
+    (void)failed;
+}
+
+void relay_close(struct relay *rl, unsigned status)
+{
+    answered(rl, status, "closed", NULL);
+}
+
+void relay_enter(struct relay *rl)
+{
+    (void)rl;
+}
+
+bool relay_leave(struct relay *rl, bool can_answer, bool waiting, bool close_now)
+{
+    (void)rl;
+    (void)can_answer;
+    (void)waiting;
+    return !close_now;
+}
+
+void relay_wait_upload(struct relay *rl)
+{
+    (void)rl;
+}
+
+void relay_upload_room(struct relay *rl)
+{
+    (void)rl;
+}
+
+void relay_watch(struct relay *rl)
+{
+    (void)rl;
+}
+
+void relay_unwatch(struct relay *rl)
+{
+    (void)rl;
+}
+
+void relay_done(struct relay *rl)
+{
+    rl->conn = NULL;
+}
+
+/* ---- the worker around one request ---- */
+
+static struct proxy px;
+static struct worker w;
+static struct cfg *cfg;
+static struct retry_req *req;
+
+static void no_kick(void *arg)
+{
+    (void)arg;
+}
+
+/* A worker on a config with one route "r" whose fields are 'route_json' (after name and
+ * upstreams), the clock at 1,000,000 ms. */
+static void start(const char *route_json)
+{
+    char text[1024];
+    snprintf(
+        text, sizeof(text),
+        "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://a:1\", \"http://b:1\"]%s%s}]}",
+        *route_json ? ", " : "", route_json);
+    struct cfg_errs errs;
+    cfg_errs_init(&errs);
+    cfg = cfg_load_buffer(text, strlen(text), "t", &errs);
+    cr_assert_not_null(cfg, "%s", errs.n ? errs.v[0].msg : "?");
+    cfg_errs_clear(&errs);
+    log_configure(CFG_LOG_ERROR, CFG_LOG_JSON);
+    memset(&up, 0, sizeof(up));
+    memset(&client, 0, sizeof(client));
+    memset(&px, 0, sizeof(px));
+    memset(&w, 0, sizeof(w));
+    now_ms = 1000000;
+    px.metrics = metrics_new(1);
+    px.live = live_new();
+    budget_init(&px.budget, cfg->budget.window_ms);
+    w.px = &px;
+    w.loop = loop_new();
+    cr_assert_not_null(w.loop);
+    loop_set_clock(w.loop, fake_clock, NULL);
+    w.rt = rt_new(cfg, 1, px.metrics, px.live);
+    cr_assert_not_null(w.rt);
+    w.rr = calloc(cfg->n_routes, sizeof(*w.rr));
+    rng_seed(&w.rng, 7);
+    w.log = log_buf_new();
+    w.kick = no_kick;
+}
+
+/* A GET without a body: its head, then the end of its (empty) body starts attempt 1. */
+static void get(void)
+{
+    static char conn; /* stands in for the libmicrohttpd connection */
+    req = retry_req_new(&w, (struct MHD_Connection *)(void *)&conn, "/x", "127.0.0.1", WIRE_OK);
+    cr_assert_not_null(req);
+    size_t none = 0;
+    cr_assert(retry_req_access(req, "GET", NULL, &none));
+    cr_assert(retry_req_access(req, "GET", NULL, &none));
+}
+
+/* libmicrohttpd is done with the connection: every timer of the request must be gone. */
+static void end_request(void)
+{
+    retry_req_completed(req);
+    req = NULL;
+    cr_assert_eq(loop_timer_count(w.loop), 0, "a timer outlived its request");
+}
+
+/* (Criterion 2.4 does not count a failed assertion here: checks belong in the tests.) */
+static void finish(void)
+{
+    if (req)
+        retry_req_completed(req);
+    req = NULL;
+    loop_free(w.loop);
+    rt_unref(w.rt);
+    free(w.rr);
+    log_buf_free(w.log);
+    live_free(px.live);
+    metrics_free(px.metrics);
+    cfg_unref(cfg);
+}
+
+/* Moves the clock to 'ms' after the start and runs the loop's turn. */
+static void at(uint64_t ms)
+{
+    now_ms = 1000000 + ms;
+    loop_turn(w.loop, 0);
+}
+
+static uint64_t since_start(uint64_t t)
+{
+    return t - 1000000;
+}
+
+/* The running attempt ends: without a response ('sent': the request went out), or with a
+ * response head (then its body, complete). */
+static void attempt_fails(bool sent)
+{
+    struct attempt *a = up.a;
+    cr_assert_not_null(a->xfer.easy, "no attempt is running");
+    a->sends = sent;
+    a->xfer.easy = NULL;
+    a->ops->done(a, ATTEMPT_BROKEN);
+}
+
+static void attempt_answers(int status, const char *retry_after)
+{
+    struct attempt *a = up.a;
+    cr_assert_not_null(a->xfer.easy, "no attempt is running");
+    a->sends = 1;
+    a->status = status;
+    if (retry_after)
+        hlist_add(&a->head, "Retry-After", 11, retry_after, strlen(retry_after));
+    a->head_done = true;
+    a->ops->head(a);
+    a->xfer.easy = NULL;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+}
+
+TestSuite(retry_timers, .fini = finish, .timeout = 20);
+
+Test(retry_timers, a_backoff_wait_ends_at_its_exact_millisecond)
+{
+    start("\"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 250, \"jitter\": "
+          "\"none\"}}");
+    get();
+    cr_assert_eq(up.launches, 1);
+    at(10);
+    attempt_fails(false);
+    at(259);
+    cr_assert_eq(up.launches, 1, "the retry went before its 250 ms wait was over");
+    at(260);
+    cr_assert_eq(up.launches, 2);
+    cr_assert_eq(since_start(up.launched_at[1]), 260);
+    at(300);
+    attempt_fails(true);
+    at(549);
+    cr_assert_eq(up.launches, 2);
+    at(550);
+    cr_assert_eq(up.launches, 3);
+    at(600);
+    attempt_fails(true);
+    cr_assert_eq(client.answers, 1, "the third attempt was the last: answered at once");
+    cr_assert_eq(client.status, 502);
+    cr_assert_str_eq(client.stop, "max-attempts");
+    cr_assert_eq(since_start(client.at), 600);
+    end_request();
+}
+
+Test(retry_timers, the_per_try_timeout_cancels_the_attempt_at_its_millisecond)
+{
+    start("\"per_try_timeout_ms\": 300, \"retry\": {\"max_attempts\": 2, \"backoff\": "
+          "{\"policy\": \"fixed\", \"base_ms\": 100, \"jitter\": \"none\"}}");
+    get();
+    at(299);
+    cr_assert_eq(up.cancels, 0);
+    at(300);
+    cr_assert_eq(up.cancels, 1, "the attempt outlived its per-try timeout");
+    at(399);
+    cr_assert_eq(up.launches, 1);
+    at(400);
+    cr_assert_eq(up.launches, 2, "the retry after a timeout waits its backoff, then goes");
+    at(700);
+    cr_assert_eq(up.cancels, 2);
+    cr_assert_eq(client.status, 504);
+    cr_assert_str_eq(client.code, "upstream_timeout");
+    cr_assert_str_eq(client.stop, "max-attempts");
+    cr_assert_eq(since_start(client.at), 700);
+    end_request();
+}
+
+Test(retry_timers, the_deadline_ends_a_running_attempt_at_its_millisecond)
+{
+    start("\"timeout_ms\": 1000, \"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": "
+          "400, \"jitter\": \"none\"}}");
+    get();
+    at(100);
+    attempt_fails(false);
+    at(500);
+    cr_assert_eq(up.launches, 2);
+    at(999);
+    cr_assert_eq(client.answers, 0);
+    at(1000);
+    cr_assert_eq(up.cancels, 1);
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 504);
+    cr_assert_str_eq(client.stop, "deadline");
+    cr_assert_eq(client.attempts, 2);
+    end_request();
+}
+
+Test(retry_timers, a_wait_that_would_pass_the_deadline_is_not_taken)
+{
+    start("\"timeout_ms\": 1000, \"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": "
+          "400, \"jitter\": \"none\"}}");
+    get();
+    at(599); /* 599 + 400 < 1000: this wait fits */
+    attempt_fails(false);
+    cr_assert_eq(client.answers, 0);
+    at(999);
+    cr_assert_eq(up.launches, 2);
+    cr_assert_eq(client.answers, 0);
+    attempt_fails(false); /* 999 + 400 >= 1000: no time left for another attempt */
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 502);
+    cr_assert_str_eq(client.stop, "deadline");
+    cr_assert_eq(since_start(client.at), 999);
+    end_request();
+}
+
+Test(retry_timers, the_deadline_during_an_attempt_returns_the_saved_response)
+{
+    start("\"timeout_ms\": 1000, \"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": "
+          "400, \"jitter\": \"none\"}}");
+    get();
+    at(100);
+    attempt_answers(503, NULL); /* kept whole, then a 400 ms wait */
+    at(500);
+    cr_assert_eq(up.launches, 2);
+    at(999);
+    cr_assert_eq(client.answers, 0);
+    at(1000);
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 503, "the first attempt's response is the answer");
+    cr_assert_str_eq(client.code, "saved");
+    cr_assert_str_eq(client.stop, "deadline");
+    end_request();
+}
+
+Test(retry_timers, retry_after_sets_the_wait_to_the_millisecond)
+{
+    start("\"timeout_ms\": 10000, \"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": "
+          "100, \"jitter\": \"none\"}}");
+    get();
+    at(20);
+    attempt_answers(429, "2");
+    at(2019);
+    cr_assert_eq(up.launches, 1, "Retry-After: 2 was not waited out");
+    at(2020);
+    cr_assert_eq(up.launches, 2);
+    end_request();
+}
+
+Test(retry_timers, the_drain_deadline_refuses_a_wait_that_would_outlast_it)
+{
+    start("\"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 300, \"jitter\": "
+          "\"none\"}}");
+    get();
+    atomic_store(&px.drain_deadline_ms, now_ms + 200);
+    at(10);
+    attempt_fails(false);
+    cr_assert_eq(up.launches, 1);
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 502);
+    cr_assert_str_eq(client.stop, "draining");
+    end_request();
+}
+
+Test(retry_timers, draining_ends_a_wait_with_a_503_when_its_deadline_comes)
+{
+    start("\"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 300, \"jitter\": "
+          "\"none\"}}");
+    get();
+    at(10);
+    attempt_fails(false);
+    at(100);
+    retry_expire_all(&w);
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 503);
+    cr_assert_str_eq(client.code, "draining");
+    cr_assert_str_eq(client.stop, "draining");
+    at(310);
+    cr_assert_eq(up.launches, 1, "the wait's timer outlived the answer");
+    end_request();
+}
+
+Test(retry_timers, a_client_leaving_during_a_wait_stops_every_timer)
+{
+    start("\"per_try_timeout_ms\": 300, \"retry\": {\"backoff\": {\"policy\": \"fixed\", "
+          "\"base_ms\": 500, \"jitter\": \"none\"}}");
+    get();
+    at(10);
+    attempt_fails(false);
+    cr_assert_gt(loop_timer_count(w.loop), 0);
+    client.rl->ops->client_gone(client.rl);
+    cr_assert_eq(client.status, 499);
+    retry_req_completed(req);
+    req = NULL;
+    cr_assert_eq(loop_timer_count(w.loop), 0, "a timer outlived the request");
+    at(5000);
+    cr_assert_eq(up.launches, 1);
+}
