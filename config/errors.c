@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/utf8.h"
+
 static char *xstrdup(const char *s)
 {
     char *p = strdup(s);
@@ -31,40 +33,6 @@ void cfg_errs_clear(struct cfg_errs *e)
     cfg_errs_init(e);
 }
 
-/* Length of the well-formed UTF-8 character at s[0..n) (RFC 3629: no overlong forms, no
- * surrogates, nothing above U+10FFFF), 0 if there is none there. */
-static size_t utf8_char(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xbf; /* the range of the second byte */
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf) {
-        len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        len = 3;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f;
-    } else {
-        return 0;
-    }
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    return len;
-}
-
 /* The message as it is kept, in 'out' (at least 6 * strlen(msg) + 4 bytes). Messages quote
  * strings from the file, which may hold any character once their escapes are decoded, and end
  * up in line-oriented output and in JSON (the admin API): a control character is written as
@@ -77,7 +45,7 @@ static void tidy_message(char *out, const char *msg, int cut)
     size_t n = strlen(msg);
     char *o = out;
     while (n > 0) {
-        size_t k = utf8_char(p, n);
+        size_t k = utf8_len(p, n);
         size_t need = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : 2;
         if (k == 0 && p[0] >= 0xc2 && p[0] <= 0xf4 && n < need) {
             /* A character cut off at the end, as vsnprintf leaves it. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "config/strhash.h"
+#include "config/utf8.h"
 
 #define NO_PARENT SIZE_MAX
 
@@ -252,40 +253,6 @@ static size_t utf8_encode(unsigned cp, char out[4])
     return 4;
 }
 
-/* Length of the well-formed UTF-8 sequence at s[0..avail), or 0: no overlong forms, no
- * surrogates, nothing above U+10FFFF (what jansson accepts). */
-static size_t utf8_valid(const unsigned char *s, size_t avail)
-{
-    unsigned c = s[0];
-    size_t n;
-    unsigned cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf) {
-        n = 2;
-        cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (avail < n)
-        return 0;
-    for (size_t k = 1; k < n; k++) {
-        if ((s[k] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[k] & 0x3f);
-    }
-    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-        (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return n;
-}
-
 /* At the opening quote. Appends the decoded string to 'out' when it is not NULL. */
 static int scan_string(struct scan *sc, const char *path, struct sbuf *out)
 {
@@ -368,7 +335,7 @@ static int scan_string(struct scan *sc, const char *path, struct sbuf *out)
                 sbuf_put(out, &ch, 1);
             continue;
         }
-        size_t n = utf8_valid((const unsigned char *)sc->s + sc->i, sc->len - sc->i);
+        size_t n = utf8_len((const unsigned char *)sc->s + sc->i, sc->len - sc->i);
         if (n == 0)
             return syntax(sc, path, "invalid UTF-8 in a string");
         if (out)
@@ -471,6 +438,22 @@ static int scan_literal(struct scan *sc, const char *path, const char *word)
 
 static int scan_value(struct scan *sc, const char *path, uint32_t kline, uint32_t kcol, int depth);
 
+/* After a member or an element: 1 past a ',' (another one follows), 0 past 'close' (the
+ * object or array ends), -1 after reporting anything else. */
+static int next_or_close(struct scan *sc, const char *path, char close)
+{
+    skip_ws(sc);
+    if (peek(sc) == ',') {
+        adv(sc);
+        return 1;
+    }
+    if (peek(sc) == close) {
+        adv(sc);
+        return 0;
+    }
+    return syntax(sc, path, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+}
+
 static int scan_object(struct scan *sc, const char *path, size_t self, int depth)
 {
     struct sbuf key = { 0 };
@@ -514,18 +497,11 @@ static int scan_object(struct scan *sc, const char *path, size_t self, int depth
                          prev->key_col);
         if (scan_value(sc, member, kline, kcol, depth + 1) < 0)
             goto out;
-        skip_ws(sc);
-        if (peek(sc) == ',') {
-            adv(sc);
-            continue;
-        }
-        if (peek(sc) == '}') {
-            adv(sc);
-            rc = 0;
+        int more = next_or_close(sc, path, '}');
+        if (more <= 0) {
+            rc = more;
             goto out;
         }
-        syntax(sc, path, "expected ',' or '}'");
-        goto out;
     }
 out:
     free(key.p);
@@ -547,16 +523,9 @@ static int scan_array(struct scan *sc, const char *path, int depth)
             return syntax_at(sc, path, sc->line, sc->col, "trailing comma before ']'");
         if (scan_value(sc, elem, 0, 0, depth + 1) < 0)
             return -1;
-        skip_ws(sc);
-        if (peek(sc) == ',') {
-            adv(sc);
-            continue;
-        }
-        if (peek(sc) == ']') {
-            adv(sc);
-            return 0;
-        }
-        return syntax(sc, path, "expected ',' or ']'");
+        int more = next_or_close(sc, path, ']');
+        if (more <= 0)
+            return more;
     }
 }
 
