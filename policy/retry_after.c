@@ -134,35 +134,42 @@ static bool take_month(struct cursor *cur, struct civil_time *t)
     return true;
 }
 
+/* The two forms that end in "GMT" share one shape: day-name "," SP day SEP month SEP year SP
+ * time-of-day SP "GMT", with their own day names, separator and year width. The weekday is
+ * parsed only for its form; RFC 9110 does not require it to agree with the date. */
+struct gmt_date_form {
+    const char *const *day_names;
+    size_t n_day_names;
+    char sep;        /* between day, month and year */
+    int year_digits; /* stored as written in t->year */
+};
+
 /* IMF-fixdate = day-name "," SP day SP month SP year SP time-of-day SP "GMT", e.g.
- * "Sun, 06 Nov 1994 08:49:37 GMT". The whole of 'cur' must be consumed. The weekday is parsed
- * only for its form; RFC 9110 does not require it to agree with the date. */
-static bool parse_imf_fixdate(struct cursor cur, struct civil_time *t)
-{
-    int weekday;
-    int year;
-    if (!(take_name(&cur, short_day_names, COUNT_OF(short_day_names), &weekday) &&
-          take_char(&cur, ',') && take_char(&cur, ' ') && take_digits(&cur, 2, &t->day) &&
-          take_char(&cur, ' ') && take_month(&cur, t) && take_char(&cur, ' ') &&
-          take_digits(&cur, 4, &year) && take_char(&cur, ' ') && take_time_of_day(&cur, t) &&
-          take_literal(&cur, " GMT")))
-        return false;
-    t->year = year;
-    return cur.p == cur.end;
-}
+ * "Sun, 06 Nov 1994 08:49:37 GMT". */
+static const struct gmt_date_form imf_fixdate = { .day_names = short_day_names,
+                                                  .n_day_names = COUNT_OF(short_day_names),
+                                                  .sep = ' ',
+                                                  .year_digits = 4 };
 
 /* rfc850-date = day-name-l "," SP day "-" month "-" 2DIGIT SP time-of-day SP "GMT", e.g.
- * "Sunday, 06-Nov-94 08:49:37 GMT". Stores the two-digit year in t->year; the caller resolves
- * its century, which needs "now". */
-static bool parse_rfc850_date(struct cursor cur, struct civil_time *t)
+ * "Sunday, 06-Nov-94 08:49:37 GMT". The caller resolves the two-digit year's century, which
+ * needs "now". */
+static const struct gmt_date_form rfc850_date = { .day_names = long_day_names,
+                                                  .n_day_names = COUNT_OF(long_day_names),
+                                                  .sep = '-',
+                                                  .year_digits = 2 };
+
+/* One of the forms above; the whole of 'cur' must be consumed. */
+static bool parse_gmt_date(struct cursor cur, const struct gmt_date_form *form,
+                           struct civil_time *t)
 {
     int weekday;
     int year;
-    if (!(take_name(&cur, long_day_names, COUNT_OF(long_day_names), &weekday) &&
-          take_char(&cur, ',') && take_char(&cur, ' ') && take_digits(&cur, 2, &t->day) &&
-          take_char(&cur, '-') && take_month(&cur, t) && take_char(&cur, '-') &&
-          take_digits(&cur, 2, &year) && take_char(&cur, ' ') && take_time_of_day(&cur, t) &&
-          take_literal(&cur, " GMT")))
+    if (!(take_name(&cur, form->day_names, form->n_day_names, &weekday) && take_char(&cur, ',') &&
+          take_char(&cur, ' ') && take_digits(&cur, 2, &t->day) && take_char(&cur, form->sep) &&
+          take_month(&cur, t) && take_char(&cur, form->sep) &&
+          take_digits(&cur, form->year_digits, &year) && take_char(&cur, ' ') &&
+          take_time_of_day(&cur, t) && take_literal(&cur, " GMT")))
         return false;
     t->year = year;
     return cur.p == cur.end;
@@ -340,8 +347,8 @@ int retry_after_parse(const char *value, size_t len, int64_t now_unix_ms, uint64
         return parse_delta_seconds(cur, delay_ms);
 
     struct civil_time t;
-    if (!parse_imf_fixdate(cur, &t) && !parse_asctime_date(cur, &t)) {
-        if (!parse_rfc850_date(cur, &t))
+    if (!parse_gmt_date(cur, &imf_fixdate, &t) && !parse_asctime_date(cur, &t)) {
+        if (!parse_gmt_date(cur, &rfc850_date, &t))
             return -EINVAL;
         t.year = resolve_two_digit_year((int)t.year, year_of_unix_ms(now_unix_ms));
     }
