@@ -1,4 +1,4 @@
-/* watch -- notices every way the config file can change (CONTRACT §5).
+/* watch -- notices every way the config file can change (docs/reload.md).
  *
  * The directory holding the file is watched, not the file: editors write a temporary file and
  * rename it over the config (a new inode), and Kubernetes updates a mounted ConfigMap by

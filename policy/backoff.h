@@ -1,4 +1,4 @@
-/* backoff -- retry delay policies and jitter (CONTRACT §3.1). Pure: no clock, no I/O, no globals.
+/* backoff -- retry delay policies and jitter (docs/backoff.md). Pure: no clock, no I/O, no globals.
  *
  * All delays are whole milliseconds. Where a formula draws uniformly from an interval, the
  * delay is a uniformly chosen whole number of milliseconds inside that interval: U[a, b] holds
