@@ -1,4 +1,4 @@
-/* cfg -- the loaded configuration: an immutable, refcounted snapshot (CONTRACT §3).
+/* cfg -- the loaded configuration: an immutable, refcounted snapshot (docs/config.md).
  *
  * cfg_load_*() parse and validate a whole file against the schema table (config/schema.c) and
  * either return a complete snapshot or no snapshot and every problem found. A snapshot never
@@ -17,6 +17,7 @@
 
 #include "config/errors.h"
 #include "policy/backoff.h"
+#include "policy/budget.h"
 
 /* Largest config file read (4 MiB; docs/config.md): configs are a few kilobytes. This bounds
  * the memory and time one load may take, and a mistaken path. */
@@ -58,13 +59,6 @@ struct cfg_retry_cond {
     const char *token; /* as written in the file */
 };
 
-struct cfg_budget {
-    int64_t max_concurrent_retries; /* -1: no cap (null in the file) */
-    double retry_ratio;
-    double min_retries_per_second;
-    uint32_t window_ms;
-};
-
 struct cfg_upstream {
     const char *url;    /* as written */
     const char *origin; /* "http://host:port/": where connections go */
@@ -97,7 +91,7 @@ struct cfg_route {
     uint32_t per_try_timeout_ms; /* 0: only the overall timeout */
     uint32_t connect_timeout_ms;
     struct cfg_retry retry;
-    struct cfg_budget budget;
+    struct budget_limits budget; /* the policy's own type; max_concurrent_retries -1: null */
 };
 
 struct cfg {
@@ -114,7 +108,7 @@ struct cfg {
     uint32_t max_upstream_requests;
     uint64_t max_body_bytes;
     uint64_t max_buffered_body_bytes;
-    struct cfg_budget budget;
+    struct budget_limits budget;
     struct cfg_route defaults; /* the resolved "defaults" object (no name, match, upstreams) */
     const struct cfg_route *routes;
     size_t n_routes;
@@ -150,6 +144,12 @@ const struct cfg_route *cfg_route_by_name(const struct cfg *c, const char *name)
 /* The effective configuration, every default filled in, as a new JSON object (the admin
  * /config view and `check --print`). Returns a new reference. */
 json_t *cfg_to_json(const struct cfg *c);
+
+/* The keys that are read only at start (the schema rows that docs/config.md marks "at
+ * restart") whose values differ between 'was' and 'now': calls 'fn' with each one's path
+ * ("listen", "limits.max_header_bytes"), in the order of the reference. Returns how many. */
+size_t cfg_restart_changes(const struct cfg *was, const struct cfg *now,
+                           void (*fn)(const char *path, void *arg), void *arg);
 
 /* NULL when 's' is a valid listener address (HOST:PORT), else what is wrong with it: the
  * check the schema applies to "listen" and "admin", for command-line overrides. */

@@ -8,7 +8,7 @@
 
 #include "config/strhash.h"
 
-/* Durations are integer milliseconds up to one day (CONTRACT §3). */
+/* Durations are integer milliseconds up to one day (docs/config.md). */
 #define MS_MAX     86400000.0
 #define NO_MAX     DBL_MAX
 #define MAX_FIELDS 16
@@ -24,13 +24,17 @@ enum ftype {
     FT_NUMBER, /* any JSON number in [min, max] into a double */
     FT_ENUM,   /* one of 'names', its index into an int-sized enum */
     FT_STRING, /* a string accepted by 'check_str', copied into the snapshot */
+    FT_LIST,   /* an array of elements of one 'list' kind (see struct list_kind) */
     FT_CUSTOM, /* parsed by 'parse', dumped by 'dump' */
 };
 
 enum {
     F_REQUIRED = 1u << 0,   /* no default: a route must write it */
     F_ROUTE_ONLY = 1u << 1, /* refused in "defaults" (name, match, upstreams) */
-    F_NULLABLE = 1u << 2,   /* null is a value (FT_UINT stores -1, FT_STRING NULL) */
+    F_NULLABLE = 1u << 2,   /* null is a value (FT_UINT stores -1, FT_STRING NULL, FT_LIST an
+                               empty list) */
+    F_RESTART = 1u << 3,    /* read only at start: a reload that changes it says a restart is
+                               needed (cfg_restart_changes); only outside routes and defaults */
 };
 
 /* Where a value is written in the file, for messages and positions. */
@@ -51,6 +55,9 @@ struct field {
     const char *const *names;
     size_t n_names;
     const char *(*check_str)(const char *s, size_t len); /* NULL or a message */
+    const struct list_kind *list;                        /* FT_LIST: what the elements are */
+    size_t count_offset; /* FT_LIST kept as an array: where its size_t count is */
+    const char *empty;   /* FT_LIST: why an empty list is wrong; NULL when it is a value */
     int (*parse)(struct walk *w, const struct at *at, const json_t *v, void *dst);
     json_t *(*dump)(const void *src);
     const char *type_doc;
@@ -365,22 +372,6 @@ static const char *check_path_prefix(const char *s, size_t len)
 
 /* ---- custom fields ---- */
 
-/* The length of a list-valued key's array, or -1 after reporting that 'v' is not an array
- * ("expected WHAT, got ...") or is empty when 'empty' names why that is wrong. */
-static long list_length(struct walk *w, const struct at *at, const json_t *v, const char *what,
-                        const char *empty)
-{
-    if (!json_is_array(v)) {
-        err_at(w, at, "expected %s, got %s", what, kind(v));
-        return -1;
-    }
-    if (json_array_size(v) == 0 && empty) {
-        err_at(w, at, "%s", empty);
-        return -1;
-    }
-    return (long)json_array_size(v);
-}
-
 static int parse_match_host(struct walk *w, const struct at *at, const json_t *v, void *dst)
 {
     const char **out = dst;
@@ -414,6 +405,141 @@ static json_t *dump_string_or_null(const void *src)
     return *s ? json_string(*s) : json_null();
 }
 
+/* ---- lists ---- */
+
+/* What the elements of a list-valued key (FT_LIST) are. The walker does what every list
+ * shares: it reports a value that is not an array ("expected ARRAY_DOC, got ..."), an empty
+ * one where the row says why that is wrong, an element of the wrong JSON type at its own path
+ * ("$.routes[0].upstreams[2]": "expected ELEM_DOC, got ..."), and every element equal to an
+ * earlier one by its key (one hash lookup each, struct seen). The kind parses one element. */
+struct list_kind {
+    const char *array_doc;    /* the whole value: "an array of URLs" */
+    const char *elem_doc;     /* one element: "a URL string" */
+    json_type elem_type;      /* JSON_STRING or JSON_OBJECT */
+    const struct schema *sub; /* JSON_OBJECT: the elements' schema, for the reference */
+    size_t size;              /* bytes of one parsed element */
+    /* What an element is told apart by: the string (const char *) at this offset in it; NULL
+     * when it has nothing to compare (a route whose name was invalid). */
+    size_t key_offset;
+    /* Not NULL: each element is one bit of a uint32_t, bit i standing for bit_names[i] (its
+     * key, and what the effective config shows), and the list is kept as their union (a set,
+     * in this order) instead of as an array and its count. */
+    const char *const *bit_names;
+    /* Parses 'v', of elem_type, into 'elem'. 0, or -1 after reporting. */
+    int (*parse)(struct walk *w, const struct at *at, const json_t *v, void *elem);
+    /* Reports element 'at' as equal to element 'first'; NULL: "\"KEY\" is listed twice", at
+     * the element. */
+    void (*twice)(struct walk *w, const struct at *at, const char *key, size_t first);
+    /* One element in the effective config; NULL: its key as a string. Not for bits. */
+    json_t *(*dump)(const void *elem);
+};
+
+static const char *elem_key(const struct list_kind *k, const void *elem)
+{
+    if (!k->bit_names)
+        return *(const char *const *)((const char *)elem + k->key_offset);
+    uint32_t bit = *(const uint32_t *)elem;
+    unsigned i = 0;
+    while (bit > 1u << i)
+        i++;
+    return k->bit_names[i];
+}
+
+/* An FT_LIST value 'v' into the object 'obj': an array in the snapshot's memory and its count,
+ * or for a kind of bits their union. Nothing is stored unless every element is valid. */
+static int parse_list(struct walk *w, const struct field *f, const struct at *at, const json_t *v,
+                      void *obj)
+{
+    const struct list_kind *k = f->list;
+    size_t n = 0;
+    char *elems = NULL;
+    int rc = 0;
+    if (!(json_is_null(v) && (f->flags & F_NULLABLE))) {
+        if (!json_is_array(v)) {
+            err_at(w, at, "expected %s, got %s", k->array_doc, kind(v));
+            return -1;
+        }
+        n = json_array_size(v);
+        if (n == 0 && f->empty) {
+            err_at(w, at, "%s", f->empty);
+            return -1;
+        }
+        elems = arena_alloc(k->bit_names ? &w->tmp : w->a, (n ? n : 1) * k->size);
+    }
+    struct seen seen;
+    seen_init(w, &seen, n);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(v, i);
+        void *elem = elems + i * k->size;
+        struct at e_at = elem_at(w, at->path, i);
+        if (json_typeof(e) != k->elem_type) {
+            err_at(w, &e_at, "expected %s, got %s", k->elem_doc, kind(e));
+            rc = -1;
+            continue;
+        }
+        if (k->parse(w, &e_at, e, elem) < 0) {
+            rc = -1;
+            continue;
+        }
+        const char *key = elem_key(k, elem);
+        size_t first = key ? seen_add(&seen, key, i) : SIZE_MAX;
+        if (first == SIZE_MAX)
+            continue;
+        if (k->twice)
+            k->twice(w, &e_at, key, first);
+        else
+            err_at(w, &e_at, "\"%s\" is listed twice", key);
+        rc = -1;
+    }
+    if (rc < 0)
+        return rc;
+    void *p = (char *)obj + f->offset;
+    if (k->bit_names) {
+        uint32_t set = 0;
+        for (size_t i = 0; i < n; i++)
+            set |= ((const uint32_t *)elems)[i];
+        *(uint32_t *)p = set;
+    } else {
+        *(void **)p = elems;
+        *(size_t *)((char *)obj + f->count_offset) = n;
+    }
+    return 0;
+}
+
+/* A kind of strings, each parsed into a T by 'parse_fn' and told apart by its 'key' member. */
+#define STRING_LIST(array, elem, T, key, parse_fn)                                                 \
+    {                                                                                              \
+        .array_doc = array, .elem_doc = elem, .elem_type = JSON_STRING, .size = sizeof(T),         \
+        .key_offset = offsetof(T, key), .parse = parse_fn                                          \
+    }
+
+/* An FT_LIST of the object 'obj' as a JSON array (null when empty and the row allows null). */
+static json_t *dump_list(const struct field *f, const void *obj)
+{
+    const struct list_kind *k = f->list;
+    const void *p = (const char *)obj + f->offset;
+    if (k->bit_names) {
+        uint32_t set = *(const uint32_t *)p;
+        if (!set && (f->flags & F_NULLABLE))
+            return json_null();
+        json_t *a = json_array();
+        for (unsigned i = 0; i < 32; i++)
+            if (set & (1u << i))
+                json_array_append_new(a, json_string(k->bit_names[i]));
+        return a;
+    }
+    const char *elems = *(const char *const *)p;
+    size_t n = *(const size_t *)((const char *)obj + f->count_offset);
+    if (!n && (f->flags & F_NULLABLE))
+        return json_null();
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) {
+        const void *e = elems + i * k->size;
+        json_array_append_new(a, k->dump ? k->dump(e) : json_string(elem_key(k, e)));
+    }
+    return a;
+}
+
 /* Indexed by the bit positions of enum cfg_method. */
 static const char *const method_names[] = { "GET",   "HEAD", "OPTIONS", "PUT",    "DELETE",
                                             "TRACE", "POST", "PATCH",   "CONNECT" };
@@ -434,79 +560,33 @@ const char *cfg_method_name(uint32_t bit)
     return NULL;
 }
 
-/* A list of method tokens into a bitmask. 'may_be_empty': an empty list is meaningful. */
-static int parse_methods(struct walk *w, const struct at *at, const json_t *v, uint32_t *out,
-                         int may_be_empty)
+/* A method token into its bit (enum cfg_method). */
+static int parse_method(struct walk *w, const struct at *at, const json_t *v, void *elem)
 {
-    int rc = 0;
-    if (list_length(w, at, v, "an array of method names",
-                    may_be_empty
-                        ? NULL
-                        : "must not be empty (leave the key out to match every method)") < 0)
-        return -1;
-    uint32_t bits = 0;
-    size_t i;
-    const json_t *m;
-    json_array_foreach(v, i, m)
-    {
-        struct at e = elem_at(w, at->path, i);
-        if (!json_is_string(m)) {
-            err_at(w, &e, "expected a method name, got %s", kind(m));
-            rc = -1;
-            continue;
-        }
-        const char *s = json_string_value(m);
-        uint32_t bit = cfg_method_bit(s, json_string_length(m));
-        if (!bit) {
-            const char *near = suggest(s, method_names, COUNT(method_names));
-            if (near)
-                err_at(w, &e,
-                       "unknown method \"%s\"; did you mean \"%s\"? (methods are "
-                       "case-sensitive)",
-                       s, near);
-            else
-                err_at(w, &e, "unknown method \"%s\" (known: %s)", s,
-                       join(&w->tmp, method_names, COUNT(method_names)));
-            rc = -1;
-        } else if (bits & bit) {
-            err_at(w, &e, "\"%s\" is listed twice", s);
-            rc = -1;
-        }
-        bits |= bit;
-    }
-    if (rc == 0)
-        *out = bits;
-    return rc;
-}
-
-static int parse_match_methods(struct walk *w, const struct at *at, const json_t *v, void *dst)
-{
-    if (json_is_null(v)) {
-        *(uint32_t *)dst = 0;
+    const char *s = json_string_value(v);
+    uint32_t bit = cfg_method_bit(s, json_string_length(v));
+    if (bit) {
+        *(uint32_t *)elem = bit;
         return 0;
     }
-    return parse_methods(w, at, v, dst, 0);
+    const char *near = suggest(s, method_names, COUNT(method_names));
+    if (near)
+        err_at(w, at, "unknown method \"%s\"; did you mean \"%s\"? (methods are case-sensitive)", s,
+               near);
+    else
+        err_at(w, at, "unknown method \"%s\" (known: %s)", s,
+               join(&w->tmp, method_names, COUNT(method_names)));
+    return -1;
 }
 
-static int parse_retry_methods(struct walk *w, const struct at *at, const json_t *v, void *dst)
-{
-    return parse_methods(w, at, v, dst, 1);
-}
-
-static json_t *dump_methods(const void *src)
-{
-    uint32_t bits = *(const uint32_t *)src;
-    json_t *a = json_array();
-    for (size_t i = 0; i < COUNT(method_names); i++)
-        if (bits & (1u << i))
-            json_array_append_new(a, json_string(method_names[i]));
-    return a;
-}
-
-static json_t *dump_match_methods(const void *src)
-{
-    return *(const uint32_t *)src ? dump_methods(src) : json_null();
-}
+static const struct list_kind method_list = {
+    .array_doc = "an array of method names",
+    .elem_doc = "a method name",
+    .elem_type = JSON_STRING,
+    .size = sizeof(uint32_t),
+    .bit_names = method_names,
+    .parse = parse_method,
+};
 
 static const char *const retry_on_names[] = { "connect-failure", "reset", "timeout", "5xx",
                                               "gateway-error" };
@@ -525,8 +605,8 @@ static int status_code(const char *s, size_t len)
     return v;
 }
 
-static int parse_retry_token(struct walk *w, const struct at *at, const char *s, size_t len,
-                             struct cfg_retry_cond *c)
+/* A retry_on token: a named condition, a status or a range of statuses. */
+static int parse_retry_cond(struct walk *w, const struct at *at, const json_t *v, void *elem)
 {
     static const struct {
         const char *name;
@@ -539,6 +619,10 @@ static int parse_retry_token(struct walk *w, const struct at *at, const char *s,
         { "5xx", CFG_RETRY_STATUS, 500, 599 },
         { "gateway-error", CFG_RETRY_STATUS, 502, 504 },
     };
+    struct cfg_retry_cond *c = elem;
+    const char *s = json_string_value(v);
+    size_t len = json_string_length(v);
+    c->token = arena_strdup(w->a, s);
     for (size_t i = 0; i < COUNT(named); i++) {
         if (strcmp(s, named[i].name) == 0) {
             c->kind = named[i].kind;
@@ -576,58 +660,16 @@ static int parse_retry_token(struct walk *w, const struct at *at, const char *s,
     return 0;
 }
 
-static int parse_retry_on(struct walk *w, const struct at *at, const json_t *v, void *dst)
-{
-    struct cfg_retry *r = dst;
-    int rc = 0;
-    long len = list_length(w, at, v, "an array of conditions", NULL);
-    if (len < 0)
-        return -1;
-    size_t n = (size_t)len;
-    struct cfg_retry_cond *conds = arena_alloc(w->a, (n ? n : 1) * sizeof(*conds));
-    struct seen seen;
-    seen_init(w, &seen, n);
-    size_t i;
-    const json_t *t;
-    json_array_foreach(v, i, t)
-    {
-        struct at e = elem_at(w, at->path, i);
-        if (!json_is_string(t)) {
-            err_at(w, &e, "expected a condition as a string (\"429\", not 429), got %s", kind(t));
-            rc = -1;
-            continue;
-        }
-        const char *s = json_string_value(t);
-        if (parse_retry_token(w, &e, s, json_string_length(t), &conds[i]) < 0) {
-            rc = -1;
-            continue;
-        }
-        conds[i].token = arena_strdup(w->a, s);
-        if (seen_add(&seen, conds[i].token, i) != SIZE_MAX) {
-            err_at(w, &e, "\"%s\" is listed twice", s);
-            rc = -1;
-        }
-    }
-    if (rc == 0) {
-        r->on = conds;
-        r->n_on = n;
-    }
-    return rc;
-}
-
-static json_t *dump_retry_on(const void *src)
-{
-    const struct cfg_retry *r = src;
-    json_t *a = json_array();
-    for (size_t i = 0; i < r->n_on; i++)
-        json_array_append_new(a, json_string(r->on[i].token));
-    return a;
-}
+static const struct list_kind retry_on_list =
+    STRING_LIST("an array of conditions", "a condition as a string (\"429\", not 429)",
+                struct cfg_retry_cond, token, parse_retry_cond);
 
 /* An upstream base URL: http(s)://authority[/path], no credentials, query or fragment. */
-static int parse_upstream(struct walk *w, const struct at *at, const char *s, size_t len,
-                          struct cfg_upstream *u)
+static int parse_upstream(struct walk *w, const struct at *at, const json_t *v, void *elem)
 {
+    struct cfg_upstream *u = elem;
+    const char *s = json_string_value(v);
+    size_t len = json_string_length(v);
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c <= 0x20 || c == 0x7f) {
@@ -682,51 +724,8 @@ static int parse_upstream(struct walk *w, const struct at *at, const char *s, si
     return 0;
 }
 
-static int parse_upstreams(struct walk *w, const struct at *at, const json_t *v, void *dst)
-{
-    struct cfg_route *r = dst;
-    int rc = 0;
-    long len = list_length(w, at, v, "an array of URLs", "must hold at least one upstream URL");
-    if (len < 0)
-        return -1;
-    size_t n = (size_t)len;
-    struct cfg_upstream *ups = arena_alloc(w->a, n * sizeof(*ups));
-    struct seen seen;
-    seen_init(w, &seen, n);
-    size_t i;
-    const json_t *u;
-    json_array_foreach(v, i, u)
-    {
-        struct at e = elem_at(w, at->path, i);
-        if (!json_is_string(u)) {
-            err_at(w, &e, "expected a URL string, got %s", kind(u));
-            rc = -1;
-            continue;
-        }
-        if (parse_upstream(w, &e, json_string_value(u), json_string_length(u), &ups[i]) < 0) {
-            rc = -1;
-            continue;
-        }
-        if (seen_add(&seen, ups[i].url, i) != SIZE_MAX) {
-            err_at(w, &e, "\"%s\" is listed twice", ups[i].url);
-            rc = -1;
-        }
-    }
-    if (rc == 0) {
-        r->upstreams = ups;
-        r->n_upstreams = n;
-    }
-    return rc;
-}
-
-static json_t *dump_upstreams(const void *src)
-{
-    const struct cfg_route *r = src;
-    json_t *a = json_array();
-    for (size_t i = 0; i < r->n_upstreams; i++)
-        json_array_append_new(a, json_string(r->upstreams[i].url));
-    return a;
-}
+static const struct list_kind upstream_list =
+    STRING_LIST("an array of URLs", "a URL string", struct cfg_upstream, url, parse_upstream);
 
 /* ---- cross-field rules ---- */
 
@@ -805,15 +804,21 @@ static void check_route(struct walk *w, const struct ctx *x, void *dst)
 
 /* ---- the table ---- */
 
-#define UINT_FIELD(k, T, member, lo, hi, d, text)                                                  \
+#define UINT_FIELD_F(k, T, member, fl, lo, hi, d, text)                                            \
     {                                                                                              \
-        .key = k, .type = FT_UINT, .offset = offsetof(T, member),                                  \
+        .key = k, .type = FT_UINT, .flags = fl, .offset = offsetof(T, member),                     \
         .size = sizeof(((T *)0)->member), .min = lo, .max = hi, .def = d, .doc = text              \
     }
+#define UINT_FIELD(k, T, member, lo, hi, d, text) UINT_FIELD_F(k, T, member, 0, lo, hi, d, text)
 #define NUM_FIELD(k, T, member, lo, hi, d, text)                                                   \
     {                                                                                              \
         .key = k, .type = FT_NUMBER, .offset = offsetof(T, member), .min = lo, .max = hi,          \
         .def = d, .doc = text                                                                      \
+    }
+#define STRING_FIELD(k, T, member, fl, check, d, text)                                             \
+    {                                                                                              \
+        .key = k, .type = FT_STRING, .flags = fl, .offset = offsetof(T, member),                   \
+        .check_str = check, .def = d, .doc = text                                                  \
     }
 #define BOOL_FIELD(k, T, member, d, text)                                                          \
     {                                                                                              \
@@ -828,6 +833,26 @@ static void check_route(struct walk *w, const struct ctx *x, void *dst)
     {                                                                                              \
         .key = k, .type = FT_OBJECT, .flags = fl, .offset = offsetof(T, member), .sub = &sch,      \
         .doc = text                                                                                \
+    }
+
+/* A list kept as an array and its count, members 'member' and 'count' of T. */
+#define LIST_FIELD(k, T, member, count, kind_, fl, why_empty, d, text)                             \
+    {                                                                                              \
+        .key = k, .type = FT_LIST, .flags = fl, .offset = offsetof(T, member),                     \
+        .count_offset = offsetof(T, count), .list = &kind_, .empty = why_empty, .def = d,          \
+        .doc = text                                                                                \
+    }
+/* A list of a kind of bits, kept as their union in the uint32_t 'member' of T. */
+#define SET_FIELD(k, T, member, kind_, fl, why_empty, d, text)                                     \
+    {                                                                                              \
+        .key = k, .type = FT_LIST, .flags = fl, .offset = offsetof(T, member), .list = &kind_,     \
+        .empty = why_empty, .def = d, .doc = text                                                  \
+    }
+
+/* An object's keys: the rows of 'fields' and the rule 'check' (NULL: none) across them. */
+#define SCHEMA(fields, check)                                                                      \
+    {                                                                                              \
+        fields, COUNT(fields), check                                                               \
     }
 
 /* An object whose keys are stored in the enclosing struct itself (its fields' offsets are
@@ -864,8 +889,7 @@ static const struct field backoff_fields[] = {
     UINT_FIELD("reset_after_ms", struct backoff_spec, reset_after_ms, 0, MS_MAX, "0",
                "scope route: restart the sequence after this long without a retry (0: never)"),
 };
-static const struct schema backoff_schema = { backoff_fields, COUNT(backoff_fields),
-                                              check_backoff };
+static const struct schema backoff_schema = SCHEMA(backoff_fields, check_backoff);
 
 static const struct field retry_after_fields[] = {
     BOOL_FIELD("honor", struct cfg_retry, retry_after_honor, "true",
@@ -874,30 +898,19 @@ static const struct field retry_after_fields[] = {
                "a longer Retry-After ends retrying and returns the response"),
 };
 /* retry_after's two keys land directly in struct cfg_retry. */
-static const struct schema retry_after_schema = { retry_after_fields, COUNT(retry_after_fields),
-                                                  NULL };
+static const struct schema retry_after_schema = SCHEMA(retry_after_fields, NULL);
 
 static const struct field retry_fields[] = {
     UINT_FIELD("max_attempts", struct cfg_retry, max_attempts, 1, 100, "3",
                "attempts in total, the first included (1 disables retries)"),
-    { .key = "retry_on",
-      .type = FT_CUSTOM,
-      .offset = 0,
-      .def = "[\"connect-failure\", \"reset\", \"timeout\", \"gateway-error\", \"429\"]",
-      .parse = parse_retry_on,
-      .dump = dump_retry_on,
-      .type_doc = "array of strings",
-      .doc = "connect-failure, reset, timeout, 5xx, gateway-error, a status (\"429\") or a "
-             "range (\"500-599\")" },
-    { .key = "methods",
-      .type = FT_CUSTOM,
-      .offset = offsetof(struct cfg_retry, methods),
-      .def = "[\"GET\", \"HEAD\", \"OPTIONS\", \"PUT\", \"DELETE\", \"TRACE\"]",
-      .parse = parse_retry_methods,
-      .dump = dump_methods,
-      .type_doc = "array of strings",
-      .doc = "methods retried once bytes reached the upstream (connect-failure retries every "
-             "method)" },
+    LIST_FIELD("retry_on", struct cfg_retry, on, n_on, retry_on_list, 0, NULL,
+               "[\"connect-failure\", \"reset\", \"timeout\", \"gateway-error\", \"429\"]",
+               "connect-failure, reset, timeout, 5xx, gateway-error, a status (\"429\") or a "
+               "range (\"500-599\")"),
+    SET_FIELD("methods", struct cfg_retry, methods, method_list, 0, NULL,
+              "[\"GET\", \"HEAD\", \"OPTIONS\", \"PUT\", \"DELETE\", \"TRACE\"]",
+              "methods retried once bytes reached the upstream (connect-failure retries every "
+              "method)"),
     BOOL_FIELD("idempotency_key", struct cfg_retry, idempotency_key, "true",
                "a request with an Idempotency-Key header is retryable whatever its method"),
     UINT_FIELD("max_retry_body_bytes", struct cfg_retry, max_retry_body_bytes, 0, 1073741824.0,
@@ -906,43 +919,37 @@ static const struct field retry_fields[] = {
                "up to this size)"),
     INLINE_OBJ("retry_after", retry_after_schema, "how Retry-After is honoured"),
     OBJ_FIELD("backoff", struct cfg_retry, backoff, backoff_schema, 0,
-              "the delay before each retry (CONTRACT §3.1)"),
+              "the delay before each retry (docs/backoff.md)"),
 };
-static const struct schema retry_schema = { retry_fields, COUNT(retry_fields), NULL };
+static const struct schema retry_schema = SCHEMA(retry_fields, NULL);
 
 /* The process-wide and per-route budgets differ only in the default concurrency cap. */
 #define BUDGET_FIELDS(max_concurrent_default)                                                      \
     { .key = "max_concurrent_retries",                                                             \
       .type = FT_UINT,                                                                             \
       .flags = F_NULLABLE,                                                                         \
-      .offset = offsetof(struct cfg_budget, max_concurrent_retries),                               \
+      .offset = offsetof(struct budget_limits, max_concurrent_retries),                            \
       .size = sizeof(int64_t),                                                                     \
       .min = 0,                                                                                    \
       .max = 1000000000.0,                                                                         \
       .def = max_concurrent_default,                                                               \
       .doc = "retries in flight at once, backoff waits included (null: no cap)" },                 \
-        NUM_FIELD("retry_ratio", struct cfg_budget, retry_ratio, 0.0, NO_MAX, "0.2",               \
+        NUM_FIELD("retry_ratio", struct budget_limits, retry_ratio, 0.0, NO_MAX, "0.2",            \
                   "retries allowed per first attempt over the window"),                            \
-        NUM_FIELD("min_retries_per_second", struct cfg_budget, min_retries_per_second, 0.0,        \
+        NUM_FIELD("min_retries_per_second", struct budget_limits, min_retries_per_second, 0.0,     \
                   NO_MAX, "10", "retries always allowed per second of window"),                    \
-        UINT_FIELD("window_ms", struct cfg_budget, window_ms, 1, MS_MAX, "10000",                  \
+        UINT_FIELD("window_ms", struct budget_limits, window_ms, 1, MS_MAX, "10000",               \
                    "the sliding window of the ratio budget")
 
 static const struct field top_budget_fields[] = { BUDGET_FIELDS("100") };
-static const struct schema top_budget_schema = { top_budget_fields, COUNT(top_budget_fields),
-                                                 NULL };
+static const struct schema top_budget_schema = SCHEMA(top_budget_fields, NULL);
 static const struct field route_budget_fields[] = { BUDGET_FIELDS("null") };
-static const struct schema route_budget_schema = { route_budget_fields, COUNT(route_budget_fields),
-                                                   NULL };
+static const struct schema route_budget_schema = SCHEMA(route_budget_fields, NULL);
 
 /* match's keys land directly in struct cfg_route. */
 static const struct field match_fields[] = {
-    { .key = "path_prefix",
-      .type = FT_STRING,
-      .offset = offsetof(struct cfg_route, match_path_prefix),
-      .def = "\"/\"",
-      .check_str = check_path_prefix,
-      .doc = "requests whose path starts with this" },
+    STRING_FIELD("path_prefix", struct cfg_route, match_path_prefix, 0, check_path_prefix, "\"/\"",
+                 "requests whose path starts with this"),
     { .key = "host",
       .type = FT_CUSTOM,
       .flags = F_NULLABLE,
@@ -952,39 +959,24 @@ static const struct field match_fields[] = {
       .dump = dump_string_or_null,
       .type_doc = "string or null",
       .doc = "the Host header, compared without its port unless this holds one (null: any)" },
-    { .key = "methods",
-      .type = FT_CUSTOM,
-      .flags = F_NULLABLE,
-      .offset = offsetof(struct cfg_route, match_methods),
-      .def = "null",
-      .parse = parse_match_methods,
-      .dump = dump_match_methods,
-      .type_doc = "array of strings or null",
-      .doc = "request methods (null: any)" },
+    SET_FIELD("methods", struct cfg_route, match_methods, method_list, F_NULLABLE,
+              "must not be empty (leave the key out to match every method)", "null",
+              "request methods (null: any)"),
 };
-static const struct schema match_schema = { match_fields, COUNT(match_fields), NULL };
+static const struct schema match_schema = SCHEMA(match_fields, NULL);
 
 static const struct field route_fields[] = {
-    { .key = "name",
-      .type = FT_STRING,
-      .flags = F_REQUIRED | F_ROUTE_ONLY,
-      .offset = offsetof(struct cfg_route, name),
-      .check_str = check_route_name,
-      .doc = "unique name, used in metrics, logs and /schedule" },
+    STRING_FIELD("name", struct cfg_route, name, F_REQUIRED | F_ROUTE_ONLY, check_route_name, NULL,
+                 "unique name, used in metrics, logs and /schedule"),
     { .key = "match",
       .type = FT_OBJECT,
       .flags = F_ROUTE_ONLY,
       .offset = 0, /* inline: match's keys live in struct cfg_route */
       .sub = &match_schema,
       .doc = "which requests the route takes (first match in file order wins)" },
-    { .key = "upstreams",
-      .type = FT_CUSTOM,
-      .flags = F_REQUIRED | F_ROUTE_ONLY,
-      .offset = 0,
-      .parse = parse_upstreams,
-      .dump = dump_upstreams,
-      .type_doc = "array of strings",
-      .doc = "http:// or https:// base URLs, tried round-robin" },
+    LIST_FIELD("upstreams", struct cfg_route, upstreams, n_upstreams, upstream_list,
+               F_REQUIRED | F_ROUTE_ONLY, "must hold at least one upstream URL", NULL,
+               "http:// or https:// base URLs, tried round-robin"),
     BOOL_FIELD("preserve_host", struct cfg_route, preserve_host, "false",
                "send the client's Host instead of the upstream's authority"),
     UINT_FIELD("timeout_ms", struct cfg_route, timeout_ms, 1, MS_MAX, "15000",
@@ -997,7 +989,7 @@ static const struct field route_fields[] = {
     OBJ_FIELD("budget", struct cfg_route, budget, route_budget_schema, 0,
               "this route's retry budget, checked as well as the process-wide one"),
 };
-static const struct schema route_schema = { route_fields, COUNT(route_fields), check_route };
+static const struct schema route_schema = SCHEMA(route_fields, check_route);
 
 static const struct field log_fields[] = {
     ENUM_FIELD("level", struct cfg, log_level, log_level_names, "\"info\"",
@@ -1005,11 +997,11 @@ static const struct field log_fields[] = {
     ENUM_FIELD("format", struct cfg, log_format, log_format_names, "\"json\"",
                "json (one object per line) or text"),
 };
-static const struct schema log_schema = { log_fields, COUNT(log_fields), NULL };
+static const struct schema log_schema = SCHEMA(log_fields, NULL);
 
 static const struct field limits_fields[] = {
-    UINT_FIELD("max_connections", struct cfg, max_connections, 1, 1000000, "10000",
-               "client connections open at once (a change needs a restart)"),
+    UINT_FIELD_F("max_connections", struct cfg, max_connections, F_RESTART, 1, 1000000, "10000",
+                 "client connections open at once"),
     UINT_FIELD("connection_timeout_ms", struct cfg, connection_timeout_ms, 0, MS_MAX, "30000",
                "an idle or slow client connection is closed after this, counted in whole "
                "seconds rounded up (0: never)"),
@@ -1019,9 +1011,9 @@ static const struct field limits_fields[] = {
                "134217728",
                "request-body bytes held for replay by the whole process; a body that does not "
                "fit streams to the upstream once and is not retried"),
-    UINT_FIELD("max_header_bytes", struct cfg, max_header_bytes, 1024, 65536, "8192",
-               "a request line and headers above this many bytes are answered 431; a client "
-               "connection holds up to twice this in memory (a change needs a restart)"),
+    UINT_FIELD_F("max_header_bytes", struct cfg, max_header_bytes, F_RESTART, 1024, 65536, "8192",
+                 "a request line and headers above this many bytes are answered 431; a client "
+                 "connection holds up to twice this in memory"),
     UINT_FIELD("max_upstream_requests", struct cfg, max_upstream_requests, 1, 1000000, "1024",
                "upstream attempts in flight at once, shared evenly by the workers; more wait "
                "their turn in order, the wait counting against the route's timeout_ms"),
@@ -1030,26 +1022,39 @@ static const struct field limits_fields[] = {
                "answered 408 and the connection closed (0: no limit beyond "
                "connection_timeout_ms)"),
 };
-static const struct schema limits_schema = { limits_fields, COUNT(limits_fields), NULL };
+static const struct schema limits_schema = SCHEMA(limits_fields, NULL);
+
+static int parse_route(struct walk *w, const struct at *at, const json_t *v, void *elem);
+static json_t *dump_route(const void *elem);
+
+static void route_twice(struct walk *w, const struct at *at, const char *name, size_t first)
+{
+    struct at name_at = child_at(w, at->path, "name");
+    err_at(w, &name_at, "duplicate route name \"%s\" (also $.routes[%zu].name)", name, first);
+}
+
+/* Each route is walked over "defaults"; its problems are its own, so two routes are compared
+ * by name whatever else is wrong with them. */
+static const struct list_kind route_list = {
+    .array_doc = "an array of routes",
+    .elem_doc = "a route object",
+    .elem_type = JSON_OBJECT,
+    .sub = &route_schema,
+    .size = sizeof(struct cfg_route),
+    .key_offset = offsetof(struct cfg_route, name),
+    .parse = parse_route,
+    .twice = route_twice,
+    .dump = dump_route,
+};
 
 static int parse_defaults(struct walk *w, const struct at *at, const json_t *v, void *dst);
 static json_t *dump_defaults(const void *src);
-static int parse_routes(struct walk *w, const struct at *at, const json_t *v, void *dst);
-static json_t *dump_routes(const void *src);
 
 static const struct field root_fields[] = {
-    { .key = "listen",
-      .type = FT_STRING,
-      .offset = offsetof(struct cfg, listen),
-      .def = "\"127.0.0.1:15001\"",
-      .check_str = check_listen,
-      .doc = "address of the proxy listener (needs a restart to change)" },
-    { .key = "admin",
-      .type = FT_STRING,
-      .offset = offsetof(struct cfg, admin),
-      .def = "\"127.0.0.1:15000\"",
-      .check_str = check_listen,
-      .doc = "address of the admin listener (needs a restart to change)" },
+    STRING_FIELD("listen", struct cfg, listen, F_RESTART, check_listen, "\"127.0.0.1:15001\"",
+                 "address of the proxy listener"),
+    STRING_FIELD("admin", struct cfg, admin, F_RESTART, check_listen, "\"127.0.0.1:15000\"",
+                 "address of the admin listener"),
     INLINE_OBJ("log", log_schema, "request and reload logs"),
     UINT_FIELD("drain_timeout_ms", struct cfg, drain_timeout_ms, 0, MS_MAX, "10000",
                "how long requests in flight may finish after SIGTERM"),
@@ -1058,22 +1063,14 @@ static const struct field root_fields[] = {
     { .key = "defaults",
       .type = FT_CUSTOM,
       .offset = 0,
-      .sub = &route_schema,
       .parse = parse_defaults,
       .dump = dump_defaults,
       .type_doc = "object",
       .doc = "values every route inherits: any route key except name, match and upstreams" },
-    { .key = "routes",
-      .type = FT_CUSTOM,
-      .flags = F_REQUIRED,
-      .offset = 0,
-      .sub = &route_schema,
-      .parse = parse_routes,
-      .dump = dump_routes,
-      .type_doc = "array of objects",
-      .doc = "at least one route" },
+    LIST_FIELD("routes", struct cfg, routes, n_routes, route_list, F_REQUIRED,
+               "must hold at least one route", NULL, "at least one route"),
 };
-static const struct schema root_schema = { root_fields, COUNT(root_fields), NULL };
+static const struct schema root_schema = SCHEMA(root_fields, NULL);
 
 /* ---- the walker ---- */
 
@@ -1099,6 +1096,8 @@ static const char *type_name(const struct field *f)
     case FT_ENUM:
     case FT_STRING:
         return f->flags & F_NULLABLE ? "a string or null" : "a string";
+    case FT_LIST:
+        return f->list->array_doc;
     case FT_CUSTOM:
         return f->type_doc;
     }
@@ -1114,10 +1113,12 @@ static void range_error(struct walk *w, const struct at *at, const struct field 
                f->type == FT_UINT ? "an integer from" : "from", f->min, f->max, got);
 }
 
-/* Converts and stores one written (or default) value. 0, or -1 after reporting. */
+/* Converts one written (or default) value and stores it in the object 'obj'. 0, or -1 after
+ * reporting. */
 static int set_value(struct walk *w, const struct field *f, const struct at *at, const json_t *v,
-                     void *p)
+                     void *obj)
 {
+    void *p = (char *)obj + f->offset;
     char got[64];
     switch (f->type) {
     case FT_BOOL:
@@ -1194,6 +1195,8 @@ static int set_value(struct walk *w, const struct field *f, const struct at *at,
         *(const char **)p = arena_strndup(w->a, s, len);
         return 0;
     }
+    case FT_LIST:
+        return parse_list(w, f, at, v, obj);
     case FT_CUSTOM:
         return f->parse(w, at, v, p);
     case FT_OBJECT:
@@ -1206,12 +1209,12 @@ static int set_value(struct walk *w, const struct field *f, const struct at *at,
 /* A default from the table goes through set_value like a written one. The defaults are
  * valid (every test that loads a config applies them), so a default that fails here means
  * jansson ran out of memory reading it: an error for this load, not a crash. */
-static void set_default(struct walk *w, const struct field *f, const struct at *at, void *p)
+static void set_default(struct walk *w, const struct field *f, const struct at *at, void *obj)
 {
     json_error_t jerr;
     json_t *v = json_loads(f->def, JSON_DECODE_ANY, &jerr);
     size_t before = w->errs->n;
-    if (!v || set_value(w, f, at, v, p) < 0 || w->errs->n != before)
+    if (!v || set_value(w, f, at, v, obj) < 0 || w->errs->n != before)
         err_at(w, at, "could not apply the default %s (out of memory?)", f->def);
     json_decref(v);
 }
@@ -1253,12 +1256,20 @@ static void check_keys(struct walk *w, const struct ctx *x)
     }
 }
 
+/* The value of 'f' in layer 'l' of 'x', or NULL: not written there, or a route-only key where
+ * it is not taken ("defaults" and what it holds). */
+static const json_t *layer_value(const struct ctx *x, const struct field *f, int l)
+{
+    if (!x->layer[l] || ((f->flags & F_ROUTE_ONLY) && (l == 1 || x->in_defaults)))
+        return NULL;
+    return json_object_get(x->layer[l], f->key);
+}
+
 static void walk_field(struct walk *w, struct ctx *x, size_t i, void *dst)
 {
     const struct field *f = &x->s->fields[i];
     void *p = (char *)dst + f->offset;
     struct origin *o = &x->origin[i];
-    bool route_only = (f->flags & F_ROUTE_ONLY) != 0;
 
     o->layer = -1;
     o->at.path = jpos_path_key(&w->tmp, x->path, f->key, strlen(f->key));
@@ -1267,9 +1278,7 @@ static void walk_field(struct walk *w, struct ctx *x, size_t i, void *dst)
     if (f->type == FT_OBJECT) {
         struct ctx sub = { .s = f->sub, .path = o->at.path, .in_defaults = x->in_defaults };
         for (int l = 0; l < 2; l++) {
-            if (!x->layer[l] || (route_only && (l == 1 || x->in_defaults)))
-                continue;
-            const json_t *v = json_object_get(x->layer[l], f->key);
+            const json_t *v = layer_value(x, f, l);
             if (!v)
                 continue;
             struct at at = child_at(w, x->layer_path[l], f->key);
@@ -1291,9 +1300,7 @@ static void walk_field(struct walk *w, struct ctx *x, size_t i, void *dst)
     }
 
     for (int l = 0; l < 2; l++) {
-        if (!x->layer[l] || (route_only && (l == 1 || x->in_defaults)))
-            continue;
-        const json_t *v = json_object_get(x->layer[l], f->key);
+        const json_t *v = layer_value(x, f, l);
         if (!v)
             continue;
         o->layer = l;
@@ -1302,7 +1309,7 @@ static void walk_field(struct walk *w, struct ctx *x, size_t i, void *dst)
             o->layer = -2; /* an unrepresentable number, reported by the scanner */
             return;
         }
-        if (set_value(w, f, &o->at, v, p) < 0)
+        if (set_value(w, f, &o->at, v, dst) < 0)
             o->layer = -2;
         return;
     }
@@ -1314,7 +1321,7 @@ static void walk_field(struct walk *w, struct ctx *x, size_t i, void *dst)
         err_at(w, &at, "required key \"%s\" is missing", f->key);
         o->layer = -2;
     } else if (f->def) {
-        set_default(w, f, &o->at, p);
+        set_default(w, f, &o->at, dst);
     } else if (f->type == FT_CUSTOM) {
         f->parse(w, &o->at, NULL, p);
     }
@@ -1331,61 +1338,39 @@ static void walk_object(struct walk *w, struct ctx *x, void *dst)
         x->s->check(w, x, dst);
 }
 
-static int parse_defaults(struct walk *w, const struct at *at, const json_t *v, void *dst)
+/* Walks the route object 'v' written at 'at' (NULL: not written) into 'dst': a route, over
+ * "defaults", or with 'in_defaults' the "defaults" object itself. */
+static void walk_route(struct walk *w, const struct at *at, const json_t *v, bool in_defaults,
+                       struct cfg_route *dst)
 {
-    struct cfg *c = dst;
-    struct ctx x = { .s = &route_schema, .path = "$.defaults", .in_defaults = true };
-    if (v && !json_is_object(v)) {
-        err_at(w, at, "expected an object, got %s", kind(v));
-        v = NULL;
-    }
+    struct ctx x = { .s = &route_schema, .path = at->path, .in_defaults = in_defaults };
     if (v) {
         x.layer[0] = v;
         x.layer_path[0] = at->path;
         x.pos = at->pos;
     }
-    walk_object(w, &x, &c->defaults);
+    if (!in_defaults) {
+        x.layer[1] = w->defaults;
+        x.layer_path[1] = "$.defaults";
+    }
+    walk_object(w, &x, dst);
+}
+
+static int parse_defaults(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    if (v && !json_is_object(v)) {
+        err_at(w, at, "expected an object, got %s", kind(v));
+        v = NULL;
+    }
+    walk_route(w, at, v, true, &((struct cfg *)dst)->defaults);
     return 0;
 }
 
-static int parse_routes(struct walk *w, const struct at *at, const json_t *v, void *dst)
+/* Always 0: a route's problems are reported, and its name still counts for duplicates. */
+static int parse_route(struct walk *w, const struct at *at, const json_t *v, void *elem)
 {
-    struct cfg *c = dst;
-    int rc = 0;
-    long len = list_length(w, at, v, "an array of routes", "must hold at least one route");
-    if (len < 0)
-        return -1;
-    size_t n = (size_t)len;
-    struct cfg_route *routes = arena_alloc(w->a, n * sizeof(*routes));
-    struct seen names;
-    seen_init(w, &names, n);
-    size_t i;
-    const json_t *r;
-    json_array_foreach(v, i, r)
-    {
-        struct at e = elem_at(w, at->path, i);
-        if (!json_is_object(r)) {
-            err_at(w, &e, "expected a route object, got %s", kind(r));
-            rc = -1;
-            continue;
-        }
-        struct ctx x = { .s = &route_schema, .path = e.path, .pos = e.pos };
-        x.layer[0] = r;
-        x.layer_path[0] = e.path;
-        x.layer[1] = w->defaults;
-        x.layer_path[1] = "$.defaults";
-        walk_object(w, &x, &routes[i]);
-        size_t j = routes[i].name ? seen_add(&names, routes[i].name, i) : SIZE_MAX;
-        if (j != SIZE_MAX) {
-            struct at name_at = child_at(w, e.path, "name");
-            err_at(w, &name_at, "duplicate route name \"%s\" (also $.routes[%zu].name)",
-                   routes[i].name, j);
-            rc = -1;
-        }
-    }
-    c->routes = routes;
-    c->n_routes = n;
-    return rc;
+    walk_route(w, at, v, false, elem);
+    return 0;
 }
 
 void schema_build(struct cfg *c, struct arena *a, const json_t *root, const struct jpos *pos,
@@ -1411,44 +1396,44 @@ void schema_build(struct cfg *c, struct arena *a, const json_t *root, const stru
 
 /* ---- the effective config ---- */
 
+static json_t *dump_object(const struct schema *s, const void *src, bool defaults_view);
+
+/* The value of field 'f' of the object 'obj' (new reference). */
+static json_t *dump_value(const struct field *f, const void *obj, bool defaults_view)
+{
+    const void *p = (const char *)obj + f->offset;
+    switch (f->type) {
+    case FT_OBJECT:
+        return dump_object(f->sub, p, defaults_view);
+    case FT_BOOL:
+        return json_boolean(*(const bool *)p);
+    case FT_UINT:
+        if (f->size == sizeof(uint32_t))
+            return json_integer(*(const uint32_t *)p);
+        if ((f->flags & F_NULLABLE) && *(const int64_t *)p < 0)
+            return json_null();
+        return json_integer((json_int_t) * (const uint64_t *)p);
+    case FT_NUMBER:
+        return json_real(*(const double *)p);
+    case FT_ENUM:
+        return json_string(f->names[*(const int *)p]);
+    case FT_STRING:
+        return dump_string_or_null(p);
+    case FT_LIST:
+        return dump_list(f, obj);
+    case FT_CUSTOM:
+        return f->dump(p);
+    }
+    return NULL;
+}
+
 static json_t *dump_object(const struct schema *s, const void *src, bool defaults_view)
 {
     json_t *o = json_object();
     for (size_t i = 0; i < s->n; i++) {
         const struct field *f = &s->fields[i];
-        const void *p = (const char *)src + f->offset;
-        json_t *v = NULL;
-        if (defaults_view && (f->flags & F_ROUTE_ONLY))
-            continue;
-        switch (f->type) {
-        case FT_OBJECT:
-            v = dump_object(f->sub, p, defaults_view);
-            break;
-        case FT_BOOL:
-            v = json_boolean(*(const bool *)p);
-            break;
-        case FT_UINT:
-            if (f->size == sizeof(uint32_t))
-                v = json_integer(*(const uint32_t *)p);
-            else if ((f->flags & F_NULLABLE) && *(const int64_t *)p < 0)
-                v = json_null();
-            else
-                v = json_integer((json_int_t) * (const uint64_t *)p);
-            break;
-        case FT_NUMBER:
-            v = json_real(*(const double *)p);
-            break;
-        case FT_ENUM:
-            v = json_string(f->names[*(const int *)p]);
-            break;
-        case FT_STRING:
-            v = dump_string_or_null(p);
-            break;
-        case FT_CUSTOM:
-            v = f->dump(p);
-            break;
-        }
-        json_object_set_new(o, f->key, v);
+        if (!(defaults_view && (f->flags & F_ROUTE_ONLY)))
+            json_object_set_new(o, f->key, dump_value(f, src, defaults_view));
     }
     return o;
 }
@@ -1458,18 +1443,53 @@ static json_t *dump_defaults(const void *src)
     return dump_object(&route_schema, &((const struct cfg *)src)->defaults, true);
 }
 
-static json_t *dump_routes(const void *src)
+static json_t *dump_route(const void *elem)
 {
-    const struct cfg *c = src;
-    json_t *a = json_array();
-    for (size_t i = 0; i < c->n_routes; i++)
-        json_array_append_new(a, dump_object(&route_schema, &c->routes[i], false));
-    return a;
+    return dump_object(&route_schema, elem, false);
 }
 
 json_t *schema_dump(const struct cfg *c)
 {
     return dump_object(&root_schema, c, false);
+}
+
+/* ---- keys read only at start ---- */
+
+/* Calls 'fn' with the path (under 'prefix') of each F_RESTART key of 's' whose value differs
+ * between the objects 'was' and 'now'. Returns how many. */
+static size_t restart_changes(const struct schema *s, const char *prefix, const void *was,
+                              const void *now, void (*fn)(const char *path, void *arg), void *arg)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        const struct field *f = &s->fields[i];
+        char path[160];
+        snprintf(path, sizeof(path), "%s%s", prefix, f->key);
+        if (f->flags & F_RESTART) {
+            /* Compared as they are dumped, so that every type compares alike. A value that
+             * cannot be dumped (out of memory) counts as changed: a needless note, not a
+             * missed one. */
+            json_t *a = dump_value(f, was, false), *b = dump_value(f, now, false);
+            if (!a || !b || !json_equal(a, b)) {
+                fn(path, arg);
+                n++;
+            }
+            json_decref(a);
+            json_decref(b);
+        } else if (f->type == FT_OBJECT) {
+            char sub[170];
+            snprintf(sub, sizeof(sub), "%s.", path);
+            n += restart_changes(f->sub, sub, (const char *)was + f->offset,
+                                 (const char *)now + f->offset, fn, arg);
+        }
+    }
+    return n;
+}
+
+size_t cfg_restart_changes(const struct cfg *was, const struct cfg *now,
+                           void (*fn)(const char *path, void *arg), void *arg)
+{
+    return restart_changes(&root_schema, "", was, now, fn, arg);
 }
 
 /* ---- the reference ---- */
@@ -1509,27 +1529,34 @@ static void write_rows(FILE *out, const struct schema *s, const char *prefix)
         case FT_OBJECT:
             snprintf(type, sizeof(type), "object");
             break;
+        case FT_LIST:
+            snprintf(type, sizeof(type), "array of %s%s",
+                     f->list->elem_type == JSON_OBJECT ? "objects" : "strings",
+                     f->flags & F_NULLABLE ? " or null" : "");
+            break;
         case FT_CUSTOM:
             snprintf(type, sizeof(type), "%s", f->type_doc);
             break;
         }
         const char *def = f->flags & F_REQUIRED ? "required" : f->def ? f->def : "";
-        fprintf(out, "| `%s` | %s | %s%s%s | %s |\n", path, type, *def && f->def ? "`" : "", def,
-                *def && f->def ? "`" : "", f->doc);
-        if (f->type == FT_OBJECT) {
-            char sub[170];
-            snprintf(sub, sizeof(sub), "%s.", path);
-            write_rows(out, f->sub, sub);
-        } else if (f->sub && f->sub == &route_schema && strcmp(f->key, "routes") == 0) {
-            char sub[170];
-            snprintf(sub, sizeof(sub), "%s[].", path);
-            write_rows(out, f->sub, sub);
+        /* An object's keys say for themselves when a change to them takes effect. */
+        const struct schema *sub = f->type == FT_OBJECT ? f->sub
+                                   : f->type == FT_LIST ? f->list->sub
+                                                        : NULL;
+        const char *when = f->flags & F_RESTART ? "at restart" : sub ? "" : "on reload";
+        fprintf(out, "| `%s` | %s | %s%s%s | %s | %s |\n", path, type, *def && f->def ? "`" : "",
+                def, *def && f->def ? "`" : "", when, f->doc);
+        if (sub) {
+            char sub_prefix[170];
+            snprintf(sub_prefix, sizeof(sub_prefix), "%s%s", path,
+                     f->type == FT_LIST ? "[]." : ".");
+            write_rows(out, sub, sub_prefix);
         }
     }
 }
 
 void schema_write_reference(FILE *out)
 {
-    fputs("| key | type | default | meaning |\n|---|---|---|---|\n", out);
+    fputs("| key | type | default | takes effect | meaning |\n|---|---|---|---|---|\n", out);
     write_rows(out, &root_schema, "");
 }

@@ -1,4 +1,4 @@
-/* budget -- retry budgets that stop retry storms (CONTRACT §3 "budget"). Pure: the caller
+/* budget -- retry budgets that stop retry storms (docs/budgets.md). Pure: the caller
  * passes "now"; thread-safe with atomics, no locks.
  *
  * Two limits, checked for every retry against the process-wide budget and the route's:
@@ -21,8 +21,9 @@
 
 #define BUDGET_BUCKETS 20
 
+/* A budget's settings: the config's "budget" objects are held in this type (config/cfg.h). */
 struct budget_limits {
-    int64_t max_concurrent; /* -1: no cap */
+    int64_t max_concurrent_retries; /* -1: no cap */
     double retry_ratio;
     double min_retries_per_second;
     uint32_t window_ms; /* > 0 */

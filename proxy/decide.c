@@ -101,18 +101,14 @@ static enum retry_stop admit(const struct decide_budgets *b, uint64_t now, uint3
 {
     if (b->drain_deadline_ms && now + delay_ms >= b->drain_deadline_ms)
         return RETRY_STOP_DRAINING;
-    const struct cfg_budget *gb = b->global_limits, *rb = b->route_limits;
-    if (!budget_acquire(b->global, gb->max_concurrent_retries))
+    if (!budget_acquire(b->global, b->global_limits->max_concurrent_retries))
         return RETRY_STOP_CONCURRENCY;
-    if (!budget_acquire(b->route, rb->max_concurrent_retries)) {
+    if (!budget_acquire(b->route, b->route_limits->max_concurrent_retries)) {
         budget_release(b->global);
         return RETRY_STOP_CONCURRENCY;
     }
-    struct budget_limits gl = { gb->max_concurrent_retries, gb->retry_ratio,
-                                gb->min_retries_per_second, gb->window_ms };
-    struct budget_limits rl = { rb->max_concurrent_retries, rb->retry_ratio,
-                                rb->min_retries_per_second, rb->window_ms };
-    if (!budget_ratio_allows(b->global, &gl, now) || !budget_ratio_allows(b->route, &rl, now)) {
+    if (!budget_ratio_allows(b->global, b->global_limits, now) ||
+        !budget_ratio_allows(b->route, b->route_limits, now)) {
         budget_release(b->route);
         budget_release(b->global);
         return RETRY_STOP_BUDGET;

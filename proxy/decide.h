@@ -76,9 +76,9 @@ void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct
  * while draining, the drain deadline. */
 struct decide_budgets {
     struct budget *global;
-    const struct cfg_budget *global_limits;
+    const struct budget_limits *global_limits;
     struct budget *route;
-    const struct cfg_budget *route_limits;
+    const struct budget_limits *route_limits;
     uint64_t drain_deadline_ms; /* 0: not draining */
 };
 

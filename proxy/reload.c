@@ -24,9 +24,7 @@ struct reload {
     struct proxy *px;
     char *path;
     struct reload_pins pins;
-    char *start_listen, *start_admin; /* as loaded at start */
-    unsigned start_max_connections;
-    unsigned start_max_header_bytes;
+    struct cfg *start; /* the config loaded at start: what the keys read only then hold */
     struct worker **workers;
     unsigned n_workers;
 
@@ -66,21 +64,24 @@ static void apply_log_settings(const struct reload *rl, const struct cfg *c)
     log_configure(level, format);
 }
 
-/* Settings that only take effect at start, compared with what the process started with. */
+/* Appends one changed key read only at start to rl->restart, unless the command line set it:
+ * then the file's value was never the one in force. */
+static void note_restart_key(const char *path, void *arg)
+{
+    struct reload *rl = arg;
+    if ((rl->pins.listen && strcmp(path, "listen") == 0) ||
+        (rl->pins.admin && strcmp(path, "admin") == 0))
+        return;
+    size_t n = strlen(rl->restart);
+    snprintf(rl->restart + n, sizeof(rl->restart) - n, "%s%s", n ? "," : "", path);
+}
+
+/* Settings that only take effect at start (the schema says which), compared with what the
+ * process started with. */
 static void note_restart_required(struct reload *rl, const struct cfg *c)
 {
-    size_t n = 0;
     rl->restart[0] = '\0';
-    if (!rl->pins.listen && strcmp(c->listen, rl->start_listen) != 0)
-        n += (size_t)snprintf(rl->restart + n, sizeof(rl->restart) - n, "%slisten", n ? "," : "");
-    if (!rl->pins.admin && strcmp(c->admin, rl->start_admin) != 0)
-        n += (size_t)snprintf(rl->restart + n, sizeof(rl->restart) - n, "%sadmin", n ? "," : "");
-    if (c->max_connections != rl->start_max_connections)
-        n += (size_t)snprintf(rl->restart + n, sizeof(rl->restart) - n, "%slimits.max_connections",
-                              n ? "," : "");
-    if (c->max_header_bytes != rl->start_max_header_bytes)
-        snprintf(rl->restart + n, sizeof(rl->restart) - n, "%slimits.max_header_bytes",
-                 n ? "," : "");
+    cfg_restart_changes(rl->start, c, note_restart_key, rl);
     if (rl->restart[0])
         log_event(CFG_LOG_WARN, "config change needs a restart; the running values stay",
                   "settings", rl->restart, "source", rl->path, NULL);
@@ -201,11 +202,8 @@ struct reload *reload_new(struct proxy *px, const char *path, struct cfg *initia
     rl->pins = *pins;
     rl->pins.listen = dup_or_null(pins->listen);
     rl->pins.admin = dup_or_null(pins->admin);
-    rl->start_listen = strdup(initial->listen);
-    rl->start_admin = strdup(initial->admin);
-    rl->start_max_connections = initial->max_connections;
-    rl->start_max_header_bytes = initial->max_header_bytes;
-    if (!rl->path || !rl->start_listen || !rl->start_admin || publish(rl, initial) < 0) {
+    rl->start = cfg_ref(initial);
+    if (!rl->path || publish(rl, initial) < 0) {
         reload_free(rl);
         return NULL;
     }
@@ -237,8 +235,7 @@ void reload_free(struct reload *rl)
     free(rl->path);
     free((void *)rl->pins.listen);
     free((void *)rl->pins.admin);
-    free(rl->start_listen);
-    free(rl->start_admin);
+    cfg_unref(rl->start);
     free(rl->last_error);
     free(rl);
 }

@@ -1,4 +1,4 @@
-/* reload -- the config file into the running proxy (CONTRACT §5). Control thread only.
+/* reload -- the config file into the running proxy (docs/reload.md). Control thread only.
  *
  * Triggers: the directory watch, a poll of the file's content hash every 2 s as a backstop for
  * missed events, SIGHUP and POST /reload (forced). A change the watch sees complete (a rename
@@ -8,9 +8,9 @@
  * and validates the whole file; only a valid one is published, atomically, as the next
  * generation; requests in flight keep the snapshot they started with. A file whose content did
  * not change since the last attempt is not re-applied unless forced, so a half-written file
- * fails once and the write that completes it succeeds. listen, admin and
- * limits.max_connections are fixed at start: a change to them is reported as needing a
- * restart and the rest applies.
+ * fails once and the write that completes it succeeds. The keys the schema marks as read only
+ * at start (docs/config.md, "at restart") keep their start values: a change to them is
+ * reported as needing a restart (unless the command line set them) and the rest applies.
  */
 #ifndef RETRYPROXY_PROXY_RELOAD_H
 #define RETRYPROXY_PROXY_RELOAD_H

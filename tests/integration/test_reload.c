@@ -772,6 +772,58 @@ Test(reload, header_limit_change_needs_a_restart)
     expect_max_attempts("header-limit", 1);
 }
 
+/* restart_required as a list of strings. */
+static void restart_required(char *buf, size_t cap)
+{
+    json_t *c = get_config();
+    json_t *rr = json_object_get(c, "restart_required");
+    cr_assert(json_is_array(rr), "/config has no restart_required array");
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < json_array_size(rr); i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "," : "",
+                              json_string_value(json_array_get(rr, i)));
+    json_decref(c);
+}
+
+/* Which keys wait for a restart is read from the schema table: a file that moves both
+ * listeners and changes every limit reports the two connection limits, in the reference's
+ * order, but not the listeners the command line set (the file's values were never in force)
+ * nor limits.max_upstream_requests (read again on reload); putting the start values back
+ * clears the list. */
+Test(reload, restart_required_lists_the_schemas_start_only_keys_not_pinned_ones)
+{
+    char text[2048];
+    cfg_text(text, sizeof(text), 3, 20, "base_ms",
+             "\"limits\": {\"max_connections\": 100, \"max_header_bytes\": 8192},");
+    write_in_place(cfg_path, text, strlen(text));
+    launch(true);
+    char rr[256];
+    restart_required(rr, sizeof(rr));
+    cr_expect_str_eq(rr, "", "nothing needs a restart yet");
+
+    cfg_text(text, sizeof(text), 1, 40, "base_ms",
+             "\"listen\": \"127.0.0.1:1\", \"admin\": \"127.0.0.1:2\", \"limits\": "
+             "{\"max_connections\": 200, \"max_header_bytes\": 16384, "
+             "\"max_upstream_requests\": 7},");
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, text);
+    cr_assert(wait_config(t0, 2, 40, VISIBLE_MS) >= 0, "the rest of the change was not applied");
+    restart_required(rr, sizeof(rr));
+    cr_expect_str_eq(rr, "limits.max_connections,limits.max_header_bytes");
+    expect_max_attempts("restart-keys", 1);
+
+    cfg_text(text, sizeof(text), 1, 50, "base_ms",
+             "\"listen\": \"127.0.0.1:1\", \"admin\": \"127.0.0.1:2\", \"limits\": "
+             "{\"max_connections\": 100, \"max_header_bytes\": 8192, "
+             "\"max_upstream_requests\": 7},");
+    t0 = now_ms();
+    write_renamed(cfg_path, text);
+    cr_assert(wait_config(t0, 3, 50, VISIBLE_MS) >= 0, "the change back was not applied");
+    restart_required(rr, sizeof(rr));
+    cr_expect_str_eq(rr, "", "the start values are back: nothing waits for a restart");
+}
+
 Test(reload, watch_survives_its_directory_being_removed_and_recreated)
 {
     start(3, 20);
