@@ -364,37 +364,82 @@ struct line {
     va_list *pairs; /* copied for each rendering, which may happen twice */
 };
 
-static const char *level_json(enum cfg_log_level level)
+/* Each level's name in JSON, and in text padded to one width so that text lines align. */
+static const struct {
+    const char *json, *text;
+} level_names[] = {
+    [CFG_LOG_DEBUG] = { "debug", "DEBUG" },
+    [CFG_LOG_INFO] = { "info", "INFO " },
+    [CFG_LOG_WARN] = { "warn", "WARN " },
+    [CFG_LOG_ERROR] = { "error", "ERROR" },
+};
+_Static_assert(sizeof level_names / sizeof level_names[0] == CFG_LOG_ERROR + 1,
+               "a name for every enum cfg_log_level value");
+
+/* What every line starts with: time, level and message. The fields follow. */
+static void put_head(struct sink *s, bool json, int64_t unix_ms, enum cfg_log_level level,
+                     const char *msg, size_t lim)
 {
-    switch (level) {
-    case CFG_LOG_DEBUG:
-        return "debug";
-    case CFG_LOG_INFO:
-        return "info";
-    case CFG_LOG_WARN:
-        return "warn";
-    case CFG_LOG_ERROR:
-        return "error";
+    if ((unsigned)level > CFG_LOG_ERROR)
+        level = CFG_LOG_INFO;
+    if (json) {
+        put_lit(s, "{\"time\":\"");
+        put_time(s, unix_ms);
+        put_lit(s, "\",\"level\":\"");
+        put_lit(s, level_names[level].json);
+        put_lit(s, "\",\"msg\":");
+        put_json_str(s, msg, lim);
+    } else {
+        put_time(s, unix_ms);
+        put(s, " ", 1);
+        put_lit(s, level_names[level].text);
+        put(s, " ", 1);
+        put_escaped(s, msg, lim, ESC_BARE);
     }
-    return "info";
 }
 
-/* Padded to one width so that text lines align. */
-static const char *level_text(enum cfg_log_level level)
+/* The key of a request or attempt field: ,"name": in JSON; in text, text_key, which carries
+ * its own separator (" route=", " -> ", or a bare " " for a positional field). */
+static void field_key(struct sink *s, bool json, const char *name, const char *text_key)
 {
-    switch (level) {
-    case CFG_LOG_DEBUG:
-        return "DEBUG";
-    case CFG_LOG_INFO:
-        return "INFO ";
-    case CFG_LOG_WARN:
-        return "WARN ";
-    case CFG_LOG_ERROR:
-        return "ERROR";
+    if (json) {
+        put(s, ",\"", 2);
+        put_lit(s, name);
+        put(s, "\":", 2);
+    } else {
+        put_lit(s, text_key);
     }
-    return "INFO ";
 }
 
+/* A string field; NULL is null in JSON and - in text. */
+static void field_str(struct sink *s, bool json, const char *name, const char *text_key,
+                      const char *v, size_t lim)
+{
+    field_key(s, json, name, text_key);
+    if (json)
+        put_json_str(s, v, lim);
+    else
+        put_text_value(s, v, lim);
+}
+
+static void field_u64(struct sink *s, bool json, const char *name, const char *text_key, uint64_t v)
+{
+    field_key(s, json, name, text_key);
+    put_u64(s, v);
+}
+
+/* A duration; text gives it its unit ("12.5ms"), JSON its name ("duration_ms"). */
+static void field_duration(struct sink *s, bool json, const char *name, const char *text_key,
+                           double ms)
+{
+    field_key(s, json, name, text_key);
+    put_duration(s, ms, json ? "null" : "-");
+    if (!json)
+        put(s, "ms", 2);
+}
+
+/* A request or attempt line is the same fields in the same order in both formats; only the
+ * keys and the quoting differ (docs/logs.md). */
 static void render_request(struct sink *s, const struct log_request *r, bool json, bool trunc)
 {
     size_t lim = trunc ? TRUNC_STR : SIZE_MAX;
@@ -403,130 +448,50 @@ static void render_request(struct sink *s, const struct log_request *r, bool jso
     if (trunc && n_delays > TRUNC_DELAYS)
         n_delays = TRUNC_DELAYS;
 
-    if (json) {
-        put_lit(s, "{\"time\":\"");
-        put_time(s, r->unix_ms);
-        put_lit(s, "\",\"level\":\"info\",\"msg\":\"request\",\"route\":");
-        put_json_str(s, r->route, lim);
-        put_lit(s, ",\"method\":");
-        put_json_str(s, r->method, lim);
-        put_lit(s, ",\"path\":");
-        put_json_str(s, r->path, lim_path);
-        put_lit(s, ",\"status\":");
-        put_i64(s, r->status);
-        put_lit(s, ",\"attempts\":");
-        put_u64(s, r->attempts);
-        put_lit(s, ",\"delays_ms\":[");
-        for (size_t i = 0; i < n_delays; i++) {
-            if (i > 0)
-                put(s, ",", 1);
-            put_u64(s, r->delays[i]);
-        }
-        put_lit(s, "],\"duration_ms\":");
-        put_duration(s, r->duration_ms, "null");
-        put_lit(s, ",\"upstream\":");
-        put_json_str(s, r->upstream, lim);
-        put_lit(s, ",\"stop\":");
-        put_json_str(s, r->stop, lim);
-        put_lit(s, ",\"request_id\":");
-        put_json_str(s, r->request_id, lim);
-        put_lit(s, "}\n");
-        return;
-    }
-    put_time(s, r->unix_ms);
-    put_lit(s, " INFO  request route=");
-    put_text_value(s, r->route, lim);
-    put(s, " ", 1);
-    put_text_value(s, r->method, lim);
-    put(s, " ", 1);
-    put_text_value(s, r->path, lim_path);
-    put_lit(s, " -> ");
+    put_head(s, json, r->unix_ms, CFG_LOG_INFO, "request", lim);
+    field_str(s, json, "route", " route=", r->route, lim);
+    field_str(s, json, "method", " ", r->method, lim);
+    field_str(s, json, "path", " ", r->path, lim_path);
+    field_key(s, json, "status", " -> ");
     put_i64(s, r->status);
-    put_lit(s, " attempts=");
-    put_u64(s, r->attempts);
-    put_lit(s, " delays=");
-    if (n_delays == 0)
-        put(s, "-", 1);
+    field_u64(s, json, "attempts", " attempts=", r->attempts);
+    field_key(s, json, "delays_ms", " delays=");
+    put_lit(s, json ? "[" : n_delays == 0 ? "-" : "");
     for (size_t i = 0; i < n_delays; i++) {
         if (i > 0)
             put(s, ",", 1);
         put_u64(s, r->delays[i]);
     }
-    put(s, " ", 1);
-    put_duration(s, r->duration_ms, "-");
-    put_lit(s, "ms upstream=");
-    put_text_value(s, r->upstream, lim);
-    put_lit(s, " stop=");
-    put_text_value(s, r->stop, lim);
-    put_lit(s, " id=");
-    put_text_value(s, r->request_id, lim);
-    put(s, "\n", 1);
+    if (json)
+        put(s, "]", 1);
+    field_duration(s, json, "duration_ms", " ", r->duration_ms);
+    field_str(s, json, "upstream", " upstream=", r->upstream, lim);
+    field_str(s, json, "stop", " stop=", r->stop, lim);
+    field_str(s, json, "request_id", " id=", r->request_id, lim);
+    put_lit(s, json ? "}\n" : "\n");
 }
 
 static void render_attempt(struct sink *s, const struct log_attempt *a, bool json, bool trunc)
 {
     size_t lim = trunc ? TRUNC_STR : SIZE_MAX;
-    if (json) {
-        put_lit(s, "{\"time\":\"");
-        put_time(s, a->unix_ms);
-        put_lit(s, "\",\"level\":\"debug\",\"msg\":\"attempt\",\"route\":");
-        put_json_str(s, a->route, lim);
-        put_lit(s, ",\"request_id\":");
-        put_json_str(s, a->request_id, lim);
-        put_lit(s, ",\"attempt\":");
-        put_u64(s, a->attempt);
-        put_lit(s, ",\"upstream\":");
-        put_json_str(s, a->upstream, lim);
-        put_lit(s, ",\"outcome\":");
-        put_json_str(s, a->outcome, lim);
-        put_lit(s, ",\"duration_ms\":");
-        put_duration(s, a->duration_ms, "null");
-        put_lit(s, ",\"decision\":");
-        put_json_str(s, a->decision, lim);
-        put_lit(s, ",\"delay_ms\":");
-        put_u64(s, a->delay_ms);
-        put_lit(s, "}\n");
-        return;
-    }
-    put_time(s, a->unix_ms);
-    put_lit(s, " DEBUG attempt route=");
-    put_text_value(s, a->route, lim);
-    put_lit(s, " id=");
-    put_text_value(s, a->request_id, lim);
-    put_lit(s, " attempt=");
-    put_u64(s, a->attempt);
-    put_lit(s, " upstream=");
-    put_text_value(s, a->upstream, lim);
-    put_lit(s, " outcome=");
-    put_text_value(s, a->outcome, lim);
-    put(s, " ", 1);
-    put_duration(s, a->duration_ms, "-");
-    put_lit(s, "ms decision=");
-    put_text_value(s, a->decision, lim);
-    put_lit(s, " delay=");
-    put_u64(s, a->delay_ms);
-    put_lit(s, "ms\n");
+
+    put_head(s, json, a->unix_ms, CFG_LOG_DEBUG, "attempt", lim);
+    field_str(s, json, "route", " route=", a->route, lim);
+    field_str(s, json, "request_id", " id=", a->request_id, lim);
+    field_u64(s, json, "attempt", " attempt=", a->attempt);
+    field_str(s, json, "upstream", " upstream=", a->upstream, lim);
+    field_str(s, json, "outcome", " outcome=", a->outcome, lim);
+    field_duration(s, json, "duration_ms", " ", a->duration_ms);
+    field_str(s, json, "decision", " decision=", a->decision, lim);
+    field_u64(s, json, "delay_ms", " delay=", a->delay_ms);
+    put_lit(s, json ? "}\n" : "ms\n"); /* text: the delay's unit, then the end */
 }
 
 static void render_event(struct sink *s, const struct line *l, bool trunc)
 {
     bool json = l->format == CFG_LOG_JSON;
     size_t lim = trunc ? TRUNC_STR : SIZE_MAX;
-    const char *msg = l->msg ? l->msg : "";
-    if (json) {
-        put_lit(s, "{\"time\":\"");
-        put_time(s, l->unix_ms);
-        put_lit(s, "\",\"level\":\"");
-        put_lit(s, level_json(l->level));
-        put_lit(s, "\",\"msg\":");
-        put_json_str(s, msg, lim);
-    } else {
-        put_time(s, l->unix_ms);
-        put(s, " ", 1);
-        put_lit(s, level_text(l->level));
-        put(s, " ", 1);
-        put_escaped(s, msg, lim, ESC_BARE);
-    }
+    put_head(s, json, l->unix_ms, l->level, l->msg ? l->msg : "", lim);
 
     va_list ap;
     va_copy(ap, *l->pairs);
@@ -679,6 +644,12 @@ void log_set_fd(int fd)
     pthread_mutex_unlock(&g_lock);
 }
 
+/* The format a line is rendered in: read once per line. */
+static enum cfg_log_format format_now(void)
+{
+    return (enum cfg_log_format)atomic_load_explicit(&g_format, memory_order_relaxed);
+}
+
 uint64_t log_dropped_lines(void)
 {
     return atomic_load_explicit(&g_dropped, memory_order_relaxed);
@@ -712,26 +683,14 @@ void log_flush(struct log_buf *b)
 
 void log_request(struct log_buf *b, const struct log_request *r)
 {
-    if (!r || !log_enabled(CFG_LOG_INFO))
-        return;
-    struct line l = {
-        .kind = LINE_REQUEST,
-        .format = (enum cfg_log_format)atomic_load_explicit(&g_format, memory_order_relaxed),
-        .req = r,
-    };
-    buf_add(b, &l);
+    if (r && log_enabled(CFG_LOG_INFO))
+        buf_add(b, &(struct line){ .kind = LINE_REQUEST, .format = format_now(), .req = r });
 }
 
 void log_attempt(struct log_buf *b, const struct log_attempt *a)
 {
-    if (!a || !log_enabled(CFG_LOG_DEBUG))
-        return;
-    struct line l = {
-        .kind = LINE_ATTEMPT,
-        .format = (enum cfg_log_format)atomic_load_explicit(&g_format, memory_order_relaxed),
-        .att = a,
-    };
-    buf_add(b, &l);
+    if (a && log_enabled(CFG_LOG_DEBUG))
+        buf_add(b, &(struct line){ .kind = LINE_ATTEMPT, .format = format_now(), .att = a });
 }
 
 void log_event(enum cfg_log_level level, const char *msg, ...)
@@ -742,7 +701,7 @@ void log_event(enum cfg_log_level level, const char *msg, ...)
     va_start(ap, msg);
     struct line l = {
         .kind = LINE_EVENT,
-        .format = (enum cfg_log_format)atomic_load_explicit(&g_format, memory_order_relaxed),
+        .format = format_now(),
         .level = level,
         .unix_ms = wall_ms(),
         .msg = msg,
