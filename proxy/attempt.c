@@ -135,24 +135,26 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
     return field_line(a, b, len);
 }
 
+/* What the owner's callback returned, in curl's terms: ATTEMPT_PAUSE pauses that direction
+ * (curl offers the same bytes again once resumed). */
+static size_t or_pause(size_t n, bool *paused, size_t curl_pause)
+{
+    if (n != ATTEMPT_PAUSE)
+        return n;
+    *paused = true;
+    return curl_pause;
+}
+
 static size_t on_write(char *p, size_t size, size_t n, void *ud)
 {
     struct attempt *a = ud;
-    size_t took = a->ops->body(a, p, size * n);
-    if (took != ATTEMPT_PAUSE)
-        return took;
-    a->body_paused = true;
-    return CURL_WRITEFUNC_PAUSE; /* delivered again once resumed */
+    return or_pause(a->ops->body(a, p, size * n), &a->body_paused, CURL_WRITEFUNC_PAUSE);
 }
 
 static size_t on_read(char *buf, size_t size, size_t n, void *ud)
 {
     struct attempt *a = ud;
-    size_t got = a->ops->upload(a, buf, size * n);
-    if (got != ATTEMPT_PAUSE)
-        return got;
-    a->upload_paused = true;
-    return CURL_READFUNC_PAUSE;
+    return or_pause(a->ops->upload(a, buf, size * n), &a->upload_paused, CURL_READFUNC_PAUSE);
 }
 
 /* A second call means curl is about to send the same request again on a new connection by

@@ -10,6 +10,21 @@
 /* CR, LF and other control bytes in a field make the request a 400. A NUL cannot reach the
  * upstream: libmicrohttpd 0.9.75 cuts the value at it while parsing (and reports that shorter
  * length); a version reporting the true length makes such a field a 400 here too. */
+/* The names of enum head_field. */
+static const struct {
+    const char *name;
+    size_t len;
+} kept[HF_COUNT] = {
+    [HF_CONTENT_LENGTH] = { "Content-Length", 14 },
+    [HF_TRANSFER_ENCODING] = { "Transfer-Encoding", 17 },
+    [HF_HOST] = { "Host", 4 },
+    [HF_IDEMPOTENCY_KEY] = { "Idempotency-Key", 15 },
+    [HF_MAX_ATTEMPTS] = { "X-Retry-Max-Attempts", 20 },
+    [HF_REQUEST_ID] = { "X-Request-Id", 12 },
+    [HF_ACCEPT] = { "Accept", 6 },
+    [HF_CONTENT_TYPE] = { "Content-Type", 12 },
+};
+
 static void scan_field(void *arg, const char *k, size_t k_len, const char *v, size_t v_len)
 {
     struct head_scan *s = arg;
@@ -17,25 +32,14 @@ static void scan_field(void *arg, const char *k, size_t k_len, const char *v, si
     s->field_bytes += k_len + v_len;
     if (!hdr_name_valid(k) || !hdr_value_valid(v) || strlen(k) != k_len || strlen(v) != v_len)
         s->n_bad++;
-    if (HDR_NAME_IS(k, k_len, "Content-Length")) {
-        s->n_cl++;
-        s->cl = v;
-    } else if (HDR_NAME_IS(k, k_len, "Transfer-Encoding")) {
-        s->n_te++;
-    } else if (HDR_NAME_IS(k, k_len, "Host")) {
-        s->n_host++;
-        s->host = v;
-    } else if (HDR_NAME_IS(k, k_len, "Idempotency-Key")) {
-        s->idem = v;
-    } else if (HDR_NAME_IS(k, k_len, "X-Retry-Max-Attempts")) {
-        s->max_attempts = v;
-    } else if (HDR_NAME_IS(k, k_len, "X-Request-Id")) {
-        s->request_id = v;
-    } else if (HDR_NAME_IS(k, k_len, "Accept")) {
-        s->accept = v;
-    } else if (HDR_NAME_IS(k, k_len, "Content-Type")) {
-        s->ctype = v;
-    } else if (HDR_NAME_IS(k, k_len, "Connection")) {
+    for (size_t i = 0; i < HF_COUNT; i++) {
+        if (k_len == kept[i].len && strcasecmp(k, kept[i].name) == 0) {
+            s->value[i] = v;
+            s->count[i]++;
+            return;
+        }
+    }
+    if (HDR_NAME_IS(k, k_len, "Connection")) {
         if (s->n_connection < 8)
             s->connection[s->n_connection++] = v;
     } else if (HDR_NAME_IS(k, k_len, "X-Forwarded-For")) {
@@ -51,12 +55,14 @@ void head_scan(struct head_scan *s, head_each_fn each, void *src)
 
 const char *head_refusal(const struct head_scan *s)
 {
-    return s->n_cl > 1                          ? "two Content-Length headers"
-           : s->n_cl && s->n_te                 ? "both Content-Length and Transfer-Encoding"
-           : s->n_host > 1                      ? "two Host headers"
-           : s->n_bad                           ? "a header with a forbidden character"
-           : s->cl && hdr_parse_uint(s->cl) < 0 ? "an invalid Content-Length"
-                                                : NULL;
+    const char *cl = s->value[HF_CONTENT_LENGTH];
+    unsigned n_cl = s->count[HF_CONTENT_LENGTH];
+    return n_cl > 1                                 ? "two Content-Length headers"
+           : n_cl && s->count[HF_TRANSFER_ENCODING] ? "both Content-Length and Transfer-Encoding"
+           : s->count[HF_HOST] > 1                  ? "two Host headers"
+           : s->n_bad                               ? "a header with a forbidden character"
+           : cl && hdr_parse_uint(cl) < 0           ? "an invalid Content-Length"
+                                                    : NULL;
 }
 
 const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,
@@ -212,8 +218,8 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     size_t xff_cap = s->xff_len + peer_len + 3;
     size_t cap = s->field_bytes + 3 * s->n_fields + sizeof("X-Forwarded-For: ") + xff_cap +
                  sizeof("X-Forwarded-Proto: http") + sizeof("X-Request-Id: ") +
-                 HEAD_REQUEST_ID_MAX + (s->host ? strlen(s->host) : 0) + sizeof("Host: ") +
-                 sizeof("Expect:Accept:Content-Type:") + 8;
+                 HEAD_REQUEST_ID_MAX + (s->value[HF_HOST] ? strlen(s->value[HF_HOST]) : 0) +
+                 sizeof("Host: ") + sizeof("Expect:Accept:Content-Type:") + 8;
     char *block = malloc(max * sizeof(struct curl_slist) + cap + xff_cap);
     if (!block)
         return -1;
@@ -229,15 +235,16 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
         hb_add(&b, "X-Forwarded-For", 15, f.xff, f.xff_len);
     hb_field(&b, "X-Forwarded-Proto", "http");
     hb_field(&b, "X-Request-Id", request_id);
-    if (preserve_host && s->host)
-        hb_field(&b, "Host", s->host);
+    if (preserve_host && s->value[HF_HOST])
+        hb_field(&b, "Host", s->value[HF_HOST]);
     /* curl's own additions that a proxy must not make: Accept: *\/\* where the client sent
      * none, and for a request with a body Expect: 100-continue and a form Content-Type */
-    if (!s->accept)
+    if (!s->value[HF_ACCEPT])
         hb_add(&b, "Accept:", 7, NULL, 0);
-    if (s->n_te || (s->cl && hdr_parse_uint(s->cl) > 0)) {
+    if (s->count[HF_TRANSFER_ENCODING] ||
+        (s->value[HF_CONTENT_LENGTH] && hdr_parse_uint(s->value[HF_CONTENT_LENGTH]) > 0)) {
         hb_add(&b, "Expect:", 7, NULL, 0);
-        if (!s->ctype)
+        if (!s->value[HF_CONTENT_TYPE])
             hb_add(&b, "Content-Type:", 13, NULL, 0);
     }
     h->block = block;

@@ -17,14 +17,28 @@
 /* X-Request-Id values longer than this are replaced by a fresh id. */
 #define HEAD_REQUEST_ID_MAX 128
 
+/* The fields that steer the proxy. */
+enum head_field {
+    HF_CONTENT_LENGTH,
+    HF_TRANSFER_ENCODING,
+    HF_HOST,
+    HF_IDEMPOTENCY_KEY,
+    HF_MAX_ATTEMPTS, /* X-Retry-Max-Attempts */
+    HF_REQUEST_ID,   /* X-Request-Id */
+    HF_ACCEPT,
+    HF_CONTENT_TYPE,
+    HF_COUNT
+};
+
 /* What a look at every field found. */
 struct head_scan {
-    unsigned n_cl, n_te, n_host, n_bad;
+    const char *value[HF_COUNT];  /* each field's last value, NULL if absent */
+    unsigned count[HF_COUNT];     /* and how many times it came */
+    unsigned n_bad;               /* fields with a forbidden byte */
     size_t n_fields, field_bytes; /* every field, for sizing what is forwarded */
-    const char *cl, *host, *idem, *max_attempts, *request_id, *accept, *ctype;
-    const char *connection[8];
+    const char *connection[8];    /* the Connection values */
     unsigned n_connection;
-    size_t xff_len;
+    size_t xff_len; /* the X-Forwarded-For values' length */
 };
 
 /* Walks the fields: calls fn(arg, name, name length, value, value length) for each. */

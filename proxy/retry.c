@@ -24,6 +24,7 @@
 #include "policy/retry_after.h"
 #include "proxy/attempt.h"
 #include "proxy/decide.h"
+#include "proxy/dlist.h"
 #include "proxy/head.h"
 #include "proxy/headers.h"
 #include "proxy/intake.h"
@@ -185,10 +186,7 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     intake_init(&r->body, &pool);
     attempt_init(&r->att, w->up, &attempt_ops, r);
     relay_init(&r->relay, c, w->loop, w->kick, w->kick_arg, &relay_ops, r);
-    r->next = w->reqs;
-    if (w->reqs)
-        w->reqs->prev = r;
-    w->reqs = r;
+    DLIST_PUSH(w->reqs, r);
     /* written by this worker only; read by the control thread while draining */
     atomic_store_explicit(&w->requests,
                           atomic_load_explicit(&w->requests, memory_order_relaxed) + 1,
@@ -211,12 +209,7 @@ static void req_free(struct retry_req *r)
     free(r->saved.body);
     free(r->delays);
     rt_unref(r->rt);
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        r->w->reqs = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
+    DLIST_UNLINK(r->w->reqs, r);
     atomic_store_explicit(&r->w->requests,
                           atomic_load_explicit(&r->w->requests, memory_order_relaxed) - 1,
                           memory_order_relaxed);
@@ -315,13 +308,11 @@ static void relay_client_gone(struct relay *rl)
     r->state = RS_ANSWERED;
 }
 
-static const struct relay_ops relay_ops = {
-    .hold = relay_hold,
-    .release = relay_release,
-    .room = relay_room,
-    .client_gone = relay_client_gone,
-    .sending = relay_sending,
-};
+static const struct relay_ops relay_ops = { .hold = relay_hold,
+                                            .release = relay_release,
+                                            .room = relay_room,
+                                            .client_gone = relay_client_gone,
+                                            .sending = relay_sending };
 
 /* ---- the head ---- */
 
@@ -381,10 +372,10 @@ static void begin(struct retry_req *r, const char *method)
         return;
     }
     if (authority[0])
-        s.host = authority;
+        s.value[HF_HOST] = authority;
     const char *q = strchr(r->target, '?');
     size_t path_len = q ? (size_t)(q - r->target) : strlen(r->target);
-    r->route = head_route(r->cfg, s.host, r->target, path_len, r->method_bit);
+    r->route = head_route(r->cfg, s.value[HF_HOST], r->target, path_len, r->method_bit);
     if (!r->route) {
         answer_error(r, 404, "no_route", "no route matches this request");
         return;
@@ -392,23 +383,26 @@ static void begin(struct retry_req *r, const char *method)
     r->rtr = &r->rt->routes[r->route - r->cfg->routes];
     r->m = r->rtr->metrics;
     const struct cfg_retry *policy = &r->route->retry;
-    int64_t cl = s.cl ? hdr_parse_uint(s.cl) : -1;
+    const char *const *field = s.value;
+    bool chunked = s.count[HF_TRANSFER_ENCODING] > 0;
+    int64_t cl = field[HF_CONTENT_LENGTH] ? hdr_parse_uint(field[HF_CONTENT_LENGTH]) : -1;
     if (cl > 0 && (uint64_t)cl > r->cfg->max_body_bytes) {
         answer_error(r, 413, "body_too_large",
                      "the request body is larger than limits.max_body_bytes");
         return;
     }
 
-    if ((policy->methods & r->method_bit) || (policy->idempotency_key && s.idem))
+    if ((policy->methods & r->method_bit) || (policy->idempotency_key && field[HF_IDEMPOTENCY_KEY]))
         r->flags |= RF_RETRYABLE;
     r->max_attempts = policy->max_attempts;
-    if (s.max_attempts) {
-        int64_t m = hdr_parse_uint(s.max_attempts);
+    if (field[HF_MAX_ATTEMPTS]) {
+        int64_t m = hdr_parse_uint(field[HF_MAX_ATTEMPTS]);
         if (m >= 1 && (uint64_t)m < r->max_attempts)
             r->max_attempts = (uint32_t)m;
     }
-    if (s.request_id && *s.request_id && strlen(s.request_id) <= HEAD_REQUEST_ID_MAX)
-        snprintf(r->request_id, sizeof(r->request_id), "%s", s.request_id);
+    const char *id = field[HF_REQUEST_ID];
+    if (id && *id && strlen(id) <= HEAD_REQUEST_ID_MAX)
+        snprintf(r->request_id, sizeof(r->request_id), "%s", id);
     else
         hdr_uuid(&w->rng, r->request_id);
     r->dr = (struct decide_req){
@@ -422,10 +416,11 @@ static void begin(struct retry_req *r, const char *method)
                      .route_limits = &r->route->budget },
     };
 
+    bool has_body = chunked || cl >= 0;
+    int64_t length = chunked ? -1 : cl;
     if (head_up_build(&r->up, &s, each_field, &r->relay, r->peer ? r->peer : "", r->request_id,
                       r->route->preserve_host) < 0 ||
-        intake_plan(&r->body, s.n_te || cl >= 0, s.n_te ? -1 : cl, policy->max_retry_body_bytes) <
-            0) {
+        intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes) < 0) {
         answer_error(r, 500, "internal", "out of memory");
         return;
     }
@@ -646,13 +641,11 @@ static void attempt_done(struct attempt *a, enum attempt_end end)
     req_release(r);
 }
 
-static const struct attempt_ops attempt_ops = {
-    .go = attempt_go,
-    .head = attempt_head,
-    .body = attempt_body,
-    .upload = attempt_upload,
-    .done = attempt_done,
-};
+static const struct attempt_ops attempt_ops = { .go = attempt_go,
+                                                .head = attempt_head,
+                                                .body = attempt_body,
+                                                .upload = attempt_upload,
+                                                .done = attempt_done };
 
 /* An attempt ended without a response head. */
 static void attempt_failed(struct retry_req *r, enum retry_outcome o)

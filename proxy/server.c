@@ -13,6 +13,7 @@
 
 #include <microhttpd.h>
 
+#include "proxy/dlist.h"
 #include "proxy/loop.h"
 #include "proxy/retry.h"
 #include "proxy/wire.h"
@@ -171,10 +172,7 @@ static void client_open(struct server *s, struct MHD_Connection *c, void **socke
     *socket_context = cl;
     cl->fd = ci->connect_fd;
     peer_address(c, cl->peer, sizeof(cl->peer));
-    cl->next = s->clients;
-    if (s->clients)
-        s->clients->prev = cl;
-    s->clients = cl;
+    DLIST_PUSH(s->clients, cl);
 }
 
 static void client_close(struct server *s, void **socket_context)
@@ -184,12 +182,7 @@ static void client_close(struct server *s, void **socket_context)
         return;
     wiretab_detach(cl->fd); /* before libmicrohttpd closes the descriptor */
     wire_release(&cl->wire);
-    if (cl->prev)
-        cl->prev->next = cl->next;
-    else
-        s->clients = cl->next;
-    if (cl->next)
-        cl->next->prev = cl->prev;
+    DLIST_UNLINK(s->clients, cl);
     free(cl);
     *socket_context = NULL;
 }
@@ -270,9 +263,10 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 
 struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c)
 {
+    const char *failed = "start";
     struct server *s = calloc(1, sizeof(*s));
     if (!s)
-        return NULL;
+        goto fail;
     s->w = w;
     w->kick = kick;
     w->kick_arg = s;
@@ -296,21 +290,24 @@ struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
                             MHD_OPTION_END);
     /* clang-format on */
-    if (!s->d) {
-        fprintf(stderr, "retryproxy: worker %u: cannot start the HTTP server\n", w->id);
-        free(s);
-        return NULL;
-    }
+    if (!s->d)
+        goto fail;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_EPOLL_FD);
     if (!info || loop_watch_add(w->loop, &s->watch, info->epoll_fd, EPOLLIN, on_epoll, s) < 0) {
-        fprintf(stderr, "retryproxy: worker %u: cannot watch the HTTP server\n", w->id);
-        MHD_stop_daemon(s->d);
-        free(s);
-        return NULL;
+        failed = "watch";
+        goto fail;
     }
     schedule(s);
     loop_timer_start(w->loop, &s->sweep, loop_now(w->loop) + SWEEP_MS, on_sweep, s);
     return s;
+fail:
+    fprintf(stderr, "retryproxy: worker %u: cannot %s the HTTP server\n", w->id, failed);
+    if (s && s->d)
+        MHD_stop_daemon(s->d); /* closes the listening socket */
+    else
+        close(listen_fd);
+    free(s);
+    return NULL;
 }
 
 void server_quiesce(struct server *s)

@@ -12,8 +12,9 @@
 struct worker;
 struct server;
 
-/* A daemon accepting on 'listen_fd' (bound, listening, non-blocking) for worker 'w'. NULL
- * with a message on stderr on failure. */
+/* A daemon accepting on 'listen_fd' (bound, listening, non-blocking) for worker 'w'; the
+ * descriptor is the server's from now on, closed on failure too. NULL with a message on
+ * stderr on failure. The worker's 'kick' is set to have this server run within the turn. */
 struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c);
 
 /* Stops accepting new connections (draining); connections already open keep being served. */

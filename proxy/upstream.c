@@ -6,6 +6,8 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include "proxy/dlist.h"
+
 /* Idle easy handles kept for reuse; more are freed. */
 #define POOL_MAX 256
 /* Idle upstream connections kept per worker. libcurl's default is 4 times the transfers
@@ -416,14 +418,9 @@ void upstream_unwait(struct upstream *u, struct upstream_wait *wt)
 {
     if (!wt->queued)
         return;
-    if (wt->prev)
-        wt->prev->next = wt->next;
-    else
-        u->wait_head = wt->next;
-    if (wt->next)
-        wt->next->prev = wt->prev;
-    else
+    if (u->wait_tail == wt)
         u->wait_tail = wt->prev;
+    DLIST_UNLINK(u->wait_head, wt);
     wt->prev = wt->next = NULL;
     wt->queued = false;
 }

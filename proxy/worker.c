@@ -76,15 +76,9 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
                           uint64_t seed)
 {
     struct worker *w = calloc(1, sizeof(*w));
-    if (!w) {
-        close(listen_fd);
-        return NULL;
-    }
-    w->id = id;
-    w->px = px;
-    w->listen_fd = listen_fd;
-    w->conn_limit = conn_limit;
-    w->wake_fd = -1;
+    if (!w)
+        goto fail;
+    *w = (struct worker){ .id = id, .px = px, .conn_limit = conn_limit, .wake_fd = -1 };
     rng_seed(&w->rng, seed);
     atomic_init(&w->stop, false);
     atomic_init(&w->drain, false);
@@ -103,12 +97,15 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
         goto fail;
     set_upstream_cap(w);
     w->srv = server_start(w, listen_fd, w->rt->cfg);
+    listen_fd = -1; /* the server's, started or not */
     if (!w->srv)
         goto fail;
-    w->listen_fd = -1; /* libmicrohttpd owns it now and closes it when stopped */
     return w;
-fail:
-    fprintf(stderr, "retryproxy: worker %u: cannot start: %s\n", id, strerror(errno));
+fail:;
+    int e = errno;
+    if (listen_fd >= 0)
+        close(listen_fd);
+    fprintf(stderr, "retryproxy: worker %u: cannot start: %s\n", id, strerror(e));
     worker_free(w);
     return NULL;
 }
@@ -157,11 +154,9 @@ void worker_free(struct worker *w)
         return;
     server_stop(w->srv); /* completes the requests still alive, cancelling their transfers */
     upstream_free(w->up);
-    if (w->wake_fd >= 0)
-        close(w->wake_fd);
-    if (w->listen_fd >= 0)
-        close(w->listen_fd);
     loop_free(w->loop);
+    if (w->wake_fd >= 0)
+        close(w->wake_fd); /* after the loop that watched it */
     log_buf_free(w->log);
     free(w->rr);
     rt_unref(w->rt);

@@ -31,7 +31,6 @@ struct worker {
     struct rt *rt; /* the snapshot new requests start with (one reference held) */
     uint32_t *rr;  /* round-robin position per route of 'rt' */
     struct log_buf *log;
-    int listen_fd;
     unsigned conn_limit; /* this worker's share of limits.max_connections */
     int wake_fd;         /* eventfd: another thread has news (a snapshot, a stop) */
     struct loop_watch wake_watch;
