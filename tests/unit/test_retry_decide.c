@@ -1,5 +1,7 @@
-/* retry_decide(): every rule of CONTRACT §3/§4 that turns an attempt's end into "retry after
- * D ms" or "stop, because ...", exact and without a network. */
+/* retry_decide() and decide_attempt(): every rule of docs/config.md "retry", docs/budgets.md
+ * and docs/forwarding.md that turns an attempt's end into "retry after D ms" or "stop,
+ * because ...", exact and without a network (this suite links neither libmicrohttpd nor
+ * libcurl). */
 #include <criterion/criterion.h>
 
 #include <string.h>
