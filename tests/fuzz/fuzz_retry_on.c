@@ -14,9 +14,11 @@
  * tokens. Otherwise there is exactly one error per bad entry, at that entry's JSON path, with
  * a well-formed message, and no other error.
  *
- * The matching itself (retry_match in proxy/retry.c) needs libmicrohttpd and libcurl to link,
- * so it is not called here; the ranges it compares against are what is checked.
+ * Then retry_match() (proxy/decide.c, which links without libmicrohttpd and libcurl) must pick,
+ * for every status from 100 to 599 and every other outcome, the first condition in file order
+ * that names it, or none.
  */
+/* fuzz-link: proxy/decide.c proxy/live.c proxy/strmap.c */
 #define FUZZ_NAME "fuzz_retry_on"
 #include "tests/fuzz/fuzz.h"
 
@@ -27,6 +29,7 @@
 
 #include "config/cfg.h"
 #include "config/errors.h"
+#include "proxy/decide.h"
 
 #define MAX_ENTRIES 24
 
@@ -139,6 +142,40 @@ static void check_route(const struct cfg_route *r, const struct entry *e, size_t
     }
 }
 
+/* The reference for retry_match(): the first entry, in file order, of kind 'k' whose range
+ * holds 'status' (a status condition) or of that kind alone. n: none. */
+static size_t first_naming(const struct entry *e, size_t n, enum cfg_retry_kind k, int status)
+{
+    for (size_t i = 0; i < n; i++)
+        if (e[i].kind == k && (k != CFG_RETRY_STATUS || (status >= e[i].lo && status <= e[i].hi)))
+            return i;
+    return n;
+}
+
+static void check_match(const struct cfg_route *r, const struct entry *e, size_t n)
+{
+    static const struct {
+        enum retry_outcome o;
+        enum cfg_retry_kind k;
+    } other[] = { { RETRY_OUT_CONNECT_FAILURE, CFG_RETRY_CONNECT_FAILURE },
+                  { RETRY_OUT_RESET, CFG_RETRY_RESET },
+                  { RETRY_OUT_TIMEOUT, CFG_RETRY_TIMEOUT } };
+    for (int status = 100; status <= 599; status++) {
+        size_t want = first_naming(e, n, CFG_RETRY_STATUS, status);
+        const struct cfg_retry_cond *got = retry_match(&r->retry, RETRY_OUT_STATUS, status);
+        FUZZ_CHECK(got == (want < n ? &r->retry.on[want] : NULL),
+                   "status %d: retry_match gave condition %td, want %zu", status,
+                   got ? got - r->retry.on : -1, want);
+    }
+    for (size_t k = 0; k < sizeof(other) / sizeof(other[0]); k++) {
+        size_t want = first_naming(e, n, other[k].k, 0);
+        const struct cfg_retry_cond *got = retry_match(&r->retry, other[k].o, 0);
+        FUZZ_CHECK(got == (want < n ? &r->retry.on[want] : NULL),
+                   "outcome %d: retry_match gave condition %td, want %zu", (int)other[k].o,
+                   got ? got - r->retry.on : -1, want);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fuzz_in in = { data, size };
@@ -207,8 +244,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!c)
             cfg_errs_print(stderr, "retry_on", &errs);
         FUZZ_CHECK(c != NULL, "a valid list refused: %s", list);
-        for (size_t r = 0; r < c->n_routes; r++)
+        for (size_t r = 0; r < c->n_routes; r++) {
             check_route(&c->routes[r], e, n);
+            check_match(&c->routes[r], e, n);
+        }
         json_t *dump = cfg_to_json(c);
         json_t *route0 = json_array_get(json_object_get(dump, "routes"), 0);
         json_t *on = json_object_get(json_object_get(route0, "retry"), "retry_on");
