@@ -88,15 +88,32 @@ static int parse_count(const char *s, unsigned long long max, unsigned long long
     return 0;
 }
 
+/* The value of a count option ('name' as the message calls it), a whole number from min to
+ * max; 0, or the usage error's exit status. */
+static int count_opt(const char *name, const char *arg, unsigned long long min,
+                     unsigned long long max, unsigned long long *out)
+{
+    if (parse_count(arg, max, out) == 0 && *out >= min)
+        return 0;
+    char top[24] = "2^64-1";
+    if (max != UINT64_MAX)
+        snprintf(top, sizeof top, "%llu", max);
+    return usage_error("%s must be a whole number from %llu to %s, got '%s'", name, min, top, arg);
+}
+
 static const char *default_config(void)
 {
     const char *env = getenv("RETRYPROXY_CONFIG");
     return env && *env ? env : DEFAULT_CONFIG;
 }
 
-/* Loads 'path'; on failure prints every error to 'out' and returns NULL. */
-static struct cfg *load_or_report(const char *path, FILE *out)
+/* Loads *path, or the default config when it is NULL (and *path then says which); on failure
+ * prints every error to 'out' and returns NULL. */
+static struct cfg *load_or_report(const char **path_io, FILE *out)
 {
+    if (!*path_io)
+        *path_io = default_config();
+    const char *path = *path_io;
     struct cfg_errs errs;
     cfg_errs_init(&errs);
     struct cfg *c = cfg_load_file(path, &errs);
@@ -110,6 +127,52 @@ static struct cfg *load_or_report(const char *path, FILE *out)
     return c;
 }
 
+/* A command's command line, as next_opt() reads it. */
+struct cmdline {
+    int argc;
+    char **argv;
+    const char *name; /* in messages ("check: bad option"); NULL for the proxy itself */
+    const char *optstring;
+    const struct option *opts;
+    const char *path; /* -c FILE; NULL when not given */
+    int status;       /* the exit status when next_opt() returns -1 */
+};
+
+/* Reads the options of a command and does what they all share: -c FILE, --help, and the usage
+ * errors for an unknown option or an argument left over. Returns the next option that is the
+ * command's own, 0 when all are read, or -1 when the command is to exit with cl->status. */
+static int next_opt(struct cmdline *cl)
+{
+    int o;
+    while ((o = getopt_long(cl->argc, cl->argv, cl->optstring, cl->opts, NULL)) == 'c')
+        cl->path = optarg;
+    if (o == 'h') {
+        fputs(usage_text, stdout);
+        cl->status = 0;
+        return -1;
+    }
+    if (o == '?') {
+        /* getopt_long() has said what was wrong */
+        if (cl->name) {
+            cl->status = usage_error("%s: bad option", cl->name);
+        } else {
+            fputs("Try 'retryproxy --help'.\n", stderr);
+            cl->status = EXIT_USAGE;
+        }
+        return -1;
+    }
+    if (o != -1)
+        return o;
+    if (optind < cl->argc) {
+        if (cl->name)
+            cl->status = usage_error("%s: unexpected argument '%s'", cl->name, cl->argv[optind]);
+        else
+            cl->status = usage_error("unknown command '%s'", cl->argv[optind]);
+        return -1;
+    }
+    return 0;
+}
+
 static int cmd_check(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -118,29 +181,14 @@ static int cmd_check(int argc, char **argv)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    const char *path = NULL;
+    struct cmdline cl = { argc, argv, "check", "+c:h", opts, NULL, 0 };
     int print = 0, o;
-    while ((o = getopt_long(argc, argv, "+c:h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'c':
-            path = optarg;
-            break;
-        case 'p':
-            print = 1;
-            break;
-        case 'h':
-            fputs(usage_text, stdout);
-            return 0;
-        default:
-            return usage_error("%s", "check: bad option");
-        }
-    }
-    if (optind < argc)
-        return usage_error("check: unexpected argument '%s'", argv[optind]);
-    if (!path)
-        path = default_config();
+    while ((o = next_opt(&cl)) > 0)
+        print = 1; /* --print, its only option of its own */
+    if (o < 0)
+        return cl.status;
 
-    struct cfg *c = load_or_report(path, stdout);
+    struct cfg *c = load_or_report(&cl.path, stdout);
     if (!c)
         return EXIT_CONFIG;
     if (print) {
@@ -149,7 +197,7 @@ static int cmd_check(int argc, char **argv)
         fputc('\n', stdout);
         json_decref(j);
     } else {
-        printf("%s: OK (%zu route%s)\n", path, c->n_routes, c->n_routes == 1 ? "" : "s");
+        printf("%s: OK (%zu route%s)\n", cl.path, c->n_routes, c->n_routes == 1 ? "" : "s");
     }
     cfg_unref(c);
     return 0;
@@ -166,59 +214,42 @@ static int cmd_schedule(int argc, char **argv)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    const char *path = NULL, *route = NULL;
+    struct cmdline cl = { argc, argv, "schedule", "+c:h", opts, NULL, 0 };
+    const char *route = NULL;
     unsigned long long retries = 0, runs = 1, seed = 0;
-    int have_retries = 0, have_seed = 0, o;
-    while ((o = getopt_long(argc, argv, "+c:h", opts, NULL)) != -1) {
+    int have_retries = 0, have_seed = 0, o, rc = 0;
+    while ((o = next_opt(&cl)) > 0) {
         switch (o) {
-        case 'c':
-            path = optarg;
-            break;
         case 'r':
             route = optarg;
             break;
         case 'n':
-            if (parse_count(optarg, SCHEDULE_MAX_RETRIES, &retries) < 0)
-                return usage_error("schedule: --retries must be a whole number from 0 to "
-                                   "10000, got '%s'",
-                                   optarg);
+            rc = count_opt("schedule: --retries", optarg, 0, SCHEDULE_MAX_RETRIES, &retries);
             have_retries = 1;
             break;
         case 'k':
-            if (parse_count(optarg, SCHEDULE_MAX_RUNS, &runs) < 0 || runs == 0)
-                return usage_error("schedule: --runs must be a whole number from 1 to 100000, "
-                                   "got '%s'",
-                                   optarg);
+            rc = count_opt("schedule: --runs", optarg, 1, SCHEDULE_MAX_RUNS, &runs);
             break;
         case 's':
-            if (parse_count(optarg, UINT64_MAX, &seed) < 0)
-                return usage_error("schedule: --seed must be a whole number from 0 to 2^64-1, "
-                                   "got '%s'",
-                                   optarg);
+            rc = count_opt("schedule: --seed", optarg, 0, UINT64_MAX, &seed);
             have_seed = 1;
             break;
-        case 'h':
-            fputs(usage_text, stdout);
-            return 0;
-        default:
-            return usage_error("%s", "schedule: bad option");
         }
+        if (rc)
+            return rc; /* a malformed count */
     }
-    if (optind < argc)
-        return usage_error("schedule: unexpected argument '%s'", argv[optind]);
+    if (o < 0)
+        return cl.status;
     if (!route)
         return usage_error("%s", "schedule: --route NAME is required");
-    if (!path)
-        path = default_config();
 
-    struct cfg *c = load_or_report(path, stderr);
+    struct cfg *c = load_or_report(&cl.path, stderr);
     if (!c)
         return EXIT_CONFIG;
-    int rc = 0;
     uint32_t *delays = NULL;
     const struct cfg_route *r = cfg_route_by_name(c, route);
     if (!r) {
-        fprintf(stderr, "retryproxy: %s: no route named \"%s\" (routes:", path, route);
+        fprintf(stderr, "retryproxy: %s: no route named \"%s\" (routes:", cl.path, route);
         for (size_t i = 0; i < c->n_routes; i++)
             fprintf(stderr, " %s", c->routes[i].name);
         fputs(")\n", stderr);
@@ -263,15 +294,13 @@ static int cmd_run(int argc, char **argv)
         { "version", no_argument, NULL, 'V' },
         { NULL, 0, NULL, 0 },
     };
-    const char *path = NULL, *why;
+    struct cmdline cl = { argc, argv, NULL, "c:h", opts, NULL, 0 };
+    const char *why;
     unsigned long long workers = 0;
     struct serve_opts so = { .log_level = -1, .log_format = -1 };
-    int o;
-    while ((o = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
+    int o, rc;
+    while ((o = next_opt(&cl)) > 0) {
         switch (o) {
-        case 'c':
-            path = optarg;
-            break;
         case 'l':
         case 'a':
             if ((why = cfg_address_problem(optarg)) != NULL) {
@@ -304,32 +333,23 @@ static int cmd_run(int argc, char **argv)
                 return usage_error("--log-format must be json or text, got '%s'", optarg);
             break;
         case 'w':
-            if (parse_count(optarg, 256, &workers) < 0 || workers == 0)
-                return usage_error("--workers must be a whole number from 1 to 256, got '%s'",
-                                   optarg);
+            if ((rc = count_opt("--workers", optarg, 1, 256, &workers)))
+                return rc;
             so.workers = (unsigned)workers;
             break;
-        case 'h':
-            fputs(usage_text, stdout);
-            return 0;
         case 'V':
             puts("retryproxy " VERSION);
             return 0;
-        default:
-            fputs("Try 'retryproxy --help'.\n", stderr);
-            return EXIT_USAGE;
         }
     }
-    if (optind < argc)
-        return usage_error("unknown command '%s'", argv[optind]);
-    if (!path)
-        path = default_config();
+    if (o < 0)
+        return cl.status;
 
-    struct cfg *c = load_or_report(path, stderr);
+    struct cfg *c = load_or_report(&cl.path, stderr);
     if (!c)
         return EXIT_CONFIG;
-    so.config_path = path;
-    int rc = serve_run(c, &so);
+    so.config_path = cl.path;
+    rc = serve_run(c, &so);
     cfg_unref(c);
     return rc;
 }
