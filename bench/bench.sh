@@ -21,6 +21,8 @@
 #   BUILD [build]          where make put retryproxy, tests/upstream and bench/ (floor programs)
 #   DURATION [6]  REPS [5]  CONNS ["64 256"]  PATHS ["ok flaky 10k"]  WARMUP [1] seconds
 #   ONLY ['']              extended regex: only peer targets whose name matches are measured
+#   BASE_BIN ['']          another retryproxy binary (an older build) measured beside this one,
+#                          alternated with it in every repetition, as "retryproxy (base)"
 #   OUTAGE_DURATION [4]    OUTAGE_CONNS [64]
 #   N [10000]              memory test: clients    MEM_WORKERS ["1 2"]   MEM_AFTER [10] s
 #   RELOAD_N [50]          reload test: changes per way of changing the file
@@ -50,6 +52,7 @@ CONNS=${CONNS:-"64 256"}
 PATHS=${PATHS:-"ok flaky 10k"}
 WARMUP=${WARMUP:-1}
 ONLY=${ONLY:-}
+BASE_BIN=${BASE_BIN:-}
 OUTAGE_DURATION=${OUTAGE_DURATION:-4}
 OUTAGE_CONNS=${OUTAGE_CONNS:-64}
 N=${N:-10000}
@@ -74,6 +77,7 @@ P_TUNED_OK=$((PORT_BASE + 95)) P_TUNED_10K=$((PORT_BASE + 96))
 P_RP_ADMIN=$((PORT_BASE + 100)) P_RP=$((PORT_BASE + 101))
 P_RPO_ADMIN=$((PORT_BASE + 110)) P_RPO=$((PORT_BASE + 111))
 P_RPL_ADMIN=$((PORT_BASE + 120)) P_RPL=$((PORT_BASE + 121))
+P_RPB_ADMIN=$((PORT_BASE + 130)) P_RPB=$((PORT_BASE + 131))
 P_MEM_UP=$((PORT_BASE + 201)) P_MEM_ADMIN=$((PORT_BASE + 210)) P_MEM=$((PORT_BASE + 211))
 
 BENCH_DIR=${BENCH_DIR:-$(mktemp -d -t retryproxy-bench.XXXXXX)}
@@ -388,6 +392,9 @@ EOF
     # the same with the JSON request log on (level info), for the log's own cost
     sed -e "s/127\.0\.0\.1:$P_RP\b/127.0.0.1:$P_RPL/; s/127\.0\.0\.1:$P_RP_ADMIN\b/127.0.0.1:$P_RPL_ADMIN/" \
         -e 's/"level": "warn"/"level": "info"/' "$d/retryproxy-peers.json" >"$d/retryproxy-log.json"
+    # the same for BASE_BIN, on its own ports
+    sed -e "s/127\.0\.0\.1:$P_RP\b/127.0.0.1:$P_RPB/; s/127\.0\.0\.1:$P_RP_ADMIN\b/127.0.0.1:$P_RPB_ADMIN/" \
+        "$d/retryproxy-peers.json" >"$d/retryproxy-base.json"
     remap_ports "$ROOT/bench/outage-config.json" >"$d/retryproxy-outage.json"
     remap_ports "$ROOT/bench/memory-config.json" >"$d/retryproxy-memory.json"
     # wrk script for the outage test: count statuses (and retryproxy's X-Retry-Stop).
@@ -456,6 +463,13 @@ start_peers() {
     RPL_PID=$STARTED_PID
     wait_listen "$P_RPL" "$RPL_PID" retryproxy-log
     SERVE_PID[retryproxy_log]=$RPL_PID
+    if [ -n "$BASE_BIN" ]; then
+        need_ports "$P_RPB" "$P_RPB_ADMIN"
+        start retryproxy-base "$BENCH_DIR/logs/retryproxy-base.log" \
+            "$BASE_BIN" -c "$BENCH_DIR/retryproxy-base.json" --workers 1
+        wait_listen "$P_RPB" "$STARTED_PID" retryproxy-base
+        SERVE_PID[retryproxy_base]=$STARTED_PID
+    fi
     start retryproxy-outage "$BENCH_DIR/logs/retryproxy-outage.log" \
         "$BUILD/retryproxy" -c "$BENCH_DIR/retryproxy-outage.json" --workers 1
     RPO_PID=$STARTED_PID
@@ -496,6 +510,8 @@ build_targets() {
         add_target "HAProxy /$p" "http://127.0.0.1:$P_HAPROXY/$p" haproxy
         add_target "Caddy /$p" "http://127.0.0.1:$P_CADDY/$p" caddy
         add_target "retryproxy /$p" "http://127.0.0.1:$P_RP/$p" retryproxy
+        [ -n "$BASE_BIN" ] && add_target "retryproxy (base) /$p" "http://127.0.0.1:$P_RPB/$p" \
+            retryproxy_base
         case "$p" in
         ok)
             add_target "retryproxy /ok (request log on)" "http://127.0.0.1:$P_RPL/ok" retryproxy_log
@@ -770,7 +786,7 @@ case "$MODE" in all | reload) run_reload ;; esac
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $NCPU CPUs, Linux $(uname -r)"
     echo "- versions: $(nginx -v 2>&1 | sed 's/^nginx version: //'), $(haproxy -v | head -n 1 | awk '{ print "HAProxy " $3 }'), Caddy $(caddy version | awk '{ print $1 }'), wrk $(wrk -v 2>&1 | head -n 1 | awk '{ print $2 }'), retryproxy $REV"
     settings=()
-    case "$MODE" in all | peers) settings+=("DURATION=$DURATION REPS=$REPS CONNS='$CONNS' PATHS='$PATHS' ONLY='$ONLY'") ;; esac
+    case "$MODE" in all | peers) settings+=("DURATION=$DURATION REPS=$REPS CONNS='$CONNS' PATHS='$PATHS' ONLY='$ONLY' BASE_BIN='$BASE_BIN'") ;; esac
     case "$MODE" in all | outage) settings+=("OUTAGE_DURATION=$OUTAGE_DURATION OUTAGE_CONNS=$OUTAGE_CONNS") ;; esac
     case "$MODE" in all | memory) settings+=("N=$N MEM_WORKERS='$MEM_WORKERS' MEM_AFTER=$MEM_AFTER") ;; esac
     case "$MODE" in all | reload) settings+=("RELOAD_N=$RELOAD_N") ;; esac
