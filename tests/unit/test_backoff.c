@@ -25,50 +25,50 @@ static void expect_schedule(const struct backoff_spec *b, const uint32_t *want, 
         cr_expect_eq(got[i], want[i], "retry %u: got %u, want %u", i + 1, got[i], want[i]);
 }
 
+/* The schedule of 'spec_' with the RNG seeded 1 is exactly the delays that follow. */
+#define EXPECT_SCHEDULE(spec_, ...)                                                                \
+    do {                                                                                           \
+        const struct backoff_spec s_ = (spec_);                                                    \
+        const uint32_t want_[] = { __VA_ARGS__ };                                                  \
+        expect_schedule(&s_, want_, sizeof(want_) / sizeof(want_[0]));                             \
+    } while (0)
+
+static struct backoff_spec with_steps(struct backoff_spec b, uint32_t steps)
+{
+    b.steps = steps;
+    return b;
+}
+
 /* ---- the exact sequences of docs/backoff.md ---- */
 
 Test(backoff, exponential_matches_seed_sequence)
 {
-    struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 10, 10000);
-    const uint32_t want[] = { 10, 20, 40, 80, 160, 320, 640, 1280 };
-    expect_schedule(&b, want, 8);
+    EXPECT_SCHEDULE(spec(BACKOFF_EXPONENTIAL, 10, 10000), 10, 20, 40, 80, 160, 320, 640, 1280);
 }
 
 Test(backoff, fibonacci_matches_seed_sequence)
 {
-    struct backoff_spec b = spec(BACKOFF_FIBONACCI, 10, 10000);
-    const uint32_t want[] = { 10, 10, 20, 30, 50, 80, 130 };
-    expect_schedule(&b, want, 7);
+    EXPECT_SCHEDULE(spec(BACKOFF_FIBONACCI, 10, 10000), 10, 10, 20, 30, 50, 80, 130);
 }
 
 Test(backoff, steps_stop_growth_like_kubernetes)
 {
-    struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 10, 10000);
-    b.steps = 3;
-    const uint32_t want[] = { 10, 20, 40, 80, 80 };
-    expect_schedule(&b, want, 5);
+    EXPECT_SCHEDULE(with_steps(spec(BACKOFF_EXPONENTIAL, 10, 10000), 3), 10, 20, 40, 80, 80);
 }
 
 Test(backoff, steps_apply_to_fibonacci)
 {
-    struct backoff_spec b = spec(BACKOFF_FIBONACCI, 10, 10000);
-    b.steps = 2;
-    const uint32_t want[] = { 10, 10, 20, 20, 20 };
-    expect_schedule(&b, want, 5);
+    EXPECT_SCHEDULE(with_steps(spec(BACKOFF_FIBONACCI, 10, 10000), 2), 10, 10, 20, 20, 20);
 }
 
 Test(backoff, cap_limits_exponential)
 {
-    struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 10, 30);
-    const uint32_t want[] = { 10, 20, 30, 30 };
-    expect_schedule(&b, want, 4);
+    EXPECT_SCHEDULE(spec(BACKOFF_EXPONENTIAL, 10, 30), 10, 20, 30, 30);
 }
 
 Test(backoff, fixed_is_base_every_time)
 {
-    struct backoff_spec b = spec(BACKOFF_FIXED, 250, 10000);
-    const uint32_t want[] = { 250, 250, 250, 250 };
-    expect_schedule(&b, want, 4);
+    EXPECT_SCHEDULE(spec(BACKOFF_FIXED, 250, 10000), 250, 250, 250, 250);
 }
 
 Test(backoff, exponential_with_fractional_factor_rounds_to_nearest_ms)
@@ -76,8 +76,7 @@ Test(backoff, exponential_with_fractional_factor_rounds_to_nearest_ms)
     struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 100, 10000);
     b.factor = 1.5;
     /* 100, 150, 225, 337.5 -> 338, 506.25 -> 506 */
-    const uint32_t want[] = { 100, 150, 225, 338, 506 };
-    expect_schedule(&b, want, 5);
+    EXPECT_SCHEDULE(b, 100, 150, 225, 338, 506);
 }
 
 Test(backoff, huge_retry_numbers_saturate_at_cap_quickly)
@@ -93,12 +92,17 @@ Test(backoff, huge_retry_numbers_saturate_at_cap_quickly)
     cr_expect_eq(backoff_delay(&f, 39, 0, &r), 63245986); /* F(39) */
 }
 
-Test(backoff, retry_zero_is_treated_as_first_retry)
+/* The delay of retry 'n' of 'b', with an RNG of its own seeded 'seed'. */
+static uint32_t delay_seeded(struct backoff_spec b, uint32_t n, uint64_t seed)
 {
     struct rng r;
-    rng_seed(&r, 1);
-    struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 10, 1000);
-    cr_expect_eq(backoff_delay(&b, 0, 0, &r), 10);
+    rng_seed(&r, seed);
+    return backoff_delay(&b, n, 0, &r);
+}
+
+Test(backoff, retry_zero_is_treated_as_first_retry)
+{
+    cr_expect_eq(delay_seeded(spec(BACKOFF_EXPONENTIAL, 10, 1000), 0, 1), 10);
 }
 
 /* ---- random policies ---- */
@@ -120,10 +124,7 @@ Test(backoff, random_policy_is_uniform_in_half_open_range)
 
 Test(backoff, random_policy_with_equal_base_and_cap_is_base)
 {
-    struct rng r;
-    rng_seed(&r, 5);
-    struct backoff_spec b = spec(BACKOFF_RANDOM, 40, 40);
-    cr_expect_eq(backoff_delay(&b, 1, 0, &r), 40);
+    cr_expect_eq(delay_seeded(spec(BACKOFF_RANDOM, 40, 40), 1, 5), 40);
 }
 
 Test(backoff, decorrelated_stays_within_its_bounds)
@@ -291,62 +292,68 @@ Test(backoff, same_seed_same_delays_different_seed_different_delays)
 
 /* ---- sequences and route scope, with a fake clock ---- */
 
-Test(backoff, route_scope_resets_after_quiet_period)
+/* One call of backoff_seq_next(): the clock reading it is given and the delay it must return. */
+struct tick {
+    uint64_t now_ms;
+    uint32_t want;
+};
+
+/* Runs one sequence of 'b' from its start (RNG seeded 1) through the ticks and returns how many
+ * retries the sequence then counts. */
+static uint32_t expect_seq(const struct backoff_spec *b, const struct tick *t, size_t n)
 {
     struct rng r;
     rng_seed(&r, 1);
+    struct backoff_seq s;
+    backoff_seq_reset(&s);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t got = backoff_seq_next(&s, b, t[i].now_ms, &r);
+        cr_expect_eq(got, t[i].want, "call %zu at %llu ms: got %u, want %u", i + 1,
+                     (unsigned long long)t[i].now_ms, got, t[i].want);
+    }
+    return s.n;
+}
+
+#define EXPECT_SEQ(b, ...)                                                                         \
+    do {                                                                                           \
+        const struct tick t_[] = { __VA_ARGS__ };                                                  \
+        expect_seq((b), t_, sizeof(t_) / sizeof(t_[0]));                                           \
+    } while (0)
+
+Test(backoff, route_scope_resets_after_quiet_period)
+{
     struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 10, 100000);
     b.scope = BACKOFF_SCOPE_ROUTE;
     b.reset_after_ms = 1000;
-    struct backoff_seq s;
-    backoff_seq_reset(&s);
-
-    cr_expect_eq(backoff_seq_next(&s, &b, 5000, &r), 10);
-    cr_expect_eq(backoff_seq_next(&s, &b, 5100, &r), 20);
-    cr_expect_eq(backoff_seq_next(&s, &b, 5200, &r), 40);
-    /* 999 ms without a retry: still the same sequence */
-    cr_expect_eq(backoff_seq_next(&s, &b, 6199, &r), 80);
-    /* exactly reset_after_ms without a retry: back to the start */
-    cr_expect_eq(backoff_seq_next(&s, &b, 7199, &r), 10);
-    cr_expect_eq(backoff_seq_next(&s, &b, 7200, &r), 20);
-    cr_expect_eq(s.n, 2);
+    const struct tick t[] = {
+        { 5000, 10 }, { 5100, 20 },
+        { 5200, 40 }, { 6199, 80 }, /* 999 ms without a retry: still the same sequence */
+        { 7199, 10 },               /* exactly reset_after_ms without a retry: back to the start */
+        { 7200, 20 },
+    };
+    cr_expect_eq(expect_seq(&b, t, sizeof(t) / sizeof(t[0])), 2);
 }
 
 Test(backoff, route_scope_without_reset_after_never_resets)
 {
-    struct rng r;
-    rng_seed(&r, 1);
     struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 10, 100000);
     b.scope = BACKOFF_SCOPE_ROUTE;
-    struct backoff_seq s;
-    backoff_seq_reset(&s);
-    cr_expect_eq(backoff_seq_next(&s, &b, 0, &r), 10);
-    cr_expect_eq(backoff_seq_next(&s, &b, 1000000000, &r), 20);
+    EXPECT_SEQ(&b, { 0, 10 }, { 1000000000, 20 });
 }
 
 Test(backoff, request_scope_ignores_the_clock)
 {
-    struct rng r;
-    rng_seed(&r, 1);
     struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 10, 100000);
     b.reset_after_ms = 1; /* only meaningful with scope route */
-    struct backoff_seq s;
-    backoff_seq_reset(&s);
-    cr_expect_eq(backoff_seq_next(&s, &b, 0, &r), 10);
-    cr_expect_eq(backoff_seq_next(&s, &b, 100000, &r), 20);
+    EXPECT_SEQ(&b, { 0, 10 }, { 100000, 20 });
 }
 
 Test(backoff, route_scope_clock_going_backwards_does_not_reset)
 {
-    struct rng r;
-    rng_seed(&r, 1);
     struct backoff_spec b = spec(BACKOFF_EXPONENTIAL, 10, 100000);
     b.scope = BACKOFF_SCOPE_ROUTE;
     b.reset_after_ms = 100;
-    struct backoff_seq s;
-    backoff_seq_reset(&s);
-    cr_expect_eq(backoff_seq_next(&s, &b, 5000, &r), 10);
-    cr_expect_eq(backoff_seq_next(&s, &b, 10, &r), 20);
+    EXPECT_SEQ(&b, { 5000, 10 }, { 10, 20 });
 }
 
 Test(backoff, decorrelated_sequence_uses_previous_delay)
