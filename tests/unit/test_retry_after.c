@@ -63,6 +63,27 @@
 #define EXPECT_ERROR(str, now, err)      EXPECT_ERROR_N((str), strlen(str), (now), (err))
 /* For literals containing NUL bytes, where strlen() would stop early. */
 #define LIT_LEN(lit) (sizeof(lit) - 1)
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* One row of a test's table: 'value' parsed at 'now' gives 'ms'. */
+struct delay_case {
+    const char *value;
+    int64_t now;
+    uint64_t ms;
+};
+
+static void expect_delays(const struct delay_case *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        EXPECT_DELAY(c[i].value, c[i].now, c[i].ms);
+}
+
+/* Each of 'values' parsed at 'now' is -EINVAL. */
+static void expect_einval(int64_t now, const char *const *values, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        EXPECT_ERROR(values[i], now, -EINVAL);
+}
 
 /* ---- delta-seconds ---- */
 
@@ -73,16 +94,22 @@ Test(retry_after, delta_seconds_zero_means_retry_now)
 
 Test(retry_after, delta_seconds_are_converted_to_milliseconds)
 {
-    EXPECT_DELAY("1", NOW_1994, 1000);         /* 1 * 1000 */
-    EXPECT_DELAY("120", NOW_1994, 120000);     /* 120 * 1000 */
-    EXPECT_DELAY("86400", NOW_1994, 86400000); /* one day: 86400 * 1000 */
+    static const struct delay_case cases[] = {
+        { "1", NOW_1994, 1000 },         /* 1 * 1000 */
+        { "120", NOW_1994, 120000 },     /* 120 * 1000 */
+        { "86400", NOW_1994, 86400000 }, /* one day: 86400 * 1000 */
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, delta_seconds_accept_leading_zeros_without_counting_them_toward_overflow)
 {
-    EXPECT_DELAY("000120", NOW_1994, 120000);
-    EXPECT_DELAY("0000000000000000000000000001", NOW_1994, 1000); /* 28 digits, value 1 */
-    EXPECT_DELAY("000000000000000000000000000000", NOW_1994, 0);  /* 30 zeros */
+    static const struct delay_case cases[] = {
+        { "000120", NOW_1994, 120000 },
+        { "0000000000000000000000000001", NOW_1994, 1000 }, /* 28 digits, value 1 */
+        { "000000000000000000000000000000", NOW_1994, 0 },  /* 30 zeros */
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, delta_seconds_do_not_depend_on_now)
@@ -122,20 +149,27 @@ Test(retry_after, malformed_huge_delta_is_einval_rather_than_erange)
 Test(retry_after, imf_fixdate_in_the_future_gives_the_difference)
 {
     /* 08:51:37 - 08:49:37 = 120 s. */
-    EXPECT_DELAY("Sun, 06 Nov 1994 08:51:37 GMT", NOW_1994, 120000);
-    /* Same time the next day: 86400 s. */
-    EXPECT_DELAY("Mon, 07 Nov 1994 08:49:37 GMT", NOW_1994, 86400000);
-    /* 2026-01-01 = 1767225600 s (see NOW_2026); 1767225600000 - 784111777000 = 983113823000. */
-    EXPECT_DELAY("Thu, 01 Jan 2026 00:00:00 GMT", NOW_1994, INT64_C(983113823000));
+    static const struct delay_case cases[] = {
+        { "Sun, 06 Nov 1994 08:51:37 GMT", NOW_1994, 120000 },
+        /* Same time the next day: 86400 s. */
+        { "Mon, 07 Nov 1994 08:49:37 GMT", NOW_1994, 86400000 },
+        /* 2026-01-01 = 1767225600 s (see NOW_2026);
+         * 1767225600000 - 784111777000 = 983113823000. */
+        { "Thu, 01 Jan 2026 00:00:00 GMT", NOW_1994, INT64_C(983113823000) },
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, imf_fixdate_difference_keeps_the_milliseconds_of_now)
 {
     /* now = 08:49:37.250, date = 08:49:38.000 -> 750 ms. */
-    EXPECT_DELAY("Sun, 06 Nov 1994 08:49:38 GMT", NOW_1994 + 250, 750);
-    /* now = 08:49:37.999 -> 1 ms; now = 08:49:38.000 -> equal -> 0. */
-    EXPECT_DELAY("Sun, 06 Nov 1994 08:49:38 GMT", NOW_1994 + 999, 1);
-    EXPECT_DELAY("Sun, 06 Nov 1994 08:49:38 GMT", NOW_1994 + 1000, 0);
+    static const struct delay_case cases[] = {
+        { "Sun, 06 Nov 1994 08:49:38 GMT", NOW_1994 + 250, 750 },
+        /* now = 08:49:37.999 -> 1 ms; now = 08:49:38.000 -> equal -> 0. */
+        { "Sun, 06 Nov 1994 08:49:38 GMT", NOW_1994 + 999, 1 },
+        { "Sun, 06 Nov 1994 08:49:38 GMT", NOW_1994 + 1000, 0 },
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, rfc850_date_in_the_future_gives_the_difference)
@@ -156,18 +190,24 @@ Test(retry_after, asctime_date_in_the_future_gives_the_difference)
 
 Test(retry_after, date_in_the_past_gives_zero)
 {
-    EXPECT_DELAY("Sat, 05 Nov 1994 08:49:37 GMT", NOW_1994, 0);
-    EXPECT_DELAY("Sun, 06 Nov 1994 08:49:36 GMT", NOW_1994, 0);
-    EXPECT_DELAY("Saturday, 05-Nov-94 08:49:37 GMT", NOW_1994, 0);
-    EXPECT_DELAY("Thu Jan  1 00:00:00 1970", NOW_1994, 0);
-    EXPECT_DELAY("Mon, 01 Jan 0001 00:00:00 GMT", NOW_1994, 0); /* year 1 is the earliest */
+    static const struct delay_case cases[] = {
+        { "Sat, 05 Nov 1994 08:49:37 GMT", NOW_1994, 0 },
+        { "Sun, 06 Nov 1994 08:49:36 GMT", NOW_1994, 0 },
+        { "Saturday, 05-Nov-94 08:49:37 GMT", NOW_1994, 0 },
+        { "Thu Jan  1 00:00:00 1970", NOW_1994, 0 },
+        { "Mon, 01 Jan 0001 00:00:00 GMT", NOW_1994, 0 }, /* year 1 is the earliest */
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, date_equal_to_now_gives_zero)
 {
-    EXPECT_DELAY("Sun, 06 Nov 1994 08:49:37 GMT", NOW_1994, 0);
-    EXPECT_DELAY("Sunday, 06-Nov-94 08:49:37 GMT", NOW_1994, 0);
-    EXPECT_DELAY("Sun Nov  6 08:49:37 1994", NOW_1994, 0);
+    static const struct delay_case cases[] = {
+        { "Sun, 06 Nov 1994 08:49:37 GMT", NOW_1994, 0 },
+        { "Sunday, 06-Nov-94 08:49:37 GMT", NOW_1994, 0 },
+        { "Sun Nov  6 08:49:37 1994", NOW_1994, 0 },
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, latest_four_digit_year_is_accepted)
@@ -189,11 +229,14 @@ Test(retry_after, year_zero_is_invalid)
 Test(retry_after, feb_29_is_valid_in_a_leap_year)
 {
     /* now = 2024-02-28 00:00; Feb 29 is one day later, Mar 1 two days (so Feb had 29 days). */
-    EXPECT_DELAY("Thu, 29 Feb 2024 00:00:00 GMT", NOW_2024_02_28, 86400000);
-    EXPECT_DELAY("Fri, 01 Mar 2024 00:00:00 GMT", NOW_2024_02_28, 172800000);
-    EXPECT_DELAY("Thu Feb 29 00:00:00 2024", NOW_2024_02_28, 86400000);
-    /* 2000 is a leap year by the 400 rule; the date is in the past, so 0 rather than an error. */
-    EXPECT_DELAY("Tue, 29 Feb 2000 00:00:00 GMT", NOW_2024_02_28, 0);
+    static const struct delay_case cases[] = {
+        { "Thu, 29 Feb 2024 00:00:00 GMT", NOW_2024_02_28, 86400000 },
+        { "Fri, 01 Mar 2024 00:00:00 GMT", NOW_2024_02_28, 172800000 },
+        { "Thu Feb 29 00:00:00 2024", NOW_2024_02_28, 86400000 },
+        /* 2000 is a leap year by the 400 rule; the date is in the past, so 0, not an error. */
+        { "Tue, 29 Feb 2000 00:00:00 GMT", NOW_2024_02_28, 0 },
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, feb_29_is_invalid_in_a_common_year)
@@ -239,46 +282,49 @@ Test(retry_after, second_60_is_a_leap_second_counted_as_the_next_second)
 
 Test(retry_after, day_name_must_be_valid_for_the_date_form)
 {
-    EXPECT_ERROR("Sunday, 06 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL); /* long in IMF */
-    EXPECT_ERROR("Sun, 06-Nov-94 08:49:37 GMT", NOW_1994, -EINVAL);      /* short in RFC 850 */
-    EXPECT_ERROR("Sunday Nov  6 08:49:37 1994", NOW_1994, -EINVAL);      /* long in asctime */
-    EXPECT_ERROR("sun, 06 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);    /* case-sensitive */
-    EXPECT_ERROR("SUN, 06 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("sunday, 06-Nov-94 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Xyz, 06 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sundy, 06-Nov-94 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Tues, 08 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("06 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL); /* no day name at all */
+    static const char *const values[] = {
+        "Sunday, 06 Nov 1994 08:49:37 GMT", /* long in IMF */
+        "Sun, 06-Nov-94 08:49:37 GMT",      /* short in RFC 850 */
+        "Sunday Nov  6 08:49:37 1994",      /* long in asctime */
+        "sun, 06 Nov 1994 08:49:37 GMT",    /* case-sensitive */
+        "SUN, 06 Nov 1994 08:49:37 GMT",    "sunday, 06-Nov-94 08:49:37 GMT",
+        "Xyz, 06 Nov 1994 08:49:37 GMT",    "Sundy, 06-Nov-94 08:49:37 GMT",
+        "Tues, 08 Nov 1994 08:49:37 GMT",   "06 Nov 1994 08:49:37 GMT", /* no day name at all */
+    };
+    expect_einval(NOW_1994, values, ARRAY_LEN(values));
 }
 
 Test(retry_after, weekday_need_not_match_the_date)
 {
     /* 6 Nov 1994 was a Sunday; RFC 9110 does not ask recipients to check. */
-    EXPECT_DELAY("Mon, 06 Nov 1994 08:51:37 GMT", NOW_1994, 120000);
-    EXPECT_DELAY("Friday, 06-Nov-94 08:51:37 GMT", NOW_1994, 120000);
-    EXPECT_DELAY("Wed Nov  6 08:51:37 1994", NOW_1994, 120000);
+    static const struct delay_case cases[] = {
+        { "Mon, 06 Nov 1994 08:51:37 GMT", NOW_1994, 120000 },
+        { "Friday, 06-Nov-94 08:51:37 GMT", NOW_1994, 120000 },
+        { "Wed Nov  6 08:51:37 1994", NOW_1994, 120000 },
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, month_names_are_exact_and_case_sensitive)
 {
-    EXPECT_ERROR("Sun, 06 nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 NOV 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Foo 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 November 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sunday, 06-nov-94 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun nov  6 08:49:37 1994", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 11 1994 08:49:37 GMT", NOW_1994, -EINVAL);
+    static const char *const values[] = {
+        "Sun, 06 nov 1994 08:49:37 GMT",  "Sun, 06 NOV 1994 08:49:37 GMT",
+        "Sun, 06 Foo 1994 08:49:37 GMT",  "Sun, 06 November 1994 08:49:37 GMT",
+        "Sunday, 06-nov-94 08:49:37 GMT", "Sun nov  6 08:49:37 1994",
+        "Sun, 06 11 1994 08:49:37 GMT",
+    };
+    expect_einval(NOW_1994, values, ARRAY_LEN(values));
 }
 
 Test(retry_after, imf_fixdate_and_rfc850_require_gmt)
 {
-    EXPECT_ERROR("Sun, 06 Nov 1994 08:49:37", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994 08:49:37 UTC", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994 08:49:37 gmt", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994 08:49:37 +0000", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994 08:49:37 GMT+1", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sunday, 06-Nov-94 08:49:37", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sunday, 06-Nov-94 08:49:37 UTC", NOW_1994, -EINVAL);
+    static const char *const values[] = {
+        "Sun, 06 Nov 1994 08:49:37",       "Sun, 06 Nov 1994 08:49:37 UTC",
+        "Sun, 06 Nov 1994 08:49:37 gmt",   "Sun, 06 Nov 1994 08:49:37 +0000",
+        "Sun, 06 Nov 1994 08:49:37 GMT+1", "Sunday, 06-Nov-94 08:49:37",
+        "Sunday, 06-Nov-94 08:49:37 UTC",
+    };
+    expect_einval(NOW_1994, values, ARRAY_LEN(values));
 }
 
 Test(retry_after, asctime_takes_no_timezone)
@@ -288,29 +334,26 @@ Test(retry_after, asctime_takes_no_timezone)
 
 Test(retry_after, separators_must_be_exactly_as_in_the_grammar)
 {
-    EXPECT_ERROR("Sun,  06 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06  Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov  1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994  08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994 08:49:37  GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994\t08:49:37 GMT", NOW_1994, -EINVAL); /* HTAB is not SP */
-    EXPECT_ERROR("Sun 06 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);   /* missing comma */
-    EXPECT_ERROR("Sun,06 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06-Nov-1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sunday, 06 Nov 94 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sunday,  06-Nov-94 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994 8:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 1994 08.49.37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun Nov  6  08:49:37 1994", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun  Nov  6 08:49:37 1994", NOW_1994, -EINVAL);
+    static const char *const values[] = {
+        "Sun,  06 Nov 1994 08:49:37 GMT", "Sun, 06  Nov 1994 08:49:37 GMT",
+        "Sun, 06 Nov  1994 08:49:37 GMT", "Sun, 06 Nov 1994  08:49:37 GMT",
+        "Sun, 06 Nov 1994 08:49:37  GMT", "Sun, 06 Nov 1994\t08:49:37 GMT", /* HTAB is not SP */
+        "Sun 06 Nov 1994 08:49:37 GMT",                                     /* missing comma */
+        "Sun,06 Nov 1994 08:49:37 GMT",   "Sun, 06-Nov-1994 08:49:37 GMT",
+        "Sunday, 06 Nov 94 08:49:37 GMT", "Sunday,  06-Nov-94 08:49:37 GMT",
+        "Sun, 06 Nov 1994 8:49:37 GMT",   "Sun, 06 Nov 1994 08.49.37 GMT",
+        "Sun Nov  6  08:49:37 1994",      "Sun  Nov  6 08:49:37 1994",
+    };
+    expect_einval(NOW_1994, values, ARRAY_LEN(values));
 }
 
 Test(retry_after, imf_fixdate_day_is_always_two_digits)
 {
-    EXPECT_ERROR("Sun, 6 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun,  6 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 006 Nov 1994 08:49:37 GMT", NOW_1994, -EINVAL);
-    EXPECT_ERROR("Sun, 06 Nov 94 08:49:37 GMT", NOW_1994, -EINVAL); /* year is 4DIGIT */
+    static const char *const values[] = {
+        "Sun, 6 Nov 1994 08:49:37 GMT", "Sun,  6 Nov 1994 08:49:37 GMT",
+        "Sun, 006 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 94 08:49:37 GMT", /* year is 4DIGIT */
+    };
+    expect_einval(NOW_1994, values, ARRAY_LEN(values));
 }
 
 Test(retry_after, asctime_day_is_space_and_digit_or_two_digits)
@@ -318,10 +361,13 @@ Test(retry_after, asctime_day_is_space_and_digit_or_two_digits)
     /* date3 = month SP ( 2DIGIT / ( SP DIGIT ) ): "Nov  6" and "Nov 06" both match; 60 s. */
     EXPECT_DELAY("Sun Nov  6 08:50:37 1994", NOW_1994, 60000);
     EXPECT_DELAY("Sun Nov 06 08:50:37 1994", NOW_1994, 60000);
-    EXPECT_ERROR("Sun Nov 6 08:50:37 1994", NOW_1994, -EINVAL);   /* one SP only */
-    EXPECT_ERROR("Sun Nov   6 08:50:37 1994", NOW_1994, -EINVAL); /* three SP */
-    EXPECT_ERROR("Sun Nov  06 08:50:37 1994", NOW_1994, -EINVAL); /* SP then 2DIGIT */
-    EXPECT_ERROR("Sun Nov  6 08:50:37 94", NOW_1994, -EINVAL);    /* year is 4DIGIT */
+    static const char *const values[] = {
+        "Sun Nov 6 08:50:37 1994",   /* one SP only */
+        "Sun Nov   6 08:50:37 1994", /* three SP */
+        "Sun Nov  06 08:50:37 1994", /* SP then 2DIGIT */
+        "Sun Nov  6 08:50:37 94",    /* year is 4DIGIT */
+    };
+    expect_einval(NOW_1994, values, ARRAY_LEN(values));
 }
 
 /* ---- RFC 850 two-digit years ---- */
@@ -390,12 +436,15 @@ Test(retry_after, rfc850_date_beyond_int64_milliseconds_is_erange)
 
 Test(retry_after, surrounding_ows_is_ignored)
 {
-    EXPECT_DELAY(" 120", NOW_1994, 120000);
-    EXPECT_DELAY("120 ", NOW_1994, 120000);
-    EXPECT_DELAY("\t \t120 \t ", NOW_1994, 120000);
-    EXPECT_DELAY("  Sun, 06 Nov 1994 08:51:37 GMT\t", NOW_1994, 120000);
-    EXPECT_DELAY("\tSunday, 06-Nov-94 08:51:37 GMT ", NOW_1994, 120000);
-    EXPECT_DELAY(" Sun Nov  6 08:51:37 1994  ", NOW_1994, 120000);
+    static const struct delay_case cases[] = {
+        { " 120", NOW_1994, 120000 },
+        { "120 ", NOW_1994, 120000 },
+        { "\t \t120 \t ", NOW_1994, 120000 },
+        { "  Sun, 06 Nov 1994 08:51:37 GMT\t", NOW_1994, 120000 },
+        { "\tSunday, 06-Nov-94 08:51:37 GMT ", NOW_1994, 120000 },
+        { " Sun Nov  6 08:51:37 1994  ", NOW_1994, 120000 },
+    };
+    expect_delays(cases, ARRAY_LEN(cases));
 }
 
 Test(retry_after, garbage_is_einval)
