@@ -67,57 +67,39 @@ unsigned wire_reason_status(enum wire_reason r)
     }
 }
 
+/* The short text for each refusal, as the 4xx/5xx answer body gives it. */
+static const char *const reason_text[] = {
+    [WIRE_OK] = "",
+    [WIRE_BAD_REQUEST_LINE] = "a malformed request line",
+    [WIRE_BAD_METHOD] = "a method that is not a token",
+    [WIRE_METHOD_TOO_LONG] = "a method longer than 32 bytes",
+    [WIRE_BAD_TARGET] = "a control character or space in the request target",
+    [WIRE_BAD_VERSION] = "an HTTP version other than 1.0 and 1.1",
+    [WIRE_BARE_CR] = "a CR not followed by LF",
+    [WIRE_BAD_FIELD_NAME] = "a header name that is not a token",
+    [WIRE_SPACE_BEFORE_COLON] = "whitespace between a header name and its colon",
+    [WIRE_BAD_FIELD_VALUE] = "a header with a forbidden character",
+    [WIRE_OBS_FOLD] = "an obsolete folded header line",
+    [WIRE_BAD_CONTENT_LENGTH] = "an invalid Content-Length",
+    [WIRE_TWO_CONTENT_LENGTHS] = "two Content-Length headers",
+    [WIRE_CL_AND_TE] = "both Content-Length and Transfer-Encoding",
+    [WIRE_BAD_TRANSFER_ENCODING] = "a Transfer-Encoding other than one final chunked",
+    [WIRE_UNSUPPORTED_CODING] = "a transfer coding other than chunked",
+    [WIRE_TE_IN_HTTP10] = "Transfer-Encoding in an HTTP/1.0 request",
+    [WIRE_NO_HOST] = "an HTTP/1.1 request without Host",
+    [WIRE_TWO_HOSTS] = "two Host headers",
+    [WIRE_TARGET_TOO_LONG] = "a request line longer than 8 KiB",
+    [WIRE_HEAD_TOO_LARGE] = "request headers larger than 16 KiB or 100 fields",
+    [WIRE_HEAD_TIMEOUT] = "the request headers did not arrive within limits.header_timeout_ms",
+    [WIRE_BAD_CHUNK] = "malformed chunked framing",
+};
+_Static_assert(sizeof reason_text / sizeof reason_text[0] == WIRE_REASON_COUNT,
+               "a text for every enum wire_reason value");
+
 const char *wire_reason_text(enum wire_reason r)
 {
-    switch (r) {
-    case WIRE_OK:
-        return "";
-    case WIRE_BAD_REQUEST_LINE:
-        return "a malformed request line";
-    case WIRE_BAD_METHOD:
-        return "a method that is not a token";
-    case WIRE_METHOD_TOO_LONG:
-        return "a method longer than 32 bytes";
-    case WIRE_BAD_TARGET:
-        return "a control character or space in the request target";
-    case WIRE_BAD_VERSION:
-        return "an HTTP version other than 1.0 and 1.1";
-    case WIRE_BARE_CR:
-        return "a CR not followed by LF";
-    case WIRE_BAD_FIELD_NAME:
-        return "a header name that is not a token";
-    case WIRE_SPACE_BEFORE_COLON:
-        return "whitespace between a header name and its colon";
-    case WIRE_BAD_FIELD_VALUE:
-        return "a header with a forbidden character";
-    case WIRE_OBS_FOLD:
-        return "an obsolete folded header line";
-    case WIRE_BAD_CONTENT_LENGTH:
-        return "an invalid Content-Length";
-    case WIRE_TWO_CONTENT_LENGTHS:
-        return "two Content-Length headers";
-    case WIRE_CL_AND_TE:
-        return "both Content-Length and Transfer-Encoding";
-    case WIRE_BAD_TRANSFER_ENCODING:
-        return "a Transfer-Encoding other than one final chunked";
-    case WIRE_UNSUPPORTED_CODING:
-        return "a transfer coding other than chunked";
-    case WIRE_TE_IN_HTTP10:
-        return "Transfer-Encoding in an HTTP/1.0 request";
-    case WIRE_NO_HOST:
-        return "an HTTP/1.1 request without Host";
-    case WIRE_TWO_HOSTS:
-        return "two Host headers";
-    case WIRE_TARGET_TOO_LONG:
-        return "a request line longer than 8 KiB";
-    case WIRE_HEAD_TOO_LARGE:
-        return "request headers larger than 16 KiB or 100 fields";
-    case WIRE_HEAD_TIMEOUT:
-        return "the request headers did not arrive within limits.header_timeout_ms";
-    case WIRE_BAD_CHUNK:
-        return "malformed chunked framing";
-    }
-    return "";
+    const char *text = (unsigned)r < WIRE_REASON_COUNT ? reason_text[r] : NULL;
+    return text ? text : "";
 }
 
 void wire_init(struct wire *w, uint32_t head_timeout_ms, uint32_t head_max)
@@ -278,6 +260,14 @@ static enum wire_reason end_field(struct wire *w)
     return WIRE_OK;
 }
 
+/* A chunk-size line begins. */
+static void chunk_size_start(struct wire *w)
+{
+    w->tok = 0;
+    w->left = 0;
+    w->line = 0;
+}
+
 /* The head is complete: is its framing unambiguous? Sets up the body. */
 static enum wire_reason end_head(struct wire *w)
 {
@@ -301,9 +291,7 @@ static enum wire_reason end_head(struct wire *w)
         if (w->te_codings > 1)
             return WIRE_UNSUPPORTED_CODING;
         w->st = S_CHUNK_SIZE;
-        w->tok = 0;
-        w->left = 0;
-        w->line = 0;
+        chunk_size_start(w);
     } else if (w->n_cl && w->cl > 0) {
         w->st = S_BODY;
         w->left = w->cl;
@@ -362,6 +350,26 @@ static uint8_t bulk_class(const struct wire *w)
         return C_VALUE;
     return 0;
 }
+
+/* The chunked body's states that take one kind of byte and end at one byte (RFC 9112 7.1),
+ * one row each: bytes of class 'run' (none where 0) stay in the state, the byte 'end' leads
+ * to 'next', and any other byte breaks the framing. 'line_ends': the end byte closes a line
+ * whose length was bounded by CHUNK_LINE_MAX (the trailer section is bounded as a whole). */
+static const struct body_step {
+    uint8_t run;
+    unsigned char end;
+    uint8_t next;
+    bool line_ends;
+} body_steps[] = {
+    [S_CHUNK_EXT] = { C_VALUE, '\r', S_CHUNK_SIZE_CR, false },
+    [S_CHUNK_SIZE_CR] = { 0, '\n', S_CHUNK_DATA, true }, /* S_TRAILER_START after size 0 */
+    [S_CHUNK_DATA_CR] = { 0, '\r', S_CHUNK_DATA_LF, false },
+    [S_CHUNK_DATA_LF] = { 0, '\n', S_CHUNK_SIZE, true },
+    [S_TRAILER_NAME] = { C_TCHAR, ':', S_TRAILER_VALUE, false },
+    [S_TRAILER_VALUE] = { C_VALUE, '\r', S_TRAILER_VALUE_CR, false },
+    [S_TRAILER_VALUE_CR] = { 0, '\n', S_TRAILER_START, false },
+    [S_TRAILER_END_CR] = { 0, '\n', S_START, true }, /* the message is complete */
+};
 
 /* Runs the parser over p[0..n). */
 static struct scan parse(struct wire *w, const char *p, size_t n)
@@ -611,31 +619,6 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
             }
             break;
         }
-        case S_CHUNK_EXT:
-            if (c == '\r')
-                w->st = S_CHUNK_SIZE_CR;
-            else if (!is_value_byte(c))
-                goto broken;
-            break;
-        case S_CHUNK_SIZE_CR:
-            if (c != '\n')
-                goto broken;
-            w->line = 0;
-            w->st = w->left ? S_CHUNK_DATA : S_TRAILER_START;
-            break;
-        case S_CHUNK_DATA_CR:
-            if (c != '\r')
-                goto broken;
-            w->st = S_CHUNK_DATA_LF;
-            break;
-        case S_CHUNK_DATA_LF:
-            if (c != '\n')
-                goto broken;
-            w->st = S_CHUNK_SIZE;
-            w->tok = 0;
-            w->left = 0;
-            w->line = 0;
-            break;
         case S_TRAILER_START:
             if (c == '\r')
                 w->st = S_TRAILER_END_CR;
@@ -644,29 +627,29 @@ static struct scan parse(struct wire *w, const char *p, size_t n)
             else
                 goto broken;
             break;
+        case S_CHUNK_EXT:
+        case S_CHUNK_SIZE_CR:
+        case S_CHUNK_DATA_CR:
+        case S_CHUNK_DATA_LF:
         case S_TRAILER_NAME:
-            if (c == ':')
-                w->st = S_TRAILER_VALUE;
-            else if (!is_tchar(c))
-                goto broken;
-            break;
         case S_TRAILER_VALUE:
-            if (c == '\r')
-                w->st = S_TRAILER_VALUE_CR;
-            else if (!is_value_byte(c))
-                goto broken;
-            break;
         case S_TRAILER_VALUE_CR:
-            if (c != '\n')
-                goto broken;
-            w->st = S_TRAILER_START;
+        case S_TRAILER_END_CR: {
+            const struct body_step *bs = &body_steps[w->st];
+            if (c != bs->end) {
+                if (!(byte_class[c] & bs->run))
+                    goto broken;
+                break;
+            }
+            if (bs->line_ends)
+                w->line = 0;
+            w->st = bs->next;
+            if (w->st == S_CHUNK_DATA && w->left == 0)
+                w->st = S_TRAILER_START; /* the last chunk, of size 0 */
+            else if (w->st == S_CHUNK_SIZE)
+                chunk_size_start(w);
             break;
-        case S_TRAILER_END_CR:
-            if (c != '\n')
-                goto broken;
-            w->st = S_START; /* the message is complete */
-            w->line = 0;
-            break;
+        }
         case S_BODY:
         case S_CHUNK_DATA:
             break; /* handled above */

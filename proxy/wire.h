@@ -62,7 +62,8 @@ enum wire_reason {
     WIRE_TARGET_TOO_LONG,
     WIRE_HEAD_TOO_LARGE,
     WIRE_HEAD_TIMEOUT,
-    WIRE_BAD_CHUNK, /* mid-body: the connection is closed */
+    WIRE_BAD_CHUNK,    /* mid-body: the connection is closed */
+    WIRE_REASON_COUNT, /* not a reason: how many there are */
 };
 
 /* The HTTP status and the short text for a refused head. */
