@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config/utf8.h"
+
 /* A worker's buffer, and so the longest line and the largest single write(2). */
 #define LOG_BUF_SIZE (64 * 1024)
 
@@ -161,42 +163,6 @@ enum esc_mode {
     ESC_TEXT, /* inside a quoted text value */
     ESC_BARE, /* unquoted text (messages, keys, plain values): only what could break the line */
 };
-
-/* The length of the well-formed UTF-8 sequence at p (n bytes left), or 0 if none starts there.
- * Overlong forms, surrogates and code points past U+10FFFF are not well-formed (RFC 3629), and
- * JSON parsers reject them. */
-static size_t utf8_len(const unsigned char *p, size_t n)
-{
-    unsigned char c = p[0];
-    if (c < 0x80)
-        return 1;
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF; /* the range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (n < len || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++) {
-        if (p[i] < 0x80 || p[i] > 0xBF)
-            return 0;
-    }
-    return len;
-}
 
 /* Escapes one unit at p (a character, or one byte that starts no well-formed character) into
  * out (8 bytes); returns the input bytes it took, and its escaped length in *out_len. Invalid
