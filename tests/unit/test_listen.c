@@ -120,13 +120,33 @@ static void expect_in_use(const char *addr)
     expect_refused(addr, IN_USE);
 }
 
+/* A socket on 'host' (any port, SO_REUSEPORT if 'reuseport') held by another process: listening
+ * on 'listen_host' at that port is refused as in use by another process. */
+static void expect_in_use_elsewhere(int family, const char *host, bool reuseport,
+                                    const char *listen_host)
+{
+    unsigned port;
+    pid_t other = elsewhere(sock_at(family, host, 0, reuseport, false, &port));
+    char addr[80];
+    snprintf(addr, sizeof(addr), "%s:%u", listen_host, port);
+    expect_in_use(addr);
+    elsewhere_end(other);
+}
+
+/* listen_open() of 'n' sockets on 'addr', which must succeed; the address they are bound to goes
+ * to 'bound' (64 bytes). Returns their port. */
+static unsigned open_group(const char *addr, int *fds, size_t n, char *bound)
+{
+    char why[256];
+    cr_assert_eq(listen_open(addr, n, fds, bound, 64, why, sizeof(why)), 0, "%s: %s", addr, why);
+    return port_of(fds[0]);
+}
+
 Test(listen, workers_share_the_port_the_kernel_picked_for_port_0)
 {
     int fds[3];
-    char bound[64], why[256], want[64];
-    cr_assert_eq(listen_open("127.0.0.1:0", 3, fds, bound, sizeof(bound), why, sizeof(why)), 0,
-                 "%s", why);
-    unsigned port = port_of(fds[0]);
+    char bound[64], want[64];
+    unsigned port = open_group("127.0.0.1:0", fds, 3, bound);
     cr_expect_neq(port, 0);
     cr_expect_eq(port_of(fds[1]), port);
     cr_expect_eq(port_of(fds[2]), port);
@@ -138,70 +158,45 @@ Test(listen, workers_share_the_port_the_kernel_picked_for_port_0)
 
 Test(listen, a_port_another_socket_listens_on_is_refused)
 {
-    unsigned port;
-    pid_t other = elsewhere(sock_at(AF_INET, "127.0.0.1", 0, false, false, &port));
-    char addr[32];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
-    expect_in_use(addr);
-    elsewhere_end(other);
+    expect_in_use_elsewhere(AF_INET, "127.0.0.1", false, "127.0.0.1");
 }
 
 /* The case SO_REUSEPORT alone lets through: the other socket set it too, as a second
  * retryproxy's workers do. */
 Test(listen, a_port_another_reuseport_group_listens_on_is_refused)
 {
-    unsigned port;
-    pid_t other = elsewhere(sock_at(AF_INET, "127.0.0.1", 0, true, false, &port));
-    char addr[32];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
-    expect_in_use(addr);
-    elsewhere_end(other);
+    expect_in_use_elsewhere(AF_INET, "127.0.0.1", true, "127.0.0.1");
 }
 
 /* listen and admin given one address: the other listener is this process's own. */
 Test(listen, a_port_this_process_already_listens_on_is_named_as_such)
 {
     int fds[2];
-    char bound[64], why[256];
-    cr_assert_eq(listen_open("127.0.0.1:0", 2, fds, bound, sizeof(bound), why, sizeof(why)), 0);
+    char bound[64];
+    open_group("127.0.0.1:0", fds, 2, bound);
     expect_refused(bound, IN_USE_HERE);
     close_all(fds, 2);
 }
 
 Test(listen, a_wildcard_listener_on_the_port_is_refused_and_so_is_the_reverse)
 {
-    unsigned port;
-    pid_t other = elsewhere(sock_at(AF_INET, "0.0.0.0", 0, true, false, &port));
-    char addr[32];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
-    expect_in_use(addr);
-    elsewhere_end(other);
-
-    other = elsewhere(sock_at(AF_INET, "127.0.0.1", 0, true, false, &port));
-    snprintf(addr, sizeof(addr), "0.0.0.0:%u", port);
-    expect_in_use(addr);
-    elsewhere_end(other);
+    expect_in_use_elsewhere(AF_INET, "0.0.0.0", true, "127.0.0.1");
+    expect_in_use_elsewhere(AF_INET, "127.0.0.1", true, "0.0.0.0");
 }
 
 Test(listen, ipv6_port_another_reuseport_group_listens_on_is_refused)
 {
     if (!have_ipv6_loopback())
         cr_skip_test("no IPv6 loopback on this host");
-    unsigned port;
-    pid_t other = elsewhere(sock_at(AF_INET6, "::1", 0, true, false, &port));
-    char addr[32];
-    snprintf(addr, sizeof(addr), "[::1]:%u", port);
-    expect_in_use(addr);
-    elsewhere_end(other);
+    expect_in_use_elsewhere(AF_INET6, "::1", true, "[::1]");
 }
 
 /* A restart: the previous instance's connections in TIME_WAIT do not hold the port. */
 Test(listen, time_wait_connections_of_a_previous_listener_do_not_block_a_restart)
 {
     int fds[2], c;
-    char bound[64], why[256];
-    cr_assert_eq(listen_open("127.0.0.1:0", 2, fds, bound, sizeof(bound), why, sizeof(why)), 0);
-    unsigned port = port_of(fds[0]);
+    char bound[64];
+    unsigned port = open_group("127.0.0.1:0", fds, 2, bound);
     struct sockaddr_in a = { .sin_family = AF_INET,
                              .sin_port = htons((uint16_t)port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
@@ -219,7 +214,7 @@ Test(listen, time_wait_connections_of_a_previous_listener_do_not_block_a_restart
 
     char addr[32];
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
-    cr_expect_eq(listen_open(addr, 2, fds, bound, sizeof(bound), why, sizeof(why)), 0, "%s", why);
+    open_group(addr, fds, 2, bound);
     close_all(fds, 2);
 }
 
@@ -228,9 +223,8 @@ Test(listen, time_wait_connections_of_a_previous_listener_do_not_block_a_restart
 Test(listen, shared_sees_a_socket_that_joined_the_group)
 {
     int fds[2];
-    char bound[64], why[256];
-    cr_assert_eq(listen_open("127.0.0.1:0", 2, fds, bound, sizeof(bound), why, sizeof(why)), 0);
-    unsigned port = port_of(fds[0]);
+    char bound[64];
+    unsigned port = open_group("127.0.0.1:0", fds, 2, bound);
     cr_expect_eq(listen_shared(fds, 2), 0);
     cr_expect_eq(listen_shared(fds, 1), 1, "fds[1] is not in the set: it is another process's");
 
@@ -255,10 +249,8 @@ Test(listen, shared_sees_an_ipv6_socket_that_joined_the_group)
     if (!have_ipv6_loopback())
         cr_skip_test("no IPv6 loopback on this host");
     int fds[2];
-    char bound[64], why[256], want[64];
-    cr_assert_eq(listen_open("[::1]:0", 2, fds, bound, sizeof(bound), why, sizeof(why)), 0, "%s",
-                 why);
-    unsigned port = port_of(fds[0]);
+    char bound[64], want[64];
+    unsigned port = open_group("[::1]:0", fds, 2, bound);
     snprintf(want, sizeof(want), "[::1]:%u", port);
     cr_expect_str_eq(bound, want);
     cr_expect_eq(listen_shared(fds, 2), 0);
