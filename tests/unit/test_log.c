@@ -176,6 +176,14 @@ static void expect_request(const struct log_request *r, const char *want)
     free(got);
 }
 
+/* Logs r and checks that its line holds 'want'. */
+static void expect_request_has(const struct log_request *r, const char *want)
+{
+    char *line = request_output(r);
+    cr_expect(strstr(line, want) != NULL, "want %s in %s", want, line);
+    free(line);
+}
+
 static char *fill(char c, size_t n)
 {
     char *s = malloc(n + 1);
@@ -220,31 +228,24 @@ Test(log, request_json_stop_and_empty_strings)
 Test(log, request_json_delays)
 {
     struct log_request r = sample_request();
-    char *line;
 
     r.delays = NULL;
     r.n_delays = 0;
-    line = request_output(&r);
-    cr_expect(strstr(line, "\"delays_ms\":[],") != NULL, "%s", line);
-    free(line);
+    expect_request_has(&r, "\"delays_ms\":[],");
 
     /* A count without an array is read as none rather than dereferenced. */
     r.n_delays = 3;
-    line = request_output(&r);
-    cr_expect(strstr(line, "\"delays_ms\":[],") != NULL, "%s", line);
-    free(line);
+    expect_request_has(&r, "\"delays_ms\":[],");
 
     const uint32_t one[] = { 7 };
     r.delays = one;
     r.n_delays = 1;
-    line = request_output(&r);
-    cr_expect(strstr(line, "\"delays_ms\":[7],") != NULL, "%s", line);
-    free(line);
+    expect_request_has(&r, "\"delays_ms\":[7],");
 
     const uint32_t many[] = { 0, 10, 20, 40, 4294967295u };
     r.delays = many;
     r.n_delays = 5;
-    line = request_output(&r);
+    char *line = request_output(&r);
     cr_expect(strstr(line, "\"delays_ms\":[0,10,20,40,4294967295],") != NULL, "%s", line);
     json_t *j = parse(line);
     json_t *arr = json_object_get(j, "delays_ms");
