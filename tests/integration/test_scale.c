@@ -92,16 +92,12 @@ Test(scale, thousand_requests_waiting_in_backoff_cost_no_threads)
     bool sampling_done = false;
     while (running && now_ms() - t0 < 60000) {
         curl_multi_perform(m, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left)) != NULL) {
-            if (msg->msg != CURLMSG_DONE)
-                continue;
-            char *priv;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
+        void *priv;
+        CURLcode done_rc;
+        for (CURL *e; (e = proc_multi_next_done(m, &priv, &done_rc)) != NULL;) {
             int i = (int)(intptr_t)priv;
-            rc[i] = msg->data.result;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &status[i]);
+            rc[i] = done_rc;
+            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status[i]);
         }
         /* Every first attempt answered 503: all 1000 requests now wait 2 s in backoff. Sample
          * for a second of that (about 100 ms apart), well before the first retries are due. */

@@ -210,14 +210,10 @@ static void run_storm(struct storm_tally *t)
     int running = STORM_CLIENTS;
     while (running > 0 && now_ms() < t0 + STORM_BOUND_MS) {
         curl_multi_perform(m, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left)) != NULL) {
-            if (msg->msg != CURLMSG_DONE)
-                continue;
-            struct client *c = NULL;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
-            CURLcode rc = msg->data.result;
+        void *priv;
+        CURLcode rc;
+        while (proc_multi_next_done(m, &priv, &rc)) {
+            struct client *c = priv;
             tally_done(t, c, rc);
             curl_multi_remove_handle(m, c->e);
             if (now_ms() < end) {

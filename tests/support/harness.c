@@ -262,7 +262,7 @@ int px_fds(const struct px *p)
 
 long px_rss_kb(const struct px *p)
 {
-    return proc_rss_kb(p->pid);
+    return proc_status_kb(p->pid, "VmRSS");
 }
 
 long px_cpu_ms(const struct px *p)

@@ -65,7 +65,7 @@ int proc_entries(pid_t pid, const char *what)
     return n;
 }
 
-long proc_rss_kb(pid_t pid)
+long proc_status_kb(pid_t pid, const char *field)
 {
     char path[64], line[256];
     snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
@@ -73,11 +73,29 @@ long proc_rss_kb(pid_t pid)
     long kb = -1;
     if (!f)
         return -1;
+    size_t n = strlen(field);
     while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+        if (strncmp(line, field, n) == 0 && line[n] == ':' &&
+            sscanf(line + n + 1, " %ld kB", &kb) == 1)
             break;
     fclose(f);
     return kb;
+}
+
+CURL *proc_multi_next_done(CURLM *m, void **priv, CURLcode *rc)
+{
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left)) != NULL) {
+        if (msg->msg != CURLMSG_DONE)
+            continue;
+        char *p = NULL;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &p);
+        *priv = p;
+        *rc = msg->data.result;
+        return msg->easy_handle;
+    }
+    return NULL;
 }
 
 static void append(char **buf, size_t *len, const char *data, size_t n)

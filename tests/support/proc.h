@@ -4,6 +4,7 @@
 #ifndef RETRYPROXY_TESTS_PROC_H
 #define RETRYPROXY_TESTS_PROC_H
 
+#include <curl/curl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -37,7 +38,12 @@ void rm_tree(const char *path);
 
 /* Entries of /proc/PID/'what' ("task": threads, "fd": descriptors), or -1. */
 int proc_entries(pid_t pid, const char *what);
-/* VmRSS of process 'pid' in KiB, or -1. */
-long proc_rss_kb(pid_t pid);
+/* A "FIELD:   N kB" line of /proc/PID/status in KiB ("VmRSS": resident now, "VmHWM": its peak),
+ * or -1. */
+long proc_status_kb(pid_t pid, const char *field);
+
+/* The next transfer of 'm' that curl_multi_info_read() reports finished, with its
+ * CURLOPT_PRIVATE in *priv and its result in *rc; NULL when none is left. */
+CURL *proc_multi_next_done(CURLM *m, void **priv, CURLcode *rc);
 
 #endif

@@ -819,7 +819,7 @@ int main(int argc, char **argv)
     /* Idle before the load: the descriptor baseline. */
     sleep_ms(1000);
     int fds_idle = proc_entries(proxy_pid, "fd");
-    long rss_idle = proc_rss_kb(proxy_pid);
+    long rss_idle = proc_status_kb(proxy_pid, "VmRSS");
     printf("soak: %s, %s workers, %ld s, %ld connections at most%s; upstream 127.0.0.1:%u, "
            "proxy 127.0.0.1:%u\n",
            bin, workers, seconds, conc, rate ? "" : ", no rate limit", up.port, proxy_port);
@@ -853,15 +853,10 @@ int main(int argc, char **argv)
             break;
         int running;
         curl_multi_perform(m, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left)) != NULL) {
-            if (msg->msg != CURLMSG_DONE)
-                continue;
-            struct slot *s;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&s);
-            slot_done(m, s, msg->data.result);
-        }
+        void *s;
+        CURLcode rc;
+        while (proc_multi_next_done(m, &s, &rc))
+            slot_done(m, s, rc);
         if (loading && now >= next_reload) {
             next_reload += reload_s * 1000;
             if (write_config(up.port, ++gen) == 0)
@@ -878,7 +873,7 @@ int main(int argc, char **argv)
             next_sample += interval * 1000;
             struct sample *sm = &samples[ns++];
             sm->t = (int)((now - t0 + 500) / 1000);
-            sm->rss_kb = proc_rss_kb(proxy_pid);
+            sm->rss_kb = proc_status_kb(proxy_pid, "VmRSS");
             sm->fds = proc_entries(proxy_pid, "fd");
             sm->done = done_n;
             char *text = admin_get("/metrics");
@@ -926,7 +921,7 @@ int main(int argc, char **argv)
         nudges++;
         sleep_ms(250);
     }
-    long rss_after = proc_rss_kb(proxy_pid);
+    long rss_after = proc_status_kb(proxy_pid, "VmRSS");
     char *text = admin_get("/metrics");
     if (text)
         generation = metric(text, "retryproxy_config_generation");
