@@ -202,6 +202,7 @@ static uint64_t send_gen(const struct gen_req *g, struct http_resp *out)
 struct sampler {
     pthread_t th;
     const struct px *p;
+    long base_kb; /* RSS when sampling started */
     atomic_bool stop;
     atomic_long max_kb;
     atomic_long samples;
@@ -223,26 +224,11 @@ static void *sample_loop(void *arg)
 static void sampler_start(struct sampler *s, const struct px *p)
 {
     s->p = p;
+    s->base_kb = px_rss_kb(p);
     atomic_init(&s->stop, false);
     atomic_init(&s->max_kb, 0);
     atomic_init(&s->samples, 0);
     cr_assert_eq(pthread_create(&s->th, NULL, sample_loop, s), 0);
-}
-
-/* The proxy's peak RSS so far (VmHWM), in KiB: catches a peak between two samples. */
-static long peak_rss_kb(const struct px *p)
-{
-    char path[64], line[256];
-    long kb = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)p->pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmHWM: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
 }
 
 /* Stops sampling and returns the largest RSS seen, in KiB: samples, a last one, and the
@@ -253,9 +239,27 @@ static long sampler_stop(struct sampler *s)
     pthread_join(s->th, NULL);
     long max = atomic_load(&s->max_kb);
     long kb = px_rss_kb(s->p);
-    long hwm = peak_rss_kb(s->p);
+    long hwm = proc_status_kb(s->p->pid, "VmHWM"); /* a peak between two samples */
     max = kb > max ? kb : max;
     return hwm > max ? hwm : max;
+}
+
+/* sampler_stop(), and a line on stderr for the transfer 'what' that took 'seconds'. */
+static long sampler_report(struct sampler *s, const char *what, double seconds)
+{
+    long max = sampler_stop(s);
+    fprintf(stderr, "[bodies] %s: %.2f s, proxy RSS %ld KiB before, peak %ld KiB (%ld samples)\n",
+            what, seconds, s->base_kb, max, atomic_load(&s->samples));
+    return max;
+}
+
+/* A response of 'len' bytes of tup's pattern, whole and with status 200. */
+static void expect_pattern_response(const struct http_resp *r, uint64_t len)
+{
+    cr_assert_eq(r->rc, 0, "curl error %d", r->rc);
+    cr_expect_eq(r->status, 200);
+    cr_expect_eq(r->body_len, len);
+    cr_expect_eq(r->body_hash, tup_pattern_hash(len), "response body differs from tup's");
 }
 
 /* ---- small helpers ---- */
@@ -432,15 +436,10 @@ Test(bodies, large_streamed_upload_arrives_once_intact_with_bounded_memory)
         .method = "POST", .path = "/u", .headers = h, .body_len = len, .seed = SEED + 5
     };
     struct sampler s;
-    long base = px_rss_kb(px);
     sampler_start(&s, px);
     struct http_resp r;
     uint64_t sent = send_gen(&g, &r);
-    long max = sampler_stop(&s);
-    fprintf(stderr,
-            "[bodies] 20 MiB upload: %.2f s, proxy RSS %ld KiB before, peak %ld KiB "
-            "(%ld samples)\n",
-            r.seconds, base, max, atomic_load(&s.samples));
+    long max = sampler_report(&s, "20 MiB upload", r.seconds);
     cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
     cr_expect_eq(r.status, 200);
     cr_expect_eq(sent, gen_hash(SEED + 5, len));
@@ -454,13 +453,7 @@ Test(bodies, large_streamed_upload_arrives_once_intact_with_bounded_memory)
 
 Test(bodies, connect_failure_is_retried_for_a_streamed_post)
 {
-    fx_upstreams(1);
-    struct cfgb *b = cfgb_new();
-    cfgb_route(b, "r",
-               "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], "
-               "\"retry\": {\"max_attempts\": 2, " CFG_FAST "}",
-               fx_closed_port(), fx_up_url(0));
-    fx_start_b(b, "--workers", "2", NULL);
+    fx_start_b(fx_cfg_closed_then_up(), "--workers", "2", NULL);
 
     /* Round-robin may send a request to tup first. With 2 workers, 4 requests put at least
      * two on one worker, and consecutive requests there start on different upstreams, so at
@@ -602,19 +595,11 @@ Test(bodies, response_of_100mib_streams_intact_with_bounded_memory)
     char url[128];
     const char *h[] = { "X-Test-Plan: body=104857600", "X-Request-Id: down-100m", NULL };
     struct sampler s;
-    long base = px_rss_kb(px);
     sampler_start(&s, px);
     struct http_resp r;
     http_do("GET", px_url(px, "/d", url, sizeof(url)), h, NULL, 0, T, &r);
-    long max = sampler_stop(&s);
-    fprintf(stderr,
-            "[bodies] 100 MiB response: %.2f s, proxy RSS %ld KiB before, peak %ld KiB "
-            "(%ld samples)\n",
-            r.seconds, base, max, atomic_load(&s.samples));
-    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
-    cr_expect_eq(r.status, 200);
-    cr_expect_eq(r.body_len, len);
-    cr_expect_eq(r.body_hash, tup_pattern_hash(len), "response body differs from tup's");
+    long max = sampler_report(&s, "100 MiB response", r.seconds);
+    expect_pattern_response(&r, len);
     cr_expect_lt(max, rss_bound_kb(), "proxy RSS reached %ld KiB during a 100 MiB response", max);
     http_free(&r);
 }
@@ -629,19 +614,11 @@ Test(bodies, slow_client_keeps_memory_bounded)
         .method = "GET", .path = "/d", .headers = h, .max_recv_speed = 20 * 1000 * 1000
     };
     struct sampler s;
-    long base = px_rss_kb(px);
     sampler_start(&s, px);
     struct http_resp r;
     send_gen(&g, &r);
-    long max = sampler_stop(&s);
-    fprintf(stderr,
-            "[bodies] 60 MiB response at 20 MB/s: %.2f s, proxy RSS %ld KiB before, "
-            "peak %ld KiB (%ld samples)\n",
-            r.seconds, base, max, atomic_load(&s.samples));
-    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
-    cr_expect_eq(r.status, 200);
-    cr_expect_eq(r.body_len, len);
-    cr_expect_eq(r.body_hash, tup_pattern_hash(len), "response body differs from tup's");
+    long max = sampler_report(&s, "60 MiB response at 20 MB/s", r.seconds);
+    expect_pattern_response(&r, len);
     cr_expect_lt(max, rss_bound_kb(), "proxy RSS reached %ld KiB with a slow client", max);
     http_free(&r);
 }

@@ -118,29 +118,9 @@ static void launch(bool pin_listeners)
     fx_start_argv(pin_listeners ? pinned : unpinned);
 }
 
-/* Sends an admin request and parses its JSON answer (the caller decrefs). */
-static json_t *admin_json(const char *method, const char *path, long *status)
-{
-    char url[256];
-    struct http_resp r;
-    http_do(method, px_admin_url(px, path, url, sizeof(url)), NULL, NULL, 0, 5000, &r);
-    cr_assert_eq(r.rc, 0, "%s %s: curl error %d", method, path, r.rc);
-    json_error_t err;
-    json_t *j = json_loadb((const char *)r.body, r.body_len, 0, &err);
-    cr_assert_not_null(j, "%s %s: not JSON (%s): %.*s", method, path, err.text, (int)r.body_len,
-                       r.body ? (const char *)r.body : "");
-    if (status)
-        *status = r.status;
-    http_free(&r);
-    return j;
-}
-
 static json_t *get_config(void)
 {
-    long status;
-    json_t *c = admin_json("GET", "/config", &status);
-    cr_assert_eq(status, 200, "GET /config: %ld", status);
-    return c;
+    return fx_admin_get_json("/config");
 }
 
 static long generation_of(const json_t *c)
@@ -190,9 +170,7 @@ static long base_ms_now(void)
  * because it goes through the published runtime's policy, not the config's JSON rendering. */
 static void schedule2(long *d1, long *d2)
 {
-    long status;
-    json_t *s = admin_json("GET", "/schedule?route=r&retries=2&seed=7", &status);
-    cr_assert_eq(status, 200, "GET /schedule: %ld", status);
+    json_t *s = fx_admin_get_json("/schedule?route=r&retries=2&seed=7");
     cr_expect_eq(json_integer_value(json_object_get(s, "seed")), 7);
     json_t *d = json_object_get(s, "delays_ms");
     cr_assert(json_is_array(d) && json_array_size(d) == 2, "delays_ms is not 2 delays");
@@ -244,28 +222,15 @@ static int64_t wait_config(int64_t t0, long gen, long base, int timeout_ms)
     return poll_config(t0, timeout_ms, config_is, &w);
 }
 
-/* The value of one metric series ("name{labels}" exactly as rendered), -1 if absent. */
-static double metric(const char *series)
-{
-    double v = fx_metric(series);
-    return isnan(v) ? -1 : v;
-}
-
 #define FAILURES  "retryproxy_config_reloads_total{result=\"failure\"}"
 #define SUCCESSES "retryproxy_config_reloads_total{result=\"success\"}"
 
-/* Polls /metrics until 'series' is at least 'want'; milliseconds since 't0' or -1. */
+/* fx_wait_metric() for 'timeout_ms' from 't0': the milliseconds since 't0' when 'series'
+ * reached 'want', or -1. */
 static int64_t wait_metric(int64_t t0, const char *series, double want, int timeout_ms)
 {
-    for (;;) {
-        bool ok = metric(series) >= want;
-        int64_t now = now_ms();
-        if (ok)
-            return now - t0;
-        if (now - t0 > timeout_ms)
-            return -1;
-        sleep_ms(20);
-    }
+    bool ok = fx_wait_metric(series, want, (int)(t0 + timeout_ms - now_ms())) == want;
+    return ok ? now_ms() - t0 : -1;
 }
 
 /* ---- the reload log ---- */
@@ -399,7 +364,7 @@ Test(reload, in_place_truncating_write_applies)
     cr_expect_eq(generation_now(), 2);
     expect_trigger(2, "changed", "in-place write");
     cr_expect_eq(schedule_delay(), 40);
-    cr_expect_eq(metric(FAILURES), 0, "a truncating write must not be read half-done");
+    cr_expect_eq(fx_metric(FAILURES), 0, "a truncating write must not be read half-done");
     expect_max_attempts("after", 1);
 }
 
@@ -465,8 +430,8 @@ Test(reload, kubelet_configmap_symlink_swap_applies_every_version)
     cr_log_info("kubelet swap x10: mean %lld ms, worst %lld ms", (long long)(total / 10),
                 (long long)worst);
     cr_expect_eq(schedule_delay(), 110);
-    cr_expect_eq(metric(FAILURES), 0, "no swap may expose a missing or partial file");
-    cr_expect_eq(metric(SUCCESSES), 11, "the start and the ten swaps");
+    cr_expect_eq(fx_metric(FAILURES), 0, "no swap may expose a missing or partial file");
+    cr_expect_eq(fx_metric(SUCCESSES), 11, "the start and the ten swaps");
 }
 
 /* The line and column (1-based) where 'needle' starts in 'text'. */
@@ -495,7 +460,7 @@ Test(reload, invalid_file_keeps_the_running_config_and_reports_the_path)
     cr_log_info("invalid file: failure counted after %lld ms", (long long)lat);
     cr_assert(lat >= 0, "no failed reload counted within %d ms", VISIBLE_MS);
     sleep_ms(SETTLE_MS); /* a second count for the same content would show up by now */
-    cr_expect_eq(metric(FAILURES), 1, "one bad write, one failure");
+    cr_expect_eq(fx_metric(FAILURES), 1, "one bad write, one failure");
 
     json_t *c = get_config();
     const char *e = last_error_of(c, err, sizeof(err));
@@ -532,7 +497,7 @@ Test(reload, invalid_file_keeps_the_running_config_and_reports_the_path)
     cr_expect_eq(generation_of(c), 2, "the invalid file used no generation");
     cr_expect_null(last_error_of(c, err, sizeof(err)), "last_error stays after success: %s", err);
     json_decref(c);
-    cr_expect_eq(metric(FAILURES), 1);
+    cr_expect_eq(fx_metric(FAILURES), 1);
     expect_max_attempts("fixed", 1);
 }
 
@@ -550,7 +515,7 @@ Test(reload, half_written_file_fails_once_then_the_full_write_applies)
     cr_expect_eq(base_ms_of(c), 20);
     cr_expect_not_null(last_error_of(c, err, sizeof(err)), "the half file's failure is reported");
     json_decref(c);
-    cr_expect_eq(metric(FAILURES), 1);
+    cr_expect_eq(fx_metric(FAILURES), 1);
     expect_max_attempts("half", 3);
 
     /* Rewritten whole in place (the writer finishing its job). */
@@ -564,7 +529,7 @@ Test(reload, half_written_file_fails_once_then_the_full_write_applies)
     cr_expect_eq(generation_of(c), 2);
     cr_expect_null(last_error_of(c, err, sizeof(err)), "last_error stays after success: %s", err);
     json_decref(c);
-    cr_expect_eq(metric(FAILURES), 1);
+    cr_expect_eq(fx_metric(FAILURES), 1);
     expect_max_attempts("whole", 1);
 }
 
@@ -587,7 +552,7 @@ Test(reload, deleted_file_keeps_serving_and_a_recreated_one_applies)
     cr_expect(strstr(e, "cannot open") != NULL, "last_error does not say so: %s", e);
     cr_expect_eq(generation_now(), 1);
     cr_expect_eq(base_ms_now(), 20);
-    cr_expect_eq(metric(FAILURES), 1);
+    cr_expect_eq(fx_metric(FAILURES), 1);
     long status;
     cr_expect_eq(attempts("plain", "", &status), 1);
     cr_expect_eq(status, 200, "the proxy stops serving without its file");
@@ -663,13 +628,13 @@ Test(reload, sighup_and_post_reload_force_a_reload)
     cr_expect_eq(generation_now(), 2);
 
     long status;
-    json_t *j = admin_json("POST", "/reload", &status);
+    json_t *j = fx_admin_json("POST", "/reload", &status);
     cr_expect_eq(status, 200, "POST /reload: %ld", status);
     cr_expect_eq(json_integer_value(json_object_get(j, "generation")), 3,
                  "POST /reload answers the new generation");
     json_decref(j);
     cr_expect_eq(generation_now(), 3);
-    cr_expect_eq(metric(FAILURES), 0);
+    cr_expect_eq(fx_metric(FAILURES), 0);
 
     char bad[2048];
     cfg_text(bad, sizeof(bad), 1, 40, "bsae_ms", "");
@@ -677,7 +642,7 @@ Test(reload, sighup_and_post_reload_force_a_reload)
     write_in_place(cfg_path, bad, strlen(bad));
     /* Let the watch's own attempt finish first, so that the 422 below is POST's. */
     cr_assert_geq(wait_metric(t0, FAILURES, 1, VISIBLE_MS), 0, "the invalid write went unnoticed");
-    j = admin_json("POST", "/reload", &status);
+    j = fx_admin_json("POST", "/reload", &status);
     cr_expect_eq(status, 422, "POST /reload of an invalid file: %ld", status);
     cr_expect_eq(json_integer_value(json_object_get(j, "generation")), 3);
     json_t *errs = json_object_get(j, "errors");
@@ -696,7 +661,7 @@ Test(reload, sighup_and_post_reload_force_a_reload)
     cr_expect_gt(strlen(first), strlen(want), "errors[0] has no message: %s", first);
     json_decref(j);
     cr_expect_eq(generation_now(), 3, "a refused forced reload publishes nothing");
-    cr_expect_eq(metric(FAILURES), 2, "the forced attempt is a failed reload too");
+    cr_expect_eq(fx_metric(FAILURES), 2, "the forced attempt is a failed reload too");
     expect_max_attempts("still", 3);
 }
 
@@ -863,7 +828,7 @@ Test(reload, unchanged_content_rewritten_is_not_a_new_generation)
     start(3, 20);
     char text[2048];
     cfg_simple(text, sizeof(text), 3, 20);
-    double ok0 = metric(SUCCESSES);
+    double ok0 = fx_metric(SUCCESSES);
     cr_assert_eq(ok0, 1, "the start-up load counts as one success");
 
     /* touch: only the metadata changes. */
@@ -883,8 +848,8 @@ Test(reload, unchanged_content_rewritten_is_not_a_new_generation)
     cr_expect_eq(generation_of(c), 1, "saving the same bytes made a new generation");
     cr_expect_null(last_error_of(c, err, sizeof(err)), "unchanged content reported: %s", err);
     json_decref(c);
-    cr_expect_eq(metric(FAILURES), 0);
-    cr_expect_eq(metric(SUCCESSES), ok0, "unchanged content counted as a reload");
+    cr_expect_eq(fx_metric(FAILURES), 0);
+    cr_expect_eq(fx_metric(SUCCESSES), ok0, "unchanged content counted as a reload");
 
     /* The watch was alive all along: a real change is applied. */
     cfg_simple(text, sizeof(text), 3, 30);
@@ -921,8 +886,8 @@ Test(reload, cap_ms_change_shows_in_schedule_and_metrics_within_a_second)
     cr_assert(d1 == 100 && d2 == 100, "cap 100: /schedule gives %ld %ld", d1, d2);
     cr_assert_eq(attempts("cap-before", "fail=2", &status), 3);
     cr_assert_eq(status, 200);
-    cr_expect_eq(metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 2);
-    double sum = metric("retryproxy_backoff_seconds_sum{route=\"r\"}");
+    cr_expect_eq(fx_metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 2);
+    double sum = fx_metric("retryproxy_backoff_seconds_sum{route=\"r\"}");
     cr_expect(fabs(sum - 0.2) < 1e-9, "backoff_seconds_sum %g after waits of 100 and 100", sum);
 
     cfg_capped(text, sizeof(text), 400);
@@ -942,8 +907,8 @@ Test(reload, cap_ms_change_shows_in_schedule_and_metrics_within_a_second)
 
     cr_assert_eq(attempts("cap-after", "fail=2", &status), 3);
     cr_assert_eq(status, 200);
-    cr_expect_eq(metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 4);
-    sum = metric("retryproxy_backoff_seconds_sum{route=\"r\"}");
+    cr_expect_eq(fx_metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 4);
+    sum = fx_metric("retryproxy_backoff_seconds_sum{route=\"r\"}");
     cr_expect(fabs(sum - 0.7) < 1e-9, "backoff_seconds_sum %g, want 0.2 + 0.1 + 0.4", sum);
 }
 
@@ -1016,7 +981,7 @@ Test(reload, fifo_at_the_config_path_is_refused_without_stalling_the_control_thr
     cr_assert(lat >= 0, "no 'not a regular file (a FIFO)' in last_error within %d ms: %s",
               VISIBLE_MS, err);
     cr_expect(strstr(err, cfg_path) != NULL, "last_error does not name the file: %s", err);
-    cr_expect_eq(metric(FAILURES), 1);
+    cr_expect_eq(fx_metric(FAILURES), 1);
 
     /* Past the 2 s poll, which reads the path too: the control thread still answers. */
     for (int i = 0; i < 6; i++) {
@@ -1025,7 +990,7 @@ Test(reload, fifo_at_the_config_path_is_refused_without_stalling_the_control_thr
     }
     long status;
     t0 = now_ms();
-    json_t *j = admin_json("POST", "/reload", &status);
+    json_t *j = fx_admin_json("POST", "/reload", &status);
     cr_expect_eq(status, 422, "POST /reload of a FIFO: %ld", status);
     cr_expect_lt(now_ms() - t0, 1000, "POST /reload of a FIFO took %lld ms",
                  (long long)(now_ms() - t0));
@@ -1062,7 +1027,7 @@ Test(reload, file_above_the_size_limit_is_refused_and_the_running_config_stays)
     char want[256];
     snprintf(want, sizeof(want), "%s: $: larger than 4 MiB", cfg_path);
     cr_expect(strstr(err, want) != NULL, "last_error does not name the file: %s", err);
-    cr_expect_eq(metric(FAILURES), 1);
+    cr_expect_eq(fx_metric(FAILURES), 1);
     expect_recovery();
 }
 
@@ -1155,7 +1120,7 @@ Test(reload, in_place_write_behind_a_configmap_symlink_applies_within_a_second)
     cr_log_info("in-place write after a swap: applied after %lld ms", (long long)lat);
     cr_assert(lat >= 0, "the write after the swap was not applied within 3 s");
     cr_expect_lt(lat, 1000, "the write after the swap applied after %lld ms", (long long)lat);
-    cr_expect_eq(metric(FAILURES), 0, "an in-place write must not be read half-done");
+    cr_expect_eq(fx_metric(FAILURES), 0, "an in-place write must not be read half-done");
 }
 
 /* ---- issue 10: a config that arrives whole is applied at once ---- */
@@ -1184,8 +1149,8 @@ Test(reload, rename_during_a_pending_debounce_applies_at_once_and_writes_after_a
     expect_trigger(gen, "replaced", "rename during a pending debounce");
     sleep_ms(SETTLE_MS); /* past the debounce the write armed */
     cr_expect_eq(generation_now(), gen, "the pending debounce published the same content again");
-    cr_expect_eq(metric(SUCCESSES), gen, "one success per generation");
-    cr_expect_eq(metric(FAILURES), 0);
+    cr_expect_eq(fx_metric(SUCCESSES), gen, "one success per generation");
+    cr_expect_eq(fx_metric(FAILURES), 0);
 
     /* A rename, then the new file written further in place: whatever the rename's own read
      * found, the written content is what stays, and it is read after the debounce (or, when
@@ -1207,7 +1172,7 @@ Test(reload, rename_during_a_pending_debounce_applies_at_once_and_writes_after_a
     /* Deleted: reported after the debounce, as before; the path completed again by a symlink
      * to a whole file is read at once. */
     gen = generation_now();
-    double failures = metric(FAILURES);
+    double failures = fx_metric(FAILURES);
     cr_assert_eq(unlink(cfg_path), 0);
     t0 = now_ms();
     cr_assert_geq(wait_metric(t0, FAILURES, failures + 1, VISIBLE_MS), 0,

@@ -167,13 +167,7 @@ Test(retry, status_and_range_tokens_fire)
 
 Test(retry, connect_failure_is_retried_even_for_post)
 {
-    fx_upstreams(1);
-    struct cfgb *b = cfgb_new();
-    cfgb_route(b, "r",
-               "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], "
-               "\"retry\": {\"max_attempts\": 2, " CFG_FAST "}",
-               fx_closed_port(), fx_up_url(0));
-    fx_start_b(b, "--workers", "1", NULL);
+    fx_start_b(fx_cfg_closed_then_up(), "--workers", "1", NULL);
     for (int i = 0; i < 4; i++) {
         char id[32], idh[48];
         snprintf(id, sizeof(id), "cf-%d", i);

@@ -184,6 +184,17 @@ uint16_t fx_closed_port(void)
     return ntohs(a.sin_port);
 }
 
+struct cfgb *fx_cfg_closed_then_up(void)
+{
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], "
+               "\"retry\": {\"max_attempts\": 2, " CFG_FAST "}",
+               fx_closed_port(), fx_up_url(0));
+    return b;
+}
+
 int fx_sh(const char *cmd)
 {
     int st = system(cmd);
@@ -269,18 +280,33 @@ double fx_wait_metric(const char *series, double want, int timeout_ms)
     return v;
 }
 
-json_t *fx_admin_get_json(const char *path)
+/* fx_admin_json(), asserting the status first when 'want' is not 0. */
+static json_t *admin_json(const char *method, const char *path, long want, long *status)
 {
     char url[256];
     struct http_resp r;
-    http_do("GET", px_admin_url(px, path, url, sizeof(url)), NULL, NULL, 0, 5000, &r);
-    cr_assert_eq(r.rc, 0, "GET %s: curl error %d", path, r.rc);
-    cr_assert_eq(r.status, 200, "GET %s: %ld", path, r.status);
+    http_do(method, px_admin_url(px, path, url, sizeof(url)), NULL, NULL, 0, 5000, &r);
+    cr_assert_eq(r.rc, 0, "%s %s: curl error %d", method, path, r.rc);
+    if (want)
+        cr_assert_eq(r.status, want, "%s %s: %ld", method, path, r.status);
     json_error_t err;
     json_t *j = json_loadb((const char *)r.body, r.body_len, 0, &err);
-    cr_assert_not_null(j, "GET %s: not JSON: %s", path, err.text);
+    cr_assert_not_null(j, "%s %s: not JSON (%s): %.*s", method, path, err.text, (int)r.body_len,
+                       r.body ? (const char *)r.body : "");
+    if (status)
+        *status = r.status;
     http_free(&r);
     return j;
+}
+
+json_t *fx_admin_get_json(const char *path)
+{
+    return admin_json("GET", path, 200, NULL);
+}
+
+json_t *fx_admin_json(const char *method, const char *path, long *status)
+{
+    return admin_json(method, path, 0, status);
 }
 
 const char *json_str(const json_t *o, const char *key)

@@ -85,6 +85,9 @@ const char *fx_url(const char *path);
 bool fx_under_asan(void);
 /* A 127.0.0.1 port nothing listens on (bound, then closed). */
 uint16_t fx_closed_port(void);
+/* A config of route "r" whose upstreams are fx_closed_port() and then upstream 0 (started if
+ * need be), with max_attempts 2 and CFG_FAST: a connect failure, then its retry. */
+struct cfgb *fx_cfg_closed_then_up(void);
 /* system(cmd): its exit status, -1 if it did not exit. */
 int fx_sh(const char *cmd);
 /* qsort comparator of int64_t. */
@@ -109,6 +112,9 @@ double fx_metric(const char *series);
 double fx_wait_metric(const char *series, double want, int timeout_ms);
 /* GET 'path' on the admin listener, status 200 and a JSON body asserted (caller decrefs). */
 json_t *fx_admin_get_json(const char *path);
+/* 'method' 'path' on the admin listener, whatever its status (in *status if not NULL): its
+ * JSON body, asserted (caller decrefs). */
+json_t *fx_admin_json(const char *method, const char *path, long *status);
 /* A string member of a JSON object, NULL when absent or not a string. */
 const char *json_str(const json_t *o, const char *key);
 
