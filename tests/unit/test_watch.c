@@ -55,10 +55,31 @@ static void touch_other(void)
     cr_assert_eq(unlink(path), 0);
 }
 
-Test(watch, other_files_are_ignored_and_the_config_is_seen)
+/* A watch on the test's config path (asserted). */
+static struct watch *watch_open(void)
 {
     struct watch *w = watch_new(cfg);
     cr_assert_not_null(w);
+    return w;
+}
+
+/* The kernel's inotify queue length (16384 if it cannot be read), asserted small enough to
+ * overflow from a test. */
+static long max_queued_events(void)
+{
+    long max = 16384;
+    FILE *f = fopen("/proc/sys/fs/inotify/max_queued_events", "r");
+    if (f) {
+        cr_assert_eq(fscanf(f, "%ld", &max), 1);
+        fclose(f);
+    }
+    cr_assert_leq(max, 1L << 20, "max_queued_events %ld: too many events to provoke here", max);
+    return max;
+}
+
+Test(watch, other_files_are_ignored_and_the_config_is_seen)
+{
+    struct watch *w = watch_open();
     cr_assert(watch_active(w));
     cr_expect_not(watch_read(w), "no event yet");
     touch_other();
@@ -71,8 +92,7 @@ Test(watch, other_files_are_ignored_and_the_config_is_seen)
 
 Test(watch, kubelet_entries_count)
 {
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     char path[192];
     snprintf(path, sizeof(path), "%s/..data_tmp", dir);
     cr_assert_eq(symlink("nowhere", path), 0);
@@ -88,15 +108,8 @@ Test(watch, kubelet_entries_count)
  * stays in place and keeps reporting. */
 Test(watch, queue_overflow_counts_as_a_change_and_the_watch_keeps_working)
 {
-    long max = 16384;
-    FILE *f = fopen("/proc/sys/fs/inotify/max_queued_events", "r");
-    if (f) {
-        cr_assert_eq(fscanf(f, "%ld", &max), 1);
-        fclose(f);
-    }
-    cr_assert_leq(max, 1L << 20, "max_queued_events %ld: too many events to provoke here", max);
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    long max = max_queued_events();
+    struct watch *w = watch_open();
 
     /* Below the limit, the same kind of events is not a change... */
     for (int i = 0; i < 100; i++)
@@ -118,8 +131,7 @@ Test(watch, queue_overflow_counts_as_a_change_and_the_watch_keeps_working)
 
 Test(watch, removed_directory_drops_the_watch_until_repaired)
 {
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     cr_assert_eq(rmdir(dir), 0);
     cr_expect_eq(watch_read(w), WATCH_IN_PROGRESS, "the directory going away was missed");
     cr_expect_not(watch_active(w));
@@ -167,8 +179,7 @@ static void configmap(void)
 Test(watch, in_place_write_through_a_configmap_symlink_chain_is_seen)
 {
     configmap();
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     cr_expect_not(watch_read(w), "no event yet");
     write_file("..v1/config.json", "{\"a\": 1}");
     cr_expect_eq(watch_read(w), WATCH_IN_PROGRESS,
@@ -184,8 +195,7 @@ Test(watch, in_place_write_through_a_configmap_symlink_chain_is_seen)
 Test(watch, configmap_swap_moves_the_watch_to_the_new_target)
 {
     configmap();
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     mkdir_in("..v2");
     write_file("..v2/config.json", "{\"v\": 2}");
     link_as("..data", "..v2");
@@ -249,8 +259,7 @@ Test(watch, dangling_link_target_appearing_is_seen)
 {
     mkdir_in("srv");
     link_as("config.json", "srv/later/real.json");
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     mkdir_in("srv/later");
     cr_expect_eq(watch_read(w), WATCH_COMPLETE,
                  "the missing directory appearing was not seen complete");
@@ -280,8 +289,7 @@ static void save_as(const char *name, const char *text)
 Test(watch, rename_into_place_is_complete_and_an_in_place_write_in_progress)
 {
     write_file("config.json", "{}");
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     save_as("config.json", "{\"a\": 1}");
     cr_expect_eq(watch_read(w), WATCH_COMPLETE, "a rename into place was not seen complete");
     cr_expect_eq(watch_read(w), WATCH_NONE, "events are reported once");
@@ -301,8 +309,7 @@ Test(watch, rename_into_place_is_complete_and_an_in_place_write_in_progress)
 Test(watch, events_read_together_are_taken_in_order)
 {
     write_file("config.json", "{}");
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     write_file("config.json", "{\"a\": 1}");
     cr_assert_eq(chmod(cfg, 0600), 0);
     save_as("config.json", "{\"a\": 2}");
@@ -323,8 +330,7 @@ Test(watch, events_read_together_are_taken_in_order)
  * both in progress (the debounce keeps a delete-then-recreate from being read in between). */
 Test(watch, creation_deletion_and_renaming_away)
 {
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     write_file("real.json", "{}");
     cr_expect_eq(watch_read(w), WATCH_NONE, "another file counts");
     cr_assert_eq(symlink("real.json", cfg), 0);
@@ -350,8 +356,7 @@ Test(watch, creation_deletion_and_renaming_away)
 Test(watch, kubelet_update_with_its_clean_up_is_complete)
 {
     configmap();
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     mkdir_in("..v2");
     write_file("..v2/config.json", "{\"v\": 2}");
     link_as("..data", "..v2");
@@ -371,16 +376,9 @@ Test(watch, kubelet_update_with_its_clean_up_is_complete)
  * the last word. */
 Test(watch, overflow_with_a_rename_is_in_progress)
 {
-    long max = 16384;
-    FILE *f = fopen("/proc/sys/fs/inotify/max_queued_events", "r");
-    if (f) {
-        cr_assert_eq(fscanf(f, "%ld", &max), 1);
-        fclose(f);
-    }
-    cr_assert_leq(max, 1L << 20, "max_queued_events %ld: too many events to provoke here", max);
+    long max = max_queued_events();
     write_file("config.json", "{}");
-    struct watch *w = watch_new(cfg);
-    cr_assert_not_null(w);
+    struct watch *w = watch_open();
     for (long i = 0; i < max / 3 + 100; i++)
         touch_other();
     save_as("config.json", "{\"a\": 1}");
