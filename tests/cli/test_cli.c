@@ -38,12 +38,17 @@ static struct proc_result rp_env(char *const env[], const char *a0, ...)
 
 #define rp(...) rp_env(NULL, __VA_ARGS__, NULL)
 
+/* Checks the exit status and the whole stdout of a run, and frees it. */
+static void expect_run(struct proc_result r, int status, const char *out)
+{
+    cr_expect_eq(r.status, status, "exit %d, stderr: %s", r.status, r.err);
+    cr_expect_str_eq(r.out, out);
+    proc_result_free(&r);
+}
+
 Test(cli, version_prints_name_and_version)
 {
-    struct proc_result r = rp("--version");
-    cr_expect_eq(r.status, 0);
-    cr_expect_str_eq(r.out, "retryproxy 0.1.0\n");
-    proc_result_free(&r);
+    expect_run(rp("--version"), 0, "retryproxy 0.1.0\n");
 }
 
 Test(cli, help_lists_every_command_and_exits_zero)
@@ -60,10 +65,7 @@ Test(cli, help_lists_every_command_and_exits_zero)
 
 Test(cli, check_accepts_a_valid_config)
 {
-    struct proc_result r = rp("check", "-c", VALID "/minimal.json");
-    cr_expect_eq(r.status, 0, "stderr: %s", r.err);
-    cr_expect_str_eq(r.out, VALID "/minimal.json: OK (1 route)\n");
-    proc_result_free(&r);
+    expect_run(rp("check", "-c", VALID "/minimal.json"), 0, VALID "/minimal.json: OK (1 route)\n");
 }
 
 Test(cli, check_accepts_the_bundled_example_configs)
@@ -186,15 +188,9 @@ Test(cli, schedule_prints_the_contract_sequences)
 
 Test(cli, schedule_prints_runs_lines_of_retries_delays)
 {
-    struct proc_result r =
-        rp("schedule", "-c", SEQ, "--route", "exponential", "--retries", "3", "--runs", "4");
-    cr_expect_eq(r.status, 0);
-    cr_expect_str_eq(r.out, "10 20 40\n10 20 40\n10 20 40\n10 20 40\n");
-    proc_result_free(&r);
-    r = rp("schedule", "-c", SEQ, "--route", "exponential", "--retries", "0");
-    cr_expect_eq(r.status, 0);
-    cr_expect_str_eq(r.out, "\n");
-    proc_result_free(&r);
+    expect_run(rp("schedule", "-c", SEQ, "--route", "exponential", "--retries", "3", "--runs", "4"),
+               0, "10 20 40\n10 20 40\n10 20 40\n10 20 40\n");
+    expect_run(rp("schedule", "-c", SEQ, "--route", "exponential", "--retries", "0"), 0, "\n");
 }
 
 Test(cli, schedule_seed_makes_jitter_repeatable)
@@ -279,11 +275,9 @@ Test(cli, schedule_numbers_are_strict)
         cr_expect_eq(r.status, 2, "%s %s: exit %d", bad[i][0], bad[i][1], r.status);
         proc_result_free(&r);
     }
-    struct proc_result r = rp("schedule", "-c", SEQ, "--route", "capped", "--seed",
-                              "18446744073709551615", "--retries", "1");
-    cr_expect_eq(r.status, 0);
-    cr_expect_str_eq(r.out, "10\n");
-    proc_result_free(&r);
+    expect_run(rp("schedule", "-c", SEQ, "--route", "capped", "--seed", "18446744073709551615",
+                  "--retries", "1"),
+               0, "10\n");
 }
 
 Test(cli, reference_matches_docs_config_md)
