@@ -83,6 +83,20 @@ static size_t count_lines(const char *text, const char *prefix)
 
 #define expect_line(text, line) cr_expect(has_line(text, line), "missing line: %s", line)
 
+/* expect_line() for each of 'lines'. */
+static void expect_lines(const char *text, const char *const *lines, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        expect_line(text, lines[i]);
+}
+
+/* expect_line() for each line that follows. */
+#define EXPECT_LINES(text, ...)                                                                    \
+    do {                                                                                           \
+        static const char *const lines_[] = { __VA_ARGS__ };                                       \
+        expect_lines((text), lines_, sizeof(lines_) / sizeof(lines_[0]));                          \
+    } while (0)
+
 static const char *const outcomes[] = { "1xx",   "2xx",    "3xx", "4xx", "5xx", "connect_failure",
                                         "reset", "timeout" };
 static const char *const denied[] = {
@@ -132,12 +146,12 @@ Test(metrics, known_scenario_renders_exact_lines)
     metrics_retry_success(r, 0);
 
     char *t = render(m);
-    expect_line(t, "retryproxy_requests_total{route=\"r\",code=\"200\"} 1");
-    expect_line(t, "retryproxy_attempts_total{route=\"r\",outcome=\"5xx\"} 2");
-    expect_line(t, "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 1");
-    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"gateway-error\"} 2");
-    expect_line(t, "retryproxy_retry_success_total{route=\"r\"} 1");
-    expect_line(t, "retryproxy_retry_after_honored_total{route=\"r\"} 0");
+    EXPECT_LINES(t, "retryproxy_requests_total{route=\"r\",code=\"200\"} 1",
+                 "retryproxy_attempts_total{route=\"r\",outcome=\"5xx\"} 2",
+                 "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 1",
+                 "retryproxy_retries_total{route=\"r\",reason=\"gateway-error\"} 2",
+                 "retryproxy_retry_success_total{route=\"r\"} 1",
+                 "retryproxy_retry_after_honored_total{route=\"r\"} 0");
     /* Only the code seen, and only the reason registered. */
     cr_expect_eq(count_lines(t, "retryproxy_requests_total{"), 1);
     cr_expect_eq(count_lines(t, "retryproxy_retries_total{"), 1);
@@ -179,16 +193,16 @@ Test(metrics, slots_are_summed_across_workers)
     metrics_request(r, 3, 503);
 
     char *t = render(m);
-    expect_line(t, "retryproxy_requests_total{route=\"api\",code=\"503\"} 3");
-    expect_line(t, "retryproxy_attempts_total{route=\"api\",outcome=\"timeout\"} 2");
-    expect_line(t, "retryproxy_retries_total{route=\"api\",reason=\"429\"} 2");
-    expect_line(t, "retryproxy_retry_success_total{route=\"api\"} 2");
-    expect_line(t, "retryproxy_retries_denied_total{route=\"api\",reason=\"budget\"} 2");
-    expect_line(t, "retryproxy_retry_after_honored_total{route=\"api\"} 2");
-    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"api\",le=\"0.05\"} 2");
-    expect_line(t, "retryproxy_backoff_seconds_sum{route=\"api\"} 0.100000");
-    expect_line(t, "retryproxy_backoff_seconds_count{route=\"api\"} 2");
-    expect_line(t, "retryproxy_connections_active 2");
+    EXPECT_LINES(t, "retryproxy_requests_total{route=\"api\",code=\"503\"} 3",
+                 "retryproxy_attempts_total{route=\"api\",outcome=\"timeout\"} 2",
+                 "retryproxy_retries_total{route=\"api\",reason=\"429\"} 2",
+                 "retryproxy_retry_success_total{route=\"api\"} 2",
+                 "retryproxy_retries_denied_total{route=\"api\",reason=\"budget\"} 2",
+                 "retryproxy_retry_after_honored_total{route=\"api\"} 2",
+                 "retryproxy_backoff_seconds_bucket{route=\"api\",le=\"0.05\"} 2",
+                 "retryproxy_backoff_seconds_sum{route=\"api\"} 0.100000",
+                 "retryproxy_backoff_seconds_count{route=\"api\"} 2",
+                 "retryproxy_connections_active 2");
     free(t);
     metrics_free(m);
 }
@@ -206,11 +220,11 @@ Test(metrics, registry_supports_256_workers)
     }
     metrics_connections_add(m, 255, -1);
     char *t = render(m);
-    expect_line(t, "retryproxy_requests_total{route=\"wide\",code=\"204\"} 256");
-    expect_line(t, "retryproxy_request_duration_seconds_bucket{route=\"wide\",le=\"0.5\"} 0");
-    expect_line(t, "retryproxy_request_duration_seconds_bucket{route=\"wide\",le=\"1\"} 256");
-    expect_line(t, "retryproxy_request_duration_seconds_sum{route=\"wide\"} 256.000000");
-    expect_line(t, "retryproxy_connections_active 511");
+    EXPECT_LINES(t, "retryproxy_requests_total{route=\"wide\",code=\"204\"} 256",
+                 "retryproxy_request_duration_seconds_bucket{route=\"wide\",le=\"0.5\"} 0",
+                 "retryproxy_request_duration_seconds_bucket{route=\"wide\",le=\"1\"} 256",
+                 "retryproxy_request_duration_seconds_sum{route=\"wide\"} 256.000000",
+                 "retryproxy_connections_active 511");
     free(t);
     metrics_free(m);
 }
@@ -390,9 +404,9 @@ Test(metrics, histogram_buckets_are_cumulative)
     expect_line(t, "retryproxy_attempt_duration_seconds_count{route=\"h\"} 4");
     cr_expect_eq(count_lines(t, "retryproxy_attempt_duration_seconds_bucket{route=\"h\""), 16);
     /* The other histograms of the route are there, empty. */
-    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"h\",le=\"+Inf\"} 0");
-    expect_line(t, "retryproxy_backoff_seconds_sum{route=\"h\"} 0.000000");
-    expect_line(t, "retryproxy_request_duration_seconds_count{route=\"h\"} 0");
+    EXPECT_LINES(t, "retryproxy_backoff_seconds_bucket{route=\"h\",le=\"+Inf\"} 0",
+                 "retryproxy_backoff_seconds_sum{route=\"h\"} 0.000000",
+                 "retryproxy_request_duration_seconds_count{route=\"h\"} 0");
     free(t);
     metrics_free(m);
 }
@@ -406,10 +420,10 @@ Test(metrics, histogram_bounds_are_inclusive_and_odd_values_are_safe)
     metrics_observe(r, 0, METRICS_HIST_BACKOFF, -1); /* clock trouble: counted as 0 */
     metrics_observe(r, 0, METRICS_HIST_BACKOFF, 1e300);
     char *t = render(m);
-    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"0.001\"} 2");
-    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"60\"} 3");
-    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"+Inf\"} 4");
-    expect_line(t, "retryproxy_backoff_seconds_count{route=\"b\"} 4");
+    EXPECT_LINES(t, "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"0.001\"} 2",
+                 "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"60\"} 3",
+                 "retryproxy_backoff_seconds_bucket{route=\"b\",le=\"+Inf\"} 4",
+                 "retryproxy_backoff_seconds_count{route=\"b\"} 4");
     free(t);
     metrics_free(m);
 }
@@ -494,9 +508,9 @@ Test(metrics, reason_overflow_goes_to_other)
     metrics_retry(r, 0, over2);
     metrics_retry(r, 0, 5);
     char *t = render(m);
-    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"other\"} 2");
-    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"tok5\"} 1");
-    expect_line(t, "retryproxy_retries_total{route=\"r\",reason=\"tok30\"} 0");
+    EXPECT_LINES(t, "retryproxy_retries_total{route=\"r\",reason=\"other\"} 2",
+                 "retryproxy_retries_total{route=\"r\",reason=\"tok5\"} 1",
+                 "retryproxy_retries_total{route=\"r\",reason=\"tok30\"} 0");
     cr_expect(!strstr(t, "one-too-many"));
     cr_expect_eq(count_lines(t, "retryproxy_retries_total{route=\"r\""), METRICS_MAX_REASONS);
     free(t);
@@ -590,9 +604,9 @@ Test(metrics, unmatched_route_renders_once_counted)
 
     metrics_request(none, 0, 404);
     t = render(m);
-    expect_line(t, "retryproxy_requests_total{route=\"\",code=\"404\"} 1");
-    expect_line(t, "retryproxy_attempts_total{route=\"\",outcome=\"1xx\"} 0");
-    expect_line(t, "retryproxy_request_duration_seconds_count{route=\"\"} 0");
+    EXPECT_LINES(t, "retryproxy_requests_total{route=\"\",code=\"404\"} 1",
+                 "retryproxy_attempts_total{route=\"\",outcome=\"1xx\"} 0",
+                 "retryproxy_request_duration_seconds_count{route=\"\"} 0");
     /* "" sorts before every other name. */
     const char *e = find_series(t, "retryproxy_retry_success_total{route=\"\"}");
     const char *a = find_series(t, "retryproxy_retry_success_total{route=\"a\"}");
@@ -610,10 +624,10 @@ Test(metrics, label_values_are_escaped)
     metrics_request(r, 0, 200);
     metrics_retry(r, 0, k);
     char *t = render(m);
-    expect_line(t, "retryproxy_requests_total{route=\"a\\\"b\\\\c\\nd\",code=\"200\"} 1");
-    expect_line(t, "retryproxy_retry_success_total{route=\"a\\\"b\\\\c\\nd\"} 0");
-    expect_line(t, "retryproxy_retries_total{route=\"a\\\"b\\\\c\\nd\",reason=\"x\\\"y\"} 1");
-    expect_line(t, "retryproxy_backoff_seconds_bucket{route=\"a\\\"b\\\\c\\nd\",le=\"+Inf\"} 0");
+    EXPECT_LINES(t, "retryproxy_requests_total{route=\"a\\\"b\\\\c\\nd\",code=\"200\"} 1",
+                 "retryproxy_retry_success_total{route=\"a\\\"b\\\\c\\nd\"} 0",
+                 "retryproxy_retries_total{route=\"a\\\"b\\\\c\\nd\",reason=\"x\\\"y\"} 1",
+                 "retryproxy_backoff_seconds_bucket{route=\"a\\\"b\\\\c\\nd\",le=\"+Inf\"} 0");
     /* The raw newline never reaches the output: no line starts with the rest of the name. */
     cr_expect_eq(count_lines(t, "d\""), 0);
     free(t);
@@ -640,12 +654,12 @@ Test(metrics, empty_registry_has_every_family)
             prev = ty;
     }
     cr_expect_eq(count_lines(t, "# TYPE "), NFAMILIES);
-    expect_line(t, "retryproxy_retries_in_flight 0");
-    expect_line(t, "retryproxy_config_reloads_total{result=\"success\"} 0");
-    expect_line(t, "retryproxy_config_reloads_total{result=\"failure\"} 0");
-    expect_line(t, "retryproxy_config_generation 0");
-    expect_line(t, "retryproxy_config_last_reload_success_timestamp_seconds 0.000");
-    expect_line(t, "retryproxy_connections_active 0");
+    EXPECT_LINES(t, "retryproxy_retries_in_flight 0",
+                 "retryproxy_config_reloads_total{result=\"success\"} 0",
+                 "retryproxy_config_reloads_total{result=\"failure\"} 0",
+                 "retryproxy_config_generation 0",
+                 "retryproxy_config_last_reload_success_timestamp_seconds 0.000",
+                 "retryproxy_connections_active 0");
     cr_expect(!strstr(t, "route="), "an empty registry has no route series");
     free(t);
     metrics_free(m);
@@ -659,10 +673,10 @@ Test(metrics, reloads_and_generation)
     metrics_reload(m, false, 1, 1700000200.0);
     metrics_reload(m, true, 2, 1700000300.5);
     char *t = render(m);
-    expect_line(t, "retryproxy_config_reloads_total{result=\"success\"} 2");
-    expect_line(t, "retryproxy_config_reloads_total{result=\"failure\"} 2");
-    expect_line(t, "retryproxy_config_generation 2");
-    expect_line(t, "retryproxy_config_last_reload_success_timestamp_seconds 1700000300.500");
+    EXPECT_LINES(t, "retryproxy_config_reloads_total{result=\"success\"} 2",
+                 "retryproxy_config_reloads_total{result=\"failure\"} 2",
+                 "retryproxy_config_generation 2",
+                 "retryproxy_config_last_reload_success_timestamp_seconds 1700000300.500");
     free(t);
 
     /* A failure leaves the last success time alone. */
