@@ -57,15 +57,14 @@ enum req_state {
 
 /* Request flags (struct retry_req 'flags'). */
 enum {
-    RF_HEAD = 1u << 0,        /* a HEAD request: a length comes back, never a body */
-    RF_RETRYABLE = 1u << 1,   /* its method may go twice (retry.methods, Idempotency-Key) */
-    RF_BODY_DONE = 1u << 2,   /* the client's body is complete (or there is none) */
-    RF_OVER_LIMIT = 1u << 3,  /* the body passed limits.max_body_bytes: answered 413 */
-    RF_CLOSE_NOW = 1u << 4,   /* give the connection up: too much body left to discard */
-    RF_IN_FLIGHT = 1u << 5,   /* a retry holds budget slots until its attempt ends */
-    RF_SUCCEEDED = 1u << 6,   /* the last attempt ended in nothing retry_on names */
-    RF_SAVED = 1u << 7,       /* 'saved' holds the last retryable response's head ... */
-    RF_SAVED_WHOLE = 1u << 8, /* ... and its whole body */
+    RF_RETRYABLE = 1u << 0,   /* its method may go twice (retry.methods, Idempotency-Key) */
+    RF_BODY_DONE = 1u << 1,   /* the client's body is complete (or there is none) */
+    RF_OVER_LIMIT = 1u << 2,  /* the body passed limits.max_body_bytes: answered 413 */
+    RF_CLOSE_NOW = 1u << 3,   /* give the connection up: too much body left to discard */
+    RF_IN_FLIGHT = 1u << 4,   /* a retry holds budget slots until its attempt ends */
+    RF_SUCCEEDED = 1u << 5,   /* the last attempt ended in nothing retry_on names */
+    RF_SAVED = 1u << 6,       /* 'saved' holds the last retryable response's head ... */
+    RF_SAVED_WHOLE = 1u << 7, /* ... and its whole body */
 };
 
 struct retry_req {
@@ -348,10 +347,7 @@ static void begin(struct retry_req *r, const char *method)
     }
     snprintf(r->method, sizeof(r->method), "%s", method);
     r->method_bit = cfg_method_bit(method, strlen(method));
-    if (strcmp(method, "HEAD") == 0) {
-        r->flags |= RF_HEAD;
-        r->relay.is_head = true;
-    }
+    r->relay.is_head = strcmp(method, "HEAD") == 0; /* a length comes back, never a body */
     r->state = RS_BODY;
 
     if (strcmp(method, "CONNECT") == 0) {
