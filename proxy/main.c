@@ -1,4 +1,5 @@
-/* main -- the command line (docs/cli.md): run, check, schedule, reference, --version, --help.
+/* main -- the command line (docs/cli.md): run, check, schedule, simulate, reference, --version,
+ * --help.
  *
  * Exit codes: 0 success, 1 invalid config (or unknown route), 2 usage error, 3 cannot bind.
  */
@@ -17,6 +18,7 @@
 #include "policy/rng.h"
 #include "proxy/metrics.h"
 #include "proxy/serve.h"
+#include "proxy/simulate.h"
 
 #define VERSION        "0.1.0"
 #define DEFAULT_CONFIG "/etc/retryproxy/config.json"
@@ -32,6 +34,10 @@ static const char usage_text[] =
     "                  [--log-format json|text] [--workers N]\n"
     "       retryproxy check -c FILE [--print]\n"
     "       retryproxy schedule -c FILE --route NAME [--retries N] [--runs K] [--seed S]\n"
+    "       retryproxy simulate -c FILE --route NAME [--clients N] [--requests R]\n"
+    "                  [--policy SPEC]... [--outage A-B] [--failure-rate P]\n"
+    "                  [--capacity N/W] [--latency MS] [--retry-after MS] [--seed S]\n"
+    "                  [--svg FILE]\n"
     "       retryproxy reference [--metrics]\n"
     "       retryproxy --version | --help\n"
     "\n"
@@ -44,6 +50,10 @@ static const char usage_text[] =
     "             (--print: print the effective config, defaults filled in, when valid)\n"
     "  schedule   print the delays (ms) a route's policy would use: K lines of N delays\n"
     "             (N defaults to max_attempts-1, K to 1; --seed makes jitter repeatable)\n"
+    "  simulate   run N clients (100) of R requests (1) against a failing upstream with\n"
+    "             the route's policy and each --policy SPEC (backoff keys as JSON over the\n"
+    "             route's): calls, success, completion times, retries denied; --svg FILE\n"
+    "             draws the calls over time\n"
     "  reference  print every config key with its type, range, default and meaning\n"
     "             (--metrics: every metric with its type, labels and meaning)\n"
     "\n"
@@ -203,6 +213,21 @@ static int cmd_check(int argc, char **argv)
     return 0;
 }
 
+/* The route named 'name' of 'c' (loaded from 'path'), or NULL after saying which routes
+ * there are. */
+static const struct cfg_route *route_or_report(const struct cfg *c, const char *path,
+                                               const char *name)
+{
+    const struct cfg_route *r = cfg_route_by_name(c, name);
+    if (!r) {
+        fprintf(stderr, "retryproxy: %s: no route named \"%s\" (routes:", path, name);
+        for (size_t i = 0; i < c->n_routes; i++)
+            fprintf(stderr, " %s", c->routes[i].name);
+        fputs(")\n", stderr);
+    }
+    return r;
+}
+
 static int cmd_schedule(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -247,12 +272,8 @@ static int cmd_schedule(int argc, char **argv)
     if (!c)
         return EXIT_CONFIG;
     uint32_t *delays = NULL;
-    const struct cfg_route *r = cfg_route_by_name(c, route);
+    const struct cfg_route *r = route_or_report(c, cl.path, route);
     if (!r) {
-        fprintf(stderr, "retryproxy: %s: no route named \"%s\" (routes:", cl.path, route);
-        for (size_t i = 0; i < c->n_routes; i++)
-            fprintf(stderr, " %s", c->routes[i].name);
-        fputs(")\n", stderr);
         rc = EXIT_CONFIG;
         goto out;
     }
@@ -277,6 +298,98 @@ static int cmd_schedule(int argc, char **argv)
     }
 out:
     free(delays);
+    cfg_unref(c);
+    return rc;
+}
+
+static int cmd_simulate(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "config", required_argument, NULL, 'c' },
+        { "route", required_argument, NULL, 'r' },
+        { "clients", required_argument, NULL, 'n' },
+        { "requests", required_argument, NULL, 'q' },
+        { "policy", required_argument, NULL, 'p' },
+        { "outage", required_argument, NULL, 'o' },
+        { "failure-rate", required_argument, NULL, 'f' },
+        { "capacity", required_argument, NULL, 'C' },
+        { "latency", required_argument, NULL, 'l' },
+        { "retry-after", required_argument, NULL, 'R' },
+        { "seed", required_argument, NULL, 's' },
+        { "svg", required_argument, NULL, 'g' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    struct cmdline cl = { argc, argv, "simulate", "+c:h", opts, NULL, 0 };
+    struct simulate_opts so = { .clients = 100, .requests = 1 };
+    unsigned long long clients = so.clients, requests = so.requests, ms, seed;
+    int have_seed = 0, o, rc = 0;
+    const char *why = NULL, *opt = NULL;
+    while ((o = next_opt(&cl)) > 0) {
+        switch (o) {
+        case 'r':
+            so.route = optarg;
+            break;
+        case 'n':
+            rc = count_opt("simulate: --clients", optarg, 1, SIMULATE_MAX_CLIENTS, &clients);
+            break;
+        case 'q':
+            rc = count_opt("simulate: --requests", optarg, 1, SIMULATE_MAX_REQUESTS, &requests);
+            break;
+        case 'p':
+            if (so.n_policies == SIMULATE_MAX_POLICIES)
+                return usage_error("simulate: at most %d --policy options", SIMULATE_MAX_POLICIES);
+            so.policies[so.n_policies++] = optarg;
+            break;
+        case 'o':
+            why = simulate_parse_outage(optarg, &so.upstream), opt = "--outage";
+            break;
+        case 'f':
+            why = simulate_parse_failure_rate(optarg, &so.upstream), opt = "--failure-rate";
+            break;
+        case 'C':
+            why = simulate_parse_capacity(optarg, &so.upstream), opt = "--capacity";
+            break;
+        case 'l':
+            rc = count_opt("simulate: --latency", optarg, 0, 86400000, &ms);
+            so.upstream.latency_ms = (uint32_t)ms;
+            break;
+        case 'R':
+            rc = count_opt("simulate: --retry-after", optarg, 0, 86400000, &ms);
+            so.upstream.retry_after = true;
+            so.upstream.retry_after_ms = (uint32_t)ms;
+            break;
+        case 's':
+            rc = count_opt("simulate: --seed", optarg, 0, UINT64_MAX, &seed);
+            so.seed = seed;
+            have_seed = 1;
+            break;
+        case 'g':
+            so.svg_path = optarg;
+            break;
+        }
+        if (why)
+            return usage_error("simulate: %s %s, got '%s'", opt, why, optarg);
+        if (rc)
+            return rc; /* a malformed count */
+    }
+    if (o < 0)
+        return cl.status;
+    if (!so.route)
+        return usage_error("%s", "simulate: --route NAME is required");
+    if (clients * requests > SIMULATE_MAX_TOTAL_REQUESTS)
+        return usage_error("simulate: --clients times --requests must be at most %d, got %llu",
+                           SIMULATE_MAX_TOTAL_REQUESTS, clients * requests);
+    so.clients = (uint32_t)clients;
+    so.requests = (uint32_t)requests;
+    if (!have_seed && getrandom(&so.seed, sizeof(so.seed), 0) != (ssize_t)sizeof(so.seed))
+        so.seed = (uint64_t)time(NULL);
+
+    struct cfg *c = load_or_report(&cl.path, stderr);
+    if (!c)
+        return EXIT_CONFIG;
+    const struct cfg_route *r = route_or_report(c, cl.path, so.route);
+    rc = r ? simulate_run(c, r, &so, stdout, stderr) : EXIT_CONFIG;
     cfg_unref(c);
     return rc;
 }
@@ -360,6 +473,8 @@ int main(int argc, char **argv)
         return cmd_check(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "schedule") == 0)
         return cmd_schedule(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "simulate") == 0)
+        return cmd_simulate(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "reference") == 0) {
         bool metrics = argc > 2 && strcmp(argv[2], "--metrics") == 0;
         if (argc > 2 + metrics)
