@@ -260,13 +260,14 @@ static void print_table(FILE *out, const struct row *rows, size_t n)
 
 /* ---- the SVG ---- */
 
-#define SVG_W       800
-#define SVG_H       420
-#define SVG_LEFT    70 /* room for the y labels */
-#define SVG_RIGHT   20
-#define SVG_TOP     40  /* the title */
-#define SVG_BOTTOM  60  /* the x labels and title */
-#define SVG_BUCKETS 100 /* about this many time buckets */
+#define SVG_W           800
+#define SVG_LEFT        70 /* room for the y labels */
+#define SVG_RIGHT       20
+#define SVG_TOP         30   /* the title */
+#define SVG_PANEL       170  /* one policy's panel: its title, plot and x labels */
+#define SVG_PLOT        110  /* the plot inside a panel */
+#define SVG_BUCKETS     100  /* about this many time buckets in the shortest run's panel */
+#define SVG_MAX_BUCKETS 5000 /* at most this many in any panel */
 
 static const char *const colors[] = {
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -310,100 +311,130 @@ static void svg_text(FILE *f, const char *text)
     }
 }
 
-/* Writes to 'f' (opened on 'path', closed here) the calls per time bucket, one polyline per
- * policy, with axes, ticks and a legend; nothing is loaded from elsewhere (fonts are generic
+/* One policy's calls over time: 'n_buckets' buckets of 'bucket' ms each, from 0 to just past
+ * its last call. */
+struct series {
+    uint64_t bucket;
+    size_t n_buckets;
+    uint64_t *count; /* calls in each bucket */
+    uint64_t top;
+};
+
+static uint64_t span_of(const struct sim_result *res)
+{
+    return res->n_calls ? res->call_ms[res->n_calls - 1] + 1 : 1;
+}
+
+/* Buckets of 'bucket' ms, coarser if that would make more than SVG_MAX_BUCKETS. */
+static int series_of(const struct sim_result *res, uint64_t bucket, struct series *s)
+{
+    uint64_t span = span_of(res);
+    if (span / bucket > SVG_MAX_BUCKETS)
+        bucket = nice_step((span + SVG_MAX_BUCKETS - 1) / SVG_MAX_BUCKETS);
+    s->bucket = bucket;
+    s->n_buckets = (size_t)((span + bucket - 1) / bucket);
+    s->count = calloc(s->n_buckets, sizeof(*s->count));
+    if (!s->count)
+        return -1;
+    s->top = 0;
+    for (size_t k = 0; k < res->n_calls; k++) {
+        uint64_t *c = &s->count[res->call_ms[k] / bucket];
+        if (++*c > s->top)
+            s->top = *c;
+    }
+    return 0;
+}
+
+/* Writes to 'f' (opened on 'path', closed here) one panel per policy, stacked: its upstream
+ * calls per time bucket, each on its own time axis (a policy that synchronises its clients
+ * takes far longer than one that spreads them), all with the same buckets and count axis, so
+ * the waves of retries compare at a glance. Nothing is loaded from elsewhere (fonts are generic
  * families). 0, or -1 with the reason on 'err'. */
 static int write_svg(FILE *f, const char *path, const struct row *rows, size_t n, FILE *err)
 {
-    uint64_t span = 1; /* ms: up to the last call */
-    for (size_t i = 0; i < n; i++)
-        if (rows[i].res.n_calls && rows[i].res.call_ms[rows[i].res.n_calls - 1] + 1 > span)
-            span = rows[i].res.call_ms[rows[i].res.n_calls - 1] + 1;
-    uint64_t bucket = nice_step((span + SVG_BUCKETS - 1) / SVG_BUCKETS);
-    size_t n_buckets = (size_t)((span + bucket - 1) / bucket);
-    uint64_t *counts = calloc(n * n_buckets, sizeof(*counts));
-    if (!counts) {
-        fclose(f);
-        fputs("retryproxy: out of memory\n", err);
-        return -1;
-    }
-    uint64_t top = 1;
-    for (size_t i = 0; i < n; i++)
-        for (size_t k = 0; k < rows[i].res.n_calls; k++) {
-            uint64_t *cnt = &counts[i * n_buckets + rows[i].res.call_ms[k] / bucket];
-            if (++*cnt > top)
-                top = *cnt;
-        }
-    uint64_t ystep = nice_step((top + 4) / 5), ymax = ystep * ((top + ystep - 1) / ystep);
-    uint64_t xstep = nice_step((n_buckets * bucket + 5) / 6);
-    double pw = SVG_W - SVG_LEFT - SVG_RIGHT, ph = SVG_H - SVG_TOP - SVG_BOTTOM;
-    double xscale = pw / (double)(n_buckets * bucket), yscale = ph / (double)ymax;
-    double y0 = SVG_TOP + ph;
-
+    struct series *ser = calloc(n, sizeof(*ser));
+    uint64_t top = 1, shortest = UINT64_MAX;
     int rc = -1;
+    for (size_t i = 0; i < n; i++)
+        if (span_of(&rows[i].res) < shortest)
+            shortest = span_of(&rows[i].res);
+    /* one bucket width for every panel, so that their heights compare */
+    uint64_t bucket = nice_step((shortest + SVG_BUCKETS - 1) / SVG_BUCKETS);
+    for (size_t i = 0; ser && i < n; i++) {
+        if (series_of(&rows[i].res, bucket, &ser[i]) < 0)
+            goto nomem;
+        if (ser[i].top > top)
+            top = ser[i].top;
+    }
+    if (!ser)
+        goto nomem;
+    uint64_t ystep = nice_step((top + 3) / 4), ymax = ystep * ((top + ystep - 1) / ystep);
+    double pw = SVG_W - SVG_LEFT - SVG_RIGHT, yscale = SVG_PLOT / (double)ymax;
+    int height = SVG_TOP + (int)n * SVG_PANEL + 10;
     fprintf(f,
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
             "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
-            SVG_W, SVG_H, SVG_W, SVG_H);
-    fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", SVG_W, SVG_H);
+            SVG_W, height, SVG_W, height);
+    fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", SVG_W, height);
     fprintf(f,
             "<text x=\"%d\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">upstream calls "
-            "per %llu ms</text>\n",
+            "per %llu ms over time (ms), one panel per policy</text>\n",
             SVG_W / 2, (unsigned long long)bucket);
-    /* axes, ticks and grid */
-    fprintf(f,
-            "<g stroke=\"black\"><line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\"/>"
-            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%.1f\"/></g>\n",
-            SVG_LEFT, y0, SVG_W - SVG_RIGHT, y0, SVG_LEFT, SVG_TOP, SVG_LEFT, y0);
-    for (uint64_t v = 0; v <= ymax; v += ystep) {
-        double y = y0 - (double)v * yscale;
-        fprintf(f,
-                "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%llu</text>\n",
-                SVG_LEFT, y, SVG_W - SVG_RIGHT, y, SVG_LEFT - 6, y + 4, (unsigned long long)v);
-    }
-    for (uint64_t t = 0; t <= n_buckets * bucket; t += xstep) {
-        double x = SVG_LEFT + (double)t * xscale;
-        fprintf(f,
-                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>"
-                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%llu</text>\n",
-                x, y0, x, y0 + 5, x, y0 + 18, (unsigned long long)t);
-    }
-    fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">time (ms)</text>\n",
-            SVG_LEFT + pw / 2, SVG_H - 15);
-    fprintf(f,
-            "<text transform=\"translate(18 %.1f) rotate(-90)\" text-anchor=\"middle\">calls "
-            "per %llu ms</text>\n",
-            SVG_TOP + ph / 2, (unsigned long long)bucket);
-    /* one line per policy: each bucket's count at the middle of the bucket */
     for (size_t i = 0; i < n; i++) {
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
-                colors[i % (sizeof(colors) / sizeof(colors[0]))]);
-        for (size_t k = 0; k < n_buckets; k++)
-            fprintf(f, "%s%.1f,%.1f", k ? " " : "",
-                    SVG_LEFT + ((double)k + 0.5) * (double)bucket * xscale,
-                    y0 - (double)counts[i * n_buckets + k] * yscale);
-        fputs("\"/>\n", f);
-    }
-    /* the legend, top right */
-    for (size_t i = 0; i < n; i++) {
-        double y = SVG_TOP + 10 + 16 * (double)i;
-        fprintf(f,
-                "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
-                "stroke-width=\"3\"/><text x=\"%d\" y=\"%.1f\">",
-                SVG_W - SVG_RIGHT - 300, y, SVG_W - SVG_RIGHT - 280, y,
-                colors[i % (sizeof(colors) / sizeof(colors[0]))], SVG_W - SVG_RIGHT - 274, y + 4);
+        const struct series *s = &ser[i];
+        const char *color = colors[i % (sizeof(colors) / sizeof(colors[0]))];
+        double top_y = SVG_TOP + (double)i * SVG_PANEL + 22, y0 = top_y + SVG_PLOT;
+        double xscale = pw / (double)(s->n_buckets * s->bucket);
+        /* the panel's title: the policy and what it cost */
+        fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-weight=\"bold\" fill=\"%s\">", SVG_LEFT,
+                top_y - 8, color);
         svg_text(f, rows[i].label);
+        fprintf(f, "</text><text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%llu calls",
+                SVG_W - SVG_RIGHT, top_y - 8, (unsigned long long)rows[i].res.calls);
+        if (s->bucket != bucket) /* a run too long for the common buckets */
+            fprintf(f, " (per %llu ms here)", (unsigned long long)s->bucket);
         fputs("</text>\n", f);
+        fprintf(f,
+                "<g stroke=\"black\"><line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\"/>"
+                "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\"/></g>\n",
+                SVG_LEFT, y0, SVG_W - SVG_RIGHT, y0, SVG_LEFT, top_y, SVG_LEFT, y0);
+        for (uint64_t v = 0; v <= ymax; v += ystep) {
+            double y = y0 - (double)v * yscale;
+            fprintf(f,
+                    "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                    "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%llu</text>\n",
+                    SVG_LEFT, y, SVG_W - SVG_RIGHT, y, SVG_LEFT - 6, y + 4, (unsigned long long)v);
+        }
+        uint64_t xstep = nice_step((s->n_buckets * s->bucket + 5) / 6);
+        for (uint64_t t = 0; t <= s->n_buckets * s->bucket; t += xstep) {
+            double x = SVG_LEFT + (double)t * xscale;
+            fprintf(f,
+                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>"
+                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%llu</text>\n",
+                    x, y0, x, y0 + 5, x, y0 + 18, (unsigned long long)t);
+        }
+        /* each bucket's count at the middle of the bucket */
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+        for (size_t k = 0; k < s->n_buckets; k++)
+            fprintf(f, "%s%.1f,%.1f", k ? " " : "",
+                    SVG_LEFT + ((double)k + 0.5) * (double)s->bucket * xscale,
+                    y0 - (double)s->count[k] * yscale);
+        fputs("\"/>\n", f);
     }
     fputs("</svg>\n", f);
     if (ferror(f) | fclose(f))
         goto fail;
     rc = 0;
     goto out;
+nomem:
+    fclose(f);
+    fputs("retryproxy: out of memory\n", err);
+    goto out;
 fail:
     fprintf(err, "retryproxy: %s: cannot write: %s\n", path, strerror(errno));
 out:
-    free(counts);
+    for (size_t i = 0; ser && i < n; i++)
+        free(ser[i].count);
+    free(ser);
     return rc;
 }

@@ -5,7 +5,8 @@
  *
  * A console example is a ```console block: lines starting with "$ " are commands, the lines
  * after one (up to the next command or the end of the block) its output, stdout then stderr.
- * A command is `retryproxy ARGS`, words separated by single spaces (no quoting), optionally
+ * A command is `retryproxy ARGS`, words separated by single spaces, a word possibly in single
+ * quotes as a whole (no space inside: no other quoting or shell syntax), optionally
  * preceded by NAME=VALUE words (its environment) and followed by "; echo $?" (its exit status
  * as one more line of output). "retryproxy" stands for the binary under test.
  */
@@ -86,8 +87,17 @@ static char *run_documented(const char *page, const char *line)
     bool status = len > 9 && strcmp(buf + len - 9, "; echo $?") == 0;
     if (status)
         buf[len - 9] = '\0';
-    cr_assert(!strpbrk(buf, "'\"|<>&;`\\*"), "%s: `%s`: quoting and shell syntax are not supported",
-              page, line);
+    /* Outside single-quoted words, nothing a shell would read differently. */
+    bool quoted = false;
+    for (const char *c = buf; *c; c++) {
+        if (*c == '\'')
+            quoted = !quoted;
+        else
+            cr_assert(quoted || !strchr("\"|<>&;`\\*{}$", *c),
+                      "%s: `%s`: shell syntax other than 'single quotes' is not supported", page,
+                      line);
+    }
+    cr_assert(!quoted, "%s: `%s`: a quote is not closed", page, line);
 
     char *env[MAX_WORDS + 2];
     char *argv[MAX_WORDS + 1] = { (char *)proc_bin() };
@@ -104,6 +114,14 @@ static char *run_documented(const char *page, const char *line)
             command_seen = true;
         } else {
             cr_assert_lt(n_arg, MAX_WORDS, "%s: too many words: %s", page, line);
+            size_t wl = strlen(w);
+            if (strchr(w, '\'')) { /* 'WORD': the shell passes WORD as it is */
+                cr_assert(wl >= 2 && w[0] == '\'' && w[wl - 1] == '\'' &&
+                              !memchr(w + 1, '\'', wl - 2),
+                          "%s: `%s`: a quote must enclose one whole word", page, line);
+                w[wl - 1] = '\0';
+                w++;
+            }
             argv[n_arg++] = w;
         }
     }

@@ -231,27 +231,38 @@ Test(cli_simulate, an_svg_that_cannot_be_written_prints_nothing_and_exits_1)
     proc_result_free(&r);
 }
 
-/* The table of docs/cli.md "Jitter and contending clients", whole. */
-Test(cli_simulate, the_jitter_table_of_the_docs)
+/* The picture of docs/cli.md "Jitter and contending clients" is what the binary draws now (its
+ * table is checked with the page's other console examples, by test_cli_docs). */
+Test(cli_simulate, the_docs_picture_is_the_current_drawing)
 {
-    struct proc_result r =
-        SIM("--capacity", "5/10", "--seed", "1", "--policy", "{\"jitter\": \"full\"}", "--policy",
-            "{\"jitter\": \"equal\"}", "--policy", "{\"policy\": \"decorrelated\"}");
+    char *argv[] = { (char *)proc_bin(),
+                     "simulate",
+                     "-c",
+                     "docs/examples/contention.json",
+                     "--route",
+                     "api",
+                     "--capacity",
+                     "5/10",
+                     "--seed",
+                     "1",
+                     "--policy",
+                     "{\"jitter\":\"full\"}",
+                     "--policy",
+                     "{\"jitter\":\"equal\"}",
+                     "--policy",
+                     "{\"policy\":\"decorrelated\"}",
+                     "--svg",
+                     svg_path,
+                     NULL };
+    struct proc_result r;
+    cr_assert_eq(proc_run(argv, NULL, 30000, &r), 0);
     cr_expect_eq(r.status, 0, "stderr: %s", r.err);
-    cr_expect_str_eq(
-        r.out,
-        "policy                      calls  calls/req  success  p50_ms  p90_ms  p99_ms  max_ms  "
-        "denied_budget  denied_concurrency\n"
-        "route                        1050      10.50   100.0%   32700  112700  132700  132700  "
-        "            0                   0\n"
-        "{\"jitter\": \"full\"}            260       2.60   100.0%      94     266     402     416 "
-        " "
-        "            0                   0\n"
-        "{\"jitter\": \"equal\"}           285       2.85   100.0%     214     570     651     659 "
-        " "
-        "            0                   0\n"
-        "{\"policy\": \"decorrelated\"}    296       2.96   100.0%     308     408    1064    1121 "
-        " "
-        "            0                   0\n");
     proc_result_free(&r);
+    char *want = proc_read_file("docs/examples/contention.svg");
+    char *got = proc_read_file(svg_path);
+    cr_expect_str_eq(got, want,
+                     "docs/examples/contention.svg is not the current drawing: regenerate it with "
+                     "the command of docs/cli.md and --svg docs/examples/contention.svg");
+    free(want);
+    free(got);
 }
