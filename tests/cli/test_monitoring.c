@@ -3,9 +3,9 @@
  * (retryproxy-rules.test.yml) and the Grafana dashboard's queries
  * (deploy/grafana/retryproxy-dashboard.json) may name only series a running retryproxy exports
  * on /metrics, with labels it puts on them (or the target labels job and instance), and, for a
- * label whose every value the proxy shows, values it shows. Then promtool checks the rules, runs
- * their unit tests and parses every dashboard query. Run from the repository root (make test
- * does).
+ * label whose every value the proxy shows, values it shows. Then promtool checks the rules and
+ * the example config (prometheus-example.yml), runs the rules' unit tests and parses every
+ * dashboard query. Run from the repository root (make test does).
  *
  * promtool comes with Debian's prometheus package, which the Makefile's promtool target installs
  * when it runs as root. Where it could have (root, apt-get) a missing promtool fails the
@@ -28,6 +28,7 @@
 
 #define RULES      "deploy/prometheus/retryproxy-rules.yml"
 #define RULES_TEST "deploy/prometheus/retryproxy-rules.test.yml"
+#define EXAMPLE    "deploy/prometheus/prometheus-example.yml"
 #define DASHBOARD  "deploy/grafana/retryproxy-dashboard.json"
 #define OPERATIONS "docs/operations.md"
 #define RUNBOOK    "docs/operations.md#"
@@ -987,6 +988,18 @@ Test(monitoring, promtool_runs_the_rules_unit_tests)
 {
     need_promtool();
     expect_promtool("test rules " RULES_TEST);
+}
+
+/* The example config loads the rules and has the probe jobs RetryproxyDraining reads. */
+Test(monitoring, promtool_checks_the_example_config)
+{
+    char *text = proc_read_file(EXAMPLE);
+    cr_expect(strstr(text, "job_name: retryproxy-readyz") &&
+                  strstr(text, "job_name: retryproxy-healthz"),
+              EXAMPLE " has no retryproxy-readyz and retryproxy-healthz probe jobs");
+    free(text);
+    need_promtool();
+    expect_promtool("check config " EXAMPLE);
 }
 
 /* 'expr' with its Grafana variables replaced so that promtool can parse it: $__interval and
