@@ -16,9 +16,9 @@ SAN ?=
 TEST_JOBS ?= 2
 
 PKGS := libmicrohttpd libcurl jansson
-TEST_PKGS := criterion
+TEST_PKGS := criterion yaml-0.1
 APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libcriterion-dev pkg-config \
-            openssl
+            openssl libyaml-dev
 
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
         -Wimplicit-fallthrough
