@@ -26,7 +26,8 @@
 #define MAX_OUTPUT     8192
 
 /* Pages whose console examples are run; a page here must hold at least one. */
-static const char *const checked_pages[] = { "docs/cli.md", "docs/backoff.md" };
+static const char *const checked_pages[] = { "docs/cli.md", "docs/backoff.md",
+                                             "docs/operations.md" };
 
 /* What follows the marker line of 'doc' (NULL if there is no marker). */
 static const char *after_marker(const char *doc, const char *marker)
