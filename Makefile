@@ -77,8 +77,9 @@ deps-core:
 	  fi; \
 	fi
 
-# promtool (Debian's prometheus package) checks the /metrics output in the tests. Optional: where
-# it cannot be installed, that one check says it was skipped.
+# promtool (Debian's prometheus package) checks the /metrics output and the shipped alerting
+# rules in the tests. Installed as root; where it cannot be (not root, no apt-get), those checks
+# say they were skipped (tests/cli/test_monitoring fails instead when it could have been).
 ifneq ($(TEST_PKGS),)
 deps: promtool
 endif
@@ -87,9 +88,9 @@ PROM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install
 .PHONY: deps-core promtool
 promtool: deps-core
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  echo "installing promtool (prometheus) for the metrics format test" && \
+	  echo "installing promtool (prometheus) for the metrics and alerting rules tests" && \
 	  { $(PROM_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(PROM_INSTALL); }; }; } || \
-	  echo "promtool unavailable: the metrics format check will be skipped"
+	  echo "promtool unavailable: the metrics and rules checks will be skipped (not root)"
 
 $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
