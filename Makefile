@@ -90,7 +90,7 @@ promtool: deps-core
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  echo "installing promtool (prometheus) for the metrics and alerting rules tests" && \
 	  { $(PROM_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(PROM_INSTALL); }; }; } || \
-	  echo "promtool unavailable: the metrics and rules checks will be skipped (not root)"
+	  echo "promtool unavailable: the metrics and rules checks will be skipped (as root they fail)"
 
 $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)

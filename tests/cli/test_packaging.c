@@ -242,10 +242,10 @@ static char *field(char **s)
     return f;
 }
 
-/* ", a, b," from "a (= 1), b": names only. */
+/* ", a, b, " from "a (= 1), b": names only (each name gains at most 2 bytes, ", "). */
 static char *names_only(const char *list)
 {
-    char *out = malloc(strlen(list) + 4), *o = out;
+    char *out = malloc(3 * strlen(list) + 4), *o = out;
     *o++ = ',';
     *o++ = ' ';
     for (const char *p = list; *p;) {
