@@ -183,14 +183,17 @@ static int next_opt(struct cmdline *cl)
     return 0;
 }
 
+/* The rows of a command's getopt_long table: an option taking an argument, a flag, the end. */
+/* clang-format off */
+#define ARG(name, c)  { name, required_argument, NULL, c }
+#define FLAG(name, c) { name, no_argument, NULL, c }
+#define OPT_END       { NULL, 0, NULL, 0 }
+/* clang-format on */
+
 static int cmd_check(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        { "config", required_argument, NULL, 'c' },
-        { "print", no_argument, NULL, 'p' },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
+    static const struct option opts[] = { ARG("config", 'c'), FLAG("print", 'p'), FLAG("help", 'h'),
+                                          OPT_END };
     struct cmdline cl = { argc, argv, "check", "+c:h", opts, NULL, 0 };
     int print = 0, o;
     while ((o = next_opt(&cl)) > 0)
@@ -230,15 +233,13 @@ static const struct cfg_route *route_or_report(const struct cfg *c, const char *
 
 static int cmd_schedule(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        { "config", required_argument, NULL, 'c' },
-        { "route", required_argument, NULL, 'r' },
-        { "retries", required_argument, NULL, 'n' },
-        { "runs", required_argument, NULL, 'k' },
-        { "seed", required_argument, NULL, 's' },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
+    static const struct option opts[] = { ARG("config", 'c'),
+                                          ARG("route", 'r'),
+                                          ARG("retries", 'n'),
+                                          ARG("runs", 'k'),
+                                          ARG("seed", 's'),
+                                          FLAG("help", 'h'),
+                                          OPT_END };
     struct cmdline cl = { argc, argv, "schedule", "+c:h", opts, NULL, 0 };
     const char *route = NULL;
     unsigned long long retries = 0, runs = 1, seed = 0;
@@ -304,22 +305,13 @@ out:
 
 static int cmd_simulate(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        { "config", required_argument, NULL, 'c' },
-        { "route", required_argument, NULL, 'r' },
-        { "clients", required_argument, NULL, 'n' },
-        { "requests", required_argument, NULL, 'q' },
-        { "policy", required_argument, NULL, 'p' },
-        { "outage", required_argument, NULL, 'o' },
-        { "failure-rate", required_argument, NULL, 'f' },
-        { "capacity", required_argument, NULL, 'C' },
-        { "latency", required_argument, NULL, 'l' },
-        { "retry-after", required_argument, NULL, 'R' },
-        { "seed", required_argument, NULL, 's' },
-        { "svg", required_argument, NULL, 'g' },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
+    static const struct option opts[] = { ARG("config", 'c'),       ARG("route", 'r'),
+                                          ARG("clients", 'n'),      ARG("requests", 'q'),
+                                          ARG("policy", 'p'),       ARG("outage", 'o'),
+                                          ARG("failure-rate", 'f'), ARG("capacity", 'C'),
+                                          ARG("latency", 'l'),      ARG("retry-after", 'R'),
+                                          ARG("seed", 's'),         ARG("svg", 'g'),
+                                          FLAG("help", 'h'),        OPT_END };
     struct cmdline cl = { argc, argv, "simulate", "+c:h", opts, NULL, 0 };
     struct simulate_opts so = { .clients = 100, .requests = 1 };
     unsigned long long clients = so.clients, requests = so.requests, ms, seed;
@@ -397,15 +389,9 @@ static int cmd_simulate(int argc, char **argv)
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
-        { "config", required_argument, NULL, 'c' },
-        { "listen", required_argument, NULL, 'l' },
-        { "admin", required_argument, NULL, 'a' },
-        { "log-level", required_argument, NULL, 'L' },
-        { "log-format", required_argument, NULL, 'F' },
-        { "workers", required_argument, NULL, 'w' },
-        { "help", no_argument, NULL, 'h' },
-        { "version", no_argument, NULL, 'V' },
-        { NULL, 0, NULL, 0 },
+        ARG("config", 'c'),    ARG("listen", 'l'),     ARG("admin", 'a'),
+        ARG("log-level", 'L'), ARG("log-format", 'F'), ARG("workers", 'w'),
+        FLAG("help", 'h'),     FLAG("version", 'V'),   OPT_END
     };
     struct cmdline cl = { argc, argv, NULL, "c:h", opts, NULL, 0 };
     const char *why;
