@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "policy/budget.h"
 #include "proxy/strmap.h"
 
 #define CACHE_LINE 64
@@ -50,6 +51,8 @@ static const char *const denied_names[METRICS_DENIED_COUNT] = { "max-attempts", 
                                                                 "body-too-large", "draining" };
 
 static const char *const result_names[] = { "success", "failure" };
+/* budget_*{scope}: the top-level budget, or a route's (then with its route label). */
+static const char *const scope_names[] = { "process", "route" };
 
 /* Every family, in the order a scrape prints them. */
 enum family {
@@ -66,7 +69,12 @@ enum family {
     FAM_RELOADS,
     FAM_GENERATION,
     FAM_LAST_SUCCESS,
+    FAM_LAST_OK,
+    FAM_BUDGET_RATIO,
+    FAM_BUDGET_MIN_RPS,
+    FAM_BUDGET_CONCURRENT,
     FAM_CONNECTIONS,
+    FAM_DRAINING,
     FAM_COUNT
 };
 
@@ -107,8 +115,23 @@ static const struct family_def {
                          "Generation of the configuration in effect." },
     [FAM_LAST_SUCCESS] = { "config_last_reload_success_timestamp_seconds", "gauge", "", NULL, 0,
                            "Unix time of the last successful configuration load." },
+    [FAM_LAST_OK] = { "config_last_reload_successful", "gauge", "", NULL, 0,
+                      "1 if the last configuration load succeeded, 0 if the file was refused." },
+    [FAM_BUDGET_RATIO] = { "budget_retry_ratio", "gauge", "route, scope", scope_names, 2,
+                           "The retry budget's retry_ratio in effect, process-wide or by route." },
+    [FAM_BUDGET_MIN_RPS] = { "budget_min_retries_per_second", "gauge", "route, scope", scope_names,
+                             2,
+                             "The retry budget's min_retries_per_second in effect, process-wide "
+                             "or by route." },
+    [FAM_BUDGET_CONCURRENT] = { "budget_max_concurrent_retries", "gauge", "route, scope",
+                                scope_names, 2,
+                                "The retry budget's max_concurrent_retries in effect, process-wide "
+                                "or by route; +Inf for no cap." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
+    [FAM_DRAINING] = { "draining", "gauge", "", NULL, 0,
+                       "1 from the moment the proxy starts draining (SIGTERM, SIGINT) until it "
+                       "exits, else 0." },
 };
 
 struct hist_slot {
@@ -147,6 +170,9 @@ struct metrics_route {
     char *reasons[REASON_OTHER];
     unsigned nreasons;
     bool other_used;
+    /* Under m->lock: the route's budget in the config last installed, once there was one. */
+    bool has_budget;
+    struct budget_limits budget;
 };
 
 struct metrics {
@@ -165,6 +191,10 @@ struct metrics {
     bool unsorted;
     uint64_t reloads_ok, reloads_failed, generation;
     double last_success;
+    bool last_ok;  /* the last load succeeded */
+    bool draining; /* for good, once set */
+    bool has_budget;
+    struct budget_limits budget; /* the process-wide one, once installed */
 };
 
 /* The totals of one route at scrape time. */
@@ -432,8 +462,38 @@ void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix
     } else {
         m->reloads_failed++;
     }
+    m->last_ok = ok;
     m->generation = generation;
     pthread_mutex_unlock(&m->lock);
+}
+
+void metrics_set_draining(struct metrics *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->lock);
+    m->draining = true;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void metrics_process_budget(struct metrics *m, const struct budget_limits *l)
+{
+    if (!m || !l)
+        return;
+    pthread_mutex_lock(&m->lock);
+    m->budget = *l;
+    m->has_budget = true;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void metrics_route_budget(struct metrics_route *r, const struct budget_limits *l)
+{
+    if (!r || !l)
+        return;
+    pthread_mutex_lock(&r->m->lock);
+    r->budget = *l;
+    r->has_budget = true;
+    pthread_mutex_unlock(&r->m->lock);
 }
 
 /* ---- rendering ---- */
@@ -613,7 +673,67 @@ static void render_in_flight(FILE *f, const struct metrics *m)
     fprintf(f, "retryproxy_%s %" PRId64 "\n", name, metrics_retries_in_flight(m));
 }
 
-static void render_process(FILE *f, struct metrics *m)
+/* A gauge's value: a whole number as one, else the shortest decimal that reads back as 'v'
+ * (0.2, not 0.20000000000000001); +Inf, -Inf, NaN. */
+static void put_double(FILE *f, double v)
+{
+    if (isnan(v)) {
+        fputs("NaN", f);
+        return;
+    }
+    if (isinf(v)) {
+        fputs(v > 0 ? "+Inf" : "-Inf", f);
+        return;
+    }
+    /* Whole numbers as such: %g alone would write 10 as 1e+01. */
+    if (fabs(v) < 1e15 && v == trunc(v)) {
+        fprintf(f, "%.0f", v);
+        return;
+    }
+    char buf[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof(buf), "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    fputs(buf, f);
+}
+
+/* The value of budget family 'fam' in 'l'. */
+static double budget_value(enum family fam, const struct budget_limits *l)
+{
+    switch (fam) {
+    case FAM_BUDGET_RATIO:
+        return l->retry_ratio;
+    case FAM_BUDGET_MIN_RPS:
+        return l->min_retries_per_second;
+    default:
+        return l->max_concurrent_retries < 0 ? INFINITY : (double)l->max_concurrent_retries;
+    }
+}
+
+/* One budget family: the process-wide budget, then each route's in name order. */
+static void render_budget(FILE *f, const struct metrics *m, const struct scrape *sc,
+                          enum family fam)
+{
+    const char *name = put_family(f, fam);
+    if (m->has_budget) {
+        fprintf(f, "retryproxy_%s{scope=\"%s\"} ", name, scope_names[0]);
+        put_double(f, budget_value(fam, &m->budget));
+        fputc('\n', f);
+    }
+    for (size_t i = 0; i < sc->n; i++) {
+        const struct metrics_route *r = sc->routes[i];
+        if (!r->has_budget)
+            continue;
+        put_route_series(f, name, r);
+        fprintf(f, ",scope=\"%s\"} ", scope_names[1]);
+        put_double(f, budget_value(fam, &r->budget));
+        fputc('\n', f);
+    }
+}
+
+static void render_config(FILE *f, struct metrics *m)
 {
     const char *name = put_family(f, FAM_RELOADS);
     const uint64_t reloads[2] = { m->reloads_ok, m->reloads_failed }; /* as result_names */
@@ -626,11 +746,20 @@ static void render_process(FILE *f, struct metrics *m)
     name = put_family(f, FAM_LAST_SUCCESS);
     fprintf(f, "retryproxy_%s %.3f\n", name, m->last_success);
 
+    name = put_family(f, FAM_LAST_OK);
+    fprintf(f, "retryproxy_%s %d\n", name, m->last_ok ? 1 : 0);
+}
+
+static void render_process(FILE *f, struct metrics *m)
+{
     int64_t conns = 0;
     for (unsigned w = 0; w < m->workers; w++)
         conns += atomic_load_explicit(&m->wslots[w].connections, memory_order_relaxed);
-    name = put_family(f, FAM_CONNECTIONS);
+    const char *name = put_family(f, FAM_CONNECTIONS);
     fprintf(f, "retryproxy_%s %" PRId64 "\n", name, conns);
+
+    name = put_family(f, FAM_DRAINING);
+    fprintf(f, "retryproxy_%s %d\n", name, m->draining ? 1 : 0);
 }
 
 /* Every family in enum family order, the order of the table above. */
@@ -647,6 +776,10 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_hist(f, sc, METRICS_HIST_BACKOFF, FAM_BACKOFF);
     render_hist(f, sc, METRICS_HIST_ATTEMPT, FAM_ATTEMPT_DURATION);
     render_hist(f, sc, METRICS_HIST_REQUEST, FAM_REQUEST_DURATION);
+    render_config(f, m);
+    render_budget(f, m, sc, FAM_BUDGET_RATIO);
+    render_budget(f, m, sc, FAM_BUDGET_MIN_RPS);
+    render_budget(f, m, sc, FAM_BUDGET_CONCURRENT);
     render_process(f, m);
 }
 

@@ -53,6 +53,7 @@ enum metrics_denied {
 
 struct metrics;       /* the registry */
 struct metrics_route; /* the series of one route name */
+struct budget_limits; /* policy/budget.h */
 
 /* A registry for 'workers' worker threads (slots 0 .. workers-1). NULL if out of memory. */
 struct metrics *metrics_new(unsigned workers);
@@ -92,10 +93,21 @@ void metrics_retries_in_flight_add(struct metrics *m, int delta);
 int64_t metrics_retries_in_flight(const struct metrics *m);
 /* connections_active: per worker, summed at scrape. */
 void metrics_connections_add(struct metrics *m, unsigned w, int delta);
-/* config_reloads_total{result}, config_generation and, on success,
+/* config_reloads_total{result}, config_generation, config_last_reload_successful (1 after a
+ * success, 0 after a failure; 0 before the first load) and, on success,
  * config_last_reload_success_timestamp_seconds ('unix_seconds'). The initial load counts as a
  * successful reload. */
 void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix_seconds);
+/* draining: 0, then 1 for good once the process starts draining (SIGTERM or SIGINT). */
+void metrics_set_draining(struct metrics *m);
+
+/* budget_retry_ratio, budget_min_retries_per_second and budget_max_concurrent_retries (+Inf
+ * for no cap): the settings of the config just installed, set for every snapshot published.
+ * The process-wide budget shows as {scope="process"}, a route's as {route, scope="route"}
+ * from its first setting on; like the route's other series it keeps its last values when a
+ * reload drops the route. Nothing is shown before the first setting. Thread-safe (mutex). */
+void metrics_process_budget(struct metrics *m, const struct budget_limits *l);
+void metrics_route_budget(struct metrics_route *r, const struct budget_limits *l);
 
 /* The whole exposition in Prometheus text format 0.0.4: every family with # HELP and # TYPE,
  * names prefixed retryproxy_, series sorted by route name, label values escaped. Returns a

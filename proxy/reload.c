@@ -94,6 +94,10 @@ static int publish(struct reload *rl, struct cfg *c)
     if (!rt)
         return -1;
     budget_set_window(&rl->px->budget, c->budget.window_ms);
+    /* Nothing can fail from here on: the settings shown are those of the config served. */
+    metrics_process_budget(rl->px->metrics, &c->budget);
+    for (size_t i = 0; i < c->n_routes; i++)
+        metrics_route_budget(rt->routes[i].metrics, &c->routes[i].budget);
     rl->generation++;
     rl->loaded_at = rt->loaded_unix_ms;
     rt_cell_publish(&rl->px->cell, rt);

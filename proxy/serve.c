@@ -118,6 +118,7 @@ static void start_draining(struct control *ctl, const char *signame)
     rt_unref(rt);
     ctl->deadline_ms = now + drain_ms;
     atomic_store(&ctl->px->draining, true);
+    metrics_set_draining(ctl->px->metrics); /* the admin listener keeps answering /metrics */
     atomic_store(&ctl->px->drain_deadline_ms, ctl->deadline_ms ? ctl->deadline_ms : 1);
     char ms[24];
     snprintf(ms, sizeof(ms), "%u", drain_ms);

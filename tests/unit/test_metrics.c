@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "policy/budget.h"
 #include "proxy/live.h"
 #include "proxy/metrics.h"
 
@@ -123,7 +124,12 @@ static const struct {
     { "config_reloads_total", "counter" },
     { "config_generation", "gauge" },
     { "config_last_reload_success_timestamp_seconds", "gauge" },
+    { "config_last_reload_successful", "gauge" },
+    { "budget_retry_ratio", "gauge" },
+    { "budget_min_retries_per_second", "gauge" },
+    { "budget_max_concurrent_retries", "gauge" },
     { "connections_active", "gauge" },
+    { "draining", "gauge" },
 };
 #define NFAMILIES (sizeof(families) / sizeof(families[0]))
 
@@ -659,8 +665,10 @@ Test(metrics, empty_registry_has_every_family)
                  "retryproxy_config_reloads_total{result=\"failure\"} 0",
                  "retryproxy_config_generation 0",
                  "retryproxy_config_last_reload_success_timestamp_seconds 0.000",
-                 "retryproxy_connections_active 0");
+                 "retryproxy_config_last_reload_successful 0", "retryproxy_connections_active 0",
+                 "retryproxy_draining 0");
     cr_expect(!strstr(t, "route="), "an empty registry has no route series");
+    cr_expect(!strstr(t, "scope="), "no budget is shown before one is installed");
     free(t);
     metrics_free(m);
 }
@@ -669,21 +677,119 @@ Test(metrics, reloads_and_generation)
 {
     struct metrics *m = metrics_new(1);
     metrics_reload(m, true, 1, 1700000000.25);
+    char *t = render(m);
+    expect_line(t, "retryproxy_config_last_reload_successful 1"); /* the initial load */
+    free(t);
     metrics_reload(m, false, 1, 1700000100.0);
+    t = render(m);
+    expect_line(t, "retryproxy_config_last_reload_successful 0");
+    free(t);
     metrics_reload(m, false, 1, 1700000200.0);
     metrics_reload(m, true, 2, 1700000300.5);
-    char *t = render(m);
+    t = render(m);
     EXPECT_LINES(t, "retryproxy_config_reloads_total{result=\"success\"} 2",
                  "retryproxy_config_reloads_total{result=\"failure\"} 2",
                  "retryproxy_config_generation 2",
-                 "retryproxy_config_last_reload_success_timestamp_seconds 1700000300.500");
+                 "retryproxy_config_last_reload_success_timestamp_seconds 1700000300.500",
+                 "retryproxy_config_last_reload_successful 1");
     free(t);
 
-    /* A failure leaves the last success time alone. */
+    /* A failure leaves the last success time alone, and says the last load failed. */
     metrics_reload(m, false, 2, 1700000400.0);
     t = render(m);
     expect_line(t, "retryproxy_config_reloads_total{result=\"failure\"} 3");
     expect_line(t, "retryproxy_config_last_reload_success_timestamp_seconds 1700000300.500");
+    expect_line(t, "retryproxy_config_last_reload_successful 0");
+    free(t);
+    metrics_free(m);
+}
+
+Test(metrics, draining_turns_1_and_stays)
+{
+    struct metrics *m = metrics_new(1);
+    char *t = render(m);
+    expect_line(t, "retryproxy_draining 0");
+    free(t);
+    metrics_set_draining(m);
+    metrics_set_draining(m); /* a second signal changes nothing */
+    metrics_reload(m, true, 2, 1700000000.0);
+    t = render(m);
+    expect_line(t, "retryproxy_draining 1");
+    cr_expect_eq(count_lines(t, "retryproxy_draining "), 1);
+    free(t);
+    metrics_free(m);
+}
+
+/* The process-wide budget first under scope="process" (no route label), then each route's in
+ * name order; values as the shortest decimal, no cap as +Inf. */
+Test(metrics, budgets_render_exact_lines)
+{
+    struct metrics *m = metrics_new(1);
+    struct metrics_route *b = metrics_route(m, "b/v1");
+    struct metrics_route *a = metrics_route(m, "a");
+    struct metrics_route *none = metrics_route(m, "");
+    metrics_route(m, "unset"); /* series, but no budget installed for it */
+    metrics_request(none, 0, 404);
+    const struct budget_limits process = { .max_concurrent_retries = 100,
+                                           .retry_ratio = 0.2,
+                                           .min_retries_per_second = 10,
+                                           .window_ms = 10000 };
+    const struct budget_limits lb = { .max_concurrent_retries = -1,
+                                      .retry_ratio = 0.35,
+                                      .min_retries_per_second = 2.5,
+                                      .window_ms = 1000 };
+    const struct budget_limits la = { .max_concurrent_retries = 1000000000,
+                                      .retry_ratio = 0,
+                                      .min_retries_per_second = 0.001,
+                                      .window_ms = 1 };
+    metrics_process_budget(m, &process);
+    metrics_route_budget(b, &lb);
+    metrics_route_budget(a, &la);
+    char *t = render(m);
+    static const char *const want[] = {
+        "retryproxy_budget_retry_ratio{scope=\"process\"} 0.2",
+        "retryproxy_budget_retry_ratio{route=\"a\",scope=\"route\"} 0",
+        "retryproxy_budget_retry_ratio{route=\"b/v1\",scope=\"route\"} 0.35",
+        "retryproxy_budget_min_retries_per_second{scope=\"process\"} 10",
+        "retryproxy_budget_min_retries_per_second{route=\"a\",scope=\"route\"} 0.001",
+        "retryproxy_budget_min_retries_per_second{route=\"b/v1\",scope=\"route\"} 2.5",
+        "retryproxy_budget_max_concurrent_retries{scope=\"process\"} 100",
+        "retryproxy_budget_max_concurrent_retries{route=\"a\",scope=\"route\"} 1000000000",
+        "retryproxy_budget_max_concurrent_retries{route=\"b/v1\",scope=\"route\"} +Inf",
+    };
+    const char *prev = t;
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        const char *at = strstr(t, want[i]);
+        cr_expect(at && at[strlen(want[i])] == '\n' && (at == t || at[-1] == '\n'),
+                  "missing line: %s", want[i]);
+        cr_expect(!at || at > prev, "out of order: %s", want[i]);
+        if (at)
+            prev = at;
+    }
+    /* three families of three series: neither route="" nor a route never given a budget */
+    cr_expect_eq(count_lines(t, "retryproxy_budget_"), 9);
+    free(t);
+
+    /* A reload sets them again; a route it drops keeps its last values, as its counters do. */
+    const struct budget_limits lb2 = { .max_concurrent_retries = 5,
+                                       .retry_ratio = 1.5,
+                                       .min_retries_per_second = 0,
+                                       .window_ms = 1000 };
+    const struct budget_limits process2 = { .max_concurrent_retries = -1,
+                                            .retry_ratio = 0.123456789,
+                                            .min_retries_per_second = 3,
+                                            .window_ms = 10000 };
+    metrics_process_budget(m, &process2);
+    metrics_route_budget(b, &lb2);
+    t = render(m);
+    EXPECT_LINES(t, "retryproxy_budget_retry_ratio{scope=\"process\"} 0.123456789",
+                 "retryproxy_budget_max_concurrent_retries{scope=\"process\"} +Inf",
+                 "retryproxy_budget_min_retries_per_second{scope=\"process\"} 3",
+                 "retryproxy_budget_retry_ratio{route=\"b/v1\",scope=\"route\"} 1.5",
+                 "retryproxy_budget_min_retries_per_second{route=\"b/v1\",scope=\"route\"} 0",
+                 "retryproxy_budget_max_concurrent_retries{route=\"b/v1\",scope=\"route\"} 5",
+                 "retryproxy_budget_retry_ratio{route=\"a\",scope=\"route\"} 0");
+    cr_expect_eq(count_lines(t, "retryproxy_budget_"), 9);
     free(t);
     metrics_free(m);
 }
@@ -722,6 +828,12 @@ Test(metrics, bad_arguments_are_ignored)
     metrics_request(r, 2, 200);
     metrics_attempt(r, 1000, METRICS_OUT_2XX);
     metrics_connections_add(m, 2, 1);
+    const struct budget_limits l = { .max_concurrent_retries = 1, .window_ms = 1 };
+    metrics_route_budget(NULL, &l);
+    metrics_route_budget(r, NULL);
+    metrics_process_budget(NULL, &l);
+    metrics_process_budget(m, NULL);
+    metrics_set_draining(NULL);
     metrics_free(NULL);
     cr_expect_null(metrics_route(m, NULL));
 
@@ -729,6 +841,7 @@ Test(metrics, bad_arguments_are_ignored)
     cr_expect_eq(count_lines(t, "retryproxy_requests_total{"), 0);
     expect_line(t, "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 0");
     expect_line(t, "retryproxy_connections_active 0");
+    cr_expect(!strstr(t, "scope="), "a NULL budget was installed");
     free(t);
     metrics_free(m);
 }
@@ -773,6 +886,18 @@ static struct metrics *populated(void)
         metrics_retry(r, 1, metrics_reason(r, token));
     }
     metrics_retries_in_flight_add(m, 4);
+    const struct budget_limits process = { .max_concurrent_retries = 100,
+                                           .retry_ratio = 0.2,
+                                           .min_retries_per_second = 10,
+                                           .window_ms = 10000 };
+    const struct budget_limits route = { .max_concurrent_retries = -1,
+                                         .retry_ratio = 0.05,
+                                         .min_retries_per_second = 0.5,
+                                         .window_ms = 10000 };
+    metrics_process_budget(m, &process);
+    metrics_route_budget(metrics_route(m, "payments"), &route);
+    metrics_route_budget(metrics_route(m, "odd \"name\" \\ with\nnewline"), &route);
+    metrics_set_draining(m);
     metrics_reload(m, true, 1, 1700000000.0);
     metrics_reload(m, false, 1, 1700000060.0);
     metrics_reload(m, true, 2, 1700000120.0);
@@ -821,6 +946,9 @@ Test(metrics, exposition_passes_promtool)
     check_structure(t);
     expect_line(t, "retryproxy_retries_total{route=\"payments\",reason=\"other\"} 6");
     expect_line(t, "retryproxy_connections_active 36");
+    expect_line(
+        t, "retryproxy_budget_max_concurrent_retries{route=\"payments\",scope=\"route\"} +Inf");
+    expect_line(t, "retryproxy_draining 1");
 
     if (system("command -v promtool >/dev/null 2>&1") != 0) {
         cr_log_warn("promtool is not on PATH: the exposition was NOT checked with "
