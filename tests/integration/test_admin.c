@@ -916,6 +916,21 @@ Test(admin, metrics_exact_after_known_scenario)
     cr_expect(sum >= 0.029 && sum < 0.5, "backoff_seconds_sum = %g, want about 0.030", sum);
     double ts = metric(t, "retryproxy_config_last_reload_success_timestamp_seconds", "");
     cr_expect(fabs(ts - (double)time(NULL)) < 120, "last reload timestamp %f is not recent", ts);
+    expect_metric(t, "retryproxy_config_last_reload_successful", "", 1);
+    expect_metric(t, "retryproxy_draining", "", 0);
+    /* the budgets of the config: the defaults, a route's without a cap of its own */
+    expect_metric(t, "retryproxy_budget_retry_ratio", "scope=\"process\"", 0.2);
+    expect_metric(t, "retryproxy_budget_min_retries_per_second", "scope=\"process\"", 10);
+    expect_metric(t, "retryproxy_budget_max_concurrent_retries", "scope=\"process\"", 100);
+    for (size_t i = 0; i < 2; i++) {
+        char l[64];
+        snprintf(l, sizeof(l), "route=\"%s\",scope=\"route\"", i ? "other" : "r");
+        expect_metric(t, "retryproxy_budget_retry_ratio", l, 0.2);
+        expect_metric(t, "retryproxy_budget_min_retries_per_second", l, 10);
+        expect_metric(t, "retryproxy_budget_max_concurrent_retries", l, INFINITY);
+    }
+    /* none for the requests that matched no route */
+    cr_expect(!strstr(t, "retryproxy_budget_retry_ratio{route=\"\""), "a budget for route=\"\"");
     /* every family of the contract, with its type */
     static const char *const types[] = {
         "requests_total counter",
@@ -931,7 +946,12 @@ Test(admin, metrics_exact_after_known_scenario)
         "config_reloads_total counter",
         "config_generation gauge",
         "config_last_reload_success_timestamp_seconds gauge",
+        "config_last_reload_successful gauge",
+        "budget_retry_ratio gauge",
+        "budget_min_retries_per_second gauge",
+        "budget_max_concurrent_retries gauge",
         "connections_active gauge",
+        "draining gauge",
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         char line[128];

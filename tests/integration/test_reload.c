@@ -224,6 +224,8 @@ static int64_t wait_config(int64_t t0, long gen, long base, int timeout_ms)
 
 #define FAILURES  "retryproxy_config_reloads_total{result=\"failure\"}"
 #define SUCCESSES "retryproxy_config_reloads_total{result=\"success\"}"
+/* 1 after a load that worked, 0 while the last file tried was refused. */
+#define LAST_OK "retryproxy_config_last_reload_successful"
 
 /* fx_wait_metric() for 'timeout_ms' from 't0': the milliseconds since 't0' when 'series'
  * reached 'want', or -1. */
@@ -452,6 +454,7 @@ static void position_of(const char *text, const char *needle, unsigned *line, un
 Test(reload, invalid_file_keeps_the_running_config_and_reports_the_path)
 {
     start(3, 20);
+    cr_expect_eq(fx_metric(LAST_OK), 1, "the initial load succeeded");
     char bad[2048], err[4096];
     cfg_text(bad, sizeof(bad), 1, 40, "bsae_ms", "");
     int64_t t0 = now_ms();
@@ -459,8 +462,10 @@ Test(reload, invalid_file_keeps_the_running_config_and_reports_the_path)
     int64_t lat = wait_metric(t0, FAILURES, 1, VISIBLE_MS);
     cr_log_info("invalid file: failure counted after %lld ms", (long long)lat);
     cr_assert(lat >= 0, "no failed reload counted within %d ms", VISIBLE_MS);
+    cr_expect_eq(fx_metric(LAST_OK), 0, "the refused file is the last one tried");
     sleep_ms(SETTLE_MS); /* a second count for the same content would show up by now */
     cr_expect_eq(fx_metric(FAILURES), 1, "one bad write, one failure");
+    cr_expect_eq(fx_metric(LAST_OK), 0, "stays 0 while the refused file is on disk");
 
     json_t *c = get_config();
     const char *e = last_error_of(c, err, sizeof(err));
@@ -498,7 +503,74 @@ Test(reload, invalid_file_keeps_the_running_config_and_reports_the_path)
     cr_expect_null(last_error_of(c, err, sizeof(err)), "last_error stays after success: %s", err);
     json_decref(c);
     cr_expect_eq(fx_metric(FAILURES), 1);
+    cr_expect_eq(fx_metric(LAST_OK), 1, "the corrected file loaded");
     expect_max_attempts("fixed", 1);
+}
+
+/* The budget_* gauges of route r ('scope="route"') or of the process ('scope="process"'). */
+static double budget_gauge(const char *setting, const char *scope)
+{
+    char series[160];
+    if (strcmp(scope, "process") == 0)
+        snprintf(series, sizeof(series), "retryproxy_budget_%s{scope=\"process\"}", setting);
+    else
+        snprintf(series, sizeof(series), "retryproxy_budget_%s{route=\"r\",scope=\"route\"}",
+                 setting);
+    return fx_metric(series);
+}
+
+struct budget_want {
+    double ratio, min_rps, concurrent;
+};
+
+static void expect_budget(const char *scope, struct budget_want w, const char *when)
+{
+    double ratio = budget_gauge("retry_ratio", scope);
+    double min_rps = budget_gauge("min_retries_per_second", scope);
+    double concurrent = budget_gauge("max_concurrent_retries", scope);
+    cr_expect_eq(ratio, w.ratio, "%s: %s retry_ratio %g, want %g", when, scope, ratio, w.ratio);
+    cr_expect_eq(min_rps, w.min_rps, "%s: %s min_retries_per_second %g, want %g", when, scope,
+                 min_rps, w.min_rps);
+    cr_expect_eq(concurrent, w.concurrent, "%s: %s max_concurrent_retries %g, want %g", when, scope,
+                 concurrent, w.concurrent);
+}
+
+/* The budget gauges show the config in effect: set at start, set again by a reload that
+ * changes them (null is +Inf, an omitted key its default), left alone by a refused file. */
+Test(reload, budget_gauges_follow_the_config_in_effect)
+{
+    char text[2048];
+    cfg_text(
+        text, sizeof(text), 3, 20, "base_ms",
+        "\"budget\": {\"retry_ratio\": 0.5, \"min_retries_per_second\": 2, "
+        "\"max_concurrent_retries\": 7},\n"
+        "  \"defaults\": {\"budget\": {\"retry_ratio\": 0.25, \"max_concurrent_retries\": 3}},");
+    write_in_place(cfg_path, text, strlen(text));
+    launch(true);
+    expect_budget("process", (struct budget_want){ 0.5, 2, 7 }, "at start");
+    expect_budget("route", (struct budget_want){ 0.25, 10, 3 }, "at start");
+
+    cfg_text(text, sizeof(text), 3, 20, "base_ms",
+             "\"budget\": {\"retry_ratio\": 0.1, \"max_concurrent_retries\": null},\n"
+             "  \"defaults\": {\"budget\": {\"retry_ratio\": 1.5, "
+             "\"min_retries_per_second\": 0.5}},");
+    int64_t t0 = now_ms();
+    write_renamed(cfg_path, text);
+    cr_assert_geq(wait_config(t0, 2, -1, VISIBLE_MS), 0, "the new budgets were not applied");
+    expect_budget("process", (struct budget_want){ 0.1, 10, INFINITY }, "after the reload");
+    expect_budget("route", (struct budget_want){ 1.5, 0.5, INFINITY }, "after the reload");
+
+    /* a refused file changes nothing: the gauges are the config served, not the file */
+    cfg_text(text, sizeof(text), 3, 20, "base_ms",
+             "\"budget\": {\"retry_ratio\": 0.9, \"max_concurrent_retries\": 1},\n"
+             "  \"defaults\": {\"budget\": {\"retry_ratio\": -1}},");
+    t0 = now_ms();
+    write_renamed(cfg_path, text);
+    cr_assert_geq(wait_metric(t0, FAILURES, 1, VISIBLE_MS), 0,
+                  "the invalid budget was not refused");
+    cr_expect_eq(fx_metric(LAST_OK), 0);
+    expect_budget("process", (struct budget_want){ 0.1, 10, INFINITY }, "after a refused file");
+    expect_budget("route", (struct budget_want){ 1.5, 0.5, INFINITY }, "after a refused file");
 }
 
 Test(reload, half_written_file_fails_once_then_the_full_write_applies)

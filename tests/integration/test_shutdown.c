@@ -1,10 +1,10 @@
 /* Graceful shutdown (docs/logs.md), end to end: the real binary, signalled by the test, against
  * the test upstream on 127.0.0.1.
  *
- * SIGTERM or SIGINT: /readyz turns 503, the listener stops accepting, requests in flight
- * (backoff waits included) get drain_timeout_ms to finish; those still waiting then get their
- * last upstream response or a JSON 503 "draining", with X-Retry-Stop: draining, and the
- * process exits 0. A second signal exits at once with 128 + signal.
+ * SIGTERM or SIGINT: /readyz turns 503 and retryproxy_draining 1, the listener stops accepting,
+ * requests in flight (backoff waits included) get drain_timeout_ms to finish; those still
+ * waiting then get their last upstream response or a JSON 503 "draining", with X-Retry-Stop:
+ * draining, and the process exits 0. A second signal exits at once with 128 + signal.
  *
  * px_stop() sends SIGTERM itself, and a second signal ends a draining proxy at once, so these
  * tests send their own signal with kill() and watch for the exit with waitid(WNOWAIT), which
@@ -189,6 +189,7 @@ Test(shutdown, readyz_is_503_and_new_connections_are_refused_while_draining)
 {
     start("\"drain_timeout_ms\": 5000", FIXED(10));
     cr_assert_eq(admin_status("/readyz"), 200);
+    cr_assert_eq(fx_metric("retryproxy_draining"), 0, "retryproxy_draining before the signal");
     cr_assert_eq(connect_proxy(), 0, "the proxy listener does not accept before the signal");
     http_call_start(&fx_calls[0], fx_url("/x"), "held",
                     "delay=1500"); /* keeps the proxy draining */
@@ -205,6 +206,9 @@ Test(shutdown, readyz_is_503_and_new_connections_are_refused_while_draining)
         sleep_ms(5);
     int64_t t_refused = now_ms() - t0;
     long healthz = admin_status("/healthz");
+    /* the admin listener still answers /metrics, and says so (the drain alert reads it) */
+    double draining = NAN;
+    int scraped = fx_scrape_metric("retryproxy_draining", &draining);
     bool still_up = !exited();
     cr_log_info("draining: /readyz 503 after %lld ms, connections refused after %lld ms",
                 (long long)t_ready, (long long)t_refused);
@@ -215,6 +219,8 @@ Test(shutdown, readyz_is_503_and_new_connections_are_refused_while_draining)
                  refused ? strerror(refused) : "accepted");
     cr_expect_lt(t_refused, MARGIN_MS, "refused only after %lld ms", (long long)t_refused);
     cr_expect_eq(healthz, 200, "/healthz %ld while the process runs", healthz);
+    cr_expect_eq(scraped, 0, "no /metrics while draining");
+    cr_expect_eq(draining, 1, "retryproxy_draining %g while draining", draining);
 
     http_call_join(&fx_calls[0]);
     cr_expect_eq(fx_calls[0].r.rc, 0, "held: curl error %d", fx_calls[0].r.rc);
