@@ -3,9 +3,10 @@
  * (retryproxy-rules.test.yml) and the Grafana dashboard's queries
  * (deploy/grafana/retryproxy-dashboard.json) may name only series a running retryproxy exports
  * on /metrics, with labels it puts on them (or the target labels job and instance), and, for a
- * label whose every value the proxy shows, values it shows. Then promtool checks the rules and
- * the example config (prometheus-example.yml), runs the rules' unit tests and parses every
- * dashboard query. Run from the repository root (make test does).
+ * label whose every value the proxy shows, values it shows: nothing else is scraped, not even a
+ * probe (the draining, reload and budget alerts read the proxy's own gauges). Then promtool
+ * checks the rules and the example config (prometheus-example.yml), runs the rules' unit tests
+ * and parses every dashboard query. Run from the repository root (make test does).
  *
  * promtool comes with Debian's prometheus package, which the Makefile's promtool target installs
  * when it runs as root. Where it could have (root, apt-get) a missing promtool fails the
@@ -37,9 +38,6 @@
 
 /* Labels Prometheus adds to every series it scrapes. */
 static const char *const target_labels[] = { "job", "instance" };
-/* Series the rules read that are not the proxy's: the blackbox exporter's probes of /readyz and
- * /healthz, for RetryproxyDraining (the proxy exports no draining state). Target labels only. */
-static const char *const external_series[] = { "probe_success" };
 /* The sections of docs/operations.md the alerts' runbook_url point at: each is used. */
 static const char *const runbook_anchors[] = { "retry-storm", "retries-denied", "upstream-failures",
                                                "reload-failures", "draining" };
@@ -211,7 +209,7 @@ static void learn_exports(void)
         cr_assert_not_null(seen_find(want), "/metrics shows no %s series", want);
         families++;
     }
-    cr_assert_geq(families, 14, "/metrics has %zu families", families);
+    cr_assert_geq(families, 19, "/metrics has %zu families", families);
     http_free(&r);
 }
 
@@ -445,11 +443,6 @@ static void check_matcher(const struct uses *u, const struct matcher *m, const c
     const char *metric = m->metric >= 0 ? u->metrics[m->metric] : NULL;
     if (in_list(m->label, target_labels, COUNT(target_labels)) || strcmp(m->label, "__name__") == 0)
         return;
-    if (metric && in_list(metric, external_series, COUNT(external_series))) {
-        cr_expect_fail("%s: %s has only the target labels, not %s:\n%s", where, metric, m->label,
-                       expr);
-        return;
-    }
     struct name_seen *s = metric ? seen_find(metric) : NULL;
     if (!s) {
         cr_expect(label_anywhere(m->label), "%s: no series the proxy exports has a label %s:\n%s",
@@ -477,8 +470,8 @@ static void check_matcher(const struct uses *u, const struct matcher *m, const c
     }
 }
 
-/* Every series 'u' names is one the proxy exports, an external one, or (if 'recorded_ok') one
- * the rules record; its labels are theirs; it names at least one series. */
+/* Every series 'u' names is one the proxy exports or (if 'recorded_ok') one the rules record;
+ * its labels are theirs; it names at least one series. */
 static void check_uses(const struct uses *u, const char *where, const char *expr, bool recorded_ok)
 {
     cr_expect_eq(u->error[0], '\0', "%s: cannot read %s in:\n%s", where, u->error, expr);
@@ -492,7 +485,7 @@ static void check_uses(const struct uses *u, const char *where, const char *expr
                       "proxy's own series here:\n%s",
                       where, m, expr);
             any_label = true;
-        } else if (!in_list(m, external_series, COUNT(external_series))) {
+        } else {
             cr_expect_not_null(seen_find(m),
                                "%s: %s is not a series retryproxy exports (docs/metrics.md; a "
                                "histogram's are NAME_bucket, NAME_sum and NAME_count)%s:\n%s",
@@ -855,11 +848,15 @@ Test(monitoring, dashboard_queries_read_only_series_the_proxy_exports)
         }
     }
 
-    /* the template variables' label_values() */
+    /* the template variables' label_values(); none stands for a value of the config typed in by
+     * hand (a textbox, a constant, a custom list): the proxy exports its settings */
     size_t vars = 0;
     json_array_foreach(json_object_get(json_object_get(d, "templating"), "list"), i, p)
     {
         const char *type = json_string_value(json_object_get(p, "type"));
+        cr_expect(type && (strcmp(type, "query") == 0 || strcmp(type, "datasource") == 0),
+                  DASHBOARD ", variable %s: a %s variable; read the value from /metrics instead",
+                  json_string_value(json_object_get(p, "name")), type ? type : "typeless");
         if (!type || strcmp(type, "query") != 0)
             continue;
         char where[128];
@@ -990,13 +987,18 @@ Test(monitoring, promtool_runs_the_rules_unit_tests)
     expect_promtool("test rules " RULES_TEST);
 }
 
-/* The example config loads the rules and has the probe jobs RetryproxyDraining reads. */
+/* The example config loads the rules and scrapes the proxy, and nothing else: the rules read
+ * only the proxy's own series (no blackbox probe for the draining alert any more). */
 Test(monitoring, promtool_checks_the_example_config)
 {
     char *text = proc_read_file(EXAMPLE);
-    cr_expect(strstr(text, "job_name: retryproxy-readyz") &&
-                  strstr(text, "job_name: retryproxy-healthz"),
-              EXAMPLE " has no retryproxy-readyz and retryproxy-healthz probe jobs");
+    cr_expect(strstr(text, "\n  - retryproxy-rules.yml\n"), EXAMPLE " does not load the rules");
+    cr_expect(strstr(text, "job_name: retryproxy\n"), EXAMPLE " has no retryproxy job");
+    size_t jobs = 0;
+    for (const char *p = strstr(text, "job_name:"); p; p = strstr(p + 1, "job_name:"))
+        jobs++;
+    cr_expect_eq(jobs, 1, EXAMPLE " has %zu scrape jobs: the rules need the proxy's only", jobs);
+    cr_expect_null(strstr(text, "/probe"), EXAMPLE " still runs a probe");
     free(text);
     need_promtool();
     expect_promtool("check config " EXAMPLE);
