@@ -90,6 +90,7 @@ struct cfg_route {
     uint32_t timeout_ms;
     uint32_t per_try_timeout_ms; /* 0: only the overall timeout */
     uint32_t connect_timeout_ms;
+    const char *deadline_header; /* tells each attempt how long the proxy waits; NULL: none */
     struct cfg_retry retry;
     struct budget_limits budget; /* the policy's own type; max_concurrent_retries -1: null */
 };

@@ -359,6 +359,25 @@ static const char *check_route_name(const char *s, size_t len)
     return NULL;
 }
 
+/* A header name the proxy may set on each attempt: a token (RFC 9110 5.1), not one of the
+ * fields the proxy already sets or frames the request with. */
+static const char *check_header_name(const char *s, size_t len)
+{
+    static const char *const owned[] = {
+        "Host",         "Content-Length",  "Transfer-Encoding", "Connection",
+        "X-Request-Id", "X-Retry-Attempt", "X-Forwarded-For",   "X-Forwarded-Proto"
+    };
+    if (len == 0 || len > 64)
+        return "must be 1 to 64 characters long";
+    for (size_t i = 0; i < len; i++)
+        if (!is_alnum(s[i]) && !strchr("!#$%&'*+-.^_`|~", s[i]))
+            return "must be a header name (letters, digits and !#$%&'*+-.^_`|~)";
+    for (size_t i = 0; i < COUNT(owned); i++)
+        if (strlen(owned[i]) == len && strncasecmp(s, owned[i], len) == 0)
+            return "names a header the proxy sets itself";
+    return NULL;
+}
+
 static const char *check_path_prefix(const char *s, size_t len)
 {
     if (len == 0 || s[0] != '/')
@@ -985,6 +1004,10 @@ static const struct field route_fields[] = {
                "one attempt until its response headers (0: only timeout_ms)"),
     UINT_FIELD("connect_timeout_ms", struct cfg_route, connect_timeout_ms, 0, MS_MAX, "1000",
                "establishing one upstream connection (0: no separate limit)"),
+    STRING_FIELD("deadline_header", struct cfg_route, deadline_header, F_NULLABLE,
+                 check_header_name, "null",
+                 "a header sent with each attempt: the milliseconds the proxy will still wait "
+                 "for its answer (null: none)"),
     OBJ_FIELD("retry", struct cfg_route, retry, retry_schema, 0, "when and how to retry"),
     OBJ_FIELD("budget", struct cfg_route, budget, route_budget_schema, 0,
               "this route's retry budget, checked as well as the process-wide one"),
@@ -1524,7 +1547,7 @@ static void write_rows(FILE *out, const struct schema *s, const char *prefix)
             snprintf(type, sizeof(type), "boolean");
             break;
         case FT_STRING:
-            snprintf(type, sizeof(type), "string");
+            snprintf(type, sizeof(type), f->flags & F_NULLABLE ? "string or null" : "string");
             break;
         case FT_OBJECT:
             snprintf(type, sizeof(type), "object");

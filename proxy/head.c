@@ -20,6 +20,7 @@ static const struct {
     [HF_HOST] = { "Host", 4 },
     [HF_IDEMPOTENCY_KEY] = { "Idempotency-Key", 15 },
     [HF_MAX_ATTEMPTS] = { "X-Retry-Max-Attempts", 20 },
+    [HF_TIMEOUT] = { "X-Retry-Timeout-Ms", 18 },
     [HF_REQUEST_ID] = { "X-Request-Id", 12 },
     [HF_ACCEPT] = { "Accept", 6 },
     [HF_CONTENT_TYPE] = { "Content-Type", 12 },
@@ -168,17 +169,20 @@ static void hb_field(struct hbuild *b, const char *k, const char *v)
 struct fwd {
     struct hbuild *b;
     const struct head_scan *s;
-    char *xff; /* the X-Forwarded-For values joined, the peer's address to come */
+    const char *deadline_header; /* the route's, sent by the proxy: never the client's */
+    char *xff;                   /* the X-Forwarded-For values joined, the peer's address to come */
     size_t xff_len, xff_cap;
 };
 
-static bool dropped_on_the_way_up(const char *k, size_t kl, const struct head_scan *s)
+static bool dropped_on_the_way_up(const char *k, size_t kl, const struct fwd *f)
 {
+    const struct head_scan *s = f->s;
     if (hdr_is_hop_by_hop(k) || HDR_NAME_IS(k, kl, "Host") ||
         HDR_NAME_IS(k, kl, "Content-Length") || HDR_NAME_IS(k, kl, "Expect") ||
         HDR_NAME_IS(k, kl, "X-Retry-Max-Attempts") || HDR_NAME_IS(k, kl, "X-Retry-Attempt") ||
         HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
-        HDR_NAME_IS(k, kl, "X-Request-Id"))
+        HDR_NAME_IS(k, kl, "X-Request-Id") || HDR_NAME_IS(k, kl, "X-Retry-Timeout-Ms") ||
+        (f->deadline_header && hdr_name_eq(k, f->deadline_header)))
         return true;
     for (unsigned i = 0; i < s->n_connection; i++)
         if (hdr_token_listed(s->connection[i], k))
@@ -204,12 +208,13 @@ static void forward_field(void *arg, const char *k, size_t kl, const char *v, si
     struct fwd *f = arg;
     if (HDR_NAME_IS(k, kl, "X-Forwarded-For"))
         xff_append(f, v, vl);
-    else if (!dropped_on_the_way_up(k, kl, f->s))
+    else if (!dropped_on_the_way_up(k, kl, f))
         hb_add(f->b, k, kl, v, vl);
 }
 
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
-                  const char *peer, const char *request_id, bool preserve_host)
+                  const char *peer, const char *request_id, bool preserve_host,
+                  const char *deadline_header)
 {
     size_t peer_len = strlen(peer);
     /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
@@ -227,7 +232,9 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
                         .max = max,
                         .text = block + max * sizeof(struct curl_slist),
                         .cap = cap };
-    struct fwd f = { .b = &b, .s = s, .xff = b.text + cap, .xff_cap = xff_cap };
+    struct fwd f = {
+        .b = &b, .s = s, .deadline_header = deadline_header, .xff = b.text + cap, .xff_cap = xff_cap
+    };
     each(src, forward_field, &f);
     if (peer_len)
         xff_append(&f, peer, peer_len);
@@ -249,18 +256,29 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     }
     h->block = block;
     h->list = b.n ? b.nodes : &h->attempt_node;
-    /* The attempt field is ours, rewritten before each attempt. */
+    /* The attempt field and the deadline field are ours, rewritten before each attempt. */
     h->attempt_node.data = h->attempt_hdr;
     h->attempt_node.next = NULL;
+    h->deadline_name_len = 0;
+    if (deadline_header) {
+        h->deadline_name_len = strlen(deadline_header);
+        memcpy(h->deadline_hdr, deadline_header, h->deadline_name_len);
+        memcpy(h->deadline_hdr + h->deadline_name_len, ": ", 2);
+        h->deadline_node.data = h->deadline_hdr;
+        h->deadline_node.next = NULL;
+        h->attempt_node.next = &h->deadline_node;
+    }
     if (b.n)
         b.nodes[b.n - 1].next = &h->attempt_node;
     return 0;
 }
 
-void head_up_attempt(struct head_up *h, uint32_t attempt)
+void head_up_attempt(struct head_up *h, uint32_t attempt, uint64_t wait_ms)
 {
     memcpy(h->attempt_hdr, "X-Retry-Attempt: ", 17);
     hdr_utoa(attempt, h->attempt_hdr + 17);
+    if (h->deadline_name_len)
+        hdr_utoa(wait_ms, h->deadline_hdr + h->deadline_name_len + 2);
 }
 
 void head_up_free(struct head_up *h)

@@ -24,6 +24,7 @@ enum head_field {
     HF_HOST,
     HF_IDEMPOTENCY_KEY,
     HF_MAX_ATTEMPTS, /* X-Retry-Max-Attempts */
+    HF_TIMEOUT,      /* X-Retry-Timeout-Ms */
     HF_REQUEST_ID,   /* X-Request-Id */
     HF_ACCEPT,
     HF_CONTENT_TYPE,
@@ -63,19 +64,25 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
 
 /* The header list every attempt sends: the client's fields but hop-by-hop ones and those the
  * proxy owns, X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, Host when preserved, curl's
- * own additions removed, and X-Retry-Attempt last (rewritten per attempt). */
+ * own additions removed, then X-Retry-Attempt and the route's deadline header, if it has one
+ * (both rewritten per attempt). */
 struct head_up {
     struct curl_slist *list;
     char *block; /* one allocation: the nodes, then their text */
-    struct curl_slist attempt_node;
+    struct curl_slist attempt_node, deadline_node;
     char attempt_hdr[40];
+    char deadline_hdr[96]; /* a name of at most 64 bytes (config/schema.c), ": ", the value */
+    size_t deadline_name_len;
 };
 
-/* Builds it. 'peer' is the client's address ("" if unknown). 0, or -1 out of memory. */
+/* Builds it. 'peer' is the client's address ("" if unknown); 'deadline_header' the route's
+ * (NULL: none). 0, or -1 out of memory. */
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
-                  const char *peer, const char *request_id, bool preserve_host);
-/* Sets the X-Retry-Attempt value. */
-void head_up_attempt(struct head_up *h, uint32_t attempt);
+                  const char *peer, const char *request_id, bool preserve_host,
+                  const char *deadline_header);
+/* Sets the X-Retry-Attempt value, and the deadline header's: 'wait_ms', how long the proxy will
+ * wait for this attempt's answer. */
+void head_up_attempt(struct head_up *h, uint32_t attempt, uint64_t wait_ms);
 void head_up_free(struct head_up *h);
 
 #endif

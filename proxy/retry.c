@@ -100,7 +100,8 @@ struct retry_req {
 
     /* retrying */
     uint32_t attempts, max_attempts;
-    uint64_t tried; /* upstreams tried, as bits */
+    uint32_t timeout_ms; /* the route's, lowered by X-Retry-Timeout-Ms */
+    uint64_t tried;      /* upstreams tried, as bits */
     struct backoff_seq seq;
     struct decide_req dr;
     enum retry_outcome last_outcome;
@@ -396,6 +397,13 @@ static void begin(struct retry_req *r, const char *method)
         if (m >= 1 && (uint64_t)m < r->max_attempts)
             r->max_attempts = (uint32_t)m;
     }
+    /* The client may shorten the request's time as it may its attempts, never lengthen it. */
+    r->timeout_ms = r->route->timeout_ms;
+    if (field[HF_TIMEOUT]) {
+        int64_t t = hdr_parse_uint(field[HF_TIMEOUT]);
+        if (t >= 1 && (uint64_t)t < r->timeout_ms)
+            r->timeout_ms = (uint32_t)t;
+    }
     const char *id = field[HF_REQUEST_ID];
     if (id && *id && strlen(id) <= HEAD_REQUEST_ID_MAX)
         snprintf(r->request_id, sizeof(r->request_id), "%s", id);
@@ -415,7 +423,7 @@ static void begin(struct retry_req *r, const char *method)
     bool has_body = chunked || cl >= 0;
     int64_t length = chunked ? -1 : cl;
     if (head_up_build(&r->up, &s, each_field, &r->relay, r->peer ? r->peer : "", r->request_id,
-                      r->route->preserve_host) < 0 ||
+                      r->route->preserve_host, r->route->deadline_header) < 0 ||
         intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes) < 0) {
         answer_error(r, 500, "internal", "out of memory");
         return;
@@ -484,7 +492,7 @@ static void start_attempt(struct retry_req *r)
 
     if (r->attempts == 0) {
         /* timeout_ms covers every attempt and wait, from the first attempt on */
-        r->deadline_ms = now + rt->timeout_ms;
+        r->deadline_ms = now + r->timeout_ms;
         loop_timer_start(l, &r->deadline_timer, r->deadline_ms, on_deadline, r);
         /* the base of both ratio budgets */
         budget_note_request(&w->px->budget, now);
@@ -520,8 +528,11 @@ static void attempt_go(struct attempt *a)
     req.body = r->body.mode == INTAKE_BUFFER   ? ATTEMPT_BODY_BUFFER
                : r->body.mode == INTAKE_STREAM ? ATTEMPT_BODY_STREAM
                                                : ATTEMPT_BODY_NONE;
-    head_up_attempt(&r->up, r->attempts);
     uint64_t left = r->deadline_ms > now ? r->deadline_ms - now : 1;
+    /* how long this attempt's answer is waited for: the per-try timeout or what is left */
+    uint64_t wait =
+        rt->per_try_timeout_ms && rt->per_try_timeout_ms < left ? rt->per_try_timeout_ms : left;
+    head_up_attempt(&r->up, r->attempts, wait);
     uint64_t connect =
         rt->connect_timeout_ms && rt->connect_timeout_ms < left ? rt->connect_timeout_ms : left;
     if (attempt_launch(a, r->rtr->urls[u - rt->upstreams], u->base_path, &req, connect) < 0) {

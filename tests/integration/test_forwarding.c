@@ -553,6 +553,80 @@ Test(forwarding, retry_attempt_header_counts_attempts_and_client_values_are_not_
     cr_expect_eq(tup_req_header_count(q, "X-Retry-Max-Attempts"), 0);
 }
 
+/* The value of header 'name' of the record of attempt 'i' as a number (asserts it is one, once). */
+static long deadline_of(size_t i, const char *name)
+{
+    const struct tup_req *q = tup_get(up, i);
+    cr_assert_not_null(q, "no record %zu", i);
+    cr_assert_eq(tup_req_header_count(q, name), 1, "attempt %zu: %s", i + 1, name);
+    char *end;
+    long v = strtol(tup_req_header(q, name), &end, 10);
+    cr_assert(*end == '\0' && v >= 0, "attempt %zu: %s: %s", i + 1, name, tup_req_header(q, name));
+    return v;
+}
+
+Test(forwarding, deadline_header_tells_each_attempt_how_long_it_is_waited_for)
+{
+    start("\"timeout_ms\": 5000, \"per_try_timeout_ms\": 1000, \"deadline_header\": "
+          "\"X-Deadline-Ms\", \"retry\": {\"backoff\": {\"base_ms\": 10, \"jitter\": \"none\"}}",
+          "", "1");
+    struct http_resp r;
+    /* the client's own X-Deadline-Ms and X-Retry-Timeout-Ms never reach the upstream */
+    const char *h[] = { "X-Test-Plan: fail=2;status=503", "X-Request-Id: dl",
+                        "X-Deadline-Ms: 999999", NULL };
+    get("/d", h, &r);
+    cr_expect_eq(r.status, 200);
+    http_free(&r);
+    cr_assert_eq(tup_count_id(up, "dl"), 3);
+    for (size_t i = 0; i < 3; i++) /* the per-try timeout, shorter than what is left */
+        cr_expect_eq(deadline_of(i, "X-Deadline-Ms"), 1000, "attempt %zu", i + 1);
+    fx_stop();
+
+    /* Without a per-try timeout: what is left of timeout_ms, less with each attempt. */
+    start("\"timeout_ms\": 5000, \"deadline_header\": \"X-Deadline-Ms\", \"retry\": "
+          "{\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 200, \"jitter\": \"none\"}}",
+          "", "1");
+    const char *h2[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: left", NULL };
+    get("/d", h2, &r);
+    cr_expect_eq(r.status, 200);
+    http_free(&r);
+    long first = deadline_of(0, "X-Deadline-Ms"), second = deadline_of(1, "X-Deadline-Ms");
+    cr_expect(first <= 5000 && first > 4000, "first attempt: %ld", first);
+    cr_expect(second <= first - 200 && second > 3000, "second attempt: %ld after %ld", second,
+              first);
+}
+
+Test(forwarding, x_retry_timeout_ms_lowers_the_request_timeout_never_raises_it)
+{
+    start("\"timeout_ms\": 5000, \"deadline_header\": \"X-Deadline-Ms\"", "", "1");
+    struct http_resp r;
+    const char *lower[] = { "X-Request-Id: lower", "X-Retry-Timeout-Ms: 2000", NULL };
+    get("/t", lower, &r);
+    cr_expect_eq(r.status, 200);
+    http_free(&r);
+    long v = deadline_of(0, "X-Deadline-Ms");
+    cr_expect(v <= 2000 && v > 1000, "lowered to 2000: %ld", v);
+    cr_expect_eq(tup_req_header_count(tup_get(up, 0), "X-Retry-Timeout-Ms"), 0);
+
+    const char *higher[] = { "X-Request-Id: higher", "X-Retry-Timeout-Ms: 99999", NULL };
+    get("/t", higher, &r);
+    http_free(&r);
+    v = deadline_of(1, "X-Deadline-Ms");
+    cr_expect(v <= 5000 && v > 4000, "not raised past timeout_ms 5000: %ld", v);
+
+    /* A hanging upstream answers 504 after the client's 300 ms, not the route's 5 s. */
+    const char *hang[] = { "X-Test-Plan: fail=9;action=hang", "X-Request-Id: hang",
+                           "X-Retry-Timeout-Ms: 300", NULL };
+    int64_t t0 = now_ms();
+    get("/t", hang, &r);
+    int64_t took = now_ms() - t0;
+    cr_expect_eq(r.status, 504);
+    char stop[32];
+    cr_expect_str_eq(http_header(&r, "X-Retry-Stop", stop, sizeof(stop)), "deadline");
+    http_free(&r);
+    cr_expect(took >= 290 && took < 3000, "answered after %lld ms", (long long)took);
+}
+
 /* ---- 5. Host ---- */
 
 Test(forwarding, host_is_the_upstream_authority_by_default)
