@@ -110,7 +110,7 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps
 # - test_retry_timers: the request state machine with the upstream attempt and the relay
 #   replaced by the suite's own fakes (proxy/attempt.o and proxy/relay.o left out).
 DECIDE_OBJ := $(filter $(BUILD)/obj/policy/% $(BUILD)/obj/config/%,$(LIB_OBJ)) \
-              $(addprefix $(BUILD)/obj/proxy/,decide.o live.o strmap.o)
+              $(addprefix $(BUILD)/obj/proxy/,decide.o hlist.o headers.o live.o strmap.o)
 $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_OBJ) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags jansson) -o $@ $< $(DECIDE_OBJ) \

@@ -51,12 +51,15 @@ enum cfg_retry_kind {
     CFG_RETRY_RESET,           /* closed or reset before complete response headers */
     CFG_RETRY_TIMEOUT,         /* the per-try timeout passed before response headers */
     CFG_RETRY_STATUS,          /* a status in [lo, hi]: "5xx", "gateway-error", "429", "500-504" */
+    CFG_RETRY_HEADER,          /* a response field: "header:NAME" or "header:NAME=VALUE" */
 };
 
 struct cfg_retry_cond {
     enum cfg_retry_kind kind;
     uint16_t lo, hi;   /* CFG_RETRY_STATUS only */
     const char *token; /* as written in the file */
+    const char *name;  /* CFG_RETRY_HEADER: the field's name (any case matches) */
+    const char *value; /* CFG_RETRY_HEADER: the exact value, or NULL for any */
 };
 
 struct cfg_upstream {
@@ -76,6 +79,7 @@ struct cfg_retry {
     uint64_t max_retry_body_bytes;
     bool retry_after_honor;
     uint32_t retry_after_max_ms;
+    const char *pushback_header; /* a response field that sets or refuses the retry; NULL: none */
     struct backoff_spec backoff;
 };
 

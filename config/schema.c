@@ -359,19 +359,28 @@ static const char *check_route_name(const char *s, size_t len)
     return NULL;
 }
 
-/* A header name the proxy may set on each attempt: a token (RFC 9110 5.1), not one of the
- * fields the proxy already sets or frames the request with. */
+/* A header name: a token (RFC 9110 5.1) of at most 64 characters. */
+static const char *check_field_name(const char *s, size_t len)
+{
+    if (len == 0 || len > 64)
+        return "must be 1 to 64 characters long";
+    for (size_t i = 0; i < len; i++)
+        if (!is_alnum(s[i]) && !strchr("!#$%&'*+-.^_`|~", s[i]))
+            return "must be a header name (letters, digits and !#$%&'*+-.^_`|~)";
+    return NULL;
+}
+
+/* A header name the proxy may set on each attempt: not one of the fields the proxy already
+ * sets or frames the request with. */
 static const char *check_header_name(const char *s, size_t len)
 {
     static const char *const owned[] = {
         "Host",         "Content-Length",  "Transfer-Encoding", "Connection",
         "X-Request-Id", "X-Retry-Attempt", "X-Forwarded-For",   "X-Forwarded-Proto"
     };
-    if (len == 0 || len > 64)
-        return "must be 1 to 64 characters long";
-    for (size_t i = 0; i < len; i++)
-        if (!is_alnum(s[i]) && !strchr("!#$%&'*+-.^_`|~", s[i]))
-            return "must be a header name (letters, digits and !#$%&'*+-.^_`|~)";
+    const char *why = check_field_name(s, len);
+    if (why)
+        return why;
     for (size_t i = 0; i < COUNT(owned); i++)
         if (strlen(owned[i]) == len && strncasecmp(s, owned[i], len) == 0)
             return "names a header the proxy sets itself";
@@ -610,6 +619,32 @@ static const struct list_kind method_list = {
 static const char *const retry_on_names[] = { "connect-failure", "reset", "timeout", "5xx",
                                               "gateway-error" };
 
+/* "header:NAME" or "header:NAME=VALUE" (Envoy's retriable_headers): a response that carries
+ * the field (with exactly that value) is retried whatever its status. */
+static int parse_header_cond(struct walk *w, const struct at *at, const char *s, size_t len,
+                             struct cfg_retry_cond *c)
+{
+    const char *name = s + 7, *eq = memchr(name, '=', len - 7);
+    size_t nl = eq ? (size_t)(eq - name) : len - 7;
+    const char *why = check_field_name(name, nl);
+    if (why) {
+        err_at(w, at, "retry_on \"%s\": \"%.*s\" %s", s, (int)nl, name, why);
+        return -1;
+    }
+    if (eq) {
+        for (const char *p = eq + 1; p < s + len; p++) {
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+                err_at(w, at, "retry_on \"%s\": the header value holds a control character", s);
+                return -1;
+            }
+        }
+        c->value = arena_strndup(w->a, eq + 1, len - nl - 8);
+    }
+    c->kind = CFG_RETRY_HEADER;
+    c->name = arena_strndup(w->a, name, nl);
+    return 0;
+}
+
 /* "NNN" -> code; -1 if not three digits. */
 static int status_code(const char *s, size_t len)
 {
@@ -642,6 +677,8 @@ static int parse_retry_cond(struct walk *w, const struct at *at, const json_t *v
     const char *s = json_string_value(v);
     size_t len = json_string_length(v);
     c->token = arena_strdup(w->a, s);
+    if (len >= 7 && strncmp(s, "header:", 7) == 0)
+        return parse_header_cond(w, at, s, len, c);
     for (size_t i = 0; i < COUNT(named); i++) {
         if (strcmp(s, named[i].name) == 0) {
             c->kind = named[i].kind;
@@ -659,8 +696,8 @@ static int parse_retry_cond(struct walk *w, const struct at *at, const json_t *v
             err_at(w, at, "unknown retry_on condition \"%s\"; did you mean \"%s\"?", s, near);
         else
             err_at(w, at,
-                   "unknown retry_on condition \"%s\" (expected %s, a status such as \"429\" "
-                   "or a range such as \"500-599\")",
+                   "unknown retry_on condition \"%s\" (expected %s, a status such as \"429\", "
+                   "a range such as \"500-599\" or \"header:NAME\")",
                    s, join(&w->tmp, retry_on_names, COUNT(retry_on_names)));
         return -1;
     }
@@ -924,8 +961,9 @@ static const struct field retry_fields[] = {
                "attempts in total, the first included (1 disables retries)"),
     LIST_FIELD("retry_on", struct cfg_retry, on, n_on, retry_on_list, 0, NULL,
                "[\"connect-failure\", \"reset\", \"timeout\", \"gateway-error\", \"429\"]",
-               "connect-failure, reset, timeout, 5xx, gateway-error, a status (\"429\") or a "
-               "range (\"500-599\")"),
+               "connect-failure, reset, timeout, 5xx, gateway-error, a status (\"429\"), a "
+               "range (\"500-599\") or a response header (\"header:NAME\", "
+               "\"header:NAME=VALUE\")"),
     SET_FIELD("methods", struct cfg_retry, methods, method_list, 0, NULL,
               "[\"GET\", \"HEAD\", \"OPTIONS\", \"PUT\", \"DELETE\", \"TRACE\"]",
               "methods retried once bytes reached the upstream (connect-failure retries every "
@@ -937,6 +975,11 @@ static const struct field retry_fields[] = {
                "larger request bodies are streamed once and never retried (held in memory "
                "up to this size)"),
     INLINE_OBJ("retry_after", retry_after_schema, "how Retry-After is honoured"),
+    STRING_FIELD("pushback_header", struct cfg_retry, pushback_header, F_NULLABLE, check_field_name,
+                 "null",
+                 "a response header that steers the retry (gRPC's grpc-retry-pushback-ms): a "
+                 "whole number of milliseconds is the next wait, anything else stops retrying "
+                 "(null: none)"),
     OBJ_FIELD("backoff", struct cfg_retry, backoff, backoff_schema, 0,
               "the delay before each retry (docs/backoff.md)"),
 };

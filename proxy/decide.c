@@ -1,6 +1,7 @@
 #include "proxy/decide.h"
 
 #include <string.h>
+#include <strings.h>
 
 const char *retry_stop_name(enum retry_stop s)
 {
@@ -23,14 +24,27 @@ const char *retry_stop_name(enum retry_stop s)
         return "body-too-large";
     case RETRY_STOP_DRAINING:
         return "draining";
+    case RETRY_STOP_PUSHBACK:
+        return "pushback";
     case RETRY_STOP_CLIENT_CLOSED:
         return "client-closed";
     }
     return "";
 }
 
+/* Whether 'head' has the condition's field (with its value, when it names one). */
+static bool has_field(const struct hlist *head, const struct cfg_retry_cond *c)
+{
+    size_t pos = 0;
+    const char *n, *v;
+    while (head && hlist_next(head, &pos, &n, &v))
+        if (strcasecmp(n, c->name) == 0 && (!c->value || strcmp(v, c->value) == 0))
+            return true;
+    return false;
+}
+
 const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
-                                         int status)
+                                         int status, const struct hlist *head)
 {
     for (size_t i = 0; i < r->n_on; i++) {
         const struct cfg_retry_cond *c = &r->on[i];
@@ -51,6 +65,10 @@ const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_o
             if (o == RETRY_OUT_STATUS && status >= c->lo && status <= c->hi)
                 return c;
             break;
+        case CFG_RETRY_HEADER:
+            if (o == RETRY_OUT_STATUS && has_field(head, c))
+                return c;
+            break;
         }
     }
     return NULL;
@@ -59,7 +77,7 @@ const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_o
 void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct retry_verdict *v)
 {
     memset(v, 0, sizeof(*v));
-    v->fired = retry_match(r, f->outcome, f->status);
+    v->fired = retry_match(r, f->outcome, f->status, f->head);
     if (!v->fired)
         return;
 
@@ -78,7 +96,15 @@ void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct
         return;
     }
     uint64_t delay = f->backoff_ms;
-    if (f->has_retry_after && r->retry_after_honor) {
+    if (f->has_pushback) {
+        /* the upstream's word on this retry comes before every other */
+        if (f->pushback_stops) {
+            v->stop = RETRY_STOP_PUSHBACK;
+            return;
+        }
+        delay = f->pushback_ms;
+        v->pushback_used = true;
+    } else if (f->has_retry_after && r->retry_after_honor) {
         if (f->retry_after_ms > r->retry_after_max_ms) {
             v->stop = RETRY_STOP_RETRY_AFTER;
             return;
@@ -127,7 +153,7 @@ void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct re
     struct live_backoff_mark mark = { 0 };
     struct backoff_seq seq = *d->seq;
     f->backoff_ms = 0;
-    if (retry_match(policy, f->outcome, f->status) && f->attempts < f->max_attempts)
+    if (retry_match(policy, f->outcome, f->status, f->head) && f->attempts < f->max_attempts)
         f->backoff_ms = route_scope ? live_route_backoff_peek(d->live, &policy->backoff, f->now_ms,
                                                               d->rng, &mark)
                                     : backoff_seq_next(&seq, &policy->backoff, f->now_ms, d->rng);

@@ -15,6 +15,7 @@
 #include "policy/backoff.h"
 #include "policy/budget.h"
 #include "policy/rng.h"
+#include "proxy/hlist.h"
 #include "proxy/live.h"
 
 /* How an attempt ended. */
@@ -36,6 +37,7 @@ enum retry_stop {
     RETRY_STOP_NOT_RETRYABLE,
     RETRY_STOP_BODY_TOO_LARGE,
     RETRY_STOP_DRAINING,
+    RETRY_STOP_PUSHBACK,      /* the response's pushback header refused a retry */
     RETRY_STOP_CLIENT_CLOSED, /* the client went away during a wait (log only: no response) */
 };
 
@@ -44,16 +46,20 @@ const char *retry_stop_name(enum retry_stop s);
 /* What is known when an attempt ends. */
 struct retry_facts {
     enum retry_outcome outcome;
-    int status;            /* RETRY_OUT_STATUS only */
-    bool method_retryable; /* in retry.methods, or carries Idempotency-Key (when honoured) */
-    bool body_replayable;  /* no body, or one buffered whole */
-    uint32_t attempts;     /* attempts made, this one included */
-    uint32_t max_attempts; /* the route's, lowered by X-Retry-Max-Attempts */
+    int status;               /* RETRY_OUT_STATUS only */
+    const struct hlist *head; /* the response's fields (RETRY_OUT_STATUS), else NULL */
+    bool method_retryable;    /* in retry.methods, or carries Idempotency-Key (when honoured) */
+    bool body_replayable;     /* no body, or one buffered whole */
+    uint32_t attempts;        /* attempts made, this one included */
+    uint32_t max_attempts;    /* the route's, lowered by X-Retry-Max-Attempts */
     uint64_t now_ms;
     uint64_t deadline_ms;
     uint32_t backoff_ms;  /* the policy's delay before the next retry */
     bool has_retry_after; /* a valid Retry-After came with this response */
     uint64_t retry_after_ms;
+    bool has_pushback;   /* the route's pushback header came with this response ... */
+    bool pushback_stops; /* ... holding anything but a whole number: no retry */
+    uint64_t pushback_ms;
 };
 
 struct retry_verdict {
@@ -61,15 +67,17 @@ struct retry_verdict {
     enum retry_stop stop;               /* RETRY_STOP_NONE with 'fired' set: retry */
     uint32_t delay_ms;                  /* the wait before the retry */
     bool retry_after_used;
+    bool pushback_used;
 };
 
-/* The retry_on condition of 'r' that names this outcome, in file order, or NULL. */
+/* The retry_on condition of 'r' that names this outcome, in file order, or NULL. 'head' is
+ * the response's fields (NULL without a response), for the header conditions. */
 const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
-                                         int status);
+                                         int status, const struct hlist *head);
 
-/* The policy's rules alone (method, body, attempts, Retry-After, deadline), with the delay the
- * caller looked up in f->backoff_ms. When no condition fires, the attempt is final and not a
- * failure for retry purposes (fired NULL, stop NONE). */
+/* The policy's rules alone (method, body, attempts, pushback, Retry-After, deadline), with the
+ * delay the caller looked up in f->backoff_ms. When no condition fires, the attempt is final and
+ * not a failure for retry purposes (fired NULL, stop NONE). */
 void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct retry_verdict *v);
 
 /* What a retry must fit besides the policy: the process-wide budget and the route's, and

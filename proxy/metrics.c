@@ -45,10 +45,10 @@ static const char *const hist_le[HIST_BUCKETS] = { "0.001", "0.0025", "0.005", "
 static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",    "3xx",
                                                               "4xx",   "5xx",    "connect_failure",
                                                               "reset", "timeout" };
-static const char *const denied_names[METRICS_DENIED_COUNT] = { "max-attempts",   "budget",
-                                                                "concurrency",    "deadline",
-                                                                "retry-after",    "not-retryable",
-                                                                "body-too-large", "draining" };
+static const char *const denied_names[METRICS_DENIED_COUNT] = {
+    "max-attempts",  "budget",         "concurrency", "deadline", "retry-after",
+    "not-retryable", "body-too-large", "draining",    "pushback"
+};
 
 static const char *const result_names[] = { "success", "failure" };
 /* budget_*{scope}: the top-level budget, or a route's (then with its route label). */

@@ -564,6 +564,20 @@ static bool retry_after_of(const struct hlist *h, uint64_t *ms)
     return retry_after_parse_fields(vals, lens, n > 2 ? 2 : n, (int64_t)wall_ms(), ms) == 0;
 }
 
+/* The route's pushback header on the response (gRPC's grpc-retry-pushback-ms): a whole number
+ * of milliseconds is the next wait; anything else, or the field twice, refuses the retry. */
+static void pushback_of(const char *name, const struct hlist *h, struct retry_facts *f)
+{
+    const char *v;
+    size_t n = name ? hlist_values(h, name, &v, NULL, 1) : 0;
+    if (!n)
+        return;
+    int64_t ms = n == 1 ? hdr_parse_uint(v) : -1;
+    f->has_pushback = true;
+    f->pushback_stops = ms < 0;
+    f->pushback_ms = ms < 0 ? 0 : (uint64_t)ms;
+}
+
 /* The attempt's response head is in. */
 static void attempt_head(struct attempt *a)
 {
@@ -683,8 +697,11 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
         .now_ms = loop_now(r->w->loop),
         .deadline_ms = r->deadline_ms,
     };
-    if (o == RETRY_OUT_STATUS)
+    if (o == RETRY_OUT_STATUS) {
+        f.head = &r->att.head;
         f.has_retry_after = retry_after_of(&r->att.head, &f.retry_after_ms);
+        pushback_of(r->route->retry.pushback_header, &r->att.head, &f);
+    }
     r->last_outcome = o;
     /* the attempt that just ended gives its slots back before a new retry asks for them */
     end_retry_in_flight(r);
@@ -896,7 +913,9 @@ static enum metrics_outcome outcome_class(enum retry_outcome o, int status)
 }
 
 _Static_assert(RETRY_STOP_DRAINING - 1 == METRICS_DENIED_DRAINING &&
-                   RETRY_STOP_MAX_ATTEMPTS - 1 == METRICS_DENIED_MAX_ATTEMPTS,
+                   RETRY_STOP_MAX_ATTEMPTS - 1 == METRICS_DENIED_MAX_ATTEMPTS &&
+                   RETRY_STOP_PUSHBACK - 1 == METRICS_DENIED_PUSHBACK &&
+                   RETRY_STOP_CLIENT_CLOSED - 1 == METRICS_DENIED_COUNT,
                "retries_denied_total reasons follow enum retry_stop");
 
 /* Counts a stop: a retry that retry_on asked for but that was not made. */

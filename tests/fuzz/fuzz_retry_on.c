@@ -8,6 +8,8 @@
  * as it is, every other byte b as the character U+00bb (a NUL as U+0100), so an entry may
  * hold control characters and non-ASCII text once decoded.
  *
+ * Header conditions ("header:NAME", "header:NAME=VALUE") are in the grammar too.
+ *
  * Checked: the config loads exactly when every entry is valid and none repeats an earlier one;
  * then each condition has the kind and status range the reference gives, its token as written,
  * in file order, in every route that has the list, and the effective config lists the same
@@ -18,7 +20,7 @@
  * for every status from 100 to 599 and every other outcome, the first condition in file order
  * that names it, or none.
  */
-/* fuzz-link: proxy/decide.c proxy/live.c proxy/strmap.c */
+/* fuzz-link: proxy/decide.c proxy/hlist.c proxy/live.c proxy/strmap.c */
 #define FUZZ_NAME "fuzz_retry_on"
 #include "tests/fuzz/fuzz.h"
 
@@ -40,6 +42,7 @@ struct entry {
     bool duplicate;
     enum cfg_retry_kind kind;
     int lo, hi;
+    size_t name_len; /* CFG_RETRY_HEADER */
 };
 
 static int three_digits(const char *s, size_t n)
@@ -52,8 +55,32 @@ static int three_digits(const char *s, size_t n)
     return (s[0] - '0') * 100 + (s[1] - '0') * 10 + (s[2] - '0');
 }
 
+/* "header:NAME" or "header:NAME=VALUE": a NAME of 1 to 64 token characters, a VALUE without
+ * control characters. */
+static bool header_token(const struct entry *e, size_t *name_len)
+{
+    static const char tchar_punct[] = "!#$%&'*+-.^_`|~";
+    if (e->len < 7 || memcmp(e->text, "header:", 7) != 0)
+        return false;
+    const char *name = e->text + 7, *eq = memchr(name, '=', e->len - 7);
+    size_t nl = eq ? (size_t)(eq - name) : e->len - 7;
+    if (nl < 1 || nl > 64)
+        return false;
+    for (size_t i = 0; i < nl; i++) {
+        unsigned char c = (unsigned char)name[i];
+        bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+        if (!alnum && (c == 0 || !strchr(tchar_punct, c)))
+            return false;
+    }
+    for (const char *p = eq ? eq + 1 : NULL; p && p < e->text + e->len; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return false;
+    *name_len = nl;
+    return true;
+}
+
 /* The reference grammar: a named condition, "NNN", or "NNN-NNN", statuses 100..599, ranges
- * not backwards. */
+ * not backwards, or a header condition. */
 static void classify(struct entry *e)
 {
     static const struct {
@@ -76,6 +103,13 @@ static void classify(struct entry *e)
             e->hi = named[i].hi;
             return;
         }
+    }
+    size_t nl;
+    if (header_token(e, &nl)) {
+        e->valid = true;
+        e->kind = CFG_RETRY_HEADER;
+        e->name_len = nl;
+        return;
     }
     int lo, hi;
     if (e->len == 3) {
@@ -136,6 +170,15 @@ static void check_route(const struct cfg_route *r, const struct entry *e, size_t
                    e[i].text);
         FUZZ_CHECK(c->kind == e[i].kind, "entry %zu \"%s\": kind %d, want %d", i, e[i].text,
                    (int)c->kind, (int)e[i].kind);
+        if (c->kind == CFG_RETRY_HEADER) {
+            const char *eq = e[i].text + 7 + e[i].name_len;
+            FUZZ_CHECK(strlen(c->name) == e[i].name_len &&
+                           memcmp(c->name, e[i].text + 7, e[i].name_len) == 0,
+                       "entry %zu \"%s\": header name \"%s\"", i, e[i].text, c->name);
+            FUZZ_CHECK(*eq ? c->value && strcmp(c->value, eq + 1) == 0 : c->value == NULL,
+                       "entry %zu \"%s\": header value \"%s\"", i, e[i].text,
+                       c->value ? c->value : "(none)");
+        }
         if (c->kind == CFG_RETRY_STATUS)
             FUZZ_CHECK(c->lo == e[i].lo && c->hi == e[i].hi, "entry %zu \"%s\": %u-%u, want %d-%d",
                        i, e[i].text, c->lo, c->hi, e[i].lo, e[i].hi);
@@ -162,14 +205,14 @@ static void check_match(const struct cfg_route *r, const struct entry *e, size_t
                   { RETRY_OUT_TIMEOUT, CFG_RETRY_TIMEOUT } };
     for (int status = 100; status <= 599; status++) {
         size_t want = first_naming(e, n, CFG_RETRY_STATUS, status);
-        const struct cfg_retry_cond *got = retry_match(&r->retry, RETRY_OUT_STATUS, status);
+        const struct cfg_retry_cond *got = retry_match(&r->retry, RETRY_OUT_STATUS, status, NULL);
         FUZZ_CHECK(got == (want < n ? &r->retry.on[want] : NULL),
                    "status %d: retry_match gave condition %td, want %zu", status,
                    got ? got - r->retry.on : -1, want);
     }
     for (size_t k = 0; k < sizeof(other) / sizeof(other[0]); k++) {
         size_t want = first_naming(e, n, other[k].k, 0);
-        const struct cfg_retry_cond *got = retry_match(&r->retry, other[k].o, 0);
+        const struct cfg_retry_cond *got = retry_match(&r->retry, other[k].o, 0, NULL);
         FUZZ_CHECK(got == (want < n ? &r->retry.on[want] : NULL),
                    "outcome %d: retry_match gave condition %td, want %zu", (int)other[k].o,
                    got ? got - r->retry.on : -1, want);
@@ -285,7 +328,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             else
                 FUZZ_CHECK(strncmp(x->msg, "unknown retry_on condition \"", 28) == 0 ||
                                strncmp(x->msg, "status ", 7) == 0 ||
-                               strncmp(x->msg, "range \"", 7) == 0,
+                               strncmp(x->msg, "range \"", 7) == 0 ||
+                               strncmp(x->msg, "retry_on \"header:", 17) == 0,
                            "%s: %s", x->path, x->msg);
         }
     }

@@ -298,6 +298,57 @@ Test(retry, retry_after_above_max_ms_ends_retrying)
     http_free(&r);
 }
 
+Test(retry, pushback_header_sets_the_next_wait_or_stops_retrying)
+{
+    start("\"retry\": {\"pushback_header\": \"X-Retry-Pushback\", \"backoff\": {\"policy\": "
+          "\"fixed\", \"base_ms\": 5000, \"jitter\": \"none\"}}");
+    /* 400 ms instead of the policy's 5 s, and before Retry-After's 3 s */
+    const char *wait[] = {
+        "X-Test-Plan: fail=1;status=503;retry-after=3;header=X-Retry-Pushback:400",
+        "X-Request-Id: pb", NULL
+    };
+    struct http_resp r = send_req("GET", "/", wait, NULL);
+    cr_expect_eq(r.status, 200);
+    cr_assert_eq(tup_count_id(up, "pb"), 2);
+    cr_expect_geq(gap_s(0, 1), 0.39, "gap %.3f s", gap_s(0, 1));
+    cr_expect_lt(gap_s(0, 1), 2.5, "gap %.3f s", gap_s(0, 1));
+    http_free(&r);
+
+    /* a value that is not a whole number of milliseconds: no retry, the response as it is */
+    const char *stop[] = { "X-Test-Plan: fail=1;status=503;header=X-Retry-Pushback:-1",
+                           "X-Request-Id: pb-stop", NULL };
+    r = send_req("GET", "/", stop, NULL);
+    cr_expect_eq(r.status, 503);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "pushback");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Pushback"), "-1");
+    cr_expect_eq(tup_count_id(up, "pb-stop"), 1);
+    http_free(&r);
+    cr_expect_eq(fx_metric("retryproxy_retries_denied_total{route=\"r\",reason=\"pushback\"}"), 1);
+}
+
+Test(retry, a_header_in_retry_on_retries_a_response_that_carries_it)
+{
+    start("\"retry\": {\"retry_on\": [\"header:X-Retry-Me\"], " CFG_FAST "}");
+    /* a 200 that says "retry me" is retried; the next, without the field, is the answer */
+    const char *h[] = { "X-Test-Plan: fail=1;status=200;header=X-Retry-Me:yes", "X-Request-Id: hdr",
+                        NULL };
+    struct http_resp r = send_req("GET", "/", h, NULL);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_null(http_hdr(&r, "X-Retry-Me"));
+    cr_expect_eq(tup_count_id(up, "hdr"), 2);
+    http_free(&r);
+    cr_expect_eq(fx_metric("retryproxy_retries_total{route=\"r\",reason=\"header:X-Retry-Me\"}"),
+                 1);
+
+    /* a 503 without the field is not retried: only the header condition is listed */
+    const char *plain[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: hdr-no", NULL };
+    r = send_req("GET", "/", plain, NULL);
+    cr_expect_eq(r.status, 503);
+    cr_expect_eq(tup_count_id(up, "hdr-no"), 1);
+    http_free(&r);
+}
+
 Test(retry, backoff_gaps_follow_the_policy)
 {
     start("\"retry\": {\"max_attempts\": 4, \"backoff\": {\"policy\": \"exponential\", "

@@ -43,6 +43,7 @@ struct plan {
     unsigned status;
     unsigned ok;
     char *retry_after; /* owned, NULL if none */
+    char *header;      /* "Name: value" of header=NAME:VALUE, owned, NULL if none */
     uint64_t body;
     bool body_set;
     bool chunked;
@@ -281,6 +282,8 @@ static void plan_free(struct plan *p)
 {
     free(p->retry_after);
     p->retry_after = NULL;
+    free(p->header);
+    p->header = NULL;
 }
 
 static bool is_ows(char ch)
@@ -377,6 +380,22 @@ static int plan_parse(const char *text, struct plan *p, char *err, size_t errlen
                     p->retry_after = xmalloc((size_t)(ve - vs) + 1);
                     memcpy(p->retry_after, vs, (size_t)(ve - vs));
                     p->retry_after[ve - vs] = '\0';
+                }
+            } else if (token_is(ks, ke, "header")) {
+                const char *colon = memchr(vs, ':', (size_t)(ve - vs));
+                for (const char *q = vs; q < ve; q++)
+                    if ((unsigned char)*q < 0x20 && *q != '\t')
+                        ok = false;
+                if (!colon || colon == vs)
+                    ok = false;
+                if (ok) {
+                    size_t nl = (size_t)(colon - vs), vl = (size_t)(ve - colon - 1);
+                    free(p->header);
+                    p->header = xmalloc(nl + vl + 3);
+                    memcpy(p->header, vs, nl);
+                    memcpy(p->header + nl, ": ", 2);
+                    memcpy(p->header + nl + 2, colon + 1, vl);
+                    p->header[nl + 2 + vl] = '\0';
                 }
             } else if (token_is(ks, ke, "body")) {
                 ok = parse_u64(vs, ve, MAX_BODY_PARAM, &v);
@@ -935,6 +954,7 @@ struct answer {
     unsigned attempt;
     uint64_t seq;
     const char *retry_after;
+    const char *header; /* one more "Name: value" field, or NULL */
     bool close;
     bool chunked;
     enum src src;
@@ -955,6 +975,8 @@ static void answer_begin(struct conn *c, const struct answer *a)
                a->attempt, c->id, a->seq);
     if (a->retry_after)
         out_printf(c, "Retry-After: %s\r\n", a->retry_after);
+    if (a->header)
+        out_printf(c, "%s\r\n", a->header);
     if (!no_body) {
         out_printf(c, "Content-Type: text/plain\r\n");
         if (chunked)
@@ -1331,6 +1353,7 @@ static void request_complete(struct tup *t, struct conn *c)
                          q->key_attempt, p->fail);
             a.status = p->status;
             a.retry_after = p->retry_after;
+            a.header = p->header;
             a.text = text;
             a.len = a.stop = (size_t)n;
             snprintf(what, sizeof what, "%u (fail %u/%" PRIu64 ")%s%s", a.status, q->key_attempt,

@@ -21,6 +21,7 @@
  *                               65536), send half of it, wait until the peer acked it, RST
  *   status=NNN     status of a failing answer (200..599, default 503)
  *   retry-after=V  add "Retry-After: V" to failing status answers (V raw up to the next ';')
+ *   header=N:V     add "N: V" to failing status answers (V raw up to the next ';')
  *   ok=NNN         status of a succeeding answer (200..599, default 200)
  *   body=N         succeeding body: N bytes of tup_pattern_byte(i) (default "ok\n")
  *   chunked=1      send the succeeding body chunked (HTTP/1.1 requests only)

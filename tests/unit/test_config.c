@@ -280,6 +280,25 @@ Test(config, retry_on_tokens_become_conditions_in_file_order)
     cfg_unref(c);
 }
 
+Test(config, header_conditions_and_the_pushback_header)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"
+                         " \"retry\": {\"retry_on\": [\"header:X-Retry-Me\","
+                         " \"header:X-Up=a=b c\", \"header:X-Empty=\"],"
+                         " \"pushback_header\": \"grpc-retry-pushback-ms\"}}]}");
+    const struct cfg_retry *r = &c->routes[0].retry;
+    cr_assert_eq(r->n_on, 3);
+    cr_expect_eq(r->on[0].kind, CFG_RETRY_HEADER);
+    cr_expect_str_eq(r->on[0].name, "X-Retry-Me");
+    cr_expect_null(r->on[0].value, "no value: any");
+    cr_expect_str_eq(r->on[1].name, "X-Up");
+    cr_expect_str_eq(r->on[1].value, "a=b c", "the value is everything after the first '='");
+    cr_expect_str_eq(r->on[2].value, "", "an empty value must be empty");
+    cr_expect_str_eq(r->pushback_header, "grpc-retry-pushback-ms");
+    cr_expect_null(c->routes[0].deadline_header, "off unless set");
+    cfg_unref(c);
+}
+
 Test(config, methods_and_match_resolve_to_bitmasks)
 {
     struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"

@@ -223,10 +223,76 @@ Test(decide, stop_names_match_the_contract)
     static const char *const want[] = {
         "",         "max-attempts", "budget",        "concurrency",
         "deadline", "retry-after",  "not-retryable", "body-too-large",
-        "draining"
+        "draining", "pushback"
     };
-    for (int s = RETRY_STOP_NONE; s <= RETRY_STOP_DRAINING; s++)
+    for (int s = RETRY_STOP_NONE; s <= RETRY_STOP_PUSHBACK; s++)
         cr_expect_str_eq(retry_stop_name((enum retry_stop)s), want[s]);
+}
+
+/* ---- response headers: retry_on "header:..." and the pushback header ---- */
+
+/* A response head of "name: value" pairs (NULL-terminated list). */
+static struct hlist head_of(const char *const *fields)
+{
+    struct hlist h = { 0 };
+    for (size_t i = 0; fields[i]; i += 2)
+        cr_assert_eq(
+            hlist_add(&h, fields[i], strlen(fields[i]), fields[i + 1], strlen(fields[i + 1])), 0);
+    return h;
+}
+
+Test(decide, a_header_condition_retries_a_response_that_carries_the_field)
+{
+    load("{\"retry_on\": [\"header:X-Retry-Me\", \"header:X-Upstream=overloaded\"]}");
+    struct hlist h = head_of((const char *const[]){ "x-retry-me", "1", NULL });
+    struct retry_facts f = facts(RETRY_OUT_STATUS, 200);
+    f.head = &h;
+    struct retry_verdict v = decide(&f);
+    cr_assert_not_null(v.fired, "the field, in any case, fires whatever the status");
+    cr_expect_str_eq(v.fired->token, "header:X-Retry-Me");
+    cr_expect_eq(v.stop, RETRY_STOP_NONE);
+    hlist_free(&h);
+
+    h = head_of((const char *const[]){ "X-Upstream", "Overloaded", NULL });
+    f.head = &h;
+    cr_expect_null(decide(&f).fired, "a value is compared exactly");
+    hlist_free(&h);
+    h = head_of((const char *const[]){ "X-Upstream", "busy", "X-Upstream", "overloaded", NULL });
+    f.head = &h;
+    v = decide(&f);
+    cr_assert_not_null(v.fired, "any of the field's lines may hold the value");
+    cr_expect_str_eq(v.fired->token, "header:X-Upstream=overloaded");
+    hlist_free(&h);
+
+    f.head = NULL; /* no response: a header condition cannot fire */
+    f.outcome = RETRY_OUT_RESET;
+    cr_expect_null(decide(&f).fired);
+}
+
+Test(decide, pushback_sets_the_wait_or_stops_before_retry_after)
+{
+    load("{\"pushback_header\": \"X-Retry-Pushback\"}");
+    struct retry_facts f = facts(RETRY_OUT_STATUS, 503);
+    f.has_retry_after = true;
+    f.retry_after_ms = 500;
+    f.has_pushback = true;
+    f.pushback_ms = 250;
+    struct retry_verdict v = decide(&f);
+    cr_expect_eq(v.stop, RETRY_STOP_NONE);
+    cr_expect_eq(v.delay_ms, 250, "the pushback, not Retry-After's 500 nor the backoff's 100");
+    cr_expect(v.pushback_used);
+    cr_expect_not(v.retry_after_used);
+
+    f.pushback_stops = true;
+    v = decide(&f);
+    cr_expect_eq(v.stop, RETRY_STOP_PUSHBACK);
+
+    f.pushback_stops = false;
+    f.pushback_ms = 5000; /* past the deadline, 1 s away */
+    cr_expect_eq(decide(&f).stop, RETRY_STOP_DEADLINE);
+
+    f.attempts = 3; /* no attempt left: that comes first */
+    cr_expect_eq(decide(&f).stop, RETRY_STOP_MAX_ATTEMPTS);
 }
 
 /* ---- decide_attempt(): the policy, then the budgets, then the sequence ---- */
