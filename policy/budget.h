@@ -7,10 +7,7 @@
  *  - ratio (Linkerd's budget): over a sliding window, retries may not exceed
  *    retry_ratio * first_attempts + min_retries_per_second * window_seconds.
  *
- * The window is a ring of BUDGET_BUCKETS time buckets. Each bucket counter packs its epoch
- * (which slice of time it counts) with its count in one 64-bit word, so adding to it is one
- * compare-and-swap that also resets a bucket left over from an older slice: exact counts, no
- * lock, no separate reset race.
+ * The window is policy/window.h's: BUDGET_BUCKETS slices counted without a lock.
  */
 #ifndef RETRYPROXY_POLICY_BUDGET_H
 #define RETRYPROXY_POLICY_BUDGET_H
@@ -19,7 +16,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define BUDGET_BUCKETS 20
+#include "policy/window.h"
+
+#define BUDGET_BUCKETS WINDOW_BUCKETS
 
 /* A budget's settings: the config's "budget" objects are held in this type (config/cfg.h). */
 struct budget_limits {
@@ -31,9 +30,9 @@ struct budget_limits {
 
 struct budget {
     atomic_int_fast64_t in_flight;
-    _Atomic uint32_t bucket_ms; /* window_ms / BUDGET_BUCKETS, at least 1 */
-    _Atomic uint64_t requests[BUDGET_BUCKETS];
-    _Atomic uint64_t retries[BUDGET_BUCKETS];
+    _Atomic uint32_t bucket_ms;  /* window_ms / BUDGET_BUCKETS, at least 1 */
+    struct window_ring requests; /* first attempts */
+    struct window_ring retries;
 };
 
 /* Sets up 'b' (all zero) for a window of 'window_ms'. */
