@@ -18,6 +18,7 @@
 #include "config/errors.h"
 #include "policy/backoff.h"
 #include "policy/budget.h"
+#include "policy/throttle.h"
 
 /* Largest config file read (4 MiB; docs/config.md): configs are a few kilobytes. This bounds
  * the memory and time one load may take, and a mistaken path. */
@@ -96,7 +97,8 @@ struct cfg_route {
     uint32_t connect_timeout_ms;
     const char *deadline_header; /* tells each attempt how long the proxy waits; NULL: none */
     struct cfg_retry retry;
-    struct budget_limits budget; /* the policy's own type; max_concurrent_retries -1: null */
+    struct budget_limits budget;     /* the policy's own type; max_concurrent_retries -1: null */
+    struct throttle_limits throttle; /* client-side throttling; k 0: off */
 };
 
 struct cfg {

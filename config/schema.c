@@ -848,6 +848,16 @@ static void check_backoff(struct walk *w, const struct ctx *x, void *dst)
                    origin_of(x, "jitter")->layer < 0 ? " (the default)" : "");
 }
 
+static void check_throttle(struct walk *w, const struct ctx *x, void *dst)
+{
+    const struct throttle_limits *t = dst;
+    if (t->k > 0 && t->k < 1)
+        rule_error(w, x, "k", "k",
+                   "must be 0 (no throttling) or at least 1: below 1 a healthy upstream is "
+                   "throttled too, got %g",
+                   t->k);
+}
+
 static void check_route(struct walk *w, const struct ctx *x, void *dst)
 {
     const struct cfg_route *r = dst;
@@ -1008,6 +1018,16 @@ static const struct schema top_budget_schema = SCHEMA(top_budget_fields, NULL);
 static const struct field route_budget_fields[] = { BUDGET_FIELDS("null") };
 static const struct schema route_budget_schema = SCHEMA(route_budget_fields, NULL);
 
+static const struct field throttle_fields[] = {
+    NUM_FIELD("k", struct throttle_limits, k, 0, 100, "0",
+              "throttle when attempts exceed k times those the upstream accepts: reject locally "
+              "with probability (requests - k * accepts) / (requests + 1) (0: never; the SRE "
+              "book uses 2)"),
+    UINT_FIELD("window_ms", struct throttle_limits, window_ms, 1, MS_MAX, "120000",
+               "the sliding window the requests and accepts are counted over"),
+};
+static const struct schema throttle_schema = SCHEMA(throttle_fields, check_throttle);
+
 /* match's keys land directly in struct cfg_route. */
 static const struct field match_fields[] = {
     STRING_FIELD("path_prefix", struct cfg_route, match_path_prefix, 0, check_path_prefix, "\"/\"",
@@ -1054,6 +1074,8 @@ static const struct field route_fields[] = {
     OBJ_FIELD("retry", struct cfg_route, retry, retry_schema, 0, "when and how to retry"),
     OBJ_FIELD("budget", struct cfg_route, budget, route_budget_schema, 0,
               "this route's retry budget, checked as well as the process-wide one"),
+    OBJ_FIELD("throttle", struct cfg_route, throttle, throttle_schema, 0,
+              "client-side throttling: fewer attempts to an upstream that keeps failing"),
 };
 static const struct schema route_schema = SCHEMA(route_fields, check_route);
 

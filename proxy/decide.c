@@ -26,6 +26,8 @@ const char *retry_stop_name(enum retry_stop s)
         return "draining";
     case RETRY_STOP_PUSHBACK:
         return "pushback";
+    case RETRY_STOP_THROTTLED:
+        return "throttled";
     case RETRY_STOP_CLIENT_CLOSED:
         return "client-closed";
     }
@@ -158,11 +160,20 @@ void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct re
                                                               d->rng, &mark)
                                     : backoff_seq_next(&seq, &policy->backoff, f->now_ms, d->rng);
     retry_decide(policy, f, v);
+    bool throttling = d->throttle && d->throttle->k > 0;
+    if (throttling && !v->fired)
+        throttle_note_accept(&d->live->throttle, f->now_ms);
     if (!v->fired || v->stop != RETRY_STOP_NONE)
         return;
     v->stop = admit(&d->budgets, f->now_ms, v->delay_ms);
     if (v->stop != RETRY_STOP_NONE)
         return;
+    if (throttling &&
+        !throttle_admit(&d->live->throttle, d->throttle->k, f->now_ms, d->rng, &v->throttle_p)) {
+        decide_release(d);
+        v->stop = RETRY_STOP_THROTTLED;
+        return;
+    }
     if (route_scope)
         live_route_backoff_take(d->live, &policy->backoff, f->now_ms, d->rng, &mark);
     else

@@ -38,6 +38,7 @@ enum retry_stop {
     RETRY_STOP_BODY_TOO_LARGE,
     RETRY_STOP_DRAINING,
     RETRY_STOP_PUSHBACK,      /* the response's pushback header refused a retry */
+    RETRY_STOP_THROTTLED,     /* client-side throttling rejected the retry's attempt */
     RETRY_STOP_CLIENT_CLOSED, /* the client went away during a wait (log only: no response) */
 };
 
@@ -68,6 +69,7 @@ struct retry_verdict {
     uint32_t delay_ms;                  /* the wait before the retry */
     bool retry_after_used;
     bool pushback_used;
+    double throttle_p; /* RETRY_STOP_THROTTLED: the rejection probability */
 };
 
 /* The retry_on condition of 'r' that names this outcome, in file order, or NULL. 'head' is
@@ -97,12 +99,15 @@ struct decide_req {
     struct live_route *live; /* the route's shared sequence (scope "route") */
     struct rng *rng;
     struct decide_budgets budgets;
+    const struct throttle_limits *throttle; /* the route's; k 0: off */
 };
 
 /* The whole decision for the attempt described by 'f' (f->backoff_ms is filled in here): the
- * policy's rules, then the budgets. A retry that is taken holds a concurrency slot in both
- * budgets until decide_release(), and moves the backoff sequence (the request's, or the
- * route's shared one); a refused one moves neither and is counted nowhere. */
+ * policy's rules, then the budgets, then client-side throttling (the attempt is counted as
+ * accepted when no retry_on condition names it; a retry is a new attempt to admit). A retry that is
+ * taken holds a concurrency slot in both budgets until decide_release(), and moves the backoff
+ * sequence (the request's, or the route's shared one); a refused one moves neither and is counted
+ * nowhere. */
 void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct retry_verdict *v);
 
 /* The attempt of a retry that decide_attempt() took has ended (or the request ended first):

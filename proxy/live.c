@@ -59,6 +59,7 @@ struct live_route *live_route(struct live *l, const char *name, uint32_t window_
         goto out;
     }
     budget_init(&e->route.budget, window_ms);
+    throttle_init(&e->route.throttle, window_ms); /* its own window is set by the snapshot */
     pthread_mutex_init(&e->route.mu, NULL);
     backoff_seq_reset(&e->route.seq);
     e->next = l->head;

@@ -11,11 +11,13 @@
 
 #include "policy/backoff.h"
 #include "policy/budget.h"
+#include "policy/throttle.h"
 
 struct live_route {
     struct budget budget;
-    pthread_mutex_t mu;     /* guards 'seq': route-scoped retries are not the hot path */
-    struct backoff_seq seq; /* the route's shared sequence (scope "route") */
+    struct throttle throttle; /* client-side throttling's counts (routes[].throttle) */
+    pthread_mutex_t mu;       /* guards 'seq': route-scoped retries are not the hot path */
+    struct backoff_seq seq;   /* the route's shared sequence (scope "route") */
 };
 
 struct live;

@@ -47,7 +47,7 @@ static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",   
                                                               "reset", "timeout" };
 static const char *const denied_names[METRICS_DENIED_COUNT] = {
     "max-attempts",  "budget",         "concurrency", "deadline", "retry-after",
-    "not-retryable", "body-too-large", "draining",    "pushback"
+    "not-retryable", "body-too-large", "draining",    "pushback", "throttled"
 };
 
 static const char *const result_names[] = { "success", "failure" };
@@ -63,6 +63,7 @@ enum family {
     FAM_DENIED,
     FAM_IN_FLIGHT,
     FAM_RETRY_AFTER,
+    FAM_THROTTLED,
     FAM_BACKOFF,
     FAM_ATTEMPT_DURATION,
     FAM_REQUEST_DURATION,
@@ -103,6 +104,9 @@ static const struct family_def {
                         "Retries decided and not yet finished, backoff waits included." },
     [FAM_RETRY_AFTER] = { "retry_after_honored_total", "counter", "route", NULL, 0,
                           "Retries whose wait followed an upstream Retry-After." },
+    [FAM_THROTTLED] = { "throttled_total", "counter", "route", NULL, 0,
+                        "Attempts client-side throttling rejected, by route: first attempts "
+                        "answered 503, retries not made." },
     [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
                       "Backoff waits before retries, in seconds." },
     [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route", NULL, 0,
@@ -150,6 +154,7 @@ struct route_slot {
     _Atomic uint64_t retry_success;
     _Atomic uint64_t denied[METRICS_DENIED_COUNT];
     _Atomic uint64_t retry_after_honored;
+    _Atomic uint64_t throttled;
     struct hist_slot hist[METRICS_HIST_COUNT];
 };
 
@@ -205,6 +210,7 @@ struct route_totals {
     uint64_t retry_success;
     uint64_t denied[METRICS_DENIED_COUNT];
     uint64_t retry_after_honored;
+    uint64_t throttled;
     uint64_t buckets[METRICS_HIST_COUNT][HIST_BUCKETS];
     uint64_t sum_us[METRICS_HIST_COUNT];
     bool any; /* some count is non-zero */
@@ -402,6 +408,13 @@ void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied rea
         bump(&s->denied[reason], 1);
 }
 
+void metrics_throttled(struct metrics_route *r, unsigned w)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s)
+        bump(&s->throttled, 1);
+}
+
 void metrics_retry_after_honored(struct metrics_route *r, unsigned w)
 {
     struct route_slot *s = slot_of(r, w);
@@ -522,6 +535,7 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
         any |= add_counts(t->denied, s->denied, METRICS_DENIED_COUNT);
         any |= add_counts(&t->retry_success, &s->retry_success, 1);
         any |= add_counts(&t->retry_after_honored, &s->retry_after_honored, 1);
+        any |= add_counts(&t->throttled, &s->throttled, 1);
         for (size_t h = 0; h < METRICS_HIST_COUNT; h++) {
             any |= add_counts(t->buckets[h], s->hist[h].buckets, HIST_BUCKETS);
             t->sum_us[h] += peek(&s->hist[h].sum_us);
@@ -773,6 +787,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_in_flight(f, m);
     render_route_counter(f, sc, FAM_RETRY_AFTER,
                          offsetof(struct route_totals, retry_after_honored));
+    render_route_counter(f, sc, FAM_THROTTLED, offsetof(struct route_totals, throttled));
     render_hist(f, sc, METRICS_HIST_BACKOFF, FAM_BACKOFF);
     render_hist(f, sc, METRICS_HIST_ATTEMPT, FAM_ATTEMPT_DURATION);
     render_hist(f, sc, METRICS_HIST_REQUEST, FAM_REQUEST_DURATION);

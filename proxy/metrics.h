@@ -46,6 +46,7 @@ enum metrics_denied {
     METRICS_DENIED_BODY_TOO_LARGE,
     METRICS_DENIED_DRAINING,
     METRICS_DENIED_PUSHBACK,
+    METRICS_DENIED_THROTTLED,
     METRICS_DENIED_COUNT
 };
 
@@ -82,6 +83,8 @@ void metrics_retry(struct metrics_route *r, unsigned w, unsigned reason);
 void metrics_retry_success(struct metrics_route *r, unsigned w);
 /* retries_denied_total{route, reason} */
 void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied reason);
+/* throttled_total{route}: an attempt client-side throttling rejected */
+void metrics_throttled(struct metrics_route *r, unsigned w);
 /* retry_after_honored_total{route} */
 void metrics_retry_after_honored(struct metrics_route *r, unsigned w);
 /* One observation of 'seconds' into histogram 'h' of route 'r'. */

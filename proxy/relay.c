@@ -67,6 +67,11 @@ static void add_tag(struct MHD_Response *resp, const struct relay_tag *tag)
     MHD_add_response_header(resp, "X-Retry-Attempts", n);
     if (tag->stop)
         MHD_add_response_header(resp, "X-Retry-Stop", tag->stop);
+    if (tag->throttled >= 0) {
+        char p[16];
+        snprintf(p, sizeof(p), "%.2f", tag->throttled);
+        MHD_add_response_header(resp, "X-Retry-Throttled", p);
+    }
 }
 
 /* Resumes the suspended connection and has libmicrohttpd look at it this turn. */

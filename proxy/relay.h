@@ -46,6 +46,7 @@ struct relay_tag {
     uint32_t attempts; /* X-Retry-Attempts */
     const char *stop;  /* X-Retry-Stop, NULL: none */
     bool close;        /* Connection: close (draining, or a head that could not be framed) */
+    double throttled;  /* X-Retry-Throttled: the rejection probability; < 0: none */
 };
 
 /* Relay flags (struct relay 'flags'). */

@@ -65,6 +65,7 @@ enum {
     RF_SUCCEEDED = 1u << 5,   /* the last attempt ended in nothing retry_on names */
     RF_SAVED = 1u << 6,       /* 'saved' holds the last retryable response's head ... */
     RF_SAVED_WHOLE = 1u << 7, /* ... and its whole body */
+    RF_THROTTLED = 1u << 8,   /* client-side throttling rejected an attempt (throttle_p) */
 };
 
 struct retry_req {
@@ -107,6 +108,7 @@ struct retry_req {
     enum retry_outcome last_outcome;
     enum retry_stop stop;
     uint32_t pending_delay;
+    double throttle_p; /* RF_THROTTLED: the probability it was rejected with */
     struct attempt att;
     struct loop_timer try_timer, deadline_timer, backoff_timer;
 
@@ -137,6 +139,7 @@ static void answer_error(struct retry_req *r, unsigned status, const char *code,
 static void answer_final(struct retry_req *r);
 static void answer_saved(struct retry_req *r);
 static bool saved_whole(const struct retry_req *r);
+static struct relay_tag tag_of(const struct retry_req *r);
 static void account_stop(struct retry_req *r, enum retry_stop stop);
 static void log_done(struct retry_req *r);
 static void on_deadline(struct loop_timer *t);
@@ -414,6 +417,7 @@ static void begin(struct retry_req *r, const char *method)
         .seq = &r->seq,
         .live = r->rtr->live,
         .rng = &w->rng,
+        .throttle = &r->route->throttle,
         .budgets = { .global = &w->px->budget,
                      .global_limits = &r->cfg->budget,
                      .route = &r->rtr->live->budget,
@@ -490,6 +494,16 @@ static void start_attempt(struct retry_req *r)
     const struct cfg_route *rt = r->route;
     uint64_t now = loop_now(l);
 
+    if (r->attempts == 0 && rt->throttle.k > 0 &&
+        !throttle_admit(&r->rtr->live->throttle, rt->throttle.k, now, &w->rng, &r->throttle_p)) {
+        /* client-side throttling: the upstream keeps failing, this one is not sent */
+        r->flags |= RF_THROTTLED;
+        metrics_throttled(r->m, w->id);
+        answer_error(r, 503, "throttled",
+                     "the upstream keeps failing: retryproxy sends it fewer requests "
+                     "(routes[].throttle)");
+        return;
+    }
     if (r->attempts == 0) {
         /* timeout_ms covers every attempt and wait, from the first attempt on */
         r->deadline_ms = now + r->timeout_ms;
@@ -586,8 +600,7 @@ static void attempt_head(struct attempt *a)
     if (!decide(r, RETRY_OUT_STATUS)) {
         /* this response is the answer */
         r->state = RS_STREAM;
-        struct relay_tag tag = { r->attempts, r->stop ? retry_stop_name(r->stop) : NULL,
-                                 atomic_load_explicit(&r->w->px->draining, memory_order_relaxed) };
+        struct relay_tag tag = tag_of(r);
         relay_response(&r->relay, a->status, &a->head, &tag);
         return;
     }
@@ -716,6 +729,11 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     bool retry = v.fired && v.stop == RETRY_STOP_NONE;
     if (retry)
         r->pending_delay = v.delay_ms;
+    if (v.stop == RETRY_STOP_THROTTLED) {
+        r->flags |= RF_THROTTLED;
+        r->throttle_p = v.throttle_p;
+        metrics_throttled(r->m, r->w->id);
+    }
     account_attempt(r, o, &v);
     return retry;
 }
@@ -850,6 +868,7 @@ static struct relay_tag tag_of(const struct retry_req *r)
         /* a head that could not be framed, or draining: no more requests here */
         .close = r->refused != WIRE_OK ||
                  atomic_load_explicit(&r->w->px->draining, memory_order_relaxed),
+        .throttled = r->flags & RF_THROTTLED ? r->throttle_p : -1,
     };
 }
 
@@ -915,6 +934,7 @@ static enum metrics_outcome outcome_class(enum retry_outcome o, int status)
 _Static_assert(RETRY_STOP_DRAINING - 1 == METRICS_DENIED_DRAINING &&
                    RETRY_STOP_MAX_ATTEMPTS - 1 == METRICS_DENIED_MAX_ATTEMPTS &&
                    RETRY_STOP_PUSHBACK - 1 == METRICS_DENIED_PUSHBACK &&
+                   RETRY_STOP_THROTTLED - 1 == METRICS_DENIED_THROTTLED &&
                    RETRY_STOP_CLIENT_CLOSED - 1 == METRICS_DENIED_COUNT,
                "retries_denied_total reasons follow enum retry_stop");
 

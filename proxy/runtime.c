@@ -49,6 +49,7 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struc
         x->urls = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->urls));
         if (!reasons || !x->metrics || !x->live || !x->urls)
             goto fail;
+        throttle_set_window(&x->live->throttle, r->throttle.window_ms);
         for (size_t k = 0; k < r->n_upstreams; k++)
             if (!(x->urls[k] = upstream_url_new(r->upstreams[k].origin)))
                 goto fail;

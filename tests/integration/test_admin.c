@@ -940,6 +940,7 @@ Test(admin, metrics_exact_after_known_scenario)
         "retries_denied_total counter",
         "retries_in_flight gauge",
         "retry_after_honored_total counter",
+        "throttled_total counter",
         "backoff_seconds histogram",
         "attempt_duration_seconds histogram",
         "request_duration_seconds histogram",

@@ -349,6 +349,66 @@ Test(retry, a_header_in_retry_on_retries_a_response_that_carries_it)
     http_free(&r);
 }
 
+Test(retry, client_side_throttling_sends_a_failing_upstream_fewer_attempts)
+{
+    start("\"throttle\": {\"k\": 2, \"window_ms\": 2000}, \"retry\": {\"max_attempts\": 1}");
+    /* every answer a 503 (a failure retry_on names): nothing is accepted, so the rejection
+     * probability climbs towards 1 */
+    const char *h[] = { "X-Test-Plan: fail=1000;status=503", "X-Request-Id: failing", NULL };
+    unsigned throttled = 0, sent_503 = 0;
+    for (int i = 0; i < 60; i++) {
+        struct http_resp r = send_req("GET", "/", h, NULL);
+        cr_assert_eq(r.status, 503);
+        const char *p = http_hdr(&r, "X-Retry-Throttled");
+        if (p) {
+            double v = strtod(p, NULL);
+            cr_expect(v > 0 && v < 1, "X-Retry-Throttled: %s", p);
+            throttled++;
+            cr_expect(strstr((const char *)r.body, "\"error\": \"throttled\""), "%s", r.body);
+            cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "0");
+        } else {
+            sent_503++;
+        }
+        http_free(&r);
+    }
+    size_t reached = tup_count_id(up, "failing");
+    cr_expect_eq(reached, sent_503, "every 503 not throttled came from the upstream");
+    cr_expect_gt(throttled, 30, "only %u of 60 throttled", throttled);
+    cr_expect_eq(fx_metric("retryproxy_throttled_total{route=\"r\"}"), throttled);
+
+    /* the failures age out of the window: an upstream that answers again gets everything,
+     * and with accepts counted k = 2 times, nothing is rejected */
+    sleep_ms(2200);
+    const char *ok[] = { "X-Request-Id: healthy", NULL };
+    for (int i = 0; i < 50; i++) {
+        struct http_resp r = send_req("GET", "/", ok, NULL);
+        cr_expect_eq(r.status, 200, "request %d after the window", i);
+        cr_expect_null(http_hdr(&r, "X-Retry-Throttled"));
+        http_free(&r);
+    }
+    cr_expect_eq(tup_count_id(up, "healthy"), 50);
+}
+
+Test(retry, a_throttled_retry_is_not_made_and_says_so)
+{
+    start("\"throttle\": {\"k\": 2}, \"retry\": {\"max_attempts\": 5, " CFG_FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1000;status=503", NULL };
+    bool seen = false;
+    for (int i = 0; i < 40 && !seen; i++) {
+        struct http_resp r = send_req("GET", "/", h, NULL);
+        const char *stop = http_hdr(&r, "X-Retry-Stop");
+        if (stop && strcmp(stop, "throttled") == 0) {
+            seen = true;
+            cr_expect_eq(r.status, 503, "the last upstream answer, as it is");
+            cr_expect_not_null(http_hdr(&r, "X-Retry-Throttled"));
+            cr_expect_neq(strcmp(http_hdr(&r, "X-Retry-Attempts"), "0"), 0);
+        }
+        http_free(&r);
+    }
+    cr_expect(seen, "no retry was ever throttled");
+    cr_expect_gt(fx_metric("retryproxy_retries_denied_total{route=\"r\",reason=\"throttled\"}"), 0);
+}
+
 Test(retry, backoff_gaps_follow_the_policy)
 {
     start("\"retry\": {\"max_attempts\": 4, \"backoff\": {\"policy\": \"exponential\", "

@@ -100,9 +100,9 @@ static void expect_lines(const char *text, const char *const *lines, size_t n)
 
 static const char *const outcomes[] = { "1xx",   "2xx",    "3xx", "4xx", "5xx", "connect_failure",
                                         "reset", "timeout" };
-static const char *const denied[] = { "max-attempts",   "budget",      "concurrency",
-                                      "deadline",       "retry-after", "not-retryable",
-                                      "body-too-large", "draining",    "pushback" };
+static const char *const denied[] = { "max-attempts", "budget",        "concurrency",    "deadline",
+                                      "retry-after",  "not-retryable", "body-too-large", "draining",
+                                      "pushback",     "throttled" };
 static const char *const le[] = { "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05",
                                   "0.1",   "0.25",   "0.5",   "1",    "2.5",   "5",
                                   "10",    "30",     "60",    "+Inf" };
@@ -117,6 +117,7 @@ static const struct {
     { "retries_denied_total", "counter" },
     { "retries_in_flight", "gauge" },
     { "retry_after_honored_total", "counter" },
+    { "throttled_total", "counter" },
     { "backoff_seconds", "histogram" },
     { "attempt_duration_seconds", "histogram" },
     { "request_duration_seconds", "histogram" },
