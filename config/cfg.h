@@ -18,6 +18,7 @@
 #include "config/errors.h"
 #include "policy/backoff.h"
 #include "policy/budget.h"
+#include "policy/health.h"
 #include "policy/throttle.h"
 
 /* Largest config file read (4 MiB; docs/config.md): configs are a few kilobytes. This bounds
@@ -84,6 +85,15 @@ struct cfg_retry {
     struct backoff_spec backoff;
 };
 
+/* Upstream health (routes[].ejection, docs/forwarding.md "Choosing an upstream"): an upstream
+ * that fails health.consecutive_failures times in a row leaves the route's rotation for a time
+ * its backoff policy sets. */
+struct cfg_ejection {
+    struct health_spec health;       /* the policy's own type; consecutive_failures 0: off */
+    const struct cfg_retry_cond *on; /* what counts as a failure, as retry_on tokens */
+    size_t n_on;
+};
+
 struct cfg_route {
     const char *name;
     const char *match_host;        /* lowercase; NULL matches any host */
@@ -91,6 +101,7 @@ struct cfg_route {
     uint32_t match_methods;        /* enum cfg_method bits; 0 matches every method */
     const struct cfg_upstream *upstreams;
     size_t n_upstreams;
+    struct cfg_ejection ejection; /* upstream health, kept per upstream URL in proxy/live.h */
     bool preserve_host;
     uint32_t timeout_ms;
     uint32_t per_try_timeout_ms; /* 0: only the overall timeout */

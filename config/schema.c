@@ -931,24 +931,29 @@ static void check_route(struct walk *w, const struct ctx *x, void *dst)
 static const char *const log_level_names[] = { "debug", "info", "warn", "error" };
 static const char *const log_format_names[] = { "json", "text" };
 
+/* A backoff policy's keys, with the defaults of where it is used: retry.backoff (the delay
+ * before each retry) and ejection.backoff (how long each ejection lasts). */
+#define BACKOFF_FIELDS(base_default, cap_default, jitter_default)                                  \
+    ENUM_FIELD("policy", struct backoff_spec, policy, backoff_policy_names, "\"exponential\"",     \
+               "how the delay grows: fixed, random, fibonacci, exponential or decorrelated"),      \
+        UINT_FIELD("base_ms", struct backoff_spec, base_ms, 0, MS_MAX, base_default,               \
+                   "the first delay (at least 1, except for the random policy)"),                  \
+        UINT_FIELD("cap_ms", struct backoff_spec, cap_ms, 0, MS_MAX, cap_default,                  \
+                   "hard limit on every delay, jitter included; at least base_ms"),                \
+        NUM_FIELD("factor", struct backoff_spec, factor, 1.0, 100.0, "2.0",                        \
+                  "growth factor of the exponential policy"),                                      \
+        UINT_FIELD("steps", struct backoff_spec, steps, 0, 1000, "0",                              \
+                   "0: keep growing; N: stop growing after N retries (Kubernetes Steps)"),         \
+        ENUM_FIELD("jitter", struct backoff_spec, jitter, backoff_jitter_names, jitter_default,    \
+                   "none, full, equal, proportional, additive, bounded or constant; decorrelated " \
+                   "needs none"),                                                                  \
+        NUM_FIELD("jitter_ratio", struct backoff_spec, jitter_ratio, 0.0, 1.0, "0.2",              \
+                  "spread of the proportional and additive jitter"),                               \
+        UINT_FIELD("jitter_ms", struct backoff_spec, jitter_ms, 0, MS_MAX, "0",                    \
+                   "spread of the constant jitter")
+
 static const struct field backoff_fields[] = {
-    ENUM_FIELD("policy", struct backoff_spec, policy, backoff_policy_names, "\"exponential\"",
-               "how the delay grows: fixed, random, fibonacci, exponential or decorrelated"),
-    UINT_FIELD("base_ms", struct backoff_spec, base_ms, 0, MS_MAX, "100",
-               "the first delay (at least 1, except for the random policy)"),
-    UINT_FIELD("cap_ms", struct backoff_spec, cap_ms, 0, MS_MAX, "10000",
-               "hard limit on every delay, jitter included; at least base_ms"),
-    NUM_FIELD("factor", struct backoff_spec, factor, 1.0, 100.0, "2.0",
-              "growth factor of the exponential policy"),
-    UINT_FIELD("steps", struct backoff_spec, steps, 0, 1000, "0",
-               "0: keep growing; N: stop growing after N retries (Kubernetes Steps)"),
-    ENUM_FIELD("jitter", struct backoff_spec, jitter, backoff_jitter_names, "\"full\"",
-               "none, full, equal, proportional, additive, bounded or constant; decorrelated "
-               "needs none"),
-    NUM_FIELD("jitter_ratio", struct backoff_spec, jitter_ratio, 0.0, 1.0, "0.2",
-              "spread of the proportional and additive jitter"),
-    UINT_FIELD("jitter_ms", struct backoff_spec, jitter_ms, 0, MS_MAX, "0",
-               "spread of the constant jitter"),
+    BACKOFF_FIELDS("100", "10000", "\"full\""),
     ENUM_FIELD("scope", struct backoff_spec, scope, backoff_scope_names, "\"request\"",
                "request: a sequence per request; route: one sequence shared by the route, moved by "
                "each retry taken"),
@@ -956,6 +961,33 @@ static const struct field backoff_fields[] = {
                "scope route: restart the sequence after this long without a retry (0: never)"),
 };
 static const struct schema backoff_schema = SCHEMA(backoff_fields, check_backoff);
+
+/* ejection.backoff: the same policy without scope (every upstream has its own sequence) and
+ * reset_after_ms (ejection's own); the n-th ejection lasts the n-th delay. */
+static const struct field ejection_backoff_fields[] = {
+    BACKOFF_FIELDS("1000", "30000", "\"none\""),
+};
+static const struct schema ejection_backoff_schema = SCHEMA(ejection_backoff_fields, check_backoff);
+
+/* ejection's keys land in struct cfg_ejection, the policy's spec in its 'health'. */
+static const struct field ejection_fields[] = {
+    UINT_FIELD("consecutive_failures", struct cfg_ejection, health.consecutive_failures, 0, 1000,
+               "0",
+               "failures in a row that eject an upstream from the route's rotation (0: never, "
+               "every upstream stays in turn)"),
+    LIST_FIELD("on", struct cfg_ejection, on, n_on, retry_on_list, 0,
+               "must name at least one condition (set consecutive_failures to 0 to turn "
+               "ejection off)",
+               "[\"connect-failure\", \"reset\", \"timeout\", \"5xx\"]",
+               "what counts as a failure, as retry_on tokens; any other outcome is a success"),
+    OBJ_FIELD("backoff", struct cfg_ejection, health.backoff, ejection_backoff_schema, 0,
+              "how long each ejection lasts: the n-th ejection in a row lasts the n-th delay of "
+              "this policy (docs/backoff.md)"),
+    UINT_FIELD("reset_after_ms", struct cfg_ejection, health.reset_after_ms, 0, MS_MAX, "60000",
+               "after this long healthy (no failure, not ejected) the next ejection is the first "
+               "again (0: never)"),
+};
+static const struct schema ejection_schema = SCHEMA(ejection_fields, NULL);
 
 static const struct field retry_after_fields[] = {
     BOOL_FIELD("honor", struct cfg_retry, retry_after_honor, "true",
@@ -1059,6 +1091,9 @@ static const struct field route_fields[] = {
     LIST_FIELD("upstreams", struct cfg_route, upstreams, n_upstreams, upstream_list,
                F_REQUIRED | F_ROUTE_ONLY, "must hold at least one upstream URL", NULL,
                "http:// or https:// base URLs, tried round-robin"),
+    OBJ_FIELD("ejection", struct cfg_route, ejection, ejection_schema, 0,
+              "upstream health: an upstream that keeps failing leaves the rotation for a while "
+              "(docs/forwarding.md)"),
     BOOL_FIELD("preserve_host", struct cfg_route, preserve_host, "false",
                "send the client's Host instead of the upstream's authority"),
     UINT_FIELD("timeout_ms", struct cfg_route, timeout_ms, 1, MS_MAX, "15000",

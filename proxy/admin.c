@@ -14,6 +14,7 @@
 #include <microhttpd.h>
 
 #include "policy/backoff.h"
+#include "policy/health.h"
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
 
@@ -196,6 +197,52 @@ static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
     return send_json(c, MHD_HTTP_OK, j, NULL);
 }
 
+/* One upstream's health as /upstreams shows it, at loop time 'now' and wall time 'wall_ms'. */
+static json_t *upstream_json(const struct cfg_route *r, const struct rt_route *x, size_t k,
+                             uint64_t now, int64_t wall_ms, bool *ejected)
+{
+    struct health h = { 0 };
+    if (x->health)
+        live_upstream_read(x->health[k], &h);
+    *ejected = !health_available(&h, now);
+    uint64_t left = *ejected ? h.ejected_until_ms - now : 0;
+    char until[40];
+    rfc3339(wall_ms + (int64_t)left, until, sizeof(until));
+    return json_pack("{s:s, s:b, s:o, s:I, s:I, s:I, s:I}", "url", r->upstreams[k].url, "ejected",
+                     *ejected, "ejected_until", *ejected ? json_string(until) : json_null(),
+                     "remaining_ms", (json_int_t)left, "consecutive_failures",
+                     (json_int_t)h.failures, "ejections", (json_int_t)h.ejections_total,
+                     "ejections_in_sequence",
+                     (json_int_t)health_sequence(&h, &r->ejection.health, now));
+}
+
+/* Every route of the running config with its upstreams' health (routes[].ejection). */
+static enum MHD_Result get_upstreams(struct admin *a, struct MHD_Connection *c)
+{
+    struct rt *rt = rt_cell_get(&a->px->cell);
+    uint64_t now = loop_now(a->loop); /* the workers' clock: CLOCK_MONOTONIC */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    json_t *routes = json_array();
+    for (size_t i = 0; i < rt->cfg->n_routes; i++) {
+        const struct cfg_route *r = &rt->cfg->routes[i];
+        const struct rt_route *x = &rt->routes[i];
+        json_t *ups = json_array();
+        size_t n_ejected = 0;
+        for (size_t k = 0; k < r->n_upstreams; k++) {
+            bool ejected;
+            json_array_append_new(ups, upstream_json(r, x, k, now, wall_ms, &ejected));
+            n_ejected += ejected;
+        }
+        json_array_append_new(routes, json_pack("{s:s, s:b, s:b, s:o}", "route", r->name,
+                                                "ejection", x->health != NULL, "panic",
+                                                n_ejected == r->n_upstreams, "upstreams", ups));
+    }
+    rt_unref(rt);
+    return send_json(c, MHD_HTTP_OK, json_pack("{s:o}", "routes", routes), NULL);
+}
+
 static enum MHD_Result post_reload(struct admin *a, struct MHD_Connection *c)
 {
     struct cfg_errs errs;
@@ -288,7 +335,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
                               "POST");
         return post_reload(a, c);
     }
-    static const char *const gets[] = { "/healthz", "/readyz", "/metrics", "/config", "/schedule" };
+    static const char *const gets[] = { "/healthz", "/readyz",   "/metrics",
+                                        "/config",  "/schedule", "/upstreams" };
     bool known = false;
     for (size_t i = 0; i < sizeof(gets) / sizeof(gets[0]); i++)
         known |= strcmp(url, gets[i]) == 0;
@@ -315,6 +363,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     }
     if (strcmp(url, "/config") == 0)
         return get_config(a, c);
+    if (strcmp(url, "/upstreams") == 0)
+        return get_upstreams(a, c);
     return get_schedule(a, c);
 }
 

@@ -23,7 +23,7 @@ void attempt_fini(struct attempt *a)
     hlist_free(&a->head);
 }
 
-size_t attempt_pick(uint64_t tried, size_t n, uint32_t *rr, struct rng *rng)
+size_t attempt_pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng)
 {
     size_t start;
     if (rr) {
@@ -32,10 +32,13 @@ size_t attempt_pick(uint64_t tried, size_t n, uint32_t *rr, struct rng *rng)
     } else {
         start = (size_t)rng_between(rng, 0, n - 1);
     }
-    for (size_t k = 0; k < n && k < 64; k++) {
-        size_t i = (start + k) % n;
-        if (i >= 64 || !(tried & (1ULL << i)))
-            return i;
+    const uint64_t avoid[] = { tried | ejected, ejected, tried };
+    for (size_t p = 0; p < sizeof(avoid) / sizeof(avoid[0]); p++) {
+        for (size_t k = 0; k < n && k < 64; k++) {
+            size_t i = (start + k) % n;
+            if (i >= 64 || !(avoid[p] & (1ULL << i)))
+                return i;
+        }
     }
     return start;
 }

@@ -48,8 +48,15 @@ static bool has_field(const struct hlist *head, const struct cfg_retry_cond *c)
 const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
                                          int status, const struct hlist *head)
 {
-    for (size_t i = 0; i < r->n_on; i++) {
-        const struct cfg_retry_cond *c = &r->on[i];
+    return retry_match_on(r->on, r->n_on, o, status, head);
+}
+
+const struct cfg_retry_cond *retry_match_on(const struct cfg_retry_cond *on, size_t n,
+                                            enum retry_outcome o, int status,
+                                            const struct hlist *head)
+{
+    for (size_t i = 0; i < n; i++) {
+        const struct cfg_retry_cond *c = &on[i];
         switch (c->kind) {
         case CFG_RETRY_CONNECT_FAILURE:
             if (o == RETRY_OUT_CONNECT_FAILURE)

@@ -76,6 +76,10 @@ struct retry_verdict {
  * the response's fields (NULL without a response), for the header conditions. */
 const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
                                          int status, const struct hlist *head);
+/* The same over any list of 'n' retry_on conditions (routes[].ejection.on as well). */
+const struct cfg_retry_cond *retry_match_on(const struct cfg_retry_cond *on, size_t n,
+                                            enum retry_outcome o, int status,
+                                            const struct hlist *head);
 
 /* The policy's rules alone (method, body, attempts, pushback, Retry-After, deadline), with the
  * delay the caller looked up in f->backoff_ms. When no condition fires, the attempt is final and

@@ -2,12 +2,22 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "proxy/metrics.h"
 #include "proxy/strmap.h"
+
+struct live_up_entry {
+    struct live_up_entry *next;
+    struct live_upstream up;
+    char url[];
+};
 
 struct live_entry {
     struct live_entry *next;
     struct live_route route;
+    struct live_up_entry *ups; /* its upstreams' health, under live's mutex */
+    struct strmap ups_by_url;
     char name[];
 };
 
@@ -32,6 +42,12 @@ void live_free(struct live *l)
     for (struct live_entry *e = l->head, *next; e; e = next) {
         next = e->next;
         pthread_mutex_destroy(&e->route.mu);
+        for (struct live_up_entry *u = e->ups, *unext; u; u = unext) {
+            unext = u->next;
+            pthread_mutex_destroy(&u->up.mu);
+            free(u);
+        }
+        strmap_free(&e->ups_by_url);
         free(e);
     }
     strmap_free(&l->by_name);
@@ -89,4 +105,87 @@ void live_route_backoff_take(struct live_route *lr, const struct backoff_spec *b
     else
         backoff_seq_next(&lr->seq, b, now_ms, r);
     pthread_mutex_unlock(&lr->mu);
+}
+
+struct live_upstream *live_upstream(struct live *l, const char *name, const char *url)
+{
+    struct live_upstream *found = NULL;
+    pthread_mutex_lock(&l->mu);
+    struct live_entry *e = strmap_get(&l->by_name, name);
+    if (!e)
+        goto out;
+    struct live_up_entry *u = strmap_get(&e->ups_by_url, url);
+    if (u) {
+        found = &u->up;
+        goto out;
+    }
+    size_t n = strlen(url);
+    u = calloc(1, sizeof(*u) + n + 1);
+    if (!u)
+        goto out;
+    memcpy(u->url, url, n + 1);
+    if (strmap_put(&e->ups_by_url, u->url, u) < 0) {
+        free(u);
+        goto out;
+    }
+    pthread_mutex_init(&u->up.mu, NULL);
+    atomic_init(&u->up.until_ms, 0);
+    u->next = e->ups;
+    e->ups = u;
+    found = &u->up;
+out:
+    pthread_mutex_unlock(&l->mu);
+    return found;
+}
+
+bool live_upstream_record(struct live_upstream *u, const struct health_spec *s, bool failed,
+                          uint64_t now_ms, struct rng *r)
+{
+    pthread_mutex_lock(&u->mu);
+    bool ejected = health_record(&u->h, s, failed, now_ms, r);
+    if (ejected)
+        atomic_store_explicit(&u->until_ms, u->h.ejected_until_ms, memory_order_relaxed);
+    pthread_mutex_unlock(&u->mu);
+    return ejected;
+}
+
+void live_upstream_read(struct live_upstream *u, struct health *out)
+{
+    pthread_mutex_lock(&u->mu);
+    *out = u->h;
+    pthread_mutex_unlock(&u->mu);
+}
+
+size_t live_upstream_rows(void *live, struct metrics_upstream **rows)
+{
+    struct live *l = live;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    size_t n = 0;
+    *rows = NULL;
+    pthread_mutex_lock(&l->mu);
+    for (struct live_entry *e = l->head; e; e = e->next)
+        for (struct live_up_entry *u = e->ups; u; u = u->next)
+            n++;
+    struct metrics_upstream *out = n ? calloc(n, sizeof(*out)) : NULL;
+    if (!out) {
+        n = 0;
+        goto out;
+    }
+    size_t i = 0;
+    for (struct live_entry *e = l->head; e; e = e->next) {
+        for (struct live_up_entry *u = e->ups; u; u = u->next) {
+            struct health h;
+            live_upstream_read(&u->up, &h);
+            out[i++] = (struct metrics_upstream){ .route = e->name,
+                                                  .url = u->url,
+                                                  .ejections = h.ejections_total,
+                                                  .ejected = !health_available(&h, now) };
+        }
+    }
+    *rows = out;
+out:
+    pthread_mutex_unlock(&l->mu);
+    return n;
 }

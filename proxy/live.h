@@ -1,6 +1,7 @@
-/* live -- per-route state that outlives config snapshots: each route's retry budget and its
- * route-scoped backoff sequence (docs/budgets.md, docs/backoff.md; docs/reload.md: they
- * survive a reload for routes that keep their name). Entries are created when a snapshot is
+/* live -- per-route state that outlives config snapshots: each route's retry budget, its
+ * route-scoped backoff sequence and its upstreams' health (docs/budgets.md, docs/backoff.md,
+ * docs/forwarding.md; docs/reload.md: they survive a reload for routes that keep their name,
+ * and the health for upstreams that keep their URL). Entries are created when a snapshot is
  * installed, never freed before the registry, so a snapshot's pointers to them stay valid for
  * as long as any request holds it.
  */
@@ -8,9 +9,11 @@
 #define RETRYPROXY_PROXY_LIVE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "policy/backoff.h"
 #include "policy/budget.h"
+#include "policy/health.h"
 #include "policy/throttle.h"
 
 struct live_route {
@@ -44,5 +47,34 @@ uint32_t live_route_backoff_peek(struct live_route *lr, const struct backoff_spe
  * moved it meanwhile, one step further from where that one left it. */
 void live_route_backoff_take(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
                              struct rng *r, const struct live_backoff_mark *m);
+
+/* One upstream's health on one route (routes[].ejection, policy/health.h). */
+struct live_upstream {
+    pthread_mutex_t mu; /* guards 'h': taken once per attempt, on routes with ejection on */
+    struct health h;
+    _Atomic uint64_t until_ms; /* h.ejected_until_ms, read without the mutex to pick upstreams */
+};
+
+/* The health of upstream 'url' on route 'name', created on first use; the route's state must
+ * exist (live_route()). Thread-safe; for snapshot installation. NULL if out of memory. */
+struct live_upstream *live_upstream(struct live *l, const char *name, const char *url);
+
+/* Records an attempt's outcome at 'now_ms' (health_record()). True when it ejected 'u'. */
+bool live_upstream_record(struct live_upstream *u, const struct health_spec *s, bool failed,
+                          uint64_t now_ms, struct rng *r);
+
+/* Whether 'u' is in rotation at 'now_ms'. No lock. */
+static inline bool live_upstream_available(struct live_upstream *u, uint64_t now_ms)
+{
+    return now_ms >= atomic_load_explicit(&u->until_ms, memory_order_relaxed);
+}
+
+/* A consistent copy of 'u's state. */
+void live_upstream_read(struct live_upstream *u, struct health *out);
+
+/* Every upstream tracked so far, as metrics_set_upstreams() reads them ('live' is the struct
+ * live; "ejected" as of CLOCK_MONOTONIC, the loops' clock). */
+struct metrics_upstream;
+size_t live_upstream_rows(void *live, struct metrics_upstream **rows);
 
 #endif

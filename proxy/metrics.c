@@ -74,6 +74,8 @@ enum family {
     FAM_BUDGET_RATIO,
     FAM_BUDGET_MIN_RPS,
     FAM_BUDGET_CONCURRENT,
+    FAM_UPSTREAM_EJECTIONS,
+    FAM_UPSTREAM_EJECTED,
     FAM_CONNECTIONS,
     FAM_DRAINING,
     FAM_COUNT
@@ -131,6 +133,12 @@ static const struct family_def {
                                 scope_names, 2,
                                 "The retry budget's max_concurrent_retries in effect, process-wide "
                                 "or by route; +Inf for no cap." },
+    [FAM_UPSTREAM_EJECTIONS] = { "upstream_ejections_total", "counter", "route, upstream", NULL, 0,
+                                 "Times an upstream was ejected from its route's rotation "
+                                 "(routes[].ejection), by route and upstream URL as written." },
+    [FAM_UPSTREAM_EJECTED] = { "upstream_ejected", "gauge", "route, upstream", NULL, 0,
+                               "1 while the upstream is ejected from its route's rotation, "
+                               "else 0." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
     [FAM_DRAINING] = { "draining", "gauge", "", NULL, 0,
@@ -200,6 +208,9 @@ struct metrics {
     bool draining; /* for good, once set */
     bool has_budget;
     struct budget_limits budget; /* the process-wide one, once installed */
+    /* Set once at start: the upstreams' health rows (metrics_set_upstreams()). */
+    size_t (*upstreams_fn)(void *arg, struct metrics_upstream **rows);
+    void *upstreams_arg;
 };
 
 /* The totals of one route at scrape time. */
@@ -499,6 +510,15 @@ void metrics_process_budget(struct metrics *m, const struct budget_limits *l)
     pthread_mutex_unlock(&m->lock);
 }
 
+void metrics_set_upstreams(struct metrics *m,
+                           size_t (*fn)(void *arg, struct metrics_upstream **rows), void *arg)
+{
+    if (!m)
+        return;
+    m->upstreams_fn = fn;
+    m->upstreams_arg = arg;
+}
+
 void metrics_route_budget(struct metrics_route *r, const struct budget_limits *l)
 {
     if (!r || !l)
@@ -585,6 +605,8 @@ struct scrape {
     struct metrics_route **routes; /* the routes to print, in name order */
     struct route_totals *totals;
     size_t n;
+    struct metrics_upstream *ups; /* the upstreams' health, by route and then URL */
+    size_t n_ups;
 };
 
 static void render_requests(FILE *f, const struct scrape *sc)
@@ -776,6 +798,30 @@ static void render_process(FILE *f, struct metrics *m)
     fprintf(f, "retryproxy_%s %d\n", name, m->draining ? 1 : 0);
 }
 
+static int by_route_url(const void *a, const void *b)
+{
+    const struct metrics_upstream *x = a, *y = b;
+    int c = strcmp(x->route, y->route);
+    return c ? c : strcmp(x->url, y->url);
+}
+
+/* upstream_ejections_total and upstream_ejected, one series per row of each. */
+static void render_upstreams(FILE *f, const struct scrape *sc)
+{
+    for (enum family fam = FAM_UPSTREAM_EJECTIONS; fam <= FAM_UPSTREAM_EJECTED; fam++) {
+        const char *name = put_family(f, fam);
+        for (size_t i = 0; i < sc->n_ups; i++) {
+            const struct metrics_upstream *u = &sc->ups[i];
+            fprintf(f, "retryproxy_%s{route=\"", name);
+            put_label(f, u->route);
+            fputs("\",upstream=\"", f);
+            put_label(f, u->url);
+            fprintf(f, "\"} %" PRIu64 "\n",
+                    fam == FAM_UPSTREAM_EJECTIONS ? u->ejections : (uint64_t)u->ejected);
+        }
+    }
+}
+
 /* Every family in enum family order, the order of the table above. */
 static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
 {
@@ -795,6 +841,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_budget(f, m, sc, FAM_BUDGET_RATIO);
     render_budget(f, m, sc, FAM_BUDGET_MIN_RPS);
     render_budget(f, m, sc, FAM_BUDGET_CONCURRENT);
+    render_upstreams(f, sc);
     render_process(f, m);
 }
 
@@ -810,6 +857,12 @@ char *metrics_render(struct metrics *m, size_t *len)
     if (!f)
         return NULL;
 
+    /* Read before the lock: the source takes locks of its own. */
+    struct metrics_upstream *ups = NULL;
+    size_t n_ups = m->upstreams_fn ? m->upstreams_fn(m->upstreams_arg, &ups) : 0;
+    if (n_ups)
+        qsort(ups, n_ups, sizeof(*ups), by_route_url);
+
     /* The lock keeps the route list and reason names still while they are printed; workers
      * never take it, so a scrape only ever delays a config install. */
     pthread_mutex_lock(&m->lock);
@@ -817,7 +870,7 @@ char *metrics_render(struct metrics *m, size_t *len)
         qsort(m->routes, m->nroutes, sizeof(*m->routes), by_name);
         m->unsorted = false;
     }
-    struct scrape sc = { 0 };
+    struct scrape sc = { .ups = ups, .n_ups = n_ups };
     bool failed = false;
     if (m->nroutes) {
         sc.routes = malloc(m->nroutes * sizeof(*sc.routes));
@@ -839,6 +892,7 @@ char *metrics_render(struct metrics *m, size_t *len)
     pthread_mutex_unlock(&m->lock);
     free(sc.routes);
     free(sc.totals);
+    free(ups);
 
     failed = ferror(f) != 0 || failed;
     if (fclose(f) != 0 || failed) {

@@ -113,6 +113,19 @@ void metrics_set_draining(struct metrics *m);
 void metrics_process_budget(struct metrics *m, const struct budget_limits *l);
 void metrics_route_budget(struct metrics_route *r, const struct budget_limits *l);
 
+/* upstream_ejections_total and upstream_ejected{route, upstream}: one row per upstream of a
+ * route that has had ejection on (docs/forwarding.md), as its health is at the scrape. */
+struct metrics_upstream {
+    const char *route, *url; /* borrowed from the source, which never frees them */
+    uint64_t ejections;
+    bool ejected;
+};
+/* Where a scrape reads those rows: fn(arg, &rows) returns how many, in a malloc'd array the
+ * scrape frees (0 and NULL: none, or out of memory). Called without the registry's lock. Set
+ * once at start, before the first scrape. */
+void metrics_set_upstreams(struct metrics *m,
+                           size_t (*fn)(void *arg, struct metrics_upstream **rows), void *arg);
+
 /* The whole exposition in Prometheus text format 0.0.4: every family with # HELP and # TYPE,
  * names prefixed retryproxy_, series sorted by route name, label values escaped. Returns a
  * malloc'd NUL-terminated buffer (length in *len), or NULL if out of memory. */

@@ -25,6 +25,7 @@
 #include "proxy/attempt.h"
 #include "proxy/decide.h"
 #include "proxy/dlist.h"
+#include "proxy/eject.h"
 #include "proxy/head.h"
 #include "proxy/headers.h"
 #include "proxy/intake.h"
@@ -516,7 +517,8 @@ static void start_attempt(struct retry_req *r)
     intake_rewind(&r->body);
     r->state = RS_ATTEMPT;
     uint32_t *rr = r->rt == w->rt ? &w->rr[rt - r->cfg->routes] : NULL;
-    size_t i = attempt_pick(r->tried, rt->n_upstreams, rr, &w->rng);
+    size_t i = attempt_pick(r->tried, eject_mask(r->rtr, rt->n_upstreams, now), rt->n_upstreams, rr,
+                            &w->rng);
     if (i < 64)
         r->tried |= 1ULL << i;
     r->upstream = &rt->upstreams[i];
@@ -716,6 +718,7 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
         pushback_of(r->route->retry.pushback_header, &r->att.head, &f);
     }
     r->last_outcome = o;
+    eject_record(r->rtr, r->route, r->upstream, o, f.status, f.head, f.now_ms, &r->w->rng);
     /* the attempt that just ended gives its slots back before a new retry asks for them */
     end_retry_in_flight(r);
     r->dr.budgets.drain_deadline_ms =

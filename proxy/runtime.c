@@ -20,6 +20,7 @@ static void rt_free(struct rt *rt)
                 for (size_t k = 0; k < rt->cfg->routes[i].n_upstreams; k++)
                     upstream_url_free(x->urls[k]);
             free(x->urls);
+            free(x->health);
         }
     free(rt->routes);
     cfg_unref(rt->cfg);
@@ -53,6 +54,14 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struc
         for (size_t k = 0; k < r->n_upstreams; k++)
             if (!(x->urls[k] = upstream_url_new(r->upstreams[k].origin)))
                 goto fail;
+        if (r->ejection.health.consecutive_failures > 0) {
+            x->health = calloc(r->n_upstreams, sizeof(*x->health));
+            if (!x->health)
+                goto fail;
+            for (size_t k = 0; k < r->n_upstreams; k++)
+                if (!(x->health[k] = live_upstream(lv, r->name, r->upstreams[k].url)))
+                    goto fail;
+        }
         for (size_t k = 0; k < r->retry.n_on; k++)
             reasons[k] = metrics_reason(x->metrics, r->retry.on[k].token);
     }

@@ -186,7 +186,10 @@ static void learn_exports(void)
 {
     fx_upstreams(1);
     struct cfgb *b = cfgb_new();
-    cfgb_route(b, "r", "\"match\": {\"path_prefix\": \"/r\"}, \"retry\": {" CFG_FAST "}");
+    /* ejection on (never reached here) so that the upstream families show their series */
+    cfgb_route(b, "r",
+               "\"match\": {\"path_prefix\": \"/r\"}, \"retry\": {" CFG_FAST "}, "
+               "\"ejection\": {\"consecutive_failures\": 5}");
     fx_start_b(b, NULL);
     request("GET", "/r/1", "fail=1;status=503", 200);
     request("POST", "/r/2", "fail=1;status=503", 503);

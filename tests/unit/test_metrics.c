@@ -128,6 +128,8 @@ static const struct {
     { "budget_retry_ratio", "gauge" },
     { "budget_min_retries_per_second", "gauge" },
     { "budget_max_concurrent_retries", "gauge" },
+    { "upstream_ejections_total", "counter" },
+    { "upstream_ejected", "gauge" },
     { "connections_active", "gauge" },
     { "draining", "gauge" },
 };
@@ -716,6 +718,53 @@ Test(metrics, draining_turns_1_and_stays)
     t = render(m);
     expect_line(t, "retryproxy_draining 1");
     cr_expect_eq(count_lines(t, "retryproxy_draining "), 1);
+    free(t);
+    metrics_free(m);
+}
+
+/* The upstreams' health source of upstreams_render_sorted_rows_of_the_source: rows out of
+ * order, a label that needs escaping; the array is the scrape's to free. */
+static size_t fake_upstreams(void *arg, struct metrics_upstream **rows)
+{
+    static const struct metrics_upstream src[] = {
+        { "r", "http://10.0.0.2:80", 0, false },
+        { "a", "http://b.internal/x\"y", 7, true },
+        { "r", "http://10.0.0.1:80", 3, true },
+    };
+    ++*(int *)arg;
+    *rows = malloc(sizeof(src));
+    cr_assert_not_null(*rows);
+    memcpy(*rows, src, sizeof(src));
+    return 3;
+}
+
+/* One series per upstream in each family, by route and then URL, read at every scrape. */
+Test(metrics, upstreams_render_sorted_rows_of_the_source)
+{
+    struct metrics *m = metrics_new(1);
+    int calls = 0;
+    char *t = render(m);
+    cr_expect(!strstr(t, "upstream=\""), "no source: no upstream series");
+    free(t);
+    metrics_set_upstreams(m, fake_upstreams, &calls);
+    t = render(m);
+    cr_expect_eq(calls, 1);
+    static const char *const want[] = {
+        "retryproxy_upstream_ejections_total{route=\"a\",upstream=\"http://b.internal/x\\\"y\"} 7",
+        "retryproxy_upstream_ejections_total{route=\"r\",upstream=\"http://10.0.0.1:80\"} 3",
+        "retryproxy_upstream_ejections_total{route=\"r\",upstream=\"http://10.0.0.2:80\"} 0",
+        "retryproxy_upstream_ejected{route=\"a\",upstream=\"http://b.internal/x\\\"y\"} 1",
+        "retryproxy_upstream_ejected{route=\"r\",upstream=\"http://10.0.0.1:80\"} 1",
+        "retryproxy_upstream_ejected{route=\"r\",upstream=\"http://10.0.0.2:80\"} 0",
+    };
+    const char *prev = t;
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        const char *at = strstr(t, want[i]);
+        cr_expect(at && at >= prev, "missing or out of order: %s", want[i]);
+        if (at)
+            prev = at;
+    }
+    cr_expect_eq(count_lines(t, "retryproxy_upstream_"), 6);
     free(t);
     metrics_free(m);
 }

@@ -59,8 +59,9 @@ void attempt_fini(struct attempt *a)
     hlist_free(&a->head);
 }
 
-size_t attempt_pick(uint64_t tried, size_t n, uint32_t *rr, struct rng *rng)
+size_t attempt_pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng)
 {
+    (void)ejected;
     (void)rr;
     (void)rng;
     for (size_t i = 0; i < n; i++)

@@ -1,0 +1,23 @@
+#include "proxy/eject.h"
+
+uint64_t eject_mask(const struct rt_route *x, size_t n_upstreams, uint64_t now_ms)
+{
+    if (!x->health)
+        return 0;
+    uint64_t mask = 0;
+    for (size_t i = 0; i < n_upstreams && i < 64; i++)
+        if (!live_upstream_available(x->health[i], now_ms))
+            mask |= 1ULL << i;
+    return mask;
+}
+
+void eject_record(const struct rt_route *x, const struct cfg_route *r, const struct cfg_upstream *u,
+                  enum retry_outcome o, int status, const struct hlist *head, uint64_t now_ms,
+                  struct rng *rng)
+{
+    if (!x->health || !u)
+        return;
+    const struct cfg_ejection *e = &r->ejection;
+    bool failed = retry_match_on(e->on, e->n_on, o, status, head) != NULL;
+    live_upstream_record(x->health[u - r->upstreams], &e->health, failed, now_ms, rng);
+}
