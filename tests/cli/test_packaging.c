@@ -490,11 +490,13 @@ static char *build_as_dockerfile(struct dockerfile *d, const char *dir, const ch
      * this build, which is the image's. */
     char *argv[MAX_WORDS + 24], *bin = NULL;
     size_t na = 0;
-    const char *pre[] = { "/usr/bin/env",  "-u", "MAKEFLAGS", "-u",
-                          "MFLAGS",        "-u", "MAKELEVEL", "-u",
-                          "MAKEOVERRIDES", "-u", "CFLAGS",    "-u",
-                          "LDFLAGS",       "-u", "CC",        "make",
-                          "-j2",           "-C", dir };
+    /* make exports the variables of its own command line (make asan: BUILD, OPT, SAN) */
+    const char *pre[] = {
+        "/usr/bin/env",  "-u",   "MAKEFLAGS", "-u", "MFLAGS",  "-u", "MAKELEVEL", "-u",
+        "MAKEOVERRIDES", "-u",   "CFLAGS",    "-u", "LDFLAGS", "-u", "CC",        "-u",
+        "BUILD",         "-u",   "OPT",       "-u", "SAN",     "-u", "WERROR",    "-u",
+        "TEST_JOBS",     "make", "-j2",       "-C", dir
+    };
     for (size_t i = 0; i < sizeof(pre) / sizeof(pre[0]); i++)
         argv[na++] = (char *)pre[i];
     for (size_t i = 0; i < d->nmake; i++) {
