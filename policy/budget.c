@@ -6,20 +6,19 @@ void budget_init(struct budget *b, uint32_t window_ms)
 {
     memset(b, 0, sizeof(*b));
     atomic_init(&b->in_flight, 0);
-    atomic_init(&b->bucket_ms, window_slice_ms(window_ms));
+    window_slices_init(&b->slices, window_ms);
     window_ring_init(&b->requests);
     window_ring_init(&b->retries);
 }
 
 void budget_set_window(struct budget *b, uint32_t window_ms)
 {
-    atomic_store_explicit(&b->bucket_ms, window_slice_ms(window_ms), memory_order_relaxed);
+    window_slices_set(&b->slices, window_ms);
 }
 
-/* The slice 'now' falls in. */
 static uint64_t epoch_at(const struct budget *b, uint64_t now_ms)
 {
-    return window_epoch(atomic_load_explicit(&b->bucket_ms, memory_order_relaxed), now_ms);
+    return window_epoch(&b->slices, now_ms);
 }
 
 void budget_note_request(struct budget *b, uint64_t now_ms)

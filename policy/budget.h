@@ -30,7 +30,7 @@ struct budget_limits {
 
 struct budget {
     atomic_int_fast64_t in_flight;
-    _Atomic uint32_t bucket_ms;  /* window_ms / BUDGET_BUCKETS, at least 1 */
+    struct window_slices slices;
     struct window_ring requests; /* first attempts */
     struct window_ring retries;
 };

@@ -2,19 +2,19 @@
 
 void throttle_init(struct throttle *t, uint32_t window_ms)
 {
-    atomic_init(&t->slice_ms, window_slice_ms(window_ms));
+    window_slices_init(&t->slices, window_ms);
     window_ring_init(&t->requests);
     window_ring_init(&t->accepts);
 }
 
 void throttle_set_window(struct throttle *t, uint32_t window_ms)
 {
-    atomic_store_explicit(&t->slice_ms, window_slice_ms(window_ms), memory_order_relaxed);
+    window_slices_set(&t->slices, window_ms);
 }
 
 static uint64_t epoch_at(const struct throttle *t, uint64_t now_ms)
 {
-    return window_epoch(atomic_load_explicit(&t->slice_ms, memory_order_relaxed), now_ms);
+    return window_epoch(&t->slices, now_ms);
 }
 
 double throttle_probability(const struct throttle *t, double k, uint64_t now_ms)

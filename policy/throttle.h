@@ -27,7 +27,7 @@ struct throttle_limits {
 
 /* The counts, shared by every worker. */
 struct throttle {
-    _Atomic uint32_t slice_ms;
+    struct window_slices slices;
     struct window_ring requests, accepts;
 };
 

@@ -11,15 +11,25 @@ static uint64_t epoch_of(uint64_t word)
     return word >> COUNT_BITS;
 }
 
-uint32_t window_slice_ms(uint32_t window_ms)
+static uint32_t slice_ms(uint32_t window_ms)
 {
     uint32_t ms = window_ms / WINDOW_BUCKETS;
     return ms ? ms : 1;
 }
 
-uint64_t window_epoch(uint32_t slice_ms, uint64_t now_ms)
+void window_slices_init(struct window_slices *s, uint32_t window_ms)
 {
-    return (now_ms / slice_ms) & EPOCH_MASK;
+    atomic_init(&s->ms, slice_ms(window_ms));
+}
+
+void window_slices_set(struct window_slices *s, uint32_t window_ms)
+{
+    atomic_store_explicit(&s->ms, slice_ms(window_ms), memory_order_relaxed);
+}
+
+uint64_t window_epoch(const struct window_slices *s, uint64_t now_ms)
+{
+    return (now_ms / atomic_load_explicit(&s->ms, memory_order_relaxed)) & EPOCH_MASK;
 }
 
 void window_ring_init(struct window_ring *r)

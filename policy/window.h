@@ -19,10 +19,16 @@ struct window_ring {
     _Atomic uint64_t slot[WINDOW_BUCKETS];
 };
 
-/* The slice length for a window of 'window_ms': window_ms / WINDOW_BUCKETS, at least 1. */
-uint32_t window_slice_ms(uint32_t window_ms);
-/* The slice 'now_ms' falls in, for slices of 'slice_ms'. */
-uint64_t window_epoch(uint32_t slice_ms, uint64_t now_ms);
+/* How a window is cut into slices: window_ms / WINDOW_BUCKETS, at least 1 ms. Changing the
+ * window's length (a reload) lets the counts taken under the old slicing age out. */
+struct window_slices {
+    _Atomic uint32_t ms;
+};
+
+void window_slices_init(struct window_slices *s, uint32_t window_ms);
+void window_slices_set(struct window_slices *s, uint32_t window_ms);
+/* The slice 'now_ms' falls in. */
+uint64_t window_epoch(const struct window_slices *s, uint64_t now_ms);
 
 void window_ring_init(struct window_ring *r);
 /* One event in slice 'epoch'. */
