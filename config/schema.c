@@ -349,25 +349,30 @@ const char *cfg_address_problem(const char *s)
     return check_listen(s, strlen(s));
 }
 
+/* A name of 1 to 'max' characters, each a letter, a digit or one of 'punct': NULL, or the
+ * problem ('too_long' or 'bad_char'). */
+static const char *check_name(const char *s, size_t len, size_t max, const char *punct,
+                              const char *too_long, const char *bad_char)
+{
+    if (len == 0 || len > max)
+        return too_long;
+    for (size_t i = 0; i < len; i++)
+        if (!is_alnum(s[i]) && (!s[i] || !strchr(punct, s[i])))
+            return bad_char;
+    return NULL;
+}
+
 static const char *check_route_name(const char *s, size_t len)
 {
-    if (len == 0 || len > 100)
-        return "must be 1 to 100 characters long";
-    for (size_t i = 0; i < len; i++)
-        if (!is_alnum(s[i]) && !strchr("._-:/", s[i]))
-            return "may hold only letters, digits and . _ - : /";
-    return NULL;
+    return check_name(s, len, 100, "._-:/", "must be 1 to 100 characters long",
+                      "may hold only letters, digits and . _ - : /");
 }
 
 /* A header name: a token (RFC 9110 5.1) of at most 64 characters. */
 static const char *check_field_name(const char *s, size_t len)
 {
-    if (len == 0 || len > 64)
-        return "must be 1 to 64 characters long";
-    for (size_t i = 0; i < len; i++)
-        if (!is_alnum(s[i]) && !strchr("!#$%&'*+-.^_`|~", s[i]))
-            return "must be a header name (letters, digits and !#$%&'*+-.^_`|~)";
-    return NULL;
+    return check_name(s, len, 64, "!#$%&'*+-.^_`|~", "must be 1 to 64 characters long",
+                      "must be a header name (letters, digits and !#$%&'*+-.^_`|~)");
 }
 
 /* A header name the proxy may set on each attempt: not one of the fields the proxy already

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "policy/budget.h"
+#include "proxy/escape.h"
 #include "proxy/strmap.h"
 
 #define CACHE_LINE 64
@@ -567,21 +568,8 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
 /* A label value per text format 0.0.4: backslash, double quote and newline are escaped. */
 static void put_label(FILE *f, const char *s)
 {
-    for (; *s; s++) {
-        switch (*s) {
-        case '\\':
-            fputs("\\\\", f);
-            break;
-        case '"':
-            fputs("\\\"", f);
-            break;
-        case '\n':
-            fputs("\\n", f);
-            break;
-        default:
-            fputc(*s, f);
-        }
-    }
+    static const char *const escaped[] = { "\\\\", "\\\"", "\\n" };
+    escape_fputs(f, s, "\\\"\n", escaped);
 }
 
 /* The # HELP and # TYPE lines of family 'fam'; returns its name (after the prefix). */

@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "proxy/decide.h"
+#include "proxy/escape.h"
 
 /* The largest millisecond value the options take: a day, as the config's own (MS_MAX). */
 #define MS_MAX 86400000ull
@@ -291,24 +292,8 @@ static uint64_t nice_step(uint64_t x)
 /* 'text' with &, <, >, " escaped. */
 static void svg_text(FILE *f, const char *text)
 {
-    for (const char *p = text; *p; p++) {
-        switch (*p) {
-        case '&':
-            fputs("&amp;", f);
-            break;
-        case '<':
-            fputs("&lt;", f);
-            break;
-        case '>':
-            fputs("&gt;", f);
-            break;
-        case '"':
-            fputs("&quot;", f);
-            break;
-        default:
-            fputc(*p, f);
-        }
-    }
+    static const char *const entities[] = { "&amp;", "&lt;", "&gt;", "&quot;" };
+    escape_fputs(f, text, "&<>\"", entities);
 }
 
 /* One policy's calls over time: 'n_buckets' buckets of 'bucket' ms each, from 0 to just past
