@@ -46,6 +46,9 @@ enum cfg_method {
 uint32_t cfg_method_bit(const char *name, size_t len);
 /* The token for a single method bit, NULL for anything else. */
 const char *cfg_method_name(uint32_t bit);
+/* The config's names of a log level and a log format ("warn", "json"). */
+const char *cfg_log_level_name(enum cfg_log_level level);
+const char *cfg_log_format_name(enum cfg_log_format format);
 
 /* One retry_on condition, in file order (the first that fires names the retry in metrics). */
 enum cfg_retry_kind {

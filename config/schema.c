@@ -936,6 +936,16 @@ static void check_route(struct walk *w, const struct ctx *x, void *dst)
 static const char *const log_level_names[] = { "debug", "info", "warn", "error" };
 static const char *const log_format_names[] = { "json", "text" };
 
+const char *cfg_log_level_name(enum cfg_log_level level)
+{
+    return (size_t)level < COUNT(log_level_names) ? log_level_names[level] : "";
+}
+
+const char *cfg_log_format_name(enum cfg_log_format format)
+{
+    return (size_t)format < COUNT(log_format_names) ? log_format_names[format] : "";
+}
+
 /* A backoff policy's keys, with the defaults of where it is used: retry.backoff (the delay
  * before each retry) and ejection.backoff (how long each ejection lasts). */
 #define BACKOFF_FIELDS(base_default, cap_default, jitter_default)                                  \

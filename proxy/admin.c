@@ -131,7 +131,8 @@ static enum MHD_Result get_config(struct admin *a, struct MHD_Connection *c)
     json_t *j = json_pack("{s:I, s:s, s:s, s:o, s:o, s:o}", "generation",
                           (json_int_t)reload_generation(a->rl), "loaded_at", when, "source",
                           reload_source(a->rl), "last_error", err ? json_string(err) : json_null(),
-                          "restart_required", restart_list, "config", cfg_to_json(rt->cfg));
+                          "restart_required", restart_list, "config",
+                          reload_config_in_force(a->rl, rt->cfg));
     rt_unref(rt);
     return send_json(c, MHD_HTTP_OK, j, NULL);
 }

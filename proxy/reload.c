@@ -40,6 +40,7 @@ struct reload {
     bool tried_missing;  /* the last attempt found no readable file */
     char *last_error;
     char restart[160];
+    char listen_bound[80], admin_bound[80]; /* the listeners' addresses, once bound */
 };
 
 static uint64_t hash(const char *p, size_t n)
@@ -319,6 +320,63 @@ uint64_t reload_generation(const struct reload *rl)
 int64_t reload_loaded_at(const struct reload *rl)
 {
     return rl->loaded_at;
+}
+
+void reload_set_bound(struct reload *rl, const char *listen, const char *admin)
+{
+    snprintf(rl->listen_bound, sizeof(rl->listen_bound), "%s", listen);
+    snprintf(rl->admin_bound, sizeof(rl->admin_bound), "%s", admin);
+}
+
+struct in_force {
+    json_t *now, *start;
+};
+
+/* A key read only at start that the file has changed since: its value in force is the start's. */
+static void keep_start_value(const char *path, void *arg)
+{
+    struct in_force *f = arg;
+    json_t *now = f->now, *start = f->start;
+    char key[128];
+    for (const char *p = path;;) {
+        size_t n = strcspn(p, ".");
+        snprintf(key, sizeof(key), "%.*s", (int)n, p);
+        if (!p[n]) {
+            json_t *v = json_object_get(start, key);
+            if (v)
+                json_object_set(now, key, v);
+            return;
+        }
+        now = json_object_get(now, key);
+        start = json_object_get(start, key);
+        if (!json_is_object(now) || !json_is_object(start))
+            return;
+        p += n + 1;
+    }
+}
+
+json_t *reload_config_in_force(const struct reload *rl, const struct cfg *c)
+{
+    json_t *j = cfg_to_json(c);
+    if (!j)
+        return NULL;
+    struct in_force f = { j, cfg_to_json(rl->start) };
+    if (f.start)
+        cfg_restart_changes(rl->start, c, keep_start_value, &f);
+    json_decref(f.start);
+    if (rl->listen_bound[0])
+        json_object_set_new(j, "listen", json_string(rl->listen_bound));
+    if (rl->admin_bound[0])
+        json_object_set_new(j, "admin", json_string(rl->admin_bound));
+    json_t *log = json_object_get(j, "log");
+    if (json_is_object(log) && rl->pins.log_level >= 0)
+        json_object_set_new(
+            log, "level", json_string(cfg_log_level_name((enum cfg_log_level)rl->pins.log_level)));
+    if (json_is_object(log) && rl->pins.log_format >= 0)
+        json_object_set_new(
+            log, "format",
+            json_string(cfg_log_format_name((enum cfg_log_format)rl->pins.log_format)));
+    return j;
 }
 
 const char *reload_source(const struct reload *rl)

@@ -18,6 +18,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "config/cfg.h"
 #include "proxy/loop.h"
 #include "proxy/proxy.h"
@@ -57,5 +59,13 @@ int64_t reload_loaded_at(const struct reload *rl);
 const char *reload_source(const struct reload *rl);
 const char *reload_last_error(const struct reload *rl);
 const char *reload_restart_required(const struct reload *rl);
+
+/* The listeners' addresses once bound (the port the kernel picked for port 0 included). */
+void reload_set_bound(struct reload *rl, const char *listen, const char *admin);
+
+/* The config in force, as JSON with every default (GET /config, docs/admin.md): snapshot 'c',
+ * except the listeners' bound addresses, the log settings the command line pins, and the
+ * keys read only at start that the file has changed since (their start values). */
+json_t *reload_config_in_force(const struct reload *rl, const struct cfg *c);
 
 #endif

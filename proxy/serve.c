@@ -249,6 +249,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     if (!admin || loop_watch_add(ctl.loop, &ctl.sig_watch, ctl.sfd, EPOLLIN, on_signal, &ctl) < 0)
         goto out;
     reload_attach(ctl.rl, ctl.loop);
+    reload_set_bound(ctl.rl, bound, admin_bound);
     for (; started < n; started++) {
         if (worker_start(workers[started]) < 0) {
             fprintf(stderr, "retryproxy: cannot start worker thread %u\n", started);

@@ -400,6 +400,25 @@ Test(admin, healthz_readyz_and_metrics_answer)
     http_free(&r);
 }
 
+/* "config" is the config in force: the listeners' bound addresses (the harness asks for port 0)
+ * and the log settings the command line pins, over the file's. */
+Test(admin, config_shows_the_addresses_bound_and_the_command_lines_log_level)
+{
+    start_with("\"log\": {\"level\": \"info\", \"format\": \"json\"}", "", "", "--log-level",
+               "warn");
+    json_t *j = admin_json("GET", "/config", 200);
+    json_t *c = json_object_get(j, "config");
+    char want[64];
+    snprintf(want, sizeof(want), "127.0.0.1:%u", (unsigned)px->port);
+    cr_expect_str_eq(json_str(c, "listen"), want);
+    snprintf(want, sizeof(want), "127.0.0.1:%u", (unsigned)px->admin_port);
+    cr_expect_str_eq(json_str(c, "admin"), want);
+    json_t *log = json_object_get(c, "log");
+    cr_expect_str_eq(json_str(log, "level"), "warn", "the command line's, not the file's info");
+    cr_expect_str_eq(json_str(log, "format"), "json", "the file's: no --log-format given");
+    json_decref(j);
+}
+
 Test(admin, config_reports_generation_source_and_filled_defaults)
 {
     start("");
