@@ -1,5 +1,9 @@
 #include "proxy/eject.h"
 
+#include <stdio.h>
+
+#include "proxy/log.h"
+
 uint64_t eject_mask(const struct rt_route *x, size_t n_upstreams, uint64_t now_ms)
 {
     if (!x->health)
@@ -19,5 +23,15 @@ void eject_record(const struct rt_route *x, const struct cfg_route *r, const str
         return;
     const struct cfg_ejection *e = &r->ejection;
     bool failed = retry_match_on(e->on, e->n_on, o, status, head) != NULL;
-    live_upstream_record(x->health[u - r->upstreams], &e->health, failed, now_ms, rng);
+    struct live_upstream *lu = x->health[u - r->upstreams];
+    if (!live_upstream_record(lu, &e->health, failed, now_ms, rng))
+        return;
+    /* rare: an operator wants to see each ejection as it happens, not only in the metrics */
+    struct health h;
+    live_upstream_read(lu, &h);
+    char for_ms[24], nth[24];
+    snprintf(for_ms, sizeof(for_ms), "%llu", (unsigned long long)(h.ejected_until_ms - now_ms));
+    snprintf(nth, sizeof(nth), "%u", h.ejections);
+    log_event(CFG_LOG_WARN, "upstream ejected", "route", r->name, "upstream", u->url, "for_ms",
+              for_ms, "ejection", nth, NULL);
 }

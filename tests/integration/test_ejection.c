@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tests/support/fixture.h"
@@ -167,6 +168,20 @@ Test(ejection, failing_upstream_is_ejected_then_back_and_ejected_longer)
     cr_expect_eq(upstream_metric("upstream_ejected", bad_url), 1);
     cr_expect_eq(get_n("e", 4), 4);
     cr_expect_eq(tup_count(bad), 4, "ejected for the second delay, not the first");
+
+    /* each ejection is an event line at warn, with its length and its number */
+    char *out = px_stdout(px), want[256];
+    snprintf(want, sizeof(want),
+             "\"msg\":\"upstream ejected\",\"route\":\"r\",\"upstream\":\"%s\",\"for_ms\":\"500\","
+             "\"ejection\":\"1\"",
+             bad_url);
+    cr_expect(strstr(out, want), "no line with %s in\n%s", want, out);
+    snprintf(want, sizeof(want),
+             "\"msg\":\"upstream ejected\",\"route\":\"r\",\"upstream\":\"%s\",\"for_ms\":\"1000\","
+             "\"ejection\":\"2\"",
+             bad_url);
+    cr_expect(strstr(out, want), "no line with %s", want);
+    free(out);
 }
 
 /* A port nothing listens on fails with connect failures: ejected the same way, and its retry
