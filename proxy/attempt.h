@@ -92,12 +92,6 @@ bool attempt_queue(struct attempt *a);
 int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms);
 
-/* Whether the transfer is running. */
-static inline bool attempt_running(const struct attempt *a)
-{
-    return a->xfer.easy != NULL;
-}
-
 /* Whether any of the request went out (curl was about to send it): if not, nothing reached
  * the upstream, whatever the error. */
 static inline bool attempt_sent(const struct attempt *a)
