@@ -85,6 +85,7 @@ struct cfg_retry {
     bool retry_after_honor;
     uint32_t retry_after_max_ms;
     const char *pushback_header; /* a response field that sets or refuses the retry; NULL: none */
+    bool hedge; /* hedge_on_per_try_timeout: an attempt past the per-try timeout runs on */
     struct backoff_spec backoff;
 };
 

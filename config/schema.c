@@ -863,9 +863,27 @@ static void check_throttle(struct walk *w, const struct ctx *x, void *dst)
                    t->k);
 }
 
+/* Hedging starts the next attempt the way a "timeout" retry would: without that token in
+ * retry_on it could never start one. */
+static void check_retry(struct walk *w, const struct ctx *x, void *dst)
+{
+    const struct cfg_retry *r = dst;
+    bool on_timeout = false;
+    for (size_t i = 0; i < r->n_on; i++)
+        on_timeout |= r->on[i].kind == CFG_RETRY_TIMEOUT;
+    if (r->hedge && !on_timeout)
+        rule_error(w, x, "hedge_on_per_try_timeout", "retry_on",
+                   "needs \"timeout\" in retry_on: a hedge is the retry of an attempt that "
+                   "passed per_try_timeout_ms");
+}
+
 static void check_route(struct walk *w, const struct ctx *x, void *dst)
 {
     const struct cfg_route *r = dst;
+    if (r->retry.hedge && r->per_try_timeout_ms == 0)
+        rule_error(w, x, "per_try_timeout_ms", "retry",
+                   "must be above 0 with retry.hedge_on_per_try_timeout: hedging starts the next "
+                   "attempt when an attempt passes it");
     if (r->per_try_timeout_ms > r->timeout_ms)
         rule_error(w, x, "per_try_timeout_ms", "timeout_ms",
                    "per_try_timeout_ms (%u%s) must not exceed timeout_ms (%u%s)",
@@ -1037,10 +1055,14 @@ static const struct field retry_fields[] = {
                  "a response header that steers the retry (gRPC's grpc-retry-pushback-ms): a "
                  "whole number of milliseconds is the next wait, anything else stops retrying "
                  "(null: none)"),
+    BOOL_FIELD("hedge_on_per_try_timeout", struct cfg_retry, hedge, "false",
+               "an attempt that passes per_try_timeout_ms is not cancelled: the next attempt "
+               "starts beside it and the first response retry_on does not name wins (Envoy's "
+               "hedging)"),
     OBJ_FIELD("backoff", struct cfg_retry, backoff, backoff_schema, 0,
               "the delay before each retry (docs/backoff.md)"),
 };
-static const struct schema retry_schema = SCHEMA(retry_fields, NULL);
+static const struct schema retry_schema = SCHEMA(retry_fields, check_retry);
 
 /* The process-wide and per-route budgets differ only in the default concurrency cap. */
 #define BUDGET_FIELDS(max_concurrent_default)                                                      \

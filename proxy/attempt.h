@@ -99,6 +99,12 @@ static inline bool attempt_sent(const struct attempt *a)
     return a->sends > 0;
 }
 
+/* Whether its transfer runs (started, not yet ended or cancelled). */
+static inline bool attempt_running(const struct attempt *a)
+{
+    return a->xfer.easy != NULL;
+}
+
 /* Ends the transfer, running or queued for a slot, without ops->done. Returns true if it was
  * running. Not from inside one of its callbacks. */
 bool attempt_cancel(struct attempt *a);

@@ -168,8 +168,8 @@ void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct re
                                     : backoff_seq_next(&seq, &policy->backoff, f->now_ms, d->rng);
     retry_decide(policy, f, v);
     bool throttling = d->throttle && d->throttle->k > 0;
-    if (throttling && !v->fired)
-        throttle_note_accept(&d->live->throttle, f->now_ms);
+    if (!v->fired)
+        decide_note_final(d, f->now_ms);
     if (!v->fired || v->stop != RETRY_STOP_NONE)
         return;
     v->stop = admit(&d->budgets, f->now_ms, v->delay_ms);
@@ -191,4 +191,10 @@ void decide_release(const struct decide_req *d)
 {
     budget_release(d->budgets.global);
     budget_release(d->budgets.route);
+}
+
+void decide_note_final(const struct decide_req *d, uint64_t now_ms)
+{
+    if (d->throttle && d->throttle->k > 0)
+        throttle_note_accept(&d->live->throttle, now_ms);
 }

@@ -118,4 +118,8 @@ void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct re
  * its concurrency slots go back. */
 void decide_release(const struct decide_req *d);
 
+/* An attempt ended in nothing retry_on names without decide_attempt() seeing it (a hedged
+ * request's earlier attempt that answered first): client-side throttling counts it accepted. */
+void decide_note_final(const struct decide_req *d, uint64_t now_ms);
+
 #endif

@@ -255,30 +255,31 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
             hb_add(&b, "Content-Type:", 13, NULL, 0);
     }
     h->block = block;
-    h->list = b.n ? b.nodes : &h->attempt_node;
-    /* The attempt field and the deadline field are ours, rewritten before each attempt. */
-    h->attempt_node.data = h->attempt_hdr;
-    h->attempt_node.next = NULL;
-    h->deadline_name_len = 0;
-    if (deadline_header) {
-        h->deadline_name_len = strlen(deadline_header);
-        memcpy(h->deadline_hdr, deadline_header, h->deadline_name_len);
-        memcpy(h->deadline_hdr + h->deadline_name_len, ": ", 2);
-        h->deadline_node.data = h->deadline_hdr;
-        h->deadline_node.next = NULL;
-        h->attempt_node.next = &h->deadline_node;
-    }
-    if (b.n)
-        b.nodes[b.n - 1].next = &h->attempt_node;
+    h->list = b.n ? b.nodes : NULL;
+    h->deadline_name_len = deadline_header ? strlen(deadline_header) : 0;
+    if (h->deadline_name_len >= sizeof(h->deadline_name))
+        h->deadline_name_len = 0; /* cannot happen: the schema bounds the name */
+    memcpy(h->deadline_name, deadline_header ? deadline_header : "", h->deadline_name_len);
+    h->deadline_name[h->deadline_name_len] = '\0';
     return 0;
 }
 
-void head_up_attempt(struct head_up *h, uint32_t attempt, uint64_t wait_ms)
+struct curl_slist *head_up_attempt(const struct head_up *h, struct head_try *t, uint32_t attempt,
+                                   uint64_t wait_ms)
 {
-    memcpy(h->attempt_hdr, "X-Retry-Attempt: ", 17);
-    hdr_utoa(attempt, h->attempt_hdr + 17);
-    if (h->deadline_name_len)
-        hdr_utoa(wait_ms, h->deadline_hdr + h->deadline_name_len + 2);
+    memcpy(t->attempt_hdr, "X-Retry-Attempt: ", 17);
+    hdr_utoa(attempt, t->attempt_hdr + 17);
+    t->attempt_node.data = t->attempt_hdr;
+    t->attempt_node.next = h->list;
+    if (h->deadline_name_len) {
+        memcpy(t->deadline_hdr, h->deadline_name, h->deadline_name_len);
+        memcpy(t->deadline_hdr + h->deadline_name_len, ": ", 2);
+        hdr_utoa(wait_ms, t->deadline_hdr + h->deadline_name_len + 2);
+        t->deadline_node.data = t->deadline_hdr;
+        t->deadline_node.next = h->list;
+        t->attempt_node.next = &t->deadline_node;
+    }
+    return &t->attempt_node;
 }
 
 void head_up_free(struct head_up *h)

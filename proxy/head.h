@@ -64,15 +64,21 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
 
 /* The header list every attempt sends: the client's fields but hop-by-hop ones and those the
  * proxy owns, X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, Host when preserved, curl's
- * own additions removed, then X-Retry-Attempt and the route's deadline header, if it has one
- * (both rewritten per attempt). */
+ * own additions removed. Each attempt puts its own X-Retry-Attempt and the route's deadline
+ * header, if it has one, in front of it (struct head_try): attempts of one request may run at
+ * once (hedging), and curl reads an attempt's list only when it sends the request. */
 struct head_up {
-    struct curl_slist *list;
-    char *block; /* one allocation: the nodes, then their text */
+    struct curl_slist *list; /* NULL: no field */
+    char *block;             /* one allocation: the nodes, then their text */
+    char deadline_name[65];  /* a name of at most 64 bytes (config/schema.c); "" for none */
+    size_t deadline_name_len;
+};
+
+/* One attempt's own fields, ahead of the shared list. */
+struct head_try {
     struct curl_slist attempt_node, deadline_node;
     char attempt_hdr[40];
-    char deadline_hdr[96]; /* a name of at most 64 bytes (config/schema.c), ": ", the value */
-    size_t deadline_name_len;
+    char deadline_hdr[96]; /* the name, ": ", the value */
 };
 
 /* Builds it. 'peer' is the client's address ("" if unknown); 'deadline_header' the route's
@@ -80,9 +86,11 @@ struct head_up {
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
                   const char *peer, const char *request_id, bool preserve_host,
                   const char *deadline_header);
-/* Sets the X-Retry-Attempt value, and the deadline header's: 'wait_ms', how long the proxy will
- * wait for this attempt's answer. */
-void head_up_attempt(struct head_up *h, uint32_t attempt, uint64_t wait_ms);
+/* The list attempt number 'attempt' sends, its own fields in 't' (which must live as long as
+ * the attempt's transfer): X-Retry-Attempt, and the deadline header's value 'wait_ms', how long
+ * the proxy will wait for this attempt's answer. */
+struct curl_slist *head_up_attempt(const struct head_up *h, struct head_try *t, uint32_t attempt,
+                                   uint64_t wait_ms);
 void head_up_free(struct head_up *h);
 
 #endif

@@ -43,9 +43,9 @@ static const char *const hist_le[HIST_BUCKETS] = { "0.001", "0.0025", "0.005", "
                                                    "0.5",   "1",      "2.5",   "5",
                                                    "10",    "30",     "60",    "+Inf" };
 
-static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",    "3xx",
-                                                              "4xx",   "5xx",    "connect_failure",
-                                                              "reset", "timeout" };
+static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",     "3xx",
+                                                              "4xx",   "5xx",     "connect_failure",
+                                                              "reset", "timeout", "cancelled" };
 static const char *const denied_names[METRICS_DENIED_COUNT] = {
     "max-attempts",  "budget",         "concurrency", "deadline", "retry-after",
     "not-retryable", "body-too-large", "draining",    "pushback", "throttled"
@@ -65,6 +65,7 @@ enum family {
     FAM_IN_FLIGHT,
     FAM_RETRY_AFTER,
     FAM_THROTTLED,
+    FAM_HEDGES,
     FAM_BACKOFF,
     FAM_ATTEMPT_DURATION,
     FAM_REQUEST_DURATION,
@@ -110,6 +111,9 @@ static const struct family_def {
     [FAM_THROTTLED] = { "throttled_total", "counter", "route", NULL, 0,
                         "Attempts client-side throttling rejected, by route: first attempts "
                         "answered 503, retries not made." },
+    [FAM_HEDGES] = { "hedges_total", "counter", "route", NULL, 0,
+                     "Attempts started while an earlier attempt of the same request ran on "
+                     "past per_try_timeout_ms (retry.hedge_on_per_try_timeout)." },
     [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
                       "Backoff waits before retries, in seconds." },
     [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route", NULL, 0,
@@ -164,6 +168,7 @@ struct route_slot {
     _Atomic uint64_t denied[METRICS_DENIED_COUNT];
     _Atomic uint64_t retry_after_honored;
     _Atomic uint64_t throttled;
+    _Atomic uint64_t hedges;
     struct hist_slot hist[METRICS_HIST_COUNT];
 };
 
@@ -223,6 +228,7 @@ struct route_totals {
     uint64_t denied[METRICS_DENIED_COUNT];
     uint64_t retry_after_honored;
     uint64_t throttled;
+    uint64_t hedges;
     uint64_t buckets[METRICS_HIST_COUNT][HIST_BUCKETS];
     uint64_t sum_us[METRICS_HIST_COUNT];
     bool any; /* some count is non-zero */
@@ -427,6 +433,13 @@ void metrics_throttled(struct metrics_route *r, unsigned w)
         bump(&s->throttled, 1);
 }
 
+void metrics_hedge(struct metrics_route *r, unsigned w)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s)
+        bump(&s->hedges, 1);
+}
+
 void metrics_retry_after_honored(struct metrics_route *r, unsigned w)
 {
     struct route_slot *s = slot_of(r, w);
@@ -557,6 +570,7 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
         any |= add_counts(&t->retry_success, &s->retry_success, 1);
         any |= add_counts(&t->retry_after_honored, &s->retry_after_honored, 1);
         any |= add_counts(&t->throttled, &s->throttled, 1);
+        any |= add_counts(&t->hedges, &s->hedges, 1);
         for (size_t h = 0; h < METRICS_HIST_COUNT; h++) {
             any |= add_counts(t->buckets[h], s->hist[h].buckets, HIST_BUCKETS);
             t->sum_us[h] += peek(&s->hist[h].sum_us);
@@ -822,6 +836,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_route_counter(f, sc, FAM_RETRY_AFTER,
                          offsetof(struct route_totals, retry_after_honored));
     render_route_counter(f, sc, FAM_THROTTLED, offsetof(struct route_totals, throttled));
+    render_route_counter(f, sc, FAM_HEDGES, offsetof(struct route_totals, hedges));
     render_hist(f, sc, METRICS_HIST_BACKOFF, FAM_BACKOFF);
     render_hist(f, sc, METRICS_HIST_ATTEMPT, FAM_ATTEMPT_DURATION);
     render_hist(f, sc, METRICS_HIST_REQUEST, FAM_REQUEST_DURATION);

@@ -24,6 +24,7 @@ enum metrics_outcome {
     METRICS_OUT_CONNECT_FAILURE,
     METRICS_OUT_RESET,
     METRICS_OUT_TIMEOUT,
+    METRICS_OUT_CANCELLED, /* ended for the request before its own outcome: another answered */
     METRICS_OUT_COUNT
 };
 
@@ -85,6 +86,8 @@ void metrics_retry_success(struct metrics_route *r, unsigned w);
 void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied reason);
 /* throttled_total{route}: an attempt client-side throttling rejected */
 void metrics_throttled(struct metrics_route *r, unsigned w);
+/* hedges_total{route}: an attempt started while an earlier one of its request runs on */
+void metrics_hedge(struct metrics_route *r, unsigned w);
 /* retry_after_honored_total{route} */
 void metrics_retry_after_honored(struct metrics_route *r, unsigned w);
 /* One observation of 'seconds' into histogram 'h' of route 'r'. */

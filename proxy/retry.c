@@ -13,6 +13,13 @@
  * says so, at the deadline, when draining ends, or when the client goes away during a wait.
  * A request is referenced by its connection, by a running transfer and by a streamed
  * response's body reader; the last to let go frees it.
+ *
+ * Hedging (retry.hedge_on_per_try_timeout): an attempt that passes per_try_timeout_ms is not
+ * cancelled. The next attempt is decided as a timeout's retry (BACKOFF, then ATTEMPT), and the
+ * slow one runs on in r->others, a laggard. The first response retry_on does not name wins,
+ * from any of them: a laggard's becomes the current attempt and streams, and every other
+ * attempt is cancelled. When retrying stops with laggards still running, the request waits
+ * for them (LAG) instead of answering.
  */
 #include "proxy/retry.h"
 
@@ -54,6 +61,7 @@ enum req_state {
     RS_BACKOFF,  /* waiting out a delay */
     RS_STREAM,   /* the upstream's response is going to the client */
     RS_ANSWERED, /* a complete answer of our own (or a saved one) is ready */
+    RS_LAG,      /* retrying has stopped, but earlier attempts run on (hedging): wait for them */
 };
 
 /* Request flags (struct retry_req 'flags'). */
@@ -67,6 +75,31 @@ enum {
     RF_SAVED = 1u << 6,       /* 'saved' holds the last retryable response's head ... */
     RF_SAVED_WHOLE = 1u << 7, /* ... and its whole body */
     RF_THROTTLED = 1u << 8,   /* client-side throttling rejected an attempt (throttle_p) */
+    RF_LAG = 1u << 9,         /* the response in DRAIN ends retrying: LAG once it is read */
+};
+
+/* Try flags (struct try 'flags'). */
+enum {
+    TF_LAUNCHED = 1u << 0, /* its attempt went (or failed to): attempts_total counts it once ... */
+    TF_COUNTED = 1u << 1,  /* ... and has */
+    TF_RECORDED = 1u << 2, /* its outcome went to upstream health (a hedge records the timeout) */
+    TF_SLOT = 1u << 3,     /* a laggard holding the budget slots of the retry it was */
+    TF_LOST = 1u << 4,     /* out of the race: cancelled in the next turn, never inside curl */
+};
+
+/* One upstream attempt and what the request keeps of it. The request embeds one, reused by
+ * each attempt in turn; hedging gives the next attempt a try of its own while a laggard runs
+ * on in r->others. */
+struct
+try {
+    struct try *prev, *next; /* r->others, while not the current attempt */
+    struct retry_req *r;
+    unsigned flags;
+    uint32_t number; /* its X-Retry-Attempt */
+    uint64_t start_ms;
+    const struct cfg_upstream *upstream;
+    struct attempt att;
+    struct head_try fields; /* its own X-Retry-Attempt and deadline header */
 };
 
 struct retry_req {
@@ -83,11 +116,9 @@ struct retry_req {
     struct metrics_route *m;    /* its metrics series (route "" until matched) */
     uint64_t start_ms;          /* loop clock when the request line arrived */
     int64_t start_unix_ms;
-    uint64_t attempt_start_ms;
     uint64_t wait_start_ms; /* when the current backoff wait began */
     uint64_t deadline_ms;
-    const struct cfg_upstream *upstream; /* of the last attempt */
-    uint32_t *delays;                    /* the waits taken, for the log */
+    uint32_t *delays; /* the waits taken, for the log */
     size_t n_delays;
 
     /* the request as received */
@@ -109,9 +140,12 @@ struct retry_req {
     enum retry_outcome last_outcome;
     enum retry_stop stop;
     uint32_t pending_delay;
-    double throttle_p; /* RF_THROTTLED: the probability it was rejected with */
-    struct attempt att;
+    double throttle_p;  /* RF_THROTTLED: the probability it was rejected with */
+    struct try *cur;    /* the current attempt: running, waited for, or the last one */
+    struct try *others; /* attempts running beside it (hedging), and lost ones to cancel */
+    struct try first;
     struct loop_timer try_timer, deadline_timer, backoff_timer;
+    struct loop_timer reap_timer; /* cancels the lost ones in the next turn */
 
     /* the last retryable response, returned as it is if retrying stops */
     struct {
@@ -145,6 +179,11 @@ static void account_stop(struct retry_req *r, enum retry_stop stop);
 static void log_done(struct retry_req *r);
 static void on_deadline(struct loop_timer *t);
 static void on_try_timeout(struct loop_timer *t);
+static void try_init(struct retry_req *r, struct try *t);
+static void try_free(struct retry_req *r, struct try *t);
+static void lose_others(struct retry_req *r, enum metrics_outcome o);
+static void reap(struct retry_req *r);
+static void count_try(struct retry_req *r, struct try *t, enum metrics_outcome o);
 
 static uint64_t wall_ms(void)
 {
@@ -158,7 +197,7 @@ static struct retry_req *of_relay(struct relay *rl)
     return rl->arg;
 }
 
-static struct retry_req *of_attempt(struct attempt *a)
+static struct try *of_attempt(struct attempt *a)
 {
     return a->arg;
 }
@@ -188,7 +227,8 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     struct intake_pool pool = { &w->px->body_bytes, r->cfg->max_buffered_body_bytes,
                                 &w->body_freed };
     intake_init(&r->body, &pool);
-    attempt_init(&r->att, w->up, &attempt_ops, r);
+    try_init(r, &r->first);
+    r->cur = &r->first;
     relay_init(&r->relay, c, w->loop, w->kick, w->kick_arg, &relay_ops, r);
     DLIST_PUSH(w->reqs, r);
     /* written by this worker only; read by the control thread while draining */
@@ -202,7 +242,10 @@ static void req_free(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
     relay_fini(&r->relay);
-    attempt_fini(&r->att);
+    if (r->cur != &r->first)
+        try_free(r, r->cur);
+    attempt_fini(&r->first.att); /* r->others is empty: each held a reference */
+    loop_timer_stop(l, &r->reap_timer);
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
     loop_timer_stop(l, &r->backoff_timer);
@@ -244,7 +287,7 @@ bool retry_req_access(struct retry_req *r, const char *method, const char *uploa
             relay_wait_upload(&r->relay); /* until the upstream takes the last bytes */
     } else if (!(r->flags & RF_BODY_DONE)) {
         r->flags |= RF_BODY_DONE;
-        attempt_resume_upload(&r->att); /* the end of a streamed body */
+        attempt_resume_upload(&r->cur->att); /* the end of a streamed body */
         if (r->state == RS_BODY)
             start_attempt(r);
     }
@@ -262,6 +305,9 @@ void retry_req_completed(struct retry_req *r)
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
     loop_timer_stop(l, &r->backoff_timer);
+    lose_others(r, METRICS_OUT_CANCELLED);
+    reap(r);
+    count_try(r, r->cur, METRICS_OUT_CANCELLED);
     stop_transfer(r);
     req_release(r);
 }
@@ -279,7 +325,7 @@ static void relay_release(struct relay *rl)
 /* The client took response bytes: a paused transfer may deliver again. */
 static void relay_room(struct relay *rl)
 {
-    attempt_resume_body(&of_relay(rl)->att);
+    attempt_resume_body(&of_relay(rl)->cur->att);
 }
 
 static void account_answer(struct retry_req *r);
@@ -304,6 +350,8 @@ static void relay_client_gone(struct relay *rl)
         return;
     cut_wait_short(r);
     end_retry_in_flight(r);
+    lose_others(r, METRICS_OUT_CANCELLED);
+    reap(r);
     r->stop = RETRY_STOP_CLIENT_CLOSED;
     /* Counted now, as if answered: no response will go out to count it later. */
     rl->resp_status = CLIENT_CLOSED_STATUS;
@@ -455,7 +503,8 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
         struct loop *l = r->w->loop;
         loop_timer_stop(l, &r->backoff_timer);
         loop_timer_stop(l, &r->try_timer);
-        stop_transfer(r);
+        count_try(r, r->cur, METRICS_OUT_CANCELLED);
+        stop_transfer(r); /* a streamed body: never hedged */
         r->flags |= RF_OVER_LIMIT;
         r->discarded = n;
         answer_error(r, 413, "body_too_large",
@@ -479,7 +528,7 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
     }
     size_t take = intake_queue(in, data, n);
     if (take)
-        attempt_resume_upload(&r->att);
+        attempt_resume_upload(&r->cur->att);
     return take;
 }
 
@@ -521,23 +570,27 @@ static void start_attempt(struct retry_req *r)
                             &w->rng);
     if (i < 64)
         r->tried |= 1ULL << i;
-    r->upstream = &rt->upstreams[i];
-    r->attempt_start_ms = now;
-    if (!attempt_queue(&r->att))
-        attempt_ops.go(&r->att); /* else it starts when a slot frees */
+    struct try *t = r->cur;
+    t->flags = 0;
+    t->number = r->attempts;
+    t->upstream = &rt->upstreams[i];
+    if (!attempt_queue(&t->att))
+        attempt_ops.go(&t->att); /* else it starts when a slot frees */
 }
 
 /* The current attempt, given a transfer slot. */
 static void attempt_go(struct attempt *a)
 {
-    struct retry_req *r = of_attempt(a);
+    struct try *t = of_attempt(a);
+    struct retry_req *r = t->r;
     struct loop *l = r->w->loop;
     const struct cfg_route *rt = r->route;
-    const struct cfg_upstream *u = r->upstream;
+    const struct cfg_upstream *u = t->upstream;
     uint64_t now = loop_now(l);
+    t->flags |= TF_LAUNCHED;
+    t->start_ms = now;
     struct attempt_req req = { .method = r->method,
                                .target = r->target,
-                               .headers = r->up.list,
                                .body_buf = r->body.body,
                                .body_len = r->body.len,
                                .content_length = r->body.content_length };
@@ -548,7 +601,7 @@ static void attempt_go(struct attempt *a)
     /* how long this attempt's answer is waited for: the per-try timeout or what is left */
     uint64_t wait =
         rt->per_try_timeout_ms && rt->per_try_timeout_ms < left ? rt->per_try_timeout_ms : left;
-    head_up_attempt(&r->up, r->attempts, wait);
+    req.headers = head_up_attempt(&r->up, &t->fields, t->number, wait);
     uint64_t connect =
         rt->connect_timeout_ms && rt->connect_timeout_ms < left ? rt->connect_timeout_ms : left;
     if (attempt_launch(a, r->rtr->urls[u - rt->upstreams], u->base_path, &req, connect) < 0) {
@@ -565,7 +618,7 @@ static void attempt_go(struct attempt *a)
  * the connection, or the body reader, holds one). Returns true if it was running. */
 static bool stop_transfer(struct retry_req *r)
 {
-    if (!attempt_cancel(&r->att))
+    if (!attempt_cancel(&r->cur->att))
         return false;
     r->refs--;
     return true;
@@ -594,17 +647,26 @@ static void pushback_of(const char *name, const struct hlist *h, struct retry_fa
     f->pushback_ms = ms < 0 ? 0 : (uint64_t)ms;
 }
 
+static void other_head(struct retry_req *r, struct try *t);
+static bool others_running(const struct retry_req *r, const struct try *except);
+static void stream(struct retry_req *r);
+
 /* The attempt's response head is in. */
 static void attempt_head(struct attempt *a)
 {
-    struct retry_req *r = of_attempt(a);
+    struct try *t = of_attempt(a);
+    struct retry_req *r = t->r;
+    if (t != r->cur) {
+        other_head(r, t);
+        return;
+    }
     loop_timer_stop(r->w->loop, &r->try_timer);
     if (!decide(r, RETRY_OUT_STATUS)) {
-        /* this response is the answer */
-        r->state = RS_STREAM;
-        struct relay_tag tag = tag_of(r);
-        relay_response(&r->relay, a->status, &a->head, &tag);
-        return;
+        if ((r->flags & RF_SUCCEEDED) || !others_running(r, NULL)) {
+            stream(r); /* this response is the answer */
+            return;
+        }
+        r->flags |= RF_LAG; /* a failure that ends retrying: kept while the others run on */
     }
     /* Keep this response in case retrying stops; read its body first so the connection can
      * be reused. */
@@ -619,7 +681,10 @@ static void attempt_head(struct attempt *a)
 
 static size_t attempt_body(struct attempt *a, const char *p, size_t n)
 {
-    struct retry_req *r = of_attempt(a);
+    struct try *t = of_attempt(a);
+    struct retry_req *r = t->r;
+    if (t != r->cur)
+        return 0; /* a lost attempt's: stop it (one running on has had no head yet) */
     if (r->state == RS_STREAM) {
         size_t took = relay_body(&r->relay, p, n);
         return took == RELAY_FULL ? ATTEMPT_PAUSE : took;
@@ -644,7 +709,7 @@ static size_t attempt_body(struct attempt *a, const char *p, size_t n)
 /* Bytes of the request body for the upstream: the buffered head, then the streamed rest. */
 static size_t attempt_upload(struct attempt *a, char *buf, size_t max)
 {
-    struct retry_req *r = of_attempt(a);
+    struct retry_req *r = of_attempt(a)->r; /* a streamed body: never hedged, always r->cur */
     size_t got = intake_read(&r->body, buf, max);
     if (got) {
         if (ring_space(&r->body.queue) > 0)
@@ -654,9 +719,18 @@ static size_t attempt_upload(struct attempt *a, char *buf, size_t max)
     return r->flags & RF_BODY_DONE ? 0 : ATTEMPT_PAUSE;
 }
 
+static void other_done(struct retry_req *r, struct try *t);
+static void wait_for_others(struct retry_req *r);
+
 static void attempt_done(struct attempt *a, enum attempt_end end)
 {
-    struct retry_req *r = of_attempt(a);
+    struct try *t = of_attempt(a);
+    struct retry_req *r = t->r;
+    if (t != r->cur) {
+        other_done(r, t);
+        req_release(r);
+        return;
+    }
     loop_timer_stop(r->w->loop, &r->try_timer);
     switch (r->state) {
     case RS_ATTEMPT:
@@ -666,7 +740,10 @@ static void attempt_done(struct attempt *a, enum attempt_end end)
     case RS_DRAIN:
         if (end == ATTEMPT_BROKEN)
             r->flags &= ~RF_SAVED_WHOLE; /* the body broke off: not something to return */
-        wait_then_retry(r);
+        if (r->flags & RF_LAG)
+            wait_for_others(r);
+        else
+            wait_then_retry(r);
         break;
     case RS_STREAM:
         relay_body_end(&r->relay, end != ATTEMPT_COMPLETE);
@@ -686,25 +763,28 @@ static const struct attempt_ops attempt_ops = { .go = attempt_go,
 /* An attempt ended without a response head. */
 static void attempt_failed(struct retry_req *r, enum retry_outcome o)
 {
-    r->att.status = 0;
+    r->cur->att.status = 0;
     if (decide(r, o))
         wait_then_retry(r);
     else
-        answer_final(r);
+        wait_for_others(r);
 }
 
 /* ---- deciding and waiting ---- */
 
-static void account_attempt(struct retry_req *r, enum retry_outcome o,
-                            const struct retry_verdict *v);
+static enum metrics_outcome outcome_class(enum retry_outcome o, int status);
+static void account_verdict(struct retry_req *r, const struct try *t, enum retry_outcome o,
+                            const struct retry_verdict *v, bool hedging);
 
-/* Applies the decision for the attempt that just ended. Returns true when a retry was
- * scheduled (its wait in r->pending_delay). */
-static bool decide(struct retry_req *r, enum retry_outcome o)
+/* What is known of the current attempt, ended in 'o' (or, hedging, past its per-try timeout),
+ * and the verdict on it: the policy, the budgets, the drain deadline. */
+static void judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
+                  struct retry_verdict *v)
 {
-    struct retry_facts f = {
+    const struct attempt *a = &r->cur->att;
+    *f = (struct retry_facts){
         .outcome = o,
-        .status = r->att.status,
+        .status = o == RETRY_OUT_STATUS ? a->status : 0,
         .method_retryable = r->flags & RF_RETRYABLE,
         .body_replayable = intake_replayable(&r->body),
         .attempts = r->attempts,
@@ -713,18 +793,32 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
         .deadline_ms = r->deadline_ms,
     };
     if (o == RETRY_OUT_STATUS) {
-        f.head = &r->att.head;
-        f.has_retry_after = retry_after_of(&r->att.head, &f.retry_after_ms);
-        pushback_of(r->route->retry.pushback_header, &r->att.head, &f);
+        f->head = &a->head;
+        f->has_retry_after = retry_after_of(&a->head, &f->retry_after_ms);
+        pushback_of(r->route->retry.pushback_header, &a->head, f);
     }
-    r->last_outcome = o;
-    eject_record(r->rtr, r->route, r->upstream, o, f.status, f.head, f.now_ms, &r->w->rng);
-    /* the attempt that just ended gives its slots back before a new retry asks for them */
-    end_retry_in_flight(r);
+    if (!(r->cur->flags & TF_RECORDED)) {
+        r->cur->flags |= TF_RECORDED;
+        eject_record(r->rtr, r->route, r->cur->upstream, o, f->status, f->head, f->now_ms,
+                     &r->w->rng);
+    }
     r->dr.budgets.drain_deadline_ms =
         atomic_load_explicit(&r->w->px->drain_deadline_ms, memory_order_relaxed);
+    decide_attempt(&r->dr, f, v);
+    if (v->stop == RETRY_STOP_THROTTLED)
+        metrics_throttled(r->m, r->w->id);
+}
+
+/* Applies the decision for the attempt that just ended. Returns true when a retry was
+ * scheduled (its wait in r->pending_delay). */
+static bool decide(struct retry_req *r, enum retry_outcome o)
+{
+    r->last_outcome = o;
+    /* the attempt that just ended gives its slots back before a new retry asks for them */
+    end_retry_in_flight(r);
+    struct retry_facts f;
     struct retry_verdict v;
-    decide_attempt(&r->dr, &f, &v);
+    judge(r, o, &f, &v);
     r->stop = v.fired ? v.stop : RETRY_STOP_NONE;
     r->flags &= ~RF_SUCCEEDED;
     if (o == RETRY_OUT_STATUS && !v.fired)
@@ -735,23 +829,69 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     if (v.stop == RETRY_STOP_THROTTLED) {
         r->flags |= RF_THROTTLED;
         r->throttle_p = v.throttle_p;
-        metrics_throttled(r->m, r->w->id);
     }
-    account_attempt(r, o, &v);
+    count_try(r, r->cur, outcome_class(o, f.status));
+    account_verdict(r, r->cur, o, &v, false);
     return retry;
+}
+
+/* The current attempt passed per_try_timeout_ms on a route that hedges, and the request may go
+ * again (its method, a body held whole): the next attempt is decided as a timeout's retry would
+ * be (max_attempts, the budgets, throttling, the backoff wait), but this one is not cancelled.
+ * Taken, the hedge waits out its backoff while this attempt runs on in r->others; refused (and
+ * counted as a denied retry), this attempt runs on alone, until the deadline at most. Returns
+ * false where hedging does not apply: then the timeout ends the attempt. */
+static bool hedge(struct retry_req *r)
+{
+    if (!r->route->retry.hedge || !(r->flags & RF_RETRYABLE) || r->body.mode == INTAKE_STREAM)
+        return false;
+    struct try *t = r->cur, *next = malloc(sizeof(*next));
+    if (!next)
+        return false;
+    try_init(r, next);
+    /* The running attempt keeps the slots of the retry it was; the hedge asks for its own. */
+    if (r->flags & RF_IN_FLIGHT) {
+        r->flags &= ~RF_IN_FLIGHT;
+        t->flags |= TF_SLOT;
+    }
+    struct retry_facts f;
+    struct retry_verdict v;
+    judge(r, RETRY_OUT_TIMEOUT, &f, &v);
+    bool go = v.fired && v.stop == RETRY_STOP_NONE;
+    account_verdict(r, t, RETRY_OUT_TIMEOUT, &v, true);
+    if (!go) {
+        try_free(r, next);
+        if (t->flags & TF_SLOT) {
+            t->flags &= ~TF_SLOT;
+            r->flags |= RF_IN_FLIGHT;
+        }
+        return true;
+    }
+    metrics_hedge(r->m, r->w->id);
+    DLIST_PUSH(r->others, t);
+    r->cur = next;
+    r->pending_delay = v.delay_ms;
+    wait_then_retry(r);
+    return true;
+}
+
+/* A retry's budget slots go back (its attempt ended, or the request did first): 'bit' of
+ * '*flags' says they are held. The gauge goes down before the slots are freed (and up only
+ * after they are taken), so a scrape never sees more retries in flight than the cap allows. */
+static void give_slots_back(struct retry_req *r, unsigned *flags, unsigned bit)
+{
+    if (*flags & bit) {
+        *flags &= ~bit;
+        metrics_retries_in_flight_add(r->w->px->metrics, -1);
+        decide_release(&r->dr);
+    }
 }
 
 /* A retry that was decided holds its budget slots until its attempt ends, or until the
  * request ends before that attempt could (deadline, client gone). */
 static void end_retry_in_flight(struct retry_req *r)
 {
-    if (r->flags & RF_IN_FLIGHT) {
-        r->flags &= ~RF_IN_FLIGHT;
-        /* The gauge goes down before the slots are freed (and up only after they are taken),
-         * so a scrape never sees more retries in flight than the cap allows. */
-        metrics_retries_in_flight_add(r->w->px->metrics, -1);
-        decide_release(&r->dr);
-    }
+    give_slots_back(r, &r->flags, RF_IN_FLIGHT);
 }
 
 static void on_backoff(struct loop_timer *t)
@@ -782,13 +922,165 @@ static void cut_wait_short(struct retry_req *r)
     loop_timer_stop(l, &r->backoff_timer);
 }
 
+/* ---- attempts running beside the current one (hedging) ---- */
+
+static void try_init(struct retry_req *r, struct try *t)
+{
+    memset(t, 0, sizeof(*t));
+    t->r = r;
+    attempt_init(&t->att, r->w->up, &attempt_ops, t);
+}
+
+static void try_free(struct retry_req *r, struct try *t)
+{
+    attempt_fini(&t->att);
+    if (t != &r->first)
+        free(t);
+}
+
+/* Whether an attempt other than 'except' (may be NULL) runs on beside the current one. */
+static bool others_running(const struct retry_req *r, const struct try *except)
+{
+    for (const struct try *t = r->others; t; t = t->next)
+        if (t != except && !(t->flags & TF_LOST))
+            return true;
+    return false;
+}
+
+static void on_reap(struct loop_timer *lt)
+{
+    reap(lt->arg);
+}
+
+/* 't' is out of the race: counted as 'o' unless it was already, its slots given back, and
+ * ended: at once when it does not run, else in the next turn (this may run inside one of
+ * curl's callbacks, where no transfer may be removed). It joins r->others if it was not there. */
+static void lose(struct retry_req *r, struct try *t, enum metrics_outcome o)
+{
+    if (t == r->cur)
+        DLIST_PUSH(r->others, t); /* the caller has a new current one */
+    count_try(r, t, o);
+    give_slots_back(r, &t->flags, TF_SLOT);
+    if (!attempt_running(&t->att)) {
+        attempt_cancel(&t->att); /* out of the queue for a transfer slot, if it waits there */
+        DLIST_UNLINK(r->others, t);
+        try_free(r, t);
+        return;
+    }
+    t->flags |= TF_LOST;
+    struct loop *l = r->w->loop;
+    if (!loop_timer_armed(&r->reap_timer))
+        loop_timer_start(l, &r->reap_timer, loop_now(l), on_reap, r);
+}
+
+static void lose_others(struct retry_req *r, enum metrics_outcome o)
+{
+    for (struct try *t = r->others, *next; t; t = next) {
+        next = t->next;
+        if (!(t->flags & TF_LOST))
+            lose(r, t, o);
+    }
+}
+
+/* Ends the lost attempts' transfers now (from the loop, or libmicrohttpd's callbacks). Each
+ * drops the reference its transfer held, never the last: the connection holds one. */
+static void reap(struct retry_req *r)
+{
+    loop_timer_stop(r->w->loop, &r->reap_timer);
+    for (struct try *t = r->others, *next; t; t = next) {
+        next = t->next;
+        if (!(t->flags & TF_LOST))
+            continue;
+        DLIST_UNLINK(r->others, t);
+        if (attempt_cancel(&t->att))
+            r->refs--;
+        try_free(r, t);
+    }
+}
+
+/* Retrying has stopped on the current attempt: the answer is made now, unless attempts still
+ * run beside it, which may yet bring a better one. */
+static void wait_for_others(struct retry_req *r)
+{
+    if (others_running(r, NULL))
+        r->state = RS_LAG;
+    else
+        answer_final(r);
+}
+
+static void log_other(struct retry_req *r, const struct try *t, enum retry_outcome o,
+                      const char *decision);
+
+/* 't', running beside the current attempt, has the answer: its response retry_on does not
+ * name ('failed' false), or the last failure there is to return. It becomes the current
+ * attempt and streams; whatever else runs is cancelled (in the next turn: this is one of
+ * curl's callbacks). */
+static void win(struct retry_req *r, struct try *t, bool failed)
+{
+    count_try(r, t, outcome_class(RETRY_OUT_STATUS, t->att.status));
+    give_slots_back(r, &t->flags, TF_SLOT);
+    log_other(r, t, RETRY_OUT_STATUS, failed ? "final" : "won");
+    if (r->state == RS_BACKOFF) {
+        cut_wait_short(r);
+        relay_unwatch(&r->relay);
+    }
+    loop_timer_stop(r->w->loop, &r->try_timer);
+    end_retry_in_flight(r); /* the current attempt's, or the one it waited to make */
+    DLIST_UNLINK(r->others, t);
+    lose(r, r->cur, METRICS_OUT_CANCELLED);
+    r->cur = t;
+    if (!failed) {
+        r->stop = RETRY_STOP_NONE;
+        r->flags |= RF_SUCCEEDED;
+        decide_note_final(&r->dr, loop_now(r->w->loop));
+    }
+    stream(r);
+}
+
+/* A response head for 't', an attempt running beside the current one. A response retry_on
+ * names is dropped, unless it is the last there will be. */
+static void other_head(struct retry_req *r, struct try *t)
+{
+    if (t->flags & TF_LOST)
+        return; /* its cancel is on the way */
+    const struct attempt *a = &t->att;
+    bool failed = retry_match(&r->route->retry, RETRY_OUT_STATUS, a->status, &a->head) != NULL;
+    if (!failed) {
+        win(r, t, false);
+        return;
+    }
+    if (r->state == RS_LAG && !others_running(r, t)) {
+        win(r, t, true);
+        return;
+    }
+    log_other(r, t, RETRY_OUT_STATUS, "dropped");
+    lose(r, t, outcome_class(RETRY_OUT_STATUS, a->status));
+}
+
+/* 't', running beside the current attempt, has ended: lost already (freed now), or without a
+ * response (a failure, counted; the answer is made if the request was waiting for it last). */
+static void other_done(struct retry_req *r, struct try *t)
+{
+    DLIST_UNLINK(r->others, t);
+    if (!(t->flags & TF_LOST)) {
+        enum retry_outcome o = attempt_sent(&t->att) ? RETRY_OUT_RESET : RETRY_OUT_CONNECT_FAILURE;
+        count_try(r, t, outcome_class(o, 0));
+        give_slots_back(r, &t->flags, TF_SLOT);
+        log_other(r, t, o, "dropped");
+    }
+    try_free(r, t);
+    if (r->state == RS_LAG && !others_running(r, NULL))
+        answer_final(r);
+}
+
 /* ---- timers ---- */
 
 static void on_try_timeout(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
-    if (r->state != RS_ATTEMPT || !stop_transfer(r))
+    if (r->state != RS_ATTEMPT || !attempt_running(&r->cur->att) || hedge(r))
         return;
+    stop_transfer(r);
     attempt_failed(r, RETRY_OUT_TIMEOUT);
 }
 
@@ -804,6 +1096,8 @@ static void give_up(struct retry_req *r, enum retry_stop stop)
 static void on_deadline(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
+    lose_others(r, METRICS_OUT_TIMEOUT); /* never answered in time, as the current one */
+    reap(r);
     bool running = stop_transfer(r);
     loop_timer_stop(r->w->loop, &r->try_timer);
     switch (r->state) {
@@ -818,6 +1112,10 @@ static void on_deadline(struct loop_timer *t)
         loop_timer_stop(r->w->loop, &r->backoff_timer);
         give_up(r, RETRY_STOP_DEADLINE);
         r->last_outcome = RETRY_OUT_TIMEOUT;
+        answer_final(r);
+        break;
+    case RS_LAG:
+        r->last_outcome = RETRY_OUT_TIMEOUT; /* retrying had stopped: that stop stands */
         answer_final(r);
         break;
     case RS_STREAM:
@@ -838,6 +1136,9 @@ static void expire(struct retry_req *r)
     if (r->state == RS_BACKOFF)
         cut_wait_short(r);
     loop_timer_stop(r->w->loop, &r->try_timer);
+    lose_others(r, METRICS_OUT_CANCELLED);
+    reap(r);
+    count_try(r, r->cur, METRICS_OUT_CANCELLED);
     if (stop_transfer(r) && r->state == RS_DRAIN)
         r->flags &= ~RF_SAVED_WHOLE;
     give_up(r, RETRY_STOP_DRAINING);
@@ -879,6 +1180,17 @@ static void answered(struct retry_req *r)
 {
     if (r->state != RS_STREAM)
         r->state = RS_ANSWERED;
+    lose_others(r, METRICS_OUT_CANCELLED);
+}
+
+/* The current attempt's response is the answer: it streams, and attempts running beside it
+ * are cancelled. */
+static void stream(struct retry_req *r)
+{
+    lose_others(r, METRICS_OUT_CANCELLED);
+    r->state = RS_STREAM;
+    struct relay_tag tag = tag_of(r);
+    relay_response(&r->relay, r->cur->att.status, &r->cur->att.head, &tag);
 }
 
 /* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
@@ -906,7 +1218,7 @@ static void answer_final(struct retry_req *r)
         answer_saved(r);
     else if (r->last_outcome == RETRY_OUT_TIMEOUT)
         answer_error(r, 504, "upstream_timeout", "no response from the upstream in time");
-    else if (r->att.bad_head)
+    else if (r->cur->att.bad_head)
         answer_error(r, 502, "upstream_invalid_response",
                      "the upstream's response head was malformed or ambiguous");
     else
@@ -948,16 +1260,56 @@ static void account_stop(struct retry_req *r, enum retry_stop stop)
         metrics_denied(r->m, r->w->id, (enum metrics_denied)(stop - 1));
 }
 
-/* Metrics and the debug log line of an attempt that just ended, with its verdict. */
-static void account_attempt(struct retry_req *r, enum retry_outcome o,
-                            const struct retry_verdict *v)
+/* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went. */
+static void count_try(struct retry_req *r, struct try *t, enum metrics_outcome o)
+{
+    if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) != TF_LAUNCHED)
+        return;
+    t->flags |= TF_COUNTED;
+    struct worker *w = r->w;
+    metrics_attempt(r->m, w->id, o);
+    metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT,
+                    (double)(loop_now(w->loop) - t->start_ms) / 1000.0);
+}
+
+/* The debug log line of attempt 't' (docs/logs.md). */
+static void log_try(struct retry_req *r, const struct try *t, enum retry_outcome o,
+                    const char *decision, uint32_t delay_ms)
+{
+    if (!log_enabled(CFG_LOG_DEBUG))
+        return;
+    char outcome[16];
+    if (o == RETRY_OUT_STATUS)
+        snprintf(outcome, sizeof(outcome), "%d", t->att.status);
+    else
+        snprintf(outcome, sizeof(outcome), "%s",
+                 o == RETRY_OUT_CONNECT_FAILURE ? "connect-failure"
+                 : o == RETRY_OUT_RESET         ? "reset"
+                                                : "timeout");
+    struct log_attempt a = { .unix_ms = (int64_t)wall_ms(),
+                             .route = r->route->name,
+                             .request_id = r->request_id,
+                             .attempt = t->number,
+                             .upstream = t->upstream ? t->upstream->url : NULL,
+                             .outcome = outcome,
+                             .duration_ms = (double)(loop_now(r->w->loop) - t->start_ms),
+                             .decision = decision,
+                             .delay_ms = delay_ms };
+    log_attempt(r->w->log, &a);
+}
+
+static void log_other(struct retry_req *r, const struct try *t, enum retry_outcome o,
+                      const char *decision)
+{
+    log_try(r, t, o, decision, 0);
+}
+
+/* The metrics and the debug log line of a verdict on attempt 't' (ended in 'o', or past its
+ * per-try timeout when 'hedging'). A retry taken holds its budget slots (RF_IN_FLIGHT). */
+static void account_verdict(struct retry_req *r, const struct try *t, enum retry_outcome o,
+                            const struct retry_verdict *v, bool hedging)
 {
     struct worker *w = r->w;
-    uint64_t now = loop_now(w->loop);
-    int status = r->att.status;
-    metrics_attempt(r->m, w->id, outcome_class(o, status));
-    metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT,
-                    (double)(now - r->attempt_start_ms) / 1000.0);
     bool retry = v->fired && v->stop == RETRY_STOP_NONE;
     if (retry) {
         size_t k = (size_t)(v->fired - r->route->retry.on);
@@ -975,31 +1327,17 @@ static void account_attempt(struct retry_req *r, enum retry_outcome o,
     } else if (v->fired) {
         account_stop(r, v->stop);
     }
-    if (log_enabled(CFG_LOG_DEBUG)) {
-        char outcome[16], decision[48];
-        if (o == RETRY_OUT_STATUS)
-            snprintf(outcome, sizeof(outcome), "%d", status);
-        else
-            snprintf(outcome, sizeof(outcome), "%s",
-                     o == RETRY_OUT_CONNECT_FAILURE ? "connect-failure"
-                     : o == RETRY_OUT_RESET         ? "reset"
-                                                    : "timeout");
-        snprintf(decision, sizeof(decision), "%s%s",
-                 retry      ? "retry"
-                 : v->fired ? "stop:"
-                            : "final",
-                 !retry && v->fired ? retry_stop_name(v->stop) : "");
-        struct log_attempt a = { .unix_ms = (int64_t)wall_ms(),
-                                 .route = r->route->name,
-                                 .request_id = r->request_id,
-                                 .attempt = r->attempts,
-                                 .upstream = r->upstream ? r->upstream->url : NULL,
-                                 .outcome = outcome,
-                                 .duration_ms = (double)(now - r->attempt_start_ms),
-                                 .decision = decision,
-                                 .delay_ms = retry ? v->delay_ms : 0 };
-        log_attempt(w->log, &a);
-    }
+    if (!log_enabled(CFG_LOG_DEBUG))
+        return;
+    /* hedging: "hedge" starts the next attempt beside this one; "run-on:REASON" lets this one
+     * run on alone */
+    char decision[48];
+    snprintf(decision, sizeof(decision), "%s%s",
+             retry      ? (hedging ? "hedge" : "retry")
+             : v->fired ? (hedging ? "run-on:" : "stop:")
+                        : "final",
+             !retry && v->fired ? retry_stop_name(v->stop) : "");
+    log_try(r, t, o, decision, retry ? v->delay_ms : 0);
 }
 
 /* The answer is about to go out: the request's metrics are counted now, before a byte of it
@@ -1032,7 +1370,7 @@ static void log_done(struct retry_req *r)
                               .delays = r->delays,
                               .n_delays = r->n_delays,
                               .duration_ms = (double)(loop_now(w->loop) - r->start_ms),
-                              .upstream = r->upstream ? r->upstream->url : NULL,
+                              .upstream = r->cur->upstream ? r->cur->upstream->url : NULL,
                               .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
                               .request_id = r->request_id[0] ? r->request_id : NULL };
     log_request(w->log, &lr);

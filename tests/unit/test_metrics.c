@@ -98,8 +98,9 @@ static void expect_lines(const char *text, const char *const *lines, size_t n)
         expect_lines((text), lines_, sizeof(lines_) / sizeof(lines_[0]));                          \
     } while (0)
 
-static const char *const outcomes[] = { "1xx",   "2xx",    "3xx", "4xx", "5xx", "connect_failure",
-                                        "reset", "timeout" };
+static const char *const outcomes[] = { "1xx",   "2xx",     "3xx",
+                                        "4xx",   "5xx",     "connect_failure",
+                                        "reset", "timeout", "cancelled" };
 static const char *const denied[] = { "max-attempts", "budget",        "concurrency",    "deadline",
                                       "retry-after",  "not-retryable", "body-too-large", "draining",
                                       "pushback",     "throttled" };
@@ -118,6 +119,7 @@ static const struct {
     { "retries_in_flight", "gauge" },
     { "retry_after_honored_total", "counter" },
     { "throttled_total", "counter" },
+    { "hedges_total", "counter" },
     { "backoff_seconds", "histogram" },
     { "attempt_duration_seconds", "histogram" },
     { "request_duration_seconds", "histogram" },

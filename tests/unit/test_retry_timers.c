@@ -4,7 +4,8 @@
  *
  * This suite is linked without proxy/attempt.o and proxy/relay.o: the fakes below stand in
  * for the upstream attempt and the client side, record what the state machine asked of them,
- * and let each test say how an attempt ends. The loop is the real one, its clock the test's
+ * and let each test say how an attempt ends. With hedging several attempts run at once: each
+ * launch is numbered from 0, and the tests name the one that answers. The loop is the real one, its clock the test's
  * (loop_set_clock), turned with loop_turn(l, 0) after each move of the clock.
  */
 #include <criterion/criterion.h>
@@ -20,10 +21,15 @@
 
 /* ---- the fakes ---- */
 
+#define LAUNCHES 16
+
 static struct {
-    struct attempt *a; /* the request's attempt */
+    struct attempt *a; /* the attempt launched last */
     unsigned launches;
-    uint64_t launched_at[16];
+    uint64_t launched_at[LAUNCHES];
+    struct attempt *launched[LAUNCHES];
+    const struct curl_slist *headers[LAUNCHES]; /* the list each launch sends */
+    bool running[LAUNCHES];
     unsigned cancels;
 } up;
 
@@ -51,7 +57,6 @@ void attempt_init(struct attempt *a, struct upstream *u, const struct attempt_op
     a->up = u;
     a->ops = ops;
     a->arg = arg;
-    up.a = a;
 }
 
 void attempt_fini(struct attempt *a)
@@ -84,11 +89,24 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
 {
     (void)url;
     (void)base_path;
-    (void)req;
     (void)connect_timeout_ms;
-    cr_assert(up.launches < 16);
+    cr_assert(up.launches < LAUNCHES);
+    up.launched[up.launches] = a;
+    up.headers[up.launches] = req->headers;
+    up.running[up.launches] = true;
     up.launched_at[up.launches++] = now_ms;
+    up.a = a;
     a->xfer.easy = (CURL *)a; /* running */
+    return 0;
+}
+
+/* The launch number of the attempt 'a' runs now. */
+static unsigned launch_of(const struct attempt *a)
+{
+    for (unsigned i = up.launches; i-- > 0;)
+        if (up.launched[i] == a && up.running[i])
+            return i;
+    cr_assert_fail("that attempt is not running");
     return 0;
 }
 
@@ -96,6 +114,7 @@ bool attempt_cancel(struct attempt *a)
 {
     if (!a->xfer.easy)
         return false;
+    up.running[launch_of(a)] = false;
     a->xfer.easy = NULL;
     up.cancels++;
     return true;
@@ -323,29 +342,46 @@ static uint64_t since_start(uint64_t t)
     return t - 1000000;
 }
 
-/* The running attempt ends: without a response ('sent': the request went out), or with a
- * response head (then its body, complete). */
-static void attempt_fails(bool sent)
+/* Launch 'k' ends: without a response ('sent': the request went out), or with a response head
+ * (then its body, complete). */
+static void launch_fails(unsigned k, bool sent)
 {
-    struct attempt *a = up.a;
-    cr_assert_not_null(a->xfer.easy, "no attempt is running");
+    cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
+    struct attempt *a = up.launched[k];
     a->sends = sent;
     a->xfer.easy = NULL;
+    up.running[k] = false;
     a->ops->done(a, ATTEMPT_BROKEN);
 }
 
-static void attempt_answers(int status, const char *retry_after)
+static void launch_answers(unsigned k, int status, const char *retry_after)
 {
-    struct attempt *a = up.a;
-    cr_assert_not_null(a->xfer.easy, "no attempt is running");
+    cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
+    struct attempt *a = up.launched[k];
     a->sends = 1;
     a->status = status;
     if (retry_after)
         hlist_add(&a->head, "Retry-After", 11, retry_after, strlen(retry_after));
     a->head_done = true;
     a->ops->head(a);
+    if (!up.running[k])
+        return; /* the state machine let go of it */
     a->xfer.easy = NULL;
+    up.running[k] = false;
     a->ops->done(a, ATTEMPT_COMPLETE);
+}
+
+/* The same for the attempt launched last. */
+static void attempt_fails(bool sent)
+{
+    cr_assert(up.launches > 0);
+    launch_fails(up.launches - 1, sent);
+}
+
+static void attempt_answers(int status, const char *retry_after)
+{
+    cr_assert(up.launches > 0);
+    launch_answers(up.launches - 1, status, retry_after);
 }
 
 TestSuite(retry_timers, .fini = finish, .timeout = 20);
@@ -520,4 +556,281 @@ Test(retry_timers, a_client_leaving_during_a_wait_stops_every_timer)
     cr_assert_eq(loop_timer_count(w.loop), 0, "a timer outlived the request");
     at(5000);
     cr_assert_eq(up.launches, 1);
+}
+
+/* ---- hedging (retry.hedge_on_per_try_timeout) ---- */
+
+/* A route that hedges after 100 ms, its backoff 'wait_ms', at most 'attempts' attempts, the
+ * whole request 1 s, and 'more' route fields. */
+static void start_hedging(unsigned wait_ms, unsigned attempts, const char *more)
+{
+    char route[512];
+    snprintf(route, sizeof(route),
+             "\"timeout_ms\": 1000, \"per_try_timeout_ms\": 100, \"retry\": {\"max_attempts\": "
+             "%u, \"hedge_on_per_try_timeout\": true, \"backoff\": {\"policy\": \"fixed\", "
+             "\"base_ms\": %u, \"jitter\": \"none\"}}%s",
+             attempts, wait_ms, more);
+    start(route);
+}
+
+/* A series of the registry, summed over the workers: 0 when it is not shown. */
+static double metric(const char *series)
+{
+    size_t len;
+    char *text = metrics_render(px.metrics, &len);
+    cr_assert_not_null(text);
+    char want[256];
+    snprintf(want, sizeof(want), "\n%s ", series);
+    const char *at = strstr(text, want);
+    double v = at ? strtod(at + strlen(want), NULL) : 0;
+    free(text);
+    return v;
+}
+
+static bool running(unsigned k)
+{
+    return k < up.launches && up.running[k];
+}
+
+Test(retry_timers, a_hedge_starts_beside_the_slow_attempt_and_the_first_good_answer_wins)
+{
+    start_hedging(10, 3, "");
+    get();
+    at(100);
+    cr_assert_eq(up.cancels, 0, "the slow attempt was cancelled at its per-try timeout");
+    at(109);
+    cr_assert_eq(up.launches, 1, "the hedge went before its backoff wait");
+    at(110);
+    cr_assert_eq(up.launches, 2);
+    cr_assert(running(0) && running(1), "two attempts should run at once");
+    /* each sends its own number, however long the first took to send */
+    cr_assert_str_eq(up.headers[0]->data, "X-Retry-Attempt: 1");
+    cr_assert_str_eq(up.headers[1]->data, "X-Retry-Attempt: 2");
+    cr_assert_eq(up.headers[0]->next, up.headers[1]->next, "the rest of the list is shared");
+    at(150);
+    launch_answers(1, 200, NULL);
+    cr_assert_eq(client.status, 200);
+    cr_assert_str_eq(client.code, "response");
+    cr_assert_str_eq(client.stop, "");
+    cr_assert_eq(client.attempts, 2);
+    at(150);
+    cr_assert(!running(0), "the slow attempt outlived the answer");
+    cr_assert_eq(up.cancels, 1);
+    cr_assert_eq(metric("retryproxy_hedges_total{route=\"r\"}"), 1);
+    cr_assert_eq(metric("retryproxy_retries_total{route=\"r\",reason=\"timeout\"}"), 1);
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 1);
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"cancelled\"}"), 1);
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"timeout\"}"), 0);
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
+    end_request();
+}
+
+Test(retry_timers, the_slow_attempt_answering_first_cancels_the_hedge)
+{
+    start_hedging(10, 3, "");
+    get();
+    at(100);
+    at(110);
+    cr_assert(running(0) && running(1));
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 1, "the hedge holds a retry's slot");
+    at(180);
+    launch_answers(0, 200, NULL);
+    cr_assert_eq(client.status, 200);
+    cr_assert_eq(client.attempts, 2);
+    cr_assert(running(1), "cancelled from inside curl's callback instead of the next turn");
+    at(180);
+    cr_assert(!running(1), "the hedge outlived the answer");
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"cancelled\"}"), 1);
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
+    at(200);
+    cr_assert_eq(up.launches, 2, "a third attempt went after the answer");
+    end_request();
+}
+
+Test(retry_timers, an_answer_during_the_hedges_wait_ends_the_wait)
+{
+    start_hedging(50, 3, "");
+    get();
+    at(100);
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 1);
+    at(120);
+    launch_answers(0, 200, NULL);
+    cr_assert_eq(client.status, 200);
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 0, "the hedge's slot was kept");
+    at(150);
+    cr_assert_eq(up.launches, 1, "the hedge went after the answer");
+    end_request();
+}
+
+Test(retry_timers, a_hedge_failing_last_waits_for_the_slow_attempt)
+{
+    start_hedging(10, 2, "");
+    get();
+    at(100);
+    at(110);
+    at(120);
+    launch_answers(1, 503, NULL); /* retrying is over: max_attempts 2 */
+    cr_assert_eq(client.answers, 0, "answered 503 while the slow attempt could still succeed");
+    at(400);
+    launch_answers(0, 200, NULL);
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 200);
+    cr_assert_str_eq(client.code, "response");
+    cr_assert_str_eq(client.stop, "");
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"5xx\"}"), 1);
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 1);
+    end_request();
+}
+
+Test(retry_timers, when_every_attempt_fails_the_last_response_is_the_answer)
+{
+    start_hedging(10, 2, "");
+    get();
+    at(100);
+    at(110);
+    at(120);
+    launch_answers(1, 503, NULL);
+    at(300);
+    launch_answers(0, 502, NULL);
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 502, "the slow attempt's response, the last one, is the answer");
+    cr_assert_str_eq(client.code, "response");
+    cr_assert_str_eq(client.stop, "max-attempts");
+    end_request();
+}
+
+Test(retry_timers, when_the_slow_attempt_fails_without_a_response_the_kept_one_is_the_answer)
+{
+    start_hedging(10, 2, "");
+    get();
+    at(100);
+    at(110);
+    at(120);
+    launch_answers(1, 503, NULL);
+    at(300);
+    launch_fails(0, true);
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 503);
+    cr_assert_str_eq(client.code, "saved");
+    cr_assert_str_eq(client.stop, "max-attempts");
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"reset\"}"), 1);
+    end_request();
+}
+
+Test(retry_timers, a_slow_attempt_failing_leaves_the_hedge_running)
+{
+    start_hedging(10, 3, "");
+    get();
+    at(100);
+    at(110);
+    at(150);
+    launch_fails(0, true);
+    cr_assert_eq(client.answers, 0);
+    cr_assert(running(1), "the hedge was cancelled with the slow attempt");
+    at(209);
+    cr_assert_eq(up.launches, 2, "a failure of the slow attempt started one more");
+    at(210); /* the hedge's own per-try timeout: a third attempt, beside it */
+    at(220);
+    cr_assert_eq(up.launches, 3);
+    cr_assert(running(1) && running(2));
+    cr_assert_str_eq(up.headers[2]->data, "X-Retry-Attempt: 3");
+    launch_answers(2, 200, NULL);
+    cr_assert_eq(client.status, 200);
+    cr_assert_eq(client.attempts, 3);
+    at(230);
+    cr_assert(!running(1));
+    cr_assert_eq(metric("retryproxy_hedges_total{route=\"r\"}"), 2);
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
+    end_request();
+}
+
+Test(retry_timers, the_deadline_ends_every_attempt_at_its_millisecond)
+{
+    start_hedging(10, 3, "");
+    get();
+    at(100);
+    at(110);
+    at(210);
+    at(220);
+    cr_assert(running(0) && running(1) && running(2));
+    at(320); /* the third's per-try timeout: no attempt is left, it runs on */
+    cr_assert_eq(up.cancels, 0);
+    cr_assert_eq(metric("retryproxy_retries_denied_total{route=\"r\",reason=\"max-attempts\"}"),
+                 1);
+    at(999);
+    cr_assert_eq(client.answers, 0);
+    at(1000);
+    cr_assert_eq(client.answers, 1);
+    cr_assert_eq(client.status, 504);
+    cr_assert_str_eq(client.code, "upstream_timeout");
+    cr_assert_eq(client.attempts, 3);
+    cr_assert(!running(0) && !running(1) && !running(2));
+    cr_assert_eq(up.cancels, 3);
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"timeout\"}"), 3);
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
+    end_request();
+}
+
+Test(retry_timers, a_request_that_may_not_go_twice_is_not_hedged)
+{
+    start_hedging(10, 3, "");
+    static char conn;
+    req = retry_req_new(&w, (struct MHD_Connection *)(void *)&conn, "/x", "127.0.0.1", WIRE_OK);
+    size_t none = 0;
+    cr_assert(retry_req_access(req, "POST", NULL, &none));
+    cr_assert(retry_req_access(req, "POST", NULL, &none));
+    at(100);
+    cr_assert_eq(up.cancels, 1, "the per-try timeout ends a POST's attempt as without hedging");
+    cr_assert_eq(client.status, 504);
+    cr_assert_str_eq(client.stop, "not-retryable");
+    at(200);
+    cr_assert_eq(up.launches, 1);
+    end_request();
+}
+
+Test(retry_timers, a_hedge_the_budget_refuses_lets_the_attempt_run_on)
+{
+    start_hedging(10, 3, ", \"budget\": {\"max_concurrent_retries\": 0}");
+    get();
+    at(100);
+    cr_assert_eq(up.cancels, 0);
+    cr_assert_eq(metric("retryproxy_retries_denied_total{route=\"r\",reason=\"concurrency\"}"), 1);
+    at(500);
+    cr_assert_eq(up.launches, 1);
+    launch_answers(0, 200, NULL);
+    cr_assert_eq(client.status, 200);
+    cr_assert_eq(client.attempts, 1);
+    cr_assert_eq(metric("retryproxy_hedges_total{route=\"r\"}"), 0);
+    end_request();
+}
+
+Test(retry_timers, a_client_leaving_during_the_hedges_wait_ends_the_slow_attempt)
+{
+    start_hedging(50, 3, "");
+    get();
+    at(120);
+    client.rl->ops->client_gone(client.rl);
+    cr_assert_eq(client.status, 499);
+    cr_assert(!running(0), "the slow attempt outlived its client");
+    retry_req_completed(req);
+    req = NULL;
+    cr_assert_eq(loop_timer_count(w.loop), 0, "a timer outlived the request");
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
+    at(5000);
+    cr_assert_eq(up.launches, 1);
+}
+
+Test(retry_timers, draining_ends_the_slow_attempt_and_the_hedge)
+{
+    start_hedging(10, 3, "");
+    get();
+    at(100);
+    at(110);
+    retry_expire_all(&w);
+    cr_assert_eq(client.status, 503);
+    cr_assert_str_eq(client.stop, "draining");
+    cr_assert(!running(0) && !running(1));
+    cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"cancelled\"}"), 2);
+    cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
+    end_request();
 }
