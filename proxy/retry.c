@@ -184,6 +184,10 @@ static void try_free(struct retry_req *r, struct try *t);
 static void lose_others(struct retry_req *r, enum metrics_outcome o);
 static void reap(struct retry_req *r);
 static void count_try(struct retry_req *r, struct try *t, enum metrics_outcome o);
+static void log_try(struct retry_req *r, const struct try *t, enum retry_outcome o,
+                    const char *decision, uint32_t delay_ms);
+static void log_try_as(struct retry_req *r, const struct try *t, const char *outcome,
+                       const char *decision, uint32_t delay_ms);
 
 static uint64_t wall_ms(void)
 {
@@ -959,7 +963,11 @@ static void lose(struct retry_req *r, struct try *t, enum metrics_outcome o)
 {
     if (t == r->cur)
         DLIST_PUSH(r->others, t); /* the caller has a new current one */
-    count_try(r, t, o);
+    if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) == TF_LAUNCHED) {
+        count_try(r, t, o);
+        if (log_enabled(CFG_LOG_DEBUG))
+            log_try_as(r, t, o == METRICS_OUT_TIMEOUT ? "timeout" : "cancelled", "lost", 0);
+    }
     give_slots_back(r, &t->flags, TF_SLOT);
     if (!attempt_running(&t->att)) {
         attempt_cancel(&t->att); /* out of the queue for a transfer slot, if it waits there */
@@ -1008,9 +1016,6 @@ static void wait_for_others(struct retry_req *r)
         answer_final(r);
 }
 
-static void log_other(struct retry_req *r, const struct try *t, enum retry_outcome o,
-                      const char *decision);
-
 /* 't', running beside the current attempt, has the answer: its response retry_on does not
  * name ('failed' false), or the last failure there is to return. It becomes the current
  * attempt and streams; whatever else runs is cancelled (in the next turn: this is one of
@@ -1019,7 +1024,11 @@ static void win(struct retry_req *r, struct try *t, bool failed)
 {
     count_try(r, t, outcome_class(RETRY_OUT_STATUS, t->att.status));
     give_slots_back(r, &t->flags, TF_SLOT);
-    log_other(r, t, RETRY_OUT_STATUS, failed ? "final" : "won");
+    if (log_enabled(CFG_LOG_DEBUG)) {
+        char stop[32];
+        snprintf(stop, sizeof(stop), "stop:%s", retry_stop_name(r->stop));
+        log_try(r, t, RETRY_OUT_STATUS, failed ? stop : "won", 0);
+    }
     if (r->state == RS_BACKOFF) {
         cut_wait_short(r);
         relay_unwatch(&r->relay);
@@ -1053,8 +1062,9 @@ static void other_head(struct retry_req *r, struct try *t)
         win(r, t, true);
         return;
     }
-    log_other(r, t, RETRY_OUT_STATUS, "dropped");
-    lose(r, t, outcome_class(RETRY_OUT_STATUS, a->status));
+    count_try(r, t, outcome_class(RETRY_OUT_STATUS, a->status));
+    log_try(r, t, RETRY_OUT_STATUS, "dropped", 0);
+    lose(r, t, METRICS_OUT_CANCELLED);
 }
 
 /* 't', running beside the current attempt, has ended: lost already (freed now), or without a
@@ -1066,7 +1076,7 @@ static void other_done(struct retry_req *r, struct try *t)
         enum retry_outcome o = attempt_sent(&t->att) ? RETRY_OUT_RESET : RETRY_OUT_CONNECT_FAILURE;
         count_try(r, t, outcome_class(o, 0));
         give_slots_back(r, &t->flags, TF_SLOT);
-        log_other(r, t, o, "dropped");
+        log_try(r, t, o, "dropped", 0);
     }
     try_free(r, t);
     if (r->state == RS_LAG && !others_running(r, NULL))
@@ -1272,7 +1282,23 @@ static void count_try(struct retry_req *r, struct try *t, enum metrics_outcome o
                     (double)(loop_now(w->loop) - t->start_ms) / 1000.0);
 }
 
-/* The debug log line of attempt 't' (docs/logs.md). */
+/* The debug log line of attempt 't' (docs/logs.md), its outcome given as text. */
+static void log_try_as(struct retry_req *r, const struct try *t, const char *outcome,
+                       const char *decision, uint32_t delay_ms)
+{
+    struct log_attempt a = { .unix_ms = (int64_t)wall_ms(),
+                             .route = r->route->name,
+                             .request_id = r->request_id,
+                             .attempt = t->number,
+                             .upstream = t->upstream ? t->upstream->url : NULL,
+                             .outcome = outcome,
+                             .duration_ms = (double)(loop_now(r->w->loop) - t->start_ms),
+                             .decision = decision,
+                             .delay_ms = delay_ms };
+    log_attempt(r->w->log, &a);
+}
+
+/* The same with the outcome 'o' ended in (the response's status for a response). */
 static void log_try(struct retry_req *r, const struct try *t, enum retry_outcome o,
                     const char *decision, uint32_t delay_ms)
 {
@@ -1286,22 +1312,7 @@ static void log_try(struct retry_req *r, const struct try *t, enum retry_outcome
                  o == RETRY_OUT_CONNECT_FAILURE ? "connect-failure"
                  : o == RETRY_OUT_RESET         ? "reset"
                                                 : "timeout");
-    struct log_attempt a = { .unix_ms = (int64_t)wall_ms(),
-                             .route = r->route->name,
-                             .request_id = r->request_id,
-                             .attempt = t->number,
-                             .upstream = t->upstream ? t->upstream->url : NULL,
-                             .outcome = outcome,
-                             .duration_ms = (double)(loop_now(r->w->loop) - t->start_ms),
-                             .decision = decision,
-                             .delay_ms = delay_ms };
-    log_attempt(r->w->log, &a);
-}
-
-static void log_other(struct retry_req *r, const struct try *t, enum retry_outcome o,
-                      const char *decision)
-{
-    log_try(r, t, o, decision, 0);
+    log_try_as(r, t, outcome, decision, delay_ms);
 }
 
 /* The metrics and the debug log line of a verdict on attempt 't' (ended in 'o', or past its

@@ -5,8 +5,8 @@
  * This suite is linked without proxy/attempt.o and proxy/relay.o: the fakes below stand in
  * for the upstream attempt and the client side, record what the state machine asked of them,
  * and let each test say how an attempt ends. With hedging several attempts run at once: each
- * launch is numbered from 0, and the tests name the one that answers. The loop is the real one, its clock the test's
- * (loop_set_clock), turned with loop_turn(l, 0) after each move of the clock.
+ * launch is numbered from 0, and the tests name the one that answers. The loop is the real one, its
+ * clock the test's (loop_set_clock), turned with loop_turn(l, 0) after each move of the clock.
  */
 #include <criterion/criterion.h>
 
@@ -755,8 +755,7 @@ Test(retry_timers, the_deadline_ends_every_attempt_at_its_millisecond)
     cr_assert(running(0) && running(1) && running(2));
     at(320); /* the third's per-try timeout: no attempt is left, it runs on */
     cr_assert_eq(up.cancels, 0);
-    cr_assert_eq(metric("retryproxy_retries_denied_total{route=\"r\",reason=\"max-attempts\"}"),
-                 1);
+    cr_assert_eq(metric("retryproxy_retries_denied_total{route=\"r\",reason=\"max-attempts\"}"), 1);
     at(999);
     cr_assert_eq(client.answers, 0);
     at(1000);
