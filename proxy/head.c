@@ -256,11 +256,10 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     }
     h->block = block;
     h->list = b.n ? b.nodes : NULL;
+    h->deadline_name = deadline_header;
     h->deadline_name_len = deadline_header ? strlen(deadline_header) : 0;
-    if (h->deadline_name_len >= sizeof(h->deadline_name))
-        h->deadline_name_len = 0; /* cannot happen: the schema bounds the name */
-    memcpy(h->deadline_name, deadline_header ? deadline_header : "", h->deadline_name_len);
-    h->deadline_name[h->deadline_name_len] = '\0';
+    if (h->deadline_name_len > sizeof(((struct head_try *)0)->deadline_hdr) - 24)
+        h->deadline_name_len = 0; /* cannot happen: the schema bounds the name to 64 bytes */
     return 0;
 }
 

@@ -69,9 +69,9 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
  * once (hedging), and curl reads an attempt's list only when it sends the request. */
 struct head_up {
     struct curl_slist *list; /* NULL: no field */
-    char *block;             /* one allocation: the nodes, then their text */
-    char deadline_name[65];  /* a name of at most 64 bytes (config/schema.c); "" for none */
-    size_t deadline_name_len;
+    char *block;               /* one allocation: the nodes, then their text */
+    const char *deadline_name; /* the route's (its snapshot outlives the request); NULL: none */
+    size_t deadline_name_len;  /* at most 64 bytes (config/schema.c) */
 };
 
 /* One attempt's own fields, ahead of the shared list. */

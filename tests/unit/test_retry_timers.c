@@ -592,6 +592,16 @@ static bool running(unsigned k)
     return k < up.launches && up.running[k];
 }
 
+/* start_hedging(), a GET, and the clock on to the hedge's launch: attempts 0 and 1 run. */
+static void hedged(unsigned wait_ms, unsigned attempts)
+{
+    start_hedging(wait_ms, attempts, "");
+    get();
+    at(100);
+    at(100 + wait_ms);
+    cr_assert(running(0) && running(1), "two attempts should run at once");
+}
+
 Test(retry_timers, a_hedge_starts_beside_the_slow_attempt_and_the_first_good_answer_wins)
 {
     start_hedging(10, 3, "");
@@ -627,11 +637,7 @@ Test(retry_timers, a_hedge_starts_beside_the_slow_attempt_and_the_first_good_ans
 
 Test(retry_timers, the_slow_attempt_answering_first_cancels_the_hedge)
 {
-    start_hedging(10, 3, "");
-    get();
-    at(100);
-    at(110);
-    cr_assert(running(0) && running(1));
+    hedged(10, 3);
     cr_assert_eq(metrics_retries_in_flight(px.metrics), 1, "the hedge holds a retry's slot");
     at(180);
     launch_answers(0, 200, NULL);
@@ -664,10 +670,7 @@ Test(retry_timers, an_answer_during_the_hedges_wait_ends_the_wait)
 
 Test(retry_timers, a_hedge_failing_last_waits_for_the_slow_attempt)
 {
-    start_hedging(10, 2, "");
-    get();
-    at(100);
-    at(110);
+    hedged(10, 2);
     at(120);
     launch_answers(1, 503, NULL); /* retrying is over: max_attempts 2 */
     cr_assert_eq(client.answers, 0, "answered 503 while the slow attempt could still succeed");
@@ -684,10 +687,7 @@ Test(retry_timers, a_hedge_failing_last_waits_for_the_slow_attempt)
 
 Test(retry_timers, when_every_attempt_fails_the_last_response_is_the_answer)
 {
-    start_hedging(10, 2, "");
-    get();
-    at(100);
-    at(110);
+    hedged(10, 2);
     at(120);
     launch_answers(1, 503, NULL);
     at(300);
@@ -701,10 +701,7 @@ Test(retry_timers, when_every_attempt_fails_the_last_response_is_the_answer)
 
 Test(retry_timers, when_the_slow_attempt_fails_without_a_response_the_kept_one_is_the_answer)
 {
-    start_hedging(10, 2, "");
-    get();
-    at(100);
-    at(110);
+    hedged(10, 2);
     at(120);
     launch_answers(1, 503, NULL);
     at(300);
@@ -719,10 +716,7 @@ Test(retry_timers, when_the_slow_attempt_fails_without_a_response_the_kept_one_i
 
 Test(retry_timers, a_slow_attempt_failing_leaves_the_hedge_running)
 {
-    start_hedging(10, 3, "");
-    get();
-    at(100);
-    at(110);
+    hedged(10, 3);
     at(150);
     launch_fails(0, true);
     cr_assert_eq(client.answers, 0);
@@ -746,10 +740,7 @@ Test(retry_timers, a_slow_attempt_failing_leaves_the_hedge_running)
 
 Test(retry_timers, the_deadline_ends_every_attempt_at_its_millisecond)
 {
-    start_hedging(10, 3, "");
-    get();
-    at(100);
-    at(110);
+    hedged(10, 3);
     at(210);
     at(220);
     cr_assert(running(0) && running(1) && running(2));
@@ -821,10 +812,7 @@ Test(retry_timers, a_client_leaving_during_the_hedges_wait_ends_the_slow_attempt
 
 Test(retry_timers, draining_ends_the_slow_attempt_and_the_hedge)
 {
-    start_hedging(10, 3, "");
-    get();
-    at(100);
-    at(110);
+    hedged(10, 3);
     retry_expire_all(&w);
     cr_assert_eq(client.status, 503);
     cr_assert_str_eq(client.stop, "draining");
