@@ -1358,7 +1358,8 @@ static void account_answer(struct retry_req *r)
 {
     struct worker *w = r->w;
     metrics_request(r->m, w->id, (int)r->relay.resp_status);
-    if ((r->flags & RF_SUCCEEDED) && r->attempts > 1)
+    /* a retry's success: with hedging, the first attempt may answer after a retry went */
+    if ((r->flags & RF_SUCCEEDED) && r->cur->number > 1)
         metrics_retry_success(r->m, w->id);
     metrics_observe(r->m, w->id, METRICS_HIST_REQUEST,
                     (double)(loop_now(w->loop) - r->start_ms) / 1000.0);

@@ -167,6 +167,8 @@ static void answered(struct relay *rl, unsigned status, const char *code,
     snprintf(client.code, sizeof(client.code), "%s", code);
     snprintf(client.stop, sizeof(client.stop), "%s", tag && tag->stop ? tag->stop : "");
     client.attempts = tag ? tag->attempts : 0;
+    if (tag) /* an answer to send (not relay_close): counted as the real relay has it counted */
+        rl->ops->sending(rl);
 }
 
 void relay_error(struct relay *rl, unsigned status, const char *code, const char *route,
@@ -631,6 +633,7 @@ Test(retry_timers, a_hedge_starts_beside_the_slow_attempt_and_the_first_good_ans
     cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 1);
     cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"cancelled\"}"), 1);
     cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"timeout\"}"), 0);
+    cr_assert_eq(metric("retryproxy_retry_success_total{route=\"r\"}"), 1);
     cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
     end_request();
 }
@@ -647,6 +650,8 @@ Test(retry_timers, the_slow_attempt_answering_first_cancels_the_hedge)
     at(180);
     cr_assert(!running(1), "the hedge outlived the answer");
     cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"cancelled\"}"), 1);
+    cr_assert_eq(metric("retryproxy_retry_success_total{route=\"r\"}"), 0,
+                 "the first attempt's success counted as a retry's");
     cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
     at(200);
     cr_assert_eq(up.launches, 2, "a third attempt went after the answer");
