@@ -320,10 +320,13 @@ static void end_request(void)
 /* (Criterion 2.4 does not count a failed assertion here: checks belong in the tests.) */
 static void finish(void)
 {
+    if (!w.loop)
+        return; /* finished already (a test that runs several workers in turn) */
     if (req)
         retry_req_completed(req);
     req = NULL;
     loop_free(w.loop);
+    w.loop = NULL;
     rt_unref(w.rt);
     free(w.rr);
     log_buf_free(w.log);
@@ -825,4 +828,80 @@ Test(retry_timers, draining_ends_the_slow_attempt_and_the_hedge)
     cr_assert_eq(metric("retryproxy_attempts_total{route=\"r\",outcome=\"cancelled\"}"), 2);
     cr_assert_eq(metrics_retries_in_flight(px.metrics), 0);
     end_request();
+}
+
+/* Every attempts_total series of route "r", summed. */
+static double attempts_counted(void)
+{
+    size_t len;
+    char *text = metrics_render(px.metrics, &len);
+    cr_assert_not_null(text);
+    double sum = 0;
+    const char *key = "\nretryproxy_attempts_total{route=\"r\",";
+    for (const char *p = strstr(text, key); p; p = strstr(p + 1, key))
+        sum += strtod(strchr(p, '}') + 2, NULL);
+    free(text);
+    return sum;
+}
+
+/* Random races, seed by seed: attempts answer 200 or 503 or fail at random instants, some
+ * after others have lost, the client leaves or the proxy drains now and then. Whatever the
+ * order, the request is answered once, every attempt launched is counted once and none runs
+ * on after the request, no timer outlives it, and every retry slot is given back (ASan sees
+ * the memory). */
+Test(retry_timers, random_races_keep_every_count_and_free_everything)
+{
+    for (unsigned seed = 1; seed <= 400; seed++) {
+        struct rng g;
+        rng_seed(&g, seed);
+        char more[96] = "";
+        if (rng_between(&g, 0, 3) == 0)
+            snprintf(more, sizeof(more), ", \"budget\": {\"max_concurrent_retries\": %u}",
+                     (unsigned)rng_between(&g, 0, 1));
+        start_hedging((unsigned)rng_between(&g, 1, 60), (unsigned)rng_between(&g, 1, 4), more);
+        get();
+        unsigned t = 0;
+        while (client.answers == 0 && t <= 1100) {
+            t += (unsigned)rng_between(&g, 1, 40);
+            at(t);
+            if (client.answers)
+                break;
+            unsigned k = (unsigned)rng_between(&g, 0, up.launches ? up.launches - 1 : 0);
+            switch (rng_between(&g, 0, 9)) {
+            case 0:
+            case 1:
+                if (running(k))
+                    launch_answers(k, 200, NULL);
+                break;
+            case 2:
+            case 3:
+                if (running(k))
+                    launch_answers(k, 503, NULL);
+                break;
+            case 4:
+                if (running(k))
+                    launch_fails(k, rng_between(&g, 0, 1));
+                break;
+            case 5:
+                if (rng_between(&g, 0, 9) == 0)
+                    client.rl->ops->client_gone(client.rl);
+                else if (rng_between(&g, 0, 19) == 0)
+                    retry_expire_all(&w);
+                break;
+            default:
+                break; /* time passes */
+            }
+        }
+        cr_assert_eq(client.answers, 1, "seed %u: %u answers", seed, client.answers);
+        at(t + 1); /* cancels left for the next turn */
+        retry_req_completed(req);
+        req = NULL;
+        cr_assert_eq(loop_timer_count(w.loop), 0, "seed %u: a timer outlived the request", seed);
+        for (unsigned i = 0; i < up.launches; i++)
+            cr_assert(!running(i), "seed %u: launch %u runs on after the request", seed, i);
+        cr_assert_eq(attempts_counted(), up.launches, "seed %u: %g attempts counted for %u", seed,
+                     attempts_counted(), up.launches);
+        cr_assert_eq(metrics_retries_in_flight(px.metrics), 0, "seed %u: a slot was kept", seed);
+        finish();
+    }
 }
