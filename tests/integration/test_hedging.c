@@ -2,7 +2,9 @@
  * per_try_timeout_ms runs on while the next one goes; what the test upstreams received, and
  * when, shows which attempts went, which answer won and that the loser was cancelled. */
 #include <criterion/criterion.h>
+#include <curl/curl.h>
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,4 +175,77 @@ Test(hedging, a_hedge_the_budget_refuses_leaves_the_first_attempt_running)
     cr_expect_eq(route_metric("retries_denied_total", "reason=\"concurrency\""), 1);
     cr_expect_eq(route_metric("hedges_total", ""), 0);
     http_free(&r);
+}
+
+#define N_BURST 200
+
+/* 200 requests at once on two workers, every one hedged: half have a hanging first attempt
+ * (the hedge wins), half a slow one that answers first (the hedge loses). Every request is
+ * answered 200 by the attempt it should be, each loser is counted cancelled, and the losers'
+ * connections are closed (only the winners' can stay open for reuse). */
+Test(hedging, a_burst_of_hedged_requests_cancels_every_loser)
+{
+    fx_start_r("\"budget\": {\"max_concurrent_retries\": null, \"retry_ratio\": 2.0}",
+               HEDGING(300, ", \"max_attempts\": 2") ", \"budget\": {\"max_concurrent_retries\": "
+                                                     "null, \"retry_ratio\": 2.0}",
+               "--workers", "2", NULL);
+    CURLM *m = curl_multi_init();
+    cr_assert_not_null(m);
+    static CURL *easy[N_BURST];
+    static struct curl_slist *hdrs[N_BURST];
+    static char tup_attempt[N_BURST][8];
+    static long status[N_BURST];
+    char url[128];
+    px_url(px, "/burst", url, sizeof(url));
+    for (int i = 0; i < N_BURST; i++) {
+        char id[64];
+        snprintf(id, sizeof(id), "X-Request-Id: burst-%03d", i);
+        hdrs[i] = curl_slist_append(NULL, id);
+        hdrs[i] = curl_slist_append(hdrs[i], i % 2 ? "X-Test-Plan: fail=1;status=200;delay=900"
+                                                   : "X-Test-Plan: fail=1;action=hang");
+        easy[i] = curl_easy_init();
+        cr_assert_not_null(easy[i]);
+        curl_easy_setopt(easy[i], CURLOPT_URL, url);
+        curl_easy_setopt(easy[i], CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(easy[i], CURLOPT_HTTPHEADER, hdrs[i]);
+        curl_easy_setopt(easy[i], CURLOPT_TIMEOUT_MS, (long)T);
+        curl_easy_setopt(easy[i], CURLOPT_WRITEFUNCTION, http_discard);
+        curl_easy_setopt(easy[i], CURLOPT_PRIVATE, (char *)(intptr_t)i);
+        curl_multi_add_handle(m, easy[i]);
+    }
+    int64_t t0 = now_ms();
+    int running = 1, done = 0;
+    while (running && now_ms() - t0 < T) {
+        curl_multi_perform(m, &running);
+        void *priv;
+        CURLcode rc;
+        for (CURL *e; (e = proc_multi_next_done(m, &priv, &rc)) != NULL;) {
+            int i = (int)(intptr_t)priv;
+            cr_assert_eq(rc, CURLE_OK, "request %d: curl error %d", i, rc);
+            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status[i]);
+            struct curl_header *h;
+            if (curl_easy_header(e, "X-Tup-Attempt", 0, CURLH_HEADER, -1, &h) == CURLHE_OK)
+                snprintf(tup_attempt[i], sizeof(tup_attempt[i]), "%s", h->value);
+            done++;
+        }
+        curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    cr_assert_eq(done, N_BURST);
+    for (int i = 0; i < N_BURST; i++) {
+        cr_expect_eq(status[i], 200, "request %d: %ld", i, status[i]);
+        /* a hanging first attempt: the hedge's answer; a slow one: its own */
+        cr_expect_str_eq(tup_attempt[i], i % 2 ? "1" : "2", "request %d", i);
+        curl_multi_remove_handle(m, easy[i]);
+        curl_easy_cleanup(easy[i]);
+        curl_slist_free_all(hdrs[i]);
+    }
+    curl_multi_cleanup(m);
+    cr_expect_eq(tup_count(up), 2 * N_BURST);
+    cr_expect_eq(route_metric("hedges_total", ""), N_BURST);
+    cr_expect_eq(route_metric("attempts_total", "outcome=\"2xx\""), N_BURST);
+    cr_expect_eq(route_metric("attempts_total", "outcome=\"cancelled\""), N_BURST);
+    cr_expect_eq(fx_metric("retryproxy_retries_in_flight"), 0);
+    cr_expect_eq(tup_wait_open_at_most(up, N_BURST, 5000), 0,
+                 "%zu upstream connections open: losers were not cancelled",
+                 tup_open_connections(up));
 }
