@@ -258,13 +258,13 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     h->list = b.n ? b.nodes : NULL;
     h->deadline_name = deadline_header;
     h->deadline_name_len = deadline_header ? strlen(deadline_header) : 0;
-    if (h->deadline_name_len > sizeof(((struct head_try *)0)->deadline_hdr) - 24)
+    if (h->deadline_name_len > sizeof(((struct head_attempt *)0)->deadline_hdr) - 24)
         h->deadline_name_len = 0; /* cannot happen: the schema bounds the name to 64 bytes */
     return 0;
 }
 
-struct curl_slist *head_up_attempt(const struct head_up *h, struct head_try *t, uint32_t attempt,
-                                   uint64_t wait_ms)
+struct curl_slist *head_up_attempt(const struct head_up *h, struct head_attempt *t,
+                                   uint32_t attempt, uint64_t wait_ms)
 {
     memcpy(t->attempt_hdr, "X-Retry-Attempt: ", 17);
     hdr_utoa(attempt, t->attempt_hdr + 17);

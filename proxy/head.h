@@ -65,17 +65,17 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
 /* The header list every attempt sends: the client's fields but hop-by-hop ones and those the
  * proxy owns, X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, Host when preserved, curl's
  * own additions removed. Each attempt puts its own X-Retry-Attempt and the route's deadline
- * header, if it has one, in front of it (struct head_try): attempts of one request may run at
+ * header, if it has one, in front of it (struct head_attempt): attempts of one request may run at
  * once (hedging), and curl reads an attempt's list only when it sends the request. */
 struct head_up {
-    struct curl_slist *list; /* NULL: no field */
+    struct curl_slist *list;   /* NULL: no field */
     char *block;               /* one allocation: the nodes, then their text */
     const char *deadline_name; /* the route's (its snapshot outlives the request); NULL: none */
     size_t deadline_name_len;  /* at most 64 bytes (config/schema.c) */
 };
 
 /* One attempt's own fields, ahead of the shared list. */
-struct head_try {
+struct head_attempt {
     struct curl_slist attempt_node, deadline_node;
     char attempt_hdr[40];
     char deadline_hdr[96]; /* the name, ": ", the value */
@@ -89,8 +89,8 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
 /* The list attempt number 'attempt' sends, its own fields in 't' (which must live as long as
  * the attempt's transfer): X-Retry-Attempt, and the deadline header's value 'wait_ms', how long
  * the proxy will wait for this attempt's answer. */
-struct curl_slist *head_up_attempt(const struct head_up *h, struct head_try *t, uint32_t attempt,
-                                   uint64_t wait_ms);
+struct curl_slist *head_up_attempt(const struct head_up *h, struct head_attempt *t,
+                                   uint32_t attempt, uint64_t wait_ms);
 void head_up_free(struct head_up *h);
 
 #endif

@@ -100,7 +100,8 @@ static const struct family_def {
     [FAM_RETRIES] = { "retries_total", "counter", "route, reason", NULL, 0,
                       "Retries started, by route and the retry_on token that fired." },
     [FAM_RETRY_SUCCESS] = { "retry_success_total", "counter", "route", NULL, 0,
-                            "Requests a retry answered with success (an attempt after the first)." },
+                            "Requests a retry answered with success (an attempt after the "
+                            "first)." },
     [FAM_DENIED] = { "retries_denied_total", "counter", "route, reason", denied_names,
                      METRICS_DENIED_COUNT,
                      "Retries not made, by route and the reason (as X-Retry-Stop)." },

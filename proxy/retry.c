@@ -78,7 +78,7 @@ enum {
     RF_LAG = 1u << 9,         /* the response in DRAIN ends retrying: LAG once it is read */
 };
 
-/* Try flags (struct try 'flags'). */
+/* Trial flags (struct trial 'flags'). */
 enum {
     TF_LAUNCHED = 1u << 0, /* its attempt went (or failed to): attempts_total counts it once ... */
     TF_COUNTED = 1u << 1,  /* ... and has */
@@ -87,19 +87,18 @@ enum {
     TF_LOST = 1u << 4,     /* out of the race: cancelled in the next turn, never inside curl */
 };
 
-/* One upstream attempt and what the request keeps of it. The request embeds one, reused by
- * each attempt in turn; hedging gives the next attempt a try of its own while a laggard runs
- * on in r->others. */
-struct
-try {
-    struct try *prev, *next; /* r->others, while not the current attempt */
+/* A trial: one upstream attempt and what the request keeps of it. The request embeds one,
+ * reused by each attempt in turn; hedging gives the next attempt a trial of its own while a
+ * laggard runs on in r->others. */
+struct trial {
+    struct trial *prev, *next; /* r->others, while not the current attempt */
     struct retry_req *r;
     unsigned flags;
     uint32_t number; /* its X-Retry-Attempt */
     uint64_t start_ms;
     const struct cfg_upstream *upstream;
     struct attempt att;
-    struct head_try fields; /* its own X-Retry-Attempt and deadline header */
+    struct head_attempt fields; /* its own X-Retry-Attempt and deadline header */
 };
 
 struct retry_req {
@@ -140,10 +139,10 @@ struct retry_req {
     enum retry_outcome last_outcome;
     enum retry_stop stop;
     uint32_t pending_delay;
-    double throttle_p;  /* RF_THROTTLED: the probability it was rejected with */
-    struct try *cur;    /* the current attempt: running, waited for, or the last one */
-    struct try *others; /* attempts running beside it (hedging), and lost ones to cancel */
-    struct try first;
+    double throttle_p;    /* RF_THROTTLED: the probability it was rejected with */
+    struct trial *cur;    /* the current attempt: running, waited for, or the last one */
+    struct trial *others; /* attempts running beside it (hedging), and lost ones to cancel */
+    struct trial first;
     struct loop_timer try_timer, deadline_timer, backoff_timer;
     struct loop_timer reap_timer; /* cancels the lost ones in the next turn */
 
@@ -179,15 +178,15 @@ static void account_stop(struct retry_req *r, enum retry_stop stop);
 static void log_done(struct retry_req *r);
 static void on_deadline(struct loop_timer *t);
 static void on_try_timeout(struct loop_timer *t);
-static void try_init(struct retry_req *r, struct try *t);
-static void try_free(struct retry_req *r, struct try *t);
+static void trial_init(struct retry_req *r, struct trial *t);
+static void trial_free(struct retry_req *r, struct trial *t);
 static void lose_others(struct retry_req *r, enum metrics_outcome o);
 static void reap(struct retry_req *r);
-static void count_try(struct retry_req *r, struct try *t, enum metrics_outcome o);
-static void log_try(struct retry_req *r, const struct try *t, enum retry_outcome o,
-                    const char *decision, uint32_t delay_ms);
-static void log_try_as(struct retry_req *r, const struct try *t, const char *outcome,
-                       const char *decision, uint32_t delay_ms);
+static void count_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
+static void log_trial(struct retry_req *r, const struct trial *t, enum retry_outcome o,
+                      const char *decision, uint32_t delay_ms);
+static void log_trial_as(struct retry_req *r, const struct trial *t, const char *outcome,
+                         const char *decision, uint32_t delay_ms);
 
 static uint64_t wall_ms(void)
 {
@@ -201,7 +200,7 @@ static struct retry_req *of_relay(struct relay *rl)
     return rl->arg;
 }
 
-static struct try *of_attempt(struct attempt *a)
+static struct trial *of_attempt(struct attempt *a)
 {
     return a->arg;
 }
@@ -231,7 +230,7 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     struct intake_pool pool = { &w->px->body_bytes, r->cfg->max_buffered_body_bytes,
                                 &w->body_freed };
     intake_init(&r->body, &pool);
-    try_init(r, &r->first);
+    trial_init(r, &r->first);
     r->cur = &r->first;
     relay_init(&r->relay, c, w->loop, w->kick, w->kick_arg, &relay_ops, r);
     DLIST_PUSH(w->reqs, r);
@@ -247,7 +246,7 @@ static void req_free(struct retry_req *r)
     struct loop *l = r->w->loop;
     relay_fini(&r->relay);
     if (r->cur != &r->first)
-        try_free(r, r->cur);
+        trial_free(r, r->cur);
     attempt_fini(&r->first.att); /* r->others is empty: each held a reference */
     loop_timer_stop(l, &r->reap_timer);
     loop_timer_stop(l, &r->try_timer);
@@ -311,7 +310,7 @@ void retry_req_completed(struct retry_req *r)
     loop_timer_stop(l, &r->backoff_timer);
     lose_others(r, METRICS_OUT_CANCELLED);
     reap(r);
-    count_try(r, r->cur, METRICS_OUT_CANCELLED);
+    count_trial(r, r->cur, METRICS_OUT_CANCELLED);
     stop_transfer(r);
     req_release(r);
 }
@@ -507,7 +506,7 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
         struct loop *l = r->w->loop;
         loop_timer_stop(l, &r->backoff_timer);
         loop_timer_stop(l, &r->try_timer);
-        count_try(r, r->cur, METRICS_OUT_CANCELLED);
+        count_trial(r, r->cur, METRICS_OUT_CANCELLED);
         stop_transfer(r); /* a streamed body: never hedged */
         r->flags |= RF_OVER_LIMIT;
         r->discarded = n;
@@ -574,7 +573,7 @@ static void start_attempt(struct retry_req *r)
                             &w->rng);
     if (i < 64)
         r->tried |= 1ULL << i;
-    struct try *t = r->cur;
+    struct trial *t = r->cur;
     t->flags = 0;
     t->number = r->attempts;
     t->upstream = &rt->upstreams[i];
@@ -585,7 +584,7 @@ static void start_attempt(struct retry_req *r)
 /* The current attempt, given a transfer slot. */
 static void attempt_go(struct attempt *a)
 {
-    struct try *t = of_attempt(a);
+    struct trial *t = of_attempt(a);
     struct retry_req *r = t->r;
     struct loop *l = r->w->loop;
     const struct cfg_route *rt = r->route;
@@ -651,14 +650,14 @@ static void pushback_of(const char *name, const struct hlist *h, struct retry_fa
     f->pushback_ms = ms < 0 ? 0 : (uint64_t)ms;
 }
 
-static void other_head(struct retry_req *r, struct try *t);
-static bool others_running(const struct retry_req *r, const struct try *except);
+static void other_head(struct retry_req *r, struct trial *t);
+static bool others_running(const struct retry_req *r, const struct trial *except);
 static void stream(struct retry_req *r);
 
 /* The attempt's response head is in. */
 static void attempt_head(struct attempt *a)
 {
-    struct try *t = of_attempt(a);
+    struct trial *t = of_attempt(a);
     struct retry_req *r = t->r;
     if (t != r->cur) {
         other_head(r, t);
@@ -685,7 +684,7 @@ static void attempt_head(struct attempt *a)
 
 static size_t attempt_body(struct attempt *a, const char *p, size_t n)
 {
-    struct try *t = of_attempt(a);
+    struct trial *t = of_attempt(a);
     struct retry_req *r = t->r;
     if (t != r->cur)
         return 0; /* a lost attempt's: stop it (one running on has had no head yet) */
@@ -723,12 +722,12 @@ static size_t attempt_upload(struct attempt *a, char *buf, size_t max)
     return r->flags & RF_BODY_DONE ? 0 : ATTEMPT_PAUSE;
 }
 
-static void other_done(struct retry_req *r, struct try *t);
+static void other_done(struct retry_req *r, struct trial *t);
 static void wait_for_others(struct retry_req *r);
 
 static void attempt_done(struct attempt *a, enum attempt_end end)
 {
-    struct try *t = of_attempt(a);
+    struct trial *t = of_attempt(a);
     struct retry_req *r = t->r;
     if (t != r->cur) {
         other_done(r, t);
@@ -777,7 +776,7 @@ static void attempt_failed(struct retry_req *r, enum retry_outcome o)
 /* ---- deciding and waiting ---- */
 
 static enum metrics_outcome outcome_class(enum retry_outcome o, int status);
-static void account_verdict(struct retry_req *r, const struct try *t, enum retry_outcome o,
+static void account_verdict(struct retry_req *r, const struct trial *t, enum retry_outcome o,
                             const struct retry_verdict *v, bool hedging);
 
 /* What is known of the current attempt, ended in 'o' (or, hedging, past its per-try timeout),
@@ -834,7 +833,7 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
         r->flags |= RF_THROTTLED;
         r->throttle_p = v.throttle_p;
     }
-    count_try(r, r->cur, outcome_class(o, f.status));
+    count_trial(r, r->cur, outcome_class(o, f.status));
     account_verdict(r, r->cur, o, &v, false);
     return retry;
 }
@@ -849,10 +848,10 @@ static bool hedge(struct retry_req *r)
 {
     if (!r->route->retry.hedge || !(r->flags & RF_RETRYABLE) || r->body.mode == INTAKE_STREAM)
         return false;
-    struct try *t = r->cur, *next = malloc(sizeof(*next));
+    struct trial *t = r->cur, *next = malloc(sizeof(*next));
     if (!next)
         return false;
-    try_init(r, next);
+    trial_init(r, next);
     /* The running attempt keeps the slots of the retry it was; the hedge asks for its own. */
     if (r->flags & RF_IN_FLIGHT) {
         r->flags &= ~RF_IN_FLIGHT;
@@ -864,7 +863,7 @@ static bool hedge(struct retry_req *r)
     bool go = v.fired && v.stop == RETRY_STOP_NONE;
     account_verdict(r, t, RETRY_OUT_TIMEOUT, &v, true);
     if (!go) {
-        try_free(r, next);
+        trial_free(r, next);
         if (t->flags & TF_SLOT) {
             t->flags &= ~TF_SLOT;
             r->flags |= RF_IN_FLIGHT;
@@ -928,14 +927,14 @@ static void cut_wait_short(struct retry_req *r)
 
 /* ---- attempts running beside the current one (hedging) ---- */
 
-static void try_init(struct retry_req *r, struct try *t)
+static void trial_init(struct retry_req *r, struct trial *t)
 {
     memset(t, 0, sizeof(*t));
     t->r = r;
     attempt_init(&t->att, r->w->up, &attempt_ops, t);
 }
 
-static void try_free(struct retry_req *r, struct try *t)
+static void trial_free(struct retry_req *r, struct trial *t)
 {
     attempt_fini(&t->att);
     if (t != &r->first)
@@ -943,9 +942,9 @@ static void try_free(struct retry_req *r, struct try *t)
 }
 
 /* Whether an attempt other than 'except' (may be NULL) runs on beside the current one. */
-static bool others_running(const struct retry_req *r, const struct try *except)
+static bool others_running(const struct retry_req *r, const struct trial *except)
 {
-    for (const struct try *t = r->others; t; t = t->next)
+    for (const struct trial *t = r->others; t; t = t->next)
         if (t != except && !(t->flags & TF_LOST))
             return true;
     return false;
@@ -959,20 +958,20 @@ static void on_reap(struct loop_timer *lt)
 /* 't' is out of the race: counted as 'o' unless it was already, its slots given back, and
  * ended: at once when it does not run, else in the next turn (this may run inside one of
  * curl's callbacks, where no transfer may be removed). It joins r->others if it was not there. */
-static void lose(struct retry_req *r, struct try *t, enum metrics_outcome o)
+static void lose(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 {
     if (t == r->cur)
         DLIST_PUSH(r->others, t); /* the caller has a new current one */
     if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) == TF_LAUNCHED) {
-        count_try(r, t, o);
+        count_trial(r, t, o);
         if (log_enabled(CFG_LOG_DEBUG))
-            log_try_as(r, t, o == METRICS_OUT_TIMEOUT ? "timeout" : "cancelled", "lost", 0);
+            log_trial_as(r, t, o == METRICS_OUT_TIMEOUT ? "timeout" : "cancelled", "lost", 0);
     }
     give_slots_back(r, &t->flags, TF_SLOT);
     if (!attempt_running(&t->att)) {
         attempt_cancel(&t->att); /* out of the queue for a transfer slot, if it waits there */
         DLIST_UNLINK(r->others, t);
-        try_free(r, t);
+        trial_free(r, t);
         return;
     }
     t->flags |= TF_LOST;
@@ -983,7 +982,7 @@ static void lose(struct retry_req *r, struct try *t, enum metrics_outcome o)
 
 static void lose_others(struct retry_req *r, enum metrics_outcome o)
 {
-    for (struct try *t = r->others, *next; t; t = next) {
+    for (struct trial *t = r->others, *next; t; t = next) {
         next = t->next;
         if (!(t->flags & TF_LOST))
             lose(r, t, o);
@@ -995,14 +994,14 @@ static void lose_others(struct retry_req *r, enum metrics_outcome o)
 static void reap(struct retry_req *r)
 {
     loop_timer_stop(r->w->loop, &r->reap_timer);
-    for (struct try *t = r->others, *next; t; t = next) {
+    for (struct trial *t = r->others, *next; t; t = next) {
         next = t->next;
         if (!(t->flags & TF_LOST))
             continue;
         DLIST_UNLINK(r->others, t);
         if (attempt_cancel(&t->att))
             r->refs--;
-        try_free(r, t);
+        trial_free(r, t);
     }
 }
 
@@ -1020,14 +1019,14 @@ static void wait_for_others(struct retry_req *r)
  * name ('failed' false), or the last failure there is to return. It becomes the current
  * attempt and streams; whatever else runs is cancelled (in the next turn: this is one of
  * curl's callbacks). */
-static void win(struct retry_req *r, struct try *t, bool failed)
+static void win(struct retry_req *r, struct trial *t, bool failed)
 {
-    count_try(r, t, outcome_class(RETRY_OUT_STATUS, t->att.status));
+    count_trial(r, t, outcome_class(RETRY_OUT_STATUS, t->att.status));
     give_slots_back(r, &t->flags, TF_SLOT);
     if (log_enabled(CFG_LOG_DEBUG)) {
         char stop[32];
         snprintf(stop, sizeof(stop), "stop:%s", retry_stop_name(r->stop));
-        log_try(r, t, RETRY_OUT_STATUS, failed ? stop : "won", 0);
+        log_trial(r, t, RETRY_OUT_STATUS, failed ? stop : "won", 0);
     }
     if (r->state == RS_BACKOFF) {
         cut_wait_short(r);
@@ -1048,7 +1047,7 @@ static void win(struct retry_req *r, struct try *t, bool failed)
 
 /* A response head for 't', an attempt running beside the current one. A response retry_on
  * names is dropped, unless it is the last there will be. */
-static void other_head(struct retry_req *r, struct try *t)
+static void other_head(struct retry_req *r, struct trial *t)
 {
     if (t->flags & TF_LOST)
         return; /* its cancel is on the way */
@@ -1062,23 +1061,23 @@ static void other_head(struct retry_req *r, struct try *t)
         win(r, t, true);
         return;
     }
-    count_try(r, t, outcome_class(RETRY_OUT_STATUS, a->status));
-    log_try(r, t, RETRY_OUT_STATUS, "dropped", 0);
+    count_trial(r, t, outcome_class(RETRY_OUT_STATUS, a->status));
+    log_trial(r, t, RETRY_OUT_STATUS, "dropped", 0);
     lose(r, t, METRICS_OUT_CANCELLED);
 }
 
 /* 't', running beside the current attempt, has ended: lost already (freed now), or without a
  * response (a failure, counted; the answer is made if the request was waiting for it last). */
-static void other_done(struct retry_req *r, struct try *t)
+static void other_done(struct retry_req *r, struct trial *t)
 {
     DLIST_UNLINK(r->others, t);
     if (!(t->flags & TF_LOST)) {
         enum retry_outcome o = attempt_sent(&t->att) ? RETRY_OUT_RESET : RETRY_OUT_CONNECT_FAILURE;
-        count_try(r, t, outcome_class(o, 0));
+        count_trial(r, t, outcome_class(o, 0));
         give_slots_back(r, &t->flags, TF_SLOT);
-        log_try(r, t, o, "dropped", 0);
+        log_trial(r, t, o, "dropped", 0);
     }
-    try_free(r, t);
+    trial_free(r, t);
     if (r->state == RS_LAG && !others_running(r, NULL))
         answer_final(r);
 }
@@ -1148,7 +1147,7 @@ static void expire(struct retry_req *r)
     loop_timer_stop(r->w->loop, &r->try_timer);
     lose_others(r, METRICS_OUT_CANCELLED);
     reap(r);
-    count_try(r, r->cur, METRICS_OUT_CANCELLED);
+    count_trial(r, r->cur, METRICS_OUT_CANCELLED);
     if (stop_transfer(r) && r->state == RS_DRAIN)
         r->flags &= ~RF_SAVED_WHOLE;
     give_up(r, RETRY_STOP_DRAINING);
@@ -1271,7 +1270,7 @@ static void account_stop(struct retry_req *r, enum retry_stop stop)
 }
 
 /* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went. */
-static void count_try(struct retry_req *r, struct try *t, enum metrics_outcome o)
+static void count_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 {
     if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) != TF_LAUNCHED)
         return;
@@ -1283,8 +1282,8 @@ static void count_try(struct retry_req *r, struct try *t, enum metrics_outcome o
 }
 
 /* The debug log line of attempt 't' (docs/logs.md), its outcome given as text. */
-static void log_try_as(struct retry_req *r, const struct try *t, const char *outcome,
-                       const char *decision, uint32_t delay_ms)
+static void log_trial_as(struct retry_req *r, const struct trial *t, const char *outcome,
+                         const char *decision, uint32_t delay_ms)
 {
     struct log_attempt a = { .unix_ms = (int64_t)wall_ms(),
                              .route = r->route->name,
@@ -1299,8 +1298,8 @@ static void log_try_as(struct retry_req *r, const struct try *t, const char *out
 }
 
 /* The same with the outcome 'o' ended in (the response's status for a response). */
-static void log_try(struct retry_req *r, const struct try *t, enum retry_outcome o,
-                    const char *decision, uint32_t delay_ms)
+static void log_trial(struct retry_req *r, const struct trial *t, enum retry_outcome o,
+                      const char *decision, uint32_t delay_ms)
 {
     if (!log_enabled(CFG_LOG_DEBUG))
         return;
@@ -1312,12 +1311,12 @@ static void log_try(struct retry_req *r, const struct try *t, enum retry_outcome
                  o == RETRY_OUT_CONNECT_FAILURE ? "connect-failure"
                  : o == RETRY_OUT_RESET         ? "reset"
                                                 : "timeout");
-    log_try_as(r, t, outcome, decision, delay_ms);
+    log_trial_as(r, t, outcome, decision, delay_ms);
 }
 
 /* The metrics and the debug log line of a verdict on attempt 't' (ended in 'o', or past its
  * per-try timeout when 'hedging'). A retry taken holds its budget slots (RF_IN_FLIGHT). */
-static void account_verdict(struct retry_req *r, const struct try *t, enum retry_outcome o,
+static void account_verdict(struct retry_req *r, const struct trial *t, enum retry_outcome o,
                             const struct retry_verdict *v, bool hedging)
 {
     struct worker *w = r->w;
@@ -1348,7 +1347,7 @@ static void account_verdict(struct retry_req *r, const struct try *t, enum retry
              : v->fired ? (hedging ? "run-on:" : "stop:")
                         : "final",
              !retry && v->fired ? retry_stop_name(v->stop) : "");
-    log_try(r, t, o, decision, retry ? v->delay_ms : 0);
+    log_trial(r, t, o, decision, retry ? v->delay_ms : 0);
 }
 
 /* The answer is about to go out: the request's metrics are counted now, before a byte of it
