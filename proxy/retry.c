@@ -182,6 +182,7 @@ static void trial_init(struct retry_req *r, struct trial *t);
 static void trial_free(struct retry_req *r, struct trial *t);
 static void lose_others(struct retry_req *r, enum metrics_outcome o);
 static void reap(struct retry_req *r);
+static bool end_attempts(struct retry_req *r, enum metrics_outcome o);
 static void count_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
 static void log_trial(struct retry_req *r, const struct trial *t, enum retry_outcome o,
                       const char *decision, uint32_t delay_ms);
@@ -308,10 +309,7 @@ void retry_req_completed(struct retry_req *r)
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
     loop_timer_stop(l, &r->backoff_timer);
-    lose_others(r, METRICS_OUT_CANCELLED);
-    reap(r);
-    count_trial(r, r->cur, METRICS_OUT_CANCELLED);
-    stop_transfer(r);
+    end_attempts(r, METRICS_OUT_CANCELLED);
     req_release(r);
 }
 
@@ -353,8 +351,7 @@ static void relay_client_gone(struct relay *rl)
         return;
     cut_wait_short(r);
     end_retry_in_flight(r);
-    lose_others(r, METRICS_OUT_CANCELLED);
-    reap(r);
+    end_attempts(r, METRICS_OUT_CANCELLED); /* those running beside the wait (hedging) */
     r->stop = RETRY_STOP_CLIENT_CLOSED;
     /* Counted now, as if answered: no response will go out to count it later. */
     rl->resp_status = CLIENT_CLOSED_STATUS;
@@ -506,8 +503,7 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
         struct loop *l = r->w->loop;
         loop_timer_stop(l, &r->backoff_timer);
         loop_timer_stop(l, &r->try_timer);
-        count_trial(r, r->cur, METRICS_OUT_CANCELLED);
-        stop_transfer(r); /* a streamed body: never hedged */
+        end_attempts(r, METRICS_OUT_CANCELLED);
         r->flags |= RF_OVER_LIMIT;
         r->discarded = n;
         answer_error(r, 413, "body_too_large",
@@ -625,6 +621,18 @@ static bool stop_transfer(struct retry_req *r)
         return false;
     r->refs--;
     return true;
+}
+
+/* Every attempt of the request still running (or waiting for a slot) ends now: those beside
+ * the current one (hedging) and the current one, each counted as 'o' unless it was already.
+ * From the loop or libmicrohttpd's callbacks only, never curl's. Returns true if the current
+ * one was running. */
+static bool end_attempts(struct retry_req *r, enum metrics_outcome o)
+{
+    lose_others(r, o);
+    reap(r);
+    count_trial(r, r->cur, o);
+    return stop_transfer(r);
 }
 
 /* The Retry-After of the response, if it holds exactly one valid value. */
@@ -1105,9 +1113,7 @@ static void give_up(struct retry_req *r, enum retry_stop stop)
 static void on_deadline(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
-    lose_others(r, METRICS_OUT_TIMEOUT); /* never answered in time, as the current one */
-    reap(r);
-    bool running = stop_transfer(r);
+    bool running = end_attempts(r, METRICS_OUT_TIMEOUT); /* none answered in time */
     loop_timer_stop(r->w->loop, &r->try_timer);
     switch (r->state) {
     case RS_ATTEMPT:
@@ -1145,10 +1151,7 @@ static void expire(struct retry_req *r)
     if (r->state == RS_BACKOFF)
         cut_wait_short(r);
     loop_timer_stop(r->w->loop, &r->try_timer);
-    lose_others(r, METRICS_OUT_CANCELLED);
-    reap(r);
-    count_trial(r, r->cur, METRICS_OUT_CANCELLED);
-    if (stop_transfer(r) && r->state == RS_DRAIN)
+    if (end_attempts(r, METRICS_OUT_CANCELLED) && r->state == RS_DRAIN)
         r->flags &= ~RF_SAVED_WHOLE;
     give_up(r, RETRY_STOP_DRAINING);
     if (saved_whole(r))

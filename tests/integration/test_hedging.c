@@ -203,15 +203,8 @@ Test(hedging, a_burst_of_hedged_requests_cancels_every_loser)
         hdrs[i] = curl_slist_append(NULL, id);
         hdrs[i] = curl_slist_append(hdrs[i], i % 2 ? "X-Test-Plan: fail=1;status=200;delay=900"
                                                    : "X-Test-Plan: fail=1;action=hang");
-        easy[i] = curl_easy_init();
+        easy[i] = proc_multi_get(m, url, hdrs[i], T, (void *)(intptr_t)i);
         cr_assert_not_null(easy[i]);
-        curl_easy_setopt(easy[i], CURLOPT_URL, url);
-        curl_easy_setopt(easy[i], CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(easy[i], CURLOPT_HTTPHEADER, hdrs[i]);
-        curl_easy_setopt(easy[i], CURLOPT_TIMEOUT_MS, (long)T);
-        curl_easy_setopt(easy[i], CURLOPT_WRITEFUNCTION, http_discard);
-        curl_easy_setopt(easy[i], CURLOPT_PRIVATE, (char *)(intptr_t)i);
-        curl_multi_add_handle(m, easy[i]);
     }
     int64_t t0 = now_ms();
     int running = 1, done = 0;

@@ -450,12 +450,8 @@ Test(retry, retry_goes_to_an_upstream_not_yet_tried)
         snprintf(idh, sizeof(idh), "X-Request-Id: nt-%d", i);
         h[i] = curl_slist_append(NULL, idh);
         h[i] = curl_slist_append(h[i], "X-Test-Plan: fail=1;status=503");
-        e[i] = curl_easy_init();
-        curl_easy_setopt(e[i], CURLOPT_URL, url);
-        curl_easy_setopt(e[i], CURLOPT_HTTPHEADER, h[i]);
-        curl_easy_setopt(e[i], CURLOPT_TIMEOUT_MS, (long)T);
-        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, http_discard);
-        curl_multi_add_handle(m, e[i]);
+        e[i] = proc_multi_get(m, url, h[i], T, NULL);
+        cr_assert_not_null(e[i]);
     }
     int running = 1;
     while (running) {

@@ -73,16 +73,9 @@ Test(scale, thousand_requests_waiting_in_backoff_cost_no_threads)
         snprintf(id, sizeof(id), "X-Request-Id: wait-%04d", i);
         hdrs[i] = curl_slist_append(NULL, id);
         hdrs[i] = curl_slist_append(hdrs[i], "X-Test-Plan: fail=1;status=503");
-        easy[i] = curl_easy_init();
+        easy[i] = proc_multi_get(m, url, hdrs[i], 30000L, (void *)(intptr_t)i);
         cr_assert_not_null(easy[i]);
-        curl_easy_setopt(easy[i], CURLOPT_URL, url);
-        curl_easy_setopt(easy[i], CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(easy[i], CURLOPT_HTTPHEADER, hdrs[i]);
-        curl_easy_setopt(easy[i], CURLOPT_TIMEOUT_MS, 30000L);
-        curl_easy_setopt(easy[i], CURLOPT_WRITEFUNCTION, http_discard);
-        curl_easy_setopt(easy[i], CURLOPT_PRIVATE, (char *)(intptr_t)i);
         rc[i] = -1;
-        curl_multi_add_handle(m, easy[i]);
     }
 
     int64_t t0 = now_ms(), t_first = -1;

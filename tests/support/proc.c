@@ -82,6 +82,29 @@ long proc_status_kb(pid_t pid, const char *field)
     return kb;
 }
 
+static size_t drop(char *p, size_t size, size_t n, void *ud)
+{
+    (void)p;
+    (void)ud;
+    return size * n;
+}
+
+CURL *proc_multi_get(CURLM *m, const char *url, struct curl_slist *headers, long timeout_ms,
+                     void *priv)
+{
+    CURL *e = curl_easy_init();
+    if (!e)
+        return NULL;
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, drop);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, (char *)priv);
+    curl_multi_add_handle(m, e);
+    return e;
+}
+
 CURL *proc_multi_next_done(CURLM *m, void **priv, CURLcode *rc)
 {
     CURLMsg *msg;

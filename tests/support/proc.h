@@ -42,6 +42,11 @@ int proc_entries(pid_t pid, const char *what);
  * or -1. */
 long proc_status_kb(pid_t pid, const char *field);
 
+/* Adds a GET of 'url' with 'headers' (the caller keeps them until the transfer is done) to 'm':
+ * its body is dropped, it gives up after 'timeout_ms', and 'priv' comes back with it from
+ * proc_multi_next_done(). NULL if curl could not make a handle. */
+CURL *proc_multi_get(CURLM *m, const char *url, struct curl_slist *headers, long timeout_ms,
+                     void *priv);
 /* The next transfer of 'm' that curl_multi_info_read() reports finished, with its
  * CURLOPT_PRIVATE in *priv and its result in *rc; NULL when none is left. */
 CURL *proc_multi_next_done(CURLM *m, void **priv, CURLcode *rc);
