@@ -166,7 +166,7 @@ static void start_attempt(struct retry_req *r);
 static void attempt_failed(struct retry_req *r, enum retry_outcome o);
 static bool decide(struct retry_req *r, enum retry_outcome o);
 static void wait_then_retry(struct retry_req *r);
-static bool stop_transfer(struct retry_req *r);
+static bool stop_transfer(struct retry_req *r, struct trial *t);
 static void end_retry_in_flight(struct retry_req *r);
 static void answer_error(struct retry_req *r, unsigned status, const char *code,
                          const char *message);
@@ -183,7 +183,7 @@ static void trial_free(struct retry_req *r, struct trial *t);
 static void lose_others(struct retry_req *r, enum metrics_outcome o);
 static void reap(struct retry_req *r);
 static bool end_attempts(struct retry_req *r, enum metrics_outcome o);
-static void count_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
+static bool count_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
 static void log_trial(struct retry_req *r, const struct trial *t, enum retry_outcome o,
                       const char *decision, uint32_t delay_ms);
 static void log_trial_as(struct retry_req *r, const struct trial *t, const char *outcome,
@@ -612,12 +612,13 @@ static void attempt_go(struct attempt *a)
         loop_timer_start(l, &r->try_timer, now + rt->per_try_timeout_ms, on_try_timeout, r);
 }
 
-/* Ends the current attempt's transfer, whether it runs or still waits for a slot, without its
- * end being reported: the one place that cancels one and drops its reference (never the last:
- * the connection, or the body reader, holds one). Returns true if it was running. */
-static bool stop_transfer(struct retry_req *r)
+/* Ends the transfer of 't', one of the request's attempts, whether it runs or still waits for a
+ * slot, without its end being reported: the one place that cancels one and drops its reference
+ * (never the last: the connection, or the body reader, holds one). Returns true if it was
+ * running. */
+static bool stop_transfer(struct retry_req *r, struct trial *t)
 {
-    if (!attempt_cancel(&r->cur->att))
+    if (!attempt_cancel(&t->att))
         return false;
     r->refs--;
     return true;
@@ -632,7 +633,7 @@ static bool end_attempts(struct retry_req *r, enum metrics_outcome o)
     lose_others(r, o);
     reap(r);
     count_trial(r, r->cur, o);
-    return stop_transfer(r);
+    return stop_transfer(r, r->cur);
 }
 
 /* The Retry-After of the response, if it holds exactly one valid value. */
@@ -970,14 +971,11 @@ static void lose(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 {
     if (t == r->cur)
         DLIST_PUSH(r->others, t); /* the caller has a new current one */
-    if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) == TF_LAUNCHED) {
-        count_trial(r, t, o);
-        if (log_enabled(CFG_LOG_DEBUG))
-            log_trial_as(r, t, o == METRICS_OUT_TIMEOUT ? "timeout" : "cancelled", "lost", 0);
-    }
+    if (count_trial(r, t, o) && log_enabled(CFG_LOG_DEBUG))
+        log_trial_as(r, t, o == METRICS_OUT_TIMEOUT ? "timeout" : "cancelled", "lost", 0);
     give_slots_back(r, &t->flags, TF_SLOT);
     if (!attempt_running(&t->att)) {
-        attempt_cancel(&t->att); /* out of the queue for a transfer slot, if it waits there */
+        stop_transfer(r, t); /* out of the queue for a transfer slot, if it waits there */
         DLIST_UNLINK(r->others, t);
         trial_free(r, t);
         return;
@@ -1007,8 +1005,7 @@ static void reap(struct retry_req *r)
         if (!(t->flags & TF_LOST))
             continue;
         DLIST_UNLINK(r->others, t);
-        if (attempt_cancel(&t->att))
-            r->refs--;
+        stop_transfer(r, t);
         trial_free(r, t);
     }
 }
@@ -1097,7 +1094,7 @@ static void on_try_timeout(struct loop_timer *t)
     struct retry_req *r = t->arg;
     if (r->state != RS_ATTEMPT || !attempt_running(&r->cur->att) || hedge(r))
         return;
-    stop_transfer(r);
+    stop_transfer(r, r->cur);
     attempt_failed(r, RETRY_OUT_TIMEOUT);
 }
 
@@ -1272,16 +1269,18 @@ static void account_stop(struct retry_req *r, enum retry_stop stop)
         metrics_denied(r->m, r->w->id, (enum metrics_denied)(stop - 1));
 }
 
-/* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went. */
-static void count_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
+/* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went: true if
+ * it was counted now. */
+static bool count_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 {
     if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) != TF_LAUNCHED)
-        return;
+        return false;
     t->flags |= TF_COUNTED;
     struct worker *w = r->w;
     metrics_attempt(r->m, w->id, o);
     metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT,
                     (double)(loop_now(w->loop) - t->start_ms) / 1000.0);
+    return true;
 }
 
 /* The debug log line of attempt 't' (docs/logs.md), its outcome given as text. */
