@@ -187,6 +187,17 @@ void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct re
         *d->seq = seq;
 }
 
+enum retry_stop decide_wait_fits(const struct decide_req *d, uint64_t now_ms, uint32_t delay_ms,
+                                 uint64_t deadline_ms)
+{
+    uint64_t end = now_ms + delay_ms;
+    if (end >= deadline_ms)
+        return RETRY_STOP_DEADLINE;
+    if (d->budgets.drain_deadline_ms && end >= d->budgets.drain_deadline_ms)
+        return RETRY_STOP_DRAINING;
+    return RETRY_STOP_NONE;
+}
+
 void decide_release(const struct decide_req *d)
 {
     budget_release(d->budgets.global);

@@ -114,6 +114,13 @@ struct decide_req {
  * nowhere. */
 void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct retry_verdict *v);
 
+/* Whether a retry's wait of 'delay_ms' starting at 'now_ms' still ends before the request's
+ * deadline and the drain deadline, the same rules decide_attempt() applied: RETRY_STOP_NONE,
+ * RETRY_STOP_DEADLINE or RETRY_STOP_DRAINING. For a retry decided on a response head whose
+ * body had to be read before the wait could start. */
+enum retry_stop decide_wait_fits(const struct decide_req *d, uint64_t now_ms, uint32_t delay_ms,
+                                 uint64_t deadline_ms);
+
 /* The attempt of a retry that decide_attempt() took has ended (or the request ended first):
  * its concurrency slots go back. */
 void decide_release(const struct decide_req *d);

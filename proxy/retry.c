@@ -76,6 +76,7 @@ enum {
     RF_SAVED_WHOLE = 1u << 7, /* ... and its whole body */
     RF_THROTTLED = 1u << 8,   /* client-side throttling rejected an attempt (throttle_p) */
     RF_LAG = 1u << 9,         /* the response in DRAIN ends retrying: LAG once it is read */
+    RF_SETTLE = 1u << 10,     /* the retry decided on the response in DRAIN: settle() it */
 };
 
 /* Trial flags (struct trial 'flags'). */
@@ -139,8 +140,9 @@ struct retry_req {
     enum retry_outcome last_outcome;
     enum retry_stop stop;
     uint32_t pending_delay;
-    double throttle_p;    /* RF_THROTTLED: the probability it was rejected with */
-    struct trial *cur;    /* the current attempt: running, waited for, or the last one */
+    struct retry_verdict settling; /* RF_SETTLE: the verdict, counted once the body is read */
+    double throttle_p;             /* RF_THROTTLED: the probability it was rejected with */
+    struct trial *cur;             /* the current attempt: running, waited for, or the last one */
     struct trial *others; /* attempts running beside it (hedging), and lost ones to cancel */
     struct trial first;
     struct loop_timer try_timer, deadline_timer, backoff_timer;
@@ -167,6 +169,8 @@ static void attempt_failed(struct retry_req *r, enum retry_outcome o);
 static bool decide(struct retry_req *r, enum retry_outcome o);
 static void wait_then_retry(struct retry_req *r);
 static bool stop_transfer(struct retry_req *r, struct trial *t);
+static void hold_slots(struct retry_req *r);
+static bool settle(struct retry_req *r);
 static void end_retry_in_flight(struct retry_req *r);
 static void answer_error(struct retry_req *r, unsigned status, const char *code,
                          const char *message);
@@ -752,10 +756,10 @@ static void attempt_done(struct attempt *a, enum attempt_end end)
     case RS_DRAIN:
         if (end == ATTEMPT_BROKEN)
             r->flags &= ~RF_SAVED_WHOLE; /* the body broke off: not something to return */
-        if (r->flags & RF_LAG)
-            wait_for_others(r);
-        else
+        if (!(r->flags & RF_LAG) && settle(r))
             wait_then_retry(r);
+        else
+            wait_for_others(r);
         break;
     case RS_STREAM:
         relay_body_end(&r->relay, end != ATTEMPT_COMPLETE);
@@ -843,8 +847,35 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
         r->throttle_p = v.throttle_p;
     }
     count_trial(r, r->cur, outcome_class(o, f.status));
-    account_verdict(r, r->cur, o, &v, false);
+    if (retry)
+        hold_slots(r);
+    if (retry && o == RETRY_OUT_STATUS) {
+        /* its body is read first: the retry is counted when its wait can start (settle()) */
+        r->settling = v;
+        r->flags |= RF_SETTLE;
+    } else {
+        account_verdict(r, r->cur, o, &v, false);
+    }
     return retry;
+}
+
+/* The body of the response a retry was decided on has been read, or given up on (too large
+ * to keep, broken off): the wait starts now, so it must still end before the deadline and the
+ * drain deadline (docs/backoff.md). The verdict is counted once, as a retry or as the stop
+ * that withdraws it. Returns true to wait and retry. */
+static bool settle(struct retry_req *r)
+{
+    struct retry_verdict v = r->settling;
+    r->flags &= ~RF_SETTLE;
+    r->dr.budgets.drain_deadline_ms =
+        atomic_load_explicit(&r->w->px->drain_deadline_ms, memory_order_relaxed);
+    v.stop = decide_wait_fits(&r->dr, loop_now(r->w->loop), v.delay_ms, r->deadline_ms);
+    if (v.stop != RETRY_STOP_NONE) {
+        end_retry_in_flight(r);
+        r->stop = v.stop;
+    }
+    account_verdict(r, r->cur, RETRY_OUT_STATUS, &v, false);
+    return v.stop == RETRY_STOP_NONE;
 }
 
 /* The current attempt passed per_try_timeout_ms on a route that hedges, and the request may go
@@ -870,6 +901,8 @@ static bool hedge(struct retry_req *r)
     struct retry_verdict v;
     judge(r, RETRY_OUT_TIMEOUT, &f, &v);
     bool go = v.fired && v.stop == RETRY_STOP_NONE;
+    if (go)
+        hold_slots(r);
     account_verdict(r, t, RETRY_OUT_TIMEOUT, &v, true);
     if (!go) {
         trial_free(r, next);
@@ -899,8 +932,14 @@ static void give_slots_back(struct retry_req *r, unsigned *flags, unsigned bit)
     }
 }
 
-/* A retry that was decided holds its budget slots until its attempt ends, or until the
- * request ends before that attempt could (deadline, client gone). */
+/* A retry that decide_attempt() took holds its budget slots until its attempt ends, or until
+ * the request ends before that attempt could (deadline, client gone). */
+static void hold_slots(struct retry_req *r)
+{
+    metrics_retries_in_flight_add(r->w->px->metrics, 1);
+    r->flags |= RF_IN_FLIGHT;
+}
+
 static void end_retry_in_flight(struct retry_req *r)
 {
     give_slots_back(r, &r->flags, RF_IN_FLIGHT);
@@ -1039,6 +1078,7 @@ static void win(struct retry_req *r, struct trial *t, bool failed)
     }
     loop_timer_stop(r->w->loop, &r->try_timer);
     end_retry_in_flight(r); /* the current attempt's, or the one it waited to make */
+    r->flags &= ~RF_SETTLE; /* a retry decided on a body being read is not made, nor refused */
     DLIST_UNLINK(r->others, t);
     lose(r, r->cur, METRICS_OUT_CANCELLED);
     r->cur = t;
@@ -1104,7 +1144,14 @@ static void give_up(struct retry_req *r, enum retry_stop stop)
 {
     end_retry_in_flight(r);
     r->stop = stop;
-    account_stop(r, stop);
+    if (r->flags & RF_SETTLE) {
+        /* a body still being read: the retry decided on it is withdrawn, counted as the stop */
+        r->flags &= ~RF_SETTLE;
+        r->settling.stop = stop;
+        account_verdict(r, r->cur, RETRY_OUT_STATUS, &r->settling, false);
+    } else {
+        account_stop(r, stop);
+    }
 }
 
 static void on_deadline(struct loop_timer *t)
@@ -1317,7 +1364,7 @@ static void log_trial(struct retry_req *r, const struct trial *t, enum retry_out
 }
 
 /* The metrics and the debug log line of a verdict on attempt 't' (ended in 'o', or past its
- * per-try timeout when 'hedging'). A retry taken holds its budget slots (RF_IN_FLIGHT). */
+ * per-try timeout when 'hedging'). */
 static void account_verdict(struct retry_req *r, const struct trial *t, enum retry_outcome o,
                             const struct retry_verdict *v, bool hedging)
 {
@@ -1329,8 +1376,6 @@ static void account_verdict(struct retry_req *r, const struct trial *t, enum ret
         metrics_observe(r->m, w->id, METRICS_HIST_BACKOFF, v->delay_ms / 1000.0);
         if (v->retry_after_used)
             metrics_retry_after_honored(r->m, w->id);
-        metrics_retries_in_flight_add(w->px->metrics, 1);
-        r->flags |= RF_IN_FLIGHT; /* decide_attempt() took the budget slots */
         uint32_t *d = realloc(r->delays, (r->n_delays + 1) * sizeof(*d));
         if (d) {
             d[r->n_delays++] = v->delay_ms;

@@ -592,6 +592,88 @@ static double metric(const char *series)
     return v;
 }
 
+/* Launch 'k' sends a response head now; its body follows with launch_body_ends(). */
+static void launch_head(unsigned k, int status)
+{
+    cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
+    struct attempt *a = up.launched[k];
+    a->sends = 1;
+    a->status = status;
+    a->head_done = true;
+    a->ops->head(a);
+}
+
+static void launch_body_ends(unsigned k)
+{
+    cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
+    struct attempt *a = up.launched[k];
+    cr_assert_eq(a->ops->body(a, "busy", 4), 4);
+    a->xfer.easy = NULL;
+    up.running[k] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+}
+
+#define DEADLINE_800                                                                               \
+    "\"timeout_ms\": 1000, \"retry\": {\"max_attempts\": 2, \"retry_on\": [\"503\"], "             \
+    "\"backoff\": {\"policy\": "                                                                   \
+    "\"fixed\", \"base_ms\": 800, \"jitter\": \"none\"}}"
+
+Test(retry_timers, a_retry_whose_wait_no_longer_fits_once_the_body_is_read_stops_there)
+{
+    start(DEADLINE_800);
+    get();
+    launch_head(0, 503); /* at 0: 0 + 800 < 1000, a retry if the wait could start now */
+    at(300);
+    cr_assert_eq(client.answers, 0);
+    launch_body_ends(0); /* the wait would start at 300 and end at 1100, past the deadline */
+    cr_assert_eq(client.answers, 1, "retrying ends when the body is read, not at the deadline");
+    cr_assert_eq(since_start(client.at), 300);
+    cr_assert_eq(client.status, 503);
+    cr_assert_str_eq(client.code, "saved");
+    cr_assert_str_eq(client.stop, "deadline");
+    cr_assert_eq(up.launches, 1);
+    cr_assert_eq(metric("retryproxy_retries_total{route=\"r\",reason=\"503\"}"), 0);
+    cr_assert_eq(metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 0);
+    cr_assert_eq(metric("retryproxy_retries_denied_total{route=\"r\",reason=\"deadline\"}"), 1);
+    cr_assert_eq(metric("retryproxy_retries_in_flight"), 0);
+    end_request();
+}
+
+Test(retry_timers, a_retry_whose_wait_still_fits_once_the_body_is_read_waits_from_then)
+{
+    start(DEADLINE_800);
+    get();
+    launch_head(0, 503);
+    at(150);
+    launch_body_ends(0); /* 150 + 800 < 1000 */
+    at(949);
+    cr_assert_eq(up.launches, 1);
+    at(950);
+    cr_assert_eq(up.launches, 2, "the wait runs from the body's end");
+    cr_assert_eq(metric("retryproxy_retries_total{route=\"r\",reason=\"503\"}"), 1);
+    cr_assert_eq(metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 1);
+    cr_assert_eq(metric("retryproxy_retries_denied_total{route=\"r\",reason=\"deadline\"}"), 0);
+    attempt_answers(200, NULL);
+    cr_assert_eq(client.status, 200);
+    end_request();
+}
+
+Test(retry_timers, the_deadline_during_a_slow_body_counts_the_retry_once_as_denied)
+{
+    start(DEADLINE_800);
+    get();
+    launch_head(0, 503);
+    at(1000); /* the body never came: the deadline ends the request */
+    cr_assert_eq(client.answers, 1);
+    cr_assert_str_eq(client.stop, "deadline");
+    cr_assert_eq(client.status, 504, "a body cut off is not returned as complete");
+    cr_assert_eq(metric("retryproxy_retries_total{route=\"r\",reason=\"503\"}"), 0);
+    cr_assert_eq(metric("retryproxy_backoff_seconds_count{route=\"r\"}"), 0);
+    cr_assert_eq(metric("retryproxy_retries_denied_total{route=\"r\",reason=\"deadline\"}"), 1);
+    cr_assert_eq(metric("retryproxy_retries_in_flight"), 0);
+    end_request();
+}
+
 static bool running(unsigned k)
 {
     return k < up.launches && up.running[k];
