@@ -1176,7 +1176,9 @@ static const struct field limits_fields[] = {
                  "connection holds up to twice this in memory"),
     UINT_FIELD("max_upstream_requests", struct cfg, max_upstream_requests, 1, 1000000, "1024",
                "upstream attempts in flight at once, shared evenly by the workers; more wait "
-               "their turn in order, the wait counting against the route's timeout_ms"),
+               "their turn in order, the wait counting against the route's timeout_ms. A "
+               "transfer going at its client's pace holds none: a response streaming to the "
+               "client, a body streamed once (docs/hardening.md)"),
     UINT_FIELD("header_timeout_ms", struct cfg, header_timeout_ms, 0, MS_MAX, "10000",
                "a request line and headers not complete this long after their first byte are "
                "answered 408 and the connection closed (0: no limit beyond "

@@ -5,6 +5,8 @@
 #   make bench-memory    10,000 requests waiting in backoff: retryproxy's RSS and threads
 #   make bench-outage    an upstream that answers 503 to everything: attempts per request
 #   make bench-reload    a config change to the new policy in GET /schedule (ms)
+#   make bench-slowread  1,500 and 5,000 slow readers (slowhttptest): a normal request's latency
+#                        meanwhile, RSS during and after (bench/slowread.sh; not in make bench)
 #   make bench-build     build what the runs need, run nothing
 #
 # Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
@@ -15,7 +17,7 @@ FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
 BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters
 
-.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload
+.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread
 
 $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
 	@mkdir -p $(dir $@)
@@ -39,3 +41,5 @@ bench-outage: bench-build
 	$(BENCH_RUN) outage
 bench-reload: bench-build
 	$(BENCH_RUN) reload
+bench-slowread: $(BIN) $(BUILD)/tests/upstream
+	BUILD=$(BUILD) bench/slowread.sh

@@ -248,6 +248,11 @@ static void resume(struct attempt *a, bool *paused)
     }
 }
 
+void attempt_commit(struct attempt *a)
+{
+    upstream_release_slot(a->up, &a->xfer);
+}
+
 void attempt_resume_body(struct attempt *a)
 {
     resume(a, &a->body_paused);

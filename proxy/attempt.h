@@ -109,6 +109,10 @@ static inline bool attempt_running(const struct attempt *a)
  * running. Not from inside one of its callbacks. */
 bool attempt_cancel(struct attempt *a);
 
+/* Its response is the answer and streams to the client: the transfer gives its slot under
+ * limits.max_upstream_requests back and runs on at the client's pace. */
+void attempt_commit(struct attempt *a);
+
 /* The owner has room for body bytes again / upload bytes are there. */
 void attempt_resume_body(struct attempt *a);
 void attempt_resume_upload(struct attempt *a);

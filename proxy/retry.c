@@ -612,6 +612,10 @@ static void attempt_go(struct attempt *a)
         return;
     }
     r->refs++; /* the transfer's, until attempt_done() or stop_transfer() */
+    /* a body streamed once goes at the client's pace: a slow sender must not hold a slot
+     * meant for upstream attempts (the request is committed: it is never retried) */
+    if (req.body == ATTEMPT_BODY_STREAM)
+        attempt_commit(a);
     if (rt->per_try_timeout_ms && now + rt->per_try_timeout_ms < r->deadline_ms)
         loop_timer_start(l, &r->try_timer, now + rt->per_try_timeout_ms, on_try_timeout, r);
 }
@@ -1244,6 +1248,8 @@ static void answered(struct retry_req *r)
 static void stream(struct retry_req *r)
 {
     lose_others(r, METRICS_OUT_CANCELLED);
+    /* committed: a slow client must not hold a slot meant for upstream attempts */
+    attempt_commit(&r->cur->att);
     r->state = RS_STREAM;
     struct relay_tag tag = tag_of(r);
     relay_response(&r->relay, r->cur->att.status, &r->cur->att.head, &tag);

@@ -30,9 +30,12 @@
 #define SWEEP_MS   250
 #define TRIM_BYTES (1024 * 1024)
 /* A burst is over when this many connections, requests and upstream transfers fewer are alive
- * than at the busiest moment since the last trim: what they used is given back. Under a steady
- * load the count does not fall that far, and nothing is trimmed. */
+ * than at the busiest moment since the last trim, or when at most a quarter of that many are
+ * (from TRIM_LOW on: the tail of a burst, however large, is given back too): what they used
+ * is given back. Under a steady load the count falls neither that far nor that low, and
+ * nothing is trimmed. */
 #define TRIM_DROP 512
+#define TRIM_LOW  64
 
 /* A client connection: its framing state (proxy/wire.h), on the server's list. */
 struct client {
@@ -137,9 +140,11 @@ static void on_sweep(struct loop_timer *t)
                    upstream_active(s->w->up);
     if (alive > s->busiest)
         s->busiest = alive;
-    if (s->w->body_freed >= TRIM_BYTES || s->busiest - alive >= TRIM_DROP) {
+    if (s->w->body_freed >= TRIM_BYTES || s->busiest - alive >= TRIM_DROP ||
+        (s->busiest >= TRIM_LOW && alive <= s->busiest / 4)) {
         s->w->body_freed = 0;
         s->busiest = alive;
+        upstream_trim(s->w->up);
         heap_trim();
     }
     loop_timer_start(l, &s->sweep, now + SWEEP_MS, on_sweep, s);

@@ -8,8 +8,10 @@
 
 #include "proxy/dlist.h"
 
-/* Idle easy handles kept for reuse; more are freed. */
-#define POOL_MAX 256
+/* Idle easy handles kept for reuse; more are freed. Each holds some kilobytes (its buffers):
+ * after a burst, upstream_trim() keeps POOL_KEEP. */
+#define POOL_MAX  256
+#define POOL_KEEP 16
 /* Idle upstream connections kept per worker. libcurl's default is 4 times the transfers
  * running at that moment, so a short dip in load closes connections that the next burst has to
  * open again; a fixed size keeps them (each idle one costs a socket and a few kilobytes). */
@@ -48,6 +50,7 @@ struct upstream {
     CURL *pool[POOL_MAX];
     size_t npool;
     size_t active;
+    size_t held;                  /* transfers holding a slot (at most 'cap' unless it fell) */
     struct upstream_sock **socks; /* by fd; NULL where curl has no socket */
     size_t nsocks;
     size_t cap;                      /* transfers at once; 0: no limit */
@@ -58,7 +61,7 @@ struct upstream {
 
 static bool has_slot(const struct upstream *u)
 {
-    return !u->cap || u->active < u->cap;
+    return !u->cap || u->held < u->cap;
 }
 
 static void on_wake(struct loop_timer *t)
@@ -77,6 +80,16 @@ static void slot_freed(struct upstream *u)
 {
     if (u->wait_head && has_slot(u))
         loop_timer_start(u->loop, &u->wake, loop_now(u->loop), on_wake, u);
+}
+
+/* 'x' has ended or runs on outside the cap: its slot, if it held one, is free (handed on in
+ * the next turn, by slot_freed()). */
+static void drop_slot(struct upstream *u, struct upstream_xfer *x)
+{
+    if (x->slot) {
+        x->slot = false;
+        u->held--;
+    }
 }
 
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it. */
@@ -108,6 +121,7 @@ static void check_done(struct shard *sh)
         sh->active--;
         u->active--;
         if (x) {
+            drop_slot(u, x);
             x->easy = NULL;
             x->done(x, rc);
         }
@@ -345,6 +359,8 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
     }
     sh->active++;
     u->active++;
+    x->slot = true;
+    u->held++;
     return 0;
 }
 
@@ -356,6 +372,7 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
     curl_multi_remove_handle(sh->multi, x->easy);
     sh->active--;
     u->active--;
+    drop_slot(u, x);
     pool_put(u, x->easy);
     x->easy = NULL;
     slot_freed(u);
@@ -382,6 +399,12 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
     curl_easy_setopt(e, CURLOPT_CURLU, (CURLU *)url);
 }
 
+void upstream_trim(struct upstream *u)
+{
+    while (u->npool > POOL_KEEP)
+        curl_easy_cleanup(u->pool[--u->npool]);
+}
+
 size_t upstream_active(const struct upstream *u)
 {
     return u->active;
@@ -390,6 +413,14 @@ size_t upstream_active(const struct upstream *u)
 void upstream_set_cap(struct upstream *u, size_t cap)
 {
     u->cap = cap;
+    slot_freed(u);
+}
+
+void upstream_release_slot(struct upstream *u, struct upstream_xfer *x)
+{
+    if (!x->slot)
+        return;
+    drop_slot(u, x);
     slot_freed(u);
 }
 

@@ -27,6 +27,7 @@ struct upstream_xfer {
     struct shard *shard; /* the multi handle it runs on (upstream.c) */
     upstream_done_fn done;
     void *arg;
+    bool slot; /* it holds one of the cap's slots (upstream_set_cap) */
 };
 
 /* An owner waiting for a transfer slot (see upstream_set_cap). */
@@ -64,13 +65,21 @@ void upstream_url_free(struct upstream_url *url); /* accepts NULL */
 /* Points 'e' at 'url'. */
 void upstream_easy_url(CURL *e, const struct upstream_url *url);
 
+/* A burst is over: idle easy handles beyond a few are freed (proxy/server.c's trim). */
+void upstream_trim(struct upstream *u);
+
 /* Transfers running now. */
 size_t upstream_active(const struct upstream *u);
 
-/* At most 'cap' transfers run at once (0: no limit). Each costs an easy handle, its buffers and
- * an upstream socket, so a burst of attempts is bounded by this rather than by the number of
- * requests; the others wait their turn in order. */
+/* At most 'cap' transfers hold a slot at once (0: no limit). Each costs an easy handle, its
+ * buffers and an upstream socket, so a burst of attempts is bounded by this rather than by the
+ * number of requests; the others wait their turn in order. A transfer holds its slot from its
+ * start until it ends or upstream_release_slot(). */
 void upstream_set_cap(struct upstream *u, size_t cap);
+/* The running transfer 'x' gives its slot back and runs on outside the cap: its response is
+ * committed to a client and streams at that client's pace, which the cap must not wait on
+ * (docs/hardening.md, "Slow readers"). A no-op when it holds none. */
+void upstream_release_slot(struct upstream *u, struct upstream_xfer *x);
 /* True when a transfer started now would pass the cap, or others already wait. */
 bool upstream_full(const struct upstream *u);
 /* Queues 'wt': its 'go' is called from the loop, in arrival order, once a slot is free (a

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tests/support/fixture.h"
@@ -317,4 +318,143 @@ Test(scale, a_request_still_waiting_for_a_slot_at_its_deadline_gets_504)
     cr_expect_eq(tup_count_id(up, "slot-late"), 0, "the late request reached the upstream");
     http_free(&hog.r);
     http_free(&late.r);
+}
+
+/* ---- 5: slow readers ---- */
+
+/* Opens 'n' connections that each ask for /big ('body' bytes) and read nothing (a tiny
+ * receive window), into fds[]; waits until upstream 0 has every request. */
+/* One small request through the proxy, answered 200. */
+static void http_do_ok_small(void)
+{
+    struct http_resp r;
+    http_do("GET", fx_url("/small"), NULL, NULL, 0, 5000, &r);
+    cr_assert_eq(r.status, 200);
+    http_free(&r);
+}
+
+static void open_slow_readers(int *fds, int n, const char *body)
+{
+    char req[256];
+    int len = snprintf(req, sizeof(req),
+                       "GET /big HTTP/1.1\r\nHost: svc\r\nX-Request-Id: slow\r\n"
+                       "X-Test-Plan: body=%s\r\n\r\n",
+                       body);
+    for (int i = 0; i < n; i++) {
+        int fd = fds[i] = fx_hold(raw_dial(px->port));
+        int small = 4096;
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+        cr_assert(raw_send_all(fd, req, (size_t)len));
+    }
+    for (int64_t t0 = now_ms(); tup_count_id(up, "slow") < (size_t)n && now_ms() - t0 < 10000;)
+        sleep_ms(10);
+    cr_assert_eq(tup_count_id(up, "slow"), (size_t)n, "slow requests sent upstream: %zu of %d",
+                 tup_count_id(up, "slow"), n);
+    sleep_ms(300); /* their responses fill every buffer on the way and stall */
+}
+
+static void close_slow_readers(const int *fds, int n)
+{
+    for (int i = 0; i < n; i++) {
+        fx_release(fds[i]);
+        close(fds[i]);
+    }
+}
+
+/* A client that asks for a large response and does not read it (here: never) holds its
+ * connection and its response's transfer, but not a slot of limits.max_upstream_requests: a
+ * committed response streams at the client's pace outside the cap (docs/hardening.md "Slow
+ * readers"). With twice the cap of such clients, a normal request is still answered at once,
+ * not after the slow ones reach their timeout_ms. */
+Test(scale, slow_readers_do_not_hold_upstream_slots)
+{
+    enum { CAP = 2, SLOW = 2 * CAP };
+    start("\"limits\": {\"max_upstream_requests\": 2}", "\"timeout_ms\": 12000", "1");
+    int fds[SLOW];
+    open_slow_readers(fds, SLOW, "67108864");
+    const char *h[] = { "X-Request-Id: probe", NULL };
+    struct http_resp r;
+    http_do("GET", fx_url("/small"), h, NULL, 0, 5000, &r);
+    cr_expect_eq(r.status, 200, "a normal request behind %d slow readers: status %ld after %.2f s",
+                 SLOW, r.status, r.seconds);
+    cr_expect_lt(r.seconds, 3.0, "answered after %.2f s", r.seconds);
+    http_free(&r);
+    /* the slow clients leave: their requests end at once (the stop below waits for none) */
+    close_slow_readers(fds, SLOW);
+}
+
+static bool rss_back(void *arg)
+{
+    return px_rss_kb(px) <= *(long *)arg;
+}
+
+/* What slow readers held (their response buffers, the transfers' handles) goes back to the
+ * system soon after they leave, the last of a burst as well as the first (docs/operations.md
+ * "Sizing"): here 150 of them on one worker, fewer than the drop that used to trigger the
+ * trim. glibc's heap only: an ASan build keeps freed memory in its own allocator. */
+Test(scale, memory_held_by_slow_readers_goes_back_when_they_leave)
+{
+    enum { SLOW = 150 };
+    start("", "", "1");
+    http_do_ok_small();
+    sleep_ms(300);
+    long idle = px_rss_kb(px);
+    int fds0 = px_fds(px);
+    int fds[SLOW];
+    open_slow_readers(fds, SLOW, "8388608");
+    long held = px_rss_kb(px);
+    cr_assert_gt(held, idle + 10 * 1024, "RSS %ld KiB with %d slow readers, %ld idle: the "
+                 "test measures nothing", held, SLOW, idle);
+    close_slow_readers(fds, SLOW);
+    long bound = idle + 6 * 1024;
+    if (!fx_under_asan())
+        cr_expect(fx_wait(rss_back, &bound, 3000, 50),
+                  "RSS %ld KiB 3 s after %d slow readers left (%ld idle, %ld with them)",
+                  px_rss_kb(px), SLOW, idle, held);
+    for (int64_t t0 = now_ms(); px_fds(px) > fds0 && now_ms() - t0 < 3000;)
+        sleep_ms(20);
+    cr_expect_leq(px_fds(px), fds0, "descriptors %d after, %d before", px_fds(px), fds0);
+}
+
+/* A body too large to keep for replay streams to the upstream once, at the client's pace: a
+ * client that sends it slowly holds no slot of limits.max_upstream_requests either. */
+Test(scale, slow_uploads_do_not_hold_upstream_slots)
+{
+    enum { CAP = 2, SLOW = 2 * CAP };
+    start("\"limits\": {\"max_upstream_requests\": 2}",
+          "\"timeout_ms\": 12000, \"retry\": {\"max_retry_body_bytes\": 1024}", "1");
+    const char req[] = "POST /up HTTP/1.1\r\nHost: svc\r\nX-Request-Id: slow-up\r\n"
+                       "Content-Length: 1000000\r\n\r\nthe first bytes of a long body";
+    int fds[SLOW];
+    for (int i = 0; i < SLOW; i++) {
+        fds[i] = fx_hold(raw_dial(px->port));
+        cr_assert(raw_send_all(fds[i], req, sizeof(req) - 1));
+    }
+    sleep_ms(500); /* each upload's attempt runs, waiting for the rest of its body */
+    const char *h[] = { "X-Request-Id: probe", NULL };
+    struct http_resp r;
+    http_do("GET", fx_url("/small"), h, NULL, 0, 5000, &r);
+    cr_expect_eq(r.status, 200, "a normal request behind %d slow uploads: status %ld after %.2f s",
+                 SLOW, r.status, r.seconds);
+    cr_expect_lt(r.seconds, 3.0, "answered after %.2f s", r.seconds);
+    http_free(&r);
+    close_slow_readers(fds, SLOW);
+}
+
+/* A client that takes no response byte for limits.connection_timeout_ms is closed, its
+ * transfer with it (nginx's send_timeout), long before the route's timeout_ms. */
+Test(scale, a_reader_that_takes_nothing_is_closed_after_connection_timeout_ms)
+{
+    start("\"limits\": {\"connection_timeout_ms\": 1000}", "\"timeout_ms\": 60000", "1");
+    int fd, fds0 = px_fds(px);
+    open_slow_readers(&fd, 1, "67108864");
+    cr_assert_eq(fx_metric("retryproxy_connections_active"), 1);
+    cr_assert_gt(px_fds(px), fds0, "no descriptor for the client and its transfer");
+    cr_expect_eq(fx_wait_metric("retryproxy_connections_active", 0, 5000), 0,
+                 "the connection of a client reading nothing is still open");
+    /* the upstream transfer ended with it: its connection closed, not kept (mid-body) */
+    for (int64_t t0 = now_ms(); px_fds(px) > fds0 && now_ms() - t0 < 2000;)
+        sleep_ms(20);
+    cr_expect_leq(px_fds(px), fds0, "descriptors %d after, %d before", px_fds(px), fds0);
+    close_slow_readers(&fd, 1);
 }

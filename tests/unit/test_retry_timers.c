@@ -120,6 +120,11 @@ bool attempt_cancel(struct attempt *a)
     return true;
 }
 
+void attempt_commit(struct attempt *a)
+{
+    (void)a;
+}
+
 void attempt_resume_body(struct attempt *a)
 {
     (void)a;
