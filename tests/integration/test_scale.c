@@ -403,8 +403,9 @@ Test(scale, memory_held_by_slow_readers_goes_back_when_they_leave)
     int fds[SLOW];
     open_slow_readers(fds, SLOW, "8388608");
     long held = px_rss_kb(px);
-    cr_assert_gt(held, idle + 10 * 1024, "RSS %ld KiB with %d slow readers, %ld idle: the "
-                 "test measures nothing", held, SLOW, idle);
+    cr_assert_gt(held, idle + 10 * 1024,
+                 "RSS %ld KiB with %d slow readers, %ld idle: the test measures nothing", held,
+                 SLOW, idle);
     close_slow_readers(fds, SLOW);
     long bound = idle + 6 * 1024;
     if (!fx_under_asan())

@@ -27,8 +27,8 @@
 #include "tests/support/harness.h"
 #include "tests/support/tup.h"
 
-#define FX_UPSTREAMS 4 /* test upstreams one test may run */
-#define FX_CALLS     4 /* requests in threads of their own (fx_calls) */
+#define FX_UPSTREAMS 4   /* test upstreams one test may run */
+#define FX_CALLS     4   /* requests in threads of their own (fx_calls) */
 #define FX_HELD      256 /* raw client sockets closed by fx_stop */
 
 /* The proxy under test (NULL until started, and after fx_stop) and upstream 0. A test that
