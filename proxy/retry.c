@@ -227,6 +227,7 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     r->peer = peer;
     r->refused = refused;
     r->refs = 1;
+    worker_refresh(w);
     r->rt = rt_ref(w->rt);
     r->cfg = r->rt->cfg;
     r->m = r->rt->no_route;

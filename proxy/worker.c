@@ -19,9 +19,7 @@ static void set_upstream_cap(struct worker *w)
         upstream_set_cap(w->up, (w->rt->cfg->max_upstream_requests + n - 1) / n);
 }
 
-/* Takes the snapshot published in the cell if it is newer than ours. Requests in flight keep
- * the one they started with; the round-robin positions start over for the new routes. */
-static void refresh(struct worker *w)
+void worker_refresh(struct worker *w)
 {
     if (w->rt && rt_cell_generation(&w->px->cell) == w->rt->generation)
         return;
@@ -62,7 +60,7 @@ static void on_wake(struct loop_watch *lw, uint32_t events)
         w->expired = true;
         retry_expire_all(w);
     }
-    refresh(w);
+    worker_refresh(w);
 }
 
 /* Once per loop turn, before waiting: what the turn logged goes out in one write. */
@@ -84,7 +82,7 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
     atomic_init(&w->drain, false);
     atomic_init(&w->expire, false);
     atomic_init(&w->requests, 0);
-    refresh(w);
+    worker_refresh(w);
     w->log = log_buf_new();
     w->loop = loop_new();
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

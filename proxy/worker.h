@@ -55,6 +55,13 @@ int worker_start(struct worker *w);
 /* Wakes the worker to pick up a newly published snapshot (from any thread). */
 void worker_wake(struct worker *w);
 
+/* Takes the snapshot published in the cell if it is newer than ours (one atomic load when it
+ * is not): on the wake-up that follows a reload, and as each request starts, so that a request
+ * arriving after a reload was published never runs on the config before it, whatever order the
+ * loop sees the two in. Requests in flight keep the one they started with; the round-robin
+ * positions start over for the new routes. */
+void worker_refresh(struct worker *w);
+
 /* Draining (from any thread): stop accepting connections; with 'expire', also answer every
  * request still waiting on the upstream side now. */
 void worker_drain(struct worker *w, bool expire);

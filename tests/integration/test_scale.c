@@ -353,6 +353,19 @@ static void open_slow_readers(int *fds, int n, const char *body)
     sleep_ms(300); /* their responses fill every buffer on the way and stall */
 }
 
+/* A normal request sent now is answered 200 at once (well within its route's timeout_ms),
+ * with 'n' slow clients ('what') connected. */
+static void expect_answered_at_once(int n, const char *what)
+{
+    const char *h[] = { "X-Request-Id: probe", NULL };
+    struct http_resp r;
+    http_do("GET", fx_url("/small"), h, NULL, 0, 5000, &r);
+    cr_expect_eq(r.status, 200, "a normal request behind %d %s: status %ld after %.2f s", n, what,
+                 r.status, r.seconds);
+    cr_expect_lt(r.seconds, 3.0, "answered after %.2f s", r.seconds);
+    http_free(&r);
+}
+
 static void close_slow_readers(const int *fds, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -372,13 +385,7 @@ Test(scale, slow_readers_do_not_hold_upstream_slots)
     start("\"limits\": {\"max_upstream_requests\": 2}", "\"timeout_ms\": 12000", "1");
     int fds[SLOW];
     open_slow_readers(fds, SLOW, "67108864");
-    const char *h[] = { "X-Request-Id: probe", NULL };
-    struct http_resp r;
-    http_do("GET", fx_url("/small"), h, NULL, 0, 5000, &r);
-    cr_expect_eq(r.status, 200, "a normal request behind %d slow readers: status %ld after %.2f s",
-                 SLOW, r.status, r.seconds);
-    cr_expect_lt(r.seconds, 3.0, "answered after %.2f s", r.seconds);
-    http_free(&r);
+    expect_answered_at_once(SLOW, "slow readers");
     /* the slow clients leave: their requests end at once (the stop below waits for none) */
     close_slow_readers(fds, SLOW);
 }
@@ -407,7 +414,8 @@ Test(scale, memory_held_by_slow_readers_goes_back_when_they_leave)
                  "RSS %ld KiB with %d slow readers, %ld idle: the test measures nothing", held,
                  SLOW, idle);
     close_slow_readers(fds, SLOW);
-    long bound = idle + 6 * 1024;
+    /* most of it: what stays is the heap's fragments (the build before kept 60 %) */
+    long bound = idle + (held - idle) * 2 / 5;
     if (!fx_under_asan())
         cr_expect(fx_wait(rss_back, &bound, 3000, 50),
                   "RSS %ld KiB 3 s after %d slow readers left (%ld idle, %ld with them)",
@@ -432,13 +440,7 @@ Test(scale, slow_uploads_do_not_hold_upstream_slots)
         cr_assert(raw_send_all(fds[i], req, sizeof(req) - 1));
     }
     sleep_ms(500); /* each upload's attempt runs, waiting for the rest of its body */
-    const char *h[] = { "X-Request-Id: probe", NULL };
-    struct http_resp r;
-    http_do("GET", fx_url("/small"), h, NULL, 0, 5000, &r);
-    cr_expect_eq(r.status, 200, "a normal request behind %d slow uploads: status %ld after %.2f s",
-                 SLOW, r.status, r.seconds);
-    cr_expect_lt(r.seconds, 3.0, "answered after %.2f s", r.seconds);
-    http_free(&r);
+    expect_answered_at_once(SLOW, "slow uploads");
     close_slow_readers(fds, SLOW);
 }
 
