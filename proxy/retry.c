@@ -454,7 +454,10 @@ static void begin(struct retry_req *r, const char *method)
         return;
     }
 
-    if ((policy->methods & r->method_bit) || (policy->idempotency_key && field[HF_IDEMPOTENCY_KEY]))
+    /* a key named in Connection does not reach the upstream, so it cannot vouch for a retry */
+    if ((policy->methods & r->method_bit) ||
+        (policy->idempotency_key && field[HF_IDEMPOTENCY_KEY] &&
+         !head_connection_names(&s, "Idempotency-Key")))
         r->flags |= RF_RETRYABLE;
     r->max_attempts = policy->max_attempts;
     if (field[HF_MAX_ATTEMPTS]) {
