@@ -9,7 +9,8 @@
 # wait), a config rewrite (rename) every SOAK_RELOAD seconds, a sample of the proxy's RSS and
 # descriptors every SOAK_INTERVAL seconds. Fails if RSS grows more than 10 % after the warm-up
 # (min(60 s, SOAK_SECONDS / 5)), if the descriptors do not come back to their idle count after
-# the load, if more than 0.1 % of requests end unexpectedly, or if the proxy does not exit 0.
+# the load (the proxy's cached upstream connections apart, up to the caches' bound), if more
+# than 0.1 % of requests end unexpectedly, or if the proxy does not exit 0.
 # SOAK_BIN runs another build of the proxy (e.g. build-tsan/retryproxy after make tsan-build,
 # with SOAK_FLAGS=--no-rss-check).
 

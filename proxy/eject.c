@@ -1,7 +1,5 @@
 #include "proxy/eject.h"
 
-#include <stdio.h>
-
 #include "proxy/log.h"
 
 uint64_t eject_mask(const struct rt_route *x, size_t n_upstreams, uint64_t now_ms)
@@ -29,9 +27,7 @@ void eject_record(const struct rt_route *x, const struct cfg_route *r, const str
     /* rare: an operator wants to see each ejection as it happens, not only in the metrics */
     struct health h;
     live_upstream_read(lu, &h);
-    char for_ms[24], nth[24];
-    snprintf(for_ms, sizeof(for_ms), "%llu", (unsigned long long)(h.ejected_until_ms - now_ms));
-    snprintf(nth, sizeof(nth), "%u", h.ejections);
-    log_event(CFG_LOG_WARN, "upstream ejected", "route", r->name, "upstream", u->url, "for_ms",
-              for_ms, "ejection", nth, NULL);
+    log_event(CFG_LOG_WARN, "upstream ejected", "route", r->name, "upstream", u->url,
+              LOG_NUM("for_ms", h.ejected_until_ms - now_ms), LOG_NUM("ejection", h.ejections),
+              NULL);
 }

@@ -66,6 +66,14 @@ const char *head_refusal(const struct head_scan *s)
                                                     : NULL;
 }
 
+bool head_connection_names(const struct head_scan *s, const char *name)
+{
+    for (unsigned i = 0; i < s->n_connection; i++)
+        if (hdr_token_listed(s->connection[i], name))
+            return true;
+    return false;
+}
+
 const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,
                                    size_t path_len, uint32_t method_bit)
 {
@@ -184,10 +192,7 @@ static bool dropped_on_the_way_up(const char *k, size_t kl, const struct fwd *f)
         HDR_NAME_IS(k, kl, "X-Request-Id") || HDR_NAME_IS(k, kl, "X-Retry-Timeout-Ms") ||
         (f->deadline_header && hdr_name_eq(k, f->deadline_header)))
         return true;
-    for (unsigned i = 0; i < s->n_connection; i++)
-        if (hdr_token_listed(s->connection[i], k))
-            return true;
-    return false;
+    return head_connection_names(s, k);
 }
 
 /* Adds 'v' to the X-Forwarded-For value being built, after ", " unless it is the first. */

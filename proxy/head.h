@@ -50,6 +50,9 @@ typedef void (*head_each_fn)(void *src, head_field_fn fn, void *arg);
 void head_scan(struct head_scan *s, head_each_fn each, void *src);
 /* Why the head cannot be forwarded as one unambiguous request (a 400), or NULL. */
 const char *head_refusal(const struct head_scan *s);
+/* Whether the client's Connection header names the field 'name': it is then not forwarded
+ * (RFC 9110 7.6.1), whatever the proxy reads from it (docs/forwarding.md). */
+bool head_connection_names(const struct head_scan *s, const char *name);
 
 /* The first route matching the method, path (its first 'path_len' bytes) and host, or NULL. */
 const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,

@@ -453,6 +453,8 @@ static void render_attempt(struct sink *s, const struct log_attempt *a, bool jso
     put_lit(s, json ? "}\n" : "ms\n"); /* text: the delay's unit, then the end */
 }
 
+const char log_num_mark[] = "";
+
 static void render_event(struct sink *s, const struct line *l, bool trunc)
 {
     bool json = l->format == CFG_LOG_JSON;
@@ -463,7 +465,15 @@ static void render_event(struct sink *s, const struct line *l, bool trunc)
     va_copy(ap, *l->pairs);
     const char *key;
     while ((key = va_arg(ap, const char *)) != NULL) {
-        const char *value = va_arg(ap, const char *);
+        bool is_num = key == log_num_mark;
+        const char *value = NULL;
+        int64_t num = 0;
+        if (is_num) {
+            key = va_arg(ap, const char *);
+            num = va_arg(ap, int64_t);
+        } else {
+            value = va_arg(ap, const char *);
+        }
         /* Pairs are unbounded in number: a truncated line keeps those that surely fit. */
         if (trunc && s->cap - s->len < 2 * (TRUNC_STR + 2) + 4 + EVENT_RESERVE) {
             put_lit(s, json ? ",\"truncated\":true" : " truncated=true");
@@ -473,13 +483,17 @@ static void render_event(struct sink *s, const struct line *l, bool trunc)
             put(s, ",", 1);
             put_json_str(s, key, lim);
             put(s, ":", 1);
-            put_json_str(s, value, lim);
         } else {
             put(s, " ", 1);
             put_escaped(s, key, lim, ESC_BARE);
             put(s, "=", 1);
-            put_text_value(s, value, lim);
         }
+        if (is_num)
+            put_i64(s, num);
+        else if (json)
+            put_json_str(s, value, lim);
+        else
+            put_text_value(s, value, lim);
     }
     va_end(ap);
     put_lit(s, json ? "}\n" : "\n");

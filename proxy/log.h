@@ -68,8 +68,13 @@ struct log_attempt {
 void log_attempt(struct log_buf *b, const struct log_attempt *a);
 
 /* An event line written at once (not buffered): {"time":..., "level":..., "msg": msg} plus
- * the given key/value string pairs (NULL-terminated list: key, value, key, value, ..., NULL).
- * Values are strings (escaped). Thread-safe. */
+ * the given fields, a NULL-terminated list: a key and a string value (escaped; NULL is null),
+ * or LOG_NUM(key, n), a number, for each field. Thread-safe. */
 void log_event(enum cfg_log_level level, const char *msg, ...);
+/* A number field of log_event(): a JSON number, never a string, so that a log pipeline types
+ * it as one (docs/logs.md). 'n' is converted to int64_t, the integers JSON parsers keep. */
+#define LOG_NUM(key, n) log_num_mark, (const char *)(key), (int64_t)(n)
+/* Marks a LOG_NUM field in the list (compared by address). */
+extern const char log_num_mark[];
 
 #endif

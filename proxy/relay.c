@@ -65,6 +65,8 @@ static void add_tag(struct MHD_Response *resp, const struct relay_tag *tag)
     char n[24];
     hdr_utoa(tag->attempts, n);
     MHD_add_response_header(resp, "X-Retry-Attempts", n);
+    if (tag->request_id)
+        MHD_add_response_header(resp, "X-Request-Id", tag->request_id);
     if (tag->stop)
         MHD_add_response_header(resp, "X-Retry-Stop", tag->stop);
     if (tag->throttled >= 0) {
@@ -126,7 +128,9 @@ void relay_error(struct relay *rl, unsigned status, const char *code, const char
 }
 
 /* The upstream's fields but hop-by-hop ones, Content-Length (libmicrohttpd frames the body),
- * ours, and any named in a Connection field; then ours. */
+ * ours (X-Request-Id too: the client gets the id the request went up and was logged with, as
+ * Envoy's always_set_request_id_in_response does), and any named in a Connection field; then
+ * ours. */
 static void copy_fields(struct MHD_Response *resp, const struct hlist *h,
                         const struct relay_tag *tag)
 {
@@ -137,6 +141,7 @@ static void copy_fields(struct MHD_Response *resp, const struct hlist *h,
         size_t nl = strlen(n);
         if (hdr_is_hop_by_hop(n) || HDR_NAME_IS(n, nl, "Content-Length") ||
             HDR_NAME_IS(n, nl, "X-Retry-Attempts") || HDR_NAME_IS(n, nl, "X-Retry-Stop") ||
+            (tag->request_id && HDR_NAME_IS(n, nl, "X-Request-Id")) ||
             (has_connection && hlist_connection_names(h, n)))
             continue;
         MHD_add_response_header(resp, n, v);

@@ -43,10 +43,11 @@ struct relay_ops {
 
 /* What every answer carries besides its own fields (docs/forwarding.md). */
 struct relay_tag {
-    uint32_t attempts; /* X-Retry-Attempts */
-    const char *stop;  /* X-Retry-Stop, NULL: none */
-    bool close;        /* Connection: close (draining, or a head that could not be framed) */
-    double throttled;  /* X-Retry-Throttled: the rejection probability; < 0: none */
+    uint32_t attempts;      /* X-Retry-Attempts */
+    const char *request_id; /* X-Request-Id, in place of the upstream's; NULL: none */
+    const char *stop;       /* X-Retry-Stop, NULL: none */
+    bool close;             /* Connection: close (draining, or a head that could not be framed) */
+    double throttled;       /* X-Retry-Throttled: the rejection probability; < 0: none */
 };
 
 /* Relay flags (struct relay 'flags'). */

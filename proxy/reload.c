@@ -180,10 +180,8 @@ static int load(struct reload *rl, bool force, const char *trigger, struct cfg_e
         cfg_errs_add(&errs, "$", 0, 0, "out of memory publishing the config");
         failed(rl, &errs, trigger);
     } else {
-        char gen[24];
-        snprintf(gen, sizeof(gen), "%llu", (unsigned long long)rl->generation);
-        log_event(CFG_LOG_INFO, "config reloaded", "generation", gen, "source", rl->path, "trigger",
-                  trigger, NULL);
+        log_event(CFG_LOG_INFO, "config reloaded", LOG_NUM("generation", rl->generation), "source",
+                  rl->path, "trigger", trigger, NULL);
         rc = 0;
     }
     cfg_unref(c);

@@ -380,6 +380,17 @@ static void each_field(void *src, head_field_fn fn, void *arg)
 
 /* First call of the access handler: the head is complete, no body byte read yet. Either an
  * answer is made at once (400, 404, 405, 413) or the request is set up to go upstream. */
+/* The request's id, sent upstream, logged and returned on every answer: the client's
+ * X-Request-Id when its head passed the checks and the value fits, else a new UUID
+ * (docs/forwarding.md). */
+static void set_request_id(struct retry_req *r, const char *client_id)
+{
+    if (client_id && *client_id && strlen(client_id) <= HEAD_REQUEST_ID_MAX)
+        snprintf(r->request_id, sizeof(r->request_id), "%s", client_id);
+    else
+        hdr_uuid(&r->w->rng, r->request_id);
+}
+
 static void begin(struct retry_req *r, const char *method)
 {
     struct worker *w = r->w;
@@ -400,6 +411,7 @@ static void begin(struct retry_req *r, const char *method)
                 code = codes[i].code;
         r->target[0] = '\0';
         r->state = RS_BODY;
+        set_request_id(r, NULL);
         answer_error(r, status, code, wire_reason_text(r->refused));
         return;
     }
@@ -408,14 +420,15 @@ static void begin(struct retry_req *r, const char *method)
     r->relay.is_head = strcmp(method, "HEAD") == 0; /* a length comes back, never a body */
     r->state = RS_BODY;
 
+    struct head_scan s;
+    head_scan(&s, each_field, &r->relay);
+    const char *why = head_refusal(&s);
+    set_request_id(r, why ? NULL : s.value[HF_REQUEST_ID]);
     if (strcmp(method, "CONNECT") == 0) {
         answer_error(r, 405, "method_not_allowed",
                      "CONNECT is not supported: retryproxy is a reverse proxy");
         return;
     }
-    struct head_scan s;
-    head_scan(&s, each_field, &r->relay);
-    const char *why = head_refusal(&s);
     if (why) {
         answer_error(r, 400, "bad_request", why);
         return;
@@ -446,7 +459,10 @@ static void begin(struct retry_req *r, const char *method)
         return;
     }
 
-    if ((policy->methods & r->method_bit) || (policy->idempotency_key && field[HF_IDEMPOTENCY_KEY]))
+    /* a key named in Connection does not reach the upstream, so it cannot vouch for a retry */
+    if ((policy->methods & r->method_bit) ||
+        (policy->idempotency_key && field[HF_IDEMPOTENCY_KEY] &&
+         !head_connection_names(&s, "Idempotency-Key")))
         r->flags |= RF_RETRYABLE;
     r->max_attempts = policy->max_attempts;
     if (field[HF_MAX_ATTEMPTS]) {
@@ -461,11 +477,6 @@ static void begin(struct retry_req *r, const char *method)
         if (t >= 1 && (uint64_t)t < r->timeout_ms)
             r->timeout_ms = (uint32_t)t;
     }
-    const char *id = field[HF_REQUEST_ID];
-    if (id && *id && strlen(id) <= HEAD_REQUEST_ID_MAX)
-        snprintf(r->request_id, sizeof(r->request_id), "%s", id);
-    else
-        hdr_uuid(&w->rng, r->request_id);
     r->dr = (struct decide_req){
         .policy = policy,
         .seq = &r->seq,
@@ -1229,6 +1240,7 @@ static struct relay_tag tag_of(const struct retry_req *r)
 {
     return (struct relay_tag){
         .attempts = r->attempts,
+        .request_id = r->request_id[0] ? r->request_id : NULL,
         .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
         /* a head that could not be framed, or draining: no more requests here */
         .close = r->refused != WIRE_OK ||

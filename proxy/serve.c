@@ -97,10 +97,8 @@ static void on_drain_check(struct loop_timer *t)
         return;
     }
     if (!ctl->grace_ms && now >= ctl->deadline_ms) {
-        char left[24];
-        snprintf(left, sizeof(left), "%zu", requests_alive(ctl));
-        log_event(CFG_LOG_WARN, "drain timeout: answering the requests still waiting", "requests",
-                  left, NULL);
+        log_event(CFG_LOG_WARN, "drain timeout: answering the requests still waiting",
+                  LOG_NUM("requests", requests_alive(ctl)), NULL);
         for (unsigned i = 0; i < ctl->n; i++)
             worker_drain(ctl->workers[i], true);
         ctl->grace_ms = now + DRAIN_GRACE_MS;
@@ -120,9 +118,8 @@ static void start_draining(struct control *ctl, const char *signame)
     atomic_store(&ctl->px->draining, true);
     metrics_set_draining(ctl->px->metrics); /* the admin listener keeps answering /metrics */
     atomic_store(&ctl->px->drain_deadline_ms, ctl->deadline_ms ? ctl->deadline_ms : 1);
-    char ms[24];
-    snprintf(ms, sizeof(ms), "%u", drain_ms);
-    log_event(CFG_LOG_INFO, "draining", "signal", signame, "drain_timeout_ms", ms, NULL);
+    log_event(CFG_LOG_INFO, "draining", "signal", signame, LOG_NUM("drain_timeout_ms", drain_ms),
+              NULL);
     for (unsigned i = 0; i < ctl->n; i++)
         worker_drain(ctl->workers[i], false);
     loop_timer_start(ctl->loop, &ctl->drain_timer, now, on_drain_check, ctl);

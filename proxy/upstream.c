@@ -12,10 +12,10 @@
  * after a burst, upstream_trim() keeps POOL_KEEP. */
 #define POOL_MAX  256
 #define POOL_KEEP 16
-/* Idle upstream connections kept per worker. libcurl's default is 4 times the transfers
- * running at that moment, so a short dip in load closes connections that the next burst has to
- * open again; a fixed size keeps them (each idle one costs a socket and a few kilobytes). */
-#define MAX_IDLE_CONNECTIONS 1024L
+/* Idle upstream connections kept per worker: UPSTREAM_MAX_CONNECTIONS. libcurl's default is 4
+ * times the transfers running at that moment, so a short dip in load closes connections that
+ * the next burst has to open again; a fixed size keeps them (each idle one costs a socket and a
+ * few kilobytes). */
 /* A worker's transfers are spread over several multi handles ("shards"), each with its own
  * connection cache. libcurl looks for a connection to reuse by walking every connection to
  * the host in its cache, and walks the whole cache again when a transfer is removed: with
@@ -282,7 +282,7 @@ struct upstream *upstream_new(struct loop *l)
         curl_multi_setopt(sh->multi, CURLMOPT_SOCKETDATA, sh);
         curl_multi_setopt(sh->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
         curl_multi_setopt(sh->multi, CURLMOPT_TIMERDATA, sh);
-        curl_multi_setopt(sh->multi, CURLMOPT_MAXCONNECTS, MAX_IDLE_CONNECTIONS / SHARDS);
+        curl_multi_setopt(sh->multi, CURLMOPT_MAXCONNECTS, UPSTREAM_MAX_CONNECTIONS / SHARDS);
     }
     return u;
 }

@@ -16,6 +16,10 @@
 
 #include "proxy/loop.h"
 
+/* Idle upstream connections a worker keeps at most, over all its multi handles
+ * (CURLMOPT_MAXCONNECTS): the soak's descriptor check allows this many (tests/tools/soak.c). */
+#define UPSTREAM_MAX_CONNECTIONS 1024L
+
 struct upstream;
 struct shard;
 

@@ -169,16 +169,16 @@ Test(ejection, failing_upstream_is_ejected_then_back_and_ejected_longer)
     cr_expect_eq(get_n("e", 4), 4);
     cr_expect_eq(tup_count(bad), 4, "ejected for the second delay, not the first");
 
-    /* each ejection is an event line at warn, with its length and its number */
+    /* each ejection is an event line at warn, with its length and its number (JSON numbers) */
     char *out = px_stdout(px), want[256];
     snprintf(want, sizeof(want),
-             "\"msg\":\"upstream ejected\",\"route\":\"r\",\"upstream\":\"%s\",\"for_ms\":\"500\","
-             "\"ejection\":\"1\"",
+             "\"msg\":\"upstream ejected\",\"route\":\"r\",\"upstream\":\"%s\",\"for_ms\":500,"
+             "\"ejection\":1",
              bad_url);
     cr_expect(strstr(out, want), "no line with %s in\n%s", want, out);
     snprintf(want, sizeof(want),
-             "\"msg\":\"upstream ejected\",\"route\":\"r\",\"upstream\":\"%s\",\"for_ms\":\"1000\","
-             "\"ejection\":\"2\"",
+             "\"msg\":\"upstream ejected\",\"route\":\"r\",\"upstream\":\"%s\",\"for_ms\":1000,"
+             "\"ejection\":2",
              bad_url);
     cr_expect(strstr(out, want), "no line with %s", want);
     free(out);

@@ -453,6 +453,19 @@ Test(forwarding, x_forwarded_for_is_appended_or_created_and_proto_is_http)
     cr_expect_str_eq(tup_req_header(q, "X-Forwarded-For"),
                      "10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1");
 
+    /* one rule for Connection: a field it names is not forwarded as sent, and the fields the
+     * proxy writes itself are written from what the client sent whatever Connection says */
+    const char *hop[] = { "Connection: X-Forwarded-For, X-Request-Id, X-Forwarded-Proto",
+                          "X-Forwarded-For: 10.0.0.9", "X-Forwarded-Proto: https",
+                          "X-Request-Id: xff-hop", NULL };
+    get("/xff", hop, &r);
+    cr_expect_str_eq(http_hdr(&r, "X-Request-Id"), "xff-hop");
+    http_free(&r);
+    q = only_record(up, "xff-hop");
+    cr_expect_eq(tup_req_header_count(q, "X-Forwarded-For"), 1);
+    cr_expect_str_eq(tup_req_header(q, "X-Forwarded-For"), "10.0.0.9, 127.0.0.1");
+    cr_expect_str_eq(tup_req_header(q, "X-Forwarded-Proto"), "http");
+
     q = only_record(up, "xff-none");
     cr_expect_eq(tup_req_header_count(q, "X-Forwarded-For"), 1);
     cr_expect_str_eq(tup_req_header(q, "X-Forwarded-For"), "127.0.0.1");

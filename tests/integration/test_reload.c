@@ -244,8 +244,6 @@ static int64_t wait_metric(int64_t t0, const char *series, double want, int time
  * "forced". */
 static const char *reload_trigger(long gen, char *buf, size_t cap)
 {
-    char want[24];
-    snprintf(want, sizeof(want), "%ld", gen);
     int64_t t0 = now_ms();
     for (;;) {
         char *out = px_stdout(px);
@@ -255,8 +253,9 @@ static const char *reload_trigger(long gen, char *buf, size_t cap)
              line = strtok_r(NULL, "\n", &save)) {
             json_t *j = json_loads(line, 0, NULL);
             const char *msg = json_string_value(json_object_get(j, "msg"));
-            const char *g = json_string_value(json_object_get(j, "generation"));
-            if (msg && strcmp(msg, "config reloaded") == 0 && g && strcmp(g, want) == 0) {
+            json_t *g = json_object_get(j, "generation"); /* a JSON number (docs/logs.md) */
+            if (msg && strcmp(msg, "config reloaded") == 0 && json_is_integer(g) &&
+                json_integer_value(g) == gen) {
                 const char *t = json_string_value(json_object_get(j, "trigger"));
                 snprintf(buf, cap, "%s", t ? t : "(none)");
                 found = buf;

@@ -136,6 +136,21 @@ Test(retry, idempotency_key_makes_post_retryable)
     http_free(&r);
 }
 
+/* A key the client's Connection names is not forwarded (hop-by-hop), so the upstream could
+ * not tell the retry from a new request: it does not make the POST retryable. */
+Test(retry, idempotency_key_named_in_connection_does_not_make_post_retryable)
+{
+    start("\"retry\": {" CFG_FAST "}");
+    const char *h[] = { "X-Test-Plan: fail=1;status=503", "X-Request-Id: idem-hop",
+                        "Connection: Idempotency-Key", "Idempotency-Key: k-2", NULL };
+    struct http_resp r = send_req("POST", "/", h, "payload");
+    cr_expect_eq(r.status, 503);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "not-retryable");
+    cr_assert_eq(tup_count_id(up, "idem-hop"), 1);
+    cr_expect_null(tup_req_header(tup_get(up, 0), "Idempotency-Key"));
+    http_free(&r);
+}
+
 Test(retry, status_not_in_retry_on_passes_through_without_stop_reason)
 {
     start("\"retry\": {" CFG_FAST "}");

@@ -304,6 +304,18 @@ Test(shutdown, request_without_an_upstream_answer_gets_a_json_503_draining)
                   (long long)at);
     cr_expect_lt(at, DRAIN_MS + MARGIN_MS, "answered %lld ms after SIGTERM", (long long)at);
     cr_assert_geq(took, 0, "no exit within drain_timeout_ms + 2 s");
+    /* the event lines say so, their numbers as JSON numbers (docs/logs.md) */
+    char *out = px_stdout(px);
+    json_t *ev = fx_log_line(out, "draining");
+    cr_expect_str_eq(json_str(ev, "signal"), "SIGTERM", "%s", out);
+    cr_expect(json_is_integer(json_object_get(ev, "drain_timeout_ms")), "%s", out);
+    cr_expect_eq(json_integer_value(json_object_get(ev, "drain_timeout_ms")), DRAIN_MS);
+    json_decref(ev);
+    ev = fx_log_line(out, "drain timeout: answering the requests still waiting");
+    cr_expect(json_is_integer(json_object_get(ev, "requests")), "%s", out);
+    cr_expect_eq(json_integer_value(json_object_get(ev, "requests")), 1);
+    json_decref(ev);
+    free(out);
     cr_expect_eq(reap(), 0, "exit status");
 }
 

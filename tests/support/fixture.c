@@ -314,6 +314,21 @@ const char *json_str(const json_t *o, const char *key)
     return json_string_value(json_object_get(o, key));
 }
 
+json_t *fx_log_line(const char *out, const char *msg)
+{
+    for (const char *line = out; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        json_t *j = json_loadb(line, len, 0, NULL);
+        const char *m = json_str(j, "msg");
+        if (m && strcmp(m, msg) == 0)
+            return j;
+        json_decref(j);
+        line = end ? end + 1 : NULL;
+    }
+    return NULL;
+}
+
 /* ---- a raw client ---- */
 
 int raw_dial(uint16_t port)

@@ -117,6 +117,9 @@ json_t *fx_admin_get_json(const char *path);
 json_t *fx_admin_json(const char *method, const char *path, long *status);
 /* A string member of a JSON object, NULL when absent or not a string. */
 const char *json_str(const json_t *o, const char *key);
+/* The first JSON log line in 'out' (the proxy's stdout) whose "msg" is 'msg', or NULL (caller
+ * decrefs). */
+json_t *fx_log_line(const char *out, const char *msg);
 
 /* ---- a raw client, for the bytes on the wire ---- */
 

@@ -65,6 +65,80 @@ int proc_entries(pid_t pid, const char *what)
     return n;
 }
 
+/* Adds to 'set' (grown as needed) the inodes of the sockets in /proc/PID/net/'table' whose
+ * remote port is 'port'. -1 if the table cannot be read or memory runs out. */
+static int port_inodes(pid_t pid, const char *table, uint16_t port, unsigned long **set, size_t *n,
+                       size_t *cap)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%d/net/%s", (int)pid, table);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    int rc = 0;
+    while (fgets(line, sizeof(line), f)) {
+        /* sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode */
+        unsigned rport;
+        unsigned long inode;
+        if (sscanf(line,
+                   " %*u: %*[0-9A-Fa-f]:%*x %*[0-9A-Fa-f]:%x %*x %*x:%*x %*x:%*x %*x %*u %*u %lu",
+                   &rport, &inode) != 2 ||
+            rport != port)
+            continue; /* the header line, or another connection */
+        if (*n == *cap) {
+            size_t c = *cap ? *cap * 2 : 64;
+            unsigned long *t = realloc(*set, c * sizeof(*t));
+            if (!t) {
+                rc = -1;
+                break;
+            }
+            *set = t;
+            *cap = c;
+        }
+        (*set)[(*n)++] = inode;
+    }
+    fclose(f);
+    return rc;
+}
+
+int proc_fds_to_port(pid_t pid, uint16_t port, int *to_port)
+{
+    unsigned long *set = NULL;
+    size_t n = 0, cap = 0;
+    int total = -1;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = NULL;
+    if (port_inodes(pid, "tcp", port, &set, &n, &cap) < 0 ||
+        port_inodes(pid, "tcp6", port, &set, &n, &cap) < 0 || (d = opendir(path)) == NULL)
+        goto out;
+    total = 0;
+    *to_port = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        total++;
+        char link[64];
+        ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+        unsigned long inode;
+        if (len <= 0)
+            continue;
+        link[len] = '\0';
+        if (sscanf(link, "socket:[%lu]", &inode) != 1)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            if (set[i] == inode) {
+                (*to_port)++;
+                break;
+            }
+    }
+out:
+    if (d)
+        closedir(d);
+    free(set);
+    return total;
+}
+
 long proc_status_kb(pid_t pid, const char *field)
 {
     char path[64], line[256];

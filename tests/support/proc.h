@@ -41,6 +41,10 @@ int proc_entries(pid_t pid, const char *what);
 /* A "FIELD:   N kB" line of /proc/PID/status in KiB ("VmRSS": resident now, "VmHWM": its peak),
  * or -1. */
 long proc_status_kb(pid_t pid, const char *field);
+/* Descriptors of PID, as proc_entries(pid, "fd"), and in *to_port those of them that are TCP
+ * sockets (IPv4 or IPv6) connected to remote port 'port' (/proc/PID/net/tcp*: whatever the
+ * connection's state, CLOSE_WAIT included), or -1. */
+int proc_fds_to_port(pid_t pid, uint16_t port, int *to_port);
 
 /* Adds a GET of 'url' with 'headers' (the caller keeps them until the transfer is done) to 'm':
  * its body is dropped, it gives up after 'timeout_ms', and 'priv' comes back with it from

@@ -381,6 +381,37 @@ Test(log, event_json_with_pairs_written_at_once)
     free_lines(&l);
 }
 
+/* Numbers are JSON numbers, as in the request line: a log pipeline types a field by its JSON
+ * type. */
+Test(log, event_numbers_are_json_numbers)
+{
+    log_event(CFG_LOG_WARN, "upstream ejected", "route", "r", LOG_NUM("for_ms", 1500),
+              LOG_NUM("ejection", 2u), LOG_NUM("big", INT64_MAX), LOG_NUM("neg", -3), "after", "x",
+              NULL);
+    struct lines l = read_lines();
+    cr_assert_eq(l.n, 1);
+    expect_event_line(l.v[0],
+                      "\",\"level\":\"warn\",\"msg\":\"upstream ejected\",\"route\":\"r\","
+                      "\"for_ms\":1500,\"ejection\":2,\"big\":9223372036854775807,\"neg\":-3,"
+                      "\"after\":\"x\"}",
+                      true);
+    json_t *j = parse(l.v[0]);
+    cr_expect(json_is_integer(json_object_get(j, "for_ms")), "%s", l.v[0]);
+    cr_expect_eq(json_integer_value(json_object_get(j, "for_ms")), 1500);
+    cr_expect(json_is_integer(json_object_get(j, "ejection")), "%s", l.v[0]);
+    cr_expect_str_eq(json_string_value(json_object_get(j, "after")), "x");
+    json_decref(j);
+    free_lines(&l);
+
+    log_configure(CFG_LOG_INFO, CFG_LOG_TEXT);
+    log_event(CFG_LOG_INFO, "draining", "signal", "SIGTERM", LOG_NUM("drain_timeout_ms", 10000),
+              NULL);
+    l = read_lines();
+    cr_assert_eq(l.n, 2);
+    expect_event_line(l.v[1], " INFO  draining signal=SIGTERM drain_timeout_ms=10000", false);
+    free_lines(&l);
+}
+
 Test(log, event_json_without_pairs_and_null_value)
 {
     log_event(CFG_LOG_INFO, "reloaded", NULL);
