@@ -378,8 +378,6 @@ static void each_field(void *src, head_field_fn fn, void *arg)
     relay_each_field(src, fn, arg);
 }
 
-/* First call of the access handler: the head is complete, no body byte read yet. Either an
- * answer is made at once (400, 404, 405, 413) or the request is set up to go upstream. */
 /* The request's id, sent upstream, logged and returned on every answer: the client's
  * X-Request-Id when its head passed the checks and the value fits, else a new UUID
  * (docs/forwarding.md). */
@@ -391,6 +389,8 @@ static void set_request_id(struct retry_req *r, const char *client_id)
         hdr_uuid(&r->w->rng, r->request_id);
 }
 
+/* First call of the access handler: the head is complete, no body byte read yet. Either an
+ * answer is made at once (400, 404, 405, 413) or the request is set up to go upstream. */
 static void begin(struct retry_req *r, const char *method)
 {
     struct worker *w = r->w;
