@@ -1,0 +1,144 @@
+/* Request fields on the way upstream, sent as raw bytes (docs/forwarding.md, docs/hardening.md):
+ * what the proxy adds (nothing of libcurl's own), which names it will not pass on (underscore
+ * look-alikes of the fields it manages), which Host values it refuses, and how it reads the
+ * values it parses (whitespace around them is not part of them).
+ *
+ * Each case asserts what the test upstream received, every field in order where it matters.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "tests/support/fixture.h"
+
+#define READ_MS 5000
+
+TestSuite(fields, .fini = fx_stop, .timeout = 90);
+
+struct answer {
+    char buf[16384];
+    size_t len;
+    int status;
+    const char *body; /* after the head, or "" */
+};
+
+/* Sends 'req' on a fresh connection (the request should say Connection: close) and reads the
+ * answer until the proxy closes. */
+static void exchange(const char *req, struct answer *a)
+{
+    int fd = raw_dial(px->port);
+    cr_assert(raw_send_all(fd, req, strlen(req)));
+    a->len = 0;
+    int64_t end = now_ms() + READ_MS;
+    while (a->len < sizeof(a->buf) - 1) {
+        int left = (int)(end - now_ms());
+        ssize_t n = left > 0 ? raw_recv(fd, a->buf + a->len, sizeof(a->buf) - 1 - a->len, left) : -2;
+        if (n <= 0)
+            break;
+        a->len += (size_t)n;
+    }
+    close(fd);
+    a->buf[a->len] = '\0';
+    a->status = 0;
+    if (a->len > 12 && memcmp(a->buf, "HTTP/1.", 7) == 0)
+        a->status = atoi(a->buf + 9);
+    const char *b = strstr(a->buf, "\r\n\r\n");
+    a->body = b ? b + 4 : "";
+}
+
+/* Every field 'q' carries but Host, X-Forwarded-For and X-Retry-Attempt (the proxy's, checked
+ * elsewhere), as "name: value\n" in the order received. */
+static void fields_of(const struct tup_req *q, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < q->n_headers; i++) {
+        const struct tup_header *h = &q->headers[i];
+        if (!strcasecmp(h->name, "Host") || !strcasecmp(h->name, "X-Forwarded-For") ||
+            !strcasecmp(h->name, "X-Retry-Attempt"))
+            continue;
+        int n = snprintf(out + used, cap - used, "%s: %s\n", h->name, h->value);
+        cr_assert(n >= 0 && (size_t)n < cap - used, "fields longer than %zu bytes", cap);
+        used += (size_t)n;
+    }
+}
+
+/* The record of the only request the upstream saw with X-Request-Id 'id'. */
+static const struct tup_req *record(const char *id)
+{
+    tup_wait_count(up, 1, 3000);
+    cr_assert_eq(tup_count_id(up, id), 1, "the upstream saw %zu requests with id %s",
+                 tup_count_id(up, id), id);
+    for (size_t i = 0; i < tup_count(up); i++)
+        if (strcmp(tup_get(up, i)->request_id, id) == 0)
+            return tup_get(up, i);
+    return NULL;
+}
+
+/* ---- item: nothing of libcurl's own is added ---- */
+
+struct sent {
+    const char *id;
+    const char *head; /* request line and fields before X-Request-Id */
+    const char *rest; /* fields after it, the blank line, the body */
+    const char *want; /* every field the upstream received (fields_of) */
+    size_t body_len;
+};
+
+#define ID(x) "X-Request-Id: " x "\r\nConnection: close\r\n"
+
+/* libcurl adds Content-Type: application/x-www-form-urlencoded to a body given as a buffer,
+ * and the proxy buffers every body it may replay, an empty one included. */
+static const struct sent no_added_field[] = {
+    { "cl0-post", "POST /a HTTP/1.1\r\nHost: a\r\n", "Content-Length: 0\r\n\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: cl0-post\nContent-Length: 0\n", 0 },
+    { "cl0-get", "GET /a HTTP/1.1\r\nHost: a\r\n", "Content-Length: 0\r\n\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: cl0-get\nContent-Length: 0\n", 0 },
+    { "cl0-put", "PUT /a HTTP/1.1\r\nHost: a\r\n", "Content-Length: 0\r\n\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: cl0-put\nContent-Length: 0\n", 0 },
+    { "cl0-patch", "PATCH /a HTTP/1.1\r\nHost: a\r\n", "Content-Length: 0\r\n\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: cl0-patch\nContent-Length: 0\n", 0 },
+    { "cl0-delete", "DELETE /a HTTP/1.1\r\nHost: a\r\n", "Content-Length: 0\r\n\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: cl0-delete\nContent-Length: 0\n", 0 },
+    { "cl0-options", "OPTIONS /a HTTP/1.1\r\nHost: a\r\n", "Content-Length: 0\r\n\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: cl0-options\nContent-Length: 0\n", 0 },
+    { "cl0-http10", "POST /a HTTP/1.0\r\n", "Content-Length: 0\r\n\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: cl0-http10\nContent-Length: 0\n", 0 },
+    { "cl3-post", "POST /a HTTP/1.1\r\nHost: a\r\n", "Content-Length: 3\r\n\r\nabc",
+      "X-Forwarded-Proto: http\nX-Request-Id: cl3-post\nContent-Length: 3\n", 3 },
+    { "chunked0-post", "POST /a HTTP/1.1\r\nHost: a\r\n",
+      "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: chunked0-post\nContent-Length: 0\n", 0 },
+    { "own-type", "POST /a HTTP/1.1\r\nHost: a\r\nContent-Type: text/plain\r\n",
+      "Content-Length: 0\r\n\r\n",
+      "Content-Type: text/plain\nX-Forwarded-Proto: http\nX-Request-Id: own-type\n"
+      "Content-Length: 0\n",
+      0 },
+    { "empty-type", "POST /a HTTP/1.1\r\nHost: a\r\nContent-Type:\r\n", "Content-Length: 0\r\n\r\n",
+      "Content-Type: \nX-Forwarded-Proto: http\nX-Request-Id: empty-type\nContent-Length: 0\n",
+      0 },
+    { "no-length", "GET /a HTTP/1.1\r\nHost: a\r\n", "\r\n",
+      "X-Forwarded-Proto: http\nX-Request-Id: no-length\n", 0 },
+};
+
+Test(fields, no_field_of_libcurls_own_reaches_the_upstream_whatever_the_body)
+{
+    fx_start_r("", "\"retry\": {\"retry_on\": []}", "--workers", "1", NULL);
+    for (size_t i = 0; i < sizeof(no_added_field) / sizeof(no_added_field[0]); i++) {
+        const struct sent *c = &no_added_field[i];
+        char req[1024];
+        snprintf(req, sizeof(req), "%s" ID("%s") "%s", c->head, c->id, c->rest);
+        struct answer a;
+        exchange(req, &a);
+        cr_expect_eq(a.status, 200, "%s: status %d: %s", c->id, a.status, a.buf);
+        const struct tup_req *q = record(c->id);
+        char got[2048];
+        fields_of(q, got, sizeof(got));
+        cr_expect_str_eq(got, c->want, "%s: the upstream received\n%s", c->id, got);
+        cr_expect_eq(q->body_len, c->body_len, "%s: body of %llu bytes", c->id,
+                     (unsigned long long)q->body_len);
+    }
+}
