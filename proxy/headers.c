@@ -91,16 +91,40 @@ bool hdr_value_valid_n(const char *value, size_t n)
     return true;
 }
 
-int64_t hdr_parse_uint(const char *s)
+const char *hdr_trim(const char *v, size_t *n)
+{
+    const char *e = v + *n;
+    while (v < e && (*v == ' ' || *v == '\t'))
+        v++;
+    while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
+        e--;
+    *n = (size_t)(e - v);
+    return v;
+}
+
+/* The number the 'n' bytes at 's' spell: 1 to 18 digits, else -1. */
+static int64_t parse_digits(const char *s, size_t n)
 {
     int64_t v = 0;
-    size_t n = 0;
-    for (; s[n]; n++) {
-        if (s[n] < '0' || s[n] > '9' || n >= 18)
+    if (n == 0 || n > 18)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
             return -1;
-        v = v * 10 + (s[n] - '0');
+        v = v * 10 + (s[i] - '0');
     }
-    return n ? v : -1;
+    return v;
+}
+
+int64_t hdr_parse_uint(const char *s)
+{
+    return parse_digits(s, strlen(s));
+}
+
+int64_t hdr_value_uint(const char *s, size_t n)
+{
+    s = hdr_trim(s, &n);
+    return parse_digits(s, n);
 }
 
 void hdr_uuid(struct rng *r, char out[37])

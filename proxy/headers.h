@@ -33,8 +33,16 @@ bool hdr_value_valid(const char *value);
 /* The same for the n bytes at 'value' (a NUL among them is a forbidden byte). */
 bool hdr_value_valid_n(const char *value, size_t n);
 
+/* The 'n' bytes of a field value at 'v' without the whitespace (SP, HTAB) around them, which is
+ * not part of the value (RFC 9110 5.5): returns where the value starts and sets *n to its
+ * length. Every value the proxy reads goes through it, request fields and response fields. */
+const char *hdr_trim(const char *v, size_t *n);
+
 /* The whole decimal number in 's' if it is 1 to 18 digits, else -1. */
 int64_t hdr_parse_uint(const char *s);
+/* The same for the 'n' bytes at 's', read as a field value: the whitespace around the digits
+ * is not part of it (hdr_trim). */
+int64_t hdr_value_uint(const char *s, size_t n);
 
 /* A random (version 4) UUID in lowercase hex, 36 characters and a NUL. */
 void hdr_uuid(struct rng *r, char out[37]);

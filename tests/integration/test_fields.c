@@ -35,7 +35,8 @@ static void exchange(const char *req, struct answer *a)
     int64_t end = now_ms() + READ_MS;
     while (a->len < sizeof(a->buf) - 1) {
         int left = (int)(end - now_ms());
-        ssize_t n = left > 0 ? raw_recv(fd, a->buf + a->len, sizeof(a->buf) - 1 - a->len, left) : -2;
+        ssize_t n =
+            left > 0 ? raw_recv(fd, a->buf + a->len, sizeof(a->buf) - 1 - a->len, left) : -2;
         if (n <= 0)
             break;
         a->len += (size_t)n;
@@ -118,8 +119,7 @@ static const struct sent no_added_field[] = {
       "Content-Length: 0\n",
       0 },
     { "empty-type", "POST /a HTTP/1.1\r\nHost: a\r\nContent-Type:\r\n", "Content-Length: 0\r\n\r\n",
-      "Content-Type: \nX-Forwarded-Proto: http\nX-Request-Id: empty-type\nContent-Length: 0\n",
-      0 },
+      "Content-Type: \nX-Forwarded-Proto: http\nX-Request-Id: empty-type\nContent-Length: 0\n", 0 },
     { "no-length", "GET /a HTTP/1.1\r\nHost: a\r\n", "\r\n",
       "X-Forwarded-Proto: http\nX-Request-Id: no-length\n", 0 },
 };
