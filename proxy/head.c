@@ -35,7 +35,9 @@ static void scan_field(void *arg, const char *k, size_t k_len, const char *v, si
         s->n_bad++;
     for (size_t i = 0; i < HF_COUNT; i++) {
         if (k_len == kept[i].len && strcasecmp(k, kept[i].name) == 0) {
-            s->value[i] = v;
+            size_t n = v_len;
+            s->value[i] = hdr_trim(v, &n);
+            s->value_len[i] = n;
             s->count[i]++;
             return;
         }
@@ -62,12 +64,13 @@ const char *head_refusal(const struct head_scan *s)
            : n_cl && s->count[HF_TRANSFER_ENCODING] ? "both Content-Length and Transfer-Encoding"
            : s->count[HF_HOST] > 1                  ? "two Host headers"
            : s->n_bad                               ? "a header with a forbidden character"
-           : cl && hdr_parse_uint(cl) < 0           ? "an invalid Content-Length"
-                                                    : NULL;
+           : cl && hdr_value_uint(cl, s->value_len[HF_CONTENT_LENGTH]) < 0
+               ? "an invalid Content-Length"
+               : NULL;
 }
 
-const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,
-                                   size_t path_len, uint32_t method_bit)
+const struct cfg_route *head_route(const struct cfg *c, const char *host, size_t host_len,
+                                   const char *path, size_t path_len, uint32_t method_bit)
 {
     for (size_t i = 0; i < c->n_routes; i++) {
         const struct cfg_route *rt = &c->routes[i];
@@ -80,7 +83,7 @@ const struct cfg_route *head_route(const struct cfg *c, const char *host, const 
             char h[300];
             bool keep_port = strchr(rt->match_host, ':') != NULL &&
                              (rt->match_host[0] != '[' || strstr(rt->match_host, "]:"));
-            if (!host || hdr_match_host(host, keep_port, h, sizeof(h)) < 0 ||
+            if (!host || hdr_match_host(host, host_len, keep_port, h, sizeof(h)) < 0 ||
                 strcmp(h, rt->match_host) != 0)
                 continue;
         }
@@ -223,8 +226,8 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     size_t xff_cap = s->xff_len + peer_len + 3;
     size_t cap = s->field_bytes + 3 * s->n_fields + sizeof("X-Forwarded-For: ") + xff_cap +
                  sizeof("X-Forwarded-Proto: http") + sizeof("X-Request-Id: ") +
-                 HEAD_REQUEST_ID_MAX + (s->value[HF_HOST] ? strlen(s->value[HF_HOST]) : 0) +
-                 sizeof("Host: ") + sizeof("Expect:Accept:Content-Type:") + 8;
+                 HEAD_REQUEST_ID_MAX + s->value_len[HF_HOST] + sizeof("Host: ") +
+                 sizeof("Expect:Accept:Content-Type:") + 8;
     char *block = malloc(max * sizeof(struct curl_slist) + cap + xff_cap);
     if (!block)
         return -1;
@@ -243,7 +246,7 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     hb_field(&b, "X-Forwarded-Proto", "http");
     hb_field(&b, "X-Request-Id", request_id);
     if (preserve_host && s->value[HF_HOST])
-        hb_field(&b, "Host", s->value[HF_HOST]);
+        hb_add(&b, "Host", 4, s->value[HF_HOST], s->value_len[HF_HOST]);
     /* curl's own additions that a proxy must not make (docs/forwarding.md: no field is
      * added): Accept: *\/\* where the client sent none, Expect: 100-continue for a large
      * upload, and a form Content-Type for any body given as a buffer, an empty one included

@@ -33,7 +33,8 @@ enum head_field {
 
 /* What a look at every field found. */
 struct head_scan {
-    const char *value[HF_COUNT];  /* each field's last value, NULL if absent */
+    const char *value[HF_COUNT];  /* each field's last value, NULL if absent, from its first */
+    size_t value_len[HF_COUNT];   /* non-blank byte: value[i][0..value_len[i]) (hdr_trim) */
     unsigned count[HF_COUNT];     /* and how many times it came */
     unsigned n_bad;               /* fields with a forbidden byte */
     size_t n_fields, field_bytes; /* every field, for sizing what is forwarded */
@@ -52,8 +53,8 @@ void head_scan(struct head_scan *s, head_each_fn each, void *src);
 const char *head_refusal(const struct head_scan *s);
 
 /* The first route matching the method, path (its first 'path_len' bytes) and host, or NULL. */
-const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,
-                                   size_t path_len, uint32_t method_bit);
+const struct cfg_route *head_route(const struct cfg *c, const char *host, size_t host_len,
+                                   const char *path, size_t path_len, uint32_t method_bit);
 
 /* The request target's form (RFC 9112 3.2). Origin-form ("/path?q") goes as it is.
  * Absolute-form ("http://host/path") becomes origin-form in *target (reallocated) and its

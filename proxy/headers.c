@@ -162,18 +162,17 @@ char *hdr_utoa(uint64_t v, char *out)
     return out;
 }
 
-int hdr_match_host(const char *host, bool keep_port, char *out, size_t cap)
+int hdr_match_host(const char *host, size_t n, bool keep_port, char *out, size_t cap)
 {
-    size_t n = strlen(host);
     if (!keep_port) {
         /* "[v6]:port" keeps its brackets; "name:port" loses ":port". */
         const char *end = host + n;
-        if (host[0] == '[') {
-            const char *close = strchr(host, ']');
+        if (n && host[0] == '[') {
+            const char *close = memchr(host, ']', n);
             if (close)
                 end = close + 1;
         } else {
-            const char *colon = strrchr(host, ':');
+            const char *colon = memrchr(host, ':', n);
             if (colon)
                 end = colon;
         }

@@ -49,8 +49,9 @@ void hdr_uuid(struct rng *r, char out[37]);
 /* Writes 'v' in decimal and a NUL at 'out' (room for 21 bytes); returns the NUL's address. */
 char *hdr_utoa(uint64_t v, char *out);
 
-/* The host part of a Host header value for matching: lowercased, its port removed unless
- * 'keep_port'. Writes at most 'cap' bytes including the NUL; returns 0, or -1 if too long. */
-int hdr_match_host(const char *host, bool keep_port, char *out, size_t cap);
+/* The host part of a Host header value (its 'n' bytes at 'host') for matching: lowercased, its
+ * port removed unless 'keep_port'. Writes at most 'cap' bytes including the NUL; returns 0,
+ * or -1 if too long. */
+int hdr_match_host(const char *host, size_t n, bool keep_port, char *out, size_t cap);
 
 #endif

@@ -420,11 +420,14 @@ static void begin(struct retry_req *r, const char *method)
         answer_error(r, 400, "bad_request", "a request target of no valid form");
         return;
     }
-    if (authority[0])
+    if (authority[0]) {
         s.value[HF_HOST] = authority;
+        s.value_len[HF_HOST] = strlen(authority);
+    }
     const char *q = strchr(r->target, '?');
     size_t path_len = q ? (size_t)(q - r->target) : strlen(r->target);
-    r->route = head_route(r->cfg, s.value[HF_HOST], r->target, path_len, r->method_bit);
+    r->route = head_route(r->cfg, s.value[HF_HOST], s.value_len[HF_HOST], r->target, path_len,
+                          r->method_bit);
     if (!r->route) {
         answer_error(r, 404, "no_route", "no route matches this request");
         return;
@@ -434,31 +437,35 @@ static void begin(struct retry_req *r, const char *method)
     const struct cfg_retry *policy = &r->route->retry;
     const char *const *field = s.value;
     bool chunked = s.count[HF_TRANSFER_ENCODING] > 0;
-    int64_t cl = field[HF_CONTENT_LENGTH] ? hdr_parse_uint(field[HF_CONTENT_LENGTH]) : -1;
+    const size_t *field_len = s.value_len; /* the values without their whitespace */
+    int64_t cl = field[HF_CONTENT_LENGTH]
+                     ? hdr_value_uint(field[HF_CONTENT_LENGTH], field_len[HF_CONTENT_LENGTH])
+                     : -1;
     if (cl > 0 && (uint64_t)cl > r->cfg->max_body_bytes) {
         answer_error(r, 413, "body_too_large",
                      "the request body is larger than limits.max_body_bytes");
         return;
     }
 
-    if ((policy->methods & r->method_bit) || (policy->idempotency_key && field[HF_IDEMPOTENCY_KEY]))
+    if ((policy->methods & r->method_bit) ||
+        (policy->idempotency_key && field_len[HF_IDEMPOTENCY_KEY] > 0))
         r->flags |= RF_RETRYABLE;
     r->max_attempts = policy->max_attempts;
     if (field[HF_MAX_ATTEMPTS]) {
-        int64_t m = hdr_parse_uint(field[HF_MAX_ATTEMPTS]);
+        int64_t m = hdr_value_uint(field[HF_MAX_ATTEMPTS], field_len[HF_MAX_ATTEMPTS]);
         if (m >= 1 && (uint64_t)m < r->max_attempts)
             r->max_attempts = (uint32_t)m;
     }
     /* The client may shorten the request's time as it may its attempts, never lengthen it. */
     r->timeout_ms = r->route->timeout_ms;
     if (field[HF_TIMEOUT]) {
-        int64_t t = hdr_parse_uint(field[HF_TIMEOUT]);
+        int64_t t = hdr_value_uint(field[HF_TIMEOUT], field_len[HF_TIMEOUT]);
         if (t >= 1 && (uint64_t)t < r->timeout_ms)
             r->timeout_ms = (uint32_t)t;
     }
-    const char *id = field[HF_REQUEST_ID];
-    if (id && *id && strlen(id) <= HEAD_REQUEST_ID_MAX)
-        snprintf(r->request_id, sizeof(r->request_id), "%s", id);
+    size_t id_len = field_len[HF_REQUEST_ID];
+    if (id_len > 0 && id_len <= HEAD_REQUEST_ID_MAX)
+        snprintf(r->request_id, sizeof(r->request_id), "%.*s", (int)id_len, field[HF_REQUEST_ID]);
     else
         hdr_uuid(&w->rng, r->request_id);
     r->dr = (struct decide_req){
@@ -653,7 +660,7 @@ static void pushback_of(const char *name, const struct hlist *h, struct retry_fa
     size_t n = name ? hlist_values(h, name, &v, NULL, 1) : 0;
     if (!n)
         return;
-    int64_t ms = n == 1 ? hdr_parse_uint(v) : -1;
+    int64_t ms = n == 1 ? hdr_value_uint(v, strlen(v)) : -1;
     f->has_pushback = true;
     f->pushback_stops = ms < 0;
     f->pushback_ms = ms < 0 ? 0 : (uint64_t)ms;

@@ -142,3 +142,87 @@ Test(fields, no_field_of_libcurls_own_reaches_the_upstream_whatever_the_body)
                      (unsigned long long)q->body_len);
     }
 }
+
+/* ---- item: the whitespace around a value is not part of it (RFC 9110 5.5) ---- */
+
+/* The value of 'name' the upstream received in the request with id 'id', as a number. */
+static long number_in(const char *id, const char *name)
+{
+    const struct tup_req *q = record(id);
+    const char *v = tup_req_header(q, name);
+    cr_assert_not_null(v, "%s: no %s", id, name);
+    return strtol(v, NULL, 10);
+}
+
+Test(fields, values_the_proxy_reads_are_read_without_surrounding_whitespace)
+{
+    fx_start_r("",
+               "\"timeout_ms\": 5000, \"deadline_header\": \"X-Deadline-Ms\", "
+               "\"retry\": {\"retry_on\": [\"503\"], \"methods\": [\"GET\"], " CFG_FAST "}",
+               "--workers", "1", NULL);
+    /* X-Retry-Timeout-Ms: the deadline the upstream is told is the client's 700 ms */
+    static const char *const timeouts[][2] = {
+        { "to-trailing", "700 " },
+        { "to-leading", " 700" },
+        { "to-tabs", "\t700\t" },
+        { "to-plain", "700" },
+    };
+    for (size_t i = 0; i < sizeof(timeouts) / sizeof(timeouts[0]); i++) {
+        char req[512];
+        snprintf(req, sizeof(req),
+                 "GET /t HTTP/1.1\r\nHost: a\r\n" ID("%s") "X-Retry-Timeout-Ms: %s\r\n\r\n",
+                 timeouts[i][0], timeouts[i][1]);
+        struct answer a;
+        exchange(req, &a);
+        cr_expect_eq(a.status, 200, "%s: %d", timeouts[i][0], a.status);
+        long v = number_in(timeouts[i][0], "X-Deadline-Ms");
+        cr_expect(v <= 700 && v > 200, "%s: the upstream was told %ld ms, want 700", timeouts[i][0],
+                  v);
+    }
+    /* X-Retry-Max-Attempts: "1 " is one attempt, so the 503 is the answer */
+    struct answer a;
+    exchange("GET /m HTTP/1.1\r\nHost: a\r\n" ID(
+                 "max-trailing") "X-Test-Plan: fail=1\r\nX-Retry-Max-Attempts: 1 \r\n\r\n",
+             &a);
+    cr_expect_eq(a.status, 503, "X-Retry-Max-Attempts: \"1 \": %d", a.status);
+    cr_expect_eq(tup_count_id(up, "max-trailing"), 1);
+    /* X-Request-Id: the id is the value without its whitespace, in the log too */
+    exchange(
+        "GET /i HTTP/1.1\r\nHost: a\r\nX-Request-Id: \tspaced-id \t\r\nConnection: close\r\n\r\n",
+        &a);
+    cr_expect_eq(a.status, 200);
+    cr_expect_eq(tup_count_id(up, "spaced-id"), 1);
+    /* Idempotency-Key: a POST with a key is retried; a key of whitespace only is no key */
+    exchange(
+        "POST /k HTTP/1.1\r\nHost: a\r\n" ID(
+            "key-set") "X-Test-Plan: fail=1\r\nIdempotency-Key: k1 \r\nContent-Length: 0\r\n\r\n",
+        &a);
+    cr_expect_eq(a.status, 200, "a POST with a key is retried: %d", a.status);
+    cr_expect_eq(tup_count_id(up, "key-set"), 2);
+    exchange(
+        "POST /k HTTP/1.1\r\nHost: a\r\n" ID("key-blank") "X-Test-Plan: fail=1\r\nIdempotency-Key: "
+                                                          " \t \r\nContent-Length: 0\r\n\r\n",
+        &a);
+    cr_expect_eq(a.status, 503, "a blank key makes no POST retryable: %d", a.status);
+    cr_expect_eq(tup_count_id(up, "key-blank"), 1);
+}
+
+/* A route's pushback header on a response: whitespace around the number does not make it
+ * invalid (libcurl hands the proxy the field line with it; Retry-After is read the same way). */
+Test(fields, response_values_are_read_without_surrounding_whitespace)
+{
+    fx_start_r("",
+               "\"retry\": {\"retry_on\": [\"503\"], " CFG_FAST
+               ", \"pushback_header\": \"X-Pushback-Ms\"}",
+               "--workers", "1", NULL);
+    struct answer a;
+    /* a pushback of "300 " is a wait of 300 ms before the retry, not a refusal */
+    int64_t t0 = now_ms();
+    exchange("GET /p HTTP/1.1\r\nHost: a\r\n" ID(
+                 "push") "X-Test-Plan: fail=1;header=X-Pushback-Ms: 300 ;ok=200\r\n\r\n",
+             &a);
+    int64_t took = now_ms() - t0;
+    cr_expect_eq(a.status, 200, "pushback: %d: %s", a.status, a.buf);
+    cr_expect_eq(tup_count_id(up, "push"), 2);
+    cr_expect(took >= 290, "the retry came after %lld ms, want 300", (long long)took);
+}

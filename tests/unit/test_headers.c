@@ -128,15 +128,20 @@ Test(headers, name_bytes_are_exactly_rfc9110_tchar)
 Test(headers, match_host_lowercases_and_drops_the_port_unless_asked)
 {
     char h[64];
-    cr_assert_eq(hdr_match_host("Orders.Internal:8080", false, h, sizeof(h)), 0);
+    cr_assert_eq(
+        hdr_match_host("Orders.Internal:8080", strlen("Orders.Internal:8080"), false, h, sizeof(h)),
+        0);
     cr_expect_str_eq(h, "orders.internal");
-    cr_assert_eq(hdr_match_host("Orders.Internal:8080", true, h, sizeof(h)), 0);
+    cr_assert_eq(
+        hdr_match_host("Orders.Internal:8080", strlen("Orders.Internal:8080"), true, h, sizeof(h)),
+        0);
     cr_expect_str_eq(h, "orders.internal:8080");
-    cr_assert_eq(hdr_match_host("[::1]:80", false, h, sizeof(h)), 0);
+    cr_assert_eq(hdr_match_host("[::1]:80", strlen("[::1]:80"), false, h, sizeof(h)), 0);
     cr_expect_str_eq(h, "[::1]");
-    cr_assert_eq(hdr_match_host("plain", false, h, sizeof(h)), 0);
+    cr_assert_eq(hdr_match_host("plain", strlen("plain"), false, h, sizeof(h)), 0);
     cr_expect_str_eq(h, "plain");
-    cr_expect_eq(hdr_match_host("a-very-long-host-name", false, h, 8), -1);
+    cr_expect_eq(
+        hdr_match_host("a-very-long-host-name", strlen("a-very-long-host-name"), false, h, 8), -1);
 }
 
 Test(headers, trim_drops_only_the_whitespace_around_a_value)
