@@ -63,7 +63,9 @@ const char *head_refusal(const struct head_scan *s)
     return n_cl > 1                                 ? "two Content-Length headers"
            : n_cl && s->count[HF_TRANSFER_ENCODING] ? "both Content-Length and Transfer-Encoding"
            : s->count[HF_HOST] > 1                  ? "two Host headers"
-           : s->n_bad                               ? "a header with a forbidden character"
+           : s->value[HF_HOST] && !hdr_host_valid(s->value[HF_HOST], s->value_len[HF_HOST])
+               ? "a Host that is not a host name or address with an optional port"
+           : s->n_bad ? "a header with a forbidden character"
            : cl && hdr_value_uint(cl, s->value_len[HF_CONTENT_LENGTH]) < 0
                ? "an invalid Content-Length"
                : NULL;
@@ -109,8 +111,8 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
         return false;
     const char *a = t + skip;
     size_t al = strcspn(a, "/?");
-    if (al == 0 || al >= cap || memchr(a, '@', al))
-        return false; /* no host, or userinfo (RFC 9110 4.2.4) */
+    if (al == 0 || al >= cap || memchr(a, '@', al) || !hdr_host_valid(a, al))
+        return false; /* no host, userinfo (RFC 9110 4.2.4), or no valid host */
     memcpy(authority, a, al);
     authority[al] = '\0';
     const char *rest = a + al;

@@ -1,5 +1,7 @@
 #include "proxy/headers.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -160,6 +162,75 @@ char *hdr_utoa(uint64_t v, char *out)
         *out++ = tmp[--n];
     *out = '\0';
     return out;
+}
+
+/* RFC 3986 2.3 unreserved, and 2.2 sub-delims: the bytes of a reg-name besides %XX. */
+static bool is_reg_name_byte(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c && strchr("-._~!$&'()*+,;=", c));
+}
+
+static bool is_hex(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
+}
+
+/* The inside of an IP-literal's brackets: IPv6address or IPvFuture (RFC 3986 3.2.2). */
+static bool ip_literal_valid(const char *v, size_t n)
+{
+    if (n >= 2 && (v[0] | 0x20) == 'v') {
+        /* "v" 1*HEXDIG "." 1*( unreserved / sub-delims / ":" ) */
+        size_t i = 1;
+        while (i < n && is_hex((unsigned char)v[i]))
+            i++;
+        if (i == 1 || i >= n || v[i] != '.' || i + 1 == n)
+            return false;
+        for (i++; i < n; i++)
+            if (v[i] != ':' && !is_reg_name_byte((unsigned char)v[i]))
+                return false;
+        return true;
+    }
+    char a[INET6_ADDRSTRLEN];
+    struct in6_addr addr;
+    if (n == 0 || n >= sizeof(a))
+        return false;
+    memcpy(a, v, n);
+    a[n] = '\0';
+    return inet_pton(AF_INET6, a, &addr) == 1;
+}
+
+bool hdr_host_valid(const char *v, size_t n)
+{
+    size_t i = 0;
+    if (n && v[0] == '[') {
+        const char *close = memchr(v, ']', n);
+        if (!close || !ip_literal_valid(v + 1, (size_t)(close - v) - 1))
+            return false;
+        i = (size_t)(close - v) + 1;
+    } else {
+        while (i < n && v[i] != ':') {
+            unsigned char c = (unsigned char)v[i];
+            if (c == '%') {
+                if (i + 2 >= n || !is_hex((unsigned char)v[i + 1]) ||
+                    !is_hex((unsigned char)v[i + 2]))
+                    return false;
+                i += 3;
+                continue;
+            }
+            if (!is_reg_name_byte(c))
+                return false;
+            i++;
+        }
+    }
+    if (i == n)
+        return true;
+    if (v[i] != ':')
+        return false;
+    for (i++; i < n; i++)
+        if (v[i] < '0' || v[i] > '9')
+            return false;
+    return true;
 }
 
 int hdr_match_host(const char *host, size_t n, bool keep_port, char *out, size_t cap)

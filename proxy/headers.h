@@ -49,6 +49,13 @@ void hdr_uuid(struct rng *r, char out[37]);
 /* Writes 'v' in decimal and a NUL at 'out' (room for 21 bytes); returns the NUL's address. */
 char *hdr_utoa(uint64_t v, char *out);
 
+/* Whether the 'n' bytes at 'v' are a valid Host value, uri-host [ ":" port ] (RFC 9110 7.2,
+ * RFC 3986 3.2.2): an IP-literal in brackets (IPv6 or IPvFuture), or a reg-name of unreserved
+ * bytes, sub-delims and %XX escapes (an IPv4 address is one), then optionally a colon and
+ * digits. Empty is valid (RFC 9112 3.2: a target without an authority). Anything else, a space
+ * or a slash or a second colon, makes the request a 400. */
+bool hdr_host_valid(const char *v, size_t n);
+
 /* The host part of a Host header value (its 'n' bytes at 'host') for matching: lowercased, its
  * port removed unless 'keep_port'. Writes at most 'cap' bytes including the NUL; returns 0,
  * or -1 if too long. */

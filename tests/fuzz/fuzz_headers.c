@@ -4,7 +4,8 @@
  * hdr_parse_uint each agree with a plain model written here; hdr_match_host's output is the
  * input's case-folded prefix, lowercase, never longer, cut where the port starts, and fits the
  * given capacity exactly when it says so (the buffer is exactly that large); hdr_uuid's output
- * is a version 4 UUID in lowercase hex.
+ * is a version 4 UUID in lowercase hex; hdr_value_uint is hdr_parse_uint of the trimmed value;
+ * a value hdr_host_valid accepts holds no byte a host, an address or a port cannot have.
  *
  * Input: one flag byte (bit 0: keep_port for hdr_match_host), one byte for the output capacity
  * of hdr_match_host, eight bytes of RNG seed for hdr_uuid, then NUL-separated strings: a
@@ -132,6 +133,44 @@ static int64_t ref_parse_uint(const char *s)
     return (int64_t)strtoull(s, NULL, 10);
 }
 
+/* hdr_value_uint: the reference number of the value without its SP/HTAB around it. */
+static void check_value_uint(const char *v)
+{
+    size_t n = strlen(v), s = 0, e = n;
+    while (s < e && (v[s] == ' ' || v[s] == '\t'))
+        s++;
+    while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t'))
+        e--;
+    char *core = malloc(e - s + 1);
+    FUZZ_CHECK(core != NULL, "out of memory");
+    memcpy(core, v + s, e - s);
+    core[e - s] = '\0';
+    FUZZ_CHECK(hdr_value_uint(v, n) == ref_parse_uint(core), "hdr_value_uint(\"%s\")", v);
+    free(core);
+}
+
+/* hdr_host_valid: a value with a byte no host, address or port can hold is never valid; one
+ * that is valid is matched (hdr_match_host) without complaint. Read over exactly n bytes. */
+static void check_host_valid(const char *v)
+{
+    size_t n = strlen(v);
+    char *exact = malloc(n ? n : 1);
+    FUZZ_CHECK(exact != NULL, "out of memory");
+    memcpy(exact, v, n);
+    bool ok = hdr_host_valid(exact, n);
+    if (ok) {
+        for (size_t i = 0; i < n; i++)
+            FUZZ_CHECK(!strchr(" \t/?#@\"<>\\^`{|}", v[i]) && (unsigned char)v[i] > 0x20 &&
+                           (unsigned char)v[i] < 0x7f,
+                       "hdr_host_valid(\"%s\") with byte %zu", v, i);
+        char out[512];
+        if (n < sizeof(out))
+            FUZZ_CHECK(hdr_match_host(exact, n, false, out, sizeof(out)) == 0,
+                       "hdr_match_host(\"%s\")", v);
+    }
+    free(exact);
+}
+
 static void check_match_host(const char *host, bool keep_port, size_t cap)
 {
     size_t in_len = strlen(host);
@@ -257,6 +296,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                name);
     free(raw);
 
+    check_value_uint(value);
+    check_host_valid(name);
+    check_host_valid(value);
     check_match_host(name, flags & 1, cap);
     check_match_host(value, !(flags & 1), cap);
     check_uuid(seed);

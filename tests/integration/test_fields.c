@@ -226,3 +226,49 @@ Test(fields, response_values_are_read_without_surrounding_whitespace)
     cr_expect_eq(tup_count_id(up, "push"), 2);
     cr_expect(took >= 290, "the retry came after %lld ms, want 300", (long long)took);
 }
+
+/* ---- item: a Host that is not uri-host [ ":" port ] is a 400 (RFC 9112 3.2, RFC 9110 7.2) ---- */
+
+Test(fields, an_invalid_host_is_refused_with_400_and_reaches_no_upstream)
+{
+    fx_start_r("", "\"retry\": {\"retry_on\": []}", "--workers", "1", NULL);
+    static const char *const bad[] = {
+        "GET / HTTP/1.1\r\nHost: bad host\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a/b\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a:80:80\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a:http\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: [::1\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a@b\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.0\r\nHost: a,b c\r\n\r\n",
+        "GET http://a b/ HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        "GET http://a:x/ HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct answer a;
+        exchange(bad[i], &a);
+        cr_expect_eq(a.status, 400, "case %zu: %d: %s", i, a.status, a.buf);
+        cr_expect(strstr(a.buf, "Content-Type: application/json") != NULL, "case %zu: %s", i,
+                  a.buf);
+        cr_expect(strncmp(a.body, "{\"error\": \"bad_request\"", 23) == 0, "case %zu: %s", i,
+                  a.body);
+    }
+    struct answer a;
+    exchange(bad[0], &a);
+    cr_expect(strstr(a.body, "Host") != NULL, "the message names Host: %s", a.body);
+    sleep_ms(50);
+    cr_expect_eq(tup_count(up), 0, "the upstream received %zu requests", tup_count(up));
+
+    static const char *const good[][2] = {
+        { "Host: a:8080", "host-port" },  { "Host: [::1]:8080", "host-v6" },
+        { "Host: 127.0.0.1", "host-v4" }, { "Host: x_y.example ", "host-underscore" },
+        { "Host:", "host-empty" },        { "Host: %41", "host-pct" },
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        char req[256];
+        snprintf(req, sizeof(req), "GET /ok HTTP/1.1\r\n%s\r\n" ID("%s") "\r\n", good[i][0],
+                 good[i][1]);
+        exchange(req, &a);
+        cr_expect_eq(a.status, 200, "%s: %d: %s", good[i][0], a.status, a.buf);
+        record(good[i][1]);
+    }
+}

@@ -221,3 +221,44 @@ Test(headers, a_response_transfer_encoding_must_be_one_chunked)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_expect(!coding_ok(bad[i]), "bad case %zu (%s) accepted", i, bad[i][0]);
 }
+
+Test(headers, host_values_are_uri_host_and_an_optional_port)
+{
+    static const char *const good[] = {
+        "",
+        "a",
+        "a:80",
+        "a:",
+        "example.com",
+        "Example.COM:8080",
+        "127.0.0.1",
+        "127.0.0.1:65535",
+        "999.1.1.1", /* a reg-name, if not an address */
+        "xn--bcher-kva.example",
+        "under_score.example",
+        "%41%62",
+        "a-b.c~d",
+        "!$&'()*+,;=",
+        "[::1]",
+        "[::1]:8080",
+        "[2001:db8::7]:443",
+        "[::ffff:192.0.2.1]",
+        "[v1.fe80::a+en1]",
+        "[V7.x:y]:1",
+        ":80",
+    };
+    static const char *const bad[] = {
+        "bad host", " a",        "a b:80",    "a\tb",  "a/b",   "a?b",   "a#b",    "a@b",
+        "u@a:80",   "a:80:90",   "a:8x",      "a: 80", "a:-1",  "[::1",  "::1",    "[::1]x",
+        "[::1]:8a", "[a::b::c]", "[1.2.3.4]", "[]",    "[v1.]", "[v.x]", "[vg.x]", "[::1%25eth0]",
+        "%4",       "%zz",       "a%",        "a\"b",  "a<b>",  "a\\b",  "a[b]",   "caf\xc3\xa9",
+        "a{b}",     "a|b",       "a^b",       "a`b",
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        cr_expect(hdr_host_valid(good[i], strlen(good[i])), "\"%s\" refused", good[i]);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_expect(!hdr_host_valid(bad[i], strlen(bad[i])), "\"%s\" accepted", bad[i]);
+    /* only the n bytes given are read */
+    cr_expect(hdr_host_valid("a:80 junk", 4));
+    cr_expect(!hdr_host_valid("[::1]", 4));
+}
