@@ -33,6 +33,8 @@ static void scan_field(void *arg, const char *k, size_t k_len, const char *v, si
     s->field_bytes += k_len + v_len;
     if (!hdr_name_valid(k) || !hdr_value_valid(v) || strlen(k) != k_len || strlen(v) != v_len)
         s->n_bad++;
+    if (memchr(k, '_', k_len) && s->n_underscore++ == 0)
+        s->underscore_name = k;
     for (size_t i = 0; i < HF_COUNT; i++) {
         if (k_len == kept[i].len && strcasecmp(k, kept[i].name) == 0) {
             size_t n = v_len;
@@ -175,6 +177,7 @@ struct fwd {
     struct hbuild *b;
     const struct head_scan *s;
     const char *deadline_header; /* the route's, sent by the proxy: never the client's */
+    bool drop_underscored;       /* limits.headers_with_underscores is "drop" */
     char *xff;                   /* the X-Forwarded-For values joined, the peer's address to come */
     size_t xff_len, xff_cap;
 };
@@ -187,7 +190,8 @@ static bool dropped_on_the_way_up(const char *k, size_t kl, const struct fwd *f)
         HDR_NAME_IS(k, kl, "X-Retry-Max-Attempts") || HDR_NAME_IS(k, kl, "X-Retry-Attempt") ||
         HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
         HDR_NAME_IS(k, kl, "X-Request-Id") || HDR_NAME_IS(k, kl, "X-Retry-Timeout-Ms") ||
-        (f->deadline_header && hdr_name_eq(k, f->deadline_header)))
+        (f->deadline_header && hdr_name_eq(k, f->deadline_header)) ||
+        (f->drop_underscored && memchr(k, '_', kl)))
         return true;
     for (unsigned i = 0; i < s->n_connection; i++)
         if (hdr_token_listed(s->connection[i], k))
@@ -219,7 +223,7 @@ static void forward_field(void *arg, const char *k, size_t kl, const char *v, si
 
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
                   const char *peer, const char *request_id, bool preserve_host,
-                  const char *deadline_header)
+                  const char *deadline_header, bool drop_underscored)
 {
     size_t peer_len = strlen(peer);
     /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
@@ -237,9 +241,12 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
                         .max = max,
                         .text = block + max * sizeof(struct curl_slist),
                         .cap = cap };
-    struct fwd f = {
-        .b = &b, .s = s, .deadline_header = deadline_header, .xff = b.text + cap, .xff_cap = xff_cap
-    };
+    struct fwd f = { .b = &b,
+                     .s = s,
+                     .deadline_header = deadline_header,
+                     .drop_underscored = drop_underscored,
+                     .xff = b.text + cap,
+                     .xff_cap = xff_cap };
     each(src, forward_field, &f);
     if (peer_len)
         xff_append(&f, peer, peer_len);

@@ -40,7 +40,9 @@ struct head_scan {
     size_t n_fields, field_bytes; /* every field, for sizing what is forwarded */
     const char *connection[8];    /* the Connection values */
     unsigned n_connection;
-    size_t xff_len; /* the X-Forwarded-For values' length */
+    size_t xff_len;              /* the X-Forwarded-For values' length */
+    unsigned n_underscore;       /* fields whose name has an underscore */
+    const char *underscore_name; /* the first of those names, NUL-terminated */
 };
 
 /* Walks the fields: calls fn(arg, name, name length, value, value length) for each. */
@@ -83,10 +85,11 @@ struct head_attempt {
 };
 
 /* Builds it. 'peer' is the client's address ("" if unknown); 'deadline_header' the route's
- * (NULL: none). 0, or -1 out of memory. */
+ * (NULL: none); 'drop_underscored': fields whose name has an underscore are left out
+ * (limits.headers_with_underscores "drop"). 0, or -1 out of memory. */
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
                   const char *peer, const char *request_id, bool preserve_host,
-                  const char *deadline_header);
+                  const char *deadline_header, bool drop_underscored);
 /* The list attempt number 'attempt' sends, its own fields in 't' (which must live as long as
  * the attempt's transfer): X-Retry-Attempt, and the deadline header's value 'wait_ms', how long
  * the proxy will wait for this attempt's answer. */

@@ -411,6 +411,13 @@ static void begin(struct retry_req *r, const char *method)
     struct head_scan s;
     head_scan(&s, each_field, &r->relay);
     const char *why = head_refusal(&s);
+    enum cfg_underscores underscores = r->cfg->headers_with_underscores;
+    char named[160];
+    if (!why && s.n_underscore && underscores == CFG_UNDERSCORES_REJECT) {
+        snprintf(named, sizeof(named), "a header name with an underscore: %.64s%s",
+                 s.underscore_name, strlen(s.underscore_name) > 64 ? "..." : "");
+        why = named;
+    }
     if (why) {
         answer_error(r, 400, "bad_request", why);
         return;
@@ -482,8 +489,12 @@ static void begin(struct retry_req *r, const char *method)
 
     bool has_body = chunked || cl >= 0;
     int64_t length = chunked ? -1 : cl;
+    bool drop = s.n_underscore && underscores == CFG_UNDERSCORES_DROP;
+    if (drop && log_enabled(CFG_LOG_DEBUG))
+        log_event(CFG_LOG_DEBUG, "request headers with an underscore in their name not forwarded",
+                  "request_id", r->request_id, "first", s.underscore_name, NULL);
     if (head_up_build(&r->up, &s, each_field, &r->relay, r->peer ? r->peer : "", r->request_id,
-                      r->route->preserve_host, r->route->deadline_header) < 0 ||
+                      r->route->preserve_host, r->route->deadline_header, drop) < 0 ||
         intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes) < 0) {
         answer_error(r, 500, "internal", "out of memory");
         return;

@@ -272,3 +272,66 @@ Test(fields, an_invalid_host_is_refused_with_400_and_reaches_no_upstream)
         record(good[i][1]);
     }
 }
+
+/* ---- item: underscore look-alikes of the fields the proxy manages ---- */
+
+/* CGI and WSGI servers (gunicorn) map X_Forwarded_Proto and X-Forwarded-Proto to one variable
+ * and merge them: "HTTP_X_FORWARDED_PROTO=https,http". */
+#define UNDERSCORED                                                                                \
+    "X_Forwarded_Proto: https\r\nX_Retry_Attempt: 99\r\nX_Request_Id: spoofed\r\n"                 \
+    "Transfer_Encoding: chunked\r\nContent_Length: 5\r\nX-Kept: 1\r\n"
+
+static void underscores_start(const char *value)
+{
+    char top[128] = "";
+    if (value)
+        snprintf(top, sizeof(top), "\"limits\": {\"headers_with_underscores\": \"%s\"}", value);
+    fx_start_r(top, "\"retry\": {\"retry_on\": []}", "--workers", "1", NULL);
+}
+
+Test(fields, underscored_names_are_dropped_by_default)
+{
+    underscores_start(NULL);
+    struct answer a;
+    exchange("GET /u HTTP/1.1\r\nHost: a\r\n" UNDERSCORED ID("us-drop") "\r\n", &a);
+    cr_expect_eq(a.status, 200, "%d: %s", a.status, a.buf);
+    char got[1024];
+    fields_of(record("us-drop"), got, sizeof(got));
+    cr_expect_str_eq(got, "X-Kept: 1\nX-Forwarded-Proto: http\nX-Request-Id: us-drop\n");
+    /* and explicitly */
+    fx_stop();
+    underscores_start("drop");
+    exchange("GET /u HTTP/1.1\r\nHost: a\r\n" UNDERSCORED ID("us-drop2") "\r\n", &a);
+    cr_expect_eq(a.status, 200);
+    fields_of(record("us-drop2"), got, sizeof(got));
+    cr_expect_str_eq(got, "X-Kept: 1\nX-Forwarded-Proto: http\nX-Request-Id: us-drop2\n");
+}
+
+Test(fields, underscored_names_are_refused_with_400_when_reject)
+{
+    underscores_start("reject");
+    struct answer a;
+    exchange("GET /u HTTP/1.1\r\nHost: a\r\n" UNDERSCORED ID("us-reject") "\r\n", &a);
+    cr_expect_eq(a.status, 400, "%d: %s", a.status, a.buf);
+    cr_expect(strstr(a.buf, "Content-Type: application/json") != NULL, "%s", a.buf);
+    cr_expect(strncmp(a.body, "{\"error\": \"bad_request\"", 23) == 0, "%s", a.body);
+    cr_expect(strstr(a.body, "underscore: X_Forwarded_Proto\"") != NULL, "names the field: %s",
+              a.body);
+    exchange("GET /u HTTP/1.1\r\nHost: a\r\nX-Kept: 1\r\n" ID("us-clean") "\r\n", &a);
+    cr_expect_eq(a.status, 200, "a request without one passes: %d", a.status);
+    cr_expect_eq(tup_count_id(up, "us-reject"), 0);
+    cr_expect_eq(tup_count(up), 1);
+}
+
+Test(fields, underscored_names_are_forwarded_when_allow)
+{
+    underscores_start("allow");
+    struct answer a;
+    exchange("GET /u HTTP/1.1\r\nHost: a\r\n" UNDERSCORED ID("us-allow") "\r\n", &a);
+    cr_expect_eq(a.status, 200, "%d: %s", a.status, a.buf);
+    char got[1024];
+    fields_of(record("us-allow"), got, sizeof(got));
+    cr_expect_str_eq(got, "X_Forwarded_Proto: https\nX_Retry_Attempt: 99\nX_Request_Id: spoofed\n"
+                          "Transfer_Encoding: chunked\nContent_Length: 5\nX-Kept: 1\n"
+                          "X-Forwarded-Proto: http\nX-Request-Id: us-allow\n");
+}
