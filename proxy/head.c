@@ -58,19 +58,29 @@ void head_scan(struct head_scan *s, head_each_fn each, void *src)
     each(src, scan_field, s);
 }
 
-const char *head_refusal(const struct head_scan *s)
+const char *head_refusal(const struct head_scan *s, bool reject_underscored, char *buf, size_t cap)
 {
     const char *cl = s->value[HF_CONTENT_LENGTH];
     unsigned n_cl = s->count[HF_CONTENT_LENGTH];
-    return n_cl > 1                                 ? "two Content-Length headers"
-           : n_cl && s->count[HF_TRANSFER_ENCODING] ? "both Content-Length and Transfer-Encoding"
-           : s->count[HF_HOST] > 1                  ? "two Host headers"
-           : s->value[HF_HOST] && !hdr_host_valid(s->value[HF_HOST], s->value_len[HF_HOST])
-               ? "a Host that is not a host name or address with an optional port"
-           : s->n_bad ? "a header with a forbidden character"
-           : cl && hdr_value_uint(cl, s->value_len[HF_CONTENT_LENGTH]) < 0
-               ? "an invalid Content-Length"
-               : NULL;
+    if (n_cl > 1)
+        return "two Content-Length headers";
+    if (n_cl && s->count[HF_TRANSFER_ENCODING])
+        return "both Content-Length and Transfer-Encoding";
+    if (s->count[HF_HOST] > 1)
+        return "two Host headers";
+    if (s->n_bad)
+        return "a header with a forbidden character";
+    if (cl && hdr_value_uint(cl, s->value_len[HF_CONTENT_LENGTH]) < 0)
+        return "an invalid Content-Length";
+    if (s->value[HF_HOST] && !hdr_host_valid(s->value[HF_HOST], s->value_len[HF_HOST]))
+        return "a Host that is not a host name or address with an optional port";
+    if (reject_underscored && s->n_underscore) {
+        /* the name is a token (no quote or backslash): it goes into the JSON message as it is */
+        snprintf(buf, cap, "a header name with an underscore: %.64s%s", s->underscore_name,
+                 strlen(s->underscore_name) > 64 ? "..." : "");
+        return buf;
+    }
+    return NULL;
 }
 
 const struct cfg_route *head_route(const struct cfg *c, const char *host, size_t host_len,

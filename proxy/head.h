@@ -51,8 +51,10 @@ typedef void (*head_each_fn)(void *src, head_field_fn fn, void *arg);
 
 /* Looks at every field of 'src' into 's' (zeroed first). */
 void head_scan(struct head_scan *s, head_each_fn each, void *src);
-/* Why the head cannot be forwarded as one unambiguous request (a 400), or NULL. */
-const char *head_refusal(const struct head_scan *s);
+/* Why the head cannot be forwarded as one unambiguous request (a 400), or NULL. With
+ * 'reject_underscored' (limits.headers_with_underscores "reject"), a field name with an
+ * underscore is a reason too, written with the name into buf[cap]. */
+const char *head_refusal(const struct head_scan *s, bool reject_underscored, char *buf, size_t cap);
 
 /* The first route matching the method, path (its first 'path_len' bytes) and host, or NULL. */
 const struct cfg_route *head_route(const struct cfg *c, const char *host, size_t host_len,

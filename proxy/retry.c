@@ -410,14 +410,10 @@ static void begin(struct retry_req *r, const char *method)
     }
     struct head_scan s;
     head_scan(&s, each_field, &r->relay);
-    const char *why = head_refusal(&s);
     enum cfg_underscores underscores = r->cfg->headers_with_underscores;
-    char named[160];
-    if (!why && s.n_underscore && underscores == CFG_UNDERSCORES_REJECT) {
-        snprintf(named, sizeof(named), "a header name with an underscore: %.64s%s",
-                 s.underscore_name, strlen(s.underscore_name) > 64 ? "..." : "");
-        why = named;
-    }
+    char why_buf[128];
+    const char *why =
+        head_refusal(&s, underscores == CFG_UNDERSCORES_REJECT, why_buf, sizeof(why_buf));
     if (why) {
         answer_error(r, 400, "bad_request", why);
         return;
