@@ -335,3 +335,38 @@ Test(fields, underscored_names_are_forwarded_when_allow)
                           "Transfer_Encoding: chunked\nContent_Length: 5\nX-Kept: 1\n"
                           "X-Forwarded-Proto: http\nX-Request-Id: us-allow\n");
 }
+
+/* The setting is reloadable: a request is read under the config it started with. */
+Test(fields, headers_with_underscores_changes_on_reload)
+{
+    fx_upstreams(1);
+    fx_config_dir("fields");
+    char *text = cfg_r("\"limits\": {\"headers_with_underscores\": \"reject\"}", "");
+    cfg_write_renamed(fx_cfg_path, text);
+    free(text);
+    const char *args[] = { "-c",          fx_cfg_path, "--listen", "127.0.0.1:0", "--admin",
+                           "127.0.0.1:0", "--workers", "1",        NULL };
+    fx_start_argv(args);
+    struct answer a;
+    exchange("GET /u HTTP/1.1\r\nHost: a\r\n" UNDERSCORED ID("reload-1") "\r\n", &a);
+    cr_expect_eq(a.status, 400, "under reject: %d", a.status);
+
+    text = cfg_r("\"limits\": {\"headers_with_underscores\": \"allow\"}", "");
+    cfg_write_renamed(fx_cfg_path, text);
+    free(text);
+    int64_t end = now_ms() + 5000;
+    bool applied = false;
+    while (!applied && now_ms() < end) {
+        json_t *c = fx_admin_get_json("/config");
+        json_t *limits = json_object_get(json_object_get(c, "config"), "limits");
+        const char *v = json_str(limits, "headers_with_underscores");
+        applied = v && strcmp(v, "allow") == 0;
+        json_decref(c);
+        if (!applied)
+            sleep_ms(50);
+    }
+    cr_assert(applied, "the reload did not show in /config within 5 s");
+    exchange("GET /u HTTP/1.1\r\nHost: a\r\n" UNDERSCORED ID("reload-2") "\r\n", &a);
+    cr_expect_eq(a.status, 200, "under allow: %d", a.status);
+    cr_expect_str_eq(tup_req_header(record("reload-2"), "X_Forwarded_Proto"), "https");
+}
