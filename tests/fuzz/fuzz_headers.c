@@ -5,7 +5,8 @@
  * input's case-folded prefix, lowercase, never longer, cut where the port starts, and fits the
  * given capacity exactly when it says so (the buffer is exactly that large); hdr_uuid's output
  * is a version 4 UUID in lowercase hex; hdr_value_uint is hdr_parse_uint of the trimmed value;
- * a value hdr_host_valid accepts holds no byte a host, an address or a port cannot have.
+ * a value hdr_host_valid accepts holds no byte a host, an address or a port cannot have;
+ * hlist_transfer_coding_ok (a response's Transfer-Encoding) accepts only one "chunked".
  *
  * Input: one flag byte (bit 0: keep_port for hdr_match_host), one byte for the output capacity
  * of hdr_match_host, eight bytes of RNG seed for hdr_uuid, then NUL-separated strings: a
@@ -19,6 +20,9 @@
 #include <string.h>
 
 #include "proxy/headers.h"
+#include "proxy/hlist.h"
+
+/* fuzz-link: proxy/hlist.c */
 
 static char lc(char c)
 {
@@ -171,6 +175,47 @@ static void check_host_valid(const char *v)
     free(exact);
 }
 
+/* hlist_transfer_coding_ok over one or two Transfer-Encoding fields: accepted only when the
+ * values, commas, spaces and tabs removed, spell "chunked" in any case; refused only when they
+ * do not, or spell it in more than one word ("chun ked", "chunked, chunked"). */
+static void check_transfer_coding(const char *v1, const char *v2)
+{
+    struct hlist h = { 0 };
+    if (hlist_add(&h, "Transfer-Encoding", 17, v1, strlen(v1)) < 0 ||
+        (*v2 && hlist_add(&h, "transfer-encoding", 17, v2, strlen(v2)) < 0)) {
+        hlist_free(&h);
+        return;
+    }
+    char squeezed[16];
+    size_t n = 0, words = 0;
+    const char *vals[2] = { v1, v2 };
+    for (int k = 0; k < 2; k++) {
+        bool in_word = false;
+        for (const char *p = vals[k]; *p; p++) {
+            if (*p == ',' || *p == ' ' || *p == '\t') {
+                in_word = false;
+                continue;
+            }
+            if (!in_word)
+                words++;
+            in_word = true;
+            if (n < sizeof(squeezed) - 1)
+                squeezed[n++] = lc(*p);
+            else
+                words = 99;
+        }
+    }
+    squeezed[n] = '\0';
+    bool ok = hlist_transfer_coding_ok(&h);
+    if (ok)
+        FUZZ_CHECK(strcmp(squeezed, "chunked") == 0, "Transfer-Encoding \"%s\" / \"%s\" accepted",
+                   v1, v2);
+    else
+        FUZZ_CHECK(strcmp(squeezed, "chunked") != 0 || words != 1,
+                   "Transfer-Encoding \"%s\" / \"%s\" refused", v1, v2);
+    hlist_free(&h);
+}
+
 static void check_match_host(const char *host, bool keep_port, size_t cap)
 {
     size_t in_len = strlen(host);
@@ -297,6 +342,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(raw);
 
     check_value_uint(value);
+    check_transfer_coding(value, name2);
     check_host_valid(name);
     check_host_valid(value);
     check_match_host(name, flags & 1, cap);
