@@ -27,6 +27,14 @@
 
 enum cfg_log_level { CFG_LOG_DEBUG, CFG_LOG_INFO, CFG_LOG_WARN, CFG_LOG_ERROR };
 enum cfg_log_format { CFG_LOG_JSON, CFG_LOG_TEXT };
+/* limits.headers_with_underscores: what becomes of a request field whose name has an underscore
+ * (docs/forwarding.md). CGI and WSGI servers turn '-' and '_' alike into '_', so
+ * "X_Forwarded_Proto" would merge with the X-Forwarded-Proto the proxy sets. */
+enum cfg_underscores {
+    CFG_UNDERSCORES_DROP,   /* not forwarded (nginx's default) */
+    CFG_UNDERSCORES_REJECT, /* the request is a 400 naming the field */
+    CFG_UNDERSCORES_ALLOW,  /* forwarded like any field */
+};
 
 /* Request methods as a bitmask (a route's match and retry lists), in the order the effective
  * config lists them. */
@@ -128,6 +136,7 @@ struct cfg {
     uint32_t header_timeout_ms;
     uint32_t max_header_bytes;
     uint32_t max_upstream_requests;
+    enum cfg_underscores headers_with_underscores;
     uint64_t max_body_bytes;
     uint64_t max_buffered_body_bytes;
     struct budget_limits budget;

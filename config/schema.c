@@ -953,6 +953,7 @@ static void check_route(struct walk *w, const struct ctx *x, void *dst)
 
 static const char *const log_level_names[] = { "debug", "info", "warn", "error" };
 static const char *const log_format_names[] = { "json", "text" };
+static const char *const underscores_names[] = { "drop", "reject", "allow" };
 
 const char *cfg_log_level_name(enum cfg_log_level level)
 {
@@ -1183,6 +1184,11 @@ static const struct field limits_fields[] = {
                "a request line and headers not complete this long after their first byte are "
                "answered 408 and the connection closed (0: no limit beyond "
                "connection_timeout_ms)"),
+    ENUM_FIELD("headers_with_underscores", struct cfg, headers_with_underscores, underscores_names,
+               "\"drop\"",
+               "a request header whose name has an underscore (X_Forwarded_Proto), which CGI and "
+               "WSGI upstreams merge with the dashed name the proxy sets: drop (not forwarded), "
+               "reject (a 400 naming it) or allow (forwarded)"),
 };
 static const struct schema limits_schema = SCHEMA(limits_fields, NULL);
 

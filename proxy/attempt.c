@@ -83,14 +83,18 @@ static size_t status_line(struct attempt *a, const char *b, size_t len)
     return len;
 }
 
-/* The blank line after the fields. An interim 1xx head is dropped: the real one follows. */
+/* The blank line after the fields. An interim 1xx head is dropped: the real one follows. A
+ * head whose body cannot be framed (docs/hardening.md#responses) is refused here, before the
+ * owner relays a byte of it: two lengths, or a Transfer-Encoding other than one "chunked"
+ * unless no body can follow (a response to HEAD, a 204, a 304: RFC 9112 6.3). */
 static size_t head_end(struct attempt *a, size_t len)
 {
     if (a->status < 200) {
         a->status = 0;
         return len;
     }
-    if (!hlist_length_unambiguous(&a->head))
+    bool bodiless = a->no_body || a->status == 204 || a->status == 304;
+    if (!hlist_length_unambiguous(&a->head) || (!bodiless && !hlist_transfer_coding_ok(&a->head)))
         return bad_head(a);
     a->head_done = true;
     a->ops->head(a);
@@ -108,12 +112,9 @@ static size_t field_line(struct attempt *a, const char *b, size_t len)
     const char *colon = fold ? NULL : memchr(b, ':', end);
     if (!fold && (!colon || !hdr_name_valid_n(b, (size_t)(colon - b))))
         return bad_head(a); /* not a field line */
-    const char *v = fold ? b : colon + 1, *ve = b + end;
-    while (v < ve && (*v == ' ' || *v == '\t'))
-        v++;
-    while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
-        ve--;
-    size_t vl = (size_t)(ve - v);
+    const char *v = fold ? b : colon + 1;
+    size_t vl = (size_t)(b + end - v);
+    v = hdr_trim(v, &vl);
     if (!hdr_value_valid_n(v, vl))
         return bad_head(a);
     if (fold)
@@ -206,7 +207,8 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
         return -1;
     upstream_easy_url(e, url);
     curl_easy_setopt(e, CURLOPT_REQUEST_TARGET, upstream_target(a, base_path, req->target));
-    if (strcmp(req->method, "HEAD") == 0)
+    a->no_body = strcmp(req->method, "HEAD") == 0;
+    if (a->no_body)
         curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
     else if (strcmp(req->method, "GET") != 0 || req->body != ATTEMPT_BODY_NONE)
         curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);

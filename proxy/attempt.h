@@ -70,6 +70,7 @@ struct attempt {
     struct hlist head;         /* the response's header fields */
     bool head_done;            /* the head was reported: later field lines are trailers */
     bool bad_head;             /* the response head was malformed or ambiguous */
+    bool no_body;              /* a HEAD request: no response body follows, whatever its head */
     bool upload_paused, body_paused;
 };
 

@@ -33,9 +33,13 @@ static void scan_field(void *arg, const char *k, size_t k_len, const char *v, si
     s->field_bytes += k_len + v_len;
     if (!hdr_name_valid(k) || !hdr_value_valid(v) || strlen(k) != k_len || strlen(v) != v_len)
         s->n_bad++;
+    if (memchr(k, '_', k_len) && s->n_underscore++ == 0)
+        s->underscore_name = k;
     for (size_t i = 0; i < HF_COUNT; i++) {
         if (k_len == kept[i].len && strcasecmp(k, kept[i].name) == 0) {
-            s->value[i] = v;
+            size_t n = v_len;
+            s->value[i] = hdr_trim(v, &n);
+            s->value_len[i] = n;
             s->count[i]++;
             return;
         }
@@ -54,16 +58,29 @@ void head_scan(struct head_scan *s, head_each_fn each, void *src)
     each(src, scan_field, s);
 }
 
-const char *head_refusal(const struct head_scan *s)
+const char *head_refusal(const struct head_scan *s, bool reject_underscored, char *buf, size_t cap)
 {
     const char *cl = s->value[HF_CONTENT_LENGTH];
     unsigned n_cl = s->count[HF_CONTENT_LENGTH];
-    return n_cl > 1                                 ? "two Content-Length headers"
-           : n_cl && s->count[HF_TRANSFER_ENCODING] ? "both Content-Length and Transfer-Encoding"
-           : s->count[HF_HOST] > 1                  ? "two Host headers"
-           : s->n_bad                               ? "a header with a forbidden character"
-           : cl && hdr_parse_uint(cl) < 0           ? "an invalid Content-Length"
-                                                    : NULL;
+    if (n_cl > 1)
+        return "two Content-Length headers";
+    if (n_cl && s->count[HF_TRANSFER_ENCODING])
+        return "both Content-Length and Transfer-Encoding";
+    if (s->count[HF_HOST] > 1)
+        return "two Host headers";
+    if (s->n_bad)
+        return "a header with a forbidden character";
+    if (cl && hdr_value_uint(cl, s->value_len[HF_CONTENT_LENGTH]) < 0)
+        return "an invalid Content-Length";
+    if (s->value[HF_HOST] && !hdr_host_valid(s->value[HF_HOST], s->value_len[HF_HOST]))
+        return "a Host that is not a host name or address with an optional port";
+    if (reject_underscored && s->n_underscore) {
+        /* the name is a token (no quote or backslash): it goes into the JSON message as it is */
+        snprintf(buf, cap, "a header name with an underscore: %.64s%s", s->underscore_name,
+                 strlen(s->underscore_name) > 64 ? "..." : "");
+        return buf;
+    }
+    return NULL;
 }
 
 bool head_connection_names(const struct head_scan *s, const char *name)
@@ -74,8 +91,8 @@ bool head_connection_names(const struct head_scan *s, const char *name)
     return false;
 }
 
-const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,
-                                   size_t path_len, uint32_t method_bit)
+const struct cfg_route *head_route(const struct cfg *c, const char *host, size_t host_len,
+                                   const char *path, size_t path_len, uint32_t method_bit)
 {
     for (size_t i = 0; i < c->n_routes; i++) {
         const struct cfg_route *rt = &c->routes[i];
@@ -88,7 +105,7 @@ const struct cfg_route *head_route(const struct cfg *c, const char *host, const 
             char h[300];
             bool keep_port = strchr(rt->match_host, ':') != NULL &&
                              (rt->match_host[0] != '[' || strstr(rt->match_host, "]:"));
-            if (!host || hdr_match_host(host, keep_port, h, sizeof(h)) < 0 ||
+            if (!host || hdr_match_host(host, host_len, keep_port, h, sizeof(h)) < 0 ||
                 strcmp(h, rt->match_host) != 0)
                 continue;
         }
@@ -114,8 +131,8 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
         return false;
     const char *a = t + skip;
     size_t al = strcspn(a, "/?");
-    if (al == 0 || al >= cap || memchr(a, '@', al))
-        return false; /* no host, or userinfo (RFC 9110 4.2.4) */
+    if (al == 0 || al >= cap || memchr(a, '@', al) || !hdr_host_valid(a, al))
+        return false; /* no host, userinfo (RFC 9110 4.2.4), or no valid host */
     memcpy(authority, a, al);
     authority[al] = '\0';
     const char *rest = a + al;
@@ -178,6 +195,7 @@ struct fwd {
     struct hbuild *b;
     const struct head_scan *s;
     const char *deadline_header; /* the route's, sent by the proxy: never the client's */
+    bool drop_underscored;       /* limits.headers_with_underscores is "drop" */
     char *xff;                   /* the X-Forwarded-For values joined, the peer's address to come */
     size_t xff_len, xff_cap;
 };
@@ -190,7 +208,8 @@ static bool dropped_on_the_way_up(const char *k, size_t kl, const struct fwd *f)
         HDR_NAME_IS(k, kl, "X-Retry-Max-Attempts") || HDR_NAME_IS(k, kl, "X-Retry-Attempt") ||
         HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
         HDR_NAME_IS(k, kl, "X-Request-Id") || HDR_NAME_IS(k, kl, "X-Retry-Timeout-Ms") ||
-        (f->deadline_header && hdr_name_eq(k, f->deadline_header)))
+        (f->deadline_header && hdr_name_eq(k, f->deadline_header)) ||
+        (f->drop_underscored && memchr(k, '_', kl)))
         return true;
     return head_connection_names(s, k);
 }
@@ -219,7 +238,7 @@ static void forward_field(void *arg, const char *k, size_t kl, const char *v, si
 
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
                   const char *peer, const char *request_id, bool preserve_host,
-                  const char *deadline_header)
+                  const char *deadline_header, bool drop_underscored)
 {
     size_t peer_len = strlen(peer);
     /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
@@ -228,8 +247,8 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     size_t xff_cap = s->xff_len + peer_len + 3;
     size_t cap = s->field_bytes + 3 * s->n_fields + sizeof("X-Forwarded-For: ") + xff_cap +
                  sizeof("X-Forwarded-Proto: http") + sizeof("X-Request-Id: ") +
-                 HEAD_REQUEST_ID_MAX + (s->value[HF_HOST] ? strlen(s->value[HF_HOST]) : 0) +
-                 sizeof("Host: ") + sizeof("Expect:Accept:Content-Type:") + 8;
+                 HEAD_REQUEST_ID_MAX + s->value_len[HF_HOST] + sizeof("Host: ") +
+                 sizeof("Expect:Accept:Content-Type:") + 8;
     char *block = malloc(max * sizeof(struct curl_slist) + cap + xff_cap);
     if (!block)
         return -1;
@@ -237,9 +256,12 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
                         .max = max,
                         .text = block + max * sizeof(struct curl_slist),
                         .cap = cap };
-    struct fwd f = {
-        .b = &b, .s = s, .deadline_header = deadline_header, .xff = b.text + cap, .xff_cap = xff_cap
-    };
+    struct fwd f = { .b = &b,
+                     .s = s,
+                     .deadline_header = deadline_header,
+                     .drop_underscored = drop_underscored,
+                     .xff = b.text + cap,
+                     .xff_cap = xff_cap };
     each(src, forward_field, &f);
     if (peer_len)
         xff_append(&f, peer, peer_len);
@@ -248,17 +270,17 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     hb_field(&b, "X-Forwarded-Proto", "http");
     hb_field(&b, "X-Request-Id", request_id);
     if (preserve_host && s->value[HF_HOST])
-        hb_field(&b, "Host", s->value[HF_HOST]);
-    /* curl's own additions that a proxy must not make: Accept: *\/\* where the client sent
-     * none, and for a request with a body Expect: 100-continue and a form Content-Type */
+        hb_add(&b, "Host", 4, s->value[HF_HOST], s->value_len[HF_HOST]);
+    /* curl's own additions that a proxy must not make (docs/forwarding.md: no field is
+     * added): Accept: *\/\* where the client sent none, Expect: 100-continue for a large
+     * upload, and a form Content-Type for any body given as a buffer, an empty one included
+     * (every Content-Length body the proxy may replay is). Removing a field curl would not
+     * add costs nothing, so these go whatever the body. */
     if (!s->value[HF_ACCEPT])
         hb_add(&b, "Accept:", 7, NULL, 0);
-    if (s->count[HF_TRANSFER_ENCODING] ||
-        (s->value[HF_CONTENT_LENGTH] && hdr_parse_uint(s->value[HF_CONTENT_LENGTH]) > 0)) {
-        hb_add(&b, "Expect:", 7, NULL, 0);
-        if (!s->value[HF_CONTENT_TYPE])
-            hb_add(&b, "Content-Type:", 13, NULL, 0);
-    }
+    hb_add(&b, "Expect:", 7, NULL, 0);
+    if (!s->value[HF_CONTENT_TYPE])
+        hb_add(&b, "Content-Type:", 13, NULL, 0);
     h->block = block;
     h->list = b.n ? b.nodes : NULL;
     h->deadline_name = deadline_header;

@@ -33,13 +33,16 @@ enum head_field {
 
 /* What a look at every field found. */
 struct head_scan {
-    const char *value[HF_COUNT];  /* each field's last value, NULL if absent */
+    const char *value[HF_COUNT];  /* each field's last value, NULL if absent, from its first */
+    size_t value_len[HF_COUNT];   /* non-blank byte: value[i][0..value_len[i]) (hdr_trim) */
     unsigned count[HF_COUNT];     /* and how many times it came */
     unsigned n_bad;               /* fields with a forbidden byte */
     size_t n_fields, field_bytes; /* every field, for sizing what is forwarded */
     const char *connection[8];    /* the Connection values */
     unsigned n_connection;
-    size_t xff_len; /* the X-Forwarded-For values' length */
+    size_t xff_len;              /* the X-Forwarded-For values' length */
+    unsigned n_underscore;       /* fields whose name has an underscore */
+    const char *underscore_name; /* the first of those names, NUL-terminated */
 };
 
 /* Walks the fields: calls fn(arg, name, name length, value, value length) for each. */
@@ -48,15 +51,17 @@ typedef void (*head_each_fn)(void *src, head_field_fn fn, void *arg);
 
 /* Looks at every field of 'src' into 's' (zeroed first). */
 void head_scan(struct head_scan *s, head_each_fn each, void *src);
-/* Why the head cannot be forwarded as one unambiguous request (a 400), or NULL. */
-const char *head_refusal(const struct head_scan *s);
+/* Why the head cannot be forwarded as one unambiguous request (a 400), or NULL. With
+ * 'reject_underscored' (limits.headers_with_underscores "reject"), a field name with an
+ * underscore is a reason too, written with the name into buf[cap]. */
+const char *head_refusal(const struct head_scan *s, bool reject_underscored, char *buf, size_t cap);
 /* Whether the client's Connection header names the field 'name': it is then not forwarded
  * (RFC 9110 7.6.1), whatever the proxy reads from it (docs/forwarding.md). */
 bool head_connection_names(const struct head_scan *s, const char *name);
 
 /* The first route matching the method, path (its first 'path_len' bytes) and host, or NULL. */
-const struct cfg_route *head_route(const struct cfg *c, const char *host, const char *path,
-                                   size_t path_len, uint32_t method_bit);
+const struct cfg_route *head_route(const struct cfg *c, const char *host, size_t host_len,
+                                   const char *path, size_t path_len, uint32_t method_bit);
 
 /* The request target's form (RFC 9112 3.2). Origin-form ("/path?q") goes as it is.
  * Absolute-form ("http://host/path") becomes origin-form in *target (reallocated) and its
@@ -85,10 +90,11 @@ struct head_attempt {
 };
 
 /* Builds it. 'peer' is the client's address ("" if unknown); 'deadline_header' the route's
- * (NULL: none). 0, or -1 out of memory. */
+ * (NULL: none); 'drop_underscored': fields whose name has an underscore are left out
+ * (limits.headers_with_underscores "drop"). 0, or -1 out of memory. */
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
                   const char *peer, const char *request_id, bool preserve_host,
-                  const char *deadline_header);
+                  const char *deadline_header, bool drop_underscored);
 /* The list attempt number 'attempt' sends, its own fields in 't' (which must live as long as
  * the attempt's transfer): X-Retry-Attempt, and the deadline header's value 'wait_ms', how long
  * the proxy will wait for this attempt's answer. */

@@ -1,5 +1,7 @@
 #include "proxy/headers.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -91,16 +93,40 @@ bool hdr_value_valid_n(const char *value, size_t n)
     return true;
 }
 
-int64_t hdr_parse_uint(const char *s)
+const char *hdr_trim(const char *v, size_t *n)
+{
+    const char *e = v + *n;
+    while (v < e && (*v == ' ' || *v == '\t'))
+        v++;
+    while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
+        e--;
+    *n = (size_t)(e - v);
+    return v;
+}
+
+/* The number the 'n' bytes at 's' spell: 1 to 18 digits, else -1. */
+static int64_t parse_digits(const char *s, size_t n)
 {
     int64_t v = 0;
-    size_t n = 0;
-    for (; s[n]; n++) {
-        if (s[n] < '0' || s[n] > '9' || n >= 18)
+    if (n == 0 || n > 18)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
             return -1;
-        v = v * 10 + (s[n] - '0');
+        v = v * 10 + (s[i] - '0');
     }
-    return n ? v : -1;
+    return v;
+}
+
+int64_t hdr_parse_uint(const char *s)
+{
+    return parse_digits(s, strlen(s));
+}
+
+int64_t hdr_value_uint(const char *s, size_t n)
+{
+    s = hdr_trim(s, &n);
+    return parse_digits(s, n);
 }
 
 void hdr_uuid(struct rng *r, char out[37])
@@ -138,18 +164,86 @@ char *hdr_utoa(uint64_t v, char *out)
     return out;
 }
 
-int hdr_match_host(const char *host, bool keep_port, char *out, size_t cap)
+/* RFC 3986 2.3 unreserved, and 2.2 sub-delims: the bytes of a reg-name besides %XX. */
+static bool is_reg_name_byte(unsigned char c)
 {
-    size_t n = strlen(host);
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c && strchr("-._~!$&'()*+,;=", c));
+}
+
+static bool is_hex(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
+}
+
+/* The inside of an IP-literal's brackets: IPv6address or IPvFuture (RFC 3986 3.2.2). */
+static bool ip_literal_valid(const char *v, size_t n)
+{
+    if (n >= 2 && (v[0] | 0x20) == 'v') {
+        /* "v" 1*HEXDIG "." 1*( unreserved / sub-delims / ":" ) */
+        size_t i = 1;
+        while (i < n && is_hex((unsigned char)v[i]))
+            i++;
+        if (i == 1 || i >= n || v[i] != '.' || i + 1 == n)
+            return false;
+        for (i++; i < n; i++)
+            if (v[i] != ':' && !is_reg_name_byte((unsigned char)v[i]))
+                return false;
+        return true;
+    }
+    char a[INET6_ADDRSTRLEN];
+    struct in6_addr addr;
+    if (n == 0 || n >= sizeof(a))
+        return false;
+    memcpy(a, v, n);
+    a[n] = '\0';
+    return inet_pton(AF_INET6, a, &addr) == 1;
+}
+
+bool hdr_host_valid(const char *v, size_t n)
+{
+    size_t i = 0;
+    if (n && v[0] == '[') {
+        const char *close = memchr(v, ']', n);
+        if (!close || !ip_literal_valid(v + 1, (size_t)(close - v) - 1))
+            return false;
+        i = (size_t)(close - v) + 1;
+    } else {
+        while (i < n && v[i] != ':') {
+            unsigned char c = (unsigned char)v[i];
+            if (c == '%') {
+                if (i + 2 >= n || !is_hex((unsigned char)v[i + 1]) ||
+                    !is_hex((unsigned char)v[i + 2]))
+                    return false;
+                i += 3;
+                continue;
+            }
+            if (!is_reg_name_byte(c))
+                return false;
+            i++;
+        }
+    }
+    if (i == n)
+        return true;
+    if (v[i] != ':')
+        return false;
+    for (i++; i < n; i++)
+        if (v[i] < '0' || v[i] > '9')
+            return false;
+    return true;
+}
+
+int hdr_match_host(const char *host, size_t n, bool keep_port, char *out, size_t cap)
+{
     if (!keep_port) {
         /* "[v6]:port" keeps its brackets; "name:port" loses ":port". */
         const char *end = host + n;
-        if (host[0] == '[') {
-            const char *close = strchr(host, ']');
+        if (n && host[0] == '[') {
+            const char *close = memchr(host, ']', n);
             if (close)
                 end = close + 1;
         } else {
-            const char *colon = strrchr(host, ':');
+            const char *colon = memrchr(host, ':', n);
             if (colon)
                 end = colon;
         }

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "proxy/headers.h"
 
@@ -116,6 +117,30 @@ bool hlist_length_unambiguous(const struct hlist *h)
         seen = cl;
     }
     return true;
+}
+
+bool hlist_transfer_coding_ok(const struct hlist *h)
+{
+    size_t pos = 0, fields = 0, codings = 0;
+    const char *n, *v;
+    bool chunked = false;
+    while (hlist_next(h, &pos, &n, &v)) {
+        if (!HDR_NAME_IS(n, strlen(n), "Transfer-Encoding"))
+            continue;
+        fields++;
+        for (const char *p = v; *p;) {
+            size_t el = strcspn(p, ",");
+            const char *e = hdr_trim(p, &el);
+            if (el) {
+                codings++;
+                chunked = el == 7 && strncasecmp(e, "chunked", 7) == 0;
+            }
+            p += strcspn(p, ",");
+            if (*p)
+                p++;
+        }
+    }
+    return fields == 0 || (codings == 1 && chunked);
 }
 
 bool hlist_connection_names(const struct hlist *h, const char *name)

@@ -34,6 +34,13 @@ int64_t hlist_content_length(const struct hlist *h);
 /* Whether every Content-Length field holds the same decimal number (or there is none):
  * RFC 9112 6.3, differing values make the framing unknowable. */
 bool hlist_length_unambiguous(const struct hlist *h);
+/* Whether the Transfer-Encoding fields, all of them together, are absent or name exactly one
+ * transfer coding, "chunked" (any case; empty list elements ignored, but a field naming none
+ * is no framing). RFC 9112 6.1/6.3: any
+ * other list leaves a body the proxy cannot frame and pass on whole: "chunked, gzip" is
+ * delimited by the close and not chunked, "gzip, chunked" would have to be decoded twice,
+ * "chunkedchunked" or a coding with parameters is no coding libcurl decodes. */
+bool hlist_transfer_coding_ok(const struct hlist *h);
 /* Whether 'name' is listed in a Connection field. */
 bool hlist_connection_names(const struct hlist *h, const char *name);
 

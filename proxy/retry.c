@@ -381,10 +381,10 @@ static void each_field(void *src, head_field_fn fn, void *arg)
 /* The request's id, sent upstream, logged and returned on every answer: the client's
  * X-Request-Id when its head passed the checks and the value fits, else a new UUID
  * (docs/forwarding.md). */
-static void set_request_id(struct retry_req *r, const char *client_id)
+static void set_request_id(struct retry_req *r, const char *client_id, size_t len)
 {
-    if (client_id && *client_id && strlen(client_id) <= HEAD_REQUEST_ID_MAX)
-        snprintf(r->request_id, sizeof(r->request_id), "%s", client_id);
+    if (client_id && len > 0 && len <= HEAD_REQUEST_ID_MAX)
+        snprintf(r->request_id, sizeof(r->request_id), "%.*s", (int)len, client_id);
     else
         hdr_uuid(&r->w->rng, r->request_id);
 }
@@ -411,7 +411,7 @@ static void begin(struct retry_req *r, const char *method)
                 code = codes[i].code;
         r->target[0] = '\0';
         r->state = RS_BODY;
-        set_request_id(r, NULL);
+        set_request_id(r, NULL, 0);
         answer_error(r, status, code, wire_reason_text(r->refused));
         return;
     }
@@ -422,8 +422,11 @@ static void begin(struct retry_req *r, const char *method)
 
     struct head_scan s;
     head_scan(&s, each_field, &r->relay);
-    const char *why = head_refusal(&s);
-    set_request_id(r, why ? NULL : s.value[HF_REQUEST_ID]);
+    enum cfg_underscores underscores = r->cfg->headers_with_underscores;
+    char why_buf[128];
+    const char *why =
+        head_refusal(&s, underscores == CFG_UNDERSCORES_REJECT, why_buf, sizeof(why_buf));
+    set_request_id(r, why ? NULL : s.value[HF_REQUEST_ID], s.value_len[HF_REQUEST_ID]);
     if (strcmp(method, "CONNECT") == 0) {
         answer_error(r, 405, "method_not_allowed",
                      "CONNECT is not supported: retryproxy is a reverse proxy");
@@ -438,11 +441,14 @@ static void begin(struct retry_req *r, const char *method)
         answer_error(r, 400, "bad_request", "a request target of no valid form");
         return;
     }
-    if (authority[0])
+    if (authority[0]) {
         s.value[HF_HOST] = authority;
+        s.value_len[HF_HOST] = strlen(authority);
+    }
     const char *q = strchr(r->target, '?');
     size_t path_len = q ? (size_t)(q - r->target) : strlen(r->target);
-    r->route = head_route(r->cfg, s.value[HF_HOST], r->target, path_len, r->method_bit);
+    r->route = head_route(r->cfg, s.value[HF_HOST], s.value_len[HF_HOST], r->target, path_len,
+                          r->method_bit);
     if (!r->route) {
         answer_error(r, 404, "no_route", "no route matches this request");
         return;
@@ -452,7 +458,10 @@ static void begin(struct retry_req *r, const char *method)
     const struct cfg_retry *policy = &r->route->retry;
     const char *const *field = s.value;
     bool chunked = s.count[HF_TRANSFER_ENCODING] > 0;
-    int64_t cl = field[HF_CONTENT_LENGTH] ? hdr_parse_uint(field[HF_CONTENT_LENGTH]) : -1;
+    const size_t *field_len = s.value_len; /* the values without their whitespace */
+    int64_t cl = field[HF_CONTENT_LENGTH]
+                     ? hdr_value_uint(field[HF_CONTENT_LENGTH], field_len[HF_CONTENT_LENGTH])
+                     : -1;
     if (cl > 0 && (uint64_t)cl > r->cfg->max_body_bytes) {
         answer_error(r, 413, "body_too_large",
                      "the request body is larger than limits.max_body_bytes");
@@ -461,19 +470,19 @@ static void begin(struct retry_req *r, const char *method)
 
     /* a key named in Connection does not reach the upstream, so it cannot vouch for a retry */
     if ((policy->methods & r->method_bit) ||
-        (policy->idempotency_key && field[HF_IDEMPOTENCY_KEY] &&
+        (policy->idempotency_key && field_len[HF_IDEMPOTENCY_KEY] > 0 &&
          !head_connection_names(&s, "Idempotency-Key")))
         r->flags |= RF_RETRYABLE;
     r->max_attempts = policy->max_attempts;
     if (field[HF_MAX_ATTEMPTS]) {
-        int64_t m = hdr_parse_uint(field[HF_MAX_ATTEMPTS]);
+        int64_t m = hdr_value_uint(field[HF_MAX_ATTEMPTS], field_len[HF_MAX_ATTEMPTS]);
         if (m >= 1 && (uint64_t)m < r->max_attempts)
             r->max_attempts = (uint32_t)m;
     }
     /* The client may shorten the request's time as it may its attempts, never lengthen it. */
     r->timeout_ms = r->route->timeout_ms;
     if (field[HF_TIMEOUT]) {
-        int64_t t = hdr_parse_uint(field[HF_TIMEOUT]);
+        int64_t t = hdr_value_uint(field[HF_TIMEOUT], field_len[HF_TIMEOUT]);
         if (t >= 1 && (uint64_t)t < r->timeout_ms)
             r->timeout_ms = (uint32_t)t;
     }
@@ -491,8 +500,12 @@ static void begin(struct retry_req *r, const char *method)
 
     bool has_body = chunked || cl >= 0;
     int64_t length = chunked ? -1 : cl;
+    bool drop = s.n_underscore && underscores == CFG_UNDERSCORES_DROP;
+    if (drop && log_enabled(CFG_LOG_DEBUG))
+        log_event(CFG_LOG_DEBUG, "request headers with an underscore in their name not forwarded",
+                  "request_id", r->request_id, "first", s.underscore_name, NULL);
     if (head_up_build(&r->up, &s, each_field, &r->relay, r->peer ? r->peer : "", r->request_id,
-                      r->route->preserve_host, r->route->deadline_header) < 0 ||
+                      r->route->preserve_host, r->route->deadline_header, drop) < 0 ||
         intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes) < 0) {
         answer_error(r, 500, "internal", "out of memory");
         return;
@@ -673,7 +686,7 @@ static void pushback_of(const char *name, const struct hlist *h, struct retry_fa
     size_t n = name ? hlist_values(h, name, &v, NULL, 1) : 0;
     if (!n)
         return;
-    int64_t ms = n == 1 ? hdr_parse_uint(v) : -1;
+    int64_t ms = n == 1 ? hdr_value_uint(v, strlen(v)) : -1;
     f->has_pushback = true;
     f->pushback_stops = ms < 0;
     f->pushback_ms = ms < 0 ? 0 : (uint64_t)ms;

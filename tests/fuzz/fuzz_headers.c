@@ -4,7 +4,9 @@
  * hdr_parse_uint each agree with a plain model written here; hdr_match_host's output is the
  * input's case-folded prefix, lowercase, never longer, cut where the port starts, and fits the
  * given capacity exactly when it says so (the buffer is exactly that large); hdr_uuid's output
- * is a version 4 UUID in lowercase hex.
+ * is a version 4 UUID in lowercase hex; hdr_value_uint is hdr_parse_uint of the trimmed value;
+ * a value hdr_host_valid accepts holds no byte a host, an address or a port cannot have;
+ * hlist_transfer_coding_ok (a response's Transfer-Encoding) accepts only one "chunked".
  *
  * Input: one flag byte (bit 0: keep_port for hdr_match_host), one byte for the output capacity
  * of hdr_match_host, eight bytes of RNG seed for hdr_uuid, then NUL-separated strings: a
@@ -18,6 +20,9 @@
 #include <string.h>
 
 #include "proxy/headers.h"
+#include "proxy/hlist.h"
+
+/* fuzz-link: proxy/hlist.c */
 
 static char lc(char c)
 {
@@ -132,19 +137,98 @@ static int64_t ref_parse_uint(const char *s)
     return (int64_t)strtoull(s, NULL, 10);
 }
 
+/* hdr_value_uint: the reference number of the value without its SP/HTAB around it. */
+static void check_value_uint(const char *v)
+{
+    size_t n = strlen(v), s = 0, e = n;
+    while (s < e && (v[s] == ' ' || v[s] == '\t'))
+        s++;
+    while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t'))
+        e--;
+    char *core = malloc(e - s + 1);
+    FUZZ_CHECK(core != NULL, "out of memory");
+    memcpy(core, v + s, e - s);
+    core[e - s] = '\0';
+    FUZZ_CHECK(hdr_value_uint(v, n) == ref_parse_uint(core), "hdr_value_uint(\"%s\")", v);
+    free(core);
+}
+
+/* hdr_host_valid: a value with a byte no host, address or port can hold is never valid; one
+ * that is valid is matched (hdr_match_host) without complaint. Read over exactly n bytes. */
+static void check_host_valid(const char *v)
+{
+    size_t n = strlen(v);
+    char *exact = malloc(n ? n : 1);
+    FUZZ_CHECK(exact != NULL, "out of memory");
+    memcpy(exact, v, n);
+    bool ok = hdr_host_valid(exact, n);
+    if (ok) {
+        for (size_t i = 0; i < n; i++)
+            FUZZ_CHECK(!strchr(" \t/?#@\"<>\\^`{|}", v[i]) && (unsigned char)v[i] > 0x20 &&
+                           (unsigned char)v[i] < 0x7f,
+                       "hdr_host_valid(\"%s\") with byte %zu", v, i);
+        char out[512];
+        if (n < sizeof(out))
+            FUZZ_CHECK(hdr_match_host(exact, n, false, out, sizeof(out)) == 0,
+                       "hdr_match_host(\"%s\")", v);
+    }
+    free(exact);
+}
+
+/* hlist_transfer_coding_ok over one or two Transfer-Encoding fields: accepted only when the
+ * values, commas, spaces and tabs removed, spell "chunked" in any case; refused only when they
+ * do not, or spell it in more than one word ("chun ked", "chunked, chunked"). */
+static void check_transfer_coding(const char *v1, const char *v2)
+{
+    struct hlist h = { 0 };
+    if (hlist_add(&h, "Transfer-Encoding", 17, v1, strlen(v1)) < 0 ||
+        (*v2 && hlist_add(&h, "transfer-encoding", 17, v2, strlen(v2)) < 0)) {
+        hlist_free(&h);
+        return;
+    }
+    char squeezed[16];
+    size_t n = 0, words = 0;
+    const char *vals[2] = { v1, v2 };
+    for (int k = 0; k < 2; k++) {
+        bool in_word = false;
+        for (const char *p = vals[k]; *p; p++) {
+            if (*p == ',' || *p == ' ' || *p == '\t') {
+                in_word = false;
+                continue;
+            }
+            if (!in_word)
+                words++;
+            in_word = true;
+            if (n < sizeof(squeezed) - 1)
+                squeezed[n++] = lc(*p);
+            else
+                words = 99;
+        }
+    }
+    squeezed[n] = '\0';
+    bool ok = hlist_transfer_coding_ok(&h);
+    if (ok)
+        FUZZ_CHECK(strcmp(squeezed, "chunked") == 0, "Transfer-Encoding \"%s\" / \"%s\" accepted",
+                   v1, v2);
+    else
+        FUZZ_CHECK(strcmp(squeezed, "chunked") != 0 || words != 1,
+                   "Transfer-Encoding \"%s\" / \"%s\" refused", v1, v2);
+    hlist_free(&h);
+}
+
 static void check_match_host(const char *host, bool keep_port, size_t cap)
 {
     size_t in_len = strlen(host);
     /* Exactly 'cap' bytes, so AddressSanitizer sees any write past them. */
     char *out = malloc(cap ? cap : 1);
     FUZZ_CHECK(out != NULL, "out of memory");
-    int rc = hdr_match_host(host, keep_port, out, cap);
+    int rc = hdr_match_host(host, in_len, keep_port, out, cap);
     FUZZ_CHECK(rc == 0 || rc == -1, "rc %d", rc);
 
     /* The same host with room to spare gives the full answer to compare with. */
     char *full = malloc(in_len + 1);
     FUZZ_CHECK(full != NULL, "out of memory");
-    FUZZ_CHECK(hdr_match_host(host, keep_port, full, in_len + 1) == 0,
+    FUZZ_CHECK(hdr_match_host(host, in_len, keep_port, full, in_len + 1) == 0,
                "a buffer as long as the input plus its NUL must always do (\"%s\")", host);
     size_t n = strlen(full);
     FUZZ_CHECK(n <= in_len, "output longer than the input: \"%s\" -> \"%s\"", host, full);
@@ -257,6 +341,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                name);
     free(raw);
 
+    check_value_uint(value);
+    check_transfer_coding(value, name2);
+    check_host_valid(name);
+    check_host_valid(value);
     check_match_host(name, flags & 1, cap);
     check_match_host(value, !(flags & 1), cap);
     check_uuid(seed);

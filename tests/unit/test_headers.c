@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "proxy/headers.h"
+#include "proxy/hlist.h"
 
 Test(headers, hop_by_hop_names_in_any_case)
 {
@@ -127,13 +128,137 @@ Test(headers, name_bytes_are_exactly_rfc9110_tchar)
 Test(headers, match_host_lowercases_and_drops_the_port_unless_asked)
 {
     char h[64];
-    cr_assert_eq(hdr_match_host("Orders.Internal:8080", false, h, sizeof(h)), 0);
+    cr_assert_eq(
+        hdr_match_host("Orders.Internal:8080", strlen("Orders.Internal:8080"), false, h, sizeof(h)),
+        0);
     cr_expect_str_eq(h, "orders.internal");
-    cr_assert_eq(hdr_match_host("Orders.Internal:8080", true, h, sizeof(h)), 0);
+    cr_assert_eq(
+        hdr_match_host("Orders.Internal:8080", strlen("Orders.Internal:8080"), true, h, sizeof(h)),
+        0);
     cr_expect_str_eq(h, "orders.internal:8080");
-    cr_assert_eq(hdr_match_host("[::1]:80", false, h, sizeof(h)), 0);
+    cr_assert_eq(hdr_match_host("[::1]:80", strlen("[::1]:80"), false, h, sizeof(h)), 0);
     cr_expect_str_eq(h, "[::1]");
-    cr_assert_eq(hdr_match_host("plain", false, h, sizeof(h)), 0);
+    cr_assert_eq(hdr_match_host("plain", strlen("plain"), false, h, sizeof(h)), 0);
     cr_expect_str_eq(h, "plain");
-    cr_expect_eq(hdr_match_host("a-very-long-host-name", false, h, 8), -1);
+    cr_expect_eq(
+        hdr_match_host("a-very-long-host-name", strlen("a-very-long-host-name"), false, h, 8), -1);
+}
+
+Test(headers, trim_drops_only_the_whitespace_around_a_value)
+{
+    static const struct {
+        const char *in, *out;
+    } cases[] = { { "700", "700" },
+                  { " 700", "700" },
+                  { "700 ", "700" },
+                  { "\t7 0\t ", "7 0" },
+                  { "   ", "" },
+                  { "", "" },
+                  { "a\t", "a" },
+                  { " \tx y\t ", "x y" },
+                  { "\x0b"
+                    "1",
+                    "\x0b"
+                    "1" } };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t n = strlen(cases[i].in);
+        const char *v = hdr_trim(cases[i].in, &n);
+        cr_expect(n == strlen(cases[i].out) && memcmp(v, cases[i].out, n) == 0,
+                  "hdr_trim(\"%s\") = \"%.*s\"", cases[i].in, (int)n, v);
+    }
+}
+
+Test(headers, a_number_in_a_value_may_have_whitespace_around_it_not_inside)
+{
+    cr_expect_eq(hdr_value_uint("700", 3), 700);
+    cr_expect_eq(hdr_value_uint(" 700", 4), 700);
+    cr_expect_eq(hdr_value_uint("700 ", 4), 700);
+    cr_expect_eq(hdr_value_uint("\t700\t ", 6), 700);
+    cr_expect_eq(hdr_value_uint("7 00", 4), -1);
+    cr_expect_eq(hdr_value_uint("   ", 3), -1);
+    cr_expect_eq(hdr_value_uint("70x", 2), 70); /* only the n bytes given */
+    cr_expect_eq(hdr_value_uint("+7", 2), -1);
+    cr_expect_eq(hdr_value_uint("1234567890123456789", 19), -1);
+}
+
+static bool coding_ok(const char *const *values)
+{
+    struct hlist h = { 0 };
+    hlist_add(&h, "Content-Type", 12, "text/plain", 10);
+    for (size_t i = 0; values[i]; i++)
+        cr_assert_eq(hlist_add(&h, "transfer-encoding", 17, values[i], strlen(values[i])), 0);
+    bool ok = hlist_transfer_coding_ok(&h);
+    hlist_free(&h);
+    return ok;
+}
+
+Test(headers, a_response_transfer_encoding_must_be_one_chunked)
+{
+    const char *const *good[] = {
+        (const char *const[]){ NULL },
+        (const char *const[]){ "chunked", NULL },
+        (const char *const[]){ "CHUNKED", NULL },
+        (const char *const[]){ " chunked ", NULL },
+        (const char *const[]){ ", chunked,", NULL },
+        (const char *const[]){ "", "chunked", NULL },
+    };
+    const char *const *bad[] = {
+        (const char *const[]){ "chunked, deflate", NULL },
+        (const char *const[]){ "chunked", "identity", NULL },
+        (const char *const[]){ "chunked", "chunked", NULL },
+        (const char *const[]){ "chunked, chunked", NULL },
+        (const char *const[]){ "chunkedchunked", NULL },
+        (const char *const[]){ "gzip, chunked", NULL },
+        (const char *const[]){ "gzip", NULL },
+        (const char *const[]){ "identity", NULL },
+        (const char *const[]){ "chunked;q=1", NULL },
+        (const char *const[]){ "chunked x", NULL },
+        (const char *const[]){ "xchunked", NULL },
+        (const char *const[]){ "", NULL }, /* named, but no coding */
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        cr_expect(coding_ok(good[i]), "good case %zu refused", i);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_expect(!coding_ok(bad[i]), "bad case %zu (%s) accepted", i, bad[i][0]);
+}
+
+Test(headers, host_values_are_uri_host_and_an_optional_port)
+{
+    static const char *const good[] = {
+        "",
+        "a",
+        "a:80",
+        "a:",
+        "example.com",
+        "Example.COM:8080",
+        "127.0.0.1",
+        "127.0.0.1:65535",
+        "999.1.1.1", /* a reg-name, if not an address */
+        "xn--bcher-kva.example",
+        "under_score.example",
+        "%41%62",
+        "a-b.c~d",
+        "!$&'()*+,;=",
+        "[::1]",
+        "[::1]:8080",
+        "[2001:db8::7]:443",
+        "[::ffff:192.0.2.1]",
+        "[v1.fe80::a+en1]",
+        "[V7.x:y]:1",
+        ":80",
+    };
+    static const char *const bad[] = {
+        "bad host", " a",        "a b:80",    "a\tb",  "a/b",   "a?b",   "a#b",    "a@b",
+        "u@a:80",   "a:80:90",   "a:8x",      "a: 80", "a:-1",  "[::1",  "::1",    "[::1]x",
+        "[::1]:8a", "[a::b::c]", "[1.2.3.4]", "[]",    "[v1.]", "[v.x]", "[vg.x]", "[::1%25eth0]",
+        "%4",       "%zz",       "a%",        "a\"b",  "a<b>",  "a\\b",  "a[b]",   "caf\xc3\xa9",
+        "a{b}",     "a|b",       "a^b",       "a`b",
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        cr_expect(hdr_host_valid(good[i], strlen(good[i])), "\"%s\" refused", good[i]);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_expect(!hdr_host_valid(bad[i], strlen(bad[i])), "\"%s\" accepted", bad[i]);
+    /* only the n bytes given are read */
+    cr_expect(hdr_host_valid("a:80 junk", 4));
+    cr_expect(!hdr_host_valid("[::1]", 4));
 }
