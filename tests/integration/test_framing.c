@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -531,7 +532,8 @@ struct script {
     const char *resp;
     size_t resp_len;
     volatile int stop;
-    volatile int served; /* responses sent */
+    _Atomic int served; /* responses sent (counted before they go, so a client that has the
+                          * proxy's answer never sees an attempt uncounted) */
 };
 
 static void *script_main(void *arg)
@@ -556,8 +558,8 @@ static void *script_main(void *arg)
                 break;
             n += (size_t)k;
         }
-        raw_send_all(c, s->resp, s->resp_len);
         s->served++;
+        raw_send_all(c, s->resp, s->resp_len);
         shutdown(c, SHUT_WR);
         sleep_ms(20);
         close(c);
