@@ -533,7 +533,7 @@ struct script {
     size_t resp_len;
     volatile int stop;
     _Atomic int served; /* responses sent (counted before they go, so a client that has the
-                          * proxy's answer never sees an attempt uncounted) */
+                         * proxy's answer never sees an attempt uncounted) */
 };
 
 static void *script_main(void *arg)
