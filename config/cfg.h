@@ -133,6 +133,7 @@ struct cfg {
     uint32_t drain_timeout_ms;
     uint32_t max_connections;
     uint32_t connection_timeout_ms;
+    uint32_t send_buffer_bytes; /* SO_SNDBUF of client connections, 0: the kernel's sizing */
     uint32_t header_timeout_ms;
     uint32_t max_header_bytes;
     uint32_t max_upstream_requests;

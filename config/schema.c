@@ -1166,6 +1166,10 @@ static const struct field limits_fields[] = {
     UINT_FIELD("connection_timeout_ms", struct cfg, connection_timeout_ms, 0, MS_MAX, "30000",
                "an idle or slow client connection is closed after this, counted in whole "
                "seconds rounded up (0: never)"),
+    UINT_FIELD("send_buffer_bytes", struct cfg, send_buffer_bytes, 0, 16777216, "262144",
+               "the kernel's send buffer of each new client connection (SO_SNDBUF, at most "
+               "net.core.wmem_max), so that a client reading slowly cannot queue megabytes of "
+               "responses in the kernel (0: the kernel's own sizing, up to 4 MiB a connection)"),
     UINT_FIELD("max_body_bytes", struct cfg, max_body_bytes, 0, 1099511627776.0, "67108864",
                "larger request bodies are answered 413"),
     UINT_FIELD("max_buffered_body_bytes", struct cfg, max_buffered_body_bytes, 0, 1099511627776.0,

@@ -185,6 +185,12 @@ static void client_open(struct server *s, struct MHD_Connection *c, void **socke
     }
     *socket_context = cl;
     cl->fd = ci->connect_fd;
+    /* Linux sizes a loopback connection's send buffer up to 4 MiB at once, whatever the peer
+     * reads: a slow reader would have the proxy copy megabytes into the kernel for it
+     * (docs/hardening.md, "Slow clients"). */
+    int sndbuf = (int)w->rt->cfg->send_buffer_bytes;
+    if (sndbuf > 0)
+        setsockopt(cl->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
     peer_address(c, cl->peer, sizeof(cl->peer));
     DLIST_PUSH(s->clients, cl);
 }

@@ -461,3 +461,31 @@ Test(scale, a_reader_that_takes_nothing_is_closed_after_connection_timeout_ms)
     cr_expect_leq(px_fds(px), fds0, "descriptors %d after, %d before", px_fds(px), fds0);
     close_slow_readers(&fd, 1);
 }
+
+/* A client reading slowly can queue no more than limits.send_buffer_bytes (the kernel counts
+ * twice the value) in the kernel's send buffer of its connection; left to the kernel's own
+ * sizing, a loopback connection takes megabytes of a response that nobody reads. */
+static long queued_for_slow_reader(const char *limits)
+{
+    start(limits, "\"timeout_ms\": 60000", "1");
+    int fd;
+    open_slow_readers(&fd, 1, "67108864");
+    sleep_ms(300);
+    long q = proc_tcp_send_queue_max(px->pid, px->port);
+    close_slow_readers(&fd, 1);
+    return q;
+}
+
+Test(scale, a_slow_readers_kernel_send_queue_is_bounded_by_send_buffer_bytes)
+{
+    long q = queued_for_slow_reader("\"limits\": {\"send_buffer_bytes\": 65536}");
+    cr_expect_gt(q, 0, "nothing queued: the test measures nothing");
+    cr_expect_leq(q, 2 * 65536, "%ld bytes queued for a client that reads nothing", q);
+}
+
+Test(scale, without_send_buffer_bytes_the_kernel_queues_megabytes_for_a_slow_reader)
+{
+    long q = queued_for_slow_reader("\"limits\": {\"send_buffer_bytes\": 0}");
+    cr_expect_gt(q, 1024 * 1024, "%ld bytes queued: the bound above would hold without the key",
+                 q);
+}

@@ -139,6 +139,27 @@ out:
     return total;
 }
 
+long proc_tcp_send_queue_max(pid_t pid, uint16_t port)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%d/net/tcp", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long most = 0;
+    while (fgets(line, sizeof(line), f)) {
+        /* sl local_address rem_address st tx_queue:rx_queue ... */
+        unsigned lport;
+        unsigned long tx;
+        if (sscanf(line, " %*u: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%*x %*x %lx:%*x", &lport, &tx) ==
+                2 &&
+            lport == port && (long)tx > most)
+            most = (long)tx;
+    }
+    fclose(f);
+    return most;
+}
+
 long proc_status_kb(pid_t pid, const char *field)
 {
     char path[64], line[256];

@@ -45,6 +45,9 @@ long proc_status_kb(pid_t pid, const char *field);
  * sockets (IPv4 or IPv6) connected to remote port 'port' (/proc/PID/net/tcp*: whatever the
  * connection's state, CLOSE_WAIT included), or -1. */
 int proc_fds_to_port(pid_t pid, uint16_t port, int *to_port);
+/* The most bytes queued to send (tx_queue) on a TCP socket of PID's network namespace whose
+ * local port is 'port' (/proc/PID/net/tcp), or -1 if the table cannot be read. */
+long proc_tcp_send_queue_max(pid_t pid, uint16_t port);
 
 /* Adds a GET of 'url' with 'headers' (the caller keeps them until the transfer is done) to 'm':
  * its body is dropped, it gives up after 'timeout_ms', and 'priv' comes back with it from
