@@ -125,8 +125,9 @@ EOF
     kill "$px" 2>/dev/null || true
     wait "$px" 2>/dev/null || true
     local opened
-    opened=$(grep -o 'connected: *[0-9]*' "$dir/slowhttptest.log" | tail -1 | grep -o '[0-9]*$' ||
-        echo "?")
+    # the most slow connections open at once, from slowhttptest's status lines (colour codes cut)
+    opened=$(sed 's/\x1b\[[0-9;]*[a-zA-Z]//g' "$dir/slowhttptest.log" |
+        awk '$1 == "connected:" && $2 > m { m = $2 } END { print m + 0 }')
     awk '$1 == "200" {print $2 * 1000}' "$dir/probes" | sort -n >"$dir/latencies"
     awk -v label="$label" -v n="$n" -v idle="$idle" -v opened="$opened" \
         -v sent="$(wc -l <"$dir/probes")" '
@@ -142,7 +143,7 @@ EOF
         }' "$dir/latencies" "$dir/rss"
 }
 
-echo "| build | slow readers | connected at the end | probes answered | median ms | p99 ms | max ms | idle RSS MB | peak RSS MB | RSS ${AFTER} s after MB |"
+echo "| build | slow readers | most connected | probes answered | median ms | p99 ms | max ms | idle RSS MB | peak RSS MB | RSS ${AFTER} s after MB |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for n in $CLIENTS; do
     run_one retryproxy "$BIN" "$n"

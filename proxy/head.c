@@ -272,15 +272,17 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     if (preserve_host && s->value[HF_HOST])
         hb_add(&b, "Host", 4, s->value[HF_HOST], s->value_len[HF_HOST]);
     /* curl's own additions that a proxy must not make (docs/forwarding.md: no field is
-     * added): Accept: *\/\* where the client sent none, Expect: 100-continue for a large
-     * upload, and a form Content-Type for any body given as a buffer, an empty one included
-     * (every Content-Length body the proxy may replay is). Removing a field curl would not
-     * add costs nothing, so these go whatever the body. */
+     * added): Accept: *\/\* where the client sent none, and for a request that has a body,
+     * an empty one included (Content-Length: 0 is given to curl as an empty buffer),
+     * Expect: 100-continue for a large upload and a form Content-Type. A request without a
+     * body gets neither from curl, and is spared two entries curl would scan. */
     if (!s->value[HF_ACCEPT])
         hb_add(&b, "Accept:", 7, NULL, 0);
-    hb_add(&b, "Expect:", 7, NULL, 0);
-    if (!s->value[HF_CONTENT_TYPE])
-        hb_add(&b, "Content-Type:", 13, NULL, 0);
+    if (s->count[HF_TRANSFER_ENCODING] || s->value[HF_CONTENT_LENGTH]) {
+        hb_add(&b, "Expect:", 7, NULL, 0);
+        if (!s->value[HF_CONTENT_TYPE])
+            hb_add(&b, "Content-Type:", 13, NULL, 0);
+    }
     h->block = block;
     h->list = b.n ? b.nodes : NULL;
     h->deadline_name = deadline_header;
