@@ -486,6 +486,5 @@ Test(scale, a_slow_readers_kernel_send_queue_is_bounded_by_send_buffer_bytes)
 Test(scale, without_send_buffer_bytes_the_kernel_queues_megabytes_for_a_slow_reader)
 {
     long q = queued_for_slow_reader("\"limits\": {\"send_buffer_bytes\": 0}");
-    cr_expect_gt(q, 1024 * 1024, "%ld bytes queued: the bound above would hold without the key",
-                 q);
+    cr_expect_gt(q, 1024 * 1024, "%ld bytes queued: the bound above would hold without the key", q);
 }
