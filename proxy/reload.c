@@ -249,9 +249,27 @@ void reload_set_workers(struct reload *rl, struct worker **workers, unsigned n)
     rl->n_workers = n;
 }
 
+static void on_debounced(struct loop_timer *t);
+
+/* An in-place change is read DEBOUNCE_MS after its last event. */
+static void arm_debounce(struct reload *rl)
+{
+    loop_timer_start(rl->loop, &rl->debounce, loop_now(rl->loop) + DEBOUNCE_MS, on_debounced, rl);
+}
+
+/* The debounce ran out. Events may have come since, in this very loop turn (a ConfigMap swap
+ * completed just now): they are taken first, as on_watch() would have taken them, so that a
+ * complete change is read as one and a change still in progress waits again. */
 static void on_debounced(struct loop_timer *t)
 {
-    load(t->arg, false, BY_CHANGED, NULL);
+    struct reload *rl = t->arg;
+    enum watch_change ch = watch_read(rl->watch);
+    if (ch != WATCH_NONE)
+        watch_repair(rl->watch);
+    if (ch == WATCH_IN_PROGRESS)
+        arm_debounce(rl);
+    else
+        load(rl, false, ch == WATCH_COMPLETE ? BY_REPLACED : BY_CHANGED, NULL);
 }
 
 static void on_watch(struct loop_watch *lw, uint32_t events)
@@ -270,8 +288,7 @@ static void on_watch(struct loop_watch *lw, uint32_t events)
         loop_timer_stop(rl->loop, &rl->debounce);
         load(rl, false, BY_REPLACED, NULL);
     } else {
-        loop_timer_start(rl->loop, &rl->debounce, loop_now(rl->loop) + DEBOUNCE_MS, on_debounced,
-                         rl);
+        arm_debounce(rl);
     }
 }
 
