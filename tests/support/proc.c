@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,24 +68,43 @@ int proc_entries(pid_t pid, const char *what)
 
 /* Adds to 'set' (grown as needed) the inodes of the sockets in /proc/PID/net/'table' whose
  * remote port is 'port'. -1 if the table cannot be read or memory runs out. */
+/* /proc/PID/net/'table' ("tcp", "tcp6") for reading, or NULL. */
+static FILE *net_table(pid_t pid, const char *table)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/net/%s", (int)pid, table);
+    return fopen(path, "r");
+}
+
+/* One socket's line of such a table: its ports, the bytes queued to send, its inode. */
+struct tcp_row {
+    unsigned lport, rport;
+    unsigned long tx, inode;
+};
+
+/* sl local_address rem_address st tx_queue:rx_queue tr:when retrnsmt uid timeout inode; false
+ * for the header line. */
+static bool tcp_row_read(FILE *f, char *line, size_t cap, struct tcp_row *r)
+{
+    while (fgets(line, (int)cap, f))
+        if (sscanf(line,
+                   " %*u: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%x %*x %lx:%*x %*x:%*x %*x %*u %*u %lu",
+                   &r->lport, &r->rport, &r->tx, &r->inode) == 4)
+            return true;
+    return false;
+}
+
 static int port_inodes(pid_t pid, const char *table, uint16_t port, unsigned long **set, size_t *n,
                        size_t *cap)
 {
-    char path[64], line[512];
-    snprintf(path, sizeof(path), "/proc/%d/net/%s", (int)pid, table);
-    FILE *f = fopen(path, "r");
+    char line[512];
+    FILE *f = net_table(pid, table);
     if (!f)
         return -1;
     int rc = 0;
-    while (fgets(line, sizeof(line), f)) {
-        /* sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode */
-        unsigned rport;
-        unsigned long inode;
-        if (sscanf(line,
-                   " %*u: %*[0-9A-Fa-f]:%*x %*[0-9A-Fa-f]:%x %*x %*x:%*x %*x:%*x %*x %*u %*u %lu",
-                   &rport, &inode) != 2 ||
-            rport != port)
-            continue; /* the header line, or another connection */
+    for (struct tcp_row row; tcp_row_read(f, line, sizeof(line), &row);) {
+        if (row.rport != port)
+            continue; /* another connection */
         if (*n == *cap) {
             size_t c = *cap ? *cap * 2 : 64;
             unsigned long *t = realloc(*set, c * sizeof(*t));
@@ -95,7 +115,7 @@ static int port_inodes(pid_t pid, const char *table, uint16_t port, unsigned lon
             *set = t;
             *cap = c;
         }
-        (*set)[(*n)++] = inode;
+        (*set)[(*n)++] = row.inode;
     }
     fclose(f);
     return rc;
@@ -141,21 +161,14 @@ out:
 
 long proc_tcp_send_queue_max(pid_t pid, uint16_t port)
 {
-    char path[64], line[512];
-    snprintf(path, sizeof(path), "/proc/%d/net/tcp", (int)pid);
-    FILE *f = fopen(path, "r");
+    char line[512];
+    FILE *f = net_table(pid, "tcp");
     if (!f)
         return -1;
     long most = 0;
-    while (fgets(line, sizeof(line), f)) {
-        /* sl local_address rem_address st tx_queue:rx_queue ... */
-        unsigned lport;
-        unsigned long tx;
-        if (sscanf(line, " %*u: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%*x %*x %lx:%*x", &lport, &tx) ==
-                2 &&
-            lport == port && (long)tx > most)
-            most = (long)tx;
-    }
+    for (struct tcp_row row; tcp_row_read(f, line, sizeof(line), &row);)
+        if (row.lport == port && (long)row.tx > most)
+            most = (long)row.tx;
     fclose(f);
     return most;
 }
