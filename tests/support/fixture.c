@@ -165,6 +165,12 @@ const char *fx_url(const char *path)
     return px_url(px, path, url, sizeof(url));
 }
 
+bool fx_under_sanitizer(void)
+{
+    const char *b = getenv("RETRYPROXY_BIN");
+    return fx_under_asan() || (b && strstr(b, "tsan") != NULL);
+}
+
 bool fx_under_asan(void)
 {
     /* make asan builds in build-asan/, a developer's own ASan build may be build-NAME-asan/ */

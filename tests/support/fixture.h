@@ -83,6 +83,9 @@ void fx_stop_any(void);
 const char *fx_url(const char *path);
 /* Whether the proxy under test is an ASan build (a path with "asan"): RSS bounds are looser. */
 bool fx_under_asan(void);
+/* Whether it is a sanitizer build of either kind ("asan" or "tsan" in its path): its heap is
+ * the sanitizer's, which glibc's malloc_trim() does not give back. */
+bool fx_under_sanitizer(void);
 /* A 127.0.0.1 port nothing listens on (bound, then closed). */
 uint16_t fx_closed_port(void);
 /* A config of route "r" whose upstreams are fx_closed_port() and then upstream 0 (started if
