@@ -83,6 +83,19 @@ const struct cfg_retry_cond *retry_match_on(const struct cfg_retry_cond *on, siz
     return NULL;
 }
 
+/* A wait of 'delay_ms' from 'now_ms' that ends at or after 'deadline_ms' leaves no time for the
+ * attempt after it: the one rule for the request's deadline and the drain deadline. */
+static bool wait_passes(uint64_t now_ms, uint64_t delay_ms, uint64_t deadline_ms)
+{
+    return now_ms + delay_ms >= deadline_ms;
+}
+
+/* While draining (a drain deadline is set), the wait must end before it. */
+static bool wait_passes_drain(const struct decide_budgets *b, uint64_t now_ms, uint64_t delay_ms)
+{
+    return b->drain_deadline_ms && wait_passes(now_ms, delay_ms, b->drain_deadline_ms);
+}
+
 void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct retry_verdict *v)
 {
     memset(v, 0, sizeof(*v));
@@ -121,8 +134,7 @@ void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct
         delay = f->retry_after_ms;
         v->retry_after_used = true;
     }
-    /* A wait that would end at or after the deadline leaves no time for the attempt. */
-    if (f->now_ms + delay >= f->deadline_ms) {
+    if (wait_passes(f->now_ms, delay, f->deadline_ms)) {
         v->stop = RETRY_STOP_DEADLINE;
         return;
     }
@@ -134,7 +146,7 @@ void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct
  * deadline. An admitted retry holds a concurrency slot in both budgets. */
 static enum retry_stop admit(const struct decide_budgets *b, uint64_t now, uint32_t delay_ms)
 {
-    if (b->drain_deadline_ms && now + delay_ms >= b->drain_deadline_ms)
+    if (wait_passes_drain(b, now, delay_ms))
         return RETRY_STOP_DRAINING;
     if (!budget_acquire(b->global, b->global_limits->max_concurrent_retries))
         return RETRY_STOP_CONCURRENCY;
@@ -190,10 +202,9 @@ void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct re
 enum retry_stop decide_wait_fits(const struct decide_req *d, uint64_t now_ms, uint32_t delay_ms,
                                  uint64_t deadline_ms)
 {
-    uint64_t end = now_ms + delay_ms;
-    if (end >= deadline_ms)
+    if (wait_passes(now_ms, delay_ms, deadline_ms))
         return RETRY_STOP_DEADLINE;
-    if (d->budgets.drain_deadline_ms && end >= d->budgets.drain_deadline_ms)
+    if (wait_passes_drain(&d->budgets, now_ms, delay_ms))
         return RETRY_STOP_DRAINING;
     return RETRY_STOP_NONE;
 }

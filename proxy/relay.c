@@ -111,20 +111,18 @@ void relay_close(struct relay *rl, unsigned status)
 void relay_error(struct relay *rl, unsigned status, const char *code, const char *route,
                  const char *message, const struct relay_tag *tag)
 {
-    char body[512], *text = body;
     char rname[160] = "null";
     if (route)
         snprintf(rname, sizeof(rname), "\"%s\"", route); /* names need no escaping */
-#define ERROR_BODY "{\"error\": \"%s\", \"route\": %s, \"attempts\": %u, \"message\": \"%s\"}\n"
-    int n = snprintf(body, sizeof(body), ERROR_BODY, code, rname, tag->attempts, message);
-    if (n >= (int)sizeof(body) && (text = malloc((size_t)n + 1)) != NULL)
-        snprintf(text, (size_t)n + 1, ERROR_BODY, code, rname, tag->attempts, message);
-#undef ERROR_BODY
-    /* a message too long for the buffer: the whole of it, or (out of memory) no body */
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        text ? (size_t)(n < 0 ? 0 : n) : 0, text ? text : (char *)"", MHD_RESPMEM_MUST_COPY);
-    if (text != body)
-        free(text);
+    /* sized to the message, whatever its length; libmicrohttpd frees it with the response */
+    char *body = NULL;
+    int n = asprintf(&body,
+                     "{\"error\": \"%s\", \"route\": %s, \"attempts\": %u, \"message\": \"%s\"}\n",
+                     code, rname, tag->attempts, message);
+    struct MHD_Response *resp =
+        n < 0 ? NULL : MHD_create_response_from_buffer((size_t)n, body, MHD_RESPMEM_MUST_FREE);
+    if (!resp && n >= 0)
+        free(body);
     if (resp) {
         MHD_add_response_header(resp, "Content-Type", "application/json");
         add_tag(resp, tag);

@@ -171,6 +171,7 @@ static void wait_then_retry(struct retry_req *r);
 static bool stop_transfer(struct retry_req *r, struct trial *t);
 static void hold_slots(struct retry_req *r);
 static bool settle(struct retry_req *r);
+static void give_up(struct retry_req *r, enum retry_stop stop);
 static void end_retry_in_flight(struct retry_req *r);
 static void answer_error(struct retry_req *r, unsigned status, const char *code,
                          const char *message);
@@ -821,6 +822,13 @@ static enum metrics_outcome outcome_class(enum retry_outcome o, int status);
 static void account_verdict(struct retry_req *r, const struct trial *t, enum retry_outcome o,
                             const struct retry_verdict *v, bool hedging);
 
+/* The drain deadline as it is now (0: not draining), for the decisions that follow. */
+static void see_drain_deadline(struct retry_req *r)
+{
+    r->dr.budgets.drain_deadline_ms =
+        atomic_load_explicit(&r->w->px->drain_deadline_ms, memory_order_relaxed);
+}
+
 /* What is known of the current attempt, ended in 'o' (or, hedging, past its per-try timeout),
  * and the verdict on it: the policy, the budgets, the drain deadline. */
 static void judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
@@ -847,8 +855,7 @@ static void judge(struct retry_req *r, enum retry_outcome o, struct retry_facts 
         eject_record(r->rtr, r->route, r->cur->upstream, o, f->status, f->head, f->now_ms,
                      &r->w->rng);
     }
-    r->dr.budgets.drain_deadline_ms =
-        atomic_load_explicit(&r->w->px->drain_deadline_ms, memory_order_relaxed);
+    see_drain_deadline(r);
     decide_attempt(&r->dr, f, v);
     if (v->stop == RETRY_STOP_THROTTLED)
         metrics_throttled(r->m, r->w->id);
@@ -894,17 +901,16 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
  * that withdraws it. Returns true to wait and retry. */
 static bool settle(struct retry_req *r)
 {
-    struct retry_verdict v = r->settling;
-    r->flags &= ~RF_SETTLE;
-    r->dr.budgets.drain_deadline_ms =
-        atomic_load_explicit(&r->w->px->drain_deadline_ms, memory_order_relaxed);
-    v.stop = decide_wait_fits(&r->dr, loop_now(r->w->loop), v.delay_ms, r->deadline_ms);
-    if (v.stop != RETRY_STOP_NONE) {
-        end_retry_in_flight(r);
-        r->stop = v.stop;
+    see_drain_deadline(r);
+    enum retry_stop stop =
+        decide_wait_fits(&r->dr, loop_now(r->w->loop), r->settling.delay_ms, r->deadline_ms);
+    if (stop != RETRY_STOP_NONE) {
+        give_up(r, stop); /* withdraws it, counted as the stop */
+        return false;
     }
-    account_verdict(r, r->cur, RETRY_OUT_STATUS, &v, false);
-    return v.stop == RETRY_STOP_NONE;
+    r->flags &= ~RF_SETTLE;
+    account_verdict(r, r->cur, RETRY_OUT_STATUS, &r->settling, false);
+    return true;
 }
 
 /* The current attempt passed per_try_timeout_ms on a route that hedges, and the request may go
@@ -1174,7 +1180,8 @@ static void give_up(struct retry_req *r, enum retry_stop stop)
     end_retry_in_flight(r);
     r->stop = stop;
     if (r->flags & RF_SETTLE) {
-        /* a body still being read: the retry decided on it is withdrawn, counted as the stop */
+        /* the retry decided on the response whose body is read (settle()) is withdrawn,
+         * counted as the stop */
         r->flags &= ~RF_SETTLE;
         r->settling.stop = stop;
         account_verdict(r, r->cur, RETRY_OUT_STATUS, &r->settling, false);

@@ -12,10 +12,6 @@
  * after a burst, upstream_trim() keeps POOL_KEEP. */
 #define POOL_MAX  256
 #define POOL_KEEP 16
-/* Idle upstream connections kept per worker: UPSTREAM_MAX_CONNECTIONS. libcurl's default is 4
- * times the transfers running at that moment, so a short dip in load closes connections that
- * the next burst has to open again; a fixed size keeps them (each idle one costs a socket and a
- * few kilobytes). */
 /* A worker's transfers are spread over several multi handles ("shards"), each with its own
  * connection cache. libcurl looks for a connection to reuse by walking every connection to
  * the host in its cache, and walks the whole cache again when a transfer is removed: with
@@ -418,8 +414,6 @@ void upstream_set_cap(struct upstream *u, size_t cap)
 
 void upstream_release_slot(struct upstream *u, struct upstream_xfer *x)
 {
-    if (!x->slot)
-        return;
     drop_slot(u, x);
     slot_freed(u);
 }

@@ -17,7 +17,10 @@
 #include "proxy/loop.h"
 
 /* Idle upstream connections a worker keeps at most, over all its multi handles
- * (CURLMOPT_MAXCONNECTS): the soak's descriptor check allows this many (tests/tools/soak.c). */
+ * (CURLMOPT_MAXCONNECTS): the soak's descriptor check allows this many (tests/tools/soak.c).
+ * libcurl's default is 4 times the transfers running at that moment, so a short dip in load
+ * would close connections that the next burst has to open again; a fixed size keeps them
+ * (each idle one costs a socket and a few kilobytes). */
 #define UPSTREAM_MAX_CONNECTIONS 1024L
 
 struct upstream;
