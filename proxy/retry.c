@@ -23,6 +23,8 @@
  */
 #include "proxy/retry.h"
 
+#include <stdalign.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +40,6 @@
 #include "proxy/intake.h"
 #include "proxy/log.h"
 #include "proxy/metrics.h"
-#include "proxy/relay.h"
 #include "proxy/runtime.h"
 #include "proxy/worker.h"
 
@@ -156,11 +157,10 @@ struct retry_req {
         size_t len;
     } saved;
 
-    struct relay relay; /* the client side */
+    struct front *front; /* the client side: its state follows in the same allocation */
 };
 
 static const struct attempt_ops attempt_ops;
-static const struct relay_ops relay_ops;
 
 static void begin(struct retry_req *r, const char *method);
 static size_t take_body(struct retry_req *r, const char *data, size_t n);
@@ -178,7 +178,7 @@ static void answer_error(struct retry_req *r, unsigned status, const char *code,
 static void answer_final(struct retry_req *r);
 static void answer_saved(struct retry_req *r);
 static bool saved_whole(const struct retry_req *r);
-static struct relay_tag tag_of(const struct retry_req *r);
+static struct front_tag tag_of(const struct retry_req *r);
 static void account_stop(struct retry_req *r, enum retry_stop stop);
 static void log_done(struct retry_req *r);
 static void on_deadline(struct loop_timer *t);
@@ -201,11 +201,6 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static struct retry_req *of_relay(struct relay *rl)
-{
-    return rl->arg;
-}
-
 static struct trial *of_attempt(struct attempt *a)
 {
     return a->arg;
@@ -213,10 +208,15 @@ static struct trial *of_attempt(struct attempt *a)
 
 /* ---- life ---- */
 
-struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target,
-                                const char *peer, enum wire_reason refused)
+/* Where the front end's state starts in the request's allocation. */
+#define FRONT_OFFSET                                                                               \
+    ((sizeof(struct retry_req) + _Alignof(max_align_t) - 1) & ~(_Alignof(max_align_t) - 1))
+
+struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
+                            enum front_proto proto, const char *raw_target, const char *peer,
+                            enum wire_reason refused)
 {
-    struct retry_req *r = calloc(1, sizeof(*r));
+    struct retry_req *r = calloc(1, FRONT_OFFSET + front_size);
     if (!r)
         return NULL;
     r->target = strdup(raw_target);
@@ -239,19 +239,22 @@ struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, cons
     intake_init(&r->body, &pool);
     trial_init(r, &r->first);
     r->cur = &r->first;
-    relay_init(&r->relay, c, w->loop, w->kick, w->kick_arg, &relay_ops, r);
+    r->front = (struct front *)(void *)((char *)r + FRONT_OFFSET);
+    r->front->ops = ops;
+    r->front->req = r;
+    r->front->proto = proto;
     DLIST_PUSH(w->reqs, r);
     /* written by this worker only; read by the control thread while draining */
     atomic_store_explicit(&w->requests,
                           atomic_load_explicit(&w->requests, memory_order_relaxed) + 1,
                           memory_order_relaxed);
-    return r;
+    return r->front;
 }
 
 static void req_free(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
-    relay_fini(&r->relay);
+    r->front->ops->fini(r->front);
     if (r->cur != &r->first)
         trial_free(r, r->cur);
     attempt_fini(&r->first.att); /* r->others is empty: each held a reference */
@@ -279,38 +282,40 @@ static void req_release(struct retry_req *r)
         req_free(r);
 }
 
-/* ---- the client side: libmicrohttpd's calls, through the relay ---- */
+/* ---- the client side: the front end's calls ---- */
 
-bool retry_req_access(struct retry_req *r, const char *method, const char *upload_data,
-                      size_t *upload_data_size)
+void retry_req_head(struct retry_req *r, const char *method)
 {
-    /* libmicrohttpd takes an answer only on the first call (headers) or once the body is
-     * complete, the calls that come without upload data. */
-    bool can_answer = *upload_data_size == 0;
-    relay_enter(&r->relay);
-    if (r->state == RS_HEADERS) {
+    if (r->state == RS_HEADERS)
         begin(r, method);
-    } else if (*upload_data_size) {
-        size_t took = take_body(r, upload_data, *upload_data_size);
-        *upload_data_size -= took;
-        if (*upload_data_size && !relay_answered(&r->relay))
-            relay_wait_upload(&r->relay); /* until the upstream takes the last bytes */
-    } else if (!(r->flags & RF_BODY_DONE)) {
-        r->flags |= RF_BODY_DONE;
-        attempt_resume_upload(&r->cur->att); /* the end of a streamed body */
-        if (r->state == RS_BODY)
-            start_attempt(r);
-    }
-    return relay_leave(&r->relay, can_answer, r->flags & RF_BODY_DONE, r->flags & RF_CLOSE_NOW);
+}
+
+size_t retry_req_body(struct retry_req *r, const char *data, size_t n)
+{
+    size_t took = take_body(r, data, n);
+    if (r->flags & RF_CLOSE_NOW)
+        return RETRY_BODY_CLOSE;
+    if (took < n && !r->front->answered)
+        r->front->ops->wait_upload(r->front); /* until the upstream takes the last bytes */
+    return took;
+}
+
+void retry_req_end(struct retry_req *r)
+{
+    if (r->flags & RF_BODY_DONE)
+        return;
+    r->flags |= RF_BODY_DONE;
+    attempt_resume_upload(&r->cur->att); /* the end of a streamed body */
+    if (r->state == RS_BODY)
+        start_attempt(r);
 }
 
 void retry_req_completed(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
-    relay_unwatch(&r->relay);
+    r->front->ops->unwatch(r->front);
     end_retry_in_flight(r);
     log_done(r);
-    relay_done(&r->relay);
     r->peer = NULL;
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
@@ -319,64 +324,58 @@ void retry_req_completed(struct retry_req *r)
     req_release(r);
 }
 
-static void relay_hold(struct relay *rl)
+void retry_req_hold(struct retry_req *r)
 {
-    of_relay(rl)->refs++;
+    r->refs++;
 }
 
-static void relay_release(struct relay *rl)
+void retry_req_release(struct retry_req *r)
 {
-    req_release(of_relay(rl));
+    req_release(r);
 }
 
-/* The client took response bytes: a paused transfer may deliver again. */
-static void relay_room(struct relay *rl)
+void retry_req_room(struct retry_req *r)
 {
-    attempt_resume_body(&of_relay(rl)->cur->att);
+    attempt_resume_body(&r->cur->att);
 }
 
 static void account_answer(struct retry_req *r);
 
-static void relay_sending(struct relay *rl)
+void retry_req_sending(struct retry_req *r)
 {
-    account_answer(of_relay(rl));
+    account_answer(r);
 }
 
 static void cut_wait_short(struct retry_req *r);
 
-/* A request waiting out a backoff delay has its connection suspended, and libmicrohttpd does
- * not look at a suspended connection's socket: a client that gives up would go unnoticed
- * until retrying ends, every retry still costing the upstream an attempt (nginx stops too,
- * its "499"). The relay watches the socket during the wait for the client closing or
- * resetting it. A request whose attempt is running is not watched: that wait is bounded by
+/* A request waiting out a backoff delay has its client side asleep (an HTTP/1.1 connection
+ * suspended, and libmicrohttpd does not look at a suspended connection's socket): a client
+ * that gives up would go unnoticed until retrying ends, every retry still costing the upstream
+ * an attempt (nginx stops too, its "499"). The front end watches for the client going away
+ * during the wait. A request whose attempt is running is not watched: that wait is bounded by
  * the per-try timeout and watching every request would cost two epoll_ctl calls each. */
-static void relay_client_gone(struct relay *rl)
+void retry_req_client_gone(struct retry_req *r)
 {
-    struct retry_req *r = of_relay(rl);
-    if (r->state != RS_BACKOFF || relay_answered(rl))
+    struct front *f = r->front;
+    if (r->state != RS_BACKOFF || f->answered)
         return;
     cut_wait_short(r);
     end_retry_in_flight(r);
     end_attempts(r, METRICS_OUT_CANCELLED); /* those running beside the wait (hedging) */
     r->stop = RETRY_STOP_CLIENT_CLOSED;
     /* Counted now, as if answered: no response will go out to count it later. */
-    rl->resp_status = CLIENT_CLOSED_STATUS;
+    f->status = CLIENT_CLOSED_STATUS;
     account_answer(r);
-    relay_close(rl, CLIENT_CLOSED_STATUS);
+    f->ops->reset(f, CLIENT_CLOSED_STATUS);
     r->state = RS_ANSWERED;
 }
-
-static const struct relay_ops relay_ops = { .hold = relay_hold,
-                                            .release = relay_release,
-                                            .room = relay_room,
-                                            .client_gone = relay_client_gone,
-                                            .sending = relay_sending };
 
 /* ---- the head ---- */
 
 static void each_field(void *src, head_field_fn fn, void *arg)
 {
-    relay_each_field(src, fn, arg);
+    struct front *f = src;
+    f->ops->fields(f, fn, arg);
 }
 
 /* The request's id, sent upstream, logged and returned on every answer: the client's
@@ -418,11 +417,11 @@ static void begin(struct retry_req *r, const char *method)
     }
     snprintf(r->method, sizeof(r->method), "%s", method);
     r->method_bit = cfg_method_bit(method, strlen(method));
-    r->relay.is_head = strcmp(method, "HEAD") == 0; /* a length comes back, never a body */
+    r->front->is_head = strcmp(method, "HEAD") == 0; /* a length comes back, never a body */
     r->state = RS_BODY;
 
     struct head_scan s;
-    head_scan(&s, each_field, &r->relay);
+    head_scan(&s, each_field, r->front);
     enum cfg_underscores underscores = r->cfg->headers_with_underscores;
     char why_buf[128];
     const char *why =
@@ -505,7 +504,7 @@ static void begin(struct retry_req *r, const char *method)
     if (drop && log_enabled(CFG_LOG_DEBUG))
         log_event(CFG_LOG_DEBUG, "request headers with an underscore in their name not forwarded",
                   "request_id", r->request_id, "first", s.underscore_name, NULL);
-    if (head_up_build(&r->up, &s, each_field, &r->relay, r->peer ? r->peer : "", r->request_id,
+    if (head_up_build(&r->up, &s, each_field, r->front, r->peer ? r->peer : "", r->request_id,
                       r->route->preserve_host, r->route->deadline_header, drop) < 0 ||
         intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes) < 0) {
         answer_error(r, 500, "internal", "out of memory");
@@ -521,7 +520,7 @@ static void begin(struct retry_req *r, const char *method)
 static size_t take_body(struct retry_req *r, const char *data, size_t n)
 {
     struct intake *in = &r->body;
-    if (relay_answered(&r->relay)) {
+    if (r->front->answered) {
         /* Answered already (413, or the upstream answered before the whole body came): the
          * rest is dropped until libmicrohttpd lets the answer go out. */
         r->discarded += n;
@@ -732,8 +731,8 @@ static size_t attempt_body(struct attempt *a, const char *p, size_t n)
     if (t != r->cur)
         return 0; /* a lost attempt's: stop it (one running on has had no head yet) */
     if (r->state == RS_STREAM) {
-        size_t took = relay_body(&r->relay, p, n);
-        return took == RELAY_FULL ? ATTEMPT_PAUSE : took;
+        size_t took = r->front->ops->body(r->front, p, n);
+        return took == FRONT_FULL ? ATTEMPT_PAUSE : took;
     }
     if (r->state != RS_DRAIN)
         return 0;
@@ -759,7 +758,7 @@ static size_t attempt_upload(struct attempt *a, char *buf, size_t max)
     size_t got = intake_read(&r->body, buf, max);
     if (got) {
         if (ring_space(&r->body.queue) > 0)
-            relay_upload_room(&r->relay);
+            r->front->ops->upload_room(r->front);
         return got;
     }
     return r->flags & RF_BODY_DONE ? 0 : ATTEMPT_PAUSE;
@@ -792,7 +791,7 @@ static void attempt_done(struct attempt *a, enum attempt_end end)
             wait_for_others(r);
         break;
     case RS_STREAM:
-        relay_body_end(&r->relay, end != ATTEMPT_COMPLETE);
+        r->front->ops->end(r->front, NULL, end != ATTEMPT_COMPLETE);
         break;
     default:
         break;
@@ -983,7 +982,7 @@ static void end_retry_in_flight(struct retry_req *r)
 static void on_backoff(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
-    relay_unwatch(&r->relay);
+    r->front->ops->unwatch(r->front);
     start_attempt(r);
 }
 
@@ -995,7 +994,7 @@ static void wait_then_retry(struct retry_req *r)
     loop_timer_start(l, &r->backoff_timer, loop_now(l) + r->pending_delay, on_backoff, r);
     /* A zero wait ends this turn, before the socket could tell anything. */
     if (r->pending_delay)
-        relay_watch(&r->relay);
+        r->front->ops->watch(r->front);
 }
 
 /* Ends a backoff wait before its time; the log keeps the wait as it was taken. The backoff
@@ -1109,7 +1108,7 @@ static void win(struct retry_req *r, struct trial *t, bool failed)
     }
     if (r->state == RS_BACKOFF) {
         cut_wait_short(r);
-        relay_unwatch(&r->relay);
+        r->front->ops->unwatch(r->front);
     }
     loop_timer_stop(r->w->loop, &r->try_timer);
     end_retry_in_flight(r); /* the current attempt's, or the one it waited to make */
@@ -1214,7 +1213,7 @@ static void on_deadline(struct loop_timer *t)
         answer_final(r);
         break;
     case RS_STREAM:
-        relay_body_end(&r->relay, true); /* mid-body: the client must see the truncation */
+        r->front->ops->end(r->front, NULL, true); /* mid-body: the client must see the truncation */
         break;
     default:
         break;
@@ -1226,7 +1225,7 @@ static void on_deadline(struct loop_timer *t)
  * X-Retry-Stop: draining. Responses already streaming are left to finish. */
 static void expire(struct retry_req *r)
 {
-    if (relay_answered(&r->relay) || r->state == RS_HEADERS || !r->route)
+    if (r->front->answered || r->state == RS_HEADERS || !r->route)
         return;
     if (r->state == RS_BACKOFF)
         cut_wait_short(r);
@@ -1256,9 +1255,9 @@ static bool saved_whole(const struct retry_req *r)
     return (r->flags & (RF_SAVED | RF_SAVED_WHOLE)) == (RF_SAVED | RF_SAVED_WHOLE);
 }
 
-static struct relay_tag tag_of(const struct retry_req *r)
+static struct front_tag tag_of(const struct retry_req *r)
 {
-    return (struct relay_tag){
+    return (struct front_tag){
         .attempts = r->attempts,
         .request_id = r->request_id[0] ? r->request_id : NULL,
         .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
@@ -1284,24 +1283,24 @@ static void stream(struct retry_req *r)
     /* committed: a slow client must not hold a slot meant for upstream attempts */
     attempt_commit(&r->cur->att);
     r->state = RS_STREAM;
-    struct relay_tag tag = tag_of(r);
-    relay_response(&r->relay, r->cur->att.status, &r->cur->att.head, &tag);
+    struct front_tag tag = tag_of(r);
+    r->front->ops->response(r->front, r->cur->att.status, &r->cur->att.head, &tag);
 }
 
 /* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
 static void answer_error(struct retry_req *r, unsigned status, const char *code,
                          const char *message)
 {
-    struct relay_tag tag = tag_of(r);
-    relay_error(&r->relay, status, code, r->route ? r->route->name : NULL, message, &tag);
+    struct front_tag tag = tag_of(r);
+    r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
     answered(r);
 }
 
 /* The saved retryable response, when retrying stopped after it. */
 static void answer_saved(struct retry_req *r)
 {
-    struct relay_tag tag = tag_of(r);
-    relay_saved(&r->relay, r->saved.status, &r->saved.h, r->saved.body, r->saved.len, &tag);
+    struct front_tag tag = tag_of(r);
+    r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len, &tag);
     answered(r);
 }
 
@@ -1442,7 +1441,7 @@ static void account_verdict(struct retry_req *r, const struct trial *t, enum ret
 static void account_answer(struct retry_req *r)
 {
     struct worker *w = r->w;
-    metrics_request(r->m, w->id, (int)r->relay.resp_status);
+    metrics_request(r->m, w->id, (int)r->front->status);
     /* a retry's success: with hedging, the first attempt may answer after a retry went */
     if ((r->flags & RF_SUCCEEDED) && r->cur->number > 1)
         metrics_retry_success(r->m, w->id);
@@ -1456,13 +1455,13 @@ static void log_done(struct retry_req *r)
     struct worker *w = r->w;
     if (!log_enabled(CFG_LOG_INFO) || r->state == RS_HEADERS)
         return;
-    bool sent = (r->relay.flags & RL_QUEUED) || r->stop == RETRY_STOP_CLIENT_CLOSED;
+    bool sent = r->front->sent || r->stop == RETRY_STOP_CLIENT_CLOSED;
     struct log_request lr = { .unix_ms = r->start_unix_ms,
                               .route = r->route ? r->route->name : NULL,
                               .method = r->method,
                               .path = r->target,
                               /* 499: libmicrohttpd may find the socket closed first */
-                              .status = sent ? (int)r->relay.resp_status : 0,
+                              .status = sent ? (int)r->front->status : 0,
                               .attempts = r->attempts,
                               .delays = r->delays,
                               .n_delays = r->n_delays,
