@@ -37,16 +37,16 @@ struct front_tag {
 
 struct front_ops {
     /* Calls fn(arg, name, name length, value, value length) for each request header field. */
-    void (*fields)(struct front *f, void (*fn)(void *arg, const char *k, size_t kl,
-                                               const char *v, size_t vl),
+    void (*fields)(struct front *f,
+                   void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
                    void *arg);
     /* An error of retryproxy's own, with its code ("no_route"), the route's name (NULL: none)
      * and a message for people. */
     void (*error)(struct front *f, unsigned status, const char *code, const char *route,
                   const char *message, const struct front_tag *tag);
     /* A response kept whole: its fields and body as they came. */
-    void (*saved)(struct front *f, int status, const struct hlist *h, const char *body,
-                  size_t len, const struct front_tag *tag);
+    void (*saved)(struct front *f, int status, const struct hlist *h, const char *body, size_t len,
+                  const struct front_tag *tag);
     /* The upstream response whose head is 'h' (kept by the core until the request ends): its
      * body follows through body() and end(). */
     void (*response)(struct front *f, int status, const struct hlist *h,
