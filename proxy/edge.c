@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "proxy/grpc.h"
 #include "proxy/headers.h"
 #include "proxy/log.h"
 #include "proxy/runtime.h"
@@ -67,9 +68,15 @@ void edge_begin(struct retry_req *r, const char *method)
     const char *why =
         head_refusal(&s, underscores == CFG_UNDERSCORES_REJECT, why_buf, sizeof(why_buf));
     set_request_id(r, why ? NULL : s.value[HF_REQUEST_ID], s.value_len[HF_REQUEST_ID]);
+    /* a gRPC call (docs/grpc.md): its errors, these first ones included, are gRPC statuses */
+    if (s.value[HF_CONTENT_TYPE] &&
+        grpc_is_content_type(s.value[HF_CONTENT_TYPE], s.value_len[HF_CONTENT_TYPE])) {
+        r->flags |= RF_GRPC;
+        r->front->grpc = true;
+    }
     if (strcmp(method, "CONNECT") == 0) {
         edge_error(r, 405, "method_not_allowed",
-                     "CONNECT is not supported: retryproxy is a reverse proxy");
+                   "CONNECT is not supported: retryproxy is a reverse proxy");
         return;
     }
     if (why) {
@@ -104,7 +111,7 @@ void edge_begin(struct retry_req *r, const char *method)
                      : -1;
     if (cl > 0 && (uint64_t)cl > r->cfg->max_body_bytes) {
         edge_error(r, 413, "body_too_large",
-                     "the request body is larger than limits.max_body_bytes");
+                   "the request body is larger than limits.max_body_bytes");
         return;
     }
 
@@ -126,6 +133,18 @@ void edge_begin(struct retry_req *r, const char *method)
         if (t >= 1 && (uint64_t)t < r->timeout_ms)
             r->timeout_ms = (uint32_t)t;
     }
+    /* ... and a gRPC client its deadline, the same way (gRPC's grpc-timeout) */
+    if ((r->flags & RF_GRPC) && field[HF_GRPC_TIMEOUT]) {
+        uint64_t t;
+        if (s.count[HF_GRPC_TIMEOUT] > 1 ||
+            grpc_timeout_parse(field[HF_GRPC_TIMEOUT], field_len[HF_GRPC_TIMEOUT], &t) < 0) {
+            edge_error(r, 400, "bad_request",
+                       "a grpc-timeout that is not one gRPC timeout (such as \"250m\")");
+            return;
+        }
+        if (t < r->timeout_ms)
+            r->timeout_ms = t ? (uint32_t)t : 1; /* "0m": past at once, DEADLINE_EXCEEDED */
+    }
     r->dr = (struct decide_req){
         .policy = policy,
         .seq = &r->seq,
@@ -145,7 +164,8 @@ void edge_begin(struct retry_req *r, const char *method)
         log_event(CFG_LOG_DEBUG, "request headers with an underscore in their name not forwarded",
                   "request_id", r->request_id, "first", s.underscore_name, NULL);
     if (head_up_build(&r->up, &s, each_field, r->front, r->peer ? r->peer : "", r->request_id,
-                      r->route->preserve_host, r->route->deadline_header, drop) < 0 ||
+                      r->route->preserve_host, r->route->deadline_header, drop,
+                      r->flags & RF_GRPC) < 0 ||
         intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes) < 0) {
         edge_error(r, 500, "internal", "out of memory");
         return;
@@ -193,8 +213,7 @@ void edge_stream(struct retry_req *r)
 }
 
 /* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
-void edge_error(struct retry_req *r, unsigned status, const char *code,
-                         const char *message)
+void edge_error(struct retry_req *r, unsigned status, const char *code, const char *message)
 {
     struct front_tag tag = tag_of(r);
     r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
@@ -219,7 +238,7 @@ void edge_final(struct retry_req *r)
         edge_error(r, 504, "upstream_timeout", "no response from the upstream in time");
     else if (r->cur->att.bad_head)
         edge_error(r, 502, "upstream_invalid_response",
-                     "the upstream's response head was malformed or ambiguous");
+                   "the upstream's response head was malformed or ambiguous");
     else
         edge_error(r, 502, "upstream_unavailable", "no response from any upstream attempt");
 }

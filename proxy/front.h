@@ -81,6 +81,8 @@ struct front {
     bool answered;   /* an answer or a reset is made (set by the front end) */
     bool sent;       /* ... and handed to the protocol: the log shows its status */
     bool is_head;    /* a HEAD request: a length comes back, never a body (set by the core) */
+    bool grpc;       /* a gRPC call: errors of retryproxy's own are gRPC statuses (docs/grpc.md;
+                      * set by the core) */
 };
 
 #endif

@@ -157,7 +157,7 @@ static void win(struct retry_req *r, struct trial *t, bool failed)
     }
     loop_timer_stop(r->w->loop, &r->try_timer);
     req_end_retry_in_flight(r); /* the current attempt's, or the one it waited to make */
-    r->flags &= ~RF_SETTLE; /* a retry decided on a body being read is not made, nor refused */
+    r->flags &= ~RF_SETTLE;     /* a retry decided on a body being read is not made, nor refused */
     DLIST_UNLINK(r->others, t);
     lose(r, r->cur, METRICS_OUT_CANCELLED);
     r->cur = t;
@@ -176,7 +176,8 @@ void race_other_head(struct retry_req *r, struct trial *t)
     if (t->flags & TF_LOST)
         return; /* its cancel is on the way */
     const struct attempt *a = &t->att;
-    bool failed = retry_match(&r->route->retry, RETRY_OUT_STATUS, a->status, &a->head) != NULL;
+    bool failed = retry_match(&r->route->retry, RETRY_OUT_STATUS, a->status, &a->head,
+                              req_grpc_status(r, a)) != NULL;
     if (!failed) {
         win(r, t, false);
         return;

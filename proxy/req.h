@@ -50,6 +50,7 @@ enum {
     RF_THROTTLED = 1u << 8,   /* client-side throttling rejected an attempt (throttle_p) */
     RF_LAG = 1u << 9,         /* the response in DRAIN ends retrying: LAG once it is read */
     RF_SETTLE = 1u << 10,     /* the retry decided on the response in DRAIN: settle() it */
+    RF_GRPC = 1u << 11,       /* a gRPC call (Content-Type application/grpc, docs/grpc.md) */
 };
 
 /* Trial flags (struct trial 'flags'). */
@@ -155,6 +156,9 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
 void req_hold_slots(struct retry_req *r);
 void req_give_slots_back(struct retry_req *r, unsigned *flags, unsigned bit);
 void req_end_retry_in_flight(struct retry_req *r);
+/* The gRPC status of attempt 'a''s response on a gRPC call (its headers', or its trailers'
+ * once in), -1 if none or not a gRPC call. */
+int req_grpc_status(const struct retry_req *r, const struct attempt *a);
 /* The backoff wait before the next attempt (r->pending_delay), and its end before its time. */
 void req_wait_then_retry(struct retry_req *r);
 void req_cut_wait_short(struct retry_req *r);

@@ -35,6 +35,7 @@
 #include "proxy/decide.h"
 #include "proxy/dlist.h"
 #include "proxy/eject.h"
+#include "proxy/grpc.h"
 #include "proxy/head.h"
 #include "proxy/headers.h"
 #include "proxy/intake.h"
@@ -533,6 +534,13 @@ static void see_drain_deadline(struct retry_req *r)
         atomic_load_explicit(&r->w->px->drain_deadline_ms, memory_order_relaxed);
 }
 
+int req_grpc_status(const struct retry_req *r, const struct attempt *a)
+{
+    if (!(r->flags & RF_GRPC))
+        return -1;
+    return grpc_status_of(&a->head);
+}
+
 /* What is known of the current attempt, ended in 'o' (or, hedging, past its per-try timeout),
  * and the verdict on it: the policy, the budgets, the drain deadline. */
 void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
@@ -549,6 +557,7 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
         .now_ms = loop_now(r->w->loop),
         .deadline_ms = r->deadline_ms,
     };
+    f->grpc_status = o == RETRY_OUT_STATUS ? req_grpc_status(r, a) : -1;
     if (o == RETRY_OUT_STATUS) {
         f->head = &a->head;
         f->has_retry_after = retry_after_of(&a->head, &f->retry_after_ms);
@@ -556,8 +565,8 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
     }
     if (!(r->cur->flags & TF_RECORDED)) {
         r->cur->flags |= TF_RECORDED;
-        eject_record(r->rtr, r->route, r->cur->upstream, o, f->status, f->head, f->now_ms,
-                     &r->w->rng);
+        eject_record(r->rtr, r->route, r->cur->upstream, o, f->status, f->head, f->grpc_status,
+                     f->now_ms, &r->w->rng);
     }
     see_drain_deadline(r);
     decide_attempt(&r->dr, f, v);

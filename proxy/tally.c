@@ -59,7 +59,7 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 
 /* The debug log line of attempt 't' (docs/logs.md), its outcome given as text. */
 void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcome,
-                         const char *decision, uint32_t delay_ms)
+                  const char *decision, uint32_t delay_ms)
 {
     struct log_attempt a = { .unix_ms = (int64_t)req_wall_ms(),
                              .route = r->route->name,
@@ -75,7 +75,7 @@ void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcom
 
 /* The same with the outcome 'o' ended in (the response's status for a response). */
 void tally_log(struct retry_req *r, const struct trial *t, enum retry_outcome o,
-                      const char *decision, uint32_t delay_ms)
+               const char *decision, uint32_t delay_ms)
 {
     if (!log_enabled(CFG_LOG_DEBUG))
         return;
@@ -93,7 +93,7 @@ void tally_log(struct retry_req *r, const struct trial *t, enum retry_outcome o,
 /* The metrics and the debug log line of a verdict on attempt 't' (ended in 'o', or past its
  * per-try timeout when 'hedging'). */
 void tally_verdict(struct retry_req *r, const struct trial *t, enum retry_outcome o,
-                            const struct retry_verdict *v, bool hedging)
+                   const struct retry_verdict *v, bool hedging)
 {
     struct worker *w = r->w;
     bool retry = v->fired && v->stop == RETRY_STOP_NONE;
