@@ -104,6 +104,27 @@ size_t grpc_timeout_format(uint64_t ms, char *out)
     return len;
 }
 
+size_t grpc_message_encode(const char *msg, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)msg; *p; p++) {
+        bool plain = *p >= 0x20 && *p <= 0x7e && *p != '%';
+        if (n + (plain ? 1 : 3) >= cap)
+            break;
+        if (plain) {
+            out[n++] = (char)*p;
+        } else {
+            out[n++] = '%';
+            out[n++] = hex[*p >> 4];
+            out[n++] = hex[*p & 15];
+        }
+    }
+    if (cap)
+        out[n] = '\0';
+    return n;
+}
+
 enum grpc_code grpc_code_of_error(const char *code, unsigned http_status)
 {
     static const struct {

@@ -49,6 +49,10 @@ int grpc_timeout_parse(const char *v, size_t n, uint64_t *ms);
 #define GRPC_TIMEOUT_MAX 16
 size_t grpc_timeout_format(uint64_t ms, char *out);
 
+/* A grpc-message value: 'msg' percent-encoded (bytes outside printable ASCII, and '%'), cut
+ * to fit 'cap' bytes with its NUL; returns its length. */
+size_t grpc_message_encode(const char *msg, char *out, size_t cap);
+
 /* The gRPC status that stands for an error of retryproxy's own, by its code ("no_route") and
  * HTTP status (docs/grpc.md "Errors"). */
 enum grpc_code grpc_code_of_error(const char *code, unsigned http_status);

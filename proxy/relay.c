@@ -7,6 +7,7 @@
 
 #include <microhttpd.h>
 
+#include "proxy/grpc.h"
 #include "proxy/headers.h"
 #include "proxy/retry.h"
 #include "proxy/ring.h"
@@ -158,10 +159,32 @@ static void relay_reset(struct front *f, unsigned status)
     answer(of_front(f), NULL, status);
 }
 
+/* An error on a gRPC call: a Trailers-Only response, its status in the head (docs/grpc.md). */
+static void grpc_error(struct relay *rl, unsigned status, const char *code, const char *message,
+                       const struct front_tag *tag)
+{
+    char n[8], msg[512];
+    hdr_utoa(grpc_code_of_error(code, status), n);
+    grpc_message_encode(message, msg, sizeof(msg));
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (resp) {
+        MHD_add_response_header(resp, "Content-Type", "application/grpc");
+        MHD_add_response_header(resp, "grpc-status", n);
+        MHD_add_response_header(resp, "grpc-message", msg);
+        add_tag(resp, tag);
+    }
+    answer(rl, resp, 200);
+}
+
 static void relay_error(struct front *f, unsigned status, const char *code, const char *route,
                         const char *message, const struct front_tag *tag)
 {
     struct relay *rl = of_front(f);
+    if (f->grpc) {
+        grpc_error(rl, status, code, message, tag);
+        return;
+    }
     char rname[160] = "null";
     if (route)
         snprintf(rname, sizeof(rname), "\"%s\"", route); /* names need no escaping */

@@ -114,3 +114,16 @@ Test(grpc, errors_of_our_own_as_grpc_statuses)
     cr_expect_eq(grpc_code_of_error(NULL, 401), GRPC_UNAUTHENTICATED);
     cr_expect_eq(grpc_code_of_error(NULL, 418), GRPC_UNKNOWN);
 }
+
+Test(grpc, messages_are_percent_encoded_and_cut_to_fit)
+{
+    char out[16];
+    cr_expect_eq(grpc_message_encode("no route", out, sizeof(out)), 8);
+    cr_expect_str_eq(out, "no route");
+    grpc_message_encode("10% \xc3\xa9\n", out, sizeof(out));
+    cr_expect_str_eq(out, "10%25 %C3%A9%0A");
+    grpc_message_encode("0123456789abcdefghij", out, sizeof(out));
+    cr_expect_str_eq(out, "0123456789abcde", "cut, with its NUL");
+    grpc_message_encode("0123456789abcd\n", out, sizeof(out));
+    cr_expect_str_eq(out, "0123456789abcd", "an escape is never cut in two");
+}

@@ -1,0 +1,155 @@
+/* gRPC calls through the request core (docs/grpc.md), with an HTTP/1.1 client and the test
+ * upstream: what makes a request a gRPC call (its Content-Type), retries by the grpc-status of
+ * a Trailers-Only response, grpc-timeout as the call's deadline and each attempt's own, and
+ * retryproxy's own errors as gRPC statuses. The core knows no protocol: what holds here holds
+ * behind the HTTP/2 front end too.
+ *
+ * Each test asserts what the upstream received (attempts, the grpc-timeout it was given) as
+ * well as what the client got.
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/grpc.h"
+#include "tests/support/fixture.h"
+
+#define T 10000 /* ms: upper bound for any single request in these tests */
+
+TestSuite(grpc, .fini = fx_stop, .timeout = 60);
+
+/* Route "svc" (/svc) retries unavailable and internal, 3 attempts, 10 s; anything else 404. */
+static void start(void)
+{
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "svc",
+               "\"match\": {\"path_prefix\": \"/svc\"}, \"timeout_ms\": 10000,"
+               "\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\", \"internal\"], " CFG_FAST
+               "}");
+    fx_start_b(b, "--workers", "2", NULL);
+}
+
+/* A unary call (a POST of one 5-byte message) to 'path' with 'content_type', request id 'id',
+ * the upstream's plan 'plan' and one more field 'extra' (may be NULL). */
+static void call(const char *path, const char *content_type, const char *id, const char *plan,
+                 const char *extra, struct http_resp *r)
+{
+    char ct[96], idh[96], planh[128], url[256];
+    snprintf(ct, sizeof(ct), "Content-Type: %s", content_type);
+    snprintf(idh, sizeof(idh), "X-Request-Id: %s", id);
+    snprintf(planh, sizeof(planh), "X-Test-Plan: %s", plan ? plan : "");
+    const char *h[] = { ct, idh, "TE: trailers", planh, extra, NULL };
+    static const char msg[5] = { 0, 0, 0, 0, 0 }; /* an empty message, uncompressed */
+    http_do("POST", px_url(px, path, url, sizeof(url)), h, msg, sizeof(msg), T, r);
+    cr_assert_eq(r->rc, 0, "curl error %d", r->rc);
+}
+
+Test(grpc, a_grpc_status_named_in_retry_on_is_retried_though_the_call_is_a_post)
+{
+    start();
+    struct http_resp r;
+    call("/svc/Echo", "application/grpc", "unavail-twice", "fail=2;status=200;header=grpc-status:14",
+         NULL, &r);
+    cr_expect_eq(r.status, 200);
+    cr_expect_null(http_hdr(&r, "grpc-status"), "the third attempt's answer, which has none");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "3");
+    cr_expect_eq(tup_count_id(up, "unavail-twice"), 3, "the upstream saw every attempt");
+    http_free(&r);
+}
+
+Test(grpc, a_post_that_is_not_a_grpc_call_is_not_retried_by_a_grpc_status)
+{
+    start();
+    struct http_resp r;
+    call("/svc/Echo", "application/json", "not-grpc", "fail=2;status=200;header=grpc-status:14",
+         NULL, &r);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "grpc-status"), "14", "passed through as it came");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_eq(tup_count_id(up, "not-grpc"), 1);
+    http_free(&r);
+}
+
+Test(grpc, a_status_retry_on_does_not_name_is_the_answer)
+{
+    start();
+    struct http_resp r;
+    call("/svc/Echo", "application/grpc+proto", "not-found", "fail=1;status=200;header=grpc-status:5",
+         NULL, &r);
+    cr_expect_str_eq(http_hdr(&r, "grpc-status"), "5");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_eq(tup_count_id(up, "not-found"), 1);
+    http_free(&r);
+}
+
+Test(grpc, when_retrying_stops_the_last_status_is_returned)
+{
+    start();
+    struct http_resp r;
+    call("/svc/Echo", "application/grpc", "unavail-always", "fail=9;status=200;header=grpc-status:13",
+         NULL, &r);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "grpc-status"), "13");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "max-attempts");
+    cr_expect_eq(tup_count_id(up, "unavail-always"), 3);
+    http_free(&r);
+}
+
+Test(grpc, grpc_timeout_lowers_the_deadline_and_each_attempt_carries_its_own)
+{
+    start();
+    struct http_resp r;
+    call("/svc/Slow", "application/grpc", "deadline", "delay=3000", "grpc-timeout: 400m", &r);
+    cr_expect_lt(r.seconds, 2.5, "the call's 400 ms, not the route's 10 s");
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "grpc-status"), "4", "DEADLINE_EXCEEDED");
+    cr_assert_eq(tup_count_id(up, "deadline"), 1);
+    const struct tup_req *q = tup_get(up, 0);
+    cr_assert_not_null(q);
+    cr_expect_eq(tup_req_header_count(q, "grpc-timeout"), 1, "the proxy's, not the client's too");
+    const char *v = tup_req_header(q, "grpc-timeout");
+    uint64_t ms;
+    cr_assert_not_null(v);
+    cr_assert_eq(grpc_timeout_parse(v, strlen(v), &ms), 0, "\"%s\"", v);
+    cr_expect(ms > 0 && ms <= 400, "the time left, %s", v);
+    http_free(&r);
+}
+
+Test(grpc, a_longer_grpc_timeout_does_not_lengthen_the_route_timeout)
+{
+    start();
+    struct http_resp r;
+    call("/svc/Echo", "application/grpc", "long", NULL, "grpc-timeout: 1H", &r);
+    cr_expect_eq(r.status, 200);
+    const char *v = tup_req_header(tup_get(up, 0), "grpc-timeout");
+    uint64_t ms;
+    cr_assert_not_null(v);
+    cr_assert_eq(grpc_timeout_parse(v, strlen(v), &ms), 0);
+    cr_expect(ms <= 10000, "the route's 10 s bound it: %s", v);
+    http_free(&r);
+}
+
+Test(grpc, errors_of_our_own_are_grpc_statuses_on_a_grpc_call_only)
+{
+    start();
+    struct http_resp r;
+    call("/nowhere", "application/grpc", "no-route", NULL, NULL, &r);
+    cr_expect_eq(r.status, 200, "a Trailers-Only response");
+    cr_expect_str_eq(http_hdr(&r, "grpc-status"), "12", "UNIMPLEMENTED");
+    cr_expect_str_eq(http_hdr(&r, "grpc-message"), "no route matches this request");
+    cr_expect_str_eq(http_hdr(&r, "Content-Type"), "application/grpc");
+    cr_expect_eq(r.body_len, 0);
+    http_free(&r);
+    call("/nowhere", "application/json", "no-route-json", NULL, NULL, &r);
+    cr_expect_eq(r.status, 404);
+    cr_expect_null(http_hdr(&r, "grpc-status"));
+    cr_expect(r.body_len > 0 && strstr((const char *)r.body, "\"no_route\""));
+    http_free(&r);
+    call("/svc/Echo", "application/grpc", "bad-timeout", NULL, "grpc-timeout: 5 seconds", &r);
+    cr_expect_str_eq(http_hdr(&r, "grpc-status"), "13", "INTERNAL, as gRPC maps a 400");
+    cr_expect_eq(tup_count_id(up, "bad-timeout"), 0, "nothing forwarded");
+    http_free(&r);
+}
