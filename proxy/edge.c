@@ -103,6 +103,9 @@ void edge_begin(struct retry_req *r, const char *method)
     r->rtr = &r->rt->routes[r->route - r->cfg->routes];
     r->m = r->rtr->metrics;
     const struct cfg_retry *policy = &r->route->retry;
+    for (size_t i = 0; (r->flags & RF_GRPC) && i < policy->n_on; i++)
+        if (policy->on[i].kind == CFG_RETRY_GRPC)
+            r->flags |= RF_GRPC_RETRY; /* its status may be held for (proxy/keep.c) */
     const char *const *field = s.value;
     bool chunked = s.count[HF_TRANSFER_ENCODING] > 0;
     const size_t *field_len = s.value_len; /* the values without their whitespace */
@@ -224,7 +227,8 @@ void edge_error(struct retry_req *r, unsigned status, const char *code, const ch
 void edge_saved(struct retry_req *r)
 {
     struct front_tag tag = tag_of(r);
-    r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len, &tag);
+    r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len,
+                         &r->saved.trailers, &tag);
     answered(r);
 }
 

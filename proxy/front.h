@@ -44,9 +44,9 @@ struct front_ops {
      * and a message for people. */
     void (*error)(struct front *f, unsigned status, const char *code, const char *route,
                   const char *message, const struct front_tag *tag);
-    /* A response kept whole: its fields and body as they came. */
+    /* A response kept whole: its fields, body and trailers (NULL: none) as they came. */
     void (*saved)(struct front *f, int status, const struct hlist *h, const char *body, size_t len,
-                  const struct front_tag *tag);
+                  const struct hlist *trailers, const struct front_tag *tag);
     /* The upstream response whose head is 'h' (kept by the core until the request ends): its
      * body follows through body() and end(). */
     void (*response)(struct front *f, int status, const struct hlist *h,

@@ -5,6 +5,31 @@
 
 #include "proxy/hlist.h"
 
+uint32_t grpc_frames_feed(struct grpc_frames *g, const char *p, size_t n)
+{
+    while (n) {
+        if (g->left) {
+            size_t take = g->left < n ? (size_t)g->left : n;
+            g->left -= take;
+            p += take;
+            n -= take;
+            continue;
+        }
+        if (g->prefix_len == 0)
+            g->messages++;
+        if (g->prefix_len >= 1) /* byte 0 is the compressed flag */
+            g->size = g->size << 8 | (uint8_t)*p;
+        p++;
+        n--;
+        if (++g->prefix_len == 5) {
+            g->left = g->size;
+            g->size = 0;
+            g->prefix_len = 0;
+        }
+    }
+    return g->messages;
+}
+
 bool grpc_is_content_type(const char *v, size_t n)
 {
     static const char type[] = "application/grpc";

@@ -28,6 +28,18 @@ enum grpc_code {
     GRPC_UNAUTHENTICATED = 16, /* the last the protocol defines */
 };
 
+/* Where a gRPC message stream is: each message is a 5-byte prefix (a compressed flag and a
+ * 32-bit big-endian length) and that many bytes. */
+struct grpc_frames {
+    uint8_t prefix_len; /* prefix bytes of the current message seen (0 to 5) */
+    uint32_t size;      /* its length, being read from the prefix */
+    uint64_t left;      /* its bytes still to come once the prefix is complete */
+    uint32_t messages;  /* messages begun */
+};
+
+/* Feeds 'n' bytes of the stream; returns how many messages it has begun, this one included. */
+uint32_t grpc_frames_feed(struct grpc_frames *g, const char *p, size_t n);
+
 /* Whether a Content-Type value makes the request a gRPC call: "application/grpc", alone or
  * followed by "+" (a message format) or ";" (parameters); the type is case-insensitive. */
 bool grpc_is_content_type(const char *v, size_t n);

@@ -240,9 +240,11 @@ static ssize_t never_read(void *cls, uint64_t pos, char *buf, size_t max)
     return MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
+/* HTTP/1.1 trailers would need a chunked response: they are not relayed (relay_end). */
 static void relay_saved(struct front *f, int status, const struct hlist *h, const char *body,
-                        size_t len, const struct front_tag *tag)
+                        size_t len, const struct hlist *trailers, const struct front_tag *tag)
 {
+    (void)trailers;
     struct relay *rl = of_front(f);
     struct MHD_Response *resp;
     int64_t cl = hlist_content_length(h);

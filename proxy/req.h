@@ -16,6 +16,7 @@
 #include "proxy/attempt.h"
 #include "proxy/decide.h"
 #include "proxy/front.h"
+#include "proxy/grpc.h"
 #include "proxy/head.h"
 #include "proxy/intake.h"
 #include "proxy/loop.h"
@@ -31,6 +32,7 @@ enum req_state {
     RS_BODY,     /* reading a request body that will be buffered whole */
     RS_ATTEMPT,  /* an attempt in flight, before its response head */
     RS_DRAIN,    /* reading a retryable response's body before the wait */
+    RS_HOLD,     /* holding a gRPC response back until its trailers tell its status */
     RS_BACKOFF,  /* waiting out a delay */
     RS_STREAM,   /* the upstream's response is going to the client */
     RS_ANSWERED, /* a complete answer of our own (or a saved one) is ready */
@@ -49,8 +51,9 @@ enum {
     RF_SAVED_WHOLE = 1u << 7, /* ... and its whole body */
     RF_THROTTLED = 1u << 8,   /* client-side throttling rejected an attempt (throttle_p) */
     RF_LAG = 1u << 9,         /* the response in DRAIN ends retrying: LAG once it is read */
-    RF_SETTLE = 1u << 10,     /* the retry decided on the response in DRAIN: settle() it */
+    RF_SETTLE = 1u << 10,     /* the retry decided on the response in DRAIN: req_settle() it */
     RF_GRPC = 1u << 11,       /* a gRPC call (Content-Type application/grpc, docs/grpc.md) */
+    RF_GRPC_RETRY = 1u << 12, /* ... on a route whose retry_on names gRPC statuses */
 };
 
 /* Trial flags (struct trial 'flags'). */
@@ -128,7 +131,14 @@ struct retry_req {
         struct hlist h;
         char *body;
         size_t len;
+        struct hlist trailers;
     } saved;
+    /* RS_HOLD: the response's body so far, and its messages */
+    struct {
+        char *body;
+        size_t len;
+        struct grpc_frames frames;
+    } held;
 
     struct front *front; /* the client side: its state follows in the same allocation */
 };
@@ -156,6 +166,13 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
 void req_hold_slots(struct retry_req *r);
 void req_give_slots_back(struct retry_req *r, unsigned *flags, unsigned bit);
 void req_end_retry_in_flight(struct retry_req *r);
+/* Applies the decision for the attempt that just ended in 'o'; true when a retry was
+ * scheduled (its wait in r->pending_delay). */
+bool req_decide(struct retry_req *r, enum retry_outcome o);
+/* The retry decided on the response whose body was read: true to wait and retry. */
+bool req_settle(struct retry_req *r);
+/* An attempt ended without a response head (or one that counts as none). */
+void req_attempt_failed(struct retry_req *r, enum retry_outcome o);
 /* The gRPC status of attempt 'a''s response on a gRPC call (its headers', or its trailers'
  * once in), -1 if none or not a gRPC call. */
 int req_grpc_status(const struct retry_req *r, const struct attempt *a);
@@ -175,6 +192,17 @@ void edge_stream(struct retry_req *r);
 void edge_error(struct retry_req *r, unsigned status, const char *code, const char *message);
 void edge_saved(struct retry_req *r);
 void edge_final(struct retry_req *r);
+
+/* ---- keep.c: responses kept rather than streamed ---- */
+
+/* A gRPC response head without a status: held back until its trailers (RS_HOLD)? */
+bool keep_hold(struct retry_req *r, const struct attempt *a);
+/* The current attempt's response head, decided: it streams, or it is kept (RS_DRAIN). */
+void keep_head(struct retry_req *r, struct attempt *a);
+/* Body bytes of a response in RS_DRAIN or RS_HOLD: as attempt_ops.body. */
+size_t keep_body(struct retry_req *r, struct attempt *a, const char *p, size_t n);
+/* The transfer of a response in RS_DRAIN or RS_HOLD ended. */
+void keep_done(struct retry_req *r, struct attempt *a, enum attempt_end end);
 
 /* ---- race.c: attempts running beside the current one (hedging) ---- */
 

@@ -45,9 +45,6 @@
 #include "proxy/runtime.h"
 #include "proxy/worker.h"
 
-/* The body of a retryable response, kept to be returned if retrying stops. Error bodies are
- * small; a larger one is not kept and a 502 stands in for it. */
-#define SAVED_BODY_MAX (64 * 1024)
 /* How much of a body over limits.max_body_bytes is read (and dropped) so that the 413 can be
  * sent; libmicrohttpd answers only once the body is complete. Past this the connection is
  * closed instead: a client may not hold it with an endless body. */
@@ -55,9 +52,6 @@
 
 static size_t take_body(struct retry_req *r, const char *data, size_t n);
 static bool end_attempts(struct retry_req *r, enum metrics_outcome o);
-static void attempt_failed(struct retry_req *r, enum retry_outcome o);
-static bool decide(struct retry_req *r, enum retry_outcome o);
-static bool settle(struct retry_req *r);
 static void give_up(struct retry_req *r, enum retry_stop stop);
 static void on_deadline(struct loop_timer *t);
 static void on_try_timeout(struct loop_timer *t);
@@ -127,7 +121,9 @@ static void req_free(struct retry_req *r)
     intake_fini(&r->body);
     free(r->target);
     hlist_free(&r->saved.h);
+    hlist_free(&r->saved.trailers);
     free(r->saved.body);
+    free(r->held.body);
     free(r->delays);
     rt_unref(r->rt);
     DLIST_UNLINK(r->w->reqs, r);
@@ -350,7 +346,7 @@ static void attempt_go(struct attempt *a)
     uint64_t connect =
         rt->connect_timeout_ms && rt->connect_timeout_ms < left ? rt->connect_timeout_ms : left;
     if (attempt_launch(a, r->rtr->urls[u - rt->upstreams], u->base_path, &req, connect) < 0) {
-        attempt_failed(r, RETRY_OUT_CONNECT_FAILURE);
+        req_attempt_failed(r, RETRY_OUT_CONNECT_FAILURE);
         return;
     }
     r->refs++; /* the transfer's, until attempt_done() or req_stop_transfer() */
@@ -419,22 +415,8 @@ static void attempt_head(struct attempt *a)
         return;
     }
     loop_timer_stop(r->w->loop, &r->try_timer);
-    if (!decide(r, RETRY_OUT_STATUS)) {
-        if ((r->flags & RF_SUCCEEDED) || !race_others_running(r, NULL)) {
-            edge_stream(r); /* this response is the answer */
-            return;
-        }
-        r->flags |= RF_LAG; /* a failure that ends retrying: kept while the others run on */
-    }
-    /* Keep this response in case retrying stops; read its body first so the connection can
-     * be reused. */
-    hlist_free(&r->saved.h);
-    r->saved.h = a->head;
-    memset(&a->head, 0, sizeof(a->head));
-    r->saved.status = a->status;
-    r->saved.len = 0;
-    r->flags |= RF_SAVED | RF_SAVED_WHOLE;
-    r->state = RS_DRAIN;
+    if (!keep_hold(r, a))
+        keep_head(r, a);
 }
 
 static size_t attempt_body(struct attempt *a, const char *p, size_t n)
@@ -447,21 +429,7 @@ static size_t attempt_body(struct attempt *a, const char *p, size_t n)
         size_t took = r->front->ops->body(r->front, p, n);
         return took == FRONT_FULL ? ATTEMPT_PAUSE : took;
     }
-    if (r->state != RS_DRAIN)
-        return 0;
-    if (!(r->flags & RF_SAVED_WHOLE) || r->saved.len + n > SAVED_BODY_MAX) {
-        r->flags &= ~RF_SAVED_WHOLE;
-        return 0; /* too large to keep: stop reading, the wait starts now */
-    }
-    char *b = realloc(r->saved.body, r->saved.len + n);
-    if (!b) {
-        r->flags &= ~RF_SAVED_WHOLE;
-        return 0;
-    }
-    memcpy(b + r->saved.len, p, n);
-    r->saved.body = b;
-    r->saved.len += n;
-    return n;
+    return keep_body(r, a, p, n);
 }
 
 /* Bytes of the request body for the upstream: the buffered head, then the streamed rest. */
@@ -490,18 +458,14 @@ static void attempt_done(struct attempt *a, enum attempt_end end)
     switch (r->state) {
     case RS_ATTEMPT:
         /* No head: if nothing was sent, nothing reached the upstream, whatever the error. */
-        attempt_failed(r, attempt_sent(a) ? RETRY_OUT_RESET : RETRY_OUT_CONNECT_FAILURE);
+        req_attempt_failed(r, attempt_sent(a) ? RETRY_OUT_RESET : RETRY_OUT_CONNECT_FAILURE);
         break;
     case RS_DRAIN:
-        if (end == ATTEMPT_BROKEN)
-            r->flags &= ~RF_SAVED_WHOLE; /* the body broke off: not something to return */
-        if (!(r->flags & RF_LAG) && settle(r))
-            req_wait_then_retry(r);
-        else
-            race_wait(r);
+    case RS_HOLD:
+        keep_done(r, a, end);
         break;
     case RS_STREAM:
-        r->front->ops->end(r->front, NULL, end != ATTEMPT_COMPLETE);
+        r->front->ops->end(r->front, &a->trailers, end != ATTEMPT_COMPLETE);
         break;
     default:
         break;
@@ -516,10 +480,10 @@ const struct attempt_ops req_attempt_ops = { .go = attempt_go,
                                              .done = attempt_done };
 
 /* An attempt ended without a response head. */
-static void attempt_failed(struct retry_req *r, enum retry_outcome o)
+void req_attempt_failed(struct retry_req *r, enum retry_outcome o)
 {
     r->cur->att.status = 0;
-    if (decide(r, o))
+    if (req_decide(r, o))
         req_wait_then_retry(r);
     else
         race_wait(r);
@@ -538,7 +502,8 @@ int req_grpc_status(const struct retry_req *r, const struct attempt *a)
 {
     if (!(r->flags & RF_GRPC))
         return -1;
-    return grpc_status_of(&a->head);
+    int code = grpc_status_of(&a->head);
+    return code >= 0 ? code : grpc_status_of(&a->trailers);
 }
 
 /* What is known of the current attempt, ended in 'o' (or, hedging, past its per-try timeout),
@@ -561,7 +526,14 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
     if (o == RETRY_OUT_STATUS) {
         f->head = &a->head;
         f->has_retry_after = retry_after_of(&a->head, &f->retry_after_ms);
-        pushback_of(r->route->retry.pushback_header, &a->head, f);
+        /* a gRPC call's pushback is gRPC's own field unless the route names another; a
+         * server may send it with the status, in the trailers */
+        const char *pushback = r->route->retry.pushback_header;
+        if (!pushback && (r->flags & RF_GRPC))
+            pushback = "grpc-retry-pushback-ms";
+        pushback_of(pushback, &a->head, f);
+        if (!f->has_pushback)
+            pushback_of(pushback, &a->trailers, f);
     }
     if (!(r->cur->flags & TF_RECORDED)) {
         r->cur->flags |= TF_RECORDED;
@@ -576,7 +548,7 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
 
 /* Applies the decision for the attempt that just ended. Returns true when a retry was
  * scheduled (its wait in r->pending_delay). */
-static bool decide(struct retry_req *r, enum retry_outcome o)
+bool req_decide(struct retry_req *r, enum retry_outcome o)
 {
     r->last_outcome = o;
     /* the attempt that just ended gives its slots back before a new retry asks for them */
@@ -599,7 +571,7 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
     if (retry)
         req_hold_slots(r);
     if (retry && o == RETRY_OUT_STATUS) {
-        /* its body is read first: the retry is counted when its wait can start (settle()) */
+        /* its body is read first: the retry is counted when its wait can start (req_settle()) */
         r->settling = v;
         r->flags |= RF_SETTLE;
     } else {
@@ -612,7 +584,7 @@ static bool decide(struct retry_req *r, enum retry_outcome o)
  * to keep, broken off): the wait starts now, so it must still end before the deadline and the
  * drain deadline (docs/backoff.md). The verdict is counted once, as a retry or as the stop
  * that withdraws it. Returns true to wait and retry. */
-static bool settle(struct retry_req *r)
+bool req_settle(struct retry_req *r)
 {
     see_drain_deadline(r);
     enum retry_stop stop =
@@ -689,7 +661,7 @@ static void on_try_timeout(struct loop_timer *t)
     if (r->state != RS_ATTEMPT || !attempt_running(&r->cur->att) || race_hedge(r))
         return;
     req_stop_transfer(r, r->cur);
-    attempt_failed(r, RETRY_OUT_TIMEOUT);
+    req_attempt_failed(r, RETRY_OUT_TIMEOUT);
 }
 
 /* Retrying ends while it waits on the upstream side (the deadline, the drain deadline): the
@@ -699,7 +671,7 @@ static void give_up(struct retry_req *r, enum retry_stop stop)
     req_end_retry_in_flight(r);
     r->stop = stop;
     if (r->flags & RF_SETTLE) {
-        /* the retry decided on the response whose body is read (settle()) is withdrawn,
+        /* the retry decided on the response whose body is read (req_settle()) is withdrawn,
          * counted as the stop */
         r->flags &= ~RF_SETTLE;
         r->settling.stop = stop;
@@ -716,7 +688,8 @@ static void on_deadline(struct loop_timer *t)
     loop_timer_stop(r->w->loop, &r->try_timer);
     switch (r->state) {
     case RS_ATTEMPT:
-        attempt_failed(r, RETRY_OUT_TIMEOUT); /* decide() sees the deadline: no retry */
+    case RS_HOLD:
+        req_attempt_failed(r, RETRY_OUT_TIMEOUT); /* req_decide() sees the deadline: no retry */
         break;
     case RS_DRAIN:
         if (running)

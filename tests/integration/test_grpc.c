@@ -25,10 +25,11 @@ static void start(void)
 {
     fx_upstreams(1);
     struct cfgb *b = cfgb_new();
-    cfgb_route(b, "svc",
-               "\"match\": {\"path_prefix\": \"/svc\"}, \"timeout_ms\": 10000,"
-               "\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\", \"internal\"], " CFG_FAST
-               "}");
+    cfgb_route(
+        b, "svc",
+        "\"match\": {\"path_prefix\": \"/svc\"}, \"timeout_ms\": 10000,"
+        "\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\", \"internal\"], " CFG_FAST
+        "}");
     fx_start_b(b, "--workers", "2", NULL);
 }
 
@@ -51,8 +52,8 @@ Test(grpc, a_grpc_status_named_in_retry_on_is_retried_though_the_call_is_a_post)
 {
     start();
     struct http_resp r;
-    call("/svc/Echo", "application/grpc", "unavail-twice", "fail=2;status=200;header=grpc-status:14",
-         NULL, &r);
+    call("/svc/Echo", "application/grpc", "unavail-twice",
+         "fail=2;status=200;header=grpc-status:14", NULL, &r);
     cr_expect_eq(r.status, 200);
     cr_expect_null(http_hdr(&r, "grpc-status"), "the third attempt's answer, which has none");
     cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "3");
@@ -77,8 +78,8 @@ Test(grpc, a_status_retry_on_does_not_name_is_the_answer)
 {
     start();
     struct http_resp r;
-    call("/svc/Echo", "application/grpc+proto", "not-found", "fail=1;status=200;header=grpc-status:5",
-         NULL, &r);
+    call("/svc/Echo", "application/grpc+proto", "not-found",
+         "fail=1;status=200;header=grpc-status:5", NULL, &r);
     cr_expect_str_eq(http_hdr(&r, "grpc-status"), "5");
     cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
     cr_expect_eq(tup_count_id(up, "not-found"), 1);
@@ -89,8 +90,8 @@ Test(grpc, when_retrying_stops_the_last_status_is_returned)
 {
     start();
     struct http_resp r;
-    call("/svc/Echo", "application/grpc", "unavail-always", "fail=9;status=200;header=grpc-status:13",
-         NULL, &r);
+    call("/svc/Echo", "application/grpc", "unavail-always",
+         "fail=9;status=200;header=grpc-status:13", NULL, &r);
     cr_expect_eq(r.status, 200);
     cr_expect_str_eq(http_hdr(&r, "grpc-status"), "13");
     cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "max-attempts");

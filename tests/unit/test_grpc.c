@@ -127,3 +127,28 @@ Test(grpc, messages_are_percent_encoded_and_cut_to_fit)
     grpc_message_encode("0123456789abcd\n", out, sizeof(out));
     cr_expect_str_eq(out, "0123456789abcd", "an escape is never cut in two");
 }
+
+Test(grpc, messages_are_counted_across_any_split)
+{
+    /* three messages: 2 bytes, 0 bytes, 300 bytes */
+    unsigned char s[5 + 2 + 5 + 5 + 300] = {
+        0, 0, 0, 0, 2, 'a', 'b', 1, 0, 0, 0, 0, 0, 0, 0, 1, 44
+    };
+    uint32_t want[sizeof(s)];
+    struct grpc_frames g = { 0 };
+    for (size_t i = 0; i < sizeof(s); i++)
+        want[i] = grpc_frames_feed(&g, (const char *)s + i, 1);
+    cr_expect_eq(want[0], 1);
+    cr_expect_eq(want[6], 1, "the first message's payload");
+    cr_expect_eq(want[7], 2, "the second begins");
+    cr_expect_eq(want[12], 3, "the empty second is followed at once by the third");
+    cr_expect_eq(want[sizeof(s) - 1], 3, "its 300 bytes");
+    for (size_t cut = 0; cut <= sizeof(s); cut += 7) {
+        struct grpc_frames h = { 0 };
+        grpc_frames_feed(&h, (const char *)s, cut);
+        cr_expect_eq(grpc_frames_feed(&h, (const char *)s + cut, sizeof(s) - cut), 3, "cut %zu",
+                     cut);
+        cr_expect_eq(h.left, 0);
+        cr_expect_eq(h.prefix_len, 0);
+    }
+}

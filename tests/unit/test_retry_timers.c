@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "proxy/attempt.h"
+#include "proxy/grpc.h"
 #include "proxy/log.h"
 #include "proxy/retry.h"
 #include "proxy/worker.h"
@@ -41,6 +42,10 @@ static struct {
     char code[64];
     char stop[32];
     uint32_t attempts;
+    const char *content_type; /* the request's, if set */
+    size_t body_bytes;        /* of the answer, before its end */
+    bool ended, failed;       /* its end came, broken off or not */
+    int trailer_status;       /* the grpc-status of its trailers (saved or streamed), or -1 */
 } client;
 
 static uint64_t now_ms;
@@ -141,6 +146,8 @@ static void fake_fields(struct front *f,
 {
     (void)f;
     fn(arg, "Host", 4, "svc", 3);
+    if (client.content_type)
+        fn(arg, "Content-Type", 12, client.content_type, strlen(client.content_type));
 }
 
 static void answered(struct front *f, unsigned status, const char *code,
@@ -169,11 +176,12 @@ static void fake_error(struct front *f, unsigned status, const char *code, const
 }
 
 static void fake_saved(struct front *f, int status, const struct hlist *h, const char *body,
-                       size_t len, const struct front_tag *tag)
+                       size_t len, const struct hlist *trailers, const struct front_tag *tag)
 {
     (void)h;
     (void)body;
-    (void)len;
+    client.body_bytes = len;
+    client.trailer_status = grpc_status_of(trailers);
     answered(f, (unsigned)status, "saved", tag);
 }
 
@@ -188,14 +196,16 @@ static size_t fake_body(struct front *f, const char *p, size_t n)
 {
     (void)f;
     (void)p;
+    client.body_bytes += n;
     return n;
 }
 
 static void fake_end(struct front *f, const struct hlist *trailers, bool failed)
 {
     (void)f;
-    (void)trailers;
-    (void)failed;
+    client.ended = true;
+    client.failed = failed;
+    client.trailer_status = grpc_status_of(trailers);
 }
 
 static void fake_reset(struct front *f, unsigned status)
@@ -958,4 +968,184 @@ Test(retry_timers, random_races_keep_every_count_and_free_everything)
         cr_assert_eq(metrics_retries_in_flight(px.metrics), 0, "seed %u: a slot was kept", seed);
         finish();
     }
+}
+
+/* ---- a gRPC status in trailers (proxy/keep.c, docs/grpc.md) ---- */
+
+#define GRPC_ROUTE                                                                                 \
+    "\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\"], " CFG_FAST_FIXED "}"
+#define CFG_FAST_FIXED "\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 10, \"jitter\": \"none\"}"
+
+/* A gRPC call (a POST) on a route that retries UNAVAILABLE, its first attempt launched. */
+static void grpc_call(const char *route_json)
+{
+    start(route_json);
+    client.content_type = "application/grpc";
+    client.trailer_status = -1;
+    open_request("POST");
+    cr_assert_eq(up.launches, 1);
+}
+
+/* One gRPC message of 'n' payload bytes into buf (5 + n bytes). */
+static size_t message(char *buf, uint32_t n)
+{
+    buf[0] = 0;
+    buf[1] = (char)(n >> 24);
+    buf[2] = (char)(n >> 16);
+    buf[3] = (char)(n >> 8);
+    buf[4] = (char)n;
+    memset(buf + 5, 'm', n);
+    return 5 + n;
+}
+
+/* Launch 'k' answers 200 without grpc-status, then 'n' body bytes, then (when 'status' >= 0)
+ * trailers with that grpc-status and its end. */
+static void grpc_answers(unsigned k, const char *body, size_t n, int status)
+{
+    launch_head(k, 200);
+    struct attempt *a = up.launched[k];
+    if (n && up.running[k])
+        cr_assert_eq(a->ops->body(a, body, n), n);
+    if (status < 0 || !up.running[k])
+        return;
+    char v[8];
+    snprintf(v, sizeof(v), "%d", status);
+    hlist_add(&a->trailers, "grpc-status", 11, v, strlen(v));
+    a->xfer.easy = NULL;
+    up.running[k] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+}
+
+Test(retry_timers, a_grpc_status_in_the_trailers_is_retried_and_nothing_reached_the_client)
+{
+    grpc_call(GRPC_ROUTE);
+    char m[64];
+    size_t n = message(m, 3);
+    grpc_answers(0, m, n, 14);
+    cr_expect_eq(client.answers, 0, "held back, then retried: the client saw nothing");
+    at(9);
+    cr_expect_eq(up.launches, 1);
+    at(10);
+    cr_assert_eq(up.launches, 2, "the retry after the backoff");
+    grpc_answers(1, m, n, 0);
+    cr_expect_eq(client.answers, 1);
+    cr_expect_eq(client.status, 200);
+    cr_expect_str_eq(client.code, "response");
+    cr_expect_eq(client.body_bytes, n, "the held message, once");
+    cr_expect(client.ended && !client.failed);
+    cr_expect_eq(client.trailer_status, 0, "the trailers relayed");
+    cr_expect_eq(client.attempts, 2);
+    cr_expect_eq(metric("retryproxy_retries_total{route=\"r\",reason=\"unavailable\"}"), 1);
+    end_request();
+}
+
+Test(retry_timers, a_grpc_status_retry_on_does_not_name_is_relayed_with_its_trailers)
+{
+    grpc_call(GRPC_ROUTE);
+    char m[64];
+    size_t n = message(m, 10);
+    grpc_answers(0, m, n, 5);
+    cr_expect_eq(client.answers, 1);
+    cr_expect_eq(client.body_bytes, n);
+    cr_expect_eq(client.trailer_status, 5);
+    at(1000);
+    cr_expect_eq(up.launches, 1);
+    end_request();
+}
+
+Test(retry_timers, a_second_message_commits_the_call_and_its_status_is_never_retried)
+{
+    grpc_call(GRPC_ROUTE);
+    char m[64];
+    size_t n = message(m, 3);
+    n += message(m + n, 4); /* two messages: a server-streaming call */
+    grpc_answers(0, m, n, -1);
+    cr_expect_eq(client.answers, 1, "streaming from the second message on");
+    cr_expect_eq(client.body_bytes, n);
+    struct attempt *a = up.launched[0];
+    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
+    a->xfer.easy = NULL;
+    up.running[0] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+    cr_expect_eq(client.trailer_status, 14, "relayed as it came");
+    at(1000);
+    cr_expect_eq(up.launches, 1, "committed: never retried");
+    end_request();
+}
+
+Test(retry_timers, a_response_too_large_to_hold_streams)
+{
+    grpc_call(GRPC_ROUTE);
+    static char big[40 * 1024];
+    size_t n = message(big, sizeof(big) - 5); /* one message, larger than what is held */
+    launch_head(0, 200);
+    struct attempt *a = up.launched[0];
+    cr_assert_eq(a->ops->body(a, big, 16384), 16384);
+    cr_assert_eq(a->ops->body(a, big + 16384, 16384), 16384);
+    cr_expect_eq(client.answers, 0, "32 KiB held");
+    cr_assert_eq(a->ops->body(a, big + 32768, n - 32768), n - 32768);
+    cr_expect_eq(client.answers, 1);
+    cr_expect_eq(client.body_bytes, n, "what was held, then the rest");
+    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
+    a->xfer.easy = NULL;
+    up.running[0] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+    at(1000);
+    cr_expect_eq(up.launches, 1);
+    end_request();
+}
+
+Test(retry_timers, when_retrying_stops_the_last_attempt_streams_with_its_trailers)
+{
+    grpc_call("\"retry\": {\"max_attempts\": 2, \"retry_on\": [\"unavailable\"], " CFG_FAST_FIXED
+              "}");
+    char m[64];
+    size_t n = message(m, 3);
+    grpc_answers(0, m, n, 14);
+    at(10);
+    cr_assert_eq(up.launches, 2);
+    launch_head(1, 200);
+    cr_expect_eq(client.answers, 1, "the last attempt is not held: nothing could follow it");
+    struct attempt *a = up.launched[1];
+    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
+    a->xfer.easy = NULL;
+    up.running[1] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+    cr_expect_eq(client.trailer_status, 14);
+    cr_expect_eq(client.attempts, 2);
+    end_request();
+}
+
+Test(retry_timers, a_held_response_that_breaks_off_is_never_passed_off_as_good)
+{
+    grpc_call(GRPC_ROUTE);
+    char m[64];
+    size_t n = message(m, 3);
+    grpc_answers(0, m, n, -1);
+    cr_expect_eq(client.answers, 0);
+    launch_fails(0, true);
+    cr_expect_eq(client.answers, 1);
+    cr_expect_eq(client.status, 502, "a reset on a call that is a POST: not retried");
+    cr_expect_str_eq(client.code, "upstream_unavailable");
+    cr_expect_eq(client.body_bytes, 0, "not a byte of the broken response");
+    cr_expect_eq(up.launches, 1);
+    end_request();
+}
+
+Test(retry_timers, a_saved_grpc_response_keeps_its_trailers)
+{
+    grpc_call("\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\"], " CFG_FAST_FIXED
+              "}, \"timeout_ms\": 300");
+    char m[64];
+    size_t n = message(m, 3);
+    grpc_answers(0, m, n, 14);
+    at(10);
+    cr_assert_eq(up.launches, 2);
+    at(300); /* the retry never answers: at the deadline, the response retrying stopped on */
+    cr_expect_eq(client.answers, 1);
+    cr_expect_str_eq(client.code, "saved");
+    cr_expect_eq(client.body_bytes, n);
+    cr_expect_eq(client.trailer_status, 14, "with its trailers");
+    cr_expect_eq(client.attempts, 2);
+    end_request();
 }
