@@ -169,11 +169,12 @@ void edge_begin(struct retry_req *r, const char *method)
     if (head_up_build(&r->up, &s, each_field, r->front, r->peer ? r->peer : "", r->request_id,
                       r->route->preserve_host, r->route->deadline_header, drop,
                       r->flags & RF_GRPC) < 0 ||
-        intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes) < 0) {
+        intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes, r->flags & RF_GRPC) <
+            0) {
         edge_error(r, 500, "internal", "out of memory");
         return;
     }
-    if (r->body.mode == INTAKE_STREAM)
+    if (intake_streams(&r->body))
         req_start_attempt(r); /* the body flows to the upstream as it arrives */
 }
 

@@ -33,6 +33,10 @@ bool keep_hold(struct retry_req *r, const struct attempt *a)
     if (r->attempts >= r->max_attempts || !intake_replayable(&r->body) ||
         race_others_running(r, NULL))
         return false;
+    /* nor while the client still sends: the call is bidirectional, and its client may wait
+     * for this response's first message before it sends its next one */
+    if (!(r->flags & RF_BODY_DONE))
+        return false;
     r->held.len = 0;
     memset(&r->held.frames, 0, sizeof(r->held.frames));
     r->state = RS_HOLD;

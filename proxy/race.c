@@ -20,7 +20,7 @@
  * false where hedging does not apply: then the timeout ends the attempt. */
 bool race_hedge(struct retry_req *r)
 {
-    if (!r->route->retry.hedge || !(r->flags & RF_RETRYABLE) || r->body.mode == INTAKE_STREAM)
+    if (!r->route->retry.hedge || !(r->flags & RF_RETRYABLE) || intake_streams(&r->body))
         return false;
     struct trial *t = r->cur, *next = malloc(sizeof(*next));
     if (!next)

@@ -229,6 +229,16 @@ void retry_req_client_gone(struct retry_req *r)
 
 /* ---- the body ---- */
 
+/* Whether body bytes arriving now go to an upstream attempt: one is running or about to, or,
+ * on a gRPC call, the response streams while the request does too (a bidirectional call). */
+static bool upload_live(const struct retry_req *r)
+{
+    return r->state == RS_ATTEMPT || r->state == RS_BACKOFF ||
+           ((r->flags & RF_GRPC) && intake_streams(&r->body) &&
+            (r->state == RS_STREAM || r->state == RS_HOLD || r->state == RS_DRAIN) &&
+            attempt_running(&r->cur->att));
+}
+
 /* Body bytes from the client. Returns the bytes consumed. */
 static size_t take_body(struct retry_req *r, const char *data, size_t n)
 {
@@ -252,18 +262,24 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
                    "the request body is larger than limits.max_body_bytes");
         return n;
     }
-    if (in->mode == INTAKE_BUFFER) {
+    bool live = upload_live(r);
+    if (in->mode == INTAKE_BUFFER || in->mode == INTAKE_TEE) {
+        bool tee = in->mode == INTAKE_TEE;
         switch (intake_buffer(in, data, n, r->route->retry.max_retry_body_bytes)) {
         case INTAKE_TOOK:
+            if (tee && live)
+                attempt_resume_upload(&r->cur->att);
             return n;
         case INTAKE_NOMEM:
             return 0;
         case INTAKE_OVERFLOW:
-            req_start_attempt(r); /* it streams now, what was buffered first */
+            if (!tee)
+                req_start_attempt(r); /* it streams now, what was buffered first */
+            live = upload_live(r);
             break;
         }
     }
-    if (r->state != RS_ATTEMPT && r->state != RS_BACKOFF) {
+    if (!live) {
         in->total += n;
         return n; /* the upstream has answered: the rest of the body is not needed */
     }
@@ -335,9 +351,9 @@ static void attempt_go(struct attempt *a)
                                .body_buf = r->body.body,
                                .body_len = r->body.len,
                                .content_length = r->body.content_length };
-    req.body = r->body.mode == INTAKE_BUFFER   ? ATTEMPT_BODY_BUFFER
-               : r->body.mode == INTAKE_STREAM ? ATTEMPT_BODY_STREAM
-                                               : ATTEMPT_BODY_NONE;
+    req.body = r->body.mode == INTAKE_BUFFER ? ATTEMPT_BODY_BUFFER
+               : intake_streams(&r->body)    ? ATTEMPT_BODY_STREAM
+                                             : ATTEMPT_BODY_NONE;
     uint64_t left = r->deadline_ms > now ? r->deadline_ms - now : 1;
     /* how long this attempt's answer is waited for: the per-try timeout or what is left */
     uint64_t wait =
@@ -350,8 +366,9 @@ static void attempt_go(struct attempt *a)
         return;
     }
     r->refs++; /* the transfer's, until attempt_done() or req_stop_transfer() */
-    /* a body streamed once goes at the client's pace: a slow sender must not hold a slot
-     * meant for upstream attempts (the request is committed: it is never retried) */
+    /* a body streamed as it arrives goes at the client's pace: a slow sender must not hold a
+     * slot meant for upstream attempts (one streamed once is committed; a gRPC call's kept
+     * copy may still go again, and that attempt waits for a slot of its own) */
     if (req.body == ATTEMPT_BODY_STREAM)
         attempt_commit(a);
     if (rt->per_try_timeout_ms && now + rt->per_try_timeout_ms < r->deadline_ms)

@@ -154,3 +154,56 @@ Test(grpc, errors_of_our_own_are_grpc_statuses_on_a_grpc_call_only)
     cr_expect_eq(tup_count_id(up, "bad-timeout"), 0, "nothing forwarded");
     http_free(&r);
 }
+
+/* A call of 'n' body bytes (the pattern of tup_pattern_fill) to route "svc". */
+static void call_body(const char *id, const char *plan, size_t n, struct http_resp *r)
+{
+    char idh[96], planh[128], url[256];
+    snprintf(idh, sizeof(idh), "X-Request-Id: %s", id);
+    snprintf(planh, sizeof(planh), "X-Test-Plan: %s", plan);
+    const char *h[] = { "Content-Type: application/grpc", idh, planh, NULL };
+    unsigned char *body = malloc(n);
+    cr_assert_not_null(body);
+    tup_pattern_fill(body, 0, n);
+    http_do("POST", px_url(px, "/svc/Upload", url, sizeof(url)), h, body, n, T, r);
+    free(body);
+    cr_assert_eq(r->rc, 0, "curl error %d", r->rc);
+}
+
+Test(grpc, a_calls_body_streams_as_it_comes_and_its_kept_copy_goes_again)
+{
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "svc",
+               "\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\"],"
+               " \"max_retry_body_bytes\": 200000, " CFG_FAST "}");
+    fx_start_b(b, NULL);
+    struct http_resp r;
+    call_body("tee", "fail=1;status=200;header=grpc-status:14", 150000, &r);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    cr_assert_eq(tup_count_id(up, "tee"), 2);
+    for (size_t i = 0; i < 2; i++) {
+        const struct tup_req *q = tup_get(up, i);
+        cr_expect_eq(q->body_len, 150000, "attempt %zu", i + 1);
+        cr_expect_eq(q->body_hash, tup_pattern_hash(150000), "attempt %zu: the same bytes", i + 1);
+    }
+    http_free(&r);
+}
+
+Test(grpc, a_call_whose_body_outgrows_the_replay_limit_goes_once)
+{
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "svc",
+               "\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\"],"
+               " \"max_retry_body_bytes\": 1000, " CFG_FAST "}");
+    fx_start_b(b, NULL);
+    struct http_resp r;
+    call_body("big", "fail=1;status=200;header=grpc-status:14", 50000, &r);
+    cr_expect_str_eq(http_hdr(&r, "grpc-status"), "14", "the one attempt's answer");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Stop"), "body-too-large");
+    cr_assert_eq(tup_count_id(up, "big"), 1);
+    cr_expect_eq(tup_get(up, 0)->body_hash, tup_pattern_hash(50000), "every byte, once");
+    http_free(&r);
+}
