@@ -145,6 +145,7 @@ void keep_done(struct retry_req *r, struct attempt *a, enum attempt_end end)
         keep_head(r, a); /* the trailers are in: req_grpc_status() reads them */
         if (r->state == RS_STREAM) {
             bool whole = release_held(r);
+            tally_grpc(r, whole ? req_grpc_status(r, a) : -1);
             r->front->ops->end(r->front, &a->trailers, !whole);
             return;
         }

@@ -165,6 +165,23 @@ void metrics_request(struct metrics_route *r, unsigned w, int code)
         bump(&s->codes[code - CODE_MIN], 1);
 }
 
+void metrics_protocol(struct metrics_route *r, unsigned w, enum metrics_proto p)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s && (unsigned)p < METRICS_PROTO_COUNT)
+        bump(&s->protocol[p], 1);
+}
+
+void metrics_grpc(struct metrics_route *r, unsigned w, int status)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s)
+        bump(&s->grpc[status < 0     ? METRICS_GRPC_NONE
+                      : status <= 16 ? status
+                                     : METRICS_GRPC_OTHER],
+             1);
+}
+
 void metrics_attempt(struct metrics_route *r, unsigned w, enum metrics_outcome o)
 {
     struct route_slot *s = slot_of(r, w);

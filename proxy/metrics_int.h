@@ -46,6 +46,8 @@ struct route_slot {
     _Atomic uint64_t retry_after_honored;
     _Atomic uint64_t throttled;
     _Atomic uint64_t hedges;
+    _Atomic uint64_t protocol[METRICS_PROTO_COUNT];
+    _Atomic uint64_t grpc[METRICS_GRPC_COUNT];
     struct hist_slot hist[METRICS_HIST_COUNT];
 };
 
@@ -106,6 +108,8 @@ struct route_totals {
     uint64_t retry_after_honored;
     uint64_t throttled;
     uint64_t hedges;
+    uint64_t protocol[METRICS_PROTO_COUNT];
+    uint64_t grpc[METRICS_GRPC_COUNT];
     uint64_t buckets[METRICS_HIST_COUNT][HIST_BUCKETS];
     uint64_t sum_us[METRICS_HIST_COUNT];
     bool any; /* some count is non-zero */

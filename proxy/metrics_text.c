@@ -27,12 +27,19 @@ static const char *const denied_names[METRICS_DENIED_COUNT] = {
 };
 
 static const char *const result_names[] = { "success", "failure" };
+static const char *const protocol_names[METRICS_PROTO_COUNT] = { "http1", "http2" };
+static const char *const grpc_names[METRICS_GRPC_COUNT] = { "0",  "1",  "2",     "3",   "4",
+                                                            "5",  "6",  "7",     "8",   "9",
+                                                            "10", "11", "12",    "13",  "14",
+                                                            "15", "16", "other", "none" };
 /* budget_*{scope}: the top-level budget, or a route's (then with its route label). */
 static const char *const scope_names[] = { "process", "route" };
 
 /* Every family, in the order a scrape prints them. */
 enum family {
     FAM_REQUESTS,
+    FAM_PROTOCOL,
+    FAM_GRPC,
     FAM_ATTEMPTS,
     FAM_RETRIES,
     FAM_RETRY_SUCCESS,
@@ -70,6 +77,14 @@ static const struct family_def {
 } families[FAM_COUNT] = {
     [FAM_REQUESTS] = { "requests_total", "counter", "route, code", NULL, 0,
                        "Requests answered, by route and final status code sent to the client." },
+    [FAM_PROTOCOL] = { "requests_by_protocol_total", "counter", "route, protocol", protocol_names,
+                       METRICS_PROTO_COUNT,
+                       "Requests answered, by route and the protocol the client spoke." },
+    [FAM_GRPC] = { "grpc_responses_total", "counter", "route, grpc_status", grpc_names,
+                   METRICS_GRPC_COUNT,
+                   "gRPC calls answered, by route and the grpc-status they ended with (0 to 16, "
+                   "other, or none when the call ended without one); only statuses seen are "
+                   "printed." },
     [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, outcome", outcome_names,
                        METRICS_OUT_COUNT, "Upstream attempts, by route and outcome." },
     [FAM_RETRIES] = { "retries_total", "counter", "route, reason", NULL, 0,
@@ -162,6 +177,8 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
         any |= add_counts(&t->retry_after_honored, &s->retry_after_honored, 1);
         any |= add_counts(&t->throttled, &s->throttled, 1);
         any |= add_counts(&t->hedges, &s->hedges, 1);
+        any |= add_counts(t->protocol, s->protocol, METRICS_PROTO_COUNT);
+        any |= add_counts(t->grpc, s->grpc, METRICS_GRPC_COUNT);
         for (size_t h = 0; h < METRICS_HIST_COUNT; h++) {
             any |= add_counts(t->buckets[h], s->hist[h].buckets, HIST_BUCKETS);
             t->sum_us[h] += peek(&s->hist[h].sum_us);
@@ -223,6 +240,32 @@ static void render_attempts(FILE *f, const struct scrape *sc)
             put_route_series(f, name, sc->routes[i]);
             fprintf(f, ",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o],
                     sc->totals[i].attempts[o]);
+        }
+    }
+}
+
+static void render_protocols(FILE *f, const struct scrape *sc)
+{
+    const char *name = put_family(f, FAM_PROTOCOL);
+    for (size_t i = 0; i < sc->n; i++) {
+        for (size_t p = 0; p < METRICS_PROTO_COUNT; p++) {
+            put_route_series(f, name, sc->routes[i]);
+            fprintf(f, ",protocol=\"%s\"} %" PRIu64 "\n", protocol_names[p],
+                    sc->totals[i].protocol[p]);
+        }
+    }
+}
+
+/* Only the statuses seen: most routes carry no gRPC at all. */
+static void render_grpc(FILE *f, const struct scrape *sc)
+{
+    const char *name = put_family(f, FAM_GRPC);
+    for (size_t i = 0; i < sc->n; i++) {
+        for (size_t g = 0; g < METRICS_GRPC_COUNT; g++) {
+            if (!sc->totals[i].grpc[g])
+                continue;
+            put_route_series(f, name, sc->routes[i]);
+            fprintf(f, ",grpc_status=\"%s\"} %" PRIu64 "\n", grpc_names[g], sc->totals[i].grpc[g]);
         }
     }
 }
@@ -419,6 +462,8 @@ static void render_upstreams(FILE *f, const struct scrape *sc)
 static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
 {
     render_requests(f, sc);
+    render_protocols(f, sc);
+    render_grpc(f, sc);
     render_attempts(f, sc);
     render_retries(f, sc);
     render_route_counter(f, sc, FAM_RETRY_SUCCESS, offsetof(struct route_totals, retry_success));

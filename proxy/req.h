@@ -41,19 +41,20 @@ enum req_state {
 
 /* Request flags (struct retry_req 'flags'). */
 enum {
-    RF_RETRYABLE = 1u << 0,   /* its method may go twice (retry.methods, Idempotency-Key) */
-    RF_BODY_DONE = 1u << 1,   /* the client's body is complete (or there is none) */
-    RF_OVER_LIMIT = 1u << 2,  /* the body passed limits.max_body_bytes: answered 413 */
-    RF_CLOSE_NOW = 1u << 3,   /* give the connection up: too much body left to discard */
-    RF_IN_FLIGHT = 1u << 4,   /* a retry holds budget slots until its attempt ends */
-    RF_SUCCEEDED = 1u << 5,   /* the last attempt ended in nothing retry_on names */
-    RF_SAVED = 1u << 6,       /* 'saved' holds the last retryable response's head ... */
-    RF_SAVED_WHOLE = 1u << 7, /* ... and its whole body */
-    RF_THROTTLED = 1u << 8,   /* client-side throttling rejected an attempt (throttle_p) */
-    RF_LAG = 1u << 9,         /* the response in DRAIN ends retrying: LAG once it is read */
-    RF_SETTLE = 1u << 10,     /* the retry decided on the response in DRAIN: req_settle() it */
-    RF_GRPC = 1u << 11,       /* a gRPC call (Content-Type application/grpc, docs/grpc.md) */
-    RF_GRPC_RETRY = 1u << 12, /* ... on a route whose retry_on names gRPC statuses */
+    RF_RETRYABLE = 1u << 0,     /* its method may go twice (retry.methods, Idempotency-Key) */
+    RF_BODY_DONE = 1u << 1,     /* the client's body is complete (or there is none) */
+    RF_OVER_LIMIT = 1u << 2,    /* the body passed limits.max_body_bytes: answered 413 */
+    RF_CLOSE_NOW = 1u << 3,     /* give the connection up: too much body left to discard */
+    RF_IN_FLIGHT = 1u << 4,     /* a retry holds budget slots until its attempt ends */
+    RF_SUCCEEDED = 1u << 5,     /* the last attempt ended in nothing retry_on names */
+    RF_SAVED = 1u << 6,         /* 'saved' holds the last retryable response's head ... */
+    RF_SAVED_WHOLE = 1u << 7,   /* ... and its whole body */
+    RF_THROTTLED = 1u << 8,     /* client-side throttling rejected an attempt (throttle_p) */
+    RF_LAG = 1u << 9,           /* the response in DRAIN ends retrying: LAG once it is read */
+    RF_SETTLE = 1u << 10,       /* the retry decided on the response in DRAIN: req_settle() it */
+    RF_GRPC = 1u << 11,         /* a gRPC call (Content-Type application/grpc, docs/grpc.md) */
+    RF_GRPC_RETRY = 1u << 12,   /* ... on a route whose retry_on names gRPC statuses */
+    RF_GRPC_COUNTED = 1u << 13, /* ... whose status is counted (grpc_status) */
 };
 
 /* Trial flags (struct trial 'flags'). */
@@ -140,6 +141,7 @@ struct retry_req {
         struct grpc_frames frames;
     } held;
 
+    int grpc_status;     /* RF_GRPC_COUNTED: the status the call ended with, -1: none */
     struct front *front; /* the client side: its state follows in the same allocation */
 };
 
@@ -236,5 +238,7 @@ void tally_verdict(struct retry_req *r, const struct trial *t, enum retry_outcom
                    const struct retry_verdict *v, bool hedging);
 void tally_answer(struct retry_req *r);
 void tally_done(struct retry_req *r);
+/* A gRPC call ended with 'status' (-1: none): counted once, the first time. */
+void tally_grpc(struct retry_req *r, int status);
 
 #endif

@@ -172,6 +172,7 @@ void retry_req_completed(struct retry_req *r)
     struct loop *l = r->w->loop;
     r->front->ops->unwatch(r->front);
     req_end_retry_in_flight(r);
+    tally_grpc(r, GRPC_CANCELLED); /* the client side ended before an answer ended the call */
     tally_done(r);
     r->peer = NULL;
     loop_timer_stop(l, &r->try_timer);
@@ -482,6 +483,7 @@ static void attempt_done(struct attempt *a, enum attempt_end end)
         keep_done(r, a, end);
         break;
     case RS_STREAM:
+        tally_grpc(r, end == ATTEMPT_COMPLETE ? req_grpc_status(r, a) : -1);
         r->front->ops->end(r->front, &a->trailers, end != ATTEMPT_COMPLETE);
         break;
     default:
@@ -723,6 +725,7 @@ static void on_deadline(struct loop_timer *t)
         edge_final(r);
         break;
     case RS_STREAM:
+        tally_grpc(r, -1);
         r->front->ops->end(r->front, NULL, true); /* mid-body: the client must see the truncation */
         break;
     default:

@@ -131,11 +131,21 @@ void tally_answer(struct retry_req *r)
 {
     struct worker *w = r->w;
     metrics_request(r->m, w->id, (int)r->front->status);
+    metrics_protocol(r->m, w->id, r->front->proto == FRONT_HTTP2 ? METRICS_HTTP2 : METRICS_HTTP1);
     /* a retry's success: with hedging, the first attempt may answer after a retry went */
     if ((r->flags & RF_SUCCEEDED) && r->cur->number > 1)
         metrics_retry_success(r->m, w->id);
     metrics_observe(r->m, w->id, METRICS_HIST_REQUEST,
                     (double)(loop_now(w->loop) - r->start_ms) / 1000.0);
+}
+
+void tally_grpc(struct retry_req *r, int status)
+{
+    if ((r->flags & (RF_GRPC | RF_GRPC_COUNTED)) != RF_GRPC)
+        return;
+    r->flags |= RF_GRPC_COUNTED;
+    r->grpc_status = status;
+    metrics_grpc(r->m, r->w->id, status);
 }
 
 /* The request is over (answered, or the client went away): its log line. */
@@ -157,6 +167,9 @@ void tally_done(struct retry_req *r)
                               .duration_ms = (double)(loop_now(w->loop) - r->start_ms),
                               .upstream = r->cur->upstream ? r->cur->upstream->url : NULL,
                               .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
-                              .request_id = r->request_id[0] ? r->request_id : NULL };
+                              .request_id = r->request_id[0] ? r->request_id : NULL,
+                              .protocol = r->front->proto == FRONT_HTTP2 ? "HTTP/2" : "HTTP/1.1",
+                              .grpc = r->flags & RF_GRPC,
+                              .grpc_status = r->grpc_status };
     log_request(w->log, &lr);
 }

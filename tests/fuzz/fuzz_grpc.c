@@ -103,8 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     struct grpc_frames whole = { 0 }, pieces = { 0 };
     uint32_t m = grpc_frames_feed(&whole, v, n);
-    FUZZ_CHECK(m == ref_messages(in.p, n), "messages %u, reference %u", m,
-               ref_messages(in.p, n));
+    FUZZ_CHECK(m == ref_messages(in.p, n), "messages %u, reference %u", m, ref_messages(in.p, n));
     size_t step = cut % 7 + 1, last = 0;
     for (size_t i = 0; i < n; i += step)
         last = grpc_frames_feed(&pieces, v + i, n - i < step ? n - i : step);
