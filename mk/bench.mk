@@ -7,6 +7,8 @@
 #   make bench-reload    a config change to the new policy in GET /schedule (ms)
 #   make bench-slowread  1,500 and 5,000 slow readers (slowhttptest): a normal request's latency
 #                        meanwhile, RSS during and after (bench/slowread.sh; not in make bench)
+#   make bench-h2        HTTP/2: gRPC unary calls and h2c GETs (h2load) through retryproxy, nginx,
+#                        HAProxy and nghttpx to one h2c upstream (bench/h2peers.sh; in make bench)
 #   make bench-build     build what the runs need, run nothing
 #
 # Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
@@ -17,7 +19,7 @@ FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
 BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters
 
-.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread
+.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2
 
 $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
 	@mkdir -p $(dir $@)
@@ -33,6 +35,7 @@ BENCH_RUN = BUILD=$(BUILD) BENCH_COMMAND='make $@' bench/bench.sh
 
 bench: bench-build
 	$(BENCH_RUN) all
+	BUILD=$(BUILD) bench/h2peers.sh
 bench-peers: bench-build
 	$(BENCH_RUN) peers
 bench-memory: bench-build
@@ -43,3 +46,5 @@ bench-reload: bench-build
 	$(BENCH_RUN) reload
 bench-slowread: $(BIN) $(BUILD)/tests/upstream
 	BUILD=$(BUILD) bench/slowread.sh
+bench-h2: $(BIN)
+	BUILD=$(BUILD) bench/h2peers.sh
