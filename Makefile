@@ -15,10 +15,10 @@ WERROR ?= 0
 SAN ?=
 TEST_JOBS ?= 2
 
-PKGS := libmicrohttpd libcurl jansson
+PKGS := libmicrohttpd libcurl jansson libnghttp2
 TEST_PKGS := criterion yaml-0.1
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libcriterion-dev pkg-config \
-            openssl libyaml-dev
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libcriterion-dev \
+            pkg-config openssl libyaml-dev
 
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
         -Wimplicit-fallthrough

@@ -1,7 +1,8 @@
 /* attempt -- one upstream attempt of a request: the choice of upstream, the curl transfer's
  * setup, its callbacks (the response head parsed into a header list, body bytes, the upload
  * pulled from the owner), its slot under limits.max_upstream_requests, and its cancel. With
- * upstream.c, the only part that calls libcurl.
+ * upstream.c, the only part that calls libcurl. An h2c upstream's attempt is a stream of
+ * proxy/h2up.h instead, reported through the same struct attempt_ops (docs/http2.md).
  *
  * The owner embeds a struct attempt and learns what happens through struct attempt_ops, each
  * called from the loop (curl's callbacks run inside the multi-socket calls of upstream.c):
@@ -15,6 +16,7 @@
 #include <stdint.h>
 
 #include "policy/rng.h"
+#include "proxy/h2up.h"
 #include "proxy/hlist.h"
 #include "proxy/upstream.h"
 
@@ -63,11 +65,13 @@ struct attempt {
     void *arg; /* the owner's */
     struct upstream *up;
     struct upstream_xfer xfer;
+    struct h2up_stream *h2;    /* an h2c upstream's running stream, instead of xfer.easy */
     struct upstream_wait slot; /* queued for a transfer slot */
     char *target_buf;          /* the upstream's base path + the target */
     unsigned sends;            /* times curl was about to send this attempt's request */
     int status;                /* the response's, once its status line came */
     struct hlist head;         /* the response's header fields */
+    struct hlist trailers;     /* its trailer fields, once its body is in (not used yet) */
     bool head_done;            /* the head was reported: later field lines are trailers */
     bool bad_head;             /* the response head was malformed or ambiguous */
     bool no_body;              /* a HEAD request: no response body follows, whatever its head */
@@ -93,17 +97,18 @@ bool attempt_queue(struct attempt *a);
 int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms);
 
-/* Whether any of the request went out (curl was about to send it): if not, nothing reached
- * the upstream, whatever the error. */
+/* Whether any of the request went out (curl was about to send it, the stream's HEADERS went):
+ * if not, nothing reached the upstream, whatever the error. False for an h2c stream the
+ * upstream refused (REFUSED_STREAM, or a GOAWAY below it): it reached no application. */
 static inline bool attempt_sent(const struct attempt *a)
 {
-    return a->sends > 0;
+    return a->h2 ? h2up_sent(a->h2) : a->sends > 0;
 }
 
 /* Whether its transfer runs (started, not yet ended or cancelled). */
 static inline bool attempt_running(const struct attempt *a)
 {
-    return a->xfer.easy != NULL;
+    return a->xfer.easy != NULL || a->h2 != NULL;
 }
 
 /* Ends the transfer, running or queued for a slot, without ops->done. Returns true if it was
