@@ -70,14 +70,14 @@ struct h2up {
 
 /* Stream flags, one bit each. */
 enum {
-    SF_SENT = 1u << 0,         /* its HEADERS went out */
-    SF_HEAD = 1u << 1,         /* the final head was reported: later fields are trailers */
-    SF_PAUSED = 1u << 2,       /* the owner returned H2UP_PAUSE for body bytes */
-    SF_DEFERRED = 1u << 3,     /* the upload waits for the owner */
-    SF_ENDED = 1u << 4,        /* its end is decided (reported or to report) */
-    SF_CLOSED = 1u << 5,       /* the session is done with it */
-    SF_DATA_BUFFER = 1u << 6,  /* the body comes from 'buf' */
-    SF_DATA_STREAM = 1u << 7,  /* the body comes from ops->upload */
+    SF_SENT = 1u << 0,        /* its HEADERS went out */
+    SF_HEAD = 1u << 1,        /* the final head was reported: later fields are trailers */
+    SF_PAUSED = 1u << 2,      /* the owner returned H2UP_PAUSE for body bytes */
+    SF_DEFERRED = 1u << 3,    /* the upload waits for the owner */
+    SF_ENDED = 1u << 4,       /* its end is decided (reported or to report) */
+    SF_CLOSED = 1u << 5,      /* the session is done with it */
+    SF_DATA_BUFFER = 1u << 6, /* the body comes from 'buf' */
+    SF_DATA_STREAM = 1u << 7, /* the body comes from ops->upload */
 };
 
 struct h2up_stream {
@@ -133,8 +133,7 @@ struct h2up_origin *h2up_origin_new(const char *authority)
     /* Resolved once, with the snapshot (not in a worker: a lookup blocks). */
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
     struct addrinfo *res = NULL;
-    if (getaddrinfo(host, port, &hints, &res) == 0 && res &&
-        res->ai_addrlen <= sizeof(o->addr)) {
+    if (getaddrinfo(host, port, &hints, &res) == 0 && res && res->ai_addrlen <= sizeof(o->addr)) {
         memcpy(&o->addr, res->ai_addr, res->ai_addrlen);
         o->addr_len = res->ai_addrlen;
     }
@@ -283,8 +282,7 @@ static int on_header(nghttp2_session *ss, const nghttp2_frame *f, const uint8_t 
                    : 0;
     if (nl == 7 && memcmp(name, ":status", 7) == 0) {
         /* the session checked it is three digits */
-        s->status = vl == 3 ? (value[0] - '0') * 100 + (value[1] - '0') * 10 + (value[2] - '0')
-                            : 0;
+        s->status = vl == 3 ? (value[0] - '0') * 100 + (value[1] - '0') * 10 + (value[2] - '0') : 0;
         return 0;
     }
     if (nl && name[0] == ':')
@@ -641,8 +639,7 @@ static void settle(struct conn *c)
         return;
     }
     if (!c->nstreams && c->connected && !loop_timer_armed(&c->timer))
-        loop_timer_start(c->h->loop, &c->timer, loop_now(c->h->loop) + H2UP_IDLE_MS, on_timer,
-                         c);
+        loop_timer_start(c->h->loop, &c->timer, loop_now(c->h->loop) + H2UP_IDLE_MS, on_timer, c);
     if (c->goaway && !c->nstreams) {
         conn_fail(c);
         conn_free(c);
@@ -681,13 +678,12 @@ static struct conn *conn_new(struct h2up *h, const struct h2up_origin *o, uint64
         goto fail;
     int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(c->fd, (const struct sockaddr *)&o->addr, o->addr_len) < 0 &&
-        errno != EINPROGRESS)
+    if (connect(c->fd, (const struct sockaddr *)&o->addr, o->addr_len) < 0 && errno != EINPROGRESS)
         goto fail;
     if (loop_watch_add(h->loop, &c->w, c->fd, EPOLLOUT, on_io, c) < 0)
         goto fail;
-    loop_timer_start(h->loop, &c->timer, loop_now(h->loop) + (timeout_ms ? timeout_ms : 1), on_timer,
-                     c);
+    loop_timer_start(h->loop, &c->timer, loop_now(h->loop) + (timeout_ms ? timeout_ms : 1),
+                     on_timer, c);
     nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cb);
     DLIST_PUSH(h->conns, c);
@@ -708,7 +704,8 @@ fail:
 /* Streams 'c' takes at most: the peer's limit and ours. */
 static size_t conn_room(const struct conn *c)
 {
-    uint32_t peer = nghttp2_session_get_remote_settings(c->s, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
+    uint32_t peer =
+        nghttp2_session_get_remote_settings(c->s, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
     return peer < H2UP_MAX_STREAMS ? peer : H2UP_MAX_STREAMS;
 }
 

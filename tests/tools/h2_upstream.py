@@ -120,7 +120,7 @@ class Conn:
             record(self.out, entry)
             size = int(self.field(st, "x-h2-body", "65536"))
             self.h2.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
-            st.out = body_of(size // 2)
+            st.out = memoryview(body_of(size // 2))
             st.end_after = "rst"
             return
         if st.body:
@@ -134,7 +134,7 @@ class Conn:
         head = [(":status", "200"), ("content-length", str(len(data))),
                 ("x-h2-conn", str(self.cid)), ("x-h2-stream", str(sid))]
         self.h2.send_headers(sid, head, end_stream=False)
-        st.out = data
+        st.out = memoryview(data)
         st.end_after = "trailers" if scenario == "trailers" else "end"
 
     def pump(self):
@@ -151,8 +151,8 @@ class Conn:
                     break
                 if room <= 0:
                     break
-                chunk, st.out = st.out[:room], st.out[room:]
-                self.h2.send_data(sid, chunk)
+                chunk, st.out = st.out[:room], st.out[room:]  # memoryview: no copy
+                self.h2.send_data(sid, bytes(chunk))
             if st.out:
                 continue
             if st.end_after == "end":
