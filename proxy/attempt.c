@@ -354,12 +354,8 @@ static bool connection_specific(const char *k, size_t kl)
            HDR_NAME_IS(k, kl, "Upgrade") || HDR_NAME_IS(k, kl, "Host");
 }
 
-/* The fields of proxy/head.c's list as HTTP/2 fields into 'f' (at most 'max'), their names
- * lowercased into 'names': "Name:" alone (a removal for curl) and an empty value (which curl
- * would not send either) are left out, TE only as "trailers". Host's value goes to *host.
- * Returns how many. */
-static size_t h2_fields(const struct curl_slist *l, struct h2up_field *f, size_t max, char *names,
-                        const char **host, size_t *host_len)
+size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_t max, char *names,
+                         const char **host, size_t *host_len)
 {
     size_t n = 0;
     for (; l && n < max; l = l->next) {
@@ -400,7 +396,8 @@ static int launch_h2(struct attempt *a, const struct h2up_origin *o, const char 
     struct h2up_field *f = (struct h2up_field *)(void *)buf;
     const char *host = NULL;
     size_t host_len = 0;
-    size_t n = h2_fields(req->headers, f, count - 1, buf + count * sizeof(*f), &host, &host_len);
+    size_t n =
+        attempt_h2_fields(req->headers, f, count - 1, buf + count * sizeof(*f), &host, &host_len);
     /* the body's length, which curl would have sent as Content-Length */
     char cl[24];
     int64_t len = req->body == ATTEMPT_BODY_BUFFER   ? (int64_t)req->body_len

@@ -119,6 +119,15 @@ bool attempt_cancel(struct attempt *a);
  * limits.max_upstream_requests back and runs on at the client's pace. */
 void attempt_commit(struct attempt *a);
 
+/* The fields of proxy/head.c's list as HTTP/2 fields for an h2c upstream (RFC 9113 8.2) into
+ * 'f' (at most 'max'), their names lowercased into 'names' (room for every name of the list):
+ * connection-specific fields (Connection, Keep-Alive, Proxy-Connection, Transfer-Encoding,
+ * Upgrade) and Host are left out, TE unless it is "trailers", and, as curl would, "Name:"
+ * alone (a removal) and an empty value. Host's value goes to *host (it becomes :authority).
+ * Returns how many; the values point into the list. */
+size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_t max, char *names,
+                         const char **host, size_t *host_len);
+
 /* The owner has room for body bytes again / upload bytes are there. */
 void attempt_resume_body(struct attempt *a);
 void attempt_resume_upload(struct attempt *a);

@@ -218,19 +218,22 @@ Test(h2_upstream, goaway_below_the_stream_is_retried_on_a_new_connection)
 }
 
 /* RST_STREAM after half the body: never a complete 200. A small response is collected before
- * it is answered, a large one streams: either way the client sees the truncation. */
+ * it is answered, a large one streams; with a content-length and without one (the client's
+ * framing would then be chunked, and only the proxy can tell it broke off): either way the
+ * client sees a 502 or the truncation. */
 Test(h2_upstream, rst_mid_body_is_never_passed_off_as_a_good_response)
 {
     start("", "", "1");
     const char *sizes[] = { "x-h2-body: 20000", "x-h2-body: 1000000" };
-    for (size_t k = 0; k < 2; k++) {
-        const char *h[] = { "x-h2-scenario: rst-mid", sizes[k], NULL };
+    const char *lengths[] = { "x-h2-length: yes", "x-h2-no-length: 1" };
+    for (size_t k = 0; k < 4; k++) {
+        const char *h[] = { "x-h2-scenario: rst-mid", sizes[k % 2], lengths[k / 2], NULL };
         struct http_resp r = call("GET", "/big", h, NULL, 0);
         bool whole = r.rc == 0 && r.status == 200;
-        cr_expect_not(whole, "%s: a reset response passed as complete (%zu bytes)", sizes[k],
-                      r.body_len);
-        cr_expect(r.rc != 0 || r.status == 502, "%s: curl %d, status %ld", sizes[k], r.rc,
-                  r.status);
+        cr_expect_not(whole, "%s, %s: a reset response passed as complete (%zu bytes)",
+                      sizes[k % 2], lengths[k / 2], r.body_len);
+        cr_expect(r.rc != 0 || r.status == 502, "%s, %s: curl %d, status %ld", sizes[k % 2],
+                  lengths[k / 2], r.rc, r.status);
         http_free(&r);
     }
 }

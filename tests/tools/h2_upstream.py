@@ -11,7 +11,8 @@ What a request gets comes from its fields:
       ok          200, the request body echoed back (or x-h2-body bytes, or "ok\\n")
       refuse      RST_STREAM REFUSED_STREAM as soon as the head is in (recorded "refused")
       goaway      GOAWAY with last_stream_id below the stream, then the connection closes
-      rst-mid     200 with content-length, half of the body, then RST_STREAM INTERNAL_ERROR
+      rst-mid     200 with content-length (none with x-h2-no-length), half of the body
+                  (x-h2-body, 65536 by default), then RST_STREAM INTERNAL_ERROR
       no-status   a response head without :status, then the end of the stream
       trailers    200, the body, then trailers grpc-status: 0 and grpc-message: done
   x-h2-fail: N       only the first N attempts with this x-request-id get the scenario; later
@@ -119,7 +120,10 @@ class Conn:
             entry["action"] = "rst-mid"
             record(self.out, entry)
             size = int(self.field(st, "x-h2-body", "65536"))
-            self.h2.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
+            head = [(":status", "200")]
+            if self.field(st, "x-h2-no-length") is None:
+                head.append(("content-length", str(size)))
+            self.h2.send_headers(sid, head)
             st.out = memoryview(body_of(size // 2))
             st.end_after = "rst"
             return
