@@ -282,6 +282,54 @@ Test(h2_upstream, a_response_with_trailers_arrives_whole)
     http_free(&r);
 }
 
+/* An attempt past per_try_timeout_ms is cancelled (RST_STREAM CANCEL) and the retry goes on the
+ * same connection, which the cancel left open. */
+Test(h2_upstream, a_timed_out_stream_is_cancelled_and_its_connection_serves_the_retry)
+{
+    start("\"retry_on\": [\"timeout\"]", "\"per_try_timeout_ms\": 300", "1");
+    const char *h[] = { "X-Request-Id: slowtry-1", "x-h2-delay-ms: 3000", "x-h2-fail: 1", NULL };
+    struct http_resp r = call("GET", "/late", h, NULL, 0);
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_lt(r.seconds, 2.5, "took %.2f s", r.seconds);
+    /* the first attempt was reset (CANCEL, 0x8) before its answer, the second answered */
+    json_t *rst = h2u_find(h2, "action", "reset-by-client");
+    cr_assert_not_null(rst);
+    cr_expect_str_eq(json_string_value(json_object_get(rst, "request_id")), "slowtry-1");
+    cr_expect_eq(rec_int(rst, "error_code"), 8);
+    json_decref(rst);
+    json_t *rec = h2u_find(h2, "action", "answered");
+    cr_assert_not_null(rec);
+    cr_expect_str_eq(rec_field(rec, "x-retry-attempt"), "2");
+    json_decref(rec);
+    cr_expect_eq(h2u_connections(h2), 1);
+    http_free(&r);
+    r = call("GET", "/after", NULL, NULL, 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect_eq(h2u_connections(h2), 1);
+    http_free(&r);
+}
+
+/* No h2c connection: a connect failure, retried on the next upstream whatever the method. */
+Test(h2_upstream, a_refused_connection_is_a_connect_failure_retried_for_a_post)
+{
+    h2 = h2u_start();
+    struct cfgb *b = cfgb_new();
+    char closed[64];
+    snprintf(closed, sizeof(closed), "h2c://127.0.0.1:%u", fx_closed_port());
+    cfgb_route(b, "r", "\"upstreams\": [\"%s\", \"%s\"], \"retry\": {" CFG_FAST "}", closed,
+               h2u_url(h2, ""));
+    fx_start_b(b, "--workers", "1", NULL);
+    const char *h[] = { "X-Request-Id: closed-1", NULL };
+    struct http_resp r = call("POST", "/o", h, "order", 5);
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_eq(h2u_count(h2, "request_id", "closed-1"), 1);
+    http_free(&r);
+}
+
 static bool answered_once(void *arg)
 {
     (void)arg;

@@ -3,8 +3,10 @@
 
 Run with Debian's /usr/bin/python3 (python3-h2). Listens on 127.0.0.1, on a port the kernel
 picks, and prints "PORT\\n" on stdout once it accepts. Every request is recorded as one JSON line
-in RECORD_FILE (flushed at once): connection and stream number, method, path, authority,
-scheme, the fields as received, the body's length and sha256, the scenario and what was done.
+in RECORD_FILE (flushed at once) when it is answered: connection and stream number, method,
+path, authority, scheme, the fields as received, the body's length and sha256, the scenario and
+what was done ("action"). A stream the proxy resets is recorded as "reset-by-client" with its
+error code, a new connection as {"conn": N, "event": "accepted"}.
 
 What a request gets comes from its fields:
   x-h2-scenario: S   how to answer (default "ok"):
@@ -15,8 +17,8 @@ What a request gets comes from its fields:
                   (x-h2-body, 65536 by default), then RST_STREAM INTERNAL_ERROR
       no-status   a response head without :status, then the end of the stream
       trailers    200, the body, then trailers grpc-status: 0 and grpc-message: done
-  x-h2-fail: N       only the first N attempts with this x-request-id get the scenario; later
-                     ones get "ok" (attempts are counted per x-request-id)
+  x-h2-fail: N       only the first N attempts with this x-request-id get the scenario (and
+                     the delay); later ones get "ok" at once (attempts counted per x-request-id)
   x-h2-body: N       an "ok" answer's body is N bytes (b"0123456789" repeated), sent as the
                      stream's flow-control window allows, without holding up other streams
   x-h2-delay-ms: M   the answer waits M ms once the request is complete
@@ -92,6 +94,7 @@ class Conn:
             n = attempts[rid]
         if fail is not None and n > int(fail):
             scenario = "ok"
+            st.headers = [(k, v) for k, v in st.headers if k != "x-h2-delay-ms"]
         entry = {
             "conn": self.cid, "stream": st.sid, "attempt": n,
             "method": self.field(st, ":method"), "path": self.field(st, ":path"),
@@ -207,7 +210,11 @@ class Conn:
             if st is not None and st.due is None and st.end_after is None:
                 self.complete(st)
         elif isinstance(ev, h2.events.StreamReset):
-            self.streams.pop(ev.stream_id, None)
+            st = self.streams.pop(ev.stream_id, None)
+            if ev.remote_reset:
+                record(self.out, {"conn": self.cid, "stream": ev.stream_id,
+                                  "action": "reset-by-client", "error_code": int(ev.error_code),
+                                  "request_id": self.field(st, "x-request-id", "") if st else ""})
         elif isinstance(ev, h2.events.ConnectionTerminated):
             self.closing = True
 
