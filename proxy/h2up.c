@@ -39,6 +39,37 @@
 /* Kept body bytes go to the owner in pieces of at most this. */
 #define OFFER_MAX (16 * 1024)
 
+/* A growable byte buffer. */
+struct bytes {
+    uint8_t *p;
+    size_t len, cap;
+};
+
+/* Appends n bytes at p. 0, or -1 out of memory. */
+static int bytes_append(struct bytes *b, const void *p, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 16 * 1024;
+        while (cap < b->len + n)
+            cap *= 2;
+        uint8_t *q = realloc(b->p, cap);
+        if (!q)
+            return -1;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+/* Drops the first n bytes. */
+static void bytes_drop(struct bytes *b, size_t n)
+{
+    memmove(b->p, b->p + n, b->len - n);
+    b->len -= n;
+}
+
 struct h2up_origin {
     char *authority;
     char *key; /* "host:port": connections are shared by key, across snapshots */
@@ -57,8 +88,7 @@ struct conn {
     nghttp2_session *s;
     struct h2up_stream *streams; /* every stream not yet freed */
     size_t nstreams;
-    uint8_t *out; /* serialized frames the socket did not take yet */
-    size_t out_len, out_cap;
+    struct bytes out; /* serialized frames the socket did not take yet */
     bool connected, goaway, dead;
 };
 
@@ -93,8 +123,7 @@ struct h2up_stream {
     uint32_t error;
     const char *buf; /* SF_DATA_BUFFER */
     size_t len, off;
-    char *rbuf; /* body bytes a paused owner has not taken (within the stream's window) */
-    size_t rlen, rcap;
+    struct bytes kept; /* body bytes a paused owner has not taken (within the stream's window) */
 };
 
 /* ---- origins ---- */
@@ -182,7 +211,7 @@ static bool stopped(const struct h2up_stream *s)
 static void stop(struct h2up_stream *s)
 {
     end_stream(s, H2UP_STOPPED, 0);
-    s->rlen = 0;
+    s->kept.len = 0;
     if (!(s->flags & SF_CLOSED) && s->id > 0)
         nghttp2_submit_rst_stream(s->c->s, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
 }
@@ -203,40 +232,18 @@ static bool offer(struct h2up_stream *s, const char *p, size_t n)
     return true;
 }
 
-/* Bytes a paused owner did not take: kept, and the stream's window stays closed by as much, so
- * the peer cannot send more than H2UP_STREAM_WINDOW (the session enforces it). */
-static int keep(struct h2up_stream *s, const uint8_t *p, size_t n)
-{
-    if (s->rlen + n > s->rcap) {
-        size_t cap = s->rcap ? s->rcap : 16 * 1024;
-        while (cap < s->rlen + n)
-            cap *= 2;
-        char *b = realloc(s->rbuf, cap);
-        if (!b)
-            return -1;
-        s->rbuf = b;
-        s->rcap = cap;
-    }
-    memcpy(s->rbuf + s->rlen, p, n);
-    s->rlen += n;
-    return 0;
-}
-
 /* Kept bytes to an owner that has room again, in pieces no larger than a DATA frame's (an
  * owner's buffer may be smaller than what was kept: libcurl hands 16 KiB at most too). */
 static void drain_kept(struct h2up_stream *s)
 {
     size_t off = 0;
-    while (off < s->rlen && s->ops && !(s->flags & SF_PAUSED) && !stopped(s)) {
-        size_t n = s->rlen - off < OFFER_MAX ? s->rlen - off : OFFER_MAX;
-        if (!offer(s, s->rbuf + off, n))
+    while (off < s->kept.len && s->ops && !(s->flags & SF_PAUSED) && !stopped(s)) {
+        size_t n = s->kept.len - off < OFFER_MAX ? s->kept.len - off : OFFER_MAX;
+        if (!offer(s, (const char *)s->kept.p + off, n))
             break;
         off += n;
     }
-    if (stopped(s))
-        off = s->rlen;
-    memmove(s->rbuf, s->rbuf + off, s->rlen - off);
-    s->rlen -= off;
+    bytes_drop(&s->kept, stopped(s) ? s->kept.len : off);
 }
 
 static void free_stream(struct h2up_stream *s)
@@ -246,7 +253,7 @@ static void free_stream(struct h2up_stream *s)
     c->nstreams--;
     if (c->s && s->id > 0 && !(s->flags & SF_CLOSED))
         nghttp2_session_set_stream_user_data(c->s, s->id, NULL);
-    free(s->rbuf);
+    free(s->kept.p);
     free(s);
 }
 
@@ -322,11 +329,13 @@ static int on_data(nghttp2_session *ss, uint8_t flags, int32_t id, const uint8_t
         nghttp2_session_consume_stream(ss, id, n);
         return 0;
     }
-    if (!s->rlen && !(s->flags & SF_PAUSED) && offer(s, (const char *)p, n))
+    if (!s->kept.len && !(s->flags & SF_PAUSED) && offer(s, (const char *)p, n))
         return 0;
     if (stopped(s))
         return 0;
-    if (keep(s, p, n) < 0) {
+    /* kept: the stream's window stays closed by as much, so the peer cannot send more than
+     * H2UP_STREAM_WINDOW (the session enforces it) */
+    if (bytes_append(&s->kept, p, n) < 0) {
         stop(s);
         s->end = H2UP_BROKEN;
     }
@@ -458,7 +467,7 @@ static void conn_free(struct conn *c)
     DLIST_UNLINK(h->conns, c);
     h->nconns--;
     free(c->key);
-    free(c->out);
+    free(c->out.p);
     loop_defer_free(h->loop, c); /* its watch may have an event pending in this turn */
 }
 
@@ -469,23 +478,6 @@ static int watch_for(struct conn *c, uint32_t ev)
     return loop_watch_mod(c->h->loop, &c->w, ev);
 }
 
-static int out_append(struct conn *c, const uint8_t *p, size_t n)
-{
-    if (c->out_len + n > c->out_cap) {
-        size_t cap = c->out_cap ? c->out_cap : 16 * 1024;
-        while (cap < c->out_len + n)
-            cap *= 2;
-        uint8_t *b = realloc(c->out, cap);
-        if (!b)
-            return -1;
-        c->out = b;
-        c->out_cap = cap;
-    }
-    memcpy(c->out + c->out_len, p, n);
-    c->out_len += n;
-    return 0;
-}
-
 /* Sends what the session has, until it has nothing or the socket is full (then EPOLLOUT);
  * what the socket did not take waits in c->out, bounded by OUT_SOFT_MAX plus a frame. */
 static void flush(struct conn *c)
@@ -493,17 +485,16 @@ static void flush(struct conn *c)
     if (c->dead || !c->connected)
         return;
     for (;;) {
-        if (c->out_len) {
-            ssize_t n = send(c->fd, c->out, c->out_len, MSG_NOSIGNAL);
+        if (c->out.len) {
+            ssize_t n = send(c->fd, c->out.p, c->out.len, MSG_NOSIGNAL);
             if (n < 0) {
                 if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                     break;
                 conn_fail(c);
                 return;
             }
-            memmove(c->out, c->out + n, c->out_len - (size_t)n);
-            c->out_len -= (size_t)n;
-            if (c->out_len)
+            bytes_drop(&c->out, (size_t)n);
+            if (c->out.len)
                 continue;
         }
         const uint8_t *d;
@@ -522,18 +513,18 @@ static void flush(struct conn *c)
             }
             sent = 0;
         }
-        if (sent < n && out_append(c, d + sent, (size_t)(n - sent)) < 0) {
+        if (sent < n && bytes_append(&c->out, d + sent, (size_t)(n - sent)) < 0) {
             conn_fail(c);
             return;
         }
-        if (c->out_len >= OUT_SOFT_MAX)
+        if (c->out.len >= OUT_SOFT_MAX)
             break;
     }
-    if (!nghttp2_session_want_read(c->s) && !nghttp2_session_want_write(c->s) && !c->out_len) {
+    if (!nghttp2_session_want_read(c->s) && !nghttp2_session_want_write(c->s) && !c->out.len) {
         conn_fail(c); /* both sides are done (a GOAWAY) */
         return;
     }
-    if (watch_for(c, EPOLLIN | (c->out_len ? EPOLLOUT : 0)) < 0)
+    if (watch_for(c, EPOLLIN | (c->out.len ? EPOLLOUT : 0)) < 0)
         conn_fail(c);
 }
 
@@ -610,11 +601,11 @@ static void settle(struct conn *c)
     while (again) {
         again = false;
         for (struct h2up_stream *s = c->streams; s; s = s->next) {
-            if (s->ops && s->rlen && !(s->flags & SF_PAUSED))
+            if (s->ops && s->kept.len && !(s->flags & SF_PAUSED))
                 drain_kept(s);
             if (!s->ops || !(s->flags & SF_ENDED))
                 continue;
-            if (s->end == H2UP_COMPLETE && s->rlen)
+            if (s->end == H2UP_COMPLETE && s->kept.len)
                 continue; /* the owner still has body bytes to take */
             const struct h2up_ops *ops = s->ops;
             s->ops = NULL;
@@ -814,7 +805,7 @@ void h2up_cancel(struct h2up_stream *s)
 {
     struct conn *c = s->c;
     s->ops = NULL;
-    s->rlen = 0;
+    s->kept.len = 0;
     if (!(s->flags & SF_CLOSED) && c->s && s->id > 0)
         nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
     kick(c); /* freed by settle() once the session is done with it */

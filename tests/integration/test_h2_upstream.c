@@ -42,6 +42,20 @@ static struct http_resp call(const char *method, const char *path, const char *c
     return r;
 }
 
+/* Sends the request (a body of strlen(body) bytes, if any) and asserts its answer: 'status'
+ * after 'attempts' attempts (X-Retry-Attempts). */
+static void expect_answer(const char *method, const char *path, const char *const *h,
+                          const char *body, long status, const char *attempts)
+{
+    struct http_resp r = call(method, path, h, body, body ? strlen(body) : 0);
+    cr_assert_eq(r.rc, 0, "%s %s: curl error %d", method, path, r.rc);
+    cr_expect_eq(r.status, status, "%s %s: %ld", method, path, r.status);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), attempts);
+    if (body && status == 200)
+        cr_expect_eq(r.body_len, strlen(body), "%s %s: not the body echoed", method, path);
+    http_free(&r);
+}
+
 /* The value of field 'name' in a record's "headers" ([[name, value], ...]), or NULL. */
 static const char *rec_field(const json_t *rec, const char *name)
 {
@@ -187,18 +201,13 @@ Test(h2_upstream, refused_stream_on_a_post_is_retried_and_processed_once)
 {
     start("", "", "1");
     const char *h[] = { "X-Request-Id: refused-1", "x-h2-scenario: refuse", "x-h2-fail: 1", NULL };
-    struct http_resp r = call("POST", "/order", h, "one order", 9);
-    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
-    cr_expect_eq(r.status, 200);
-    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
-    cr_expect_eq(r.body_len, 9);
+    expect_answer("POST", "/order", h, "one order", 200, "2");
     cr_expect_eq(h2u_count(h2, "action", "refused"), 1);
     cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
     json_t *rec = h2u_find(h2, "action", "answered");
     cr_assert_not_null(rec);
     cr_expect_str_eq(rec_field(rec, "x-retry-attempt"), "2");
     json_decref(rec);
-    http_free(&r);
 }
 
 /* A GOAWAY whose last_stream_id is below the stream: the stream was not processed, the POST
@@ -207,14 +216,10 @@ Test(h2_upstream, goaway_below_the_stream_is_retried_on_a_new_connection)
 {
     start("", "", "1");
     const char *h[] = { "X-Request-Id: goaway-1", "x-h2-scenario: goaway", "x-h2-fail: 1", NULL };
-    struct http_resp r = call("POST", "/order", h, "one order", 9);
-    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
-    cr_expect_eq(r.status, 200);
-    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    expect_answer("POST", "/order", h, "one order", 200, "2");
     cr_expect_eq(h2u_count(h2, "action", "goaway"), 1);
     cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
     cr_expect_eq(h2u_connections(h2), 2);
-    http_free(&r);
 }
 
 /* RST_STREAM after half the body: never a complete 200. A small response is collected before
@@ -238,25 +243,17 @@ Test(h2_upstream, rst_mid_body_is_never_passed_off_as_a_good_response)
     }
 }
 
-/* A head without :status is no response: a reset, retried as retry_on says, then a 502. */
+/* A head without :status is no response: a reset, retried as retry_on says, then a 502; one such
+ * answer then a good one is the good one. */
 Test(h2_upstream, head_without_status_is_a_reset_retried_then_502)
 {
     start("\"max_attempts\": 3", "", "1");
     const char *h[] = { "X-Request-Id: nostatus-1", "x-h2-scenario: no-status", NULL };
-    struct http_resp r = call("GET", "/n", h, NULL, 0);
-    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
-    cr_expect_eq(r.status, 502);
-    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "3");
+    expect_answer("GET", "/n", h, NULL, 502, "3");
     cr_expect_eq(h2u_count(h2, "request_id", "nostatus-1"), 3);
-    http_free(&r);
-    /* and without "reset" in retry_on it is not retried */
-    const char *h2h[] = { "X-Request-Id: nostatus-2", "x-h2-scenario: no-status", "x-h2-fail: 1",
-                          NULL };
-    r = call("GET", "/n", h2h, NULL, 0);
-    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
-    cr_expect_eq(r.status, 200);
-    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
-    http_free(&r);
+    const char *once[] = { "X-Request-Id: nostatus-2", "x-h2-scenario: no-status", "x-h2-fail: 1",
+                           NULL };
+    expect_answer("GET", "/n", once, NULL, 200, "2");
 }
 
 Test(h2_upstream, no_status_is_not_retried_when_retry_on_leaves_reset_out)
@@ -264,11 +261,7 @@ Test(h2_upstream, no_status_is_not_retried_when_retry_on_leaves_reset_out)
     start("\"retry_on\": [\"connect-failure\", \"5xx\"]", "", "1");
     const char *h[] = { "X-Request-Id: nostatus-3", "x-h2-scenario: no-status", "x-h2-fail: 1",
                         NULL };
-    struct http_resp r = call("GET", "/n", h, NULL, 0);
-    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
-    cr_expect_eq(r.status, 502);
-    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
-    http_free(&r);
+    expect_answer("GET", "/n", h, NULL, 502, "1");
 }
 
 Test(h2_upstream, a_response_with_trailers_arrives_whole)
@@ -322,12 +315,8 @@ Test(h2_upstream, a_refused_connection_is_a_connect_failure_retried_for_a_post)
                h2u_url(h2, ""));
     fx_start_b(b, "--workers", "1", NULL);
     const char *h[] = { "X-Request-Id: closed-1", NULL };
-    struct http_resp r = call("POST", "/o", h, "order", 5);
-    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
-    cr_expect_eq(r.status, 200);
-    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    expect_answer("POST", "/o", h, "order", 200, "2");
     cr_expect_eq(h2u_count(h2, "request_id", "closed-1"), 1);
-    http_free(&r);
 }
 
 static bool answered_once(void *arg)

@@ -18,19 +18,31 @@ static void free_lists(void)
 
 TestSuite(h2_fields, .fini = free_lists);
 
-static size_t convert(const char *const *lines, struct h2up_field *f, size_t max, char *names,
-                      const char **host, size_t *host_len)
+/* One conversion: the fields, their names' buffer, Host's value. */
+struct conv {
+    struct h2up_field f[8];
+    char names[256];
+    const char *host;
+    size_t host_len, n;
+};
+
+/* Fills 'c' (its names point into it: not to be copied). */
+static const struct conv *convert(struct conv *c, const char *const *lines, size_t max)
 {
     struct curl_slist *l = NULL;
     for (size_t i = 0; lines[i]; i++)
         l = curl_slist_append(l, lines[i]);
     cr_assert_lt(n_lists, 4);
     lists[n_lists++] = l;
-    return attempt_h2_fields(l, f, max, names, host, host_len);
+    c->host = NULL;
+    c->n = attempt_h2_fields(l, c->f, max, c->names, &c->host, &c->host_len);
+    return c;
 }
 
-static bool has(const struct h2up_field *f, size_t n, const char *name, const char *value)
+static bool has(const struct conv *c, const char *name, const char *value)
 {
+    const struct h2up_field *f = c->f;
+    size_t n = c->n;
     for (size_t i = 0; i < n; i++)
         if (f[i].name_len == strlen(name) && memcmp(f[i].name, name, f[i].name_len) == 0 &&
             f[i].value_len == strlen(value) && memcmp(f[i].value, value, f[i].value_len) == 0)
@@ -38,8 +50,10 @@ static bool has(const struct h2up_field *f, size_t n, const char *name, const ch
     return false;
 }
 
-static bool named(const struct h2up_field *f, size_t n, const char *name)
+static bool named(const struct conv *c, const char *name)
 {
+    const struct h2up_field *f = c->f;
+    size_t n = c->n;
     for (size_t i = 0; i < n; i++)
         if (f[i].name_len == strlen(name) && memcmp(f[i].name, name, f[i].name_len) == 0)
             return true;
@@ -49,16 +63,13 @@ static bool named(const struct h2up_field *f, size_t n, const char *name)
 Test(h2_fields, names_are_lowercased_and_values_kept)
 {
     const char *lines[] = { "X-Retry-Attempt: 2", "Content-Type: Text/Plain", "X-A: b, C", NULL };
-    struct h2up_field f[8];
-    char names[256];
-    const char *host = NULL;
-    size_t hl = 0;
-    size_t n = convert(lines, f, 8, names, &host, &hl);
-    cr_assert_eq(n, 3);
-    cr_expect(has(f, n, "x-retry-attempt", "2"));
-    cr_expect(has(f, n, "content-type", "Text/Plain"));
-    cr_expect(has(f, n, "x-a", "b, C"));
-    cr_expect_null(host);
+    struct conv c;
+    convert(&c, lines, 8);
+    cr_assert_eq(c.n, 3);
+    cr_expect(has(&c, "x-retry-attempt", "2"));
+    cr_expect(has(&c, "content-type", "Text/Plain"));
+    cr_expect(has(&c, "x-a", "b, C"));
+    cr_expect_null(c.host);
 }
 
 Test(h2_fields, connection_specific_fields_and_host_are_left_out)
@@ -71,51 +82,40 @@ Test(h2_fields, connection_specific_fields_and_host_are_left_out)
                             "Host: api.example.com:8443",
                             "X-Kept: 1",
                             NULL };
-    struct h2up_field f[8];
-    char names[256];
-    const char *host = NULL;
-    size_t hl = 0;
-    size_t n = convert(lines, f, 8, names, &host, &hl);
-    cr_expect_eq(n, 1);
-    cr_expect(has(f, n, "x-kept", "1"));
-    cr_assert_not_null(host);
-    cr_expect_eq(hl, strlen("api.example.com:8443"));
-    cr_expect_eq(memcmp(host, "api.example.com:8443", hl), 0);
+    struct conv c;
+    convert(&c, lines, 8);
+    cr_expect_eq(c.n, 1);
+    cr_expect(has(&c, "x-kept", "1"));
+    cr_assert_not_null(c.host);
+    cr_expect_eq(c.host_len, strlen("api.example.com:8443"));
+    cr_expect_eq(memcmp(c.host, "api.example.com:8443", c.host_len), 0);
 }
 
 Test(h2_fields, te_goes_only_as_trailers)
 {
-    const char *lines[] = { "TE: gzip", NULL };
-    struct h2up_field f[4];
-    char names[64];
-    const char *host = NULL;
-    size_t hl = 0;
-    cr_expect_eq(convert(lines, f, 4, names, &host, &hl), 0);
+    const char *gzip[] = { "TE: gzip", NULL };
+    struct conv g;
+    cr_expect_eq(convert(&g, gzip, 8)->n, 0);
     const char *ok[] = { "TE: Trailers", NULL };
-    size_t n = convert(ok, f, 4, names, &host, &hl);
-    cr_expect_eq(n, 1);
-    cr_expect(has(f, n, "te", "Trailers"));
+    struct conv c;
+    convert(&c, ok, 8);
+    cr_expect_eq(c.n, 1);
+    cr_expect(has(&c, "te", "Trailers"));
 }
 
 Test(h2_fields, removals_and_empty_values_are_left_out_as_curl_does)
 {
     const char *lines[] = { "Accept:", "Expect:", "X-Empty: ", "X-Set: v", NULL };
-    struct h2up_field f[8];
-    char names[256];
-    const char *host = NULL;
-    size_t hl = 0;
-    size_t n = convert(lines, f, 8, names, &host, &hl);
-    cr_expect_eq(n, 1);
-    cr_expect(has(f, n, "x-set", "v"));
-    cr_expect_not(named(f, n, "accept"));
+    struct conv c;
+    convert(&c, lines, 8);
+    cr_expect_eq(c.n, 1);
+    cr_expect(has(&c, "x-set", "v"));
+    cr_expect_not(named(&c, "accept"));
 }
 
 Test(h2_fields, at_most_max_fields)
 {
     const char *lines[] = { "A: 1", "B: 2", "C: 3", NULL };
-    struct h2up_field f[2];
-    char names[64];
-    const char *host = NULL;
-    size_t hl = 0;
-    cr_expect_eq(convert(lines, f, 2, names, &host, &hl), 2);
+    struct conv c;
+    cr_expect_eq(convert(&c, lines, 2)->n, 2);
 }
