@@ -72,7 +72,7 @@ static void bytes_drop(struct bytes *b, size_t n)
 
 struct h2up_origin {
     char *authority;
-    char *key; /* "host:port": connections are shared by key, across snapshots */
+    char *key; /* "host:port@address": connections are shared by key, across snapshots */
     struct sockaddr_storage addr;
     socklen_t addr_len; /* 0: the name did not resolve */
 };
@@ -155,19 +155,23 @@ struct h2up_origin *h2up_origin_new(const char *authority)
         hl = sizeof(host) - 1;
     memcpy(host, a, hl);
     host[hl] = '\0';
-    if (asprintf(&o->key, "%s:%s", host, port) < 0) {
-        o->key = NULL;
-        goto fail;
-    }
     /* Resolved once, with the snapshot (not in a worker: a lookup blocks). */
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
     struct addrinfo *res = NULL;
+    char addr[64] = "";
     if (getaddrinfo(host, port, &hints, &res) == 0 && res && res->ai_addrlen <= sizeof(o->addr)) {
         memcpy(&o->addr, res->ai_addr, res->ai_addrlen);
         o->addr_len = res->ai_addrlen;
+        getnameinfo(res->ai_addr, res->ai_addrlen, addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
     }
     if (res)
         freeaddrinfo(res);
+    /* the address too: after a reload that resolved the name anew, connections to the old
+     * address take no new stream */
+    if (asprintf(&o->key, "%s:%s@%s", host, port, addr) < 0) {
+        o->key = NULL;
+        goto fail;
+    }
     return o;
 fail:
     h2up_origin_free(o);
