@@ -7,6 +7,7 @@
 #include <curl/curl.h>
 
 #include "proxy/headers.h"
+#include "proxy/origin.h"
 
 void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_ops *ops, void *arg)
 {
@@ -219,13 +220,13 @@ static const char *upstream_target(struct attempt *a, const char *base_path, con
     return a->target_buf;
 }
 
-static int launch_h2(struct attempt *a, const struct h2up_origin *o, const char *target,
+static int launch_h2(struct attempt *a, const struct origin *o, const char *target,
                      const struct attempt_req *req, uint64_t connect_timeout_ms);
 
 int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
-    const struct h2up_origin *h2c = upstream_url_h2c(url);
+    const struct origin *h2c = upstream_url_h2c(url);
     if (h2c)
         return launch_h2(a, h2c, upstream_target(a, base_path, req->target), req,
                          connect_timeout_ms);
@@ -381,7 +382,7 @@ size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_
     return n;
 }
 
-static int launch_h2(struct attempt *a, const struct h2up_origin *o, const char *target,
+static int launch_h2(struct attempt *a, const struct origin *o, const char *target,
                      const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
     struct h2up *h = upstream_h2(a->up);
@@ -409,7 +410,7 @@ static int launch_h2(struct attempt *a, const struct h2up_origin *o, const char 
     char *authority = host ? strndup(host, host_len) : NULL;
     struct h2up_req r = { .method = req->method,
                           .path = target,
-                          .authority = authority ? authority : h2up_origin_authority(o),
+                          .authority = authority ? authority : o->authority,
                           .fields = f,
                           .n_fields = n,
                           .has_body = req->body == ATTEMPT_BODY_STREAM,

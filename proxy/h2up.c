@@ -14,7 +14,6 @@
 #include "proxy/h2up.h"
 
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -28,6 +27,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "proxy/dlist.h"
+#include "proxy/origin.h"
 
 /* Bytes of serialized frames held for a full socket before the session is asked for more. */
 #define OUT_SOFT_MAX (64 * 1024)
@@ -69,13 +69,6 @@ static void bytes_drop(struct bytes *b, size_t n)
     memmove(b->p, b->p + n, b->len - n);
     b->len -= n;
 }
-
-struct h2up_origin {
-    char *authority;
-    char *key; /* "host:port@address": connections are shared by key, across snapshots */
-    struct sockaddr_storage addr;
-    socklen_t addr_len; /* 0: the name did not resolve */
-};
 
 struct conn {
     struct conn *prev, *next;
@@ -125,72 +118,6 @@ struct h2up_stream {
     size_t len, off;
     struct bytes kept; /* body bytes a paused owner has not taken (within the stream's window) */
 };
-
-/* ---- origins ---- */
-
-struct h2up_origin *h2up_origin_new(const char *authority)
-{
-    struct h2up_origin *o = calloc(1, sizeof(*o));
-    if (!o || !(o->authority = strdup(authority)))
-        goto fail;
-    char host[256];
-    const char *port = "80";
-    const char *a = authority, *end;
-    if (a[0] == '[') {
-        end = strchr(a, ']');
-        if (!end)
-            end = a + strlen(a);
-        a++;
-        if (*end == ']' && end[1] == ':')
-            port = end + 2;
-    } else {
-        end = strchr(a, ':');
-        if (end)
-            port = end + 1;
-        else
-            end = a + strlen(a);
-    }
-    size_t hl = (size_t)(end - a);
-    if (hl >= sizeof(host))
-        hl = sizeof(host) - 1;
-    memcpy(host, a, hl);
-    host[hl] = '\0';
-    /* Resolved once, with the snapshot (not in a worker: a lookup blocks). */
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
-    struct addrinfo *res = NULL;
-    char addr[64] = "";
-    if (getaddrinfo(host, port, &hints, &res) == 0 && res && res->ai_addrlen <= sizeof(o->addr)) {
-        memcpy(&o->addr, res->ai_addr, res->ai_addrlen);
-        o->addr_len = res->ai_addrlen;
-        getnameinfo(res->ai_addr, res->ai_addrlen, addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
-    }
-    if (res)
-        freeaddrinfo(res);
-    /* the address too: after a reload that resolved the name anew, connections to the old
-     * address take no new stream */
-    if (asprintf(&o->key, "%s:%s@%s", host, port, addr) < 0) {
-        o->key = NULL;
-        goto fail;
-    }
-    return o;
-fail:
-    h2up_origin_free(o);
-    return NULL;
-}
-
-void h2up_origin_free(struct h2up_origin *o)
-{
-    if (!o)
-        return;
-    free(o->authority);
-    free(o->key);
-    free(o);
-}
-
-const char *h2up_origin_authority(const struct h2up_origin *o)
-{
-    return o->authority;
-}
 
 /* ---- streams ---- */
 
@@ -641,7 +568,7 @@ static void settle(struct conn *c)
     }
 }
 
-static struct conn *conn_new(struct h2up *h, const struct h2up_origin *o, uint64_t timeout_ms)
+static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t timeout_ms)
 {
     if (!o->addr_len)
         return NULL;
@@ -706,7 +633,7 @@ static size_t conn_room(const struct conn *c)
 
 /* A connection to 'o' with room, else a new one while under H2UP_MAX_CONNS, else the least
  * loaded (the session queues the stream until the peer allows it). */
-static struct conn *pick(struct h2up *h, const struct h2up_origin *o, uint64_t timeout_ms)
+static struct conn *pick(struct h2up *h, const struct origin *o, uint64_t timeout_ms)
 {
     struct conn *least = NULL;
     size_t n = 0;
@@ -746,10 +673,9 @@ void h2up_free(struct h2up *h)
     free(h);
 }
 
-struct h2up_stream *h2up_start(struct h2up *h, const struct h2up_origin *o,
-                               const struct h2up_req *req, uint64_t connect_timeout_ms,
-                               const struct h2up_ops *ops, void *arg, struct hlist *head,
-                               struct hlist *trailers)
+struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const struct h2up_req *req,
+                               uint64_t connect_timeout_ms, const struct h2up_ops *ops, void *arg,
+                               struct hlist *head, struct hlist *trailers)
 {
     struct conn *c = pick(h, o, connect_timeout_ms);
     if (!c)

@@ -33,7 +33,7 @@
 #define H2UP_PAUSE ((size_t)-1)
 
 struct h2up;
-struct h2up_origin;
+struct origin;
 struct h2up_stream;
 
 /* How a stream ended. */
@@ -74,26 +74,18 @@ struct h2up_req {
     size_t len;
 };
 
-/* "host:port" (port 80 when absent) resolved now, once (the snapshot that names the upstream
- * owns it; a name that does not resolve makes every stream to it H2UP_UNSENT). NULL out of
- * memory. */
-struct h2up_origin *h2up_origin_new(const char *authority);
-void h2up_origin_free(struct h2up_origin *o); /* accepts NULL */
-/* The authority as given. */
-const char *h2up_origin_authority(const struct h2up_origin *o);
-
 /* A worker's pool on 'l', or NULL. */
 struct h2up *h2up_new(struct loop *l);
 /* Closes every connection; every stream must have ended or been cancelled. Accepts NULL. */
 void h2up_free(struct h2up *h);
 
-/* Starts a stream to 'o' (connecting within 'connect_timeout_ms' if need be): the head goes
- * into 'head', trailers into 'trailers' (both the owner's, filled from the loop until 'done'
- * or the cancel). The request is copied. NULL if it could not start (ops->done not called). */
-struct h2up_stream *h2up_start(struct h2up *h, const struct h2up_origin *o,
-                               const struct h2up_req *req, uint64_t connect_timeout_ms,
-                               const struct h2up_ops *ops, void *arg, struct hlist *head,
-                               struct hlist *trailers);
+/* Starts a stream to 'o' (proxy/origin.h; one that did not resolve fails here) (connecting within
+ * 'connect_timeout_ms' if need be): the head goes into 'head', trailers into 'trailers' (both the
+ * owner's, filled from the loop until 'done' or the cancel). The request is copied. NULL if it
+ * could not start (ops->done not called). */
+struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const struct h2up_req *req,
+                               uint64_t connect_timeout_ms, const struct h2up_ops *ops, void *arg,
+                               struct hlist *head, struct hlist *trailers);
 /* Ends the stream without ops->done (RST_STREAM CANCEL if it went out). Not from inside one of
  * its own callbacks. */
 void h2up_cancel(struct h2up_stream *s);

@@ -9,6 +9,7 @@
 
 #include "proxy/dlist.h"
 #include "proxy/h2up.h"
+#include "proxy/origin.h"
 
 /* Idle easy handles kept for reuse; more are freed. Each holds some kilobytes (its buffers):
  * after a burst, upstream_trim() keeps POOL_KEEP. */
@@ -61,7 +62,7 @@ struct upstream {
 /* A parsed upstream origin: curl's URL handle, or an h2c origin of proxy/h2up.h. */
 struct upstream_url {
     CURLU *curl;
-    struct h2up_origin *h2c;
+    struct origin *h2c;
 };
 
 static bool has_slot(const struct upstream *u)
@@ -392,7 +393,7 @@ struct upstream_url *upstream_url_new(const char *origin)
     if (strncmp(origin, "h2c://", 6) == 0) {
         /* "h2c://host:port/": config/schema.c wrote it, with one '/' at the end */
         char *auth = strndup(origin + 6, strcspn(origin + 6, "/"));
-        url->h2c = auth ? h2up_origin_new(auth) : NULL;
+        url->h2c = auth ? origin_new(auth) : NULL;
         free(auth);
         if (!url->h2c)
             goto fail;
@@ -412,7 +413,7 @@ void upstream_url_free(struct upstream_url *url)
     if (!url)
         return;
     curl_url_cleanup(url->curl);
-    h2up_origin_free(url->h2c);
+    origin_free(url->h2c);
     free(url);
 }
 
@@ -422,7 +423,7 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
     curl_easy_setopt(e, CURLOPT_CURLU, url->curl);
 }
 
-const struct h2up_origin *upstream_url_h2c(const struct upstream_url *url)
+const struct origin *upstream_url_h2c(const struct upstream_url *url)
 {
     return url->h2c;
 }

@@ -73,8 +73,8 @@ void upstream_url_free(struct upstream_url *url); /* accepts NULL */
 void upstream_easy_url(CURL *e, const struct upstream_url *url);
 /* An "h2c://host:port/" origin goes through proxy/h2up.h instead of libcurl: its origin
  * there, or NULL for an http or https one. */
-struct h2up_origin;
-const struct h2up_origin *upstream_url_h2c(const struct upstream_url *url);
+struct origin;
+const struct origin *upstream_url_h2c(const struct upstream_url *url);
 /* The worker's h2c sessions (made on first use), or NULL out of memory. */
 struct h2up;
 struct h2up *upstream_h2(struct upstream *u);

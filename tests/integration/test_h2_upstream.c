@@ -217,6 +217,10 @@ Test(h2_upstream, refused_stream_on_a_post_is_retried_and_processed_once)
     const char *h[] = { "X-Request-Id: refused-1", "x-h2-scenario: refuse", "x-h2-fail: 1", NULL };
     expect_answer("POST", "/order", h, "one order", 200, "2");
     cr_expect_eq(h2u_count(h2, "action", "refused"), 1);
+    /* counted as any attempt is: the refused one as a connect failure */
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"connect_failure\"}"),
+                 1);
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 1);
     cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
     json_t *rec = h2u_find(h2, "action", "answered");
     cr_assert_not_null(rec);
@@ -334,19 +338,25 @@ Test(h2_upstream, a_hedged_attempt_wins_and_the_other_stream_is_reset)
     expect_answer("GET", "/after", NULL, NULL, 200, "1");
 }
 
-/* No h2c connection: a connect failure, retried on the next upstream whatever the method. */
+/* No h2c connection (a port nothing listens on, a name that does not resolve): connect
+ * failures, retried on the next upstream whatever the method. */
 Test(h2_upstream, a_refused_connection_is_a_connect_failure_retried_for_a_post)
 {
     h2 = h2u_start();
     struct cfgb *b = cfgb_new();
     char closed[64];
     snprintf(closed, sizeof(closed), "h2c://127.0.0.1:%u", fx_closed_port());
-    cfgb_route(b, "r", "\"upstreams\": [\"%s\", \"%s\"], \"retry\": {" CFG_FAST "}", closed,
-               h2u_url(h2, ""));
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"%s\", \"h2c://nowhere.invalid:80\", \"%s\"], "
+               "\"retry\": {" CFG_FAST "}",
+               closed, h2u_url(h2, ""));
     fx_start_b(b, "--workers", "1", NULL);
     const char *h[] = { "X-Request-Id: closed-1", NULL };
-    expect_answer("POST", "/o", h, "order", 200, "2");
+    expect_answer("POST", "/o", h, "order", 200, "3");
     cr_expect_eq(h2u_count(h2, "request_id", "closed-1"), 1);
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"connect_failure\"}"),
+                 2);
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 1);
 }
 
 static bool answered_once(void *arg)
