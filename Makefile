@@ -118,8 +118,8 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps
 # Two unit suites link less than the whole library, on purpose:
 # - test_retry_decide: the decision (proxy/decide.c) with neither libmicrohttpd nor libcurl
 #   linked, which shows that it needs neither;
-# - test_retry_timers: the request state machine with the upstream attempt and the relay
-#   replaced by the suite's own fakes (proxy/attempt.o and proxy/relay.o left out).
+# - test_retry_timers: the request state machine with the upstream attempt replaced by the
+#   suite's own fakes (proxy/attempt.o left out) and a front end of its own as the client side.
 DECIDE_OBJ := $(filter $(BUILD)/obj/policy/% $(BUILD)/obj/config/%,$(LIB_OBJ)) \
               $(addprefix $(BUILD)/obj/proxy/,decide.o hlist.o headers.o live.o strmap.o)
 $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_OBJ) | deps
@@ -127,7 +127,7 @@ $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_O
 	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags jansson) -o $@ $< $(DECIDE_OBJ) \
 	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
 
-FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,attempt.o relay.o),$(LIB_OBJ))
+FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,attempt.o),$(LIB_OBJ))
 $(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(FAKED_OBJ) $(LDFLAGS_ALL) $(PKG_LIBS) \

@@ -65,11 +65,12 @@ enum cfg_retry_kind {
     CFG_RETRY_TIMEOUT,         /* the per-try timeout passed before response headers */
     CFG_RETRY_STATUS,          /* a status in [lo, hi]: "5xx", "gateway-error", "429", "500-504" */
     CFG_RETRY_HEADER,          /* a response field: "header:NAME" or "header:NAME=VALUE" */
+    CFG_RETRY_GRPC,            /* a gRPC status in [lo, hi]: "unavailable", "grpc:14", "grpc:1-4" */
 };
 
 struct cfg_retry_cond {
     enum cfg_retry_kind kind;
-    uint16_t lo, hi;   /* CFG_RETRY_STATUS only */
+    uint16_t lo, hi;   /* CFG_RETRY_STATUS and CFG_RETRY_GRPC */
     const char *token; /* as written in the file */
     const char *name;  /* CFG_RETRY_HEADER: the field's name (any case matches) */
     const char *value; /* CFG_RETRY_HEADER: the exact value, or NULL for any */

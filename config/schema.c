@@ -621,8 +621,51 @@ static const struct list_kind method_list = {
     .parse = parse_method,
 };
 
-static const char *const retry_on_names[] = { "connect-failure", "reset", "timeout", "5xx",
-                                              "gateway-error" };
+static const char *const retry_on_names[] = {
+    "connect-failure",    "reset",      "timeout",           "5xx",
+    "gateway-error",      "cancelled",  "deadline-exceeded", "internal",
+    "resource-exhausted", "unavailable"
+};
+
+/* 1 to 3 digits -> their value; -1 otherwise. */
+static long grpc_number(const char *s, size_t len)
+{
+    if (len < 1 || len > 3)
+        return -1;
+    long v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+/* "grpc:N" or "grpc:N-M": gRPC statuses by number (1 to 999: 0 is OK, never retried). */
+static int parse_grpc_cond(struct walk *w, const struct at *at, const char *s, size_t len,
+                           struct cfg_retry_cond *c)
+{
+    const char *n = s + 5;
+    size_t nl = len - 5;
+    const char *dash = memchr(n, '-', nl);
+    long lo = grpc_number(n, dash ? (size_t)(dash - n) : nl);
+    long hi = dash ? grpc_number(dash + 1, nl - (size_t)(dash - n) - 1) : lo;
+    if (lo < 1 || hi < 1) {
+        err_at(w, at,
+               "retry_on \"%s\": expected a gRPC status 1 to 999 (\"grpc:14\") or a range "
+               "(\"grpc:1-4\"); 0 is OK and never retried",
+               s);
+        return -1;
+    }
+    if (lo > hi) {
+        err_at(w, at, "range \"%s\" runs backwards; write \"grpc:%ld-%ld\"", s, hi, lo);
+        return -1;
+    }
+    c->kind = CFG_RETRY_GRPC;
+    c->lo = (uint16_t)lo;
+    c->hi = (uint16_t)hi;
+    return 0;
+}
 
 /* "header:NAME" or "header:NAME=VALUE" (Envoy's retriable_headers): a response that carries
  * the field (with exactly that value) is retried whatever its status. */
@@ -677,6 +720,12 @@ static int parse_retry_cond(struct walk *w, const struct at *at, const json_t *v
         { "timeout", CFG_RETRY_TIMEOUT, 0, 0 },
         { "5xx", CFG_RETRY_STATUS, 500, 599 },
         { "gateway-error", CFG_RETRY_STATUS, 502, 504 },
+        /* gRPC statuses by Envoy's names (x-envoy-retry-grpc-on) */
+        { "cancelled", CFG_RETRY_GRPC, 1, 1 },
+        { "deadline-exceeded", CFG_RETRY_GRPC, 4, 4 },
+        { "resource-exhausted", CFG_RETRY_GRPC, 8, 8 },
+        { "internal", CFG_RETRY_GRPC, 13, 13 },
+        { "unavailable", CFG_RETRY_GRPC, 14, 14 },
     };
     struct cfg_retry_cond *c = elem;
     const char *s = json_string_value(v);
@@ -684,6 +733,8 @@ static int parse_retry_cond(struct walk *w, const struct at *at, const json_t *v
     c->token = arena_strdup(w->a, s);
     if (len >= 7 && strncmp(s, "header:", 7) == 0)
         return parse_header_cond(w, at, s, len, c);
+    if (len >= 5 && strncmp(s, "grpc:", 5) == 0)
+        return parse_grpc_cond(w, at, s, len, c);
     for (size_t i = 0; i < COUNT(named); i++) {
         if (strcmp(s, named[i].name) == 0) {
             c->kind = named[i].kind;
@@ -702,7 +753,7 @@ static int parse_retry_cond(struct walk *w, const struct at *at, const json_t *v
         else
             err_at(w, at,
                    "unknown retry_on condition \"%s\" (expected %s, a status such as \"429\", "
-                   "a range such as \"500-599\" or \"header:NAME\")",
+                   "a range such as \"500-599\", \"header:NAME\" or \"grpc:N\")",
                    s, join(&w->tmp, retry_on_names, COUNT(retry_on_names)));
         return -1;
     }
@@ -1043,8 +1094,10 @@ static const struct field retry_fields[] = {
     LIST_FIELD("retry_on", struct cfg_retry, on, n_on, retry_on_list, 0, NULL,
                "[\"connect-failure\", \"reset\", \"timeout\", \"gateway-error\", \"429\"]",
                "connect-failure, reset, timeout, 5xx, gateway-error, a status (\"429\"), a "
-               "range (\"500-599\") or a response header (\"header:NAME\", "
-               "\"header:NAME=VALUE\")"),
+               "range (\"500-599\"), a response header (\"header:NAME\", "
+               "\"header:NAME=VALUE\"), or on gRPC calls a gRPC status: cancelled, "
+               "deadline-exceeded, resource-exhausted, internal, unavailable, \"grpc:N\", "
+               "\"grpc:N-M\" (docs/grpc.md)"),
     SET_FIELD("methods", struct cfg_retry, methods, method_list, 0, NULL,
               "[\"GET\", \"HEAD\", \"OPTIONS\", \"PUT\", \"DELETE\", \"TRACE\"]",
               "methods retried once bytes reached the upstream (connect-failure retries every "

@@ -106,8 +106,9 @@ static size_t head_end(struct attempt *a, size_t len)
 }
 
 /* "name: value", or an obs-fold continuing the previous value (RFC 9112 5.2: a proxy replaces
- * it by a space before anything reads the value). */
-static size_t field_line(struct attempt *a, const char *b, size_t len)
+ * it by a space before anything reads the value), into the head or, after the body, 'into'
+ * the trailers. */
+static size_t field_line(struct attempt *a, struct hlist *into, const char *b, size_t len)
 {
     size_t end = len;
     while (end > 0 && (b[end - 1] == '\r' || b[end - 1] == '\n'))
@@ -122,26 +123,9 @@ static size_t field_line(struct attempt *a, const char *b, size_t len)
     if (!hdr_value_valid_n(v, vl))
         return bad_head(a);
     if (fold)
-        return hlist_extend_last(&a->head, v, vl) < 0 ? bad_head(a) : len;
-    if (hlist_add(&a->head, b, (size_t)(colon - b), v, vl) < 0)
+        return hlist_extend_last(into, v, vl) < 0 ? bad_head(a) : len;
+    if (hlist_add(into, b, (size_t)(colon - b), v, vl) < 0)
         return 0; /* too many or too large: abort, seen as a reset */
-    return len;
-}
-
-/* A trailer field line, after the body (libcurl passes them through the header callback):
- * kept in a->trailers; a malformed or excess one is dropped, the body being complete. */
-static size_t trailer_line(struct attempt *a, const char *b, size_t len)
-{
-    size_t end = len;
-    while (end > 0 && (b[end - 1] == '\r' || b[end - 1] == '\n'))
-        end--;
-    const char *colon = memchr(b, ':', end);
-    if (!colon || !hdr_name_valid_n(b, (size_t)(colon - b)))
-        return len; /* the blank line that ends them, or not a field */
-    size_t vl = (size_t)(b + end - colon - 1);
-    const char *v = hdr_trim(colon + 1, &vl);
-    if (hdr_value_valid_n(v, vl))
-        hlist_add(&a->trailers, b, (size_t)(colon - b), v, vl);
     return len;
 }
 
@@ -149,15 +133,16 @@ static size_t on_header(char *b, size_t size, size_t n, void *ud)
 {
     struct attempt *a = ud;
     size_t len = size * n;
-    if (a->head_done)
-        return trailer_line(a, b, len); /* trailers of a response already reported */
+    if (a->head_done) /* trailers, after the body (HTTP/1.1 chunked, HTTP/2) */
+        return len <= 2 && (b[0] == '\r' || b[0] == '\n') ? len
+                                                          : field_line(a, &a->trailers, b, len);
     if (len >= 5 && memcmp(b, "HTTP/", 5) == 0)
         return status_line(a, b, len);
     if (a->status == 0)
         return bad_head(a); /* a field before any status line */
     if (len <= 2 && (b[0] == '\r' || b[0] == '\n'))
         return head_end(a, len);
-    return field_line(a, b, len);
+    return field_line(a, &a->head, b, len);
 }
 
 /* What the owner's callback returned, in curl's terms: ATTEMPT_PAUSE pauses that direction

@@ -37,7 +37,7 @@ struct attempt_ops {
     /* A slot is free for the attempt queued by attempt_queue(): launch it now. */
     void (*go)(struct attempt *a);
     /* The response head is complete and well formed: a->status and a->head are set. Field
-     * lines that come later (trailers) are not reported. */
+     * lines that come after the body (trailers) are in a->trailers when ops->done is called. */
     void (*head)(struct attempt *a);
     /* Body bytes: returns how many were taken (all of them, 0 to stop the transfer), or
      * ATTEMPT_PAUSE to get the same bytes again after attempt_resume_body(). */
@@ -71,7 +71,7 @@ struct attempt {
     unsigned sends;            /* times curl was about to send this attempt's request */
     int status;                /* the response's, once its status line came */
     struct hlist head;         /* the response's header fields */
-    struct hlist trailers;     /* its trailer fields, once its body is in (not used yet) */
+    struct hlist trailers;     /* and its trailer fields, once the body is complete */
     bool head_done;            /* the head was reported: later field lines are trailers */
     bool bad_head;             /* the response head was malformed or ambiguous */
     bool no_body;              /* a HEAD request: no response body follows, whatever its head */

@@ -46,14 +46,14 @@ static bool has_field(const struct hlist *head, const struct cfg_retry_cond *c)
 }
 
 const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
-                                         int status, const struct hlist *head)
+                                         int status, const struct hlist *head, int grpc)
 {
-    return retry_match_on(r->on, r->n_on, o, status, head);
+    return retry_match_on(r->on, r->n_on, o, status, head, grpc);
 }
 
 const struct cfg_retry_cond *retry_match_on(const struct cfg_retry_cond *on, size_t n,
                                             enum retry_outcome o, int status,
-                                            const struct hlist *head)
+                                            const struct hlist *head, int grpc)
 {
     for (size_t i = 0; i < n; i++) {
         const struct cfg_retry_cond *c = &on[i];
@@ -78,6 +78,10 @@ const struct cfg_retry_cond *retry_match_on(const struct cfg_retry_cond *on, siz
             if (o == RETRY_OUT_STATUS && has_field(head, c))
                 return c;
             break;
+        case CFG_RETRY_GRPC:
+            if (o == RETRY_OUT_STATUS && grpc >= c->lo && grpc <= c->hi)
+                return c;
+            break;
         }
     }
     return NULL;
@@ -99,13 +103,15 @@ static bool wait_passes_drain(const struct decide_budgets *b, uint64_t now_ms, u
 void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct retry_verdict *v)
 {
     memset(v, 0, sizeof(*v));
-    v->fired = retry_match(r, f->outcome, f->status, f->head);
+    v->fired = retry_match(r, f->outcome, f->status, f->head, f->grpc_status);
     if (!v->fired)
         return;
 
-    /* Nothing was sent on a connect failure, so any method and any body may go again. */
+    /* Nothing was sent on a connect failure, so any method and any body may go again. A gRPC
+     * call is a POST: a status its server returned is retried by that status, which says the
+     * call may go again (gRFC A6), whatever retry.methods says. */
     bool sent = f->outcome != RETRY_OUT_CONNECT_FAILURE;
-    if (sent && !f->method_retryable) {
+    if (sent && !f->method_retryable && v->fired->kind != CFG_RETRY_GRPC) {
         v->stop = RETRY_STOP_NOT_RETRYABLE;
         return;
     }
@@ -174,7 +180,8 @@ void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct re
     struct live_backoff_mark mark = { 0 };
     struct backoff_seq seq = *d->seq;
     f->backoff_ms = 0;
-    if (retry_match(policy, f->outcome, f->status, f->head) && f->attempts < f->max_attempts)
+    if (retry_match(policy, f->outcome, f->status, f->head, f->grpc_status) &&
+        f->attempts < f->max_attempts)
         f->backoff_ms = route_scope ? live_route_backoff_peek(d->live, &policy->backoff, f->now_ms,
                                                               d->rng, &mark)
                                     : backoff_seq_next(&seq, &policy->backoff, f->now_ms, d->rng);

@@ -49,6 +49,7 @@ struct retry_facts {
     enum retry_outcome outcome;
     int status;               /* RETRY_OUT_STATUS only */
     const struct hlist *head; /* the response's fields (RETRY_OUT_STATUS), else NULL */
+    int grpc_status;          /* a gRPC call's status (headers or trailers); -1: none */
     bool method_retryable;    /* in retry.methods, or carries Idempotency-Key (when honoured) */
     bool body_replayable;     /* no body, or one buffered whole */
     uint32_t attempts;        /* attempts made, this one included */
@@ -73,13 +74,14 @@ struct retry_verdict {
 };
 
 /* The retry_on condition of 'r' that names this outcome, in file order, or NULL. 'head' is
- * the response's fields (NULL without a response), for the header conditions. */
+ * the response's fields (NULL without a response), for the header conditions; 'grpc' the gRPC
+ * status of a gRPC call's response (from its headers or its trailers; -1: none). */
 const struct cfg_retry_cond *retry_match(const struct cfg_retry *r, enum retry_outcome o,
-                                         int status, const struct hlist *head);
+                                         int status, const struct hlist *head, int grpc);
 /* The same over any list of 'n' retry_on conditions (routes[].ejection.on as well). */
 const struct cfg_retry_cond *retry_match_on(const struct cfg_retry_cond *on, size_t n,
                                             enum retry_outcome o, int status,
-                                            const struct hlist *head);
+                                            const struct hlist *head, int grpc);
 
 /* The policy's rules alone (method, body, attempts, pushback, Retry-After, deadline), with the
  * delay the caller looked up in f->backoff_ms. When no condition fires, the attempt is final and

@@ -14,13 +14,13 @@ uint64_t eject_mask(const struct rt_route *x, size_t n_upstreams, uint64_t now_m
 }
 
 void eject_record(const struct rt_route *x, const struct cfg_route *r, const struct cfg_upstream *u,
-                  enum retry_outcome o, int status, const struct hlist *head, uint64_t now_ms,
-                  struct rng *rng)
+                  enum retry_outcome o, int status, const struct hlist *head, int grpc,
+                  uint64_t now_ms, struct rng *rng)
 {
     if (!x->health || !u)
         return;
     const struct cfg_ejection *e = &r->ejection;
-    bool failed = retry_match_on(e->on, e->n_on, o, status, head) != NULL;
+    bool failed = retry_match_on(e->on, e->n_on, o, status, head, grpc) != NULL;
     struct live_upstream *lu = x->health[u - r->upstreams];
     if (!live_upstream_record(lu, &e->health, failed, now_ms, rng))
         return;

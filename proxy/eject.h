@@ -22,7 +22,7 @@ uint64_t eject_mask(const struct rt_route *x, size_t n_upstreams, uint64_t now_m
  * response's fields 'head' for RETRY_OUT_STATUS): a failure when r->ejection.on names it, else a
  * success. Nothing when the route's ejection is off. */
 void eject_record(const struct rt_route *x, const struct cfg_route *r, const struct cfg_upstream *u,
-                  enum retry_outcome o, int status, const struct hlist *head, uint64_t now_ms,
-                  struct rng *rng);
+                  enum retry_outcome o, int status, const struct hlist *head, int grpc,
+                  uint64_t now_ms, struct rng *rng);
 
 #endif

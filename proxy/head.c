@@ -5,6 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "proxy/grpc.h"
 #include "proxy/headers.h"
 
 /* CR, LF and other control bytes in a field make the request a 400. A NUL cannot reach the
@@ -24,6 +25,7 @@ static const struct {
     [HF_REQUEST_ID] = { "X-Request-Id", 12 },
     [HF_ACCEPT] = { "Accept", 6 },
     [HF_CONTENT_TYPE] = { "Content-Type", 12 },
+    [HF_GRPC_TIMEOUT] = { "grpc-timeout", 12 },
 };
 
 static void scan_field(void *arg, const char *k, size_t k_len, const char *v, size_t v_len)
@@ -196,6 +198,7 @@ struct fwd {
     const struct head_scan *s;
     const char *deadline_header; /* the route's, sent by the proxy: never the client's */
     bool drop_underscored;       /* limits.headers_with_underscores is "drop" */
+    bool grpc;                   /* a gRPC call: grpc-timeout is the proxy's to send */
     char *xff;                   /* the X-Forwarded-For values joined, the peer's address to come */
     size_t xff_len, xff_cap;
 };
@@ -209,6 +212,7 @@ static bool dropped_on_the_way_up(const char *k, size_t kl, const struct fwd *f)
         HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
         HDR_NAME_IS(k, kl, "X-Request-Id") || HDR_NAME_IS(k, kl, "X-Retry-Timeout-Ms") ||
         (f->deadline_header && hdr_name_eq(k, f->deadline_header)) ||
+        (f->grpc && HDR_NAME_IS(k, kl, "grpc-timeout")) ||
         (f->drop_underscored && memchr(k, '_', kl)))
         return true;
     return head_connection_names(s, k);
@@ -238,7 +242,7 @@ static void forward_field(void *arg, const char *k, size_t kl, const char *v, si
 
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
                   const char *peer, const char *request_id, bool preserve_host,
-                  const char *deadline_header, bool drop_underscored)
+                  const char *deadline_header, bool drop_underscored, bool grpc)
 {
     size_t peer_len = strlen(peer);
     /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
@@ -260,6 +264,7 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
                      .s = s,
                      .deadline_header = deadline_header,
                      .drop_underscored = drop_underscored,
+                     .grpc = grpc,
                      .xff = b.text + cap,
                      .xff_cap = xff_cap };
     each(src, forward_field, &f);
@@ -289,6 +294,7 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     h->deadline_name_len = deadline_header ? strlen(deadline_header) : 0;
     if (h->deadline_name_len > sizeof(((struct head_attempt *)0)->deadline_hdr) - 24)
         h->deadline_name_len = 0; /* cannot happen: the schema bounds the name to 64 bytes */
+    h->grpc_timeout = grpc;
     return 0;
 }
 
@@ -304,8 +310,15 @@ struct curl_slist *head_up_attempt(const struct head_up *h, struct head_attempt 
         memcpy(t->deadline_hdr + h->deadline_name_len, ": ", 2);
         hdr_utoa(wait_ms, t->deadline_hdr + h->deadline_name_len + 2);
         t->deadline_node.data = t->deadline_hdr;
-        t->deadline_node.next = h->list;
+        t->deadline_node.next = t->attempt_node.next;
         t->attempt_node.next = &t->deadline_node;
+    }
+    if (h->grpc_timeout) {
+        memcpy(t->grpc_hdr, "grpc-timeout: ", 14);
+        grpc_timeout_format(wait_ms, t->grpc_hdr + 14);
+        t->grpc_node.data = t->grpc_hdr;
+        t->grpc_node.next = t->attempt_node.next;
+        t->attempt_node.next = &t->grpc_node;
     }
     return &t->attempt_node;
 }

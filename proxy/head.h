@@ -28,6 +28,7 @@ enum head_field {
     HF_REQUEST_ID,   /* X-Request-Id */
     HF_ACCEPT,
     HF_CONTENT_TYPE,
+    HF_GRPC_TIMEOUT, /* grpc-timeout (docs/grpc.md) */
     HF_COUNT
 };
 
@@ -80,24 +81,27 @@ struct head_up {
     char *block;               /* one allocation: the nodes, then their text */
     const char *deadline_name; /* the route's (its snapshot outlives the request); NULL: none */
     size_t deadline_name_len;  /* at most 64 bytes (config/schema.c) */
+    bool grpc_timeout;         /* a gRPC call: each attempt carries its own grpc-timeout */
 };
 
 /* One attempt's own fields, ahead of the shared list. */
 struct head_attempt {
-    struct curl_slist attempt_node, deadline_node;
+    struct curl_slist attempt_node, deadline_node, grpc_node;
     char attempt_hdr[40];
     char deadline_hdr[96]; /* the name, ": ", the value */
+    char grpc_hdr[32];     /* "grpc-timeout: " and the value */
 };
 
 /* Builds it. 'peer' is the client's address ("" if unknown); 'deadline_header' the route's
  * (NULL: none); 'drop_underscored': fields whose name has an underscore are left out
- * (limits.headers_with_underscores "drop"). 0, or -1 out of memory. */
+ * (limits.headers_with_underscores "drop"); 'grpc': a gRPC call, whose grpc-timeout the proxy
+ * sets per attempt in place of the client's. 0, or -1 out of memory. */
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
                   const char *peer, const char *request_id, bool preserve_host,
-                  const char *deadline_header, bool drop_underscored);
+                  const char *deadline_header, bool drop_underscored, bool grpc);
 /* The list attempt number 'attempt' sends, its own fields in 't' (which must live as long as
  * the attempt's transfer): X-Retry-Attempt, and the deadline header's value 'wait_ms', how long
- * the proxy will wait for this attempt's answer. */
+ * the proxy will wait for this attempt's answer (on a gRPC call, grpc-timeout too). */
 struct curl_slist *head_up_attempt(const struct head_up *h, struct head_attempt *t,
                                    uint32_t attempt, uint64_t wait_ms);
 void head_up_free(struct head_up *h);

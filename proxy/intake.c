@@ -42,16 +42,19 @@ void intake_fini(struct intake *in)
     ring_free(&in->queue);
 }
 
-int intake_plan(struct intake *in, bool has_body, int64_t content_length, uint64_t max_retry)
+int intake_plan(struct intake *in, bool has_body, int64_t content_length, uint64_t max_retry,
+                bool tee)
 {
     in->content_length = content_length;
     if (!has_body)
         in->mode = INTAKE_NONE;
+    else if (tee)
+        in->mode = INTAKE_TEE; /* its replay copy grows as it comes, up to max_retry */
     else if (content_length < 0 || (uint64_t)content_length <= max_retry)
         in->mode = INTAKE_BUFFER; /* chunked: buffered until it proves too large */
     else
         in->mode = INTAKE_STREAM;
-    if (in->mode != INTAKE_BUFFER || content_length <= 0)
+    if (in->mode != INTAKE_BUFFER || content_length <= 0 || (uint64_t)content_length > max_retry)
         return 0;
     if (!hold(in, (size_t)content_length)) {
         in->mode = INTAKE_STREAM; /* no room left for replay: this body goes once */
@@ -73,8 +76,8 @@ enum intake_took intake_buffer(struct intake *in, const char *data, size_t n, ui
             cap *= 2;
     }
     if (in->len + n > max_retry || !hold(in, cap)) {
-        /* A chunked body outgrew the replay limit, or the process's: it streams, what was
-         * buffered first. */
+        /* A chunked body (or a tee'd one) outgrew the replay limit, or the process's: it
+         * streams, what was buffered first. */
         in->mode = INTAKE_STREAM;
         return INTAKE_OVERFLOW;
     }

@@ -1,6 +1,7 @@
 /* intake -- the request body on its way in: buffered whole so that a retry can send it again
  * (up to retry.max_retry_body_bytes, and within limits.max_buffered_body_bytes for the whole
- * process), or streamed once through a bounded queue when it cannot be (docs/forwarding.md).
+ * process), or streamed once through a bounded queue when it cannot be (docs/forwarding.md),
+ * or, for a gRPC call, streamed as it arrives while a copy is kept for a retry (docs/grpc.md).
  */
 #ifndef RETRYPROXY_PROXY_INTAKE_H
 #define RETRYPROXY_PROXY_INTAKE_H
@@ -26,6 +27,8 @@ enum intake_mode {
     INTAKE_NONE,   /* no body */
     INTAKE_BUFFER, /* buffered whole: every attempt sends it */
     INTAKE_STREAM, /* streamed once: what was buffered first, then the queue */
+    INTAKE_TEE,    /* streamed as it arrives, every byte kept for a replay: INTAKE_STREAM once
+                    * it outgrows the replay limit */
 };
 
 struct intake {
@@ -45,15 +48,17 @@ void intake_init(struct intake *in, const struct intake_pool *pool);
 void intake_fini(struct intake *in);
 
 /* Chooses how a body of 'content_length' bytes (-1: chunked, 'has_body' false: none) is
- * taken: buffered when it may be retried and fits, else streamed. 0, or -1 out of memory. */
-int intake_plan(struct intake *in, bool has_body, int64_t content_length, uint64_t max_retry);
+ * taken: buffered when it may be retried and fits, else streamed; with 'tee', streamed while
+ * kept (INTAKE_TEE). 0, or -1 out of memory. */
+int intake_plan(struct intake *in, bool has_body, int64_t content_length, uint64_t max_retry,
+                bool tee);
 
 enum intake_took {
     INTAKE_TOOK,     /* buffered */
     INTAKE_OVERFLOW, /* too large to buffer: the body now streams, nothing taken */
     INTAKE_NOMEM,
 };
-/* Buffers 'n' more bytes of an INTAKE_BUFFER body. */
+/* Buffers 'n' more bytes of an INTAKE_BUFFER or INTAKE_TEE body. */
 enum intake_took intake_buffer(struct intake *in, const char *data, size_t n, uint64_t max_retry);
 /* Queues up to 'n' bytes of a streamed body; returns how many fit. */
 size_t intake_queue(struct intake *in, const char *data, size_t n);
@@ -69,6 +74,11 @@ static inline void intake_rewind(struct intake *in)
 static inline bool intake_replayable(const struct intake *in)
 {
     return in->mode != INTAKE_STREAM || !in->started;
+}
+/* Whether the body goes to the upstream as it arrives (an attempt starts with the head). */
+static inline bool intake_streams(const struct intake *in)
+{
+    return in->mode == INTAKE_STREAM || in->mode == INTAKE_TEE;
 }
 
 #endif

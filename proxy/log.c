@@ -434,6 +434,12 @@ static void render_request(struct sink *s, const struct log_request *r, bool jso
     field_str(s, json, "upstream", " upstream=", r->upstream, lim);
     field_str(s, json, "stop", " stop=", r->stop, lim);
     field_str(s, json, "request_id", " id=", r->request_id, lim);
+    if (r->protocol)
+        field_str(s, json, "protocol", " proto=", r->protocol, lim);
+    if (r->grpc && r->grpc_status >= 0)
+        field_u64(s, json, "grpc_status", " grpc=", (uint64_t)r->grpc_status);
+    else if (r->grpc)
+        field_str(s, json, "grpc_status", " grpc=", NULL, lim);
     put_lit(s, json ? "}\n" : "\n");
 }
 

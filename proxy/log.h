@@ -50,6 +50,9 @@ struct log_request {
     const char *upstream; /* the upstream of the last attempt (its URL) */
     const char *stop;     /* the X-Retry-Stop value, or NULL */
     const char *request_id;
+    const char *protocol; /* the client's: "HTTP/1.1", "HTTP/2" (NULL: not written) */
+    bool grpc;            /* a gRPC call: its status is written ... */
+    int grpc_status;      /* ... this one, or null when -1 (it ended without one) */
 };
 void log_request(struct log_buf *b, const struct log_request *r);
 

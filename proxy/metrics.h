@@ -78,6 +78,17 @@ unsigned metrics_reason(struct metrics_route *r, const char *token);
 void metrics_request(struct metrics_route *r, unsigned w, int code);
 /* attempts_total{route, outcome} */
 void metrics_attempt(struct metrics_route *r, unsigned w, enum metrics_outcome o);
+
+/* The client protocol of a request answered (requests_by_protocol_total). */
+enum metrics_proto { METRICS_HTTP1, METRICS_HTTP2, METRICS_PROTO_COUNT };
+void metrics_protocol(struct metrics_route *r, unsigned w, enum metrics_proto p);
+
+/* The status a gRPC call ended with (grpc_responses_total): 0 to 16 by number, any other as
+ * "other", -1 (none: the call ended without one) as "none". */
+#define METRICS_GRPC_OTHER 17
+#define METRICS_GRPC_NONE  18
+#define METRICS_GRPC_COUNT 19
+void metrics_grpc(struct metrics_route *r, unsigned w, int status);
 /* retries_total{route, reason} */
 void metrics_retry(struct metrics_route *r, unsigned w, unsigned reason);
 /* retry_success_total{route}: a request that succeeded after at least one retry */

@@ -63,5 +63,3 @@ void origin_free(struct origin *o)
     free(o->key);
     free(o);
 }
-
-

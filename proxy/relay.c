@@ -7,7 +7,10 @@
 
 #include <microhttpd.h>
 
+#include "proxy/grpc.h"
 #include "proxy/headers.h"
+#include "proxy/retry.h"
+#include "proxy/ring.h"
 
 /* libmicrohttpd asks the content reader for at most this much at a time. */
 #define READER_BLOCK (32 * 1024)
@@ -15,23 +18,70 @@
  * buffer has this much room, a paused upstream may go on. */
 #define UPSTREAM_WRITE_MAX (16 * 1024)
 
-void relay_init(struct relay *rl, struct MHD_Connection *c, struct loop *l, void (*kick)(void *),
-                void *kick_arg, const struct relay_ops *ops, void *arg)
+/* Response bytes waiting for the client; when full, the upstream is paused (backpressure). */
+#define RELAY_BUFFER (64 * 1024)
+
+/* Relay flags (struct relay 'flags'). */
+enum {
+    RL_SUSPENDED = 1u << 0,  /* the connection is suspended by us */
+    RL_IN_HANDLER = 1u << 1, /* inside the access handler: an answer is queued on leaving */
+    RL_BEGUN = 1u << 2,      /* the head went to the core */
+    RL_ENDED = 1u << 3,      /* ... and the body's end: the upstream side has the request */
+    RL_READER = 1u << 4,     /* suspended because the body reader found nothing to send */
+    RL_UPLOAD = 1u << 5,     /* suspended until the upstream takes upload bytes */
+    RL_COLLECT = 1u << 6,    /* holding a short body back to answer it in one piece */
+    RL_DOWN_DONE = 1u << 7,  /* the upstream's body is complete */
+    RL_DOWN_FAIL = 1u << 8,  /* ... or broke off: the client must see a truncation */
+    RL_WATCHED = 1u << 9,    /* the client's socket is watched (backoff wait) */
+};
+
+/* f.answered: an answer is ready ('resp'; NULL: close the connection); f.sent: it was handed
+ * to libmicrohttpd. */
+struct relay {
+    struct front f;
+    struct MHD_Connection *conn; /* NULL once libmicrohttpd is done with it */
+    struct loop *loop;
+    void (*kick)(void *); /* makes libmicrohttpd run this turn (after a resume) */
+    void *kick_arg;
+    unsigned flags;
+    int status;                /* of the streamed response */
+    const struct hlist *head;  /* its fields (the core keeps them until the request ends) */
+    struct front_tag tag;      /* what its answer carries */
+    struct MHD_Response *resp; /* the answer, until queued */
+    struct ring down;          /* body bytes for the client */
+    struct loop_watch client_w;
+};
+
+static const struct front_ops relay_ops;
+
+static struct relay *of_front(struct front *f)
 {
-    memset(rl, 0, sizeof(*rl));
+    return (struct relay *)f;
+}
+
+struct relay *relay_new(struct worker *w, struct loop *l, void (*kick)(void *), void *kick_arg,
+                        struct MHD_Connection *c, const char *raw_target, const char *peer,
+                        enum wire_reason refused)
+{
+    struct front *f =
+        retry_req_new(w, &relay_ops, sizeof(struct relay), FRONT_HTTP1, raw_target, peer, refused);
+    if (!f)
+        return NULL;
+    struct relay *rl = of_front(f);
     rl->conn = c;
     rl->loop = l;
     rl->kick = kick;
     rl->kick_arg = kick_arg;
-    rl->ops = ops;
-    rl->arg = arg;
     rl->down.max = RELAY_BUFFER;
+    return rl;
 }
 
-void relay_fini(struct relay *rl)
+static void relay_unwatch(struct front *f);
+
+static void relay_fini(struct front *f)
 {
-    relay_unwatch(rl);
-    ring_free(&rl->down);
+    relay_unwatch(f);
+    ring_free(&of_front(f)->down);
 }
 
 struct each {
@@ -48,17 +98,18 @@ static enum MHD_Result each_field(void *cls, enum MHD_ValueKind kind, const char
     return MHD_YES;
 }
 
-void relay_each_field(struct relay *rl,
-                      void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
-                      void *arg)
+static void relay_fields(struct front *f,
+                         void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
+                         void *arg)
 {
+    struct relay *rl = of_front(f);
     struct each e = { fn, arg };
     MHD_get_connection_values_n(rl->conn, MHD_HEADER_KIND, each_field, &e);
 }
 
 /* ---- answers ---- */
 
-static void add_tag(struct MHD_Response *resp, const struct relay_tag *tag)
+static void add_tag(struct MHD_Response *resp, const struct front_tag *tag)
 {
     if (tag->close)
         MHD_add_response_header(resp, "Connection", "close"); /* no more requests here */
@@ -79,7 +130,7 @@ static void add_tag(struct MHD_Response *resp, const struct relay_tag *tag)
 /* Resumes the suspended connection and has libmicrohttpd look at it this turn. */
 static void resume(struct relay *rl)
 {
-    relay_unwatch(rl); /* libmicrohttpd watches the socket again */
+    relay_unwatch(&rl->f); /* libmicrohttpd watches the socket again */
     rl->flags &= ~(RL_SUSPENDED | RL_UPLOAD | RL_READER);
     MHD_resume_connection(rl->conn);
     rl->kick(rl->kick_arg);
@@ -97,20 +148,43 @@ static void answer(struct relay *rl, struct MHD_Response *resp, unsigned status)
 {
     /* resp NULL (out of memory): closing the connection is the only honest answer left */
     rl->resp = resp;
-    rl->resp_status = status;
-    rl->flags |= RL_ANSWERED;
+    rl->f.status = status;
+    rl->f.answered = true;
     if (!(rl->flags & RL_IN_HANDLER) && (rl->flags & RL_SUSPENDED) && rl->conn)
         resume(rl);
 }
 
-void relay_close(struct relay *rl, unsigned status)
+static void relay_reset(struct front *f, unsigned status)
 {
-    answer(rl, NULL, status);
+    answer(of_front(f), NULL, status);
 }
 
-void relay_error(struct relay *rl, unsigned status, const char *code, const char *route,
-                 const char *message, const struct relay_tag *tag)
+/* An error on a gRPC call: a Trailers-Only response, its status in the head (docs/grpc.md). */
+static void grpc_error(struct relay *rl, unsigned status, const char *code, const char *message,
+                       const struct front_tag *tag)
 {
+    char n[8], msg[512];
+    hdr_utoa(grpc_code_of_error(code, status), n);
+    grpc_message_encode(message, msg, sizeof(msg));
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (resp) {
+        MHD_add_response_header(resp, "Content-Type", "application/grpc");
+        MHD_add_response_header(resp, "grpc-status", n);
+        MHD_add_response_header(resp, "grpc-message", msg);
+        add_tag(resp, tag);
+    }
+    answer(rl, resp, 200);
+}
+
+static void relay_error(struct front *f, unsigned status, const char *code, const char *route,
+                        const char *message, const struct front_tag *tag)
+{
+    struct relay *rl = of_front(f);
+    if (f->grpc) {
+        grpc_error(rl, status, code, message, tag);
+        return;
+    }
     char rname[160] = "null";
     if (route)
         snprintf(rname, sizeof(rname), "\"%s\"", route); /* names need no escaping */
@@ -135,7 +209,7 @@ void relay_error(struct relay *rl, unsigned status, const char *code, const char
  * Envoy's always_set_request_id_in_response does), and any named in a Connection field; then
  * ours. */
 static void copy_fields(struct MHD_Response *resp, const struct hlist *h,
-                        const struct relay_tag *tag)
+                        const struct front_tag *tag)
 {
     bool has_connection = hlist_get(h, "Connection") != NULL;
     size_t pos = 0;
@@ -166,12 +240,15 @@ static ssize_t never_read(void *cls, uint64_t pos, char *buf, size_t max)
     return MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
-void relay_saved(struct relay *rl, int status, const struct hlist *h, const char *body, size_t len,
-                 const struct relay_tag *tag)
+/* HTTP/1.1 trailers would need a chunked response: they are not relayed (relay_end). */
+static void relay_saved(struct front *f, int status, const struct hlist *h, const char *body,
+                        size_t len, const struct hlist *trailers, const struct front_tag *tag)
 {
+    (void)trailers;
+    struct relay *rl = of_front(f);
     struct MHD_Response *resp;
     int64_t cl = hlist_content_length(h);
-    if (rl->is_head && cl >= 0)
+    if (rl->f.is_head && cl >= 0)
         /* HEAD: the upstream's length, and no body (libmicrohttpd never reads it). */
         resp = MHD_create_response_from_callback((uint64_t)cl, 1024, never_read, NULL, NULL);
     else
@@ -187,7 +264,7 @@ void relay_saved(struct relay *rl, int status, const struct hlist *h, const char
 static void release_reader(void *cls)
 {
     struct relay *rl = cls;
-    rl->ops->release(rl);
+    retry_req_release(rl->f.req);
 }
 
 static void resume_reader(struct relay *rl)
@@ -206,7 +283,7 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
     if (rl->down.len) {
         size_t n = ring_get(&rl->down, buf, max);
         if (ring_space(&rl->down) >= UPSTREAM_WRITE_MAX)
-            rl->ops->room(rl);
+            retry_req_room(rl->f.req);
         return (ssize_t)n;
     }
     if (rl->flags & RL_DOWN_FAIL)
@@ -223,13 +300,13 @@ static void start_streaming(struct relay *rl)
 {
     int64_t cl = hlist_content_length(rl->head);
     uint64_t size = MHD_SIZE_UNKNOWN;
-    if (cl >= 0 && (rl->is_head || status_has_body(rl->status)))
+    if (cl >= 0 && (rl->f.is_head || status_has_body(rl->status)))
         size = (uint64_t)cl;
     rl->flags &= ~RL_COLLECT;
     struct MHD_Response *resp =
         MHD_create_response_from_callback(size, READER_BLOCK, read_body, rl, release_reader);
     if (resp) {
-        rl->ops->hold(rl); /* the reader's, until release_reader() */
+        retry_req_hold(rl->f.req); /* the reader's, until release_reader() */
         copy_fields(resp, rl->head, &rl->tag);
     }
     answer(rl, resp, (unsigned)rl->status);
@@ -254,14 +331,15 @@ static void answer_collected(struct relay *rl)
     answer(rl, resp, (unsigned)rl->status);
 }
 
-void relay_response(struct relay *rl, int status, const struct hlist *h,
-                    const struct relay_tag *tag)
+static void relay_response(struct front *f, int status, const struct hlist *h,
+                           const struct front_tag *tag)
 {
+    struct relay *rl = of_front(f);
     rl->status = status;
     rl->head = h;
     rl->tag = *tag;
     int64_t cl = hlist_content_length(h);
-    if (!status_has_body(status) || (!rl->is_head && (cl < 0 || (uint64_t)cl <= RELAY_BUFFER))) {
+    if (!status_has_body(status) || (!rl->f.is_head && (cl < 0 || (uint64_t)cl <= RELAY_BUFFER))) {
         /* 1xx, 204 and 304 have no body whatever the upstream sends (RFC 9112 6.3): answered
          * once the transfer ends, with none */
         rl->flags |= RL_COLLECT;
@@ -272,8 +350,9 @@ void relay_response(struct relay *rl, int status, const struct hlist *h,
     }
 }
 
-size_t relay_body(struct relay *rl, const char *p, size_t n)
+static size_t relay_body(struct front *f, const char *p, size_t n)
 {
+    struct relay *rl = of_front(f);
     if (!rl->conn)
         return 0;
     if (!status_has_body(rl->status))
@@ -281,15 +360,18 @@ size_t relay_body(struct relay *rl, const char *p, size_t n)
     if ((rl->flags & RL_COLLECT) && n > ring_space(&rl->down))
         start_streaming(rl); /* too large to answer in one piece */
     if (n > ring_space(&rl->down))
-        return RELAY_FULL;
+        return FRONT_FULL;
     if (ring_put(&rl->down, p, n) < 0)
         return 0;
     resume_reader(rl);
     return n;
 }
 
-void relay_body_end(struct relay *rl, bool failed)
+/* HTTP/1.1 trailers would need a chunked response: they are not relayed. */
+static void relay_end(struct front *f, const struct hlist *trailers, bool failed)
 {
+    (void)trailers;
+    struct relay *rl = of_front(f);
     rl->flags |= failed ? RL_DOWN_FAIL : RL_DOWN_DONE;
     if ((rl->flags & RL_COLLECT) && !failed)
         answer_collected(rl);
@@ -301,40 +383,66 @@ void relay_body_end(struct relay *rl, bool failed)
 
 /* ---- the access handler ---- */
 
-void relay_enter(struct relay *rl)
-{
-    rl->flags |= RL_IN_HANDLER;
-}
-
-bool relay_leave(struct relay *rl, bool can_answer, bool waiting, bool close_now)
+/* Leaving the access handler: an answer made meanwhile is queued when libmicrohttpd can take
+ * one ('can_answer': the call came without upload data), or the connection is suspended while
+ * the upstream side has the request. Returns false when the connection must close
+ * ('close_now', or no answer could be made). */
+static bool leave(struct relay *rl, bool can_answer, bool close_now)
 {
     rl->flags &= ~RL_IN_HANDLER;
     if (close_now)
         return false;
-    if ((rl->flags & (RL_ANSWERED | RL_QUEUED)) == RL_ANSWERED && can_answer) {
+    if (rl->f.answered && !rl->f.sent && can_answer) {
         /* Right after the headers (400, 404, 405, 413 by Content-Length) libmicrohttpd then
          * reads none of the body; after the body, the connection may be kept alive. */
-        rl->flags |= RL_QUEUED;
+        rl->f.sent = true;
         if (!rl->resp)
             return false;
-        rl->ops->sending(rl);
-        enum MHD_Result ret = MHD_queue_response(rl->conn, rl->resp_status, rl->resp);
+        retry_req_sending(rl->f.req);
+        enum MHD_Result ret = MHD_queue_response(rl->conn, rl->f.status, rl->resp);
         MHD_destroy_response(rl->resp);
         rl->resp = NULL;
         return ret == MHD_YES;
     }
-    if (!(rl->flags & (RL_ANSWERED | RL_SUSPENDED)) && waiting)
+    if (!rl->f.answered && !(rl->flags & RL_SUSPENDED) && (rl->flags & RL_ENDED))
         suspend(rl, 0); /* the upstream side has the request: nothing to do until it answers */
     return true;
 }
 
-void relay_wait_upload(struct relay *rl)
+bool relay_access(struct relay *rl, const char *method, const char *upload_data,
+                  size_t *upload_data_size)
 {
-    suspend(rl, RL_UPLOAD);
+    struct retry_req *r = rl->f.req;
+    /* libmicrohttpd takes an answer only on the first call (headers) or once the body is
+     * complete, the calls that come without upload data. */
+    bool can_answer = *upload_data_size == 0;
+    bool close_now = false;
+    rl->flags |= RL_IN_HANDLER;
+    if (!(rl->flags & RL_BEGUN)) {
+        rl->flags |= RL_BEGUN;
+        retry_req_head(r, method);
+    } else if (*upload_data_size) {
+        size_t took = retry_req_body(r, upload_data, *upload_data_size);
+        if (took == RETRY_BODY_CLOSE) {
+            close_now = true;
+        } else {
+            *upload_data_size -= took; /* the core has the rest wait (relay_wait_upload) */
+        }
+    } else if (!(rl->flags & RL_ENDED)) {
+        rl->flags |= RL_ENDED;
+        retry_req_end(r);
+    }
+    return leave(rl, can_answer, close_now);
 }
 
-void relay_upload_room(struct relay *rl)
+static void relay_wait_upload(struct front *f)
 {
+    suspend(of_front(f), RL_UPLOAD);
+}
+
+static void relay_upload_room(struct front *f)
+{
+    struct relay *rl = of_front(f);
     if ((rl->flags & RL_UPLOAD) && rl->conn)
         resume(rl);
 }
@@ -345,12 +453,13 @@ static void on_client_event(struct loop_watch *cw, uint32_t events)
 {
     (void)events;
     struct relay *rl = cw->arg;
-    relay_unwatch(rl);
-    rl->ops->client_gone(rl);
+    relay_unwatch(&rl->f);
+    retry_req_client_gone(rl->f.req);
 }
 
-void relay_watch(struct relay *rl)
+static void relay_watch(struct front *f)
 {
+    struct relay *rl = of_front(f);
     if ((rl->flags & RL_WATCHED) || !(rl->flags & RL_SUSPENDED) || !rl->conn)
         return;
     const union MHD_ConnectionInfo *ci =
@@ -360,19 +469,34 @@ void relay_watch(struct relay *rl)
         rl->flags |= RL_WATCHED;
 }
 
-void relay_unwatch(struct relay *rl)
+static void relay_unwatch(struct front *f)
 {
+    struct relay *rl = of_front(f);
     if (!(rl->flags & RL_WATCHED))
         return;
     loop_watch_del(rl->loop, &rl->client_w);
     rl->flags &= ~RL_WATCHED;
 }
 
-void relay_done(struct relay *rl)
+void relay_completed(struct relay *rl)
 {
-    relay_unwatch(rl);
+    relay_unwatch(&rl->f);
     rl->conn = NULL;
-    if (rl->resp && !(rl->flags & RL_QUEUED))
+    if (rl->resp && !rl->f.sent)
         MHD_destroy_response(rl->resp); /* its reader's reference is released here */
     rl->resp = NULL;
+    retry_req_completed(rl->f.req);
 }
+
+static const struct front_ops relay_ops = { .fields = relay_fields,
+                                            .error = relay_error,
+                                            .saved = relay_saved,
+                                            .response = relay_response,
+                                            .body = relay_body,
+                                            .end = relay_end,
+                                            .reset = relay_reset,
+                                            .wait_upload = relay_wait_upload,
+                                            .upload_room = relay_upload_room,
+                                            .watch = relay_watch,
+                                            .unwatch = relay_unwatch,
+                                            .fini = relay_fini };

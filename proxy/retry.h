@@ -3,8 +3,8 @@
  *
  * The work itself is done by parts, each with one job: proxy/head.c reads the request head,
  * proxy/intake.c holds its body, proxy/attempt.c runs an upstream attempt (libcurl),
- * proxy/decide.c decides whether to retry (pure), proxy/relay.c answers the client
- * (libmicrohttpd). server.c hands each request here.
+ * proxy/decide.c decides whether to retry (pure). The client side is a front end behind
+ * proxy/front.h (proxy/relay.c: HTTP/1.1), which knows no more of the core than this header.
  */
 #ifndef RETRYPROXY_PROXY_RETRY_H
 #define RETRYPROXY_PROXY_RETRY_H
@@ -12,27 +12,56 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "proxy/front.h"
 #include "proxy/wire.h"
 
 struct worker;
 struct retry_req;
-struct MHD_Connection;
 
-/* A request whose request line has arrived ('raw_target' as sent) on a connection from
- * 'peer' (the client's address as text, "" if unknown; it must stay valid while the
- * connection is open). 'refused' is not WIRE_OK when the framing check refused the head this
- * one stands in for: it is answered with that error and the connection closed. NULL if out of
- * memory. */
-struct retry_req *retry_req_new(struct worker *w, struct MHD_Connection *c, const char *raw_target,
-                                const char *peer, enum wire_reason refused);
+/* ---- from a front end (proxy/front.h) ---- */
 
-/* libmicrohttpd's access handler for this request (see MHD_AccessHandlerCallback): false
- * where it wants MHD_NO (close the connection). */
-bool retry_req_access(struct retry_req *r, const char *method, const char *upload_data,
-                      size_t *upload_data_size);
+/* A request whose request line has arrived ('raw_target' as sent) on a connection from 'peer'
+ * (the client's address as text, "" if unknown; it must stay valid while the connection is
+ * open), in the client protocol 'proto', answered through 'ops'. 'refused' is not WIRE_OK when
+ * the framing check refused the head this one stands in for: it is answered with that error
+ * and the connection closed. Returns the front end's state, 'front_size' bytes (a struct
+ * front first, zeroed but for its ops, req, proto) in the request's allocation, or NULL if out
+ * of memory. The client side holds a reference until retry_req_completed(). */
+struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
+                            enum front_proto proto, const char *raw_target, const char *peer,
+                            enum wire_reason refused);
 
-/* libmicrohttpd is done with the request's connection (answered, or the client went away). */
+/* The head is complete: its fields through ops->fields, no body byte read yet. An answer may
+ * be made at once (400, 404, 405, 413). */
+void retry_req_head(struct retry_req *r, const char *method);
+
+/* retry_req_body(): stop reading the request and close its connection (or reset its stream). */
+#define RETRY_BODY_CLOSE ((size_t)-1)
+/* Body bytes: returns how many were taken (the rest is offered again after
+ * ops->upload_room), or RETRY_BODY_CLOSE. */
+size_t retry_req_body(struct retry_req *r, const char *data, size_t n);
+/* The body is complete (or there is none). */
+void retry_req_end(struct retry_req *r);
+
+/* The client side is done with the request (answered, reset, or the client went away). */
 void retry_req_completed(struct retry_req *r);
+
+/* The client went away while the front end watched for it (ops->watch). */
+void retry_req_client_gone(struct retry_req *r);
+
+/* The answer is about to be handed to the protocol ('status' in the front's state): it is
+ * counted before a byte leaves. */
+void retry_req_sending(struct retry_req *r);
+
+/* The client took response bytes: a paused upstream may deliver again. */
+void retry_req_room(struct retry_req *r);
+
+/* References for the front end's own holders (a response body reader that the protocol library
+ * may call after the request completed). */
+void retry_req_hold(struct retry_req *r);
+void retry_req_release(struct retry_req *r);
+
+/* ---- from the worker ---- */
 
 /* The drain deadline passed: answers every request of 'w' still waiting on the upstream side
  * (with its last upstream response, or a 503 "draining"). */

@@ -22,6 +22,7 @@
 #include "proxy/metrics.h"
 #include "proxy/proxy.h"
 #include "proxy/reload.h"
+#include "proxy/server.h"
 #include "proxy/wiretab.h"
 #include "proxy/worker.h"
 
@@ -230,7 +231,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     }
     unsigned per_worker = (cfg->max_connections + n - 1) / n;
     for (unsigned i = 0; i < n; i++) {
-        workers[i] = worker_new(i, fds[i], per_worker, &px, random_seed());
+        workers[i] = worker_new(i, fds[i], per_worker, &px, random_seed(), server_serve);
         if (!workers[i]) {
             for (unsigned k = i + 1; k < n; k++)
                 close(fds[k]);

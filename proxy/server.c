@@ -15,6 +15,7 @@
 
 #include "proxy/dlist.h"
 #include "proxy/loop.h"
+#include "proxy/relay.h"
 #include "proxy/retry.h"
 #include "proxy/wire.h"
 #include "proxy/wiretab.h"
@@ -243,7 +244,8 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     struct client *cl = ci ? ci->socket_context : NULL;
     enum wire_reason refused = cl ? wire_take_reject(&cl->wire) : WIRE_OK;
-    return retry_req_new(cls, c, uri, cl ? cl->peer : "", refused);
+    struct worker *w = cls;
+    return relay_new(w, w->loop, w->kick, w->kick_arg, c, uri, cl ? cl->peer : "", refused);
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
@@ -256,7 +258,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     (void)version;
     if (!*con_cls)
         return MHD_NO; /* out of memory at the request line */
-    return retry_req_access(*con_cls, method, upload_data, upload_data_size) ? MHD_YES : MHD_NO;
+    return relay_access(*con_cls, method, upload_data, upload_data_size) ? MHD_YES : MHD_NO;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -266,7 +268,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)c;
     (void)toe;
     if (*con_cls)
-        retry_req_completed(*con_cls);
+        relay_completed(*con_cls);
     *con_cls = NULL;
 }
 
@@ -281,7 +283,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     }
 }
 
-struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c)
+static struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c)
 {
     const char *failed = "start";
     struct server *s = calloc(1, sizeof(*s));
@@ -330,7 +332,7 @@ fail:
     return NULL;
 }
 
-void server_quiesce(struct server *s)
+static void server_quiesce(struct server *s)
 {
     /* libmicrohttpd hands the listening socket back; closing it stops this worker's share of
      * the port from accepting (the kernel refuses new connections once every worker's is
@@ -341,7 +343,7 @@ void server_quiesce(struct server *s)
     server_kick(s);
 }
 
-void server_stop(struct server *s)
+static void server_stop(struct server *s)
 {
     if (!s)
         return;
@@ -350,4 +352,30 @@ void server_stop(struct server *s)
     loop_timer_stop(s->w->loop, &s->sweep);
     MHD_stop_daemon(s->d); /* resumes suspended connections and completes every request */
     free(s);
+}
+
+static void quiesce(void *s)
+{
+    server_quiesce(s);
+}
+
+/* The drain deadline passed. */
+static void expire(void *s)
+{
+    retry_expire_all(((struct server *)s)->w);
+}
+
+static void stop(void *s)
+{
+    server_stop(s);
+}
+
+int server_serve(struct worker *w, int listen_fd)
+{
+    struct server *s = server_start(w, listen_fd, w->rt->cfg);
+    if (!s)
+        return -1;
+    w->service =
+        (struct worker_service){ .arg = s, .quiesce = quiesce, .expire = expire, .stop = stop };
+    return 0;
 }

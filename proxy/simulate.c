@@ -56,7 +56,7 @@ int simulate_run(const struct cfg *c, const struct cfg_route *route, const struc
     struct sim_policy p = {
         .max_attempts = route->retry.max_attempts,
         .timeout_ms = route->timeout_ms,
-        .retryable = retry_match(&route->retry, RETRY_OUT_STATUS, 503, NULL) != NULL &&
+        .retryable = retry_match(&route->retry, RETRY_OUT_STATUS, 503, NULL, -1) != NULL &&
                      (route->retry.methods & CFG_METHOD_GET),
         .retry_after_honor = route->retry.retry_after_honor,
         .retry_after_max_ms = route->retry.retry_after_max_ms,

@@ -8,9 +8,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "proxy/retry.h"
-#include "proxy/server.h"
-
 /* This worker's share of limits.max_upstream_requests. */
 static void set_upstream_cap(struct worker *w)
 {
@@ -38,6 +35,13 @@ void worker_refresh(struct worker *w)
     set_upstream_cap(w);
 }
 
+static void stop_service(struct worker *w)
+{
+    if (w->service.stop)
+        w->service.stop(w->service.arg); /* completes the requests still alive */
+    w->service = (struct worker_service){ 0 };
+}
+
 static void on_wake(struct loop_watch *lw, uint32_t events)
 {
     (void)events;
@@ -47,18 +51,17 @@ static void on_wake(struct loop_watch *lw, uint32_t events)
         /* EAGAIN: a spurious wake-up; the checks below decide */
     }
     if (atomic_load(&w->stop)) {
-        server_stop(w->srv);
-        w->srv = NULL;
+        stop_service(w);
         loop_stop(w->loop);
         return;
     }
     if (atomic_load(&w->drain) && !w->quiesced) {
         w->quiesced = true;
-        server_quiesce(w->srv);
+        w->service.quiesce(w->service.arg);
     }
     if (atomic_load(&w->expire) && !w->expired) {
         w->expired = true;
-        retry_expire_all(w);
+        w->service.expire(w->service.arg);
     }
     worker_refresh(w);
 }
@@ -71,7 +74,7 @@ static void on_idle(void *arg)
 }
 
 struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struct proxy *px,
-                          uint64_t seed)
+                          uint64_t seed, worker_serve_fn serve)
 {
     struct worker *w = calloc(1, sizeof(*w));
     if (!w)
@@ -94,9 +97,9 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
     if (!w->up)
         goto fail;
     set_upstream_cap(w);
-    w->srv = server_start(w, listen_fd, w->rt->cfg);
-    listen_fd = -1; /* the server's, started or not */
-    if (!w->srv)
+    int served = serve(w, listen_fd);
+    listen_fd = -1; /* the service's, started or not */
+    if (served < 0)
         goto fail;
     return w;
 fail:;
@@ -150,7 +153,7 @@ void worker_free(struct worker *w)
 {
     if (!w)
         return;
-    server_stop(w->srv); /* completes the requests still alive, cancelling their transfers */
+    stop_service(w); /* completes the requests still alive, cancelling their transfers */
     upstream_free(w->up);
     loop_free(w->loop);
     if (w->wake_fd >= 0)

@@ -16,15 +16,28 @@
 #include "proxy/runtime.h"
 #include "proxy/upstream.h"
 
-struct server;
+struct worker;
 struct retry_req;
+
+/* What serves the worker's clients (proxy/server.c), plugged in when the worker is made: the
+ * worker's loop drives it knowing nothing of it. Each is called from the worker's thread. */
+struct worker_service {
+    void *arg;
+    void (*quiesce)(void *arg); /* stop accepting connections (draining) */
+    void (*expire)(void *arg);  /* the drain deadline passed: answer what still waits */
+    void (*stop)(void *arg);    /* close every connection and free the service */
+};
+
+/* Starts the service of 'w' on 'listen_fd' (which it owns from then on, closed on failure
+ * too), setting w->service and w->kick. 0, or -1 with a message on stderr. */
+typedef int (*worker_serve_fn)(struct worker *w, int listen_fd);
 
 struct worker {
     unsigned id;
     struct loop *loop;
     struct upstream *up;
-    struct server *srv;
-    void (*kick)(void *); /* has 'srv' run this turn (set by server_start) */
+    struct worker_service service;
+    void (*kick)(void *); /* has the service run this turn (set with it) */
     void *kick_arg;
     struct rng rng;
     struct proxy *px;
@@ -44,10 +57,10 @@ struct worker {
     atomic_size_t requests; /* how many (written by the worker, read while draining) */
 };
 
-/* A worker serving 'listen_fd' (which it owns from now on) with the snapshot current in
- * px->cell. NULL with a message on stderr on failure. */
+/* A worker serving 'listen_fd' (which it owns from now on) through 'serve', with the snapshot
+ * current in px->cell. NULL with a message on stderr on failure. */
 struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struct proxy *px,
-                          uint64_t seed);
+                          uint64_t seed, worker_serve_fn serve);
 
 /* Starts the worker's thread. 0 or -errno. */
 int worker_start(struct worker *w);

@@ -9,7 +9,7 @@
  *     stand-in that replaces it is well formed);
  *   - when nothing is refused or reset, every byte is handed over unchanged.
  */
-/* fuzz-link: proxy/wire.c */
+/* fuzz-link: proxy/wire.c proxy/wire_recv.c */
 #define FUZZ_NAME "fuzz_framing"
 #include <string.h>
 

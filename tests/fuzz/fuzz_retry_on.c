@@ -1,5 +1,6 @@
 /* fuzz_retry_on: parsing of retry.retry_on entries ("5xx", "429", "500-504", "gateway-error",
- * "connect-failure", ...) through the config loader, against a reference grammar.
+ * "connect-failure", "unavailable", "grpc:1-4", ...) through the config loader, against a
+ * reference grammar.
  *
  * The parser is internal to config/schema.c, so each input becomes a small valid config whose
  * only variable part is the retry_on list. Input: one flag byte (bit 0: the list goes in
@@ -79,8 +80,39 @@ static bool header_token(const struct entry *e, size_t *name_len)
     return true;
 }
 
+/* 1 to 3 digits -> their value; -1 otherwise. */
+static int grpc_digits(const char *s, size_t n)
+{
+    if (n < 1 || n > 3)
+        return -1;
+    int v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+/* "grpc:N" or "grpc:N-M": gRPC statuses 1..999, not backwards. */
+static bool grpc_token(struct entry *e)
+{
+    if (e->len < 5 || memcmp(e->text, "grpc:", 5) != 0)
+        return false;
+    const char *n = e->text + 5;
+    size_t nl = e->len - 5;
+    const char *dash = memchr(n, '-', nl);
+    int lo = grpc_digits(n, dash ? (size_t)(dash - n) : nl);
+    int hi = dash ? grpc_digits(dash + 1, nl - (size_t)(dash - n) - 1) : lo;
+    if (lo < 1 || hi < 1 || lo > hi)
+        return false;
+    e->lo = lo;
+    e->hi = hi;
+    return true;
+}
+
 /* The reference grammar: a named condition, "NNN", or "NNN-NNN", statuses 100..599, ranges
- * not backwards, or a header condition. */
+ * not backwards, a header condition, or a gRPC status by name or number. */
 static void classify(struct entry *e)
 {
     static const struct {
@@ -93,6 +125,11 @@ static void classify(struct entry *e)
         { "timeout", CFG_RETRY_TIMEOUT, 0, 0 },
         { "5xx", CFG_RETRY_STATUS, 500, 599 },
         { "gateway-error", CFG_RETRY_STATUS, 502, 504 },
+        { "cancelled", CFG_RETRY_GRPC, 1, 1 },
+        { "deadline-exceeded", CFG_RETRY_GRPC, 4, 4 },
+        { "resource-exhausted", CFG_RETRY_GRPC, 8, 8 },
+        { "internal", CFG_RETRY_GRPC, 13, 13 },
+        { "unavailable", CFG_RETRY_GRPC, 14, 14 },
     };
     e->valid = false;
     for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++) {
@@ -103,6 +140,11 @@ static void classify(struct entry *e)
             e->hi = named[i].hi;
             return;
         }
+    }
+    if (grpc_token(e)) {
+        e->valid = true;
+        e->kind = CFG_RETRY_GRPC;
+        return;
     }
     size_t nl;
     if (header_token(e, &nl)) {
@@ -179,7 +221,7 @@ static void check_route(const struct cfg_route *r, const struct entry *e, size_t
                        "entry %zu \"%s\": header value \"%s\"", i, e[i].text,
                        c->value ? c->value : "(none)");
         }
-        if (c->kind == CFG_RETRY_STATUS)
+        if (c->kind == CFG_RETRY_STATUS || c->kind == CFG_RETRY_GRPC)
             FUZZ_CHECK(c->lo == e[i].lo && c->hi == e[i].hi, "entry %zu \"%s\": %u-%u, want %d-%d",
                        i, e[i].text, c->lo, c->hi, e[i].lo, e[i].hi);
     }
@@ -190,7 +232,8 @@ static void check_route(const struct cfg_route *r, const struct entry *e, size_t
 static size_t first_naming(const struct entry *e, size_t n, enum cfg_retry_kind k, int status)
 {
     for (size_t i = 0; i < n; i++)
-        if (e[i].kind == k && (k != CFG_RETRY_STATUS || (status >= e[i].lo && status <= e[i].hi)))
+        if (e[i].kind == k && ((k != CFG_RETRY_STATUS && k != CFG_RETRY_GRPC) ||
+                               (status >= e[i].lo && status <= e[i].hi)))
             return i;
     return n;
 }
@@ -205,14 +248,28 @@ static void check_match(const struct cfg_route *r, const struct entry *e, size_t
                   { RETRY_OUT_TIMEOUT, CFG_RETRY_TIMEOUT } };
     for (int status = 100; status <= 599; status++) {
         size_t want = first_naming(e, n, CFG_RETRY_STATUS, status);
-        const struct cfg_retry_cond *got = retry_match(&r->retry, RETRY_OUT_STATUS, status, NULL);
+        const struct cfg_retry_cond *got =
+            retry_match(&r->retry, RETRY_OUT_STATUS, status, NULL, -1);
         FUZZ_CHECK(got == (want < n ? &r->retry.on[want] : NULL),
                    "status %d: retry_match gave condition %td, want %zu", status,
                    got ? got - r->retry.on : -1, want);
     }
+    /* a gRPC status on a 200: only gRPC conditions (a status condition naming 200 comes
+     * first when it is first in file order) */
+    for (int grpc = 0; grpc <= 1000; grpc++) {
+        size_t want = first_naming(e, n, CFG_RETRY_GRPC, grpc);
+        size_t want200 = first_naming(e, n, CFG_RETRY_STATUS, 200);
+        if (want200 < want)
+            want = want200;
+        const struct cfg_retry_cond *got =
+            retry_match(&r->retry, RETRY_OUT_STATUS, 200, NULL, grpc);
+        FUZZ_CHECK(got == (want < n ? &r->retry.on[want] : NULL),
+                   "grpc-status %d: retry_match gave condition %td, want %zu", grpc,
+                   got ? got - r->retry.on : -1, want);
+    }
     for (size_t k = 0; k < sizeof(other) / sizeof(other[0]); k++) {
         size_t want = first_naming(e, n, other[k].k, 0);
-        const struct cfg_retry_cond *got = retry_match(&r->retry, other[k].o, 0, NULL);
+        const struct cfg_retry_cond *got = retry_match(&r->retry, other[k].o, 0, NULL, -1);
         FUZZ_CHECK(got == (want < n ? &r->retry.on[want] : NULL),
                    "outcome %d: retry_match gave condition %td, want %zu", (int)other[k].o,
                    got ? got - r->retry.on : -1, want);
@@ -329,7 +386,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 FUZZ_CHECK(strncmp(x->msg, "unknown retry_on condition \"", 28) == 0 ||
                                strncmp(x->msg, "status ", 7) == 0 ||
                                strncmp(x->msg, "range \"", 7) == 0 ||
-                               strncmp(x->msg, "retry_on \"header:", 17) == 0,
+                               strncmp(x->msg, "retry_on \"header:", 17) == 0 ||
+                               strncmp(x->msg, "retry_on \"grpc:", 15) == 0,
                            "%s: %s", x->path, x->msg);
         }
     }

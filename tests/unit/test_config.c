@@ -301,6 +301,24 @@ Test(config, retry_on_tokens_become_conditions_in_file_order)
     cfg_unref(c);
 }
 
+Test(config, grpc_status_conditions_by_name_and_number)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"
+                         " \"retry\": {\"retry_on\": [\"cancelled\", \"deadline-exceeded\","
+                         " \"resource-exhausted\", \"internal\", \"unavailable\", \"grpc:2\","
+                         " \"grpc:10-11\", \"503\"]}}]}");
+    const struct cfg_retry *r = &c->routes[0].retry;
+    cr_assert_eq(r->n_on, 8);
+    static const uint16_t lo[] = { 1, 4, 8, 13, 14, 2, 10 }, hi[] = { 1, 4, 8, 13, 14, 2, 11 };
+    for (size_t i = 0; i < 7; i++) {
+        cr_expect_eq(r->on[i].kind, CFG_RETRY_GRPC, "%s", r->on[i].token);
+        cr_expect(r->on[i].lo == lo[i] && r->on[i].hi == hi[i], "%s: %u-%u", r->on[i].token,
+                  r->on[i].lo, r->on[i].hi);
+    }
+    cr_expect_eq(r->on[7].kind, CFG_RETRY_STATUS, "an HTTP status stays one");
+    cfg_unref(c);
+}
+
 Test(config, header_conditions_and_the_pushback_header)
 {
     struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"

@@ -112,6 +112,8 @@ static const struct {
     const char *name, *type;
 } families[] = {
     { "requests_total", "counter" },
+    { "requests_by_protocol_total", "counter" },
+    { "grpc_responses_total", "counter" },
     { "attempts_total", "counter" },
     { "retries_total", "counter" },
     { "retry_success_total", "counter" },

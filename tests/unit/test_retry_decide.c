@@ -46,7 +46,8 @@ static struct retry_facts facts(enum retry_outcome o, int status)
                                  .max_attempts = 3,
                                  .now_ms = 10000,
                                  .deadline_ms = 11000,
-                                 .backoff_ms = 100 };
+                                 .backoff_ms = 100,
+                                 .grpc_status = -1 };
 }
 
 static struct retry_verdict decide(const struct retry_facts *f)
@@ -414,4 +415,80 @@ Test(decide_attempt, while_draining_a_wait_past_the_drain_deadline_is_refused)
     decide_attempt(&d, &f, &v);
     cr_assert_eq(v.stop, RETRY_STOP_NONE);
     decide_release(&d);
+}
+
+/* ---- gRPC statuses (docs/grpc.md) ---- */
+
+/* A gRPC call: a POST (not in retry.methods) whose 200 response carries 'grpc'. */
+static struct retry_facts grpc_call(int grpc)
+{
+    struct retry_facts f = facts(RETRY_OUT_STATUS, 200);
+    f.method_retryable = false;
+    f.grpc_status = grpc;
+    return f;
+}
+
+Test(decide, a_grpc_status_named_in_retry_on_is_retried_though_the_call_is_a_post)
+{
+    load("{\"retry_on\": [\"unavailable\", \"grpc:1-2\"]}");
+    struct retry_facts f = grpc_call(14);
+    struct retry_verdict v = decide(&f);
+    cr_assert_not_null(v.fired);
+    cr_expect_str_eq(v.fired->token, "unavailable");
+    cr_expect_eq(v.stop, RETRY_STOP_NONE, "retried by its status, whatever retry.methods says");
+    cr_expect_eq(v.delay_ms, 100);
+    f = grpc_call(2);
+    v = decide(&f);
+    cr_assert_not_null(v.fired);
+    cr_expect_str_eq(v.fired->token, "grpc:1-2");
+}
+
+Test(decide, a_grpc_status_retry_on_does_not_name_is_final)
+{
+    load("{\"retry_on\": [\"unavailable\", \"5xx\"]}");
+    int finals[] = { 0, 4, 13, -1 };
+    for (size_t i = 0; i < sizeof(finals) / sizeof(finals[0]); i++) {
+        struct retry_facts f = grpc_call(finals[i]);
+        struct retry_verdict v = decide(&f);
+        cr_expect_null(v.fired, "grpc-status %d", finals[i]);
+        cr_expect_eq(v.stop, RETRY_STOP_NONE);
+    }
+}
+
+Test(decide, grpc_conditions_never_match_an_http_status_nor_http_ones_a_grpc_status)
+{
+    load("{\"retry_on\": [\"grpc:14\"]}");
+    struct retry_facts f = facts(RETRY_OUT_STATUS, 14 + 500);
+    cr_expect_null(decide(&f).fired);
+    unload();
+    load("{\"retry_on\": [\"5xx\"]}");
+    f = grpc_call(14);
+    cr_expect_null(decide(&f).fired, "a 200 with grpc-status 14 is not a 5xx");
+}
+
+Test(decide, a_grpc_retry_still_needs_its_body_whole_and_attempts_left)
+{
+    load("{\"retry_on\": [\"unavailable\"]}");
+    struct retry_facts f = grpc_call(14);
+    f.body_replayable = false;
+    struct retry_verdict v = decide(&f);
+    cr_expect_eq(v.stop, RETRY_STOP_BODY_TOO_LARGE);
+    f = grpc_call(14);
+    f.attempts = 3;
+    cr_expect_eq(decide(&f).stop, RETRY_STOP_MAX_ATTEMPTS);
+}
+
+Test(decide, an_http_status_on_a_post_stays_not_retryable)
+{
+    load("{\"retry_on\": [\"unavailable\", \"503\"]}");
+    struct retry_facts f = facts(RETRY_OUT_STATUS, 503);
+    f.method_retryable = false;
+    f.grpc_status = 14;
+    struct retry_verdict v = decide(&f);
+    cr_assert_not_null(v.fired);
+    cr_expect_str_eq(v.fired->token, "unavailable", "the first condition in file order fires");
+    f.grpc_status = -1;
+    v = decide(&f);
+    cr_expect_str_eq(v.fired->token, "503");
+    cr_expect_eq(v.stop, RETRY_STOP_NOT_RETRYABLE, "only a gRPC status vouches for a POST");
 }

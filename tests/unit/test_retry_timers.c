@@ -2,11 +2,12 @@
  * per-try timeout, the deadline, Retry-After and the drain deadline fire at exactly their
  * millisecond, with no network and no wall-clock slack.
  *
- * This suite is linked without proxy/attempt.o and proxy/relay.o: the fakes below stand in
- * for the upstream attempt and the client side, record what the state machine asked of them,
- * and let each test say how an attempt ends. With hedging several attempts run at once: each
- * launch is numbered from 0, and the tests name the one that answers. The loop is the real one, its
- * clock the test's (loop_set_clock), turned with loop_turn(l, 0) after each move of the clock.
+ * This suite is linked without proxy/attempt.o: the fakes below stand in for the upstream
+ * attempt and the client side (a front end of its own, proxy/front.h), record what the state
+ * machine asked of them, and let each test say how an attempt ends. With hedging several attempts
+ * run at once: each launch is numbered from 0, and the tests name the one that answers. The loop is
+ * the real one, its clock the test's (loop_set_clock), turned with loop_turn(l, 0) after each move
+ * of the clock.
  */
 #include <criterion/criterion.h>
 
@@ -14,8 +15,8 @@
 #include <string.h>
 
 #include "proxy/attempt.h"
+#include "proxy/grpc.h"
 #include "proxy/log.h"
-#include "proxy/relay.h"
 #include "proxy/retry.h"
 #include "proxy/worker.h"
 
@@ -34,13 +35,17 @@ static struct {
 } up;
 
 static struct {
-    struct relay *rl;
+    struct front *f;
     unsigned answers;
     unsigned status;
     uint64_t at;
     char code[64];
     char stop[32];
     uint32_t attempts;
+    const char *content_type; /* the request's, if set */
+    size_t body_bytes;        /* of the answer, before its end */
+    bool ended, failed;       /* its end came, broken off or not */
+    int trailer_status;       /* the grpc-status of its trailers (saved or streamed), or -1 */
 } client;
 
 static uint64_t now_ms;
@@ -135,126 +140,96 @@ void attempt_resume_upload(struct attempt *a)
     (void)a;
 }
 
-void relay_init(struct relay *rl, struct MHD_Connection *c, struct loop *l, void (*kick)(void *),
-                void *kick_arg, const struct relay_ops *ops, void *arg)
+static void fake_fields(struct front *f,
+                        void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
+                        void *arg)
 {
-    memset(rl, 0, sizeof(*rl));
-    rl->conn = c;
-    rl->loop = l;
-    rl->kick = kick;
-    rl->kick_arg = kick_arg;
-    rl->ops = ops;
-    rl->arg = arg;
-    client.rl = rl;
-}
-
-void relay_fini(struct relay *rl)
-{
-    (void)rl;
-}
-
-void relay_each_field(struct relay *rl,
-                      void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
-                      void *arg)
-{
-    (void)rl;
+    (void)f;
     fn(arg, "Host", 4, "svc", 3);
+    if (client.content_type)
+        fn(arg, "Content-Type", 12, client.content_type, strlen(client.content_type));
 }
 
-static void answered(struct relay *rl, unsigned status, const char *code,
-                     const struct relay_tag *tag)
+static void answered(struct front *f, unsigned status, const char *code,
+                     const struct front_tag *tag)
 {
-    rl->flags |= RL_ANSWERED;
-    rl->resp_status = status;
+    f->answered = true;
+    f->status = status;
     client.answers++;
     client.status = status;
     client.at = now_ms;
     snprintf(client.code, sizeof(client.code), "%s", code);
     snprintf(client.stop, sizeof(client.stop), "%s", tag && tag->stop ? tag->stop : "");
     client.attempts = tag ? tag->attempts : 0;
-    if (tag) /* an answer to send (not relay_close): counted as the real relay has it counted */
-        rl->ops->sending(rl);
+    if (tag) { /* an answer to send (not a reset): counted as the real front ends count it */
+        f->sent = true;
+        retry_req_sending(f->req);
+    }
 }
 
-void relay_error(struct relay *rl, unsigned status, const char *code, const char *route,
-                 const char *message, const struct relay_tag *tag)
+static void fake_error(struct front *f, unsigned status, const char *code, const char *route,
+                       const char *message, const struct front_tag *tag)
 {
     (void)route;
     (void)message;
-    answered(rl, status, code, tag);
+    answered(f, status, code, tag);
 }
 
-void relay_saved(struct relay *rl, int status, const struct hlist *h, const char *body, size_t len,
-                 const struct relay_tag *tag)
+static void fake_saved(struct front *f, int status, const struct hlist *h, const char *body,
+                       size_t len, const struct hlist *trailers, const struct front_tag *tag)
 {
     (void)h;
     (void)body;
-    (void)len;
-    answered(rl, (unsigned)status, "saved", tag);
+    client.body_bytes = len;
+    client.trailer_status = grpc_status_of(trailers);
+    answered(f, (unsigned)status, "saved", tag);
 }
 
-void relay_response(struct relay *rl, int status, const struct hlist *h,
-                    const struct relay_tag *tag)
+static void fake_response(struct front *f, int status, const struct hlist *h,
+                          const struct front_tag *tag)
 {
     (void)h;
-    answered(rl, (unsigned)status, "response", tag);
+    answered(f, (unsigned)status, "response", tag);
 }
 
-size_t relay_body(struct relay *rl, const char *p, size_t n)
+static size_t fake_body(struct front *f, const char *p, size_t n)
 {
-    (void)rl;
+    (void)f;
     (void)p;
+    client.body_bytes += n;
     return n;
 }
 
-void relay_body_end(struct relay *rl, bool failed)
+static void fake_end(struct front *f, const struct hlist *trailers, bool failed)
 {
-    (void)rl;
-    (void)failed;
+    (void)f;
+    client.ended = true;
+    client.failed = failed;
+    client.trailer_status = grpc_status_of(trailers);
 }
 
-void relay_close(struct relay *rl, unsigned status)
+static void fake_reset(struct front *f, unsigned status)
 {
-    answered(rl, status, "closed", NULL);
+    answered(f, status, "closed", NULL);
 }
 
-void relay_enter(struct relay *rl)
+static void fake_nothing(struct front *f)
 {
-    (void)rl;
+    (void)f;
 }
 
-bool relay_leave(struct relay *rl, bool can_answer, bool waiting, bool close_now)
-{
-    (void)rl;
-    (void)can_answer;
-    (void)waiting;
-    return !close_now;
-}
-
-void relay_wait_upload(struct relay *rl)
-{
-    (void)rl;
-}
-
-void relay_upload_room(struct relay *rl)
-{
-    (void)rl;
-}
-
-void relay_watch(struct relay *rl)
-{
-    (void)rl;
-}
-
-void relay_unwatch(struct relay *rl)
-{
-    (void)rl;
-}
-
-void relay_done(struct relay *rl)
-{
-    rl->conn = NULL;
-}
+static const struct front_ops fake_ops = { .fields = fake_fields,
+                                           .error = fake_error,
+                                           .saved = fake_saved,
+                                           .response = fake_response,
+                                           .body = fake_body,
+                                           .end = fake_end,
+                                           .reset = fake_reset,
+                                           .wait_upload = fake_nothing,
+                                           .upload_room = fake_nothing,
+                                           .watch = fake_nothing,
+                                           .unwatch = fake_nothing,
+                                           .fini = fake_nothing };
 
 /* ---- the worker around one request ---- */
 
@@ -303,15 +278,21 @@ static void start(const char *route_json)
     w.kick = no_kick;
 }
 
-/* A GET without a body: its head, then the end of its (empty) body starts attempt 1. */
+/* A request without a body: its head, then the end of its (empty) body starts attempt 1. */
+static void open_request(const char *method)
+{
+    client.f =
+        retry_req_new(&w, &fake_ops, sizeof(struct front), FRONT_HTTP1, "/x", "127.0.0.1", WIRE_OK);
+    cr_assert_not_null(client.f);
+    req = client.f->req;
+    retry_req_head(req, method);
+    retry_req_end(req);
+}
+
+/* A GET without a body. */
 static void get(void)
 {
-    static char conn; /* stands in for the libmicrohttpd connection */
-    req = retry_req_new(&w, (struct MHD_Connection *)(void *)&conn, "/x", "127.0.0.1", WIRE_OK);
-    cr_assert_not_null(req);
-    size_t none = 0;
-    cr_assert(retry_req_access(req, "GET", NULL, &none));
-    cr_assert(retry_req_access(req, "GET", NULL, &none));
+    open_request("GET");
 }
 
 /* libmicrohttpd is done with the connection: every timer of the request must be gone. */
@@ -559,7 +540,7 @@ Test(retry_timers, a_client_leaving_during_a_wait_stops_every_timer)
     at(10);
     attempt_fails(false);
     cr_assert_gt(loop_timer_count(w.loop), 0);
-    client.rl->ops->client_gone(client.rl);
+    retry_req_client_gone(req);
     cr_assert_eq(client.status, 499);
     retry_req_completed(req);
     req = NULL;
@@ -859,11 +840,7 @@ Test(retry_timers, the_deadline_ends_every_attempt_at_its_millisecond)
 Test(retry_timers, a_request_that_may_not_go_twice_is_not_hedged)
 {
     start_hedging(10, 3, "");
-    static char conn;
-    req = retry_req_new(&w, (struct MHD_Connection *)(void *)&conn, "/x", "127.0.0.1", WIRE_OK);
-    size_t none = 0;
-    cr_assert(retry_req_access(req, "POST", NULL, &none));
-    cr_assert(retry_req_access(req, "POST", NULL, &none));
+    open_request("POST");
     at(100);
     cr_assert_eq(up.cancels, 1, "the per-try timeout ends a POST's attempt as without hedging");
     cr_assert_eq(client.status, 504);
@@ -894,7 +871,7 @@ Test(retry_timers, a_client_leaving_during_the_hedges_wait_ends_the_slow_attempt
     start_hedging(50, 3, "");
     get();
     at(120);
-    client.rl->ops->client_gone(client.rl);
+    retry_req_client_gone(req);
     cr_assert_eq(client.status, 499);
     cr_assert(!running(0), "the slow attempt outlived its client");
     retry_req_completed(req);
@@ -971,7 +948,7 @@ Test(retry_timers, random_races_keep_every_count_and_free_everything)
                 break;
             case 5:
                 if (rng_between(&g, 0, 9) == 0)
-                    client.rl->ops->client_gone(client.rl);
+                    retry_req_client_gone(req);
                 else if (rng_between(&g, 0, 19) == 0)
                     retry_expire_all(&w);
                 break;
@@ -991,4 +968,184 @@ Test(retry_timers, random_races_keep_every_count_and_free_everything)
         cr_assert_eq(metrics_retries_in_flight(px.metrics), 0, "seed %u: a slot was kept", seed);
         finish();
     }
+}
+
+/* ---- a gRPC status in trailers (proxy/keep.c, docs/grpc.md) ---- */
+
+#define GRPC_ROUTE                                                                                 \
+    "\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\"], " CFG_FAST_FIXED "}"
+#define CFG_FAST_FIXED "\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 10, \"jitter\": \"none\"}"
+
+/* A gRPC call (a POST) on a route that retries UNAVAILABLE, its first attempt launched. */
+static void grpc_call(const char *route_json)
+{
+    start(route_json);
+    client.content_type = "application/grpc";
+    client.trailer_status = -1;
+    open_request("POST");
+    cr_assert_eq(up.launches, 1);
+}
+
+/* One gRPC message of 'n' payload bytes into buf (5 + n bytes). */
+static size_t message(char *buf, uint32_t n)
+{
+    buf[0] = 0;
+    buf[1] = (char)(n >> 24);
+    buf[2] = (char)(n >> 16);
+    buf[3] = (char)(n >> 8);
+    buf[4] = (char)n;
+    memset(buf + 5, 'm', n);
+    return 5 + n;
+}
+
+/* Launch 'k' answers 200 without grpc-status, then 'n' body bytes, then (when 'status' >= 0)
+ * trailers with that grpc-status and its end. */
+static void grpc_answers(unsigned k, const char *body, size_t n, int status)
+{
+    launch_head(k, 200);
+    struct attempt *a = up.launched[k];
+    if (n && up.running[k])
+        cr_assert_eq(a->ops->body(a, body, n), n);
+    if (status < 0 || !up.running[k])
+        return;
+    char v[8];
+    snprintf(v, sizeof(v), "%d", status);
+    hlist_add(&a->trailers, "grpc-status", 11, v, strlen(v));
+    a->xfer.easy = NULL;
+    up.running[k] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+}
+
+Test(retry_timers, a_grpc_status_in_the_trailers_is_retried_and_nothing_reached_the_client)
+{
+    grpc_call(GRPC_ROUTE);
+    char m[64];
+    size_t n = message(m, 3);
+    grpc_answers(0, m, n, 14);
+    cr_expect_eq(client.answers, 0, "held back, then retried: the client saw nothing");
+    at(9);
+    cr_expect_eq(up.launches, 1);
+    at(10);
+    cr_assert_eq(up.launches, 2, "the retry after the backoff");
+    grpc_answers(1, m, n, 0);
+    cr_expect_eq(client.answers, 1);
+    cr_expect_eq(client.status, 200);
+    cr_expect_str_eq(client.code, "response");
+    cr_expect_eq(client.body_bytes, n, "the held message, once");
+    cr_expect(client.ended && !client.failed);
+    cr_expect_eq(client.trailer_status, 0, "the trailers relayed");
+    cr_expect_eq(client.attempts, 2);
+    cr_expect_eq(metric("retryproxy_retries_total{route=\"r\",reason=\"unavailable\"}"), 1);
+    end_request();
+}
+
+Test(retry_timers, a_grpc_status_retry_on_does_not_name_is_relayed_with_its_trailers)
+{
+    grpc_call(GRPC_ROUTE);
+    char m[64];
+    size_t n = message(m, 10);
+    grpc_answers(0, m, n, 5);
+    cr_expect_eq(client.answers, 1);
+    cr_expect_eq(client.body_bytes, n);
+    cr_expect_eq(client.trailer_status, 5);
+    at(1000);
+    cr_expect_eq(up.launches, 1);
+    end_request();
+}
+
+Test(retry_timers, a_second_message_commits_the_call_and_its_status_is_never_retried)
+{
+    grpc_call(GRPC_ROUTE);
+    char m[64];
+    size_t n = message(m, 3);
+    n += message(m + n, 4); /* two messages: a server-streaming call */
+    grpc_answers(0, m, n, -1);
+    cr_expect_eq(client.answers, 1, "streaming from the second message on");
+    cr_expect_eq(client.body_bytes, n);
+    struct attempt *a = up.launched[0];
+    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
+    a->xfer.easy = NULL;
+    up.running[0] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+    cr_expect_eq(client.trailer_status, 14, "relayed as it came");
+    at(1000);
+    cr_expect_eq(up.launches, 1, "committed: never retried");
+    end_request();
+}
+
+Test(retry_timers, a_response_too_large_to_hold_streams)
+{
+    grpc_call(GRPC_ROUTE);
+    static char big[40 * 1024];
+    size_t n = message(big, sizeof(big) - 5); /* one message, larger than what is held */
+    launch_head(0, 200);
+    struct attempt *a = up.launched[0];
+    cr_assert_eq(a->ops->body(a, big, 16384), 16384);
+    cr_assert_eq(a->ops->body(a, big + 16384, 16384), 16384);
+    cr_expect_eq(client.answers, 0, "32 KiB held");
+    cr_assert_eq(a->ops->body(a, big + 32768, n - 32768), n - 32768);
+    cr_expect_eq(client.answers, 1);
+    cr_expect_eq(client.body_bytes, n, "what was held, then the rest");
+    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
+    a->xfer.easy = NULL;
+    up.running[0] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+    at(1000);
+    cr_expect_eq(up.launches, 1);
+    end_request();
+}
+
+Test(retry_timers, when_retrying_stops_the_last_attempt_streams_with_its_trailers)
+{
+    grpc_call("\"retry\": {\"max_attempts\": 2, \"retry_on\": [\"unavailable\"], " CFG_FAST_FIXED
+              "}");
+    char m[64];
+    size_t n = message(m, 3);
+    grpc_answers(0, m, n, 14);
+    at(10);
+    cr_assert_eq(up.launches, 2);
+    launch_head(1, 200);
+    cr_expect_eq(client.answers, 1, "the last attempt is not held: nothing could follow it");
+    struct attempt *a = up.launched[1];
+    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
+    a->xfer.easy = NULL;
+    up.running[1] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+    cr_expect_eq(client.trailer_status, 14);
+    cr_expect_eq(client.attempts, 2);
+    end_request();
+}
+
+Test(retry_timers, a_held_response_that_breaks_off_is_never_passed_off_as_good)
+{
+    grpc_call(GRPC_ROUTE);
+    char m[64];
+    size_t n = message(m, 3);
+    grpc_answers(0, m, n, -1);
+    cr_expect_eq(client.answers, 0);
+    launch_fails(0, true);
+    cr_expect_eq(client.answers, 1);
+    cr_expect_eq(client.status, 502, "a reset on a call that is a POST: not retried");
+    cr_expect_str_eq(client.code, "upstream_unavailable");
+    cr_expect_eq(client.body_bytes, 0, "not a byte of the broken response");
+    cr_expect_eq(up.launches, 1);
+    end_request();
+}
+
+Test(retry_timers, a_saved_grpc_response_keeps_its_trailers)
+{
+    grpc_call("\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\"], " CFG_FAST_FIXED
+              "}, \"timeout_ms\": 300");
+    char m[64];
+    size_t n = message(m, 3);
+    grpc_answers(0, m, n, 14);
+    at(10);
+    cr_assert_eq(up.launches, 2);
+    at(300); /* the retry never answers: at the deadline, the response retrying stopped on */
+    cr_expect_eq(client.answers, 1);
+    cr_expect_str_eq(client.code, "saved");
+    cr_expect_eq(client.body_bytes, n);
+    cr_expect_eq(client.trailer_status, 14, "with its trailers");
+    cr_expect_eq(client.attempts, 2);
+    end_request();
 }

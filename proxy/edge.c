@@ -1,0 +1,252 @@
+/* edge -- a request's two ends with its client (proxy/req.h): its head taken in (checked,
+ * routed, its limits and policy set) and its answer given (the upstream's response streamed, a
+ * saved one, or an error of retryproxy's own), through the front end (proxy/front.h).
+ */
+#include "proxy/req.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "proxy/grpc.h"
+#include "proxy/headers.h"
+#include "proxy/log.h"
+#include "proxy/runtime.h"
+#include "proxy/worker.h"
+
+static void each_field(void *src, head_field_fn fn, void *arg)
+{
+    struct front *f = src;
+    f->ops->fields(f, fn, arg);
+}
+
+/* The request's id, sent upstream, logged and returned on every answer: the client's
+ * X-Request-Id when its head passed the checks and the value fits, else a new UUID
+ * (docs/forwarding.md). */
+static void set_request_id(struct retry_req *r, const char *client_id, size_t len)
+{
+    if (client_id && len > 0 && len <= HEAD_REQUEST_ID_MAX)
+        snprintf(r->request_id, sizeof(r->request_id), "%.*s", (int)len, client_id);
+    else
+        hdr_uuid(&r->w->rng, r->request_id);
+}
+
+/* First call of the access handler: the head is complete, no body byte read yet. Either an
+ * answer is made at once (400, 404, 405, 413) or the request is set up to go upstream. */
+void edge_begin(struct retry_req *r, const char *method)
+{
+    struct worker *w = r->w;
+    if (r->refused != WIRE_OK) {
+        /* A head the framing check refused (proxy/wire.h): its error, and the connection
+         * closes, as what follows on it cannot be framed. The log shows no method or path:
+         * they were not read. */
+        static const struct {
+            unsigned status;
+            const char *code;
+        } codes[] = { { 400, "bad_request" },     { 408, "request_timeout" },
+                      { 414, "uri_too_long" },    { 431, "headers_too_large" },
+                      { 501, "not_implemented" }, { 505, "version_not_supported" } };
+        unsigned status = wire_reason_status(r->refused);
+        const char *code = "bad_request";
+        for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+            if (codes[i].status == status)
+                code = codes[i].code;
+        r->target[0] = '\0';
+        r->state = RS_BODY;
+        set_request_id(r, NULL, 0);
+        edge_error(r, status, code, wire_reason_text(r->refused));
+        return;
+    }
+    snprintf(r->method, sizeof(r->method), "%s", method);
+    r->method_bit = cfg_method_bit(method, strlen(method));
+    r->front->is_head = strcmp(method, "HEAD") == 0; /* a length comes back, never a body */
+    r->state = RS_BODY;
+
+    struct head_scan s;
+    head_scan(&s, each_field, r->front);
+    enum cfg_underscores underscores = r->cfg->headers_with_underscores;
+    char why_buf[128];
+    const char *why =
+        head_refusal(&s, underscores == CFG_UNDERSCORES_REJECT, why_buf, sizeof(why_buf));
+    set_request_id(r, why ? NULL : s.value[HF_REQUEST_ID], s.value_len[HF_REQUEST_ID]);
+    /* a gRPC call (docs/grpc.md): its errors, these first ones included, are gRPC statuses */
+    if (s.value[HF_CONTENT_TYPE] &&
+        grpc_is_content_type(s.value[HF_CONTENT_TYPE], s.value_len[HF_CONTENT_TYPE])) {
+        r->flags |= RF_GRPC;
+        r->front->grpc = true;
+    }
+    if (strcmp(method, "CONNECT") == 0) {
+        edge_error(r, 405, "method_not_allowed",
+                   "CONNECT is not supported: retryproxy is a reverse proxy");
+        return;
+    }
+    if (why) {
+        edge_error(r, 400, "bad_request", why);
+        return;
+    }
+    char authority[256];
+    if (!head_origin_form(&r->target, r->method, authority, sizeof(authority))) {
+        edge_error(r, 400, "bad_request", "a request target of no valid form");
+        return;
+    }
+    if (authority[0]) {
+        s.value[HF_HOST] = authority;
+        s.value_len[HF_HOST] = strlen(authority);
+    }
+    const char *q = strchr(r->target, '?');
+    size_t path_len = q ? (size_t)(q - r->target) : strlen(r->target);
+    r->route = head_route(r->cfg, s.value[HF_HOST], s.value_len[HF_HOST], r->target, path_len,
+                          r->method_bit);
+    if (!r->route) {
+        edge_error(r, 404, "no_route", "no route matches this request");
+        return;
+    }
+    r->rtr = &r->rt->routes[r->route - r->cfg->routes];
+    r->m = r->rtr->metrics;
+    const struct cfg_retry *policy = &r->route->retry;
+    for (size_t i = 0; (r->flags & RF_GRPC) && i < policy->n_on; i++)
+        if (policy->on[i].kind == CFG_RETRY_GRPC)
+            r->flags |= RF_GRPC_RETRY; /* its status may be held for (proxy/keep.c) */
+    const char *const *field = s.value;
+    bool chunked = s.count[HF_TRANSFER_ENCODING] > 0;
+    const size_t *field_len = s.value_len; /* the values without their whitespace */
+    int64_t cl = field[HF_CONTENT_LENGTH]
+                     ? hdr_value_uint(field[HF_CONTENT_LENGTH], field_len[HF_CONTENT_LENGTH])
+                     : -1;
+    if (cl > 0 && (uint64_t)cl > r->cfg->max_body_bytes) {
+        edge_error(r, 413, "body_too_large",
+                   "the request body is larger than limits.max_body_bytes");
+        return;
+    }
+
+    /* a key named in Connection does not reach the upstream, so it cannot vouch for a retry */
+    if ((policy->methods & r->method_bit) ||
+        (policy->idempotency_key && field_len[HF_IDEMPOTENCY_KEY] > 0 &&
+         !head_connection_names(&s, "Idempotency-Key")))
+        r->flags |= RF_RETRYABLE;
+    r->max_attempts = policy->max_attempts;
+    if (field[HF_MAX_ATTEMPTS]) {
+        int64_t m = hdr_value_uint(field[HF_MAX_ATTEMPTS], field_len[HF_MAX_ATTEMPTS]);
+        if (m >= 1 && (uint64_t)m < r->max_attempts)
+            r->max_attempts = (uint32_t)m;
+    }
+    /* The client may shorten the request's time as it may its attempts, never lengthen it. */
+    r->timeout_ms = r->route->timeout_ms;
+    if (field[HF_TIMEOUT]) {
+        int64_t t = hdr_value_uint(field[HF_TIMEOUT], field_len[HF_TIMEOUT]);
+        if (t >= 1 && (uint64_t)t < r->timeout_ms)
+            r->timeout_ms = (uint32_t)t;
+    }
+    /* ... and a gRPC client its deadline, the same way (gRPC's grpc-timeout) */
+    if ((r->flags & RF_GRPC) && field[HF_GRPC_TIMEOUT]) {
+        uint64_t t;
+        if (s.count[HF_GRPC_TIMEOUT] > 1 ||
+            grpc_timeout_parse(field[HF_GRPC_TIMEOUT], field_len[HF_GRPC_TIMEOUT], &t) < 0) {
+            edge_error(r, 400, "bad_request",
+                       "a grpc-timeout that is not one gRPC timeout (such as \"250m\")");
+            return;
+        }
+        if (t < r->timeout_ms)
+            r->timeout_ms = t ? (uint32_t)t : 1; /* "0m": past at once, DEADLINE_EXCEEDED */
+    }
+    r->dr = (struct decide_req){
+        .policy = policy,
+        .seq = &r->seq,
+        .live = r->rtr->live,
+        .rng = &w->rng,
+        .throttle = &r->route->throttle,
+        .budgets = { .global = &w->px->budget,
+                     .global_limits = &r->cfg->budget,
+                     .route = &r->rtr->live->budget,
+                     .route_limits = &r->route->budget },
+    };
+
+    bool has_body = chunked || cl >= 0;
+    int64_t length = chunked ? -1 : cl;
+    bool drop = s.n_underscore && underscores == CFG_UNDERSCORES_DROP;
+    if (drop && log_enabled(CFG_LOG_DEBUG))
+        log_event(CFG_LOG_DEBUG, "request headers with an underscore in their name not forwarded",
+                  "request_id", r->request_id, "first", s.underscore_name, NULL);
+    if (head_up_build(&r->up, &s, each_field, r->front, r->peer ? r->peer : "", r->request_id,
+                      r->route->preserve_host, r->route->deadline_header, drop,
+                      r->flags & RF_GRPC) < 0 ||
+        intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes, r->flags & RF_GRPC) <
+            0) {
+        edge_error(r, 500, "internal", "out of memory");
+        return;
+    }
+    if (intake_streams(&r->body))
+        req_start_attempt(r); /* the body flows to the upstream as it arrives */
+}
+
+/* A retryable response was kept whole: retrying that stops returns it. */
+bool edge_saved_whole(const struct retry_req *r)
+{
+    return (r->flags & (RF_SAVED | RF_SAVED_WHOLE)) == (RF_SAVED | RF_SAVED_WHOLE);
+}
+
+static struct front_tag tag_of(const struct retry_req *r)
+{
+    return (struct front_tag){
+        .attempts = r->attempts,
+        .request_id = r->request_id[0] ? r->request_id : NULL,
+        .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
+        /* a head that could not be framed, or draining: no more requests here */
+        .close = r->refused != WIRE_OK ||
+                 atomic_load_explicit(&r->w->px->draining, memory_order_relaxed),
+        .throttled = r->flags & RF_THROTTLED ? r->throttle_p : -1,
+    };
+}
+
+static void answered(struct retry_req *r)
+{
+    if (r->state != RS_STREAM)
+        r->state = RS_ANSWERED;
+    race_lose_others(r, METRICS_OUT_CANCELLED);
+}
+
+/* The current attempt's response is the answer: it streams, and attempts running beside it
+ * are cancelled. */
+void edge_stream(struct retry_req *r)
+{
+    race_lose_others(r, METRICS_OUT_CANCELLED);
+    /* committed: a slow client must not hold a slot meant for upstream attempts */
+    attempt_commit(&r->cur->att);
+    r->state = RS_STREAM;
+    struct front_tag tag = tag_of(r);
+    r->front->ops->response(r->front, r->cur->att.status, &r->cur->att.head, &tag);
+}
+
+/* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
+void edge_error(struct retry_req *r, unsigned status, const char *code, const char *message)
+{
+    tally_grpc(r, (int)grpc_code_of_error(code, status));
+    struct front_tag tag = tag_of(r);
+    r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
+    answered(r);
+}
+
+/* The saved retryable response, when retrying stopped after it. */
+void edge_saved(struct retry_req *r)
+{
+    struct front_tag tag = tag_of(r);
+    int code = grpc_status_of(&r->saved.h);
+    tally_grpc(r, code >= 0 ? code : grpc_status_of(&r->saved.trailers));
+    r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len,
+                         &r->saved.trailers, &tag);
+    answered(r);
+}
+
+/* Retrying is over without a response to stream: the last upstream response if we have it
+ * whole, else an error of our own. */
+void edge_final(struct retry_req *r)
+{
+    if (edge_saved_whole(r))
+        edge_saved(r);
+    else if (r->last_outcome == RETRY_OUT_TIMEOUT)
+        edge_error(r, 504, "upstream_timeout", "no response from the upstream in time");
+    else if (r->cur->att.bad_head)
+        edge_error(r, 502, "upstream_invalid_response",
+                   "the upstream's response head was malformed or ambiguous");
+    else
+        edge_error(r, 502, "upstream_unavailable", "no response from any upstream attempt");
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""grpc_peer -- a real gRPC server and client (Debian's python3-grpcio) for the integration
+tests of gRPC through retryproxy (tests/integration/test_grpc_e2e.c, docs/grpc.md).
+
+  grpc_peer.py server --record FILE      serves on 127.0.0.1 (a port the kernel picks, printed
+                                          as "port N" once ready) until stdin closes
+  grpc_peer.py call --target HOST:PORT --method /svc.Svc/Echo [--kind unary|server|bidi]
+                    [--message TEXT]... [--metadata KEY=VALUE]... [--timeout SECONDS]
+                                          one call; prints one JSON object: code, details,
+                                          messages received, trailing metadata
+
+Generic handlers, no generated code: messages are raw bytes. The server's methods:
+
+  /test.Echo/Unary        echoes the request message
+  /test.Echo/Server       answers each request with len(message) messages "0".."N-1"...
+  /test.Echo/Bidi         echoes each request message as it comes (a ping-pong needs this)
+  /test.Echo/Slow         sleeps x-sleep-ms, then echoes
+
+A call whose metadata says x-fail: N,CODE,WHERE fails its first N attempts (counted per
+x-request-id) with gRPC status CODE: WHERE "headers" is a Trailers-Only answer, "trailers" one
+message first and then the status in the trailers. Every attempt is recorded as one JSON line:
+method, its metadata, the sha256 of each request message, and what it answered.
+"""
+import argparse
+import hashlib
+import json
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+
+def parse_fail(md):
+    v = md.get("x-fail")
+    if not v:
+        return 0, grpc.StatusCode.OK, "headers"
+    n, code, where = v.split(",")
+    status = next(s for s in grpc.StatusCode if s.value[0] == int(code))
+    return int(n), status, where
+
+
+class Recorder:
+    def __init__(self, path):
+        self.path = path
+        self.lock = threading.Lock()
+        self.attempts = {}
+
+    def attempt(self, md):
+        key = md.get("x-request-id", "")
+        with self.lock:
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            return self.attempts[key]
+
+    def write(self, rec):
+        with self.lock, open(self.path, "a") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
+def serve(args):
+    rec = Recorder(args.record)
+
+    def begin(method, context):
+        md = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+        n, code, where = parse_fail(md)
+        attempt = rec.attempt(md)
+        return md, attempt, (code, where) if attempt <= n else None
+
+    def log(method, md, attempt, requests, answered):
+        rec.write({"method": method, "metadata": md, "attempt": attempt,
+                   "requests": [hashlib.sha256(r).hexdigest() for r in requests],
+                   "sizes": [len(r) for r in requests], "answered": answered})
+
+    def unary(request, context, method="/test.Echo/Unary"):
+        md, attempt, fail = begin(method, context)
+        if method == "/test.Echo/Slow":
+            time.sleep(int(md.get("x-sleep-ms", "0")) / 1000.0)
+        log(method, md, attempt, [request], fail[0].name if fail else "OK")
+        if fail:
+            context.abort(fail[0], "injected failure %d" % attempt)
+        return request
+
+    def server_stream(request, context):
+        md, attempt, fail = begin("/test.Echo/Server", context)
+        log("/test.Echo/Server", md, attempt, [request], fail[0].name if fail else "OK")
+        if fail and fail[1] == "headers":
+            context.abort(fail[0], "injected failure %d" % attempt)
+        if fail:
+            yield b"partial"
+            context.abort(fail[0], "injected failure %d" % attempt)
+        for i in range(len(request)):
+            yield str(i).encode()
+
+    def bidi(request_iterator, context):
+        md, attempt, fail = begin("/test.Echo/Bidi", context)
+        seen = []
+        for r in request_iterator:
+            seen.append(r)
+            yield r
+        log("/test.Echo/Bidi", md, attempt, seen, "OK")
+
+    def unary_of(name):
+        return lambda req, ctx: unary(req, ctx, name)
+
+    handler = grpc.method_handlers_generic_handler("test.Echo", {
+        "Unary": grpc.unary_unary_rpc_method_handler(unary_of("/test.Echo/Unary")),
+        "Slow": grpc.unary_unary_rpc_method_handler(unary_of("/test.Echo/Slow")),
+        "Server": grpc.unary_stream_rpc_method_handler(server_stream),
+        "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
+    })
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print("port %d" % port, flush=True)
+    sys.stdin.read()  # until the test closes our stdin (or goes away)
+    server.stop(0)
+
+
+def call(args):
+    md = [tuple(kv.split("=", 1)) for kv in args.metadata]
+    msgs = [m.encode() for m in args.message] or [b""]
+    out = {"messages": [], "code": "OK", "details": "", "trailers": {}}
+    with grpc.insecure_channel(args.target) as ch:
+        try:
+            if args.kind == "unary":
+                fut = ch.unary_unary(args.method).with_call(msgs[0], timeout=args.timeout,
+                                                            metadata=md)
+                resp, c = fut
+                out["messages"].append(resp.decode(errors="replace"))
+            elif args.kind == "server":
+                c = ch.unary_stream(args.method)(msgs[0], timeout=args.timeout, metadata=md)
+                for m in c:
+                    out["messages"].append(m.decode(errors="replace"))
+            else:
+                # a ping-pong: the next message goes only once the last one's echo came
+                gate = threading.Semaphore(0)
+
+                def requests():
+                    for m in msgs:
+                        yield m
+                        if not gate.acquire(timeout=args.timeout):
+                            return
+                c = ch.stream_stream(args.method)(requests(), timeout=args.timeout, metadata=md)
+                for m in c:
+                    out["messages"].append(m.decode(errors="replace"))
+                    gate.release()
+            out["trailers"] = {k: v for k, v in (c.trailing_metadata() or ())
+                               if isinstance(v, str)}
+        except grpc.RpcError as e:
+            out["code"] = e.code().name
+            out["details"] = e.details() or ""
+            out["trailers"] = {k: v for k, v in (e.trailing_metadata() or ())
+                               if isinstance(v, str)}
+    print(json.dumps(out, sort_keys=True), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("server")
+    s.add_argument("--record", required=True)
+    c = sub.add_parser("call")
+    c.add_argument("--target", required=True)
+    c.add_argument("--method", required=True)
+    c.add_argument("--kind", default="unary", choices=["unary", "server", "bidi"])
+    c.add_argument("--message", action="append", default=[])
+    c.add_argument("--metadata", action="append", default=[])
+    c.add_argument("--timeout", type=float, default=10.0)
+    args = p.parse_args()
+    serve(args) if args.cmd == "server" else call(args)
+
+
+if __name__ == "__main__":
+    main()
