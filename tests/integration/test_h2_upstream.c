@@ -293,6 +293,26 @@ Test(h2_upstream, a_response_with_trailers_arrives_whole)
     http_free(&r);
 }
 
+/* A gRPC call whose status comes in the trailers of an h2c response (docs/grpc.md): they reach
+ * the core with the attempt's end, so UNAVAILABLE there is retried, though the call is a POST. */
+Test(h2_upstream, a_grpc_status_in_h2c_trailers_is_retried)
+{
+    start("\"retry_on\": [\"unavailable\"]", "", "1");
+    const char *h[] = { "X-Request-Id: grpc-1",
+                        "Content-Type: application/grpc",
+                        "x-h2-scenario: trailers",
+                        "x-h2-grpc-status: 14",
+                        "x-h2-fail: 1",
+                        NULL };
+    static const char msg[5] = { 0, 0, 0, 0, 0 };
+    struct http_resp r = call("POST", "/svc/Echo", h, msg, sizeof(msg));
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_eq(h2u_count(h2, "request_id", "grpc-1"), 2);
+    http_free(&r);
+}
+
 /* An attempt past per_try_timeout_ms is cancelled (RST_STREAM CANCEL) and the retry goes on the
  * same connection, which the cancel left open. */
 Test(h2_upstream, a_timed_out_stream_is_cancelled_and_its_connection_serves_the_retry)

@@ -16,7 +16,9 @@ What a request gets comes from its fields:
       rst-mid     200 with content-length (none with x-h2-no-length), half of the body
                   (x-h2-body, 65536 by default), then RST_STREAM INTERNAL_ERROR
       no-status   a response head without :status, then the end of the stream
-      trailers    200, the body, then trailers grpc-status: 0 and grpc-message: done
+      trailers    200, the body, then trailers grpc-status (x-h2-grpc-status, else 0) and
+                  grpc-message: done; a gRPC call (content-type application/grpc...) answered
+                  "ok" gets trailers with grpc-status 0 too
   x-h2-fail: N       only the first N attempts with this x-request-id get the scenario (and
                      the delay); later ones get "ok" at once (attempts counted per x-request-id)
   x-h2-body: N       an "ok" answer's body is N bytes (b"0123456789" repeated), sent as the
@@ -66,6 +68,7 @@ class Stream:
         self.out = b""  # body bytes still to send
         self.end_after = None  # "end", "trailers" or "rst": what follows the body
         self.due = None  # when a delayed answer goes
+        self.grpc_status = "0"
 
 
 class Conn:
@@ -142,7 +145,9 @@ class Conn:
                 ("x-h2-conn", str(self.cid)), ("x-h2-stream", str(sid))]
         self.h2.send_headers(sid, head, end_stream=False)
         st.out = memoryview(data)
-        st.end_after = "trailers" if scenario == "trailers" else "end"
+        grpc = self.field(st, "content-type", "").startswith("application/grpc")
+        st.end_after = "trailers" if scenario == "trailers" or grpc else "end"
+        st.grpc_status = self.field(st, "x-h2-grpc-status", "0") if scenario == "trailers" else "0"
 
     def pump(self):
         """Sends what the flow-control windows allow, stream by stream."""
@@ -165,8 +170,8 @@ class Conn:
             if st.end_after == "end":
                 self.h2.end_stream(sid)
             elif st.end_after == "trailers":
-                self.h2.send_headers(sid, [("grpc-status", "0"), ("grpc-message", "done")],
-                                     end_stream=True)
+                self.h2.send_headers(sid, [("grpc-status", st.grpc_status),
+                                           ("grpc-message", "done")], end_stream=True)
             elif st.end_after == "rst":
                 self.h2.reset_stream(sid, error_code=h2.errors.ErrorCodes.INTERNAL_ERROR)
             del self.streams[sid]
