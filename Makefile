@@ -15,10 +15,10 @@ WERROR ?= 0
 SAN ?=
 TEST_JOBS ?= 2
 
-PKGS := libmicrohttpd libcurl jansson
+PKGS := libmicrohttpd libcurl jansson libnghttp2
 TEST_PKGS := criterion yaml-0.1
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libcriterion-dev pkg-config \
-            openssl libyaml-dev
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libcriterion-dev \
+            pkg-config openssl libyaml-dev
 
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
         -Wimplicit-fallthrough
@@ -81,11 +81,22 @@ deps-core:
 # rules in the tests. Installed as root; where it cannot be (not root, no apt-get), those checks
 # say they were skipped (tests/cli/test_monitoring fails instead when it could have been).
 ifneq ($(TEST_PKGS),)
-deps: promtool
+deps: promtool h2test
 endif
 PROM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	prometheus >/dev/null 2>&1
-.PHONY: deps-core promtool
+# python3-h2 runs the scripted HTTP/2 upstream of tests/integration/test_h2_upstream
+# (tests/tools/h2_upstream.py, with Debian's /usr/bin/python3). Installed as root; elsewhere
+# that suite fails saying the script printed no port.
+H2_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	python3-h2 >/dev/null 2>&1
+h2test: deps-core
+	@/usr/bin/python3 -c 'import h2' 2>/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  command -v apt-get >/dev/null && \
+	  echo "installing python3-h2 for the HTTP/2 upstream tests" && \
+	  { $(H2_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(H2_INSTALL); }; }; } || \
+	  echo "python3-h2 unavailable: test_h2_upstream will fail (apt-get install python3-h2)"
+.PHONY: deps-core promtool h2test
 promtool: deps-core
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  echo "installing promtool (prometheus) for the metrics and alerting rules tests" && \

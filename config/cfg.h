@@ -76,9 +76,17 @@ struct cfg_retry_cond {
     const char *value; /* CFG_RETRY_HEADER: the exact value, or NULL for any */
 };
 
+/* How an upstream is spoken to (docs/http2.md). */
+enum cfg_upstream_proto {
+    CFG_PROTO_HTTP,  /* http://: HTTP/1.1 through libcurl */
+    CFG_PROTO_HTTPS, /* https://: HTTP/1.1 over TLS through libcurl */
+    CFG_PROTO_H2C,   /* h2c://: HTTP/2 over cleartext, prior knowledge (proxy/h2up.h) */
+};
+
 struct cfg_upstream {
     const char *url;    /* as written */
-    const char *origin; /* "http://host:port/": where connections go */
+    const char *origin; /* "http://host:port/" (or https, h2c): where connections go */
+    enum cfg_upstream_proto proto;
     bool https;
     const char *authority; /* host[:port], as written: the Host sent unless preserve_host */
     const char *base_path; /* "" or a prefix such as "/api" (no trailing '/') */

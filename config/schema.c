@@ -793,17 +793,22 @@ static int parse_upstream(struct walk *w, const struct at *at, const json_t *v, 
             return -1;
         }
     }
-    size_t skip;
-    if (len >= 7 && strncasecmp(s, "http://", 7) == 0) {
-        u->https = false;
-        skip = 7;
-    } else if (len >= 8 && strncasecmp(s, "https://", 8) == 0) {
-        u->https = true;
-        skip = 8;
-    } else {
-        err_at(w, at, "must start with http:// or https://");
+    static const char *const schemes[] = {
+        [CFG_PROTO_HTTP] = "http", [CFG_PROTO_HTTPS] = "https", [CFG_PROTO_H2C] = "h2c"
+    };
+    size_t skip = 0;
+    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]) && !skip; i++) {
+        size_t sl = strlen(schemes[i]);
+        if (len >= sl + 3 && strncasecmp(s, schemes[i], sl) == 0 && memcmp(s + sl, "://", 3) == 0) {
+            u->proto = (enum cfg_upstream_proto)i;
+            skip = sl + 3;
+        }
+    }
+    if (!skip) {
+        err_at(w, at, "must start with http://, https:// or h2c:// (HTTP/2 over cleartext)");
         return -1;
     }
+    u->https = u->proto == CFG_PROTO_HTTPS;
     const char *auth = s + skip;
     size_t rest = len - skip;
     const char *slash = memchr(auth, '/', rest);
@@ -831,7 +836,7 @@ static int parse_upstream(struct walk *w, const struct at *at, const json_t *v, 
         plen--;
     u->url = arena_strndup(w->a, s, len);
     u->authority = arena_strndup(w->a, auth, alen);
-    u->origin = arena_printf(w->a, "%s://%.*s/", u->https ? "https" : "http", (int)alen, auth);
+    u->origin = arena_printf(w->a, "%s://%.*s/", schemes[u->proto], (int)alen, auth);
     u->base_path = arena_strndup(w->a, slash ? slash : "", plen);
     return 0;
 }
@@ -1181,7 +1186,8 @@ static const struct field route_fields[] = {
       .doc = "which requests the route takes (first match in file order wins)" },
     LIST_FIELD("upstreams", struct cfg_route, upstreams, n_upstreams, upstream_list,
                F_REQUIRED | F_ROUTE_ONLY, "must hold at least one upstream URL", NULL,
-               "http:// or https:// base URLs, tried round-robin"),
+               "http://, https:// or h2c:// (HTTP/2 over cleartext, docs/http2.md) base URLs, "
+               "tried round-robin"),
     OBJ_FIELD("ejection", struct cfg_route, ejection, ejection_schema, 0,
               "upstream health: an upstream that keeps failing leaves the rotation for a while "
               "(docs/forwarding.md)"),

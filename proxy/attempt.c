@@ -2,10 +2,12 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 
 #include "proxy/headers.h"
+#include "proxy/origin.h"
 
 void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_ops *ops, void *arg)
 {
@@ -203,9 +205,16 @@ static const char *upstream_target(struct attempt *a, const char *base_path, con
     return a->target_buf;
 }
 
+static int launch_h2(struct attempt *a, const struct origin *o, const char *target,
+                     const struct attempt_req *req, uint64_t connect_timeout_ms);
+
 int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
+    const struct origin *h2c = upstream_url_h2c(url);
+    if (h2c)
+        return launch_h2(a, h2c, upstream_target(a, base_path, req->target), req,
+                         connect_timeout_ms);
     CURL *e = upstream_easy_get(a->up);
     if (!e)
         return -1;
@@ -240,6 +249,12 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
 bool attempt_cancel(struct attempt *a)
 {
     upstream_unwait(a->up, &a->slot);
+    if (a->h2) {
+        h2up_cancel(a->h2);
+        a->h2 = NULL;
+        upstream_release_slot(a->up, &a->xfer);
+        return true;
+    }
     if (!a->xfer.easy)
         return false;
     upstream_cancel(a->up, &a->xfer);
@@ -261,10 +276,139 @@ void attempt_commit(struct attempt *a)
 
 void attempt_resume_body(struct attempt *a)
 {
-    resume(a, &a->body_paused);
+    if (a->h2)
+        h2up_resume_body(a->h2);
+    else
+        resume(a, &a->body_paused);
 }
 
 void attempt_resume_upload(struct attempt *a)
 {
-    resume(a, &a->upload_paused);
+    if (a->h2)
+        h2up_resume_upload(a->h2);
+    else
+        resume(a, &a->upload_paused);
+}
+
+/* ---- h2c upstreams (proxy/h2up.h) ---- */
+
+static void h2_head(void *arg, int status)
+{
+    struct attempt *a = arg;
+    a->status = status;
+    a->head_done = true;
+    a->ops->head(a);
+}
+
+static size_t h2_body(void *arg, const char *p, size_t n)
+{
+    struct attempt *a = arg;
+    return a->ops->body(a, p, n); /* ATTEMPT_PAUSE is H2UP_PAUSE */
+}
+
+static size_t h2_upload(void *arg, char *buf, size_t max)
+{
+    struct attempt *a = arg;
+    return a->ops->upload(a, buf, max);
+}
+
+/* A stream the upstream refused, or that never went out, reached no application: not sent,
+ * whatever the method (docs/http2.md). A reset, a lost connection or a response without a
+ * good head is broken, never complete. */
+static void h2_done(void *arg, enum h2up_end end, uint32_t error)
+{
+    (void)error;
+    struct attempt *a = arg;
+    a->sends = end == H2UP_UNSENT ? 0 : 1;
+    a->h2 = NULL;
+    upstream_release_slot(a->up, &a->xfer);
+    a->ops->done(a, end == H2UP_COMPLETE  ? ATTEMPT_COMPLETE
+                    : end == H2UP_STOPPED ? ATTEMPT_REFUSED
+                                          : ATTEMPT_BROKEN);
+}
+
+static const struct h2up_ops h2_ops = {
+    .head = h2_head, .body = h2_body, .upload = h2_upload, .done = h2_done
+};
+
+/* Fields a connection carries in HTTP/1.1 and HTTP/2 forbids (RFC 9113 8.2.2); Host becomes
+ * :authority. */
+static bool connection_specific(const char *k, size_t kl)
+{
+    return HDR_NAME_IS(k, kl, "Connection") || HDR_NAME_IS(k, kl, "Keep-Alive") ||
+           HDR_NAME_IS(k, kl, "Proxy-Connection") || HDR_NAME_IS(k, kl, "Transfer-Encoding") ||
+           HDR_NAME_IS(k, kl, "Upgrade") || HDR_NAME_IS(k, kl, "Host");
+}
+
+size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_t max, char *names,
+                         const char **host, size_t *host_len)
+{
+    size_t n = 0;
+    for (; l && n < max; l = l->next) {
+        const char *d = l->data, *colon = strchr(d, ':');
+        if (!colon)
+            continue;
+        size_t kl = (size_t)(colon - d), vl = strlen(colon + 1);
+        const char *v = hdr_trim(colon + 1, &vl);
+        if (!vl)
+            continue;
+        if (HDR_NAME_IS(d, kl, "Host")) {
+            *host = v;
+            *host_len = vl;
+        }
+        if (connection_specific(d, kl) ||
+            (HDR_NAME_IS(d, kl, "TE") && !(vl == 8 && strncasecmp(v, "trailers", 8) == 0)))
+            continue;
+        for (size_t i = 0; i < kl; i++)
+            names[i] = (char)(d[i] >= 'A' && d[i] <= 'Z' ? d[i] + 32 : d[i]);
+        f[n++] = (struct h2up_field){ names, v, kl, vl };
+        names += kl;
+    }
+    return n;
+}
+
+static int launch_h2(struct attempt *a, const struct origin *o, const char *target,
+                     const struct attempt_req *req, uint64_t connect_timeout_ms)
+{
+    struct h2up *h = upstream_h2(a->up);
+    size_t count = 1, bytes = 0;
+    for (const struct curl_slist *l = req->headers; l; l = l->next, count++)
+        bytes += strlen(l->data);
+    char *buf = malloc(count * sizeof(struct h2up_field) + bytes + 1);
+    if (!h || !buf) {
+        free(buf);
+        return -1;
+    }
+    struct h2up_field *f = (struct h2up_field *)(void *)buf;
+    const char *host = NULL;
+    size_t host_len = 0;
+    size_t n =
+        attempt_h2_fields(req->headers, f, count - 1, buf + count * sizeof(*f), &host, &host_len);
+    /* the body's length, which curl would have sent as Content-Length */
+    char cl[24];
+    int64_t len = req->body == ATTEMPT_BODY_BUFFER   ? (int64_t)req->body_len
+                  : req->body == ATTEMPT_BODY_STREAM ? req->content_length
+                                                     : -1;
+    if (len >= 0)
+        f[n++] = (struct h2up_field){ "content-length", cl, 14,
+                                      (size_t)(hdr_utoa((uint64_t)len, cl) - cl) };
+    char *authority = host ? strndup(host, host_len) : NULL;
+    struct h2up_req r = { .method = req->method,
+                          .path = target,
+                          .authority = authority ? authority : o->authority,
+                          .fields = f,
+                          .n_fields = n,
+                          .has_body = req->body == ATTEMPT_BODY_STREAM,
+                          .buf = req->body == ATTEMPT_BODY_BUFFER ? req->body_buf : NULL,
+                          .len = req->body_len };
+    if (r.buf == NULL && req->body == ATTEMPT_BODY_BUFFER)
+        r.buf = "";
+    a->no_body = strcmp(req->method, "HEAD") == 0;
+    a->h2 = h2up_start(h, o, &r, connect_timeout_ms, &h2_ops, a, &a->head, &a->trailers);
+    free(authority);
+    free(buf);
+    if (!a->h2)
+        return -1;
+    upstream_take_slot(a->up, &a->xfer);
+    return 0;
 }

@@ -1,7 +1,8 @@
 /* attempt -- one upstream attempt of a request: the choice of upstream, the curl transfer's
  * setup, its callbacks (the response head parsed into a header list, body bytes, the upload
  * pulled from the owner), its slot under limits.max_upstream_requests, and its cancel. With
- * upstream.c, the only part that calls libcurl.
+ * upstream.c, the only part that calls libcurl. An h2c upstream's attempt is a stream of
+ * proxy/h2up.h instead, reported through the same struct attempt_ops (docs/http2.md).
  *
  * The owner embeds a struct attempt and learns what happens through struct attempt_ops, each
  * called from the loop (curl's callbacks run inside the multi-socket calls of upstream.c):
@@ -15,6 +16,7 @@
 #include <stdint.h>
 
 #include "policy/rng.h"
+#include "proxy/h2up.h"
 #include "proxy/hlist.h"
 #include "proxy/upstream.h"
 
@@ -63,6 +65,7 @@ struct attempt {
     void *arg; /* the owner's */
     struct upstream *up;
     struct upstream_xfer xfer;
+    struct h2up_stream *h2;    /* an h2c upstream's running stream, instead of xfer.easy */
     struct upstream_wait slot; /* queued for a transfer slot */
     char *target_buf;          /* the upstream's base path + the target */
     unsigned sends;            /* times curl was about to send this attempt's request */
@@ -94,17 +97,18 @@ bool attempt_queue(struct attempt *a);
 int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms);
 
-/* Whether any of the request went out (curl was about to send it): if not, nothing reached
- * the upstream, whatever the error. */
+/* Whether any of the request went out (curl was about to send it, the stream's HEADERS went):
+ * if not, nothing reached the upstream, whatever the error. False for an h2c stream the
+ * upstream refused (REFUSED_STREAM, or a GOAWAY below it): it reached no application. */
 static inline bool attempt_sent(const struct attempt *a)
 {
-    return a->sends > 0;
+    return a->h2 ? h2up_sent(a->h2) : a->sends > 0;
 }
 
 /* Whether its transfer runs (started, not yet ended or cancelled). */
 static inline bool attempt_running(const struct attempt *a)
 {
-    return a->xfer.easy != NULL;
+    return a->xfer.easy != NULL || a->h2 != NULL;
 }
 
 /* Ends the transfer, running or queued for a slot, without ops->done. Returns true if it was
@@ -114,6 +118,15 @@ bool attempt_cancel(struct attempt *a);
 /* Its response is the answer and streams to the client: the transfer gives its slot under
  * limits.max_upstream_requests back and runs on at the client's pace. */
 void attempt_commit(struct attempt *a);
+
+/* The fields of proxy/head.c's list as HTTP/2 fields for an h2c upstream (RFC 9113 8.2) into
+ * 'f' (at most 'max'), their names lowercased into 'names' (room for every name of the list):
+ * connection-specific fields (Connection, Keep-Alive, Proxy-Connection, Transfer-Encoding,
+ * Upgrade) and Host are left out, TE unless it is "trailers", and, as curl would, "Name:"
+ * alone (a removal) and an empty value. Host's value goes to *host (it becomes :authority).
+ * Returns how many; the values point into the list. */
+size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_t max, char *names,
+                         const char **host, size_t *host_len);
 
 /* The owner has room for body bytes again / upload bytes are there. */
 void attempt_resume_body(struct attempt *a);

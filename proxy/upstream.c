@@ -3,10 +3,13 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include "proxy/dlist.h"
+#include "proxy/h2up.h"
+#include "proxy/origin.h"
 
 /* Idle easy handles kept for reuse; more are freed. Each holds some kilobytes (its buffers):
  * after a burst, upstream_trim() keeps POOL_KEEP. */
@@ -53,6 +56,13 @@ struct upstream {
     struct upstream_wait *wait_head; /* owners waiting for a slot, oldest first */
     struct upstream_wait *wait_tail;
     struct loop_timer wake; /* hands free slots to waiting owners */
+    struct h2up *h2;        /* h2c upstreams' sessions (proxy/h2up.h), made when first needed */
+};
+
+/* A parsed upstream origin: curl's URL handle, or an h2c origin of proxy/h2up.h. */
+struct upstream_url {
+    CURLU *curl;
+    struct origin *h2c;
 };
 
 static bool has_slot(const struct upstream *u)
@@ -289,6 +299,7 @@ void upstream_free(struct upstream *u)
         return;
     /* Running transfers were cancelled by their requests when the worker tore them down. */
     loop_timer_stop(u->loop, &u->wake);
+    h2up_free(u->h2);
     for (size_t i = 0; i < SHARDS; i++) {
         loop_timer_stop(u->loop, &u->shards[i].timer);
         if (u->shards[i].multi)
@@ -376,23 +387,60 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
 
 struct upstream_url *upstream_url_new(const char *origin)
 {
-    CURLU *h = curl_url();
-    if (h && curl_url_set(h, CURLUPART_URL, origin, 0) != CURLUE_OK) {
-        curl_url_cleanup(h);
-        h = NULL;
+    struct upstream_url *url = calloc(1, sizeof(*url));
+    if (!url)
+        return NULL;
+    if (strncmp(origin, "h2c://", 6) == 0) {
+        /* "h2c://host:port/": config/schema.c wrote it, with one '/' at the end */
+        char *auth = strndup(origin + 6, strcspn(origin + 6, "/"));
+        url->h2c = auth ? origin_new(auth) : NULL;
+        free(auth);
+        if (!url->h2c)
+            goto fail;
+        return url;
     }
-    return (struct upstream_url *)h;
+    url->curl = curl_url();
+    if (!url->curl || curl_url_set(url->curl, CURLUPART_URL, origin, 0) != CURLUE_OK)
+        goto fail;
+    return url;
+fail:
+    upstream_url_free(url);
+    return NULL;
 }
 
 void upstream_url_free(struct upstream_url *url)
 {
-    curl_url_cleanup((CURLU *)url);
+    if (!url)
+        return;
+    curl_url_cleanup(url->curl);
+    origin_free(url->h2c);
+    free(url);
 }
 
 void upstream_easy_url(CURL *e, const struct upstream_url *url)
 {
     /* curl only reads the handle (it works on a copy of it) */
-    curl_easy_setopt(e, CURLOPT_CURLU, (CURLU *)url);
+    curl_easy_setopt(e, CURLOPT_CURLU, url->curl);
+}
+
+const struct origin *upstream_url_h2c(const struct upstream_url *url)
+{
+    return url->h2c;
+}
+
+struct h2up *upstream_h2(struct upstream *u)
+{
+    if (!u->h2)
+        u->h2 = h2up_new(u->loop);
+    return u->h2;
+}
+
+void upstream_take_slot(struct upstream *u, struct upstream_xfer *x)
+{
+    if (!x->slot) {
+        x->slot = true;
+        u->held++;
+    }
 }
 
 void upstream_trim(struct upstream *u)

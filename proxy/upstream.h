@@ -62,15 +62,22 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
  * from inside a curl callback of that transfer. */
 void upstream_cancel(struct upstream *u, struct upstream_xfer *x);
 
-/* An upstream origin ("http://host:port/") parsed once, for every transfer to it: libcurl
- * copies a parsed URL instead of parsing the string again per transfer. Read-only once made,
- * so transfers of any worker may share it; it must outlive them (the config snapshot that
+/* An upstream origin ("http://host:port/", "h2c://host:port/") parsed once, for every transfer to
+ * it: libcurl copies a parsed URL instead of parsing the string again per transfer. Read-only once
+ * made, so transfers of any worker may share it; it must outlive them (the config snapshot that
  * names the upstream owns it). NULL if out of memory or curl refuses the URL. */
 struct upstream_url;
 struct upstream_url *upstream_url_new(const char *origin);
 void upstream_url_free(struct upstream_url *url); /* accepts NULL */
-/* Points 'e' at 'url'. */
+/* Points 'e' at 'url' (not an h2c one). */
 void upstream_easy_url(CURL *e, const struct upstream_url *url);
+/* An "h2c://host:port/" origin goes through proxy/h2up.h instead of libcurl: its origin
+ * there, or NULL for an http or https one. */
+struct origin;
+const struct origin *upstream_url_h2c(const struct upstream_url *url);
+/* The worker's h2c sessions (made on first use), or NULL out of memory. */
+struct h2up;
+struct h2up *upstream_h2(struct upstream *u);
 
 /* A burst is over: idle easy handles beyond a few are freed (proxy/server.c's trim). */
 void upstream_trim(struct upstream *u);
@@ -83,6 +90,9 @@ size_t upstream_active(const struct upstream *u);
  * number of requests; the others wait their turn in order. A transfer holds its slot from its
  * start until it ends or upstream_release_slot(). */
 void upstream_set_cap(struct upstream *u, size_t cap);
+/* 'x' takes a slot without a curl transfer (an h2c stream): upstream_release_slot() gives it
+ * back. The caller checked upstream_full() (attempt_queue). */
+void upstream_take_slot(struct upstream *u, struct upstream_xfer *x);
 /* The running transfer 'x' gives its slot back and runs on outside the cap: its response is
  * committed to a client and streams at that client's pace, which the cap must not wait on
  * (docs/hardening.md, "Slow readers"). A no-op when it holds none. */

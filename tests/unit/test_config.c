@@ -262,6 +262,27 @@ Test(config, upstreams_are_split_into_scheme_authority_and_base_path)
     cfg_unref(c);
 }
 
+/* docs/http2.md: h2c:// is HTTP/2 over cleartext with prior knowledge, any case of the scheme
+ * like the others. */
+Test(config, h2c_upstream_is_http2_over_cleartext)
+{
+    struct cfg *c =
+        load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"h2c://grpc.internal:50051/svc/\","
+             " \"H2C://10.0.0.1\", \"http://h:81\", \"https://h\"]}]}");
+    const struct cfg_route *r = &c->routes[0];
+    cr_assert_eq(r->n_upstreams, 4);
+    cr_expect_eq(r->upstreams[0].proto, CFG_PROTO_H2C);
+    cr_expect_not(r->upstreams[0].https);
+    cr_expect_str_eq(r->upstreams[0].authority, "grpc.internal:50051");
+    cr_expect_str_eq(r->upstreams[0].base_path, "/svc");
+    cr_expect_str_eq(r->upstreams[0].origin, "h2c://grpc.internal:50051/");
+    cr_expect_eq(r->upstreams[1].proto, CFG_PROTO_H2C);
+    cr_expect_str_eq(r->upstreams[1].origin, "h2c://10.0.0.1/");
+    cr_expect_eq(r->upstreams[2].proto, CFG_PROTO_HTTP);
+    cr_expect_eq(r->upstreams[3].proto, CFG_PROTO_HTTPS);
+    cfg_unref(c);
+}
+
 Test(config, retry_on_tokens_become_conditions_in_file_order)
 {
     struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"

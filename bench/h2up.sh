@@ -1,0 +1,79 @@
+#!/bin/bash
+# bench/h2up.sh -- CPU per request through retryproxy for an HTTP/1.1 client to an h2c upstream
+# (nghttpd --no-tls) against the same to an http upstream (nginx), both serving the same 3-byte
+# file; docs/http2.md quotes the result.
+#
+#   BUILD=build bench/h2up.sh          # REPS=5 SECS=5 CONNS=16 by default
+#
+# Each repetition runs both targets, alternating, each on a proxy of its own (one worker) driven
+# by wrk -t1; the proxy's CPU (user + system, /proc/PID/stat) over the run divided by the
+# requests wrk completed. Prints a row per run and the medians.
+set -euo pipefail
+BUILD=${BUILD:-build}
+REPS=${REPS:-5}
+SECS=${SECS:-5}
+CONNS=${CONNS:-16}
+BIN=$BUILD/retryproxy
+DIR=$(mktemp -d /tmp/retryproxy-h2up-bench-XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+mkdir -p "$DIR/www" "$DIR/nginx/logs"
+chmod 755 "$DIR" "$DIR/www" # nginx workers run as nobody
+printf 'ok\n' >"$DIR/www/ok"
+P_H2=$(free_port); P_H1=$(free_port)
+nghttpd --no-tls -d "$DIR/www" "$P_H2" >"$DIR/nghttpd.log" 2>&1 &
+PIDS+=($!)
+cat >"$DIR/nginx/nginx.conf" <<EOF
+daemon off; worker_processes 1; error_log $DIR/nginx/logs/error.log; pid $DIR/nginx/nginx.pid;
+events { worker_connections 1024; }
+http { access_log off; keepalive_requests 1000000;
+  server { listen 127.0.0.1:$P_H1; root $DIR/www; } }
+EOF
+nginx -p "$DIR/nginx/" -c "$DIR/nginx/nginx.conf" &
+PIDS+=($!)
+wait_port "$P_H2"; wait_port "$P_H1"
+
+# one proxy per target, started once
+declare -A PX URLS
+for t in h2c http; do
+    p=$(free_port); a=$(free_port)
+    up=$([ $t = h2c ] && echo "h2c://127.0.0.1:$P_H2" || echo "http://127.0.0.1:$P_H1")
+    cat >"$DIR/$t.json" <<EOF
+{"listen": "127.0.0.1:$p", "admin": "127.0.0.1:$a", "log": {"level": "warn"},
+ "routes": [{"name": "r", "upstreams": ["$up"]}]}
+EOF
+    "$BIN" -c "$DIR/$t.json" --workers 1 >"$DIR/$t.log" 2>&1 &
+    PX[$t]=$!; PIDS+=($!); URLS[$t]="http://127.0.0.1:$p/ok"
+    wait_port "$p"
+    curl -sf "${URLS[$t]}" >/dev/null || { echo "$t: no 200 through the proxy" >&2; exit 1; }
+done
+
+HZ=$(getconf CLK_TCK)
+echo "target  rep  requests  req/s  cpu_us_per_req"
+for rep in $(seq "$REPS"); do
+    for t in h2c http; do
+        c0=$(cpu_ticks "${PX[$t]}")
+        out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" "${URLS[$t]}")
+        c1=$(cpu_ticks "${PX[$t]}")
+        n=$(echo "$out" | awk '/requests in/ {print $1}')
+        non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
+        [ -z "$non2xx" ] || { echo "$t: $non2xx non-2xx answers" >&2; exit 1; }
+        us=$(awk -v c=$((c1 - c0)) -v hz="$HZ" -v n="$n" 'BEGIN {printf "%.1f", c / hz * 1e6 / n}')
+        echo "$t $rep $n $((n / SECS)) $us" | tee -a "$DIR/rows"
+    done
+done
+echo "medians (cpu µs per request, req/s):"
+for t in h2c http; do
+    awk -v t=$t '$1 == t {print $5, $4}' "$DIR/rows" | sort -n |
+        awk -v t=$t '{us[NR]=$1; rs[NR]=$2} END {m=int((NR+1)/2); printf "%-5s %s µs  %s req/s\n", t, us[m], rs[m]}'
+done

@@ -1,0 +1,65 @@
+#include "proxy/origin.h"
+
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct origin *origin_new(const char *authority)
+{
+    struct origin *o = calloc(1, sizeof(*o));
+    if (!o || !(o->authority = strdup(authority)))
+        goto fail;
+    char host[256];
+    const char *port = "80";
+    const char *a = authority, *end;
+    if (a[0] == '[') {
+        end = strchr(a, ']');
+        if (!end)
+            end = a + strlen(a);
+        a++;
+        if (*end == ']' && end[1] == ':')
+            port = end + 2;
+    } else {
+        end = strchr(a, ':');
+        if (end)
+            port = end + 1;
+        else
+            end = a + strlen(a);
+    }
+    size_t hl = (size_t)(end - a);
+    if (hl >= sizeof(host))
+        hl = sizeof(host) - 1;
+    memcpy(host, a, hl);
+    host[hl] = '\0';
+    /* Resolved once, with the snapshot (not in a worker: a lookup blocks). */
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
+    struct addrinfo *res = NULL;
+    char addr[64] = "";
+    if (getaddrinfo(host, port, &hints, &res) == 0 && res && res->ai_addrlen <= sizeof(o->addr)) {
+        memcpy(&o->addr, res->ai_addr, res->ai_addrlen);
+        o->addr_len = res->ai_addrlen;
+        getnameinfo(res->ai_addr, res->ai_addrlen, addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
+    }
+    if (res)
+        freeaddrinfo(res);
+    /* the address too: after a reload that resolved the name anew, connections to the old
+     * address take no new stream */
+    if (asprintf(&o->key, "%s:%s@%s", host, port, addr) < 0) {
+        o->key = NULL;
+        goto fail;
+    }
+    return o;
+fail:
+    origin_free(o);
+    return NULL;
+}
+
+void origin_free(struct origin *o)
+{
+    if (!o)
+        return;
+    free(o->authority);
+    free(o->key);
+    free(o);
+}

@@ -1,0 +1,431 @@
+/* h2c upstreams, end to end (docs/http2.md): an HTTP/1.1 client (curl, or raw bytes), the real
+ * binary, and the scripted HTTP/2 upstream of tests/tools/h2_upstream.py, whose records say
+ * what reached it on which connection and stream. */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/support/fixture.h"
+#include "tests/support/h2u.h"
+
+#define T 20000 /* ms: upper bound for any single request in these tests */
+
+static struct h2u *h2;
+
+static void stop(void)
+{
+    h2u_stop_all();
+    fx_stop();
+}
+
+TestSuite(h2_upstream, .fini = stop, .timeout = 90);
+
+/* The h2 upstream and a proxy with route "r" to it (base path /base): 'retry' are members of
+ * the route's retry object besides a fast backoff, 'extra' more route members (either ""). */
+static void start(const char *retry, const char *extra, const char *workers)
+{
+    h2 = h2u_start();
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "r", "\"upstreams\": [\"%s\"], \"retry\": {" CFG_FAST "%s%s}%s%s",
+               h2u_url(h2, "/base"), *retry ? ", " : "", retry, *extra ? ", " : "", extra);
+    fx_start_b(b, "--workers", workers, NULL);
+}
+
+static struct http_resp call(const char *method, const char *path, const char *const *h,
+                             const void *body, size_t len)
+{
+    struct http_resp r;
+    http_do(method, fx_url(path), h, body, len, T, &r);
+    return r;
+}
+
+/* Sends the request (a body of strlen(body) bytes, if any) and asserts its answer: 'status'
+ * after 'attempts' attempts (X-Retry-Attempts). */
+static void expect_answer(const char *method, const char *path, const char *const *h,
+                          const char *body, long status, const char *attempts)
+{
+    struct http_resp r = call(method, path, h, body, body ? strlen(body) : 0);
+    cr_assert_eq(r.rc, 0, "%s %s: curl error %d", method, path, r.rc);
+    cr_expect_eq(r.status, status, "%s %s: %ld", method, path, r.status);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), attempts);
+    if (body && status == 200)
+        cr_expect_eq(r.body_len, strlen(body), "%s %s: not the body echoed", method, path);
+    http_free(&r);
+}
+
+/* The value of field 'name' in a record's "headers" ([[name, value], ...]), or NULL. */
+static const char *rec_field(const json_t *rec, const char *name)
+{
+    const json_t *hs = json_object_get(rec, "headers"), *kv;
+    size_t i;
+    json_array_foreach(hs, i, kv)
+    {
+        if (strcmp(json_string_value(json_array_get(kv, 0)), name) == 0)
+            return json_string_value(json_array_get(kv, 1));
+    }
+    return NULL;
+}
+
+static bool has_reset(void *arg)
+{
+    (void)arg;
+    return h2u_count(h2, "action", "reset-by-client") > 0;
+}
+
+/* The first stream the proxy reset, waited for (the reset goes out after the answer that made
+ * it): asserted, the caller decrefs. */
+static json_t *wait_reset(void)
+{
+    cr_assert(fx_wait(has_reset, NULL, 5000, 10), "no stream was reset");
+    return h2u_find(h2, "action", "reset-by-client");
+}
+
+static int64_t rec_int(const json_t *rec, const char *key)
+{
+    return json_integer_value(json_object_get(rec, key));
+}
+
+static char *sha256_hex(const void *p, size_t n)
+{
+    char path[64], cmd[128];
+    snprintf(path, sizeof(path), "/tmp/retryproxy-h2sha-%d", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "sha256sum %s", path);
+    FILE *pf = popen(cmd, "r");
+    cr_assert_not_null(pf);
+    static char hex[65];
+    cr_assert_eq(fscanf(pf, "%64s", hex), 1);
+    pclose(pf);
+    unlink(path);
+    return hex;
+}
+
+Test(h2_upstream, get_reaches_the_upstream_as_http2_with_method_path_authority_and_fields)
+{
+    start("", "", "1");
+    const char *h[] = { "X-Request-Id: get-1", "X-Custom: Value One", "Connection: keep-alive",
+                        "Keep-Alive: timeout=5", NULL };
+    struct http_resp r = call("GET", "/hello?x=1", h, NULL, 0);
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_eq(r.body_len, 3);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
+    json_t *rec = h2u_find(h2, "request_id", "get-1");
+    cr_assert_not_null(rec);
+    cr_expect_str_eq(json_string_value(json_object_get(rec, "method")), "GET");
+    cr_expect_str_eq(json_string_value(json_object_get(rec, "path")), "/base/hello?x=1");
+    cr_expect_str_eq(json_string_value(json_object_get(rec, "scheme")), "http");
+    char auth[64];
+    snprintf(auth, sizeof(auth), "127.0.0.1:%u", h2u_port(h2));
+    cr_expect_str_eq(json_string_value(json_object_get(rec, "authority")), auth);
+    cr_expect_str_eq(rec_field(rec, "x-custom"), "Value One");
+    cr_expect_str_eq(rec_field(rec, "x-retry-attempt"), "1");
+    cr_expect_str_eq(rec_field(rec, "x-forwarded-proto"), "http");
+    /* connection-specific fields and Host never go out on HTTP/2 (RFC 9113 8.2.2) */
+    cr_expect_null(rec_field(rec, "connection"));
+    cr_expect_null(rec_field(rec, "keep-alive"));
+    cr_expect_null(rec_field(rec, "host"));
+    cr_expect_null(rec_field(rec, "content-length"));
+    cr_expect_eq(rec_int(rec, "body_len"), 0);
+    json_decref(rec);
+    http_free(&r);
+}
+
+Test(h2_upstream, preserve_host_sends_the_clients_host_as_authority)
+{
+    start("", "\"preserve_host\": true", "1");
+    const char *h[] = { "X-Request-Id: host-1", "Host: api.example.com:8443", NULL };
+    struct http_resp r = call("GET", "/h", h, NULL, 0);
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    json_t *rec = h2u_find(h2, "request_id", "host-1");
+    cr_assert_not_null(rec);
+    cr_expect_str_eq(json_string_value(json_object_get(rec, "authority")), "api.example.com:8443");
+    cr_expect_null(rec_field(rec, "host"));
+    json_decref(rec);
+    http_free(&r);
+}
+
+/* A body kept for retries (below max_retry_body_bytes) and one streamed once (above it). */
+Test(h2_upstream, post_bodies_buffered_and_streamed_reach_the_upstream_whole)
+{
+    start("\"max_retry_body_bytes\": 65536", "", "1");
+    size_t sizes[] = { 1000, 3 * 1024 * 1024 + 7 };
+    for (size_t k = 0; k < 2; k++) {
+        size_t n = sizes[k];
+        char *body = malloc(n);
+        for (size_t i = 0; i < n; i++)
+            body[i] = (char)('a' + (i * 7 + k) % 26);
+        char id[64], idh[96];
+        snprintf(id, sizeof(id), "post-%zu", k);
+        snprintf(idh, sizeof(idh), "X-Request-Id: %s", id);
+        const char *h[] = { idh, "Content-Type: application/octet-stream", NULL };
+        struct http_resp r = call("POST", "/p", h, body, n);
+        cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+        cr_expect_eq(r.status, 200);
+        cr_expect_eq(r.body_len, n, "echo of %zu bytes: %zu", n, r.body_len);
+        json_t *rec = h2u_find(h2, "request_id", id);
+        cr_assert_not_null(rec);
+        cr_expect_str_eq(json_string_value(json_object_get(rec, "method")), "POST");
+        cr_expect_eq(rec_int(rec, "body_len"), (int64_t)n);
+        cr_expect_str_eq(json_string_value(json_object_get(rec, "body_sha256")),
+                         sha256_hex(body, n));
+        char cl[32];
+        snprintf(cl, sizeof(cl), "%zu", n);
+        cr_expect_str_eq(rec_field(rec, "content-length"), cl);
+        cr_expect_str_eq(rec_field(rec, "content-type"), "application/octet-stream");
+        json_decref(rec);
+        http_free(&r);
+        free(body);
+    }
+}
+
+/* 40 calls one after another, then 4 at once, go over one connection: streams multiplex. */
+Test(h2_upstream, many_calls_share_one_connection)
+{
+    start("", "", "1");
+    for (int i = 0; i < 40; i++) {
+        struct http_resp r = call("GET", "/seq", NULL, NULL, 0);
+        cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+        cr_assert_eq(r.status, 200);
+        http_free(&r);
+    }
+    char url[FX_CALLS][128];
+    for (int i = 0; i < FX_CALLS; i++) {
+        snprintf(url[i], sizeof(url[i]), "%s", fx_url("/par"));
+        http_call_start(&fx_calls[i], url[i], NULL, NULL);
+    }
+    for (int i = 0; i < FX_CALLS; i++) {
+        http_call_join(&fx_calls[i]);
+        cr_expect_eq(fx_calls[i].r.status, 200);
+    }
+    cr_expect_eq(h2u_count(h2, "action", "answered"), 40 + FX_CALLS);
+    cr_expect_eq(h2u_connections(h2), 1, "connections: %zu", h2u_connections(h2));
+}
+
+/* REFUSED_STREAM: nothing reached the application, so even a POST (not in retry.methods) goes
+ * again, and the upstream processed it once. */
+Test(h2_upstream, refused_stream_on_a_post_is_retried_and_processed_once)
+{
+    start("", "", "1");
+    const char *h[] = { "X-Request-Id: refused-1", "x-h2-scenario: refuse", "x-h2-fail: 1", NULL };
+    expect_answer("POST", "/order", h, "one order", 200, "2");
+    cr_expect_eq(h2u_count(h2, "action", "refused"), 1);
+    /* counted as any attempt is: the refused one as a connect failure */
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"connect_failure\"}"),
+                 1);
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 1);
+    cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
+    json_t *rec = h2u_find(h2, "action", "answered");
+    cr_assert_not_null(rec);
+    cr_expect_str_eq(rec_field(rec, "x-retry-attempt"), "2");
+    json_decref(rec);
+}
+
+/* A GOAWAY whose last_stream_id is below the stream: the stream was not processed, the POST
+ * goes again on a new connection. */
+Test(h2_upstream, goaway_below_the_stream_is_retried_on_a_new_connection)
+{
+    start("", "", "1");
+    const char *h[] = { "X-Request-Id: goaway-1", "x-h2-scenario: goaway", "x-h2-fail: 1", NULL };
+    expect_answer("POST", "/order", h, "one order", 200, "2");
+    cr_expect_eq(h2u_count(h2, "action", "goaway"), 1);
+    cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
+    cr_expect_eq(h2u_connections(h2), 2);
+}
+
+/* RST_STREAM after half the body: never a complete 200. A small response is collected before
+ * it is answered, a large one streams; with a content-length and without one (the client's
+ * framing would then be chunked, and only the proxy can tell it broke off): either way the
+ * client sees a 502 or the truncation. */
+Test(h2_upstream, rst_mid_body_is_never_passed_off_as_a_good_response)
+{
+    start("", "", "1");
+    const char *sizes[] = { "x-h2-body: 20000", "x-h2-body: 1000000" };
+    const char *lengths[] = { "x-h2-length: yes", "x-h2-no-length: 1" };
+    for (size_t k = 0; k < 4; k++) {
+        const char *h[] = { "x-h2-scenario: rst-mid", sizes[k % 2], lengths[k / 2], NULL };
+        struct http_resp r = call("GET", "/big", h, NULL, 0);
+        bool whole = r.rc == 0 && r.status == 200;
+        cr_expect_not(whole, "%s, %s: a reset response passed as complete (%zu bytes)",
+                      sizes[k % 2], lengths[k / 2], r.body_len);
+        cr_expect(r.rc != 0 || r.status == 502, "%s, %s: curl %d, status %ld", sizes[k % 2],
+                  lengths[k / 2], r.rc, r.status);
+        http_free(&r);
+    }
+}
+
+/* A head without :status is no response: a reset, retried as retry_on says, then a 502; one such
+ * answer then a good one is the good one. */
+Test(h2_upstream, head_without_status_is_a_reset_retried_then_502)
+{
+    start("\"max_attempts\": 3", "", "1");
+    const char *h[] = { "X-Request-Id: nostatus-1", "x-h2-scenario: no-status", NULL };
+    expect_answer("GET", "/n", h, NULL, 502, "3");
+    cr_expect_eq(h2u_count(h2, "request_id", "nostatus-1"), 3);
+    const char *once[] = { "X-Request-Id: nostatus-2", "x-h2-scenario: no-status", "x-h2-fail: 1",
+                           NULL };
+    expect_answer("GET", "/n", once, NULL, 200, "2");
+}
+
+Test(h2_upstream, no_status_is_not_retried_when_retry_on_leaves_reset_out)
+{
+    start("\"retry_on\": [\"connect-failure\", \"5xx\"]", "", "1");
+    const char *h[] = { "X-Request-Id: nostatus-3", "x-h2-scenario: no-status", "x-h2-fail: 1",
+                        NULL };
+    expect_answer("GET", "/n", h, NULL, 502, "1");
+}
+
+Test(h2_upstream, a_response_with_trailers_arrives_whole)
+{
+    start("", "", "1");
+    const char *h[] = { "x-h2-scenario: trailers", "x-h2-body: 100000", NULL };
+    struct http_resp r = call("GET", "/t", h, NULL, 0);
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_eq(r.body_len, 100000);
+    http_free(&r);
+}
+
+/* A gRPC call whose status comes in the trailers of an h2c response (docs/grpc.md): they reach
+ * the core with the attempt's end, so UNAVAILABLE there is retried, though the call is a POST. */
+Test(h2_upstream, a_grpc_status_in_h2c_trailers_is_retried)
+{
+    start("\"retry_on\": [\"unavailable\"]", "", "1");
+    const char *h[] = { "X-Request-Id: grpc-1",
+                        "Content-Type: application/grpc",
+                        "x-h2-scenario: trailers",
+                        "x-h2-grpc-status: 14",
+                        "x-h2-fail: 1",
+                        NULL };
+    static const char msg[5] = { 0, 0, 0, 0, 0 };
+    struct http_resp r = call("POST", "/svc/Echo", h, msg, sizeof(msg));
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_eq(h2u_count(h2, "request_id", "grpc-1"), 2);
+    http_free(&r);
+}
+
+/* An attempt past per_try_timeout_ms is cancelled (RST_STREAM CANCEL) and the retry goes on the
+ * same connection, which the cancel left open. */
+Test(h2_upstream, a_timed_out_stream_is_cancelled_and_its_connection_serves_the_retry)
+{
+    start("\"retry_on\": [\"timeout\"]", "\"per_try_timeout_ms\": 300", "1");
+    const char *h[] = { "X-Request-Id: slowtry-1", "x-h2-delay-ms: 3000", "x-h2-fail: 1", NULL };
+    struct http_resp r = call("GET", "/late", h, NULL, 0);
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_lt(r.seconds, 2.5, "took %.2f s", r.seconds);
+    /* the first attempt was reset (CANCEL, 0x8) before its answer, the second answered */
+    json_t *rst = wait_reset();
+    cr_expect_str_eq(json_string_value(json_object_get(rst, "request_id")), "slowtry-1");
+    cr_expect_eq(rec_int(rst, "error_code"), 8);
+    json_decref(rst);
+    json_t *rec = h2u_find(h2, "action", "answered");
+    cr_assert_not_null(rec);
+    cr_expect_str_eq(rec_field(rec, "x-retry-attempt"), "2");
+    json_decref(rec);
+    cr_expect_eq(h2u_connections(h2), 1);
+    http_free(&r);
+    r = call("GET", "/after", NULL, NULL, 0);
+    cr_expect_eq(r.status, 200);
+    cr_expect_eq(h2u_connections(h2), 1);
+    http_free(&r);
+}
+
+/* Hedging: the first attempt runs on past per_try_timeout_ms while the second goes on the same
+ * connection; the second's answer wins and the first stream is reset (the loser's cancel comes
+ * from inside the winner's head callback). */
+Test(h2_upstream, a_hedged_attempt_wins_and_the_other_stream_is_reset)
+{
+    start("\"retry_on\": [\"timeout\"], \"hedge_on_per_try_timeout\": true",
+          "\"per_try_timeout_ms\": 200", "1");
+    const char *h[] = { "X-Request-Id: hedge-1", "x-h2-delay-ms: 3000", "x-h2-fail: 1", NULL };
+    expect_answer("GET", "/hedge", h, NULL, 200, "2");
+    json_t *rst = wait_reset();
+    cr_expect_str_eq(json_string_value(json_object_get(rst, "request_id")), "hedge-1");
+    json_decref(rst);
+    cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
+    cr_expect_eq(h2u_connections(h2), 1);
+    expect_answer("GET", "/after", NULL, NULL, 200, "1");
+}
+
+/* No h2c connection (a port nothing listens on, a name that does not resolve): connect
+ * failures, retried on the next upstream whatever the method. */
+Test(h2_upstream, a_refused_connection_is_a_connect_failure_retried_for_a_post)
+{
+    h2 = h2u_start();
+    struct cfgb *b = cfgb_new();
+    char closed[64];
+    snprintf(closed, sizeof(closed), "h2c://127.0.0.1:%u", fx_closed_port());
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"%s\", \"h2c://nowhere.invalid:80\", \"%s\"], "
+               "\"retry\": {" CFG_FAST "}",
+               closed, h2u_url(h2, ""));
+    fx_start_b(b, "--workers", "1", NULL);
+    const char *h[] = { "X-Request-Id: closed-1", NULL };
+    expect_answer("POST", "/o", h, "order", 200, "3");
+    cr_expect_eq(h2u_count(h2, "request_id", "closed-1"), 1);
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"connect_failure\"}"),
+                 2);
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 1);
+}
+
+static bool answered_once(void *arg)
+{
+    (void)arg;
+    return h2u_count(h2, "request_id", "slow-1") == 1;
+}
+
+/* One call's client reads nothing: only that stream's window closes. Another call on the same
+ * upstream connection completes meanwhile, the proxy holds at most about a window of the
+ * stalled body, and the slow call's body arrives whole once it is read. */
+Test(h2_upstream, a_slow_reader_does_not_stall_other_calls_on_the_connection)
+{
+    start("", "\"timeout_ms\": 60000", "1");
+    long rss0 = px_rss_kb(px);
+    int fd = fx_hold(raw_dial(px->port));
+    const size_t big = 64u * 1024 * 1024;
+    char req[256];
+    int rl =
+        snprintf(req, sizeof(req),
+                 "GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Request-Id: slow-1\r\n"
+                 "x-h2-body: %zu\r\n\r\n",
+                 big);
+    cr_assert(raw_send_all(fd, req, (size_t)rl));
+    cr_assert(fx_wait(answered_once, NULL, 10000, 20));
+    sleep_ms(1500); /* the upstream sends what the windows allow */
+    const char *h[] = { "X-Request-Id: fast-1", NULL };
+    int64_t t0 = now_ms();
+    struct http_resp r = call("GET", "/fast", h, NULL, 0);
+    int64_t took = now_ms() - t0;
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_lt(took, 5000, "the other call took %lld ms", (long long)took);
+    json_t *slow = h2u_find(h2, "request_id", "slow-1"),
+           *fast = h2u_find(h2, "request_id", "fast-1");
+    cr_assert(slow && fast);
+    cr_expect_eq(rec_int(slow, "conn"), rec_int(fast, "conn"), "not on the same connection");
+    json_decref(slow);
+    json_decref(fast);
+    http_free(&r);
+    /* not the 64 MiB the upstream would send without flow control */
+    long grown = px_rss_kb(px) - rss0;
+    cr_expect_lt(grown, 24 * 1024, "the proxy grew by %ld KiB", grown);
+    /* the slow call's body, read now, is whole */
+    char buf[65536];
+    size_t got = 0;
+    ssize_t n;
+    while ((n = raw_recv(fd, buf, sizeof(buf), 10000)) > 0)
+        got += (size_t)n;
+    cr_expect_gt(got, big, "read %zu bytes", got);
+    cr_expect_lt(got, big + 1024, "read %zu bytes", got);
+}

@@ -1,0 +1,139 @@
+#include "tests/support/h2u.h"
+
+#include <criterion/criterion.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/support/proc.h"
+
+#define H2U_MAX 2
+
+struct h2u {
+    pid_t pid;
+    int in; /* its stdin: it exits when this closes */
+    uint16_t port;
+    char record[96];
+};
+
+static struct h2u running[H2U_MAX];
+static size_t n_running;
+
+struct h2u *h2u_start(void)
+{
+    cr_assert_lt(n_running, H2U_MAX, "too many h2 upstreams");
+    struct h2u *u = &running[n_running];
+    snprintf(u->record, sizeof(u->record), "/tmp/retryproxy-h2u-%d-%zu.jsonl", (int)getpid(),
+             n_running);
+    unlink(u->record);
+    int in[2], out[2];
+    cr_assert_eq(pipe(in), 0);
+    cr_assert_eq(pipe(out), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[1]);
+        close(out[0]);
+        execl("/usr/bin/python3", "python3", "tests/tools/h2_upstream.py", u->record, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    u->pid = pid;
+    u->in = in[1];
+    n_running++;
+    char buf[32] = "";
+    size_t len = 0;
+    int64_t until = now_ms() + 10000;
+    while (len < sizeof(buf) - 1 && !memchr(buf, '\n', len) && now_ms() < until) {
+        struct pollfd p = { .fd = out[0], .events = POLLIN };
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t n = read(out[0], buf + len, sizeof(buf) - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        buf[len] = '\0';
+    }
+    close(out[0]);
+    u->port = (uint16_t)atoi(buf);
+    cr_assert_gt(u->port, 0, "h2_upstream.py printed no port (python3-h2 missing?)");
+    return u;
+}
+
+uint16_t h2u_port(const struct h2u *u)
+{
+    return u->port;
+}
+
+const char *h2u_url(const struct h2u *u, const char *base)
+{
+    static char url[128];
+    snprintf(url, sizeof(url), "h2c://127.0.0.1:%u%s", u->port, base);
+    return url;
+}
+
+json_t *h2u_records(const struct h2u *u)
+{
+    json_t *all = json_array();
+    char *text = proc_read_file(u->record);
+    for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        else
+            break; /* a line still being written */
+        json_t *j = json_loads(line, 0, NULL);
+        if (j)
+            json_array_append_new(all, j);
+    }
+    free(text);
+    return all;
+}
+
+static bool matches(const json_t *r, const char *key, const char *value)
+{
+    const json_t *v = json_object_get(r, key);
+    return json_is_string(v) && strcmp(json_string_value(v), value) == 0;
+}
+
+size_t h2u_count(const struct h2u *u, const char *key, const char *value)
+{
+    json_t *all = h2u_records(u), *r;
+    size_t i, n = 0;
+    json_array_foreach(all, i, r) n += matches(r, key, value);
+    json_decref(all);
+    return n;
+}
+
+json_t *h2u_find(const struct h2u *u, const char *key, const char *value)
+{
+    json_t *all = h2u_records(u), *r, *found = NULL;
+    size_t i;
+    json_array_foreach(all, i, r) if (!found && matches(r, key, value)) found = json_incref(r);
+    json_decref(all);
+    return found;
+}
+
+size_t h2u_connections(const struct h2u *u)
+{
+    return h2u_count(u, "event", "accepted");
+}
+
+void h2u_stop_all(void)
+{
+    for (size_t i = 0; i < n_running; i++) {
+        struct h2u *u = &running[i];
+        close(u->in);
+        kill(u->pid, SIGTERM);
+        waitpid(u->pid, NULL, 0);
+        unlink(u->record);
+    }
+    n_running = 0;
+}

@@ -1,0 +1,38 @@
+/* h2u -- the scripted HTTP/2 cleartext upstream (tests/tools/h2_upstream.py, run by Debian's
+ * /usr/bin/python3 with python3-h2) for integration tests: start it on a port the kernel picks,
+ * read what it recorded per connection and stream, stop it.
+ *
+ *   struct h2u *u = h2u_start();
+ *   fx_start_b(... "\"upstreams\": [\"%s\"]", h2u_url(u, "/base") ...);
+ *   ... json_t *recs = h2u_records(u); ... h2u_count(u, "action", "answered") ...
+ *
+ * Its scenarios (x-h2-scenario, x-h2-fail, x-h2-body, x-h2-delay-ms) are described at the top
+ * of the script. h2u_stop_all() belongs in the suite's .fini, before fx_stop().
+ */
+#ifndef RETRYPROXY_TESTS_SUPPORT_H2U_H
+#define RETRYPROXY_TESTS_SUPPORT_H2U_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct h2u;
+
+/* Starts one (asserts that it printed its port within 10 s). */
+struct h2u *h2u_start(void);
+uint16_t h2u_port(const struct h2u *u);
+/* "h2c://127.0.0.1:PORT" + base, in a static buffer. */
+const char *h2u_url(const struct h2u *u, const char *base);
+/* Every record so far, as a JSON array (caller decrefs): request records and
+ * {"conn": N, "event": "accepted"} lines. */
+json_t *h2u_records(const struct h2u *u);
+/* Records whose string member 'key' equals 'value' (request_id, action, ...). */
+size_t h2u_count(const struct h2u *u, const char *key, const char *value);
+/* The first record whose member 'key' is 'value', or NULL (caller decrefs). */
+json_t *h2u_find(const struct h2u *u, const char *key, const char *value);
+/* Connections it accepted. */
+size_t h2u_connections(const struct h2u *u);
+/* Stops every one started. */
+void h2u_stop_all(void);
+
+#endif

@@ -1,0 +1,307 @@
+#!/usr/bin/python3
+"""h2_upstream -- a scripted HTTP/2 cleartext (prior knowledge) upstream for integration tests.
+
+Run with Debian's /usr/bin/python3 (python3-h2). Listens on 127.0.0.1, on a port the kernel
+picks, and prints "PORT\\n" on stdout once it accepts. Every request is recorded as one JSON line
+in RECORD_FILE (flushed at once) when it is answered: connection and stream number, method,
+path, authority, scheme, the fields as received, the body's length and sha256, the scenario and
+what was done ("action"). A stream the proxy resets is recorded as "reset-by-client" with its
+error code, a new connection as {"conn": N, "event": "accepted"}.
+
+What a request gets comes from its fields:
+  x-h2-scenario: S   how to answer (default "ok"):
+      ok          200, the request body echoed back (or x-h2-body bytes, or "ok\\n")
+      refuse      RST_STREAM REFUSED_STREAM as soon as the head is in (recorded "refused")
+      goaway      GOAWAY with last_stream_id below the stream, then the connection closes
+      rst-mid     200 with content-length (none with x-h2-no-length), half of the body
+                  (x-h2-body, 65536 by default), then RST_STREAM INTERNAL_ERROR
+      no-status   a response head without :status, then the end of the stream
+      trailers    200, the body, then trailers grpc-status (x-h2-grpc-status, else 0) and
+                  grpc-message: done; a gRPC call (content-type application/grpc...) answered
+                  "ok" gets trailers with grpc-status 0 too
+  x-h2-fail: N       only the first N attempts with this x-request-id get the scenario (and
+                     the delay); later ones get "ok" at once (attempts counted per x-request-id)
+  x-h2-body: N       an "ok" answer's body is N bytes (b"0123456789" repeated), sent as the
+                     stream's flow-control window allows, without holding up other streams
+  x-h2-delay-ms: M   the answer waits M ms once the request is complete
+
+Usage: h2_upstream.py RECORD_FILE. Stops on SIGTERM or when stdin closes.
+"""
+import hashlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+
+PATTERN = b"0123456789"
+
+lock = threading.Lock()
+attempts = {}
+conn_ids = [0]
+
+
+def record(out, entry):
+    with lock:
+        out.write(json.dumps(entry) + "\n")
+        out.flush()
+
+
+def body_of(n):
+    return (PATTERN * (n // len(PATTERN) + 1))[:n]
+
+
+class Stream:
+    def __init__(self, sid, headers):
+        self.sid = sid
+        self.headers = headers
+        self.body = bytearray()
+        self.out = b""  # body bytes still to send
+        self.end_after = None  # "end", "trailers" or "rst": what follows the body
+        self.due = None  # when a delayed answer goes
+        self.grpc_status = "0"
+
+
+class Conn:
+    def __init__(self, sock, out, cid):
+        self.sock = sock
+        self.out = out
+        self.cid = cid
+        cfg = h2.config.H2Configuration(client_side=False, validate_outbound_headers=False,
+                                        header_encoding="utf-8")
+        self.h2 = h2.connection.H2Connection(config=cfg)
+        self.streams = {}
+        self.closing = False
+
+    def field(self, st, name, default=None):
+        for k, v in st.headers:
+            if k == name:
+                return v
+        return default
+
+    def on_request_complete(self, st):
+        rid = self.field(st, "x-request-id", "")
+        scenario = self.field(st, "x-h2-scenario", "ok")
+        fail = self.field(st, "x-h2-fail")
+        with lock:
+            attempts[rid] = attempts.get(rid, 0) + 1
+            n = attempts[rid]
+        if fail is not None and n > int(fail):
+            scenario = "ok"
+            st.headers = [(k, v) for k, v in st.headers if k != "x-h2-delay-ms"]
+        entry = {
+            "conn": self.cid, "stream": st.sid, "attempt": n,
+            "method": self.field(st, ":method"), "path": self.field(st, ":path"),
+            "authority": self.field(st, ":authority"), "scheme": self.field(st, ":scheme"),
+            "headers": [[k, v] for k, v in st.headers if not k.startswith(":")],
+            "body_len": len(st.body), "body_sha256": hashlib.sha256(st.body).hexdigest(),
+            "scenario": scenario, "request_id": rid,
+        }
+        return scenario, entry
+
+    def answer(self, st, scenario, entry):
+        sid = st.sid
+        if scenario == "goaway":
+            entry["action"] = "goaway"
+            record(self.out, entry)
+            self.h2.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR,
+                                     last_stream_id=max(sid - 2, 0))
+            self.closing = True
+            return
+        if scenario == "no-status":
+            entry["action"] = "no-status"
+            record(self.out, entry)
+            self.h2.send_headers(sid, [("x-h2-conn", str(self.cid))], end_stream=True)
+            return
+        if scenario == "rst-mid":
+            entry["action"] = "rst-mid"
+            record(self.out, entry)
+            size = int(self.field(st, "x-h2-body", "65536"))
+            head = [(":status", "200")]
+            if self.field(st, "x-h2-no-length") is None:
+                head.append(("content-length", str(size)))
+            self.h2.send_headers(sid, head)
+            st.out = memoryview(body_of(size // 2))
+            st.end_after = "rst"
+            return
+        if st.body:
+            data = bytes(st.body)
+        elif self.field(st, "x-h2-body") is not None:
+            data = body_of(int(self.field(st, "x-h2-body")))
+        else:
+            data = b"ok\n"
+        entry["action"] = "answered"
+        record(self.out, entry)
+        head = [(":status", "200"), ("content-length", str(len(data))),
+                ("x-h2-conn", str(self.cid)), ("x-h2-stream", str(sid))]
+        self.h2.send_headers(sid, head, end_stream=False)
+        st.out = memoryview(data)
+        grpc = self.field(st, "content-type", "").startswith("application/grpc")
+        st.end_after = "trailers" if scenario == "trailers" or grpc else "end"
+        st.grpc_status = self.field(st, "x-h2-grpc-status", "0") if scenario == "trailers" else "0"
+
+    def pump(self):
+        """Sends what the flow-control windows allow, stream by stream."""
+        for sid, st in list(self.streams.items()):
+            if st.end_after is None:
+                continue
+            while st.out:
+                try:
+                    room = min(self.h2.local_flow_control_window(sid),
+                               self.h2.max_outbound_frame_size)
+                except Exception:
+                    st.out = b""
+                    break
+                if room <= 0:
+                    break
+                chunk, st.out = st.out[:room], st.out[room:]  # memoryview: no copy
+                self.h2.send_data(sid, bytes(chunk))
+            if st.out:
+                continue
+            if st.end_after == "end":
+                self.h2.end_stream(sid)
+            elif st.end_after == "trailers":
+                self.h2.send_headers(sid, [("grpc-status", st.grpc_status),
+                                           ("grpc-message", "done")], end_stream=True)
+            elif st.end_after == "rst":
+                self.h2.reset_stream(sid, error_code=h2.errors.ErrorCodes.INTERNAL_ERROR)
+            del self.streams[sid]
+
+    def handle(self, ev):
+        if isinstance(ev, h2.events.RequestReceived):
+            st = Stream(ev.stream_id, list(ev.headers))
+            self.streams[ev.stream_id] = st
+            if self.field(st, "x-h2-scenario") == "refuse":
+                rid = self.field(st, "x-request-id", "")
+                fail = self.field(st, "x-h2-fail")
+                with lock:
+                    seen = attempts.get(rid, 0)
+                    if fail is None or seen < int(fail):
+                        attempts[rid] = seen + 1
+                        refuse = True
+                    else:
+                        refuse = False
+                if refuse:
+                    record(self.out, {"conn": self.cid, "stream": ev.stream_id,
+                                      "attempt": seen + 1, "scenario": "refuse",
+                                      "action": "refused", "request_id": rid,
+                                      "method": self.field(st, ":method"),
+                                      "path": self.field(st, ":path")})
+                    self.h2.reset_stream(ev.stream_id,
+                                         error_code=h2.errors.ErrorCodes.REFUSED_STREAM)
+                    del self.streams[ev.stream_id]
+                    return
+                st.headers = [(k, v) for k, v in st.headers if k != "x-h2-scenario"]
+            if ev.stream_ended is not None:
+                self.complete(st)
+        elif isinstance(ev, h2.events.DataReceived):
+            self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            st = self.streams.get(ev.stream_id)
+            if st is not None:
+                st.body += ev.data
+                if ev.stream_ended is not None:
+                    self.complete(st)
+        elif isinstance(ev, h2.events.StreamEnded):
+            st = self.streams.get(ev.stream_id)
+            if st is not None and st.due is None and st.end_after is None:
+                self.complete(st)
+        elif isinstance(ev, h2.events.StreamReset):
+            st = self.streams.pop(ev.stream_id, None)
+            if ev.remote_reset:
+                record(self.out, {"conn": self.cid, "stream": ev.stream_id,
+                                  "action": "reset-by-client", "error_code": int(ev.error_code),
+                                  "request_id": self.field(st, "x-request-id", "") if st else ""})
+        elif isinstance(ev, h2.events.ConnectionTerminated):
+            self.closing = True
+
+    def complete(self, st):
+        if st.due is not None:
+            return
+        scenario, entry = self.on_request_complete(st)
+        delay = int(self.field(st, "x-h2-delay-ms", "0"))
+        st.due = (time.monotonic() + delay / 1000.0, scenario, entry)
+
+    def run_due(self):
+        now = time.monotonic()
+        wait = None
+        for st in list(self.streams.values()):
+            if st.due is None or st.end_after is not None or st.due[1] is None:
+                continue
+            when, scenario, entry = st.due
+            if when <= now:
+                st.due = (when, None, None)
+                self.answer(st, scenario, entry)
+                if scenario in ("goaway", "no-status"):
+                    self.streams.pop(st.sid, None)
+            else:
+                wait = when - now if wait is None else min(wait, when - now)
+        return wait
+
+    def flush(self):
+        data = self.h2.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def serve(self):
+        self.h2.initiate_connection()
+        self.flush()
+        self.sock.settimeout(None)
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        try:
+            while True:
+                wait = self.run_due()
+                self.pump()
+                self.flush()
+                if self.closing:
+                    time.sleep(0.05)
+                    break
+                if not sel.select(timeout=wait if wait is not None else 0.5):
+                    continue
+                data = self.sock.recv(65536)
+                if not data:
+                    break
+                for ev in self.h2.receive_data(data):
+                    self.handle(ev)
+        except (OSError, h2.exceptions.ProtocolError) as e:
+            record(self.out, {"conn": self.cid, "error": repr(e)})
+        finally:
+            sel.close()
+            self.sock.close()
+
+
+def main():
+    out = open(sys.argv[1], "a")
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(128)
+    print(ls.getsockname()[1], flush=True)
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+
+    def stdin_watch():
+        sys.stdin.read()
+        os._exit(0)
+
+    threading.Thread(target=stdin_watch, daemon=True).start()
+    while True:
+        s, _ = ls.accept()
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with lock:
+            conn_ids[0] += 1
+            cid = conn_ids[0]
+        record(out, {"conn": cid, "event": "accepted"})
+        threading.Thread(target=Conn(s, out, cid).serve, daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

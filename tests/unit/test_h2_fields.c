@@ -1,0 +1,121 @@
+/* attempt_h2_fields: the header list proxy/head.c builds, as the fields of an HTTP/2 request to
+ * an h2c upstream (docs/http2.md; RFC 9113 8.2). */
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <string.h>
+
+#include "proxy/attempt.h"
+
+/* The values point into the list: each test's lists are freed by its .fini. */
+static struct curl_slist *lists[4];
+static size_t n_lists;
+
+static void free_lists(void)
+{
+    while (n_lists)
+        curl_slist_free_all(lists[--n_lists]);
+}
+
+TestSuite(h2_fields, .fini = free_lists);
+
+/* One conversion: the fields, their names' buffer, Host's value. */
+struct conv {
+    struct h2up_field f[8];
+    char names[256];
+    const char *host;
+    size_t host_len, n;
+};
+
+/* Fills 'c' (its names point into it: not to be copied). */
+static const struct conv *convert(struct conv *c, const char *const *lines, size_t max)
+{
+    struct curl_slist *l = NULL;
+    for (size_t i = 0; lines[i]; i++)
+        l = curl_slist_append(l, lines[i]);
+    cr_assert_lt(n_lists, 4);
+    lists[n_lists++] = l;
+    c->host = NULL;
+    c->n = attempt_h2_fields(l, c->f, max, c->names, &c->host, &c->host_len);
+    return c;
+}
+
+static bool has(const struct conv *c, const char *name, const char *value)
+{
+    const struct h2up_field *f = c->f;
+    size_t n = c->n;
+    for (size_t i = 0; i < n; i++)
+        if (f[i].name_len == strlen(name) && memcmp(f[i].name, name, f[i].name_len) == 0 &&
+            f[i].value_len == strlen(value) && memcmp(f[i].value, value, f[i].value_len) == 0)
+            return true;
+    return false;
+}
+
+static bool named(const struct conv *c, const char *name)
+{
+    const struct h2up_field *f = c->f;
+    size_t n = c->n;
+    for (size_t i = 0; i < n; i++)
+        if (f[i].name_len == strlen(name) && memcmp(f[i].name, name, f[i].name_len) == 0)
+            return true;
+    return false;
+}
+
+Test(h2_fields, names_are_lowercased_and_values_kept)
+{
+    const char *lines[] = { "X-Retry-Attempt: 2", "Content-Type: Text/Plain", "X-A: b, C", NULL };
+    struct conv c;
+    convert(&c, lines, 8);
+    cr_assert_eq(c.n, 3);
+    cr_expect(has(&c, "x-retry-attempt", "2"));
+    cr_expect(has(&c, "content-type", "Text/Plain"));
+    cr_expect(has(&c, "x-a", "b, C"));
+    cr_expect_null(c.host);
+}
+
+Test(h2_fields, connection_specific_fields_and_host_are_left_out)
+{
+    const char *lines[] = { "Connection: keep-alive",
+                            "Keep-Alive: timeout=5",
+                            "Proxy-Connection: close",
+                            "Transfer-Encoding: chunked",
+                            "Upgrade: websocket",
+                            "Host: api.example.com:8443",
+                            "X-Kept: 1",
+                            NULL };
+    struct conv c;
+    convert(&c, lines, 8);
+    cr_expect_eq(c.n, 1);
+    cr_expect(has(&c, "x-kept", "1"));
+    cr_assert_not_null(c.host);
+    cr_expect_eq(c.host_len, strlen("api.example.com:8443"));
+    cr_expect_eq(memcmp(c.host, "api.example.com:8443", c.host_len), 0);
+}
+
+Test(h2_fields, te_goes_only_as_trailers)
+{
+    const char *gzip[] = { "TE: gzip", NULL };
+    struct conv g;
+    cr_expect_eq(convert(&g, gzip, 8)->n, 0);
+    const char *ok[] = { "TE: Trailers", NULL };
+    struct conv c;
+    convert(&c, ok, 8);
+    cr_expect_eq(c.n, 1);
+    cr_expect(has(&c, "te", "Trailers"));
+}
+
+Test(h2_fields, removals_and_empty_values_are_left_out_as_curl_does)
+{
+    const char *lines[] = { "Accept:", "Expect:", "X-Empty: ", "X-Set: v", NULL };
+    struct conv c;
+    convert(&c, lines, 8);
+    cr_expect_eq(c.n, 1);
+    cr_expect(has(&c, "x-set", "v"));
+    cr_expect_not(named(&c, "accept"));
+}
+
+Test(h2_fields, at_most_max_fields)
+{
+    const char *lines[] = { "A: 1", "B: 2", "C: 3", NULL };
+    struct conv c;
+    cr_expect_eq(convert(&c, lines, 2)->n, 2);
+}
