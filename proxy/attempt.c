@@ -55,6 +55,7 @@ static void on_slot(struct upstream_wait *wt)
 bool attempt_queue(struct attempt *a)
 {
     a->sends = 0;
+    a->unprocessed = false;
     a->status = 0;
     a->bad_head = false;
     a->head_done = false;
@@ -312,14 +313,16 @@ static size_t h2_upload(void *arg, char *buf, size_t max)
     return a->ops->upload(a, buf, max);
 }
 
-/* A stream the upstream refused, or that never went out, reached no application: not sent,
- * whatever the method (docs/http2.md). A reset, a lost connection or a response without a
- * good head is broken, never complete. */
+/* A stream that never went out reached no upstream: not sent, a connect failure. One the
+ * upstream refused (REFUSED_STREAM, a GOAWAY below it) reached no application: a reset that
+ * may go again whatever the method (docs/http2.md). A reset, a lost connection or a response
+ * without a good head is broken, never complete. */
 static void h2_done(void *arg, enum h2up_end end, uint32_t error)
 {
     (void)error;
     struct attempt *a = arg;
     a->sends = end == H2UP_UNSENT ? 0 : 1;
+    a->unprocessed = end == H2UP_REFUSED;
     a->h2 = NULL;
     upstream_release_slot(a->up, &a->xfer);
     a->ops->done(a, end == H2UP_COMPLETE  ? ATTEMPT_COMPLETE

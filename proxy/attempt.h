@@ -74,7 +74,8 @@ struct attempt {
     struct hlist trailers;     /* and its trailer fields, once the body is complete */
     bool head_done;            /* the head was reported: later field lines are trailers */
     bool bad_head;             /* the response head was malformed or ambiguous */
-    bool no_body;              /* a HEAD request: no response body follows, whatever its head */
+    bool unprocessed; /* the upstream refused it unprocessed (HTTP/2 REFUSED_STREAM, GOAWAY) */
+    bool no_body;     /* a HEAD request: no response body follows, whatever its head */
     bool upload_paused, body_paused;
 };
 

@@ -107,11 +107,14 @@ void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct
     if (!v->fired)
         return;
 
-    /* Nothing was sent on a connect failure, so any method and any body may go again. A gRPC
-     * call is a POST: a status its server returned is retried by that status, which says the
-     * call may go again (gRFC A6), whatever retry.methods says. */
+    /* Nothing was sent on a connect failure, so any method and any body may go again. A
+     * request the upstream refused unprocessed (HTTP/2 REFUSED_STREAM, GOAWAY) reached no
+     * application: any method may go again, if its body can be sent again. A gRPC call is a
+     * POST: a status its server returned is retried by that status, which says the call may go
+     * again (gRFC A6), whatever retry.methods says. */
     bool sent = f->outcome != RETRY_OUT_CONNECT_FAILURE;
-    if (sent && !f->method_retryable && v->fired->kind != CFG_RETRY_GRPC) {
+    bool processed = sent && !f->unprocessed;
+    if (processed && !f->method_retryable && v->fired->kind != CFG_RETRY_GRPC) {
         v->stop = RETRY_STOP_NOT_RETRYABLE;
         return;
     }

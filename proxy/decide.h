@@ -51,6 +51,8 @@ struct retry_facts {
     const struct hlist *head; /* the response's fields (RETRY_OUT_STATUS), else NULL */
     int grpc_status;          /* a gRPC call's status (headers or trailers); -1: none */
     bool method_retryable;    /* in retry.methods, or carries Idempotency-Key (when honoured) */
+    bool unprocessed;         /* RETRY_OUT_RESET: the upstream refused it before its application
+                               * saw it (HTTP/2 REFUSED_STREAM, GOAWAY): it may go again */
     bool body_replayable;     /* no body, or one buffered whole */
     uint32_t attempts;        /* attempts made, this one included */
     uint32_t max_attempts;    /* the route's, lowered by X-Retry-Max-Attempts */

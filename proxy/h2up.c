@@ -282,7 +282,9 @@ static int on_stream_close(nghttp2_session *ss, int32_t id, uint32_t error, void
     s->flags |= SF_CLOSED;
     if (error == NGHTTP2_NO_ERROR && (s->flags & SF_HEAD))
         end_stream(s, H2UP_COMPLETE, 0);
-    else if (!(s->flags & SF_HEAD) && (error == NGHTTP2_REFUSED_STREAM || !(s->flags & SF_SENT)))
+    else if (!(s->flags & SF_HEAD) && error == NGHTTP2_REFUSED_STREAM)
+        end_stream(s, H2UP_REFUSED, error);
+    else if (!(s->flags & SF_SENT))
         end_stream(s, H2UP_UNSENT, error);
     else
         end_stream(s, H2UP_BROKEN, error);
@@ -313,7 +315,7 @@ static int on_frame_not_send(nghttp2_session *ss, const nghttp2_frame *f, int li
     for (struct h2up_stream *s = c->streams; s; s = s->next)
         if (s->id == f->hd.stream_id) {
             s->flags |= SF_CLOSED;
-            end_stream(s, H2UP_UNSENT, 0);
+            end_stream(s, H2UP_REFUSED, 0);
             break;
         }
     return 0;

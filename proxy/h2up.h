@@ -40,9 +40,10 @@ struct h2up_stream;
 enum h2up_end {
     H2UP_COMPLETE, /* the whole response, END_STREAM included, with a good head */
     H2UP_STOPPED,  /* the owner's body callback took no bytes: the stream was reset */
-    H2UP_UNSENT,   /* nothing reached the application: no connection, REFUSED_STREAM before a
-                    * head, a GOAWAY whose last_stream_id is below the stream, or the
-                    * connection failed before the request went out */
+    H2UP_UNSENT,   /* nothing reached the upstream: no connection, or the connection failed
+                    * before the request went out */
+    H2UP_REFUSED,  /* the upstream had the request but its application did not: REFUSED_STREAM
+                    * before a head, or a GOAWAY whose last_stream_id is below the stream */
     H2UP_BROKEN,   /* reset, connection lost after the request went out, no or a bad :status */
 };
 

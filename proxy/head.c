@@ -246,13 +246,13 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
 {
     size_t peer_len = strlen(peer);
     /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
-     * peer), X-Forwarded-Proto, X-Request-Id, Host, and up to three removals */
-    size_t max = s->n_fields + 7;
+     * peer), X-Forwarded-Proto, X-Request-Id, TE (gRPC), Host, and up to three removals */
+    size_t max = s->n_fields + 8;
     size_t xff_cap = s->xff_len + peer_len + 3;
     size_t cap = s->field_bytes + 3 * s->n_fields + sizeof("X-Forwarded-For: ") + xff_cap +
-                 sizeof("X-Forwarded-Proto: http") + sizeof("X-Request-Id: ") +
-                 HEAD_REQUEST_ID_MAX + s->value_len[HF_HOST] + sizeof("Host: ") +
-                 sizeof("Expect:Accept:Content-Type:") + 8;
+                 sizeof("X-Forwarded-Proto: http") + sizeof("TE: trailers") +
+                 sizeof("X-Request-Id: ") + HEAD_REQUEST_ID_MAX + s->value_len[HF_HOST] +
+                 sizeof("Host: ") + sizeof("Expect:Accept:Content-Type:") + 8;
     char *block = malloc(max * sizeof(struct curl_slist) + cap + xff_cap);
     if (!block)
         return -1;
@@ -274,6 +274,10 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
         hb_add(&b, "X-Forwarded-For", 15, f.xff, f.xff_len);
     hb_field(&b, "X-Forwarded-Proto", "http");
     hb_field(&b, "X-Request-Id", request_id);
+    /* a gRPC server wants to hear that its client takes trailers (gRPC's PROTOCOL-HTTP2.md);
+     * TE is hop-by-hop, so the client's never goes on: the proxy says it for itself */
+    if (grpc)
+        hb_field(&b, "TE", "trailers");
     if (preserve_host && s->value[HF_HOST])
         hb_add(&b, "Host", 4, s->value[HF_HOST], s->value_len[HF_HOST]);
     /* curl's own additions that a proxy must not make (docs/forwarding.md: no field is

@@ -475,8 +475,10 @@ static void attempt_done(struct attempt *a, enum attempt_end end)
     loop_timer_stop(r->w->loop, &r->try_timer);
     switch (r->state) {
     case RS_ATTEMPT:
-        /* No head: if nothing was sent, nothing reached the upstream, whatever the error. */
-        req_attempt_failed(r, attempt_sent(a) ? RETRY_OUT_RESET : RETRY_OUT_CONNECT_FAILURE);
+        /* No head: if nothing was sent, nothing reached the upstream, whatever the error; one
+         * it refused unprocessed is a reset that may go again (judge()) */
+        req_attempt_failed(r, attempt_sent(a) || a->unprocessed ? RETRY_OUT_RESET
+                                                                : RETRY_OUT_CONNECT_FAILURE);
         break;
     case RS_DRAIN:
     case RS_HOLD:
@@ -535,6 +537,7 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
         .outcome = o,
         .status = o == RETRY_OUT_STATUS ? a->status : 0,
         .method_retryable = r->flags & RF_RETRYABLE,
+        .unprocessed = o == RETRY_OUT_RESET && a->unprocessed,
         .body_replayable = intake_replayable(&r->body),
         .attempts = r->attempts,
         .max_attempts = r->max_attempts,

@@ -59,6 +59,10 @@ Test(grpc, a_grpc_status_named_in_retry_on_is_retried_though_the_call_is_a_post)
     cr_expect_null(http_hdr(&r, "grpc-status"), "the third attempt's answer, which has none");
     cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "3");
     cr_expect_eq(tup_count_id(up, "unavail-twice"), 3, "the upstream saw every attempt");
+    const struct tup_req *q = tup_get(up, 0);
+    cr_assert_not_null(q);
+    cr_expect_eq(tup_req_header_count(q, "TE"), 1, "the proxy's own TE, once");
+    cr_expect_str_eq(tup_req_header(q, "TE"), "trailers", "a gRPC server wants to see it");
     http_free(&r);
 }
 

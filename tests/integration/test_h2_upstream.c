@@ -217,9 +217,10 @@ Test(h2_upstream, refused_stream_on_a_post_is_retried_and_processed_once)
     const char *h[] = { "X-Request-Id: refused-1", "x-h2-scenario: refuse", "x-h2-fail: 1", NULL };
     expect_answer("POST", "/order", h, "one order", 200, "2");
     cr_expect_eq(h2u_count(h2, "action", "refused"), 1);
-    /* counted as any attempt is: the refused one as a connect failure */
+    /* counted as any attempt is: the refused one as a reset (issue 20: a retryable reset) */
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"reset\"}"), 1);
     cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"connect_failure\"}"),
-                 1);
+                 0);
     cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 1);
     cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
     json_t *rec = h2u_find(h2, "action", "answered");

@@ -492,3 +492,21 @@ Test(decide, an_http_status_on_a_post_stays_not_retryable)
     cr_expect_str_eq(v.fired->token, "503");
     cr_expect_eq(v.stop, RETRY_STOP_NOT_RETRYABLE, "only a gRPC status vouches for a POST");
 }
+
+Test(decide, a_reset_the_upstream_left_unprocessed_goes_again_whatever_the_method)
+{
+    load("");
+    struct retry_facts f = facts(RETRY_OUT_RESET, 0);
+    f.method_retryable = false; /* a POST */
+    f.unprocessed = true;       /* HTTP/2 REFUSED_STREAM, or a GOAWAY below the stream */
+    struct retry_verdict v = decide(&f);
+    cr_assert_not_null(v.fired);
+    cr_expect_str_eq(v.fired->token, "reset");
+    cr_expect_eq(v.stop, RETRY_STOP_NONE);
+    f.body_replayable = false; /* its streamed body went out in part: it cannot go again */
+    cr_expect_eq(decide(&f).stop, RETRY_STOP_BODY_TOO_LARGE);
+    f = facts(RETRY_OUT_RESET, 0);
+    f.method_retryable = false;
+    cr_expect_eq(decide(&f).stop, RETRY_STOP_NOT_RETRYABLE,
+                 "a reset the application may have seen");
+}
