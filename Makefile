@@ -15,10 +15,10 @@ WERROR ?= 0
 SAN ?=
 TEST_JOBS ?= 2
 
-PKGS := libmicrohttpd libcurl jansson
+PKGS := libmicrohttpd libcurl jansson libnghttp2
 TEST_PKGS := criterion yaml-0.1
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libcriterion-dev pkg-config \
-            openssl libyaml-dev
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libcriterion-dev \
+            pkg-config openssl libyaml-dev
 
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
         -Wimplicit-fallthrough
@@ -81,11 +81,24 @@ deps-core:
 # rules in the tests. Installed as root; where it cannot be (not root, no apt-get), those checks
 # say they were skipped (tests/cli/test_monitoring fails instead when it could have been).
 ifneq ($(TEST_PKGS),)
-deps: promtool
+deps: promtool h2tools
 endif
 PROM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	prometheus >/dev/null 2>&1
-.PHONY: deps-core promtool
+.PHONY: deps-core promtool h2tools
+# The HTTP/2 front end's tests (tests/integration/test_h2_front.c) drive the proxy with curl,
+# nghttp and h2load (nghttp2-client) and raw frames from python3-h2 (run by /usr/bin/python3).
+H2_APT_PKGS := curl nghttp2-client python3-h2
+H2_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	$(H2_APT_PKGS) >/dev/null 2>&1
+h2tools: deps-core
+	@{ command -v h2load >/dev/null && command -v curl >/dev/null && \
+	   /usr/bin/python3 -c 'import h2' 2>/dev/null; } || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  echo "installing the HTTP/2 test tools: $(H2_APT_PKGS)" && \
+	  { $(H2_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(H2_INSTALL); }; }; } || \
+	  echo "HTTP/2 test tools missing; install them with: sudo apt-get install -y $(H2_APT_PKGS)"
+
 promtool: deps-core
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  echo "installing promtool (prometheus) for the metrics and alerting rules tests" && \
