@@ -30,9 +30,9 @@ struct acceptor {
     struct loop *loop;
     const struct accept_ops *ops;
     void *arg;
-    int fd;          /* the listening socket; -1 once quiesced */
-    bool listening;  /* its watch is in the loop (false at the limit) */
-    unsigned limit;  /* connections open at once, these and the owner's */
+    int fd;         /* the listening socket; -1 once quiesced */
+    bool listening; /* its watch is in the loop (false at the limit) */
+    unsigned limit; /* connections open at once, these and the owner's */
     unsigned n_sniff;
     struct sniff *sniffs;
     struct loop_watch watch;
@@ -108,8 +108,7 @@ static bool look(struct sniff *s)
     /* the gauge counts it on: the owner's count takes over from here */
     a->ops->count(a->arg, -1);
     sniff_free(s, false);
-    a->ops->take(a->arg, (enum accept_proto)proto, fd, (const struct sockaddr *)&sa, sa_len,
-                 peer);
+    a->ops->take(a->arg, (enum accept_proto)proto, fd, (const struct sockaddr *)&sa, sa_len, peer);
     return false;
 }
 

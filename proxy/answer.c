@@ -33,8 +33,8 @@ bool answer_drops(const struct hlist *h, bool has_connection, const char *n,
            (has_connection && hlist_connection_names(h, n));
 }
 
-char *answer_error_body(const char *code, const char *route, unsigned attempts,
-                        const char *message, size_t *len)
+char *answer_error_body(const char *code, const char *route, unsigned attempts, const char *message,
+                        size_t *len)
 {
     char rname[160] = "null";
     if (route)

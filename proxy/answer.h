@@ -29,7 +29,7 @@ bool answer_status_has_body(int status);
 
 /* The JSON body of an error of retryproxy's own: a new string (free()), its length in *len;
  * NULL out of memory. 'route' NULL: none. */
-char *answer_error_body(const char *code, const char *route, unsigned attempts,
-                        const char *message, size_t *len);
+char *answer_error_body(const char *code, const char *route, unsigned attempts, const char *message,
+                        size_t *len);
 
 #endif

@@ -18,15 +18,15 @@
 #include "proxy/ring.h"
 
 /* What one connection may hold (docs/hardening.md, "HTTP/2"). */
-#define H2_MAX_STREAMS   100               /* SETTINGS_MAX_CONCURRENT_STREAMS */
-#define H2_STREAM_WINDOW 65535             /* a stream's upload window (SETTINGS_INITIAL_...) */
-#define H2_CONN_WINDOW   (1024 * 1024)     /* the connection's upload window */
-#define H2_STREAM_BUFFER (64 * 1024)       /* a stream's response bytes waiting (as relay.c) */
-#define H2_CONN_BUFFER   (1024 * 1024)     /* ... and all the connection's streams' together */
-#define H2_OUT_CAP       (32 * 1024)       /* frames serialised, waiting for the socket */
-#define H2_READ          (16 * 1024)       /* one recv() */
-#define H2_READS_PER_IO  4                 /* recv()s per readable event: fairness */
-#define H2_CONTINUATIONS 8                 /* CONTINUATION frames after one HEADERS */
+#define H2_MAX_STREAMS   100           /* SETTINGS_MAX_CONCURRENT_STREAMS */
+#define H2_STREAM_WINDOW 65535         /* a stream's upload window (SETTINGS_INITIAL_...) */
+#define H2_CONN_WINDOW   (1024 * 1024) /* the connection's upload window */
+#define H2_STREAM_BUFFER (64 * 1024)   /* a stream's response bytes waiting (as relay.c) */
+#define H2_CONN_BUFFER   (1024 * 1024) /* ... and all the connection's streams' together */
+#define H2_OUT_CAP       (32 * 1024)   /* frames serialised, waiting for the socket */
+#define H2_READ          (16 * 1024)   /* one recv() */
+#define H2_READS_PER_IO  4             /* recv()s per readable event: fairness */
+#define H2_CONTINUATIONS 8             /* CONTINUATION frames after one HEADERS */
 /* Stream resets, the client's (nghttp2 counts those) and ours (counted here: a client that
  * has us reset streams costs as much, CVE-2023-44487 and its "made you reset" variant): a
  * token bucket of this many, refilled at this many a second. Empty: GOAWAY
@@ -45,18 +45,18 @@
 
 /* Stream flags (struct h2stream 'flags'). */
 enum {
-    S_REMOTE_END = 1u << 0,  /* the client's END_STREAM came */
-    S_ENDED = 1u << 1,       /* ... and went to the core (retry_req_end) */
-    S_NO_BODY = 1u << 2,     /* the answer went without a body (HEAD, 204, 304) */
-    S_DEFERRED = 1u << 3,    /* the data provider waits for bytes (nghttp2_session_resume_data) */
-    S_DOWN_DONE = 1u << 4,   /* the response body is complete */
-    S_DOWN_FAIL = 1u << 5,   /* ... or broke off: the stream is reset */
-    S_FULL = 1u << 6,        /* body() said FRONT_FULL: retry_req_room() when there is room */
-    S_ROOM = 1u << 7,        /* the core takes upload bytes again */
-    S_DISCARD = 1u << 8,     /* answered, the rest of the upload is refused */
-    S_RESET = 1u << 9,       /* we reset the stream */
-    S_LOCAL_END = 1u << 10,  /* our END_STREAM went */
-    S_WATCHED = 1u << 11,    /* the core waits out a backoff: a reset is the client going */
+    S_REMOTE_END = 1u << 0, /* the client's END_STREAM came */
+    S_ENDED = 1u << 1,      /* ... and went to the core (retry_req_end) */
+    S_NO_BODY = 1u << 2,    /* the answer went without a body (HEAD, 204, 304) */
+    S_DEFERRED = 1u << 3,   /* the data provider waits for bytes (nghttp2_session_resume_data) */
+    S_DOWN_DONE = 1u << 4,  /* the response body is complete */
+    S_DOWN_FAIL = 1u << 5,  /* ... or broke off: the stream is reset */
+    S_FULL = 1u << 6,       /* body() said FRONT_FULL: retry_req_room() when there is room */
+    S_ROOM = 1u << 7,       /* the core takes upload bytes again */
+    S_DISCARD = 1u << 8,    /* answered, the rest of the upload is refused */
+    S_RESET = 1u << 9,      /* we reset the stream */
+    S_LOCAL_END = 1u << 10, /* our END_STREAM went */
+    S_WATCHED = 1u << 11,   /* the core waits out a backoff: a reset is the client going */
 };
 
 struct h2conn;
@@ -85,10 +85,10 @@ struct h2head {
     struct hlist fields;
     char method[WIRE_METHOD_MAX + 1];
     char *path;
-    size_t bytes;    /* counted as SETTINGS_MAX_HEADER_LIST_SIZE counts them */
-    unsigned n;      /* fields */
-    bool authority;  /* :authority came: it is the Host */
-    bool length;     /* a content-length came */
+    size_t bytes;   /* counted as SETTINGS_MAX_HEADER_LIST_SIZE counts them */
+    unsigned n;     /* fields */
+    bool authority; /* :authority came: it is the Host */
+    bool length;    /* a content-length came */
     enum wire_reason refused;
 };
 
@@ -98,16 +98,16 @@ struct h2conn {
     nghttp2_session *sess;
     int fd;
     bool closing;
-    bool goaway;      /* a graceful GOAWAY is submitted (draining) */
-    bool fatal;       /* the session ended: close after writing what is left */
-    bool linger;      /* ... written, the write side shut: reading the rest away */
-    unsigned full;    /* streams whose body() said FRONT_FULL */
+    bool goaway;   /* a graceful GOAWAY is submitted (draining) */
+    bool fatal;    /* the session ended: close after writing what is left */
+    bool linger;   /* ... written, the write side shut: reading the rest away */
+    unsigned full; /* streams whose body() said FRONT_FULL */
     struct h2stream *streams;
     unsigned n_streams;
-    size_t buffered;  /* response bytes in the streams' buffers */
+    size_t buffered; /* response bytes in the streams' buffers */
     struct h2head head;
     struct h2front_limits lim;
-    uint64_t last_io; /* loop ms of the last byte in or out */
+    uint64_t last_io;          /* loop ms of the last byte in or out */
     uint64_t resets, reset_ms; /* the reset bucket's tokens, and when it was last filled */
     struct loop_watch watch;
     struct loop_timer flush_t, idle_t;
@@ -506,8 +506,8 @@ static void h2_saved(struct front *f, int status, const struct hlist *h, const c
     st->body = body;
     st->body_len = len;
     bool has_body = !f->is_head && answer_status_has_body(status) && len > 0;
-    int64_t length = f->is_head ? hlist_content_length(h)
-                                : (answer_status_has_body(status) ? (int64_t)len : -1);
+    int64_t length =
+        f->is_head ? hlist_content_length(h) : (answer_status_has_body(status) ? (int64_t)len : -1);
     submit(st, (unsigned)status, h, tag, NULL, length, has_body);
 }
 
@@ -582,14 +582,17 @@ static void end_body(struct h2stream *st, uint32_t *data_flags)
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
     if (!st->trailers.count)
         return;
-    struct nvs a = { calloc(st->trailers.count, sizeof(nghttp2_nv)), 0, st->trailers.count,
-                     malloc(st->trailers.len + 1), 0, st->trailers.len + 1 };
+    struct nvs a = { calloc(st->trailers.count, sizeof(nghttp2_nv)),
+                     0,
+                     st->trailers.count,
+                     malloc(st->trailers.len + 1),
+                     0,
+                     st->trailers.len + 1 };
     size_t pos = 0;
     const char *n, *v;
     while (a.nv && a.text && hlist_next(&st->trailers, &pos, &n, &v))
         nv_add(&a, n, v);
-    if (a.nv && a.text &&
-        nghttp2_submit_trailer(st->c->sess, st->id, a.nv, a.n) == 0)
+    if (a.nv && a.text && nghttp2_submit_trailer(st->c->sess, st->id, a.nv, a.n) == 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
     free(a.nv);
     free(a.text);
@@ -826,8 +829,8 @@ static void progress(struct h2conn *c)
     if (rv == 0 && c->fatal) {
         c->linger = true;
         shutdown(c->fd, SHUT_WR);
-        loop_timer_start(c->hf->loop, &c->idle_t, loop_now(c->hf->loop) + H2_LINGER_MS,
-                         on_linger, c);
+        loop_timer_start(c->hf->loop, &c->idle_t, loop_now(c->hf->loop) + H2_LINGER_MS, on_linger,
+                         c);
         loop_watch_mod(c->hf->loop, &c->watch, EPOLLIN);
         return;
     }
@@ -895,8 +898,8 @@ static void on_idle(struct loop_timer *t)
             c->last_io = now;
         }
     }
-    loop_timer_start(l, &c->idle_t, (now - c->last_io >= c->lim.idle_ms ? now : c->last_io) +
-                                        c->lim.idle_ms,
+    loop_timer_start(l, &c->idle_t,
+                     (now - c->last_io >= c->lim.idle_ms ? now : c->last_io) + c->lim.idle_ms,
                      on_idle, c);
 }
 
@@ -952,8 +955,7 @@ void h2front_drain(struct h2front *hf)
         schedule(c);
 }
 
-struct h2front *h2front_new(struct worker *w, struct loop *l, void (*closed)(void *arg),
-                            void *arg)
+struct h2front *h2front_new(struct worker *w, struct loop *l, void (*closed)(void *arg), void *arg)
 {
     struct h2front *hf = calloc(1, sizeof(*hf));
     if (!hf)

@@ -27,8 +27,7 @@ struct h2front_limits {
 /* The HTTP/2 connections of worker 'w' (handed to retry_req_new as it is), in loop 'l';
  * closed(arg) is called after each connection closed (from the loop, never from inside
  * another call of this header's). NULL if out of memory. */
-struct h2front *h2front_new(struct worker *w, struct loop *l, void (*closed)(void *arg),
-                            void *arg);
+struct h2front *h2front_new(struct worker *w, struct loop *l, void (*closed)(void *arg), void *arg);
 
 /* Serves HTTP/2 on 'fd' (non-blocking, the preface unread; h2front's from now on, closed on
  * failure too) from the client 'peer' (its address as text). 0, or -1. */
