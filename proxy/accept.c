@@ -60,13 +60,13 @@ static void sniff_free(struct sniff *s, bool close_fd)
     loop_defer_free(a->loop, s); /* its watch may have an event in this turn */
 }
 
-static void peer_text(const struct sockaddr_storage *sa, char *out, size_t cap)
+void accept_peer_text(const struct sockaddr *sa, char *out, size_t cap)
 {
     out[0] = '\0';
-    if (sa->ss_family == AF_INET)
+    if (sa->sa_family == AF_INET)
         inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
                   (socklen_t)cap);
-    else if (sa->ss_family == AF_INET6)
+    else if (sa->sa_family == AF_INET6)
         inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
                   (socklen_t)cap);
 }
@@ -101,7 +101,7 @@ static bool look(struct sniff *s)
         return true;
     }
     char peer[INET6_ADDRSTRLEN];
-    peer_text(&s->sa, peer, sizeof(peer));
+    accept_peer_text((const struct sockaddr *)&s->sa, peer, sizeof(peer));
     int fd = s->fd;
     struct sockaddr_storage sa = s->sa;
     socklen_t sa_len = s->sa_len;

@@ -17,6 +17,7 @@
 #define RETRYPROXY_PROXY_ACCEPT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -64,6 +65,9 @@ unsigned accept_pending(const struct acceptor *a);
 
 /* Closes the listening socket and every connection not yet handed over. Accepts NULL. */
 void accept_free(struct acceptor *a);
+
+/* The address of 'sa' (IPv4 or IPv6) as text in out[cap], "" for any other family. */
+void accept_peer_text(const struct sockaddr *sa, char *out, size_t cap);
 
 /* The HTTP/2 connection preface (RFC 9113 3.4). */
 #define ACCEPT_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <malloc.h>
 #include <stdlib.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -160,15 +159,8 @@ static void peer_address(struct MHD_Connection *c, char *out, size_t cap)
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     out[0] = '\0';
-    if (!ci || !ci->client_addr)
-        return;
-    const struct sockaddr *sa = ci->client_addr;
-    if (sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
-                  (socklen_t)cap);
-    else if (sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
-                  (socklen_t)cap);
+    if (ci && ci->client_addr)
+        accept_peer_text(ci->client_addr, out, cap);
 }
 
 static void client_open(struct server *s, struct MHD_Connection *c, void **socket_context)

@@ -156,26 +156,15 @@ def continuation(port, path, n):
             sent += 1
     except OSError:
         pass
-    got, goaway = b"", "none"
-    end = time.monotonic() + 3
-    while time.monotonic() < end:
-        try:
-            b = s.recv(65536)
-        except socket.timeout:
-            break
-        except OSError:
-            break
-        if not b:
-            break
-        got += b
-    # the frames the proxy sent: look for a GOAWAY (type 7)
-    i = 0
-    while i + 9 <= len(got):
-        ln = int.from_bytes(got[i:i + 3], "big")
-        if got[i + 3] == 7 and i + 9 + 8 <= len(got):
-            goaway = int.from_bytes(got[i + 13:i + 17], "big")
-        i += 9 + ln
-    out(goaway=goaway, sent=sent)
+    r = {"goaway": "none"}
+
+    def on_frame(ftype, flags, sid, payload):
+        if ftype == 7:  # GOAWAY
+            r["goaway"] = int.from_bytes(payload[4:8], "big")
+        return ftype == 7
+
+    raw_frames(s, 3, on_frame)
+    out(goaway=r["goaway"], sent=sent)
 
 
 def raw_frames(s, seconds, stop):
