@@ -303,6 +303,14 @@ Test(h2_front, client_reset_during_backoff_stops_the_retries)
     sleep(2);
     cr_expect_eq(tup_count_id(up, "h2-reset-1"), 1, "the upstream saw retries after the reset");
     cr_expect_eq(fx_metric("retryproxy_retries_in_flight"), 0);
+    /* the core was told the client went (retry_req_client_gone): a 499, "client-closed" */
+    char *out = px_stdout(px);
+    json_t *log = fx_log_line(out, "request");
+    cr_assert_not_null(log, "no request log line: %s", out);
+    cr_expect_eq(json_integer_value(json_object_get(log, "status")), 499);
+    cr_expect_str_eq(json_str(log, "stop"), "client-closed");
+    json_decref(log);
+    free(out);
 }
 
 /* ---- drain ---- */
