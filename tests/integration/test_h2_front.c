@@ -105,6 +105,7 @@ Test(h2_front, get_reaches_upstream_with_method_path_host_and_fields)
     snprintf(host, sizeof(host), "127.0.0.1:%u", px->port);
     cr_expect_str_eq(tup_req_header(q, "Host"), host, "the :authority is the Host");
     cr_expect_str_eq(tup_req_header(q, "X-Custom"), "v1");
+    cr_expect_str_eq(tup_req_header(q, "X-Forwarded-For"), "127.0.0.1", "the peer's address");
     cr_expect_str_eq(q->request_id, "h2-get-1");
     for (size_t i = 0; i < q->n_headers; i++)
         cr_expect(q->headers[i].name[0] != ':', "pseudo-header %s forwarded", q->headers[i].name);
