@@ -95,8 +95,9 @@ static bool look(struct sniff *s)
             struct accept_limits lim;
             a->ops->limits(a->arg, &lim);
             s->got_bytes = true;
-            loop_timer_start(a->loop, &s->timer, loop_now(a->loop) + lim.header_timeout_ms,
-                             on_sniff_timeout, s);
+            if (lim.header_timeout_ms) /* 0: the idle timeout alone */
+                loop_timer_start(a->loop, &s->timer, loop_now(a->loop) + lim.header_timeout_ms,
+                                 on_sniff_timeout, s);
         }
         return true;
     }
@@ -161,7 +162,8 @@ static void start_sniff(struct acceptor *a, int fd, const struct sockaddr_storag
     DLIST_PUSH(a->sniffs, s);
     a->n_sniff++;
     a->ops->count(a->arg, 1);
-    loop_timer_start(a->loop, &s->timer, loop_now(a->loop) + lim.idle_ms, on_sniff_timeout, s);
+    if (lim.idle_ms) /* 0: never */
+        loop_timer_start(a->loop, &s->timer, loop_now(a->loop) + lim.idle_ms, on_sniff_timeout, s);
     /* A client often sends its request with the connection: look before watching. */
     /* Edge-triggered: the bytes looked at stay in the socket, and a level-triggered watch would
      * report them again at once while the rest of the preface is awaited. */

@@ -27,8 +27,8 @@ struct acceptor;
 
 /* The limits in force for a connection being accepted (the current config snapshot's). */
 struct accept_limits {
-    uint32_t header_timeout_ms; /* the preface's bytes, from the first */
-    uint32_t idle_ms;           /* the first byte */
+    uint32_t header_timeout_ms; /* the preface's bytes, from the first (0: idle_ms alone) */
+    uint32_t idle_ms;           /* the first byte (0: no limit) */
     uint32_t send_buffer;       /* SO_SNDBUF, 0: the kernel's sizing */
 };
 

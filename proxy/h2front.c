@@ -302,7 +302,8 @@ int h2front_open(struct h2front *hf, int fd, const char *peer, const struct h2fr
     }
     DLIST_PUSH(hf->conns, c);
     hf->n++;
-    loop_timer_start(l, &c->idle_t, c->last_io + lim->idle_ms, on_idle, c);
+    if (lim->idle_ms) /* 0: never */
+        loop_timer_start(l, &c->idle_t, c->last_io + lim->idle_ms, on_idle, c);
     on_io(&c->watch, EPOLLIN); /* the preface is there already */
     return 0;
 }

@@ -21,7 +21,7 @@ struct worker;
 /* A connection's limits, from the config snapshot in force when it opened. */
 struct h2front_limits {
     uint32_t max_header_bytes; /* a request's header list (SETTINGS_MAX_HEADER_LIST_SIZE) */
-    uint32_t idle_ms;          /* limits.connection_timeout_ms */
+    uint32_t idle_ms;          /* limits.connection_timeout_ms (0: never) */
 };
 
 /* The HTTP/2 connections of worker 'w' (handed to retry_req_new as it is), in loop 'l';

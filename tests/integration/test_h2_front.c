@@ -253,6 +253,28 @@ Test(h2_front, partial_preface_closed_after_header_timeout)
     cr_expect_geq(now_ms() - t0, 250);
 }
 
+/* An HTTP/2 connection with nothing open and nothing sent for limits.connection_timeout_ms
+ * gets a GOAWAY and is closed. */
+Test(h2_front, idle_connection_closed_after_connection_timeout)
+{
+    start("\"limits\": {\"connection_timeout_ms\": 500}", NULL, NULL);
+    char line[256];
+    peer(line, sizeof(line), "idle %u", px->port);
+    cr_expect_eq(field(line, "goaway"), 0, "%s", line);
+    cr_expect_geq(field(line, "ms"), 400, "%s", line);
+    cr_expect_lt(field(line, "ms"), 4000, "%s", line);
+}
+
+/* connection_timeout_ms 0 is "never", for HTTP/2 connections too. */
+Test(h2_front, no_idle_timeout_when_it_is_zero)
+{
+    start("\"limits\": {\"connection_timeout_ms\": 0}", NULL, NULL);
+    char line[256];
+    peer(line, sizeof(line), "idle %u 1.5", px->port);
+    cr_expect_eq(field(line, "goaway"), -1, "closed: %s", line);
+    cr_expect_geq(field(line, "ms"), 1400, "closed: %s", line);
+}
+
 /* ---- many streams ---- */
 
 Test(h2_front, h2load_200_requests_over_2_connections_20_streams_each)

@@ -10,6 +10,7 @@ results ("key value" pairs) on stdout for the test to check:
   drain PORT PATH PID                a request in flight, then SIGTERM to PID (the proxy)
   slow-reader PORT BIG SMALL         BIG (20 MB) never read (no WINDOW_UPDATE), then SMALL
   upload PORT PATH SIZE              a POST of SIZE bytes with no content-length
+  idle PORT [SECONDS]                a connection that sends nothing after its SETTINGS
 
 Every run ends within a few seconds whatever the proxy does.
 """
@@ -220,6 +221,20 @@ def drain(port, path, pid):
     out(**r)
 
 
+def idle(port, seconds):
+    s, c = connect(port)
+    t0 = time.monotonic()
+    r = {"goaway": "none"}
+
+    def on_frame(ftype, flags, sid, payload):
+        if ftype == 7:  # GOAWAY
+            r["goaway"] = int.from_bytes(payload[4:8], "big")
+        return False
+
+    raw_frames(s, seconds, on_frame)  # until the proxy closes the connection
+    out(goaway=r["goaway"], ms=int((time.monotonic() - t0) * 1000))
+
+
 def slow_reader(port, big, small):
     s, c = connect(port, window=16 * 1024 * 1024)
     c.send_headers(1, headers(port, big, extra=[("x-test-plan", "body=20000000")]),
@@ -274,6 +289,8 @@ def main():
         continuation(port, a[2], int(a[3]))
     elif a[0] == "drain":
         drain(port, a[2], int(a[3]))
+    elif a[0] == "idle":
+        idle(port, float(a[2]) if len(a) > 2 else 6.0)
     elif a[0] == "slow-reader":
         slow_reader(port, a[2], a[3])
     elif a[0] == "upload":
