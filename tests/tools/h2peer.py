@@ -54,20 +54,27 @@ class Result:
         self.data = {}
 
 
+def recv_some(s, end):
+    """Bytes from 's' within 0.2 s (and before 'end'): None when none came, b"" when the
+    connection closed or broke."""
+    s.settimeout(max(0.01, min(0.2, end - time.monotonic())))
+    try:
+        return s.recv(65536)
+    except socket.timeout:
+        return None
+    except OSError:
+        return b""
+
+
 def pump(s, c, r, seconds, until=None, ack=None):
     """Reads and handles events for up to 'seconds' or until until(r) holds."""
     end = time.monotonic() + seconds
     while time.monotonic() < end and not r.closed:
         if until and until(r):
             return
-        s.settimeout(max(0.01, min(0.2, end - time.monotonic())))
-        try:
-            b = s.recv(65536)
-        except socket.timeout:
+        b = recv_some(s, end)
+        if b is None:
             continue
-        except OSError:
-            r.closed = True
-            return
         if not b:
             r.closed = True
             return
@@ -175,13 +182,9 @@ def raw_frames(s, seconds, stop):
     buf = b""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        s.settimeout(max(0.01, min(0.2, end - time.monotonic())))
-        try:
-            b = s.recv(65536)
-        except socket.timeout:
+        b = recv_some(s, end)
+        if b is None:
             continue
-        except OSError:
-            return
         if not b:
             return
         buf += b
