@@ -120,6 +120,7 @@ static void conn_close(struct h2conn *c)
     free(c->out);
     hlist_free(&c->head.fields);
     free(c->head.path);
+    free(c->head.cookie);
     DLIST_UNLINK(hf->conns, c);
     hf->n--;
     loop_defer_free(hf->loop, c); /* its watch may have an event in this turn */

@@ -85,6 +85,8 @@ struct h2head {
     struct hlist fields;
     char method[WIRE_METHOD_MAX + 1];
     char *path;
+    char *cookie; /* the cookie fields joined with "; " (RFC 9113 8.2.3), forwarded as one */
+    size_t cookie_len;
     size_t bytes;   /* counted as SETTINGS_MAX_HEADER_LIST_SIZE counts them */
     unsigned n;     /* fields */
     bool authority; /* :authority came: it is the Host */

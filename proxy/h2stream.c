@@ -29,6 +29,7 @@ int h2s_on_begin_headers(nghttp2_session *sess, const nghttp2_frame *frame, void
     struct h2head *h = &c->head;
     hlist_clear(&h->fields);
     free(h->path);
+    free(h->cookie);
     struct hlist keep = h->fields;
     memset(h, 0, sizeof(*h));
     h->fields = keep;
@@ -79,6 +80,22 @@ int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8
     }
     if ((h->authority && name_is(name, nl, "host")) || name_is(name, nl, "te"))
         return 0; /* :authority wins; te is "trailers" (nghttp2 checked) and hop-by-hop */
+    if (name_is(name, nl, "cookie")) {
+        /* HTTP/2 clients may split a cookie into several fields; an HTTP/1.1 upstream expects
+         * one (RFC 9113 8.2.3): joined here, added as the head ends */
+        char *j = realloc(h->cookie, h->cookie_len + 2 + vl + 1);
+        if (!j) {
+            h->refused = WIRE_HEAD_TOO_LARGE;
+            return 0;
+        }
+        if (h->cookie_len)
+            memcpy(j + h->cookie_len, "; ", 2), h->cookie_len += 2;
+        memcpy(j + h->cookie_len, v, vl);
+        h->cookie_len += vl;
+        j[h->cookie_len] = '\0';
+        h->cookie = j;
+        return 0;
+    }
     if (name_is(name, nl, "content-length"))
         h->length = true;
     if (++h->n > WIRE_FIELDS_MAX || hlist_add(&h->fields, k, nl, v, vl) < 0)
@@ -103,6 +120,9 @@ static void start_request(struct h2conn *c, const nghttp2_frame *frame)
     bool end = frame->hd.flags & NGHTTP2_FLAG_END_STREAM;
     /* A body of no declared length: the core frames it as HTTP/1.1's chunked one (the field
      * is hop-by-hop: it never reaches the upstream as it is). */
+    if (h->cookie && !h->refused &&
+        hlist_add(&h->fields, "cookie", 6, h->cookie, h->cookie_len) < 0)
+        h->refused = WIRE_HEAD_TOO_LARGE;
     if (!end && !h->length && !h->refused &&
         hlist_add(&h->fields, "transfer-encoding", 17, "chunked", 7) < 0)
         h->refused = WIRE_HEAD_TOO_LARGE;

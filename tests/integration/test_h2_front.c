@@ -298,6 +298,21 @@ Test(h2_front, h2load_200_requests_over_2_connections_20_streams_each)
     cr_expect_eq(tup_count(up), 200);
 }
 
+/* Cookie fields split by the client reach an HTTP/1.1 upstream as one (RFC 9113 8.2.3). */
+Test(h2_front, split_cookie_fields_are_joined)
+{
+    start("", NULL, NULL);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "nghttp -H 'cookie: a=1' -H 'cookie: b=2' http://127.0.0.1:%u/r/cookie >/dev/null",
+             px->port);
+    cr_assert_eq(fx_sh(cmd), 0);
+    cr_assert_eq(tup_wait_count(up, 1, T), 0);
+    const struct tup_req *q = tup_get(up, 0);
+    cr_expect_eq(tup_req_header_count(q, "Cookie"), 1);
+    cr_expect_str_eq(tup_req_header(q, "Cookie"), "a=1; b=2");
+}
+
 Test(h2_front, nghttp_two_streams)
 {
     start("", NULL, NULL);
