@@ -162,7 +162,8 @@ static void h2_fields(struct front *f,
 static bool keep_upload(struct h2stream *st, const uint8_t *p, size_t n)
 {
     if (st->up_off + st->up_len + n > st->up_cap) {
-        memmove(st->up, st->up + st->up_off, st->up_len);
+        if (st->up_len) /* none kept yet: no buffer either */
+            memmove(st->up, st->up + st->up_off, st->up_len);
         st->up_off = 0;
         if (st->up_len + n > st->up_cap) {
             size_t cap = st->up_len + n;
