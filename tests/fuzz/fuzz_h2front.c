@@ -10,7 +10,8 @@
  *     is left when the connection has gone (and ASan finds no leak or bad access);
  *   - no core call comes for a request after it was completed.
  */
-/* fuzz-link: proxy/h2front.c proxy/h2stream.c proxy/loop.c proxy/hlist.c proxy/ring.c proxy/answer.c */
+/* fuzz-link: proxy/h2front.c proxy/h2stream.c proxy/loop.c proxy/hlist.c proxy/ring.c
+ * proxy/answer.c */
 #define FUZZ_NAME "fuzz_h2front"
 #include <string.h>
 #include <sys/socket.h>
