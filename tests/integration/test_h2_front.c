@@ -276,6 +276,18 @@ Test(h2_front, no_idle_timeout_when_it_is_zero)
     cr_expect_geq(field(line, "ms"), 1400, "closed: %s", line);
 }
 
+/* An HTTP/2 connection is one in the connections gauge while it is open. */
+Test(h2_front, connections_gauge_counts_an_http2_connection)
+{
+    start("", NULL, NULL);
+    cr_assert_eq(fx_wait_metric("retryproxy_connections_active", 0, T), 0);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), PEER " idle %u 2 >/dev/null &", px->port);
+    cr_assert_eq(fx_sh(cmd), 0);
+    cr_expect_eq(fx_wait_metric("retryproxy_connections_active", 1, T), 1);
+    cr_expect_eq(fx_wait_metric("retryproxy_connections_active", 0, T), 0, "not given back");
+}
+
 /* ---- many streams ---- */
 
 Test(h2_front, h2load_200_requests_over_2_connections_20_streams_each)
