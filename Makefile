@@ -81,22 +81,27 @@ deps-core:
 # rules in the tests. Installed as root; where it cannot be (not root, no apt-get), those checks
 # say they were skipped (tests/cli/test_monitoring fails instead when it could have been).
 ifneq ($(TEST_PKGS),)
-deps: promtool h2test
+deps: promtool h2tools
 endif
 PROM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	prometheus >/dev/null 2>&1
-# python3-h2 runs the scripted HTTP/2 upstream of tests/integration/test_h2_upstream
-# (tests/tools/h2_upstream.py, with Debian's /usr/bin/python3). Installed as root; elsewhere
-# that suite fails saying the script printed no port.
+.PHONY: deps-core promtool h2tools
+# The HTTP/2 and gRPC tests drive the proxy with curl, nghttp and h2load (nghttp2-client), raw
+# frames from python3-h2 (tests/tools/h2peer.py, the scripted upstream tests/tools/h2_upstream.py)
+# and a real gRPC client and server from python3-grpcio (tests/tools/grpc_peer.py), all run by
+# Debian's /usr/bin/python3. Installed as root; elsewhere the command to run is printed and
+# those suites fail saying what is missing.
+H2_APT_PKGS := curl nghttp2-client python3-h2 python3-grpcio
 H2_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	python3-h2 >/dev/null 2>&1
-h2test: deps-core
-	@/usr/bin/python3 -c 'import h2' 2>/dev/null || { [ "$$(id -u)" = 0 ] && \
-	  command -v apt-get >/dev/null && \
-	  echo "installing python3-h2 for the HTTP/2 upstream tests" && \
+	$(H2_APT_PKGS) >/dev/null 2>&1
+h2tools: deps-core
+	@{ command -v h2load >/dev/null && command -v curl >/dev/null && \
+	   /usr/bin/python3 -c 'import h2, grpc' 2>/dev/null; } || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  echo "installing the HTTP/2 and gRPC test tools: $(H2_APT_PKGS)" && \
 	  { $(H2_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(H2_INSTALL); }; }; } || \
-	  echo "python3-h2 unavailable: test_h2_upstream will fail (apt-get install python3-h2)"
-.PHONY: deps-core promtool h2test
+	  echo "HTTP/2 test tools missing; install them with: sudo apt-get install -y $(H2_APT_PKGS)"
+
 promtool: deps-core
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  echo "installing promtool (prometheus) for the metrics and alerting rules tests" && \

@@ -7,8 +7,7 @@
 
 #include <microhttpd.h>
 
-#include "proxy/grpc.h"
-#include "proxy/headers.h"
+#include "proxy/answer.h"
 #include "proxy/retry.h"
 #include "proxy/ring.h"
 
@@ -109,22 +108,16 @@ static void relay_fields(struct front *f,
 
 /* ---- answers ---- */
 
+static void add_field(void *resp, const char *name, const char *value)
+{
+    MHD_add_response_header(resp, name, value);
+}
+
 static void add_tag(struct MHD_Response *resp, const struct front_tag *tag)
 {
     if (tag->close)
         MHD_add_response_header(resp, "Connection", "close"); /* no more requests here */
-    char n[24];
-    hdr_utoa(tag->attempts, n);
-    MHD_add_response_header(resp, "X-Retry-Attempts", n);
-    if (tag->request_id)
-        MHD_add_response_header(resp, "X-Request-Id", tag->request_id);
-    if (tag->stop)
-        MHD_add_response_header(resp, "X-Retry-Stop", tag->stop);
-    if (tag->throttled >= 0) {
-        char p[16];
-        snprintf(p, sizeof(p), "%.2f", tag->throttled);
-        MHD_add_response_header(resp, "X-Retry-Throttled", p);
-    }
+    answer_tag_fields(tag, add_field, resp);
 }
 
 /* Resumes the suspended connection and has libmicrohttpd look at it this turn. */
@@ -163,15 +156,14 @@ static void relay_reset(struct front *f, unsigned status)
 static void grpc_error(struct relay *rl, unsigned status, const char *code, const char *message,
                        const struct front_tag *tag)
 {
-    char n[8], msg[512];
-    hdr_utoa(grpc_code_of_error(code, status), n);
-    grpc_message_encode(message, msg, sizeof(msg));
+    struct answer_grpc g;
+    answer_grpc_error(code, status, message, &g);
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (resp) {
         MHD_add_response_header(resp, "Content-Type", "application/grpc");
-        MHD_add_response_header(resp, "grpc-status", n);
-        MHD_add_response_header(resp, "grpc-message", msg);
+        MHD_add_response_header(resp, "grpc-status", g.status);
+        MHD_add_response_header(resp, "grpc-message", g.message);
         add_tag(resp, tag);
     }
     answer(rl, resp, 200);
@@ -185,17 +177,12 @@ static void relay_error(struct front *f, unsigned status, const char *code, cons
         grpc_error(rl, status, code, message, tag);
         return;
     }
-    char rname[160] = "null";
-    if (route)
-        snprintf(rname, sizeof(rname), "\"%s\"", route); /* names need no escaping */
-    /* sized to the message, whatever its length; libmicrohttpd frees it with the response */
-    char *body = NULL;
-    int n = asprintf(&body,
-                     "{\"error\": \"%s\", \"route\": %s, \"attempts\": %u, \"message\": \"%s\"}\n",
-                     code, rname, tag->attempts, message);
+    /* libmicrohttpd frees the body with the response */
+    size_t n = 0;
+    char *body = answer_error_body(code, route, tag->attempts, message, &n);
     struct MHD_Response *resp =
-        n < 0 ? NULL : MHD_create_response_from_buffer((size_t)n, body, MHD_RESPMEM_MUST_FREE);
-    if (!resp && n >= 0)
+        body ? MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!resp)
         free(body);
     if (resp) {
         MHD_add_response_header(resp, "Content-Type", "application/json");
@@ -214,21 +201,10 @@ static void copy_fields(struct MHD_Response *resp, const struct hlist *h,
     bool has_connection = hlist_get(h, "Connection") != NULL;
     size_t pos = 0;
     const char *n, *v;
-    while (hlist_next(h, &pos, &n, &v)) {
-        size_t nl = strlen(n);
-        if (hdr_is_hop_by_hop(n) || HDR_NAME_IS(n, nl, "Content-Length") ||
-            HDR_NAME_IS(n, nl, "X-Retry-Attempts") || HDR_NAME_IS(n, nl, "X-Retry-Stop") ||
-            (tag->request_id && HDR_NAME_IS(n, nl, "X-Request-Id")) ||
-            (has_connection && hlist_connection_names(h, n)))
-            continue;
-        MHD_add_response_header(resp, n, v);
-    }
+    while (hlist_next(h, &pos, &n, &v))
+        if (!answer_drops(h, has_connection, n, tag))
+            MHD_add_response_header(resp, n, v);
     add_tag(resp, tag);
-}
-
-static bool status_has_body(int status)
-{
-    return status != 204 && status != 304 && !(status >= 100 && status < 200);
 }
 
 static ssize_t never_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -300,7 +276,7 @@ static void start_streaming(struct relay *rl)
 {
     int64_t cl = hlist_content_length(rl->head);
     uint64_t size = MHD_SIZE_UNKNOWN;
-    if (cl >= 0 && (rl->f.is_head || status_has_body(rl->status)))
+    if (cl >= 0 && (rl->f.is_head || answer_status_has_body(rl->status)))
         size = (uint64_t)cl;
     rl->flags &= ~RL_COLLECT;
     struct MHD_Response *resp =
@@ -339,7 +315,8 @@ static void relay_response(struct front *f, int status, const struct hlist *h,
     rl->head = h;
     rl->tag = *tag;
     int64_t cl = hlist_content_length(h);
-    if (!status_has_body(status) || (!rl->f.is_head && (cl < 0 || (uint64_t)cl <= RELAY_BUFFER))) {
+    if (!answer_status_has_body(status) ||
+        (!rl->f.is_head && (cl < 0 || (uint64_t)cl <= RELAY_BUFFER))) {
         /* 1xx, 204 and 304 have no body whatever the upstream sends (RFC 9112 6.3): answered
          * once the transfer ends, with none */
         rl->flags |= RL_COLLECT;
@@ -355,7 +332,7 @@ static size_t relay_body(struct front *f, const char *p, size_t n)
     struct relay *rl = of_front(f);
     if (!rl->conn)
         return 0;
-    if (!status_has_body(rl->status))
+    if (!answer_status_has_body(rl->status))
         return n; /* never relayed */
     if ((rl->flags & RL_COLLECT) && n > ring_space(&rl->down))
         start_streaming(rl); /* too large to answer in one piece */

@@ -244,9 +244,10 @@ static bool upload_live(const struct retry_req *r)
 static size_t take_body(struct retry_req *r, const char *data, size_t n)
 {
     struct intake *in = &r->body;
-    if (r->front->answered) {
+    if (r->front->answered && !upload_live(r)) {
         /* Answered already (413, or the upstream answered before the whole body came): the
-         * rest is dropped until libmicrohttpd lets the answer go out. */
+         * rest is dropped until the front end lets the answer go out. A bidirectional gRPC
+         * call's upload goes on while its response streams (upload_live()). */
         r->discarded += n;
         if ((r->flags & RF_OVER_LIMIT) && r->discarded > DISCARD_MAX)
             r->flags |= RF_CLOSE_NOW;

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <malloc.h>
 #include <stdlib.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -13,7 +12,9 @@
 
 #include <microhttpd.h>
 
+#include "proxy/accept.h"
 #include "proxy/dlist.h"
+#include "proxy/h2front.h"
 #include "proxy/loop.h"
 #include "proxy/relay.h"
 #include "proxy/retry.h"
@@ -49,15 +50,17 @@ struct client {
 struct server {
     struct worker *w;
     struct MHD_Daemon *d;
+    struct acceptor *acc; /* the listening socket and the first bytes of each connection */
+    struct h2front *h2;   /* the HTTP/2 connections */
     struct loop_watch watch;
     struct loop_timer timer;
     struct loop_timer sweep;
     struct client *clients;
     uint32_t head_max; /* limits.max_header_bytes at start */
-    unsigned conns;    /* client connections open */
+    unsigned conns;    /* HTTP/1.1 connections open (libmicrohttpd's) */
     size_t busiest;    /* most connections + requests + transfers alive since the last trim */
     unsigned closed;   /* connections closed since the sweep was last brought forward */
-    bool relisten;     /* a connection closed at the limit: run again to accept */
+    bool relisten;     /* a connection closed: the acceptor may take another */
 };
 
 /* Returns glibc's free heap memory to the system. In a sanitizer build the heap is the
@@ -70,6 +73,7 @@ struct server {
 #endif
 
 static void schedule(struct server *s);
+static void h2_closed(void *arg);
 static void on_timer(struct loop_timer *t);
 static void server_kick(struct server *s);
 
@@ -77,12 +81,10 @@ static void run(struct server *s)
 {
     MHD_run(s->d);
     if (s->relisten) {
-        /* At its connection limit libmicrohttpd takes the listening socket out of its epoll
-         * set and puts it back only on its next run: make that run happen now, or connections
-         * waiting in the backlog would wait for unrelated traffic. */
+        /* Told here, after libmicrohttpd's run: an accepted connection may be handed to it. */
         s->relisten = false;
-        server_kick(s);
-        return;
+        if (s->acc)
+            accept_closed(s->acc);
     }
     schedule(s);
 }
@@ -157,15 +159,8 @@ static void peer_address(struct MHD_Connection *c, char *out, size_t cap)
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     out[0] = '\0';
-    if (!ci || !ci->client_addr)
-        return;
-    const struct sockaddr *sa = ci->client_addr;
-    if (sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out,
-                  (socklen_t)cap);
-    else if (sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out,
-                  (socklen_t)cap);
+    if (ci && ci->client_addr)
+        accept_peer_text(ci->client_addr, out, cap);
 }
 
 static void client_open(struct server *s, struct MHD_Connection *c, void **socket_context)
@@ -185,13 +180,7 @@ static void client_open(struct server *s, struct MHD_Connection *c, void **socke
         return;
     }
     *socket_context = cl;
-    cl->fd = ci->connect_fd;
-    /* Linux sizes a loopback connection's send buffer up to 4 MiB at once, whatever the peer
-     * reads: a slow reader would have the proxy copy megabytes into the kernel for it
-     * (docs/hardening.md, "Slow clients"). */
-    int sndbuf = (int)w->rt->cfg->send_buffer_bytes;
-    if (sndbuf > 0)
-        setsockopt(cl->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    cl->fd = ci->connect_fd; /* its send buffer is sized already (proxy/accept.c) */
     peer_address(c, cl->peer, sizeof(cl->peer));
     DLIST_PUSH(s->clients, cl);
 }
@@ -223,8 +212,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (ms + 999) / 1000);
     } else {
         client_close(s, socket_context);
-        if (s->conns >= w->conn_limit)
-            s->relisten = true;
+        s->relisten = true;
         s->conns--;
         metrics_connections_add(w->px->metrics, w->id, -1);
         /* many connections closing at once: look at the memory now rather than at the next
@@ -283,6 +271,59 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     }
 }
 
+/* ---- the connections the acceptor hands over ---- */
+
+static unsigned acc_open(void *arg)
+{
+    struct server *s = arg;
+    return s->conns + h2front_count(s->h2);
+}
+
+static void acc_limits(void *arg, struct accept_limits *lim)
+{
+    const struct cfg *c = ((struct server *)arg)->w->rt->cfg;
+    lim->header_timeout_ms = c->header_timeout_ms;
+    lim->idle_ms = c->connection_timeout_ms;
+    lim->send_buffer = c->send_buffer_bytes;
+}
+
+static void acc_count(void *arg, int delta)
+{
+    struct worker *w = ((struct server *)arg)->w;
+    metrics_connections_add(w->px->metrics, w->id, delta);
+}
+
+static void acc_take(void *arg, enum accept_proto proto, int fd, const struct sockaddr *sa,
+                     socklen_t sa_len, const char *peer)
+{
+    struct server *s = arg;
+    struct worker *w = s->w;
+    if (proto == ACCEPT_HTTP1) {
+        /* counted and watched by libmicrohttpd from here (on_connection); it closes fd if it
+         * cannot take it */
+        MHD_add_connection(s->d, fd, sa, sa_len);
+        server_kick(s);
+        return;
+    }
+    const struct cfg *c = w->rt->cfg;
+    struct h2front_limits lim = { c->max_header_bytes, c->connection_timeout_ms };
+    acc_count(s, 1);
+    if (h2front_open(s->h2, fd, peer, &lim) < 0)
+        h2_closed(s);
+}
+
+static void h2_closed(void *arg)
+{
+    struct server *s = arg;
+    acc_count(s, -1);
+    if (s->acc)
+        accept_closed(s->acc);
+}
+
+static const struct accept_ops accept_ops = {
+    .open = acc_open, .limits = acc_limits, .count = acc_count, .take = acc_take
+};
+
 static struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c)
 {
     const char *failed = "start";
@@ -299,9 +340,11 @@ static struct server *server_start(struct worker *w, int listen_fd, const struct
     /* libmicrohttpd counts connection timeouts in whole seconds. */
     unsigned timeout_s = (c->connection_timeout_ms + 999) / 1000;
     /* clang-format off */
-    s->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0,
+    /* The worker accepts connections itself (proxy/accept.c) and hands libmicrohttpd the
+     * HTTP/1.1 ones. */
+    s->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                            MHD_USE_NO_LISTEN_SOCKET, 0,
                             NULL, NULL, on_access, w,
-                            MHD_OPTION_LISTEN_SOCKET, listen_fd,
                             MHD_OPTION_URI_LOG_CALLBACK, on_uri, w,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
@@ -319,27 +362,41 @@ static struct server *server_start(struct worker *w, int listen_fd, const struct
         failed = "watch";
         goto fail;
     }
+    if (!(s->h2 = h2front_new(w, w->loop, h2_closed, s))) {
+        failed = "start HTTP/2 for";
+        goto fail;
+    }
+    s->acc = accept_new(w->loop, listen_fd, w->conn_limit, &accept_ops, s);
+    listen_fd = -1; /* the acceptor's, started or not */
+    if (!s->acc) {
+        failed = "accept for";
+        goto fail;
+    }
     schedule(s);
     loop_timer_start(w->loop, &s->sweep, loop_now(w->loop) + SWEEP_MS, on_sweep, s);
     return s;
 fail:
     fprintf(stderr, "retryproxy: worker %u: cannot %s the HTTP server\n", w->id, failed);
-    if (s && s->d)
-        MHD_stop_daemon(s->d); /* closes the listening socket */
-    else
+    if (listen_fd >= 0)
         close(listen_fd);
+    if (s && s->d) {
+        loop_watch_del(w->loop, &s->watch);
+        loop_timer_stop(w->loop, &s->timer);
+        MHD_stop_daemon(s->d);
+    }
+    if (s)
+        h2front_free(s->h2);
     free(s);
     return NULL;
 }
 
 static void server_quiesce(struct server *s)
 {
-    /* libmicrohttpd hands the listening socket back; closing it stops this worker's share of
-     * the port from accepting (the kernel refuses new connections once every worker's is
-     * closed). */
-    MHD_socket fd = MHD_quiesce_daemon(s->d);
-    if (fd != MHD_INVALID_SOCKET)
-        close(fd);
+    /* Closing the listening socket stops this worker's share of the port from accepting (the
+     * kernel refuses new connections once every worker's is closed); HTTP/2 connections get
+     * a GOAWAY. */
+    accept_quiesce(s->acc);
+    h2front_drain(s->h2);
     server_kick(s);
 }
 
@@ -347,6 +404,9 @@ static void server_stop(struct server *s)
 {
     if (!s)
         return;
+    accept_free(s->acc);
+    s->acc = NULL;
+    h2front_free(s->h2); /* completes the HTTP/2 requests */
     loop_watch_del(s->w->loop, &s->watch);
     loop_timer_stop(s->w->loop, &s->timer);
     loop_timer_stop(s->w->loop, &s->sweep);

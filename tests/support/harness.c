@@ -320,8 +320,9 @@ static size_t on_hdr(char *p, size_t size, size_t n, void *ud)
     return size * n;
 }
 
-void http_do(const char *method, const char *url, const char *const *headers, const void *body,
-             size_t body_len, long timeout_ms, struct http_resp *out)
+static void do_request(const char *method, const char *url, const char *const *headers,
+                       const void *body, size_t body_len, long timeout_ms, long version,
+                       struct http_resp *out)
 {
     memset(out, 0, sizeof(*out));
     out->body_hash = TUP_HASH_INIT;
@@ -340,6 +341,8 @@ void http_do(const char *method, const char *url, const char *const *headers, co
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &s);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_hdr);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, &s);
+    if (version)
+        curl_easy_setopt(e, CURLOPT_HTTP_VERSION, version);
     if (strcmp(method, "HEAD") == 0)
         curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
     else if (strcmp(method, "GET") != 0 || body)
@@ -356,6 +359,19 @@ void http_do(const char *method, const char *url, const char *const *headers, co
     out->headers = s.hdr_buf;
     curl_slist_free_all(h);
     curl_easy_cleanup(e);
+}
+
+void http_do(const char *method, const char *url, const char *const *headers, const void *body,
+             size_t body_len, long timeout_ms, struct http_resp *out)
+{
+    do_request(method, url, headers, body, body_len, timeout_ms, 0, out);
+}
+
+void http_do_h2(const char *method, const char *url, const char *const *headers, const void *body,
+                size_t body_len, long timeout_ms, struct http_resp *out)
+{
+    do_request(method, url, headers, body, body_len, timeout_ms,
+               CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE, out);
 }
 
 const char *http_header(const struct http_resp *r, const char *name, char *buf, size_t cap)

@@ -80,6 +80,9 @@ struct http_resp {
  * NULL. Bodies above 'keep' bytes are hashed, not kept. */
 void http_do(const char *method, const char *url, const char *const *headers, const void *body,
              size_t body_len, long timeout_ms, struct http_resp *out);
+/* The same over HTTP/2 with prior knowledge (h2c, the preface first: docs/http2.md). */
+void http_do_h2(const char *method, const char *url, const char *const *headers, const void *body,
+                size_t body_len, long timeout_ms, struct http_resp *out);
 /* Value of response header 'name' (first), copied into 'buf', or NULL. */
 const char *http_header(const struct http_resp *r, const char *name, char *buf, size_t cap);
 /* The same in a static buffer (512 bytes), valid until the next call. */

@@ -1,0 +1,44 @@
+/* answer -- what every front end's answers share (docs/forwarding.md, "What the client gets"):
+ * the fields that tag an answer (X-Retry-Attempts, X-Request-Id, ...), which upstream response
+ * fields are not relayed, and the JSON body of retryproxy's own errors. Protocol-free: each
+ * front end (proxy/relay.c, proxy/h2front.c) writes them its own way.
+ */
+#ifndef RETRYPROXY_PROXY_ANSWER_H
+#define RETRYPROXY_PROXY_ANSWER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "proxy/front.h"
+#include "proxy/hlist.h"
+
+/* Calls add(arg, name, value) for each field 'tag' puts on an answer, names as HTTP/1.1
+ * spells them ("X-Retry-Attempts"); Connection: close is the caller's. */
+void answer_tag_fields(const struct front_tag *tag,
+                       void (*add)(void *arg, const char *name, const char *value), void *arg);
+
+/* Whether the upstream response field 'name' of 'h' stays out of the answer: hop-by-hop
+ * fields and any named in a Connection field, Content-Length (the front end frames the body),
+ * and the proxy's own (X-Retry-*, X-Request-Id when the tag carries one). 'has_connection':
+ * whether 'h' has a Connection field (asked once per response). */
+bool answer_drops(const struct hlist *h, bool has_connection, const char *name,
+                  const struct front_tag *tag);
+
+/* Whether a response of 'status' may have a body: 1xx, 204 and 304 never do (RFC 9110 6.4.1). */
+bool answer_status_has_body(int status);
+
+/* The JSON body of an error of retryproxy's own: a new string (free()), its length in *len;
+ * NULL out of memory. 'route' NULL: none. */
+char *answer_error_body(const char *code, const char *route, unsigned attempts, const char *message,
+                        size_t *len);
+
+/* An error of retryproxy's own on a gRPC call (docs/grpc.md "Errors of retryproxy's own"):
+ * the values of its grpc-status and grpc-message fields, sent as a Trailers-Only response. */
+struct answer_grpc {
+    char status[8];
+    char message[512]; /* percent-encoded, cut to fit */
+};
+void answer_grpc_error(const char *code, unsigned http_status, const char *message,
+                       struct answer_grpc *out);
+
+#endif

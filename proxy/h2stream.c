@@ -1,0 +1,573 @@
+/* h2stream -- the streams of the HTTP/2 front end (proxy/h2int.h): a stream's head and body
+ * become a request of the core (proxy/retry.h), and the core's answer becomes its response
+ * (struct front_ops). docs/http2.md says what a stream carries. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/answer.h"
+#include "proxy/dlist.h"
+#include "proxy/h2int.h"
+#include "proxy/headers.h"
+#include "proxy/retry.h"
+
+static const struct front_ops h2_ops;
+
+static struct h2stream *of_front(struct front *f)
+{
+    return (struct h2stream *)f;
+}
+
+/* ---- the request ---- */
+
+int h2s_on_begin_headers(nghttp2_session *sess, const nghttp2_frame *frame, void *user)
+{
+    (void)sess;
+    struct h2conn *c = user;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return 0;
+    struct h2head *h = &c->head;
+    hlist_clear(&h->fields);
+    free(h->path);
+    free(h->cookie);
+    struct hlist keep = h->fields;
+    memset(h, 0, sizeof(*h));
+    h->fields = keep;
+    h->id = frame->hd.stream_id;
+    return 0;
+}
+
+static bool name_is(const uint8_t *n, size_t nl, const char *lit)
+{
+    return nl == strlen(lit) && memcmp(n, lit, nl) == 0;
+}
+
+/* A request field (names are lowercase: nghttp2 checked them). Bounded as an HTTP/1.1 head is
+ * (limits.max_header_bytes, WIRE_FIELDS_MAX): past the bounds the rest is not kept and the
+ * request is answered 431 (or 414, 501) like one. */
+int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8_t *name, size_t nl,
+                  const uint8_t *value, size_t vl, uint8_t flags, void *user)
+{
+    (void)sess;
+    (void)flags;
+    struct h2conn *c = user;
+    struct h2head *h = &c->head;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST ||
+        frame->hd.stream_id != h->id)
+        return 0; /* trailers of a request: not relayed (docs/http2.md) */
+    h->bytes += nl + vl + 32;
+    if (h->bytes > c->lim.max_header_bytes && !h->refused)
+        h->refused = WIRE_HEAD_TOO_LARGE;
+    if (h->refused)
+        return 0;
+    const char *k = (const char *)name, *v = (const char *)value;
+    if (nl && k[0] == ':') {
+        if (name_is(name, nl, ":method")) {
+            if (vl > WIRE_METHOD_MAX)
+                h->refused = WIRE_METHOD_TOO_LONG;
+            else
+                memcpy(h->method, v, vl), h->method[vl] = '\0';
+        } else if (name_is(name, nl, ":path")) {
+            if (vl > WIRE_LINE_MAX || !(h->path = strndup(v, vl)))
+                h->refused = WIRE_TARGET_TOO_LONG;
+        } else if (name_is(name, nl, ":authority")) {
+            /* the Host of HTTP/1.1 (RFC 9113 8.3.1) */
+            h->authority = true;
+            if (hlist_add(&h->fields, "host", 4, v, vl) < 0)
+                h->refused = WIRE_HEAD_TOO_LARGE;
+        }
+        return 0; /* pseudo-header fields never go upstream as fields */
+    }
+    if ((h->authority && name_is(name, nl, "host")) || name_is(name, nl, "te"))
+        return 0; /* :authority wins; te is "trailers" (nghttp2 checked) and hop-by-hop */
+    if (name_is(name, nl, "cookie")) {
+        /* HTTP/2 clients may split a cookie into several fields; an HTTP/1.1 upstream expects
+         * one (RFC 9113 8.2.3): joined here, added as the head ends */
+        char *j = realloc(h->cookie, h->cookie_len + 2 + vl + 1);
+        if (!j) {
+            h->refused = WIRE_HEAD_TOO_LARGE;
+            return 0;
+        }
+        if (h->cookie_len)
+            memcpy(j + h->cookie_len, "; ", 2), h->cookie_len += 2;
+        memcpy(j + h->cookie_len, v, vl);
+        h->cookie_len += vl;
+        j[h->cookie_len] = '\0';
+        h->cookie = j;
+        return 0;
+    }
+    if (name_is(name, nl, "content-length"))
+        h->length = true;
+    if (++h->n > WIRE_FIELDS_MAX || hlist_add(&h->fields, k, nl, v, vl) < 0)
+        h->refused = WIRE_HEAD_TOO_LARGE;
+    return 0;
+}
+
+static void stream_remote_end(struct h2stream *st)
+{
+    st->flags |= S_REMOTE_END;
+    if (!st->up_len && !(st->flags & S_ENDED)) {
+        st->flags |= S_ENDED;
+        retry_req_end(st->f.req);
+    }
+}
+
+/* The head is complete: the stream becomes a request of the core. */
+static void start_request(struct h2conn *c, const nghttp2_frame *frame)
+{
+    struct h2head *h = &c->head;
+    struct h2front *hf = c->hf;
+    bool end = frame->hd.flags & NGHTTP2_FLAG_END_STREAM;
+    /* A body of no declared length: the core frames it as HTTP/1.1's chunked one (the field
+     * is hop-by-hop: it never reaches the upstream as it is). */
+    if (h->cookie && !h->refused &&
+        hlist_add(&h->fields, "cookie", 6, h->cookie, h->cookie_len) < 0)
+        h->refused = WIRE_HEAD_TOO_LARGE;
+    if (!end && !h->length && !h->refused &&
+        hlist_add(&h->fields, "transfer-encoding", 17, "chunked", 7) < 0)
+        h->refused = WIRE_HEAD_TOO_LARGE;
+    struct front *f = retry_req_new(hf->w, &h2_ops, sizeof(struct h2stream), FRONT_HTTP2,
+                                    h->path ? h->path : "", c->peer, h->refused);
+    if (!f) {
+        nghttp2_submit_rst_stream(c->sess, NGHTTP2_FLAG_NONE, h->id, NGHTTP2_REFUSED_STREAM);
+        return;
+    }
+    struct h2stream *st = of_front(f);
+    st->c = c;
+    st->id = h->id;
+    st->fields = h->fields;
+    memset(&h->fields, 0, sizeof(h->fields));
+    st->down.max = H2_STREAM_BUFFER;
+    DLIST_PUSH(c->streams, st);
+    c->n_streams++;
+    nghttp2_session_set_stream_user_data(c->sess, st->id, st);
+    retry_req_head(f->req, h->method);
+    if (end && st->c)
+        stream_remote_end(st);
+}
+
+static void h2_fields(struct front *f,
+                      void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
+                      void *arg)
+{
+    struct h2stream *st = of_front(f);
+    size_t pos = 0;
+    const char *n, *v;
+    while (hlist_next(&st->fields, &pos, &n, &v))
+        fn(arg, n, strlen(n), v, strlen(v));
+}
+
+/* Upload bytes the core did not take are kept (at most the stream's window, which stays
+ * closed by as much until they are taken). */
+static bool keep_upload(struct h2stream *st, const uint8_t *p, size_t n)
+{
+    if (st->up_off + st->up_len + n > st->up_cap) {
+        if (st->up_len) /* none kept yet: no buffer either */
+            memmove(st->up, st->up + st->up_off, st->up_len);
+        st->up_off = 0;
+        if (st->up_len + n > st->up_cap) {
+            size_t cap = st->up_len + n;
+            if (cap > 2 * H2_STREAM_WINDOW)
+                return false;
+            char *b = realloc(st->up, cap);
+            if (!b)
+                return false;
+            st->up = b;
+            st->up_cap = cap;
+        }
+    }
+    memcpy(st->up + st->up_off + st->up_len, p, n);
+    st->up_len += n;
+    return true;
+}
+
+/* Offers upload bytes to the core; what it takes is given back to the client's window. */
+static size_t offer(struct h2stream *st, const char *p, size_t n)
+{
+    size_t took = retry_req_body(st->f.req, p, n);
+    if (!st->c)
+        return n;
+    if (took == RETRY_BODY_CLOSE) {
+        /* answered (413) and the client goes on: no more window; once the answer is out
+         * the stream is reset (NO_ERROR, RFC 9113 8.1) */
+        st->flags |= S_DISCARD;
+        if (st->flags & S_LOCAL_END)
+            h2c_reset_stream(st, NGHTTP2_NO_ERROR);
+        return n;
+    }
+    nghttp2_session_consume(st->c->sess, st->id, took);
+    return took;
+}
+
+int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t *data, size_t len,
+                void *user)
+{
+    (void)flags;
+    (void)user;
+    struct h2stream *st = nghttp2_session_get_stream_user_data(sess, id);
+    if (!st || !st->c) {
+        nghttp2_session_consume_connection(sess, len);
+        return 0;
+    }
+    if (st->flags & S_DISCARD) {
+        /* the stream's window stays closed; the connection's is given back, for the others */
+        nghttp2_session_consume_connection(sess, len);
+        return 0;
+    }
+    size_t took = st->up_len ? 0 : offer(st, (const char *)data, len);
+    if (st->c && took < len && !(st->flags & S_DISCARD) &&
+        !keep_upload(st, data + took, len - took))
+        h2c_reset_stream(st, NGHTTP2_FLOW_CONTROL_ERROR);
+    return 0;
+}
+
+/* The core takes upload bytes again: offers what is kept. */
+void h2s_drain_upload(struct h2stream *st)
+{
+    st->flags &= ~S_ROOM;
+    while (st->c && st->up_len && !(st->flags & S_DISCARD)) {
+        size_t took = offer(st, st->up + st->up_off, st->up_len);
+        if (!took)
+            break;
+        if (took > st->up_len)
+            took = st->up_len;
+        st->up_off += took;
+        st->up_len -= took;
+    }
+    if (st->flags & S_DISCARD)
+        st->up_len = 0;
+    if (st->c && !st->up_len && (st->flags & S_REMOTE_END))
+        stream_remote_end(st);
+}
+
+int h2s_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *frame, void *user)
+{
+    struct h2conn *c = user;
+    struct h2stream *st;
+    switch (frame->hd.type) {
+    case NGHTTP2_HEADERS:
+        if (frame->headers.cat == NGHTTP2_HCAT_REQUEST && frame->hd.stream_id == c->head.id) {
+            start_request(c, frame);
+            break;
+        }
+        /* trailers end the request as a DATA frame would */
+        __attribute__((fallthrough));
+    case NGHTTP2_DATA:
+        st = nghttp2_session_get_stream_user_data(sess, frame->hd.stream_id);
+        if (st && st->c && (frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+            stream_remote_end(st);
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+/* ---- the answer ---- */
+
+struct nvs {
+    nghttp2_nv *nv;
+    size_t n, cap;
+    char *text; /* copies: the names in lowercase, and the values */
+    size_t used, text_cap;
+};
+
+static void nv_add(void *arg, const char *name, const char *value)
+{
+    struct nvs *a = arg;
+    size_t nl = strlen(name), vl = strlen(value);
+    if (a->n == a->cap || a->used + nl + vl > a->text_cap)
+        return;
+    char *lc = a->text + a->used;
+    for (size_t i = 0; i < nl; i++)
+        lc[i] = (char)((name[i] >= 'A' && name[i] <= 'Z') ? name[i] + 32 : name[i]);
+    memcpy(lc + nl, value, vl);
+    a->used += nl + vl;
+    a->nv[a->n++] = (nghttp2_nv){ (uint8_t *)lc, (uint8_t *)lc + nl, nl, vl, NGHTTP2_NV_FLAG_NONE };
+}
+
+static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length,
+                         uint32_t *data_flags, nghttp2_data_source *source, void *user);
+
+/* Submits the answer's HEADERS (and its body through read_data when 'has_body'). Fields: the
+ * upstream's 'h' (NULL: none) but those answer_drops() names, then 'ctype' and 'length' (< 0:
+ * none), then the tag's. */
+static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
+                   const struct front_tag *tag, const char *ctype, int64_t length, bool has_body)
+{
+    struct h2conn *c = st->c;
+    st->f.status = status;
+    st->f.answered = true;
+    if (!c)
+        return;
+    size_t cap = 8 + (h ? h->count : 0);
+    size_t text_cap = 512 + (h ? h->len : 0);
+    struct nvs a = { calloc(cap, sizeof(nghttp2_nv)), 0, cap, malloc(text_cap), 0, text_cap };
+    if (!a.nv || !a.text) {
+        free(a.nv);
+        free(a.text);
+        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+        return;
+    }
+    char sbuf[8], lbuf[24];
+    snprintf(sbuf, sizeof(sbuf), "%03u", status % 1000);
+    nv_add(&a, ":status", sbuf);
+    if (h) {
+        bool has_connection = hlist_get(h, "Connection") != NULL;
+        size_t pos = 0;
+        const char *n, *v;
+        while (hlist_next(h, &pos, &n, &v))
+            if (!answer_drops(h, has_connection, n, tag))
+                nv_add(&a, n, v);
+    }
+    if (ctype)
+        nv_add(&a, "content-type", ctype);
+    if (length >= 0) {
+        hdr_utoa((uint64_t)length, lbuf);
+        nv_add(&a, "content-length", lbuf);
+    }
+    answer_tag_fields(tag, nv_add, &a);
+    if (!has_body)
+        st->flags |= S_NO_BODY;
+    st->f.sent = true;
+    retry_req_sending(st->f.req); /* counted before a byte leaves */
+    nghttp2_data_provider prd = { .source.ptr = st, .read_callback = read_data };
+    if (nghttp2_submit_response(c->sess, st->id, a.nv, a.n, has_body ? &prd : NULL) != 0)
+        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+    free(a.nv); /* nghttp2 copied them */
+    free(a.text);
+    h2c_schedule(c);
+}
+
+static void h2_error(struct front *f, unsigned status, const char *code, const char *route,
+                     const char *message, const struct front_tag *tag)
+{
+    struct h2stream *st = of_front(f);
+    if (f->grpc) {
+        /* a gRPC call: a Trailers-Only response, its status in the one HEADERS frame, which
+         * ends the stream (docs/grpc.md "Errors of retryproxy's own") */
+        struct answer_grpc g;
+        answer_grpc_error(code, status, message, &g);
+        struct hlist h = { 0 };
+        hlist_add(&h, "grpc-status", 11, g.status, strlen(g.status));
+        hlist_add(&h, "grpc-message", 12, g.message, strlen(g.message));
+        submit(st, 200, &h, tag, "application/grpc", -1, false);
+        hlist_free(&h);
+        return;
+    }
+    size_t n = 0;
+    st->owned = answer_error_body(code, route, tag->attempts, message, &n);
+    if (!st->owned) {
+        st->f.status = status;
+        st->f.answered = true;
+        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+        return;
+    }
+    st->body = st->owned;
+    st->body_len = n;
+    submit(st, status, NULL, tag, "application/json", (int64_t)n, !f->is_head);
+}
+
+static void copy_trailers(struct h2stream *st, const struct hlist *trailers)
+{
+    size_t pos = 0;
+    const char *n, *v;
+    while (trailers && hlist_next(trailers, &pos, &n, &v))
+        hlist_add(&st->trailers, n, strlen(n), v, strlen(v));
+}
+
+static void h2_saved(struct front *f, int status, const struct hlist *h, const char *body,
+                     size_t len, const struct hlist *trailers, const struct front_tag *tag)
+{
+    struct h2stream *st = of_front(f);
+    st->body = body;
+    st->body_len = len;
+    if (!f->is_head)
+        copy_trailers(st, trailers); /* sent after the body (end_body) */
+    bool has_body =
+        !f->is_head && answer_status_has_body(status) && (len > 0 || st->trailers.count > 0);
+    int64_t length =
+        f->is_head ? hlist_content_length(h) : (answer_status_has_body(status) ? (int64_t)len : -1);
+    submit(st, (unsigned)status, h, tag, NULL, length, has_body);
+}
+
+static void h2_response(struct front *f, int status, const struct hlist *h,
+                        const struct front_tag *tag)
+{
+    struct h2stream *st = of_front(f);
+    /* a gRPC response whose head holds its status is Trailers-Only (gRPC's PROTOCOL-HTTP2.md)
+     * and stays so: one HEADERS frame that ends the stream */
+    bool trailers_only = f->grpc && hlist_get(h, "grpc-status");
+    bool has_body = !f->is_head && answer_status_has_body(status) && !trailers_only;
+    int64_t length = (has_body || f->is_head) ? hlist_content_length(h) : -1;
+    submit(st, (unsigned)status, h, tag, NULL, length, has_body);
+}
+
+static void resume(struct h2stream *st)
+{
+    if (st->c && (st->flags & S_DEFERRED)) {
+        st->flags &= ~S_DEFERRED;
+        nghttp2_session_resume_data(st->c->sess, st->id);
+        h2c_schedule(st->c);
+    }
+}
+
+/* Response body bytes: a stream holds at most H2_STREAM_BUFFER, the connection's streams
+ * H2_CONN_BUFFER together (a stream with nothing buffered may always take some, so that a
+ * stream read slowly never stops the others for good). */
+static size_t h2_body(struct front *f, const char *p, size_t n)
+{
+    struct h2stream *st = of_front(f);
+    struct h2conn *c = st->c;
+    if (!c || (st->flags & S_RESET))
+        return 0;
+    if (st->flags & S_NO_BODY)
+        return n;
+    if (n > ring_space(&st->down) || (st->down.len && c->buffered + n > H2_CONN_BUFFER)) {
+        if (!(st->flags & S_FULL))
+            c->full++;
+        st->flags |= S_FULL;
+        return FRONT_FULL;
+    }
+    if (ring_put(&st->down, p, n) < 0)
+        return 0;
+    c->buffered += n;
+    resume(st);
+    return n;
+}
+
+static void h2_end(struct front *f, const struct hlist *trailers, bool failed)
+{
+    struct h2stream *st = of_front(f);
+    st->flags |= failed ? S_DOWN_FAIL : S_DOWN_DONE;
+    copy_trailers(st, trailers);
+    resume(st);
+}
+
+/* A stream that body() refused may take bytes again: its upstream goes on. */
+static void give_room(struct h2conn *c, struct h2stream *st)
+{
+    if ((st->flags & S_FULL) && ring_space(&st->down) >= UPSTREAM_WRITE_MAX &&
+        c->buffered + UPSTREAM_WRITE_MAX <= H2_CONN_BUFFER) {
+        st->flags &= ~S_FULL;
+        c->full--;
+        retry_req_room(st->f.req);
+    }
+}
+
+static void end_body(struct h2stream *st, uint32_t *data_flags)
+{
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (!st->trailers.count)
+        return;
+    struct nvs a = { calloc(st->trailers.count, sizeof(nghttp2_nv)),
+                     0,
+                     st->trailers.count,
+                     malloc(st->trailers.len + 1),
+                     0,
+                     st->trailers.len + 1 };
+    size_t pos = 0;
+    const char *n, *v;
+    while (a.nv && a.text && hlist_next(&st->trailers, &pos, &n, &v))
+        nv_add(&a, n, v);
+    if (a.nv && a.text && nghttp2_submit_trailer(st->c->sess, st->id, a.nv, a.n) == 0)
+        *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    free(a.nv);
+    free(a.text);
+}
+
+static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length,
+                         uint32_t *data_flags, nghttp2_data_source *source, void *user)
+{
+    (void)sess;
+    (void)id;
+    (void)user;
+    struct h2stream *st = source->ptr;
+    struct h2conn *c = st->c;
+    if (st->body) {
+        size_t n = st->body_len - st->body_off;
+        if (n > length)
+            n = length;
+        memcpy(buf, st->body + st->body_off, n);
+        st->body_off += n;
+        if (st->body_off == st->body_len)
+            *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+        return (ssize_t)n;
+    }
+    if (st->down.len) {
+        size_t n = ring_get(&st->down, (char *)buf, length);
+        c->buffered -= n;
+        if (st->down.len == 0 && (st->flags & S_DOWN_DONE))
+            end_body(st, data_flags);
+        give_room(c, st);
+        for (struct h2stream *o = c->streams, *next; o && c->full; o = next) {
+            next = o->next;
+            give_room(c, o); /* those the connection's bound stopped */
+        }
+        return (ssize_t)n;
+    }
+    if (st->flags & S_DOWN_FAIL)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* RST_STREAM: the truncation shows */
+    if (st->flags & S_DOWN_DONE) {
+        end_body(st, data_flags);
+        return 0;
+    }
+    st->flags |= S_DEFERRED;
+    return NGHTTP2_ERR_DEFERRED;
+}
+
+static void h2_reset(struct front *f, unsigned status)
+{
+    struct h2stream *st = of_front(f);
+    st->f.status = status;
+    st->f.answered = true;
+    h2c_reset_stream(st, status == CLIENT_CLOSED ? NGHTTP2_CANCEL : NGHTTP2_INTERNAL_ERROR);
+}
+
+static void h2_wait_upload(struct front *f)
+{
+    (void)f; /* the bytes not taken are kept, and the window stays closed by as much */
+}
+
+static void h2_upload_room(struct front *f)
+{
+    struct h2stream *st = of_front(f);
+    if (st->c && st->up_len) {
+        st->flags |= S_ROOM; /* offered from the loop, never from inside the core's call */
+        h2c_schedule(st->c);
+    }
+}
+
+/* The session sees a client's RST_STREAM itself: a watched stream only has to be marked. */
+static void h2_watch(struct front *f)
+{
+    of_front(f)->flags |= S_WATCHED;
+}
+
+static void h2_unwatch(struct front *f)
+{
+    of_front(f)->flags &= ~S_WATCHED;
+}
+
+static void h2_fini(struct front *f)
+{
+    struct h2stream *st = of_front(f);
+    ring_free(&st->down);
+    free(st->owned);
+    hlist_free(&st->fields);
+    hlist_free(&st->trailers);
+    free(st->up);
+}
+
+static const struct front_ops h2_ops = { .fields = h2_fields,
+                                         .error = h2_error,
+                                         .saved = h2_saved,
+                                         .response = h2_response,
+                                         .body = h2_body,
+                                         .end = h2_end,
+                                         .reset = h2_reset,
+                                         .wait_upload = h2_wait_upload,
+                                         .upload_room = h2_upload_room,
+                                         .watch = h2_watch,
+                                         .unwatch = h2_unwatch,
+                                         .fini = h2_fini };

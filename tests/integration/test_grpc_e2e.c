@@ -1,0 +1,258 @@
+/* gRPC end to end (docs/grpc.md): a real grpcio client (tests/tools/grpc_peer.py, Debian's
+ * python3-grpcio) calls through retryproxy's HTTP/2 front end to a real grpcio server behind an
+ * h2c:// upstream. Each test asserts what the server recorded (attempts, metadata, the hash of
+ * every request message) as well as what the client got (status, messages).
+ */
+#include <criterion/criterion.h>
+
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/support/fixture.h"
+
+#define PY "/usr/bin/python3"
+#define PEER "tests/tools/grpc_peer.py"
+
+static pid_t server_pid = -1;
+static int server_in = -1;
+static uint16_t server_port;
+static char record[96];
+
+static void stop_server(void)
+{
+    if (server_pid > 0) {
+        close(server_in); /* it serves until its stdin closes */
+        kill(server_pid, SIGTERM);
+        waitpid(server_pid, NULL, 0);
+        server_pid = -1;
+        unlink(record);
+    }
+}
+
+static void fini(void)
+{
+    fx_stop();
+    stop_server();
+}
+
+TestSuite(grpc_e2e, .fini = fini, .timeout = 90);
+
+/* The grpcio server, on a port it prints. */
+static void start_server(void)
+{
+    snprintf(record, sizeof(record), "/tmp/retryproxy-grpc-%d.jsonl", (int)getpid());
+    unlink(record);
+    int in[2], out[2];
+    cr_assert_eq(pipe(in), 0);
+    cr_assert_eq(pipe(out), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[1]);
+        close(out[0]);
+        execl(PY, "python3", PEER, "server", "--record", record, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    server_pid = pid;
+    server_in = in[1];
+    char buf[64] = "";
+    size_t len = 0;
+    for (int64_t until = now_ms() + 15000; !memchr(buf, '\n', len) && now_ms() < until;) {
+        struct pollfd p = { .fd = out[0], .events = POLLIN };
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t n = read(out[0], buf + len, sizeof(buf) - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        buf[len] = '\0';
+    }
+    close(out[0]);
+    unsigned port = 0;
+    cr_assert_eq(sscanf(buf, "port %u", &port), 1, "grpc_peer.py server printed \"%s\"", buf);
+    server_port = (uint16_t)port;
+}
+
+/* The server and a proxy whose route "svc" sends /test.Echo/ to it with 'retry' (a JSON
+ * object's members). */
+static void start(const char *retry)
+{
+    start_server();
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "svc",
+               "\"match\": {\"path_prefix\": \"/test.Echo/\"}, \"upstreams\": "
+               "[\"h2c://127.0.0.1:%u\"], \"retry\": {%s}",
+               server_port, retry);
+    fx_start_b(b, "--workers", "2", NULL);
+}
+
+/* One call through the proxy: 'kind' unary, server or bidi; messages and metadata are
+ * NULL-terminated lists (may be NULL). Returns the client's JSON report (caller decrefs). */
+static json_t *call(const char *method, const char *kind, const char *const *msgs,
+                    const char *const *md, const char *timeout_s)
+{
+    char target[32];
+    snprintf(target, sizeof(target), "127.0.0.1:%u", px->port);
+    char *argv[64] = { PY, PEER, "call", "--target", target, "--method", (char *)method,
+                       "--kind", (char *)kind, "--timeout", (char *)(timeout_s ? timeout_s : "10") };
+    size_t n = 11;
+    for (size_t i = 0; msgs && msgs[i] && n < 60; i++) {
+        argv[n++] = "--message";
+        argv[n++] = (char *)msgs[i];
+    }
+    for (size_t i = 0; md && md[i] && n < 60; i++) {
+        argv[n++] = "--metadata";
+        argv[n++] = (char *)md[i];
+    }
+    argv[n] = NULL;
+    struct proc_result r;
+    cr_assert_eq(proc_run(argv, NULL, 30000, &r), 0);
+    cr_assert_eq(r.status, 0, "grpc_peer.py call: %d\n%s", r.status, r.err);
+    json_error_t e;
+    json_t *j = json_loads(r.out, 0, &e);
+    cr_assert_not_null(j, "not JSON: %s", r.out);
+    proc_result_free(&r);
+    return j;
+}
+
+/* The server's records of request id 'id' (caller decrefs). */
+static json_t *records_of(const char *id)
+{
+    char *text = proc_read_file(record);
+    json_t *all = json_array();
+    for (char *line = text; line && *line;) {
+        char *end = strchr(line, '\n');
+        json_t *j = json_loadb(line, end ? (size_t)(end - line) : strlen(line), 0, NULL);
+        const char *rid = json_string_value(
+            json_object_get(json_object_get(j, "metadata"), "x-request-id"));
+        if (rid && strcmp(rid, id) == 0)
+            json_array_append(all, j);
+        json_decref(j);
+        line = end ? end + 1 : NULL;
+    }
+    free(text);
+    return all;
+}
+
+static const char *code_of(const json_t *j)
+{
+    return json_string_value(json_object_get(j, "code"));
+}
+
+static const char *message_at(const json_t *j, size_t i)
+{
+    return json_string_value(json_array_get(json_object_get(j, "messages"), i));
+}
+
+Test(grpc_e2e, a_unary_call_goes_through_with_its_metadata)
+{
+    start("\"retry_on\": [\"unavailable\"]");
+    const char *msgs[] = { "hello", NULL };
+    const char *md[] = { "x-request-id=plain", "x-custom=v1", NULL };
+    json_t *j = call("/test.Echo/Unary", "unary", msgs, md, NULL);
+    cr_expect_str_eq(code_of(j), "OK");
+    cr_expect_str_eq(message_at(j, 0), "hello");
+    json_decref(j);
+    json_t *recs = records_of("plain");
+    cr_assert_eq(json_array_size(recs), 1);
+    json_t *md0 = json_object_get(json_array_get(recs, 0), "metadata");
+    cr_expect_str_eq(json_string_value(json_object_get(md0, "x-custom")), "v1");
+    cr_expect_str_eq(json_string_value(json_object_get(md0, "x-retry-attempt")), "1");
+    json_decref(recs);
+}
+
+Test(grpc_e2e, trailers_only_unavailable_is_retried_with_the_same_message)
+{
+    start("\"max_attempts\": 3, \"retry_on\": [\"unavailable\"], " CFG_FAST);
+    const char *msgs[] = { "again", NULL };
+    const char *md[] = { "x-request-id=to-retry", "x-fail=2,14,headers", NULL };
+    json_t *j = call("/test.Echo/Unary", "unary", msgs, md, NULL);
+    cr_expect_str_eq(code_of(j), "OK");
+    cr_expect_str_eq(message_at(j, 0), "again");
+    json_decref(j);
+    json_t *recs = records_of("to-retry");
+    cr_assert_eq(json_array_size(recs), 3, "three attempts reached the server");
+    const char *h0 = json_string_value(json_array_get(
+        json_object_get(json_array_get(recs, 0), "requests"), 0));
+    for (size_t i = 1; i < 3; i++)
+        cr_expect_str_eq(json_string_value(json_array_get(
+                             json_object_get(json_array_get(recs, i), "requests"), 0)),
+                         h0, "attempt %zu sent the same message", i + 1);
+    json_decref(recs);
+}
+
+Test(grpc_e2e, a_status_retry_on_does_not_name_reaches_the_client)
+{
+    start("\"retry_on\": [\"unavailable\"]");
+    const char *md[] = { "x-request-id=internal", "x-fail=1,13,headers", NULL };
+    json_t *j = call("/test.Echo/Unary", "unary", NULL, md, NULL);
+    cr_expect_str_eq(code_of(j), "INTERNAL");
+    cr_expect_str_eq(json_string_value(json_object_get(j, "details")), "injected failure 1");
+    json_decref(j);
+    json_t *recs = records_of("internal");
+    cr_expect_eq(json_array_size(recs), 1);
+    json_decref(recs);
+}
+
+Test(grpc_e2e, a_server_stream_retried_on_its_trailers_status_before_anything_reached_the_client)
+{
+    start("\"max_attempts\": 3, \"retry_on\": [\"unavailable\"], " CFG_FAST);
+    const char *msgs[] = { "abc", NULL };
+    const char *md[] = { "x-request-id=stream", "x-fail=1,14,trailers", NULL };
+    json_t *j = call("/test.Echo/Server", "server", msgs, md, NULL);
+    cr_expect_str_eq(code_of(j), "OK");
+    json_t *got = json_object_get(j, "messages");
+    cr_expect_eq(json_array_size(got), 3, "the second attempt's messages alone");
+    cr_expect_str_eq(message_at(j, 0), "0");
+    json_decref(j);
+    json_t *recs = records_of("stream");
+    cr_expect_eq(json_array_size(recs), 2);
+    json_decref(recs);
+}
+
+Test(grpc_e2e, a_bidirectional_ping_pong_never_waits_for_a_whole_request)
+{
+    start("\"retry_on\": [\"unavailable\"]");
+    const char *msgs[] = { "ping1", "ping2", "ping3", NULL };
+    const char *md[] = { "x-request-id=pingpong", NULL };
+    json_t *j = call("/test.Echo/Bidi", "bidi", msgs, md, "8");
+    cr_expect_str_eq(code_of(j), "OK", "a deadlock would end in DEADLINE_EXCEEDED");
+    cr_expect_eq(json_array_size(json_object_get(j, "messages")), 3);
+    cr_expect_str_eq(message_at(j, 2), "ping3");
+    json_decref(j);
+    json_t *recs = records_of("pingpong");
+    cr_expect_eq(json_array_size(recs), 1);
+    json_decref(recs);
+}
+
+Test(grpc_e2e, errors_of_our_own_are_grpc_statuses)
+{
+    start("\"retry_on\": [\"unavailable\"]");
+    const char *md[] = { "x-request-id=nowhere", NULL };
+    json_t *j = call("/other.Svc/Call", "unary", NULL, md, NULL);
+    cr_expect_str_eq(code_of(j), "UNIMPLEMENTED");
+    cr_expect_str_eq(json_string_value(json_object_get(j, "details")),
+                     "no route matches this request");
+    json_decref(j);
+}
+
+Test(grpc_e2e, the_clients_deadline_bounds_the_call_and_reaches_the_server)
+{
+    start("\"retry_on\": [\"unavailable\"]");
+    const char *md[] = { "x-request-id=slow", "x-sleep-ms=3000", NULL };
+    int64_t t0 = now_ms();
+    json_t *j = call("/test.Echo/Slow", "unary", NULL, md, "0.5");
+    cr_expect_str_eq(code_of(j), "DEADLINE_EXCEEDED");
+    cr_expect_lt(now_ms() - t0, 2900, "not the server's 3 s");
+    json_decref(j);
+}
