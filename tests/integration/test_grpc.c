@@ -213,28 +213,6 @@ Test(grpc, a_call_whose_body_outgrows_the_replay_limit_goes_once)
     http_free(&r);
 }
 
-/* The request log line whose request_id is 'id', polled for up to 2 s (caller decrefs). */
-static json_t *logged(const char *id)
-{
-    for (int64_t t0 = now_ms(); now_ms() - t0 < 2000; sleep_ms(20)) {
-        char *out = px_stdout(px);
-        json_t *found = NULL;
-        for (const char *line = out; line && *line && !found;) {
-            const char *end = strchr(line, '\n');
-            json_t *j = json_loadb(line, end ? (size_t)(end - line) : strlen(line), 0, NULL);
-            const char *m = json_str(j, "msg"), *rid = json_str(j, "request_id");
-            if (m && rid && strcmp(m, "request") == 0 && strcmp(rid, id) == 0)
-                found = json_incref(j);
-            json_decref(j);
-            line = end ? end + 1 : NULL;
-        }
-        free(out);
-        if (found)
-            return found;
-    }
-    return NULL;
-}
-
 Test(grpc, calls_are_counted_by_status_and_protocol_and_logged)
 {
     start();
@@ -253,12 +231,12 @@ Test(grpc, calls_are_counted_by_status_and_protocol_and_logged)
                  "retryproxy's own UNIMPLEMENTED");
     cr_expect_eq(
         fx_metric("retryproxy_requests_by_protocol_total{route=\"svc\",protocol=\"http1\"}"), 2);
-    json_t *j = logged("count-14");
+    json_t *j = fx_request_logged("request_id", "count-14");
     cr_assert_not_null(j, "no request log line");
     cr_expect_str_eq(json_str(j, "protocol"), "HTTP/1.1");
     cr_expect_eq(json_integer_value(json_object_get(j, "grpc_status")), 14);
     json_decref(j);
-    j = logged("count-json");
+    j = fx_request_logged("request_id", "count-json");
     cr_assert_not_null(j);
     cr_expect_null(json_object_get(j, "grpc_status"), "only gRPC calls have one");
     json_decref(j);

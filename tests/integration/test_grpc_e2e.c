@@ -16,7 +16,7 @@
 
 #include "tests/support/fixture.h"
 
-#define PY "/usr/bin/python3"
+#define PY   "/usr/bin/python3"
 #define PEER "tests/tools/grpc_peer.py"
 
 static pid_t server_pid = -1;
@@ -27,9 +27,7 @@ static char record[96];
 static void stop_server(void)
 {
     if (server_pid > 0) {
-        close(server_in); /* it serves until its stdin closes */
-        kill(server_pid, SIGTERM);
-        waitpid(server_pid, NULL, 0);
+        proc_helper_stop(server_pid, server_in); /* it serves until its stdin closes */
         server_pid = -1;
         unlink(record);
     }
@@ -48,36 +46,10 @@ static void start_server(void)
 {
     snprintf(record, sizeof(record), "/tmp/retryproxy-grpc-%d.jsonl", (int)getpid());
     unlink(record);
-    int in[2], out[2];
-    cr_assert_eq(pipe(in), 0);
-    cr_assert_eq(pipe(out), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[1]);
-        close(out[0]);
-        execl(PY, "python3", PEER, "server", "--record", record, (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    server_pid = pid;
-    server_in = in[1];
-    char buf[64] = "";
-    size_t len = 0;
-    for (int64_t until = now_ms() + 15000; !memchr(buf, '\n', len) && now_ms() < until;) {
-        struct pollfd p = { .fd = out[0], .events = POLLIN };
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t n = read(out[0], buf + len, sizeof(buf) - 1 - len);
-        if (n <= 0)
-            break;
-        len += (size_t)n;
-        buf[len] = '\0';
-    }
-    close(out[0]);
+    char *argv[] = { PY, PEER, "server", "--record", record, NULL };
+    char buf[64];
+    server_pid = proc_helper_start(argv, &server_in, buf, sizeof(buf), 15000);
+    cr_assert_gt(server_pid, 0, "cannot start grpc_peer.py");
     unsigned port = 0;
     cr_assert_eq(sscanf(buf, "port %u", &port), 1, "grpc_peer.py server printed \"%s\"", buf);
     server_port = (uint16_t)port;
@@ -103,8 +75,17 @@ static json_t *call(const char *method, const char *kind, const char *const *msg
 {
     char target[32];
     snprintf(target, sizeof(target), "127.0.0.1:%u", px->port);
-    char *argv[64] = { PY, PEER, "call", "--target", target, "--method", (char *)method,
-                       "--kind", (char *)kind, "--timeout", (char *)(timeout_s ? timeout_s : "10") };
+    char *argv[64] = { PY,
+                       PEER,
+                       "call",
+                       "--target",
+                       target,
+                       "--method",
+                       (char *)method,
+                       "--kind",
+                       (char *)kind,
+                       "--timeout",
+                       (char *)(timeout_s ? timeout_s : "10") };
     size_t n = 11;
     for (size_t i = 0; msgs && msgs[i] && n < 60; i++) {
         argv[n++] = "--message";
@@ -133,8 +114,8 @@ static json_t *records_of(const char *id)
     for (char *line = text; line && *line;) {
         char *end = strchr(line, '\n');
         json_t *j = json_loadb(line, end ? (size_t)(end - line) : strlen(line), 0, NULL);
-        const char *rid = json_string_value(
-            json_object_get(json_object_get(j, "metadata"), "x-request-id"));
+        const char *rid =
+            json_string_value(json_object_get(json_object_get(j, "metadata"), "x-request-id"));
         if (rid && strcmp(rid, id) == 0)
             json_array_append(all, j);
         json_decref(j);
@@ -182,8 +163,8 @@ Test(grpc_e2e, trailers_only_unavailable_is_retried_with_the_same_message)
     json_decref(j);
     json_t *recs = records_of("to-retry");
     cr_assert_eq(json_array_size(recs), 3, "three attempts reached the server");
-    const char *h0 = json_string_value(json_array_get(
-        json_object_get(json_array_get(recs, 0), "requests"), 0));
+    const char *h0 =
+        json_string_value(json_array_get(json_object_get(json_array_get(recs, 0), "requests"), 0));
     for (size_t i = 1; i < 3; i++)
         cr_expect_str_eq(json_string_value(json_array_get(
                              json_object_get(json_array_get(recs, i), "requests"), 0)),

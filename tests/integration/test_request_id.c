@@ -101,29 +101,15 @@ static void raw_answer(const char *head, char *buf, size_t cap)
     fx_release(fd);
 }
 
-/* The "request_id" of the request log line for 'path', polled for up to 2 s (copied). */
+/* The "request_id" of the request log line for 'path' (copied). */
 static const char *logged_id(const char *path, char *buf, size_t cap)
 {
-    for (int64_t t0 = now_ms(); now_ms() - t0 < 2000; sleep_ms(20)) {
-        char *out = px_stdout(px);
-        const char *found = NULL;
-        for (const char *line = out; line && *line && !found;) {
-            const char *end = strchr(line, '\n');
-            json_t *j = json_loadb(line, end ? (size_t)(end - line) : strlen(line), 0, NULL);
-            const char *m = json_str(j, "msg"), *p = json_str(j, "path");
-            if (m && p && strcmp(m, "request") == 0 && strcmp(p, path) == 0) {
-                snprintf(buf, cap, "%s",
-                         json_str(j, "request_id") ? json_str(j, "request_id") : "(null)");
-                found = buf;
-            }
-            json_decref(j);
-            line = end ? end + 1 : NULL;
-        }
-        free(out);
-        if (found)
-            return found;
-    }
-    return NULL;
+    json_t *j = fx_request_logged("path", path);
+    if (!j)
+        return NULL;
+    snprintf(buf, cap, "%s", json_str(j, "request_id") ? json_str(j, "request_id") : "(null)");
+    json_decref(j);
+    return buf;
 }
 
 Test(request_id, a_generated_id_comes_back_as_the_upstream_and_the_log_saw_it)

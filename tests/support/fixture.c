@@ -335,6 +335,27 @@ json_t *fx_log_line(const char *out, const char *msg)
     return NULL;
 }
 
+json_t *fx_request_logged(const char *key, const char *value)
+{
+    for (int64_t t0 = now_ms(); now_ms() - t0 < 2000; sleep_ms(20)) {
+        char *out = px_stdout(px);
+        json_t *found = NULL;
+        for (const char *line = out; line && *line && !found;) {
+            const char *end = strchr(line, '\n');
+            json_t *j = json_loadb(line, end ? (size_t)(end - line) : strlen(line), 0, NULL);
+            const char *m = json_str(j, "msg"), *v = json_str(j, key);
+            if (m && v && strcmp(m, "request") == 0 && strcmp(v, value) == 0)
+                found = json_incref(j);
+            json_decref(j);
+            line = end ? end + 1 : NULL;
+        }
+        free(out);
+        if (found)
+            return found;
+    }
+    return NULL;
+}
+
 /* ---- a raw client ---- */
 
 int raw_dial(uint16_t port)

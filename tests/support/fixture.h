@@ -123,6 +123,9 @@ const char *json_str(const json_t *o, const char *key);
 /* The first JSON log line in 'out' (the proxy's stdout) whose "msg" is 'msg', or NULL (caller
  * decrefs). */
 json_t *fx_log_line(const char *out, const char *msg);
+/* The request log line of the running proxy whose string member 'key' is 'value', polled for
+ * up to 2 s: NULL if none came (caller decrefs). */
+json_t *fx_request_logged(const char *key, const char *value);
 
 /* ---- a raw client, for the bytes on the wire ---- */
 

@@ -30,38 +30,11 @@ struct h2u *h2u_start(void)
     snprintf(u->record, sizeof(u->record), "/tmp/retryproxy-h2u-%d-%zu.jsonl", (int)getpid(),
              n_running);
     unlink(u->record);
-    int in[2], out[2];
-    cr_assert_eq(pipe(in), 0);
-    cr_assert_eq(pipe(out), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[1]);
-        close(out[0]);
-        execl("/usr/bin/python3", "python3", "tests/tools/h2_upstream.py", u->record, (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    u->pid = pid;
-    u->in = in[1];
+    char *argv[] = { "/usr/bin/python3", "tests/tools/h2_upstream.py", u->record, NULL };
+    char buf[32];
+    u->pid = proc_helper_start(argv, &u->in, buf, sizeof(buf), 10000);
+    cr_assert_gt(u->pid, 0, "cannot start h2_upstream.py");
     n_running++;
-    char buf[32] = "";
-    size_t len = 0;
-    int64_t until = now_ms() + 10000;
-    while (len < sizeof(buf) - 1 && !memchr(buf, '\n', len) && now_ms() < until) {
-        struct pollfd p = { .fd = out[0], .events = POLLIN };
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t n = read(out[0], buf + len, sizeof(buf) - 1 - len);
-        if (n <= 0)
-            break;
-        len += (size_t)n;
-        buf[len] = '\0';
-    }
-    close(out[0]);
     u->port = (uint16_t)atoi(buf);
     cr_assert_gt(u->port, 0, "h2_upstream.py printed no port (python3-h2 missing?)");
     return u;
@@ -130,9 +103,7 @@ void h2u_stop_all(void)
 {
     for (size_t i = 0; i < n_running; i++) {
         struct h2u *u = &running[i];
-        close(u->in);
-        kill(u->pid, SIGTERM);
-        waitpid(u->pid, NULL, 0);
+        proc_helper_stop(u->pid, u->in);
         unlink(u->record);
     }
     n_running = 0;

@@ -364,3 +364,56 @@ char *proc_read_file(const char *path)
     fclose(f);
     return buf;
 }
+
+pid_t proc_helper_start(char *const argv[], int *in_fd, char *line, size_t cap, int timeout_ms)
+{
+    int in[2], out[2];
+    line[0] = '\0';
+    if (pipe(in) < 0)
+        return -1;
+    if (pipe(out) < 0) {
+        close(in[0]);
+        close(in[1]);
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[1]);
+        close(out[0]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    if (pid < 0) {
+        close(in[1]);
+        close(out[0]);
+        return -1;
+    }
+    *in_fd = in[1];
+    size_t len = 0;
+    for (int64_t until = now_ms() + timeout_ms;
+         len < cap - 1 && !memchr(line, '\n', len) && now_ms() < until;) {
+        struct pollfd p = { .fd = out[0], .events = POLLIN };
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t n = read(out[0], line + len, cap - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        line[len] = '\0';
+    }
+    close(out[0]);
+    return pid;
+}
+
+void proc_helper_stop(pid_t pid, int in_fd)
+{
+    if (pid <= 0)
+        return;
+    close(in_fd);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}

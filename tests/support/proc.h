@@ -26,6 +26,14 @@ int proc_run(char *const argv[], char *const env_extra[], int timeout_ms, struct
 
 void proc_result_free(struct proc_result *r);
 
+/* A helper process that runs until its stdin closes: argv (argv[0] the program path) with a
+ * pipe as its stdin, whose first line of output (a port, say) is read into line[cap] within
+ * 'timeout_ms' ("" if none came). Returns its pid, -1 if it could not be started; *in_fd is
+ * its stdin's write end. proc_helper_stop() ends it. */
+pid_t proc_helper_start(char *const argv[], int *in_fd, char *line, size_t cap, int timeout_ms);
+/* Closes its stdin, sends SIGTERM and waits for it. */
+void proc_helper_stop(pid_t pid, int in_fd);
+
 /* The whole file at 'path' (malloc'd, NUL-terminated; "" if it cannot be read). */
 char *proc_read_file(const char *path);
 
