@@ -1008,7 +1008,7 @@ static void grpc_answers(unsigned k, const char *body, size_t n, int status)
         cr_assert_eq(a->ops->body(a, body, n), n);
     if (status < 0 || !up.running[k])
         return;
-    char v[8];
+    char v[16];
     snprintf(v, sizeof(v), "%d", status);
     hlist_add(&a->trailers, "grpc-status", 11, v, strlen(v));
     a->xfer.easy = NULL;
