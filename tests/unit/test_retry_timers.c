@@ -67,6 +67,7 @@ void attempt_init(struct attempt *a, struct upstream *u, const struct attempt_op
 void attempt_fini(struct attempt *a)
 {
     hlist_free(&a->head);
+    hlist_free(&a->trailers);
 }
 
 size_t attempt_pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng)
@@ -86,6 +87,7 @@ bool attempt_queue(struct attempt *a)
     a->status = 0;
     a->head_done = a->bad_head = false;
     hlist_clear(&a->head);
+    hlist_clear(&a->trailers);
     return false;
 }
 
