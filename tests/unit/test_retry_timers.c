@@ -1000,6 +1000,18 @@ static size_t message(char *buf, uint32_t n)
     return 5 + n;
 }
 
+/* Launch 'k''s response ends complete, with trailers holding grpc-status 'status'. */
+static void grpc_ends(unsigned k, int status)
+{
+    struct attempt *a = up.launched[k];
+    char v[16];
+    snprintf(v, sizeof(v), "%d", status);
+    hlist_add(&a->trailers, "grpc-status", 11, v, strlen(v));
+    a->xfer.easy = NULL;
+    up.running[k] = false;
+    a->ops->done(a, ATTEMPT_COMPLETE);
+}
+
 /* Launch 'k' answers 200 without grpc-status, then 'n' body bytes, then (when 'status' >= 0)
  * trailers with that grpc-status and its end. */
 static void grpc_answers(unsigned k, const char *body, size_t n, int status)
@@ -1008,14 +1020,8 @@ static void grpc_answers(unsigned k, const char *body, size_t n, int status)
     struct attempt *a = up.launched[k];
     if (n && up.running[k])
         cr_assert_eq(a->ops->body(a, body, n), n);
-    if (status < 0 || !up.running[k])
-        return;
-    char v[16];
-    snprintf(v, sizeof(v), "%d", status);
-    hlist_add(&a->trailers, "grpc-status", 11, v, strlen(v));
-    a->xfer.easy = NULL;
-    up.running[k] = false;
-    a->ops->done(a, ATTEMPT_COMPLETE);
+    if (status >= 0 && up.running[k])
+        grpc_ends(k, status);
 }
 
 Test(retry_timers, a_grpc_status_in_the_trailers_is_retried_and_nothing_reached_the_client)
@@ -1064,11 +1070,7 @@ Test(retry_timers, a_second_message_commits_the_call_and_its_status_is_never_ret
     grpc_answers(0, m, n, -1);
     cr_expect_eq(client.answers, 1, "streaming from the second message on");
     cr_expect_eq(client.body_bytes, n);
-    struct attempt *a = up.launched[0];
-    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
-    a->xfer.easy = NULL;
-    up.running[0] = false;
-    a->ops->done(a, ATTEMPT_COMPLETE);
+    grpc_ends(0, 14);
     cr_expect_eq(client.trailer_status, 14, "relayed as it came");
     at(1000);
     cr_expect_eq(up.launches, 1, "committed: never retried");
@@ -1088,10 +1090,7 @@ Test(retry_timers, a_response_too_large_to_hold_streams)
     cr_assert_eq(a->ops->body(a, big + 32768, n - 32768), n - 32768);
     cr_expect_eq(client.answers, 1);
     cr_expect_eq(client.body_bytes, n, "what was held, then the rest");
-    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
-    a->xfer.easy = NULL;
-    up.running[0] = false;
-    a->ops->done(a, ATTEMPT_COMPLETE);
+    grpc_ends(0, 14);
     at(1000);
     cr_expect_eq(up.launches, 1);
     end_request();
@@ -1108,11 +1107,7 @@ Test(retry_timers, when_retrying_stops_the_last_attempt_streams_with_its_trailer
     cr_assert_eq(up.launches, 2);
     launch_head(1, 200);
     cr_expect_eq(client.answers, 1, "the last attempt is not held: nothing could follow it");
-    struct attempt *a = up.launched[1];
-    hlist_add(&a->trailers, "grpc-status", 11, "14", 2);
-    a->xfer.easy = NULL;
-    up.running[1] = false;
-    a->ops->done(a, ATTEMPT_COMPLETE);
+    grpc_ends(1, 14);
     cr_expect_eq(client.trailer_status, 14);
     cr_expect_eq(client.attempts, 2);
     end_request();
