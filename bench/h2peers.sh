@@ -22,13 +22,7 @@ ONLY=${ONLY:-.}
 BIN=${BIN:-$BUILD/retryproxy}
 BASE_BIN=${BASE_BIN:-}
 DIR=$(mktemp -d /tmp/retryproxy-h2peers-XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$DIR"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/h2lib.sh"
 
 for c in h2load nghttpd nghttpx nginx haproxy; do
     command -v "$c" >/dev/null || {
@@ -37,8 +31,6 @@ for c in h2load nghttpd nghttpx nginx haproxy; do
     }
 done
 
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 # user + system ticks of a process and its children
 ticks() {
     local t=0 p

@@ -15,16 +15,8 @@ SECS=${SECS:-5}
 CONNS=${CONNS:-16}
 BIN=$BUILD/retryproxy
 DIR=$(mktemp -d /tmp/retryproxy-h2up-bench-XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$DIR"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/h2lib.sh"
 
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 mkdir -p "$DIR/www" "$DIR/nginx/logs"
