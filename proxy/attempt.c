@@ -362,8 +362,7 @@ size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_
         if (connection_specific(d, kl) ||
             (HDR_NAME_IS(d, kl, "TE") && !(vl == 8 && strncasecmp(v, "trailers", 8) == 0)))
             continue;
-        for (size_t i = 0; i < kl; i++)
-            names[i] = (char)(d[i] >= 'A' && d[i] <= 'Z' ? d[i] + 32 : d[i]);
+        hdr_lower(names, d, kl);
         f[n++] = (struct h2up_field){ names, v, kl, vl };
         names += kl;
     }

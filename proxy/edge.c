@@ -219,7 +219,8 @@ void edge_stream(struct retry_req *r)
 /* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
 void edge_error(struct retry_req *r, unsigned status, const char *code, const char *message)
 {
-    tally_grpc(r, (int)grpc_code_of_error(code, status));
+    if (r->flags & RF_GRPC)
+        tally_grpc(r, (int)grpc_code_of_error(code, status));
     struct front_tag tag = tag_of(r);
     r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
     answered(r);
@@ -229,8 +230,8 @@ void edge_error(struct retry_req *r, unsigned status, const char *code, const ch
 void edge_saved(struct retry_req *r)
 {
     struct front_tag tag = tag_of(r);
-    int code = grpc_status_of(&r->saved.h);
-    tally_grpc(r, code >= 0 ? code : grpc_status_of(&r->saved.trailers));
+    if (r->flags & RF_GRPC)
+        tally_grpc(r, grpc_status_in(&r->saved.h, &r->saved.trailers));
     r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len,
                          &r->saved.trailers, &tag);
     answered(r);

@@ -61,6 +61,12 @@ int grpc_status_of(const struct hlist *h)
     return grpc_status_parse(v[0], len[0]);
 }
 
+int grpc_status_in(const struct hlist *head, const struct hlist *trailers)
+{
+    int code = grpc_status_of(head);
+    return code >= 0 ? code : grpc_status_of(trailers);
+}
+
 int grpc_timeout_parse(const char *v, size_t n, uint64_t *ms)
 {
     if (n < 2 || n > 9)

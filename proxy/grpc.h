@@ -51,6 +51,10 @@ int grpc_status_parse(const char *v, size_t n);
 /* The grpc-status of a field list: -1 if it has none, or more than one, or an invalid one. */
 int grpc_status_of(const struct hlist *h);
 
+/* A response's status: its head's (Trailers-Only), else its trailers' (NULL: none); -1 if
+ * neither has one. */
+int grpc_status_in(const struct hlist *head, const struct hlist *trailers);
+
 /* A grpc-timeout value ("TimeoutValue TimeoutUnit": 1 to 8 digits, then H, M, S, m, u or n)
  * in milliseconds, rounded up (a timeout below a millisecond is 1 ms). 0 on success, -1 if
  * it is malformed. */

@@ -279,8 +279,7 @@ static void nv_add(void *arg, const char *name, const char *value)
     if (a->n == a->cap || a->used + nl + vl > a->text_cap)
         return;
     char *lc = a->text + a->used;
-    for (size_t i = 0; i < nl; i++)
-        lc[i] = (char)((name[i] >= 'A' && name[i] <= 'Z') ? name[i] + 32 : name[i]);
+    hdr_lower(lc, name, nl);
     memcpy(lc + nl, value, vl);
     a->used += nl + vl;
     a->nv[a->n++] = (nghttp2_nv){ (uint8_t *)lc, (uint8_t *)lc + nl, nl, vl, NGHTTP2_NV_FLAG_NONE };

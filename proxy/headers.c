@@ -256,3 +256,9 @@ int hdr_match_host(const char *host, size_t n, bool keep_port, char *out, size_t
     out[n] = '\0';
     return 0;
 }
+
+void hdr_lower(char *dst, const char *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (char)(src[i] >= 'A' && src[i] <= 'Z' ? src[i] + 32 : src[i]);
+}

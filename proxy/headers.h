@@ -48,6 +48,9 @@ int64_t hdr_value_uint(const char *s, size_t n);
 void hdr_uuid(struct rng *r, char out[37]);
 /* Writes 'v' in decimal and a NUL at 'out' (room for 21 bytes); returns the NUL's address. */
 char *hdr_utoa(uint64_t v, char *out);
+/* Copies 'n' bytes of the field name 'src' to 'dst' in lowercase (ASCII), as HTTP/2 spells
+ * field names. */
+void hdr_lower(char *dst, const char *src, size_t n);
 
 /* Whether the 'n' bytes at 'v' are a valid Host value, uri-host [ ":" port ] (RFC 9110 7.2,
  * RFC 3986 3.2.2): an IP-literal in brackets (IPv6 or IPvFuture), or a reg-name of unreserved

@@ -23,7 +23,6 @@
  */
 #include "proxy/retry.h"
 
-#include <stdalign.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,8 +200,6 @@ void retry_req_sending(struct retry_req *r)
 {
     tally_answer(r);
 }
-
-void req_cut_wait_short(struct retry_req *r);
 
 /* A request waiting out a backoff delay has its client side asleep (an HTTP/1.1 connection
  * suspended, and libmicrohttpd does not look at a suspended connection's socket): a client
@@ -524,8 +521,7 @@ int req_grpc_status(const struct retry_req *r, const struct attempt *a)
 {
     if (!(r->flags & RF_GRPC))
         return -1;
-    int code = grpc_status_of(&a->head);
-    return code >= 0 ? code : grpc_status_of(&a->trailers);
+    return grpc_status_in(&a->head, &a->trailers);
 }
 
 /* What is known of the current attempt, ended in 'o' (or, hedging, past its per-try timeout),
