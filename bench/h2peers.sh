@@ -24,12 +24,8 @@ BASE_BIN=${BASE_BIN:-}
 DIR=$(mktemp -d /tmp/retryproxy-h2peers-XXXXXX)
 . "$(dirname "$0")/h2lib.sh"
 
-for c in h2load nghttpd nghttpx nginx haproxy; do
-    command -v "$c" >/dev/null || {
-        echo "h2peers: $c is missing (apt-get install nghttp2-client nghttp2-server nghttp2-proxy nginx-light haproxy)" >&2
-        exit 1
-    }
-done
+need h2load:nghttp2-client nghttpd:nghttp2-server nghttpx:nghttp2-proxy nginx:nginx-light \
+    haproxy:haproxy
 
 # user + system ticks of a process and its children
 ticks() {

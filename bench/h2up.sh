@@ -16,6 +16,7 @@ CONNS=${CONNS:-16}
 BIN=$BUILD/retryproxy
 DIR=$(mktemp -d /tmp/retryproxy-h2up-bench-XXXXXX)
 . "$(dirname "$0")/h2lib.sh"
+need nghttpd:nghttp2-server nginx:nginx-light wrk:wrk
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
