@@ -15,9 +15,9 @@ WERROR ?= 0
 SAN ?=
 TEST_JOBS ?= 2
 
-PKGS := libmicrohttpd libcurl jansson libnghttp2
+PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto
 TEST_PKGS := criterion yaml-0.1
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libcriterion-dev \
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libcriterion-dev \
             pkg-config openssl libyaml-dev
 
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \

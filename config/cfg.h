@@ -115,6 +115,17 @@ struct cfg_ejection {
     size_t n_on;
 };
 
+/* How https upstreams are reached (routes[].tls, docs/http2.md "https upstreams"). */
+enum cfg_http2 {
+    CFG_HTTP2_AUTO,     /* offer h2 and http/1.1 by ALPN, speak what the server chooses */
+    CFG_HTTP2_OFF,      /* HTTP/1.1 only (libcurl) */
+    CFG_HTTP2_REQUIRED, /* h2 only: a server that does not choose it is a connect failure */
+};
+struct cfg_tls {
+    const char *ca_file; /* PEM certificates to trust; NULL: the system's store */
+    enum cfg_http2 http2;
+};
+
 struct cfg_route {
     const char *name;
     const char *match_host;        /* lowercase; NULL matches any host */
@@ -131,6 +142,7 @@ struct cfg_route {
     struct cfg_retry retry;
     struct budget_limits budget;     /* the policy's own type; max_concurrent_retries -1: null */
     struct throttle_limits throttle; /* client-side throttling; k 0: off */
+    struct cfg_tls tls;              /* https upstreams */
 };
 
 struct cfg {

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config/strhash.h"
 
@@ -400,6 +401,15 @@ static const char *check_path_prefix(const char *s, size_t len)
         return "must be printable ASCII without spaces (percent-encode other bytes)";
     if (memchr(s, '?', len) || memchr(s, '#', len))
         return "must not hold a query ('?') or fragment ('#')";
+    return NULL;
+}
+
+static const char *check_ca_file(const char *s, size_t len)
+{
+    if (len == 0 || memchr(s, '\0', len))
+        return "must name a file of PEM certificates";
+    if (access(s, R_OK) != 0)
+        return "cannot be read (no such file, or no permission)";
     return NULL;
 }
 
@@ -1010,6 +1020,9 @@ static void check_route(struct walk *w, const struct ctx *x, void *dst)
 static const char *const log_level_names[] = { "debug", "info", "warn", "error" };
 static const char *const log_format_names[] = { "json", "text" };
 static const char *const underscores_names[] = { "drop", "reject", "allow" };
+static const char *const http2_names[] = {
+    [CFG_HTTP2_AUTO] = "auto", [CFG_HTTP2_OFF] = "off", [CFG_HTTP2_REQUIRED] = "required"
+};
 
 const char *cfg_log_level_name(enum cfg_log_level level)
 {
@@ -1156,6 +1169,17 @@ static const struct field throttle_fields[] = {
 };
 static const struct schema throttle_schema = SCHEMA(throttle_fields, check_throttle);
 
+static const struct field tls_fields[] = {
+    STRING_FIELD("ca_file", struct cfg_tls, ca_file, F_NULLABLE, check_ca_file, "null",
+                 "a file of PEM certificates that https upstreams' certificates are verified "
+                 "against, instead of the system's store (null: the system's store)"),
+    ENUM_FIELD("http2", struct cfg_tls, http2, http2_names, "\"auto\"",
+               "auto: offer h2 and http/1.1 by ALPN and speak what the upstream chooses; off: "
+               "HTTP/1.1 only; required: h2 only, an upstream that does not choose it is a "
+               "connect failure (docs/http2.md)"),
+};
+static const struct schema tls_schema = SCHEMA(tls_fields, NULL);
+
 /* match's keys land directly in struct cfg_route. */
 static const struct field match_fields[] = {
     STRING_FIELD("path_prefix", struct cfg_route, match_path_prefix, 0, check_path_prefix, "\"/\"",
@@ -1208,6 +1232,8 @@ static const struct field route_fields[] = {
               "this route's retry budget, checked as well as the process-wide one"),
     OBJ_FIELD("throttle", struct cfg_route, throttle, throttle_schema, 0,
               "client-side throttling: fewer attempts to an upstream that keeps failing"),
+    OBJ_FIELD("tls", struct cfg_route, tls, tls_schema, 0,
+              "how https upstreams are reached: the certificates trusted, and HTTP/2 by ALPN"),
 };
 static const struct schema route_schema = SCHEMA(route_fields, check_route);
 

@@ -209,13 +209,10 @@ static const char *upstream_target(struct attempt *a, const char *base_path, con
 static int launch_h2(struct attempt *a, const struct origin *o, const char *target,
                      const struct attempt_req *req, uint64_t connect_timeout_ms);
 
-int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
-                   const struct attempt_req *req, uint64_t connect_timeout_ms)
+/* The request through libcurl (HTTP/1.1). */
+static int launch_h1(struct attempt *a, const struct upstream_url *url, const char *base_path,
+                     const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
-    const struct origin *h2c = upstream_url_h2c(url);
-    if (h2c)
-        return launch_h2(a, h2c, upstream_target(a, base_path, req->target), req,
-                         connect_timeout_ms);
     CURL *e = upstream_easy_get(a->up);
     if (!e)
         return -1;
@@ -245,6 +242,29 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
     a->xfer.easy = e;
     return upstream_start(a->up, &a->xfer, on_done, a);
+}
+
+int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+                   const struct attempt_req *req, uint64_t connect_timeout_ms)
+{
+    a->h1.url = NULL;
+    const struct origin *o = upstream_url_h2(url);
+    if (o && upstream_url_h1(url)) {
+        /* https, h2 or http/1.1 as the server chooses: libcurl at once for a server known to
+         * choose http/1.1, or whose name libcurl must resolve (docs/http2.md) */
+        struct h2up *h = upstream_h2(a->up);
+        if (!o->addr_len || !h || h2up_prefers_h1(h, o)) {
+            o = NULL;
+        } else {
+            a->h1.url = url;
+            a->h1.base_path = base_path;
+            a->h1.req = *req;
+            a->h1.connect_timeout_ms = connect_timeout_ms;
+        }
+    }
+    if (o)
+        return launch_h2(a, o, upstream_target(a, base_path, req->target), req, connect_timeout_ms);
+    return launch_h1(a, url, base_path, req, connect_timeout_ms);
 }
 
 bool attempt_cancel(struct attempt *a)
@@ -321,10 +341,18 @@ static void h2_done(void *arg, enum h2up_end end, uint32_t error)
 {
     (void)error;
     struct attempt *a = arg;
-    a->sends = end == H2UP_UNSENT ? 0 : 1;
+    a->sends = end == H2UP_UNSENT || end == H2UP_FALLBACK ? 0 : 1;
     a->unprocessed = end == H2UP_REFUSED;
     a->h2 = NULL;
     upstream_release_slot(a->up, &a->xfer);
+    if (end == H2UP_FALLBACK) {
+        /* the server chose http/1.1 by ALPN: the same attempt, through libcurl */
+        const struct upstream_url *url = a->h1.url;
+        a->h1.url = NULL;
+        if (url && launch_h1(a, url, a->h1.base_path, &a->h1.req, a->h1.connect_timeout_ms) == 0)
+            return;
+        end = H2UP_UNSENT;
+    }
     a->ops->done(a, end == H2UP_COMPLETE  ? ATTEMPT_COMPLETE
                     : end == H2UP_STOPPED ? ATTEMPT_REFUSED
                                           : ATTEMPT_BROKEN);

@@ -77,6 +77,14 @@ struct attempt {
     bool unprocessed; /* the upstream refused it unprocessed (HTTP/2 REFUSED_STREAM, GOAWAY) */
     bool no_body;     /* a HEAD request: no response body follows, whatever its head */
     bool upload_paused, body_paused;
+    /* An https attempt tried in HTTP/2 first: what it needs to go through libcurl instead if
+     * the server chooses http/1.1 by ALPN (H2UP_FALLBACK; the request outlives the attempt). */
+    struct {
+        const struct upstream_url *url;
+        const char *base_path;
+        struct attempt_req req;
+        uint64_t connect_timeout_ms;
+    } h1;
 };
 
 void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_ops *ops, void *arg);

@@ -1,130 +1,23 @@
-/* h2up -- h2c client sessions to upstreams (proxy/h2up.h; docs/http2.md).
- *
- * A connection's life: CONNECTING (non-blocking connect, bounded by the first stream's connect
- * timeout; its streams are submitted to the session at once and go out when it connects),
- * OPEN (bytes in through nghttp2_session_mem_recv, out through nghttp2_session_mem_send into
- * a bounded buffer, EPOLLOUT while the socket is full), then GOAWAY received (no new stream)
- * or idle past H2UP_IDLE_MS, and closed once no stream is left.
+/* h2up -- HTTP/2 client sessions to upstreams (proxy/h2up.h; docs/http2.md): the streams, the
+ * session's callbacks and the API. Connections (sockets, TLS, timers) are proxy/h2up_conn.c's.
  *
  * A stream's life: submitted, HEADERS sent (h2up_sent), head, body, trailers, closed by the
- * session; its end is decided once (end_stream) and reported from settle(), outside
+ * session; its end is decided once (h2up_end_stream) and reported from h2c_settle(), outside
  * libnghttp2. A cancelled stream loses its owner at once and is freed when the session is
  * done with it (or with its connection).
  */
-#include "proxy/h2up.h"
-
-#include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <strings.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <nghttp2/nghttp2.h>
+#include "proxy/h2up_int.h"
 
 #include "proxy/dlist.h"
 #include "proxy/origin.h"
+#include "proxy/tls.h"
 
-/* Bytes of serialized frames held for a full socket before the session is asked for more. */
-#define OUT_SOFT_MAX (64 * 1024)
-/* The connection's receive window: every DATA byte is counted consumed on arrival (the
- * streams' own windows do the flow control), so this only sets the pace of WINDOW_UPDATEs. */
-#define CONN_WINDOW (16 * 1024 * 1024)
-/* Reads per socket event, so one busy connection cannot starve the loop. */
-#define READS_PER_EVENT 16
 /* Kept body bytes go to the owner in pieces of at most this. */
 #define OFFER_MAX (16 * 1024)
 
-/* A growable byte buffer. */
-struct bytes {
-    uint8_t *p;
-    size_t len, cap;
-};
-
-/* Appends n bytes at p. 0, or -1 out of memory. */
-static int bytes_append(struct bytes *b, const void *p, size_t n)
-{
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 16 * 1024;
-        while (cap < b->len + n)
-            cap *= 2;
-        uint8_t *q = realloc(b->p, cap);
-        if (!q)
-            return -1;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, p, n);
-    b->len += n;
-    return 0;
-}
-
-/* Drops the first n bytes. */
-static void bytes_drop(struct bytes *b, size_t n)
-{
-    memmove(b->p, b->p + n, b->len - n);
-    b->len -= n;
-}
-
-struct conn {
-    struct conn *prev, *next;
-    struct h2up *h;
-    char *key;
-    int fd;
-    struct loop_watch w;
-    struct loop_timer timer; /* the connect timeout, then the idle timeout */
-    struct loop_timer kick;  /* work submitted from outside an event of this connection */
-    nghttp2_session *s;
-    struct h2up_stream *streams; /* every stream not yet freed */
-    size_t nstreams;
-    struct bytes out; /* serialized frames the socket did not take yet */
-    bool connected, goaway, dead;
-};
-
-struct h2up {
-    struct loop *loop;
-    struct conn *conns;
-    size_t nconns;
-};
-
-/* Stream flags, one bit each. */
-enum {
-    SF_SENT = 1u << 0,        /* its HEADERS went out */
-    SF_HEAD = 1u << 1,        /* the final head was reported: later fields are trailers */
-    SF_PAUSED = 1u << 2,      /* the owner returned H2UP_PAUSE for body bytes */
-    SF_DEFERRED = 1u << 3,    /* the upload waits for the owner */
-    SF_ENDED = 1u << 4,       /* its end is decided (reported or to report) */
-    SF_CLOSED = 1u << 5,      /* the session is done with it */
-    SF_DATA_BUFFER = 1u << 6, /* the body comes from 'buf' */
-    SF_DATA_STREAM = 1u << 7, /* the body comes from ops->upload */
-};
-
-struct h2up_stream {
-    struct h2up_stream *prev, *next; /* in c->streams */
-    struct conn *c;
-    int32_t id;
-    unsigned flags;
-    const struct h2up_ops *ops; /* NULL once cancelled or reported */
-    void *arg;
-    struct hlist *head, *trailers;
-    int status;
-    enum h2up_end end;
-    uint32_t error;
-    const char *buf; /* SF_DATA_BUFFER */
-    size_t len, off;
-    struct bytes kept; /* body bytes a paused owner has not taken (within the stream's window) */
-};
-
 /* ---- streams ---- */
 
-static void kick(struct conn *c);
-
-/* Decides how 's' ended (once). */
-static void end_stream(struct h2up_stream *s, enum h2up_end end, uint32_t error)
+void h2up_end_stream(struct h2up_stream *s, enum h2up_end end, uint32_t error)
 {
     if (s->flags & SF_ENDED)
         return;
@@ -141,7 +34,7 @@ static bool stopped(const struct h2up_stream *s)
 /* The owner took no bytes: the stream is reset and ends H2UP_STOPPED. */
 static void stop(struct h2up_stream *s)
 {
-    end_stream(s, H2UP_STOPPED, 0);
+    h2up_end_stream(s, H2UP_STOPPED, 0);
     s->kept.len = 0;
     if (!(s->flags & SF_CLOSED) && s->id > 0)
         nghttp2_submit_rst_stream(s->c->s, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
@@ -165,7 +58,7 @@ static bool offer(struct h2up_stream *s, const char *p, size_t n)
 
 /* Kept bytes to an owner that has room again, in pieces no larger than a DATA frame's (an
  * owner's buffer may be smaller than what was kept: libcurl hands 16 KiB at most too). */
-static void drain_kept(struct h2up_stream *s)
+void h2up_drain_kept(struct h2up_stream *s)
 {
     size_t off = 0;
     while (off < s->kept.len && s->ops && !(s->flags & SF_PAUSED) && !stopped(s)) {
@@ -177,7 +70,7 @@ static void drain_kept(struct h2up_stream *s)
     bytes_drop(&s->kept, stopped(s) ? s->kept.len : off);
 }
 
-static void free_stream(struct h2up_stream *s)
+void h2up_free_stream(struct h2up_stream *s)
 {
     struct conn *c = s->c;
     DLIST_UNLINK(c->streams, s);
@@ -281,13 +174,13 @@ static int on_stream_close(nghttp2_session *ss, int32_t id, uint32_t error, void
         return 0;
     s->flags |= SF_CLOSED;
     if (error == NGHTTP2_NO_ERROR && (s->flags & SF_HEAD))
-        end_stream(s, H2UP_COMPLETE, 0);
+        h2up_end_stream(s, H2UP_COMPLETE, 0);
     else if (!(s->flags & SF_HEAD) && error == NGHTTP2_REFUSED_STREAM)
-        end_stream(s, H2UP_REFUSED, error);
+        h2up_end_stream(s, H2UP_REFUSED, error);
     else if (!(s->flags & SF_SENT))
-        end_stream(s, H2UP_UNSENT, error);
+        h2up_end_stream(s, H2UP_UNSENT, error);
     else
-        end_stream(s, H2UP_BROKEN, error);
+        h2up_end_stream(s, H2UP_BROKEN, error);
     return 0;
 }
 
@@ -315,7 +208,7 @@ static int on_frame_not_send(nghttp2_session *ss, const nghttp2_frame *f, int li
     for (struct h2up_stream *s = c->streams; s; s = s->next)
         if (s->id == f->hd.stream_id) {
             s->flags |= SF_CLOSED;
-            end_stream(s, H2UP_REFUSED, 0);
+            h2up_end_stream(s, H2UP_REFUSED, 0);
             break;
         }
     return 0;
@@ -349,7 +242,7 @@ static ssize_t read_body(nghttp2_session *ss, int32_t id, uint8_t *buf, size_t m
     return (ssize_t)n;
 }
 
-static nghttp2_session_callbacks *callbacks(void)
+nghttp2_session_callbacks *h2up_callbacks(void)
 {
     /* Made once per pool: the session copies them. */
     nghttp2_session_callbacks *cb;
@@ -363,297 +256,6 @@ static nghttp2_session_callbacks *callbacks(void)
     nghttp2_session_callbacks_set_on_frame_send_callback(cb, on_frame_send);
     nghttp2_session_callbacks_set_on_frame_not_send_callback(cb, on_frame_not_send);
     return cb;
-}
-
-/* ---- connections ---- */
-
-static void on_io(struct loop_watch *w, uint32_t events);
-static void on_timer(struct loop_timer *t);
-static void settle(struct conn *c);
-
-/* The connection is gone (closed, failed, timed out, idle): every stream still running ends,
- * as sent or not, and the socket closes. Its streams are reported by settle(). */
-static void conn_fail(struct conn *c)
-{
-    if (c->dead)
-        return;
-    c->dead = true;
-    for (struct h2up_stream *s = c->streams; s; s = s->next) {
-        s->flags |= SF_CLOSED;
-        end_stream(s, (s->flags & SF_SENT) ? H2UP_BROKEN : H2UP_UNSENT, 0);
-    }
-    nghttp2_session_del(c->s);
-    c->s = NULL;
-    loop_watch_del(c->h->loop, &c->w);
-    close(c->fd);
-    c->fd = -1;
-    loop_timer_stop(c->h->loop, &c->timer);
-}
-
-static void conn_free(struct conn *c)
-{
-    struct h2up *h = c->h;
-    conn_fail(c);
-    while (c->streams)
-        free_stream(c->streams);
-    loop_timer_stop(h->loop, &c->kick);
-    DLIST_UNLINK(h->conns, c);
-    h->nconns--;
-    free(c->key);
-    free(c->out.p);
-    loop_defer_free(h->loop, c); /* its watch may have an event pending in this turn */
-}
-
-static int watch_for(struct conn *c, uint32_t ev)
-{
-    if (c->w.events == ev)
-        return 0;
-    return loop_watch_mod(c->h->loop, &c->w, ev);
-}
-
-/* Sends what the session has, until it has nothing or the socket is full (then EPOLLOUT);
- * what the socket did not take waits in c->out, bounded by OUT_SOFT_MAX plus a frame. */
-static void flush(struct conn *c)
-{
-    if (c->dead || !c->connected)
-        return;
-    for (;;) {
-        if (c->out.len) {
-            ssize_t n = send(c->fd, c->out.p, c->out.len, MSG_NOSIGNAL);
-            if (n < 0) {
-                if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-                    break;
-                conn_fail(c);
-                return;
-            }
-            bytes_drop(&c->out, (size_t)n);
-            if (c->out.len)
-                continue;
-        }
-        const uint8_t *d;
-        ssize_t n = nghttp2_session_mem_send(c->s, &d);
-        if (n < 0) {
-            conn_fail(c);
-            return;
-        }
-        if (n == 0)
-            break;
-        ssize_t sent = send(c->fd, d, (size_t)n, MSG_NOSIGNAL);
-        if (sent < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                conn_fail(c);
-                return;
-            }
-            sent = 0;
-        }
-        if (sent < n && bytes_append(&c->out, d + sent, (size_t)(n - sent)) < 0) {
-            conn_fail(c);
-            return;
-        }
-        if (c->out.len >= OUT_SOFT_MAX)
-            break;
-    }
-    if (!nghttp2_session_want_read(c->s) && !nghttp2_session_want_write(c->s) && !c->out.len) {
-        conn_fail(c); /* both sides are done (a GOAWAY) */
-        return;
-    }
-    if (watch_for(c, EPOLLIN | (c->out.len ? EPOLLOUT : 0)) < 0)
-        conn_fail(c);
-}
-
-static void conn_read(struct conn *c)
-{
-    uint8_t buf[16 * 1024];
-    for (int i = 0; i < READS_PER_EVENT && !c->dead; i++) {
-        ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-            return;
-        if (n <= 0 || nghttp2_session_mem_recv(c->s, buf, (size_t)n) < 0) {
-            conn_fail(c);
-            return;
-        }
-    }
-}
-
-static void connected(struct conn *c)
-{
-    int err = 0;
-    socklen_t len = sizeof(err);
-    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
-        conn_fail(c);
-        return;
-    }
-    c->connected = true;
-    loop_timer_stop(c->h->loop, &c->timer);
-}
-
-static void on_io(struct loop_watch *w, uint32_t events)
-{
-    struct conn *c = w->arg;
-    if (!c->connected) {
-        if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
-            connected(c);
-    } else if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
-        conn_read(c);
-    }
-    flush(c);
-    settle(c);
-}
-
-/* The connect timeout, or the idle one. */
-static void on_timer(struct loop_timer *t)
-{
-    struct conn *c = t->arg;
-    if (c->connected && c->nstreams)
-        return; /* busy again */
-    conn_fail(c);
-    settle(c);
-}
-
-static void on_kick(struct loop_timer *t)
-{
-    struct conn *c = t->arg;
-    flush(c);
-    settle(c);
-}
-
-/* Work was submitted from outside an event of 'c' (a start, a cancel, a resume): it is done
- * in the next turn, never from inside the caller. */
-static void kick(struct conn *c)
-{
-    if (!loop_timer_armed(&c->kick))
-        loop_timer_start(c->h->loop, &c->kick, loop_now(c->h->loop), on_kick, c);
-}
-
-/* After the session has run: kept body bytes go to owners with room, ended streams are
- * reported (their owners may start and cancel streams: nothing here holds a pointer across
- * a report), freed when the session is done with them, and an empty dead connection goes. */
-static void settle(struct conn *c)
-{
-    bool again = true;
-    while (again) {
-        again = false;
-        for (struct h2up_stream *s = c->streams; s; s = s->next) {
-            if (s->ops && s->kept.len && !(s->flags & SF_PAUSED))
-                drain_kept(s);
-            if (!s->ops || !(s->flags & SF_ENDED))
-                continue;
-            if (s->end == H2UP_COMPLETE && s->kept.len)
-                continue; /* the owner still has body bytes to take */
-            const struct h2up_ops *ops = s->ops;
-            s->ops = NULL;
-            ops->done(s->arg, s->end, s->error);
-            again = true;
-            break;
-        }
-    }
-    for (struct h2up_stream *s = c->streams, *next; s; s = next) {
-        next = s->next;
-        if (!s->ops && (s->flags & SF_CLOSED))
-            free_stream(s);
-    }
-    if (c->dead) {
-        if (!c->streams)
-            conn_free(c);
-        return;
-    }
-    flush(c); /* window updates, resets and requests the reports brought */
-    if (c->dead) {
-        settle(c);
-        return;
-    }
-    if (!c->nstreams && c->connected && !loop_timer_armed(&c->timer))
-        loop_timer_start(c->h->loop, &c->timer, loop_now(c->h->loop) + H2UP_IDLE_MS, on_timer, c);
-    if (c->goaway && !c->nstreams) {
-        conn_fail(c);
-        conn_free(c);
-    }
-}
-
-static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t timeout_ms)
-{
-    if (!o->addr_len)
-        return NULL;
-    struct conn *c = calloc(1, sizeof(*c));
-    if (!c)
-        return NULL;
-    c->h = h;
-    c->fd = -1;
-    nghttp2_session_callbacks *cb = callbacks();
-    nghttp2_option *opt = NULL;
-    if (!cb || nghttp2_option_new(&opt) != 0 || !(c->key = strdup(o->key)))
-        goto fail;
-    /* Only a stream's own window closes while its owner is paused (on_data). */
-    nghttp2_option_set_no_auto_window_update(opt, 1);
-    nghttp2_option_set_peer_max_concurrent_streams(opt, H2UP_MAX_STREAMS);
-    if (nghttp2_session_client_new2(&c->s, cb, c, opt) != 0) {
-        c->s = NULL;
-        goto fail;
-    }
-    nghttp2_settings_entry iv[] = {
-        { NGHTTP2_SETTINGS_ENABLE_PUSH, 0 },
-        { NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H2UP_STREAM_WINDOW },
-    };
-    if (nghttp2_submit_settings(c->s, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0])) != 0 ||
-        nghttp2_session_set_local_window_size(c->s, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW) != 0)
-        goto fail;
-    c->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (c->fd < 0)
-        goto fail;
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(c->fd, (const struct sockaddr *)&o->addr, o->addr_len) < 0 && errno != EINPROGRESS)
-        goto fail;
-    if (loop_watch_add(h->loop, &c->w, c->fd, EPOLLOUT, on_io, c) < 0)
-        goto fail;
-    loop_timer_start(h->loop, &c->timer, loop_now(h->loop) + (timeout_ms ? timeout_ms : 1),
-                     on_timer, c);
-    nghttp2_option_del(opt);
-    nghttp2_session_callbacks_del(cb);
-    DLIST_PUSH(h->conns, c);
-    h->nconns++;
-    return c;
-fail:
-    if (c->fd >= 0)
-        close(c->fd);
-    nghttp2_session_del(c->s);
-    nghttp2_option_del(opt);
-    if (cb)
-        nghttp2_session_callbacks_del(cb);
-    free(c->key);
-    free(c);
-    return NULL;
-}
-
-/* Streams 'c' takes at most: the peer's limit and ours. */
-static size_t conn_room(const struct conn *c)
-{
-    uint32_t peer =
-        nghttp2_session_get_remote_settings(c->s, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
-    return peer < H2UP_MAX_STREAMS ? peer : H2UP_MAX_STREAMS;
-}
-
-/* A connection to 'o' with room, else a new one while under H2UP_MAX_CONNS, else the least
- * loaded (the session queues the stream until the peer allows it). */
-static struct conn *pick(struct h2up *h, const struct origin *o, uint64_t timeout_ms)
-{
-    struct conn *least = NULL;
-    size_t n = 0;
-    for (struct conn *c = h->conns; c; c = c->next) {
-        if (c->dead || c->goaway || strcmp(c->key, o->key) != 0)
-            continue;
-        n++;
-        if (c->nstreams < conn_room(c))
-            return c;
-        if (!least || c->nstreams < least->nstreams)
-            least = c;
-    }
-    if (n < H2UP_MAX_CONNS || !least) {
-        struct conn *c = conn_new(h, o, timeout_ms);
-        if (c)
-            return c;
-    }
-    return least;
 }
 
 /* ---- the API ---- */
@@ -671,7 +273,10 @@ void h2up_free(struct h2up *h)
     if (!h)
         return;
     while (h->conns)
-        conn_free(h->conns);
+        h2c_free(h->conns);
+    for (size_t i = 0; i < H2UP_H1_MEMO_MAX; i++)
+        free(h->h1[i].key);
+    tls_ctxs_free(h->tls);
     free(h);
 }
 
@@ -679,7 +284,7 @@ struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const str
                                uint64_t connect_timeout_ms, const struct h2up_ops *ops, void *arg,
                                struct hlist *head, struct hlist *trailers)
 {
-    struct conn *c = pick(h, o, connect_timeout_ms);
+    struct conn *c = h2c_pick(h, o, connect_timeout_ms);
     if (!c)
         return NULL;
     struct h2up_stream *s = calloc(1, sizeof(*s));
@@ -695,7 +300,7 @@ struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const str
 #define NV(n, nl, v, vl)                                                                           \
     nv[k++] = (nghttp2_nv){ (uint8_t *)(n), (uint8_t *)(v), nl, vl, NGHTTP2_NV_FLAG_NONE }
     NV(":method", 7, req->method, strlen(req->method));
-    NV(":scheme", 7, "http", 4);
+    NV(":scheme", 7, o->tls ? "https" : "http", o->tls ? 5u : 4u);
     NV(":authority", 10, req->authority, strlen(req->authority));
     NV(":path", 5, req->path, strlen(req->path));
     for (size_t i = 0; i < req->n_fields; i++)
@@ -719,16 +324,16 @@ struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const str
         goto fail;
     DLIST_PUSH(c->streams, s);
     c->nstreams++;
-    if (c->connected)
+    if (c->open)
         loop_timer_stop(h->loop, &c->timer); /* the idle timeout */
-    kick(c);
+    h2c_kick(c);
     return s;
 fail:
     free(nv);
     free(s);
-    if (!c->nstreams && !c->connected) {
-        conn_fail(c);
-        conn_free(c);
+    if (!c->nstreams && !c->open) {
+        h2c_fail(c);
+        h2c_free(c);
     }
     return NULL;
 }
@@ -740,7 +345,7 @@ void h2up_cancel(struct h2up_stream *s)
     s->kept.len = 0;
     if (!(s->flags & SF_CLOSED) && c->s && s->id > 0)
         nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
-    kick(c); /* freed by settle() once the session is done with it */
+    h2c_kick(c); /* freed by h2c_settle() once the session is done with it */
 }
 
 bool h2up_sent(const struct h2up_stream *s)
@@ -753,7 +358,7 @@ void h2up_resume_body(struct h2up_stream *s)
     if (!(s->flags & SF_PAUSED))
         return;
     s->flags &= ~SF_PAUSED;
-    kick(s->c);
+    h2c_kick(s->c);
 }
 
 void h2up_resume_upload(struct h2up_stream *s)
@@ -763,7 +368,7 @@ void h2up_resume_upload(struct h2up_stream *s)
     s->flags &= ~SF_DEFERRED;
     if (s->c->s && !(s->flags & SF_CLOSED))
         nghttp2_session_resume_data(s->c->s, s->id);
-    kick(s->c);
+    h2c_kick(s->c);
 }
 
 size_t h2up_connections(const struct h2up *h)

@@ -1,6 +1,7 @@
-/* h2up -- HTTP/2 over cleartext (h2c, prior knowledge) to upstreams: a worker's pool of
- * libnghttp2 client sessions, driven by its event loop (docs/http2.md, "Upstreams over
- * HTTP/2"). With the HTTP/2 client front end to come, the only part that calls libnghttp2.
+/* h2up -- HTTP/2 to upstreams, over cleartext (h2c, prior knowledge) or over TLS for https
+ * origins whose server chooses h2 by ALPN: a worker's pool of libnghttp2 client sessions,
+ * driven by its event loop (docs/http2.md, "Upstreams over HTTP/2"). proxy/h2up.c holds the
+ * streams, proxy/h2up_conn.c the connections.
  *
  * Streams to one origin share few connections: a new stream goes on an open connection with
  * room under the peer's SETTINGS_MAX_CONCURRENT_STREAMS and H2UP_MAX_STREAMS, else on a new
@@ -45,6 +46,8 @@ enum h2up_end {
     H2UP_REFUSED,  /* the upstream had the request but its application did not: REFUSED_STREAM
                     * before a head, or a GOAWAY whose last_stream_id is below the stream */
     H2UP_BROKEN,   /* reset, connection lost after the request went out, no or a bad :status */
+    H2UP_FALLBACK, /* an https origin's server chose http/1.1 by ALPN: nothing was sent; the
+                    * request goes through HTTP/1.1 (h2up_prefers_h1) */
 };
 
 struct h2up_ops {
@@ -96,6 +99,9 @@ bool h2up_sent(const struct h2up_stream *s);
 void h2up_resume_body(struct h2up_stream *s);
 void h2up_resume_upload(struct h2up_stream *s);
 
+/* Whether https origin 'o' recently chose http/1.1 by ALPN (and may: tls.http2 "auto"): its
+ * requests go through HTTP/1.1 without trying h2 first. */
+bool h2up_prefers_h1(struct h2up *h, const struct origin *o);
 /* Connections open now (for tests and metrics). */
 size_t h2up_connections(const struct h2up *h);
 

@@ -5,13 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct origin *origin_new(const char *authority)
+struct origin *origin_new(const char *authority, const struct origin_tls *tls)
 {
     struct origin *o = calloc(1, sizeof(*o));
     if (!o || !(o->authority = strdup(authority)))
         goto fail;
     char host[256];
-    const char *port = "80";
+    const char *port = tls ? "443" : "80";
     const char *a = authority, *end;
     if (a[0] == '[') {
         end = strchr(a, ']');
@@ -32,6 +32,14 @@ struct origin *origin_new(const char *authority)
         hl = sizeof(host) - 1;
     memcpy(host, a, hl);
     host[hl] = '\0';
+    if (!(o->host = strdup(host)))
+        goto fail;
+    if (tls) {
+        o->tls = true;
+        o->h1_too = tls->h1_too;
+        if (tls->ca_file && !(o->ca_file = strdup(tls->ca_file)))
+            goto fail;
+    }
     /* Resolved once, with the snapshot (not in a worker: a lookup blocks). */
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
     struct addrinfo *res = NULL;
@@ -45,7 +53,9 @@ struct origin *origin_new(const char *authority)
         freeaddrinfo(res);
     /* the address too: after a reload that resolved the name anew, connections to the old
      * address take no new stream */
-    if (asprintf(&o->key, "%s:%s@%s", host, port, addr) < 0) {
+    /* and how it is reached: the same address trusting other certificates is another origin */
+    if (asprintf(&o->key, "%s:%s@%s%s%s%s", host, port, addr, tls ? "/tls" : "",
+                 tls && tls->h1_too ? "+h1" : "", o->ca_file ? o->ca_file : "") < 0) {
         o->key = NULL;
         goto fail;
     }
@@ -60,6 +70,8 @@ void origin_free(struct origin *o)
     if (!o)
         return;
     free(o->authority);
+    free(o->host);
+    free(o->ca_file);
     free(o->key);
     free(o);
 }

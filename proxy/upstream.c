@@ -7,6 +7,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include "config/cfg.h"
 #include "proxy/dlist.h"
 #include "proxy/h2up.h"
 #include "proxy/origin.h"
@@ -59,10 +60,13 @@ struct upstream {
     struct h2up *h2;        /* h2c upstreams' sessions (proxy/h2up.h), made when first needed */
 };
 
-/* A parsed upstream origin: curl's URL handle, or an h2c origin of proxy/h2up.h. */
+/* A parsed upstream origin: curl's URL handle, or an HTTP/2 origin of proxy/h2up.h (h2c, or
+ * https by ALPN), or both (https offering http/1.1 too). */
 struct upstream_url {
     CURLU *curl;
-    struct origin *h2c;
+    struct origin *h2; /* h2c, or https tried in HTTP/2 first (routes[].tls.http2) */
+    bool https;
+    char *cainfo, *capath; /* what libcurl verifies an https upstream's certificate against */
 };
 
 static bool has_slot(const struct upstream *u)
@@ -385,23 +389,48 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
     slot_freed(u);
 }
 
-struct upstream_url *upstream_url_new(const char *origin)
+/* libcurl's own CA bundle and directory, which a pooled handle is given back after serving a
+ * route with its own tls.ca_file. */
+static int curl_ca_defaults(char **cainfo, char **capath)
+{
+    CURL *e = curl_easy_init();
+    char *info = NULL, *path = NULL;
+    if (!e)
+        return -1;
+    curl_easy_getinfo(e, CURLINFO_CAINFO, &info);
+    curl_easy_getinfo(e, CURLINFO_CAPATH, &path);
+    *cainfo = info ? strdup(info) : NULL;
+    *capath = path ? strdup(path) : NULL;
+    curl_easy_cleanup(e);
+    return (info && !*cainfo) || (path && !*capath) ? -1 : 0;
+}
+
+struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls)
 {
     struct upstream_url *url = calloc(1, sizeof(*url));
     if (!url)
         return NULL;
-    if (strncmp(origin, "h2c://", 6) == 0) {
-        /* "h2c://host:port/": config/schema.c wrote it, with one '/' at the end */
-        char *auth = strndup(origin + 6, strcspn(origin + 6, "/"));
-        url->h2c = auth ? origin_new(auth) : NULL;
-        free(auth);
-        if (!url->h2c)
+    /* "scheme://host:port/": config/schema.c wrote it, with one '/' at the end */
+    const char *auth = strstr(origin, "://") + 3;
+    if (strncmp(origin, "h2c://", 6) == 0 ||
+        (strncmp(origin, "https://", 8) == 0 && tls->http2 != CFG_HTTP2_OFF)) {
+        struct origin_tls ot = { tls->ca_file, tls->http2 == CFG_HTTP2_AUTO };
+        char *a = strndup(auth, strcspn(auth, "/"));
+        url->h2 = a ? origin_new(a, origin[4] == 's' ? &ot : NULL) : NULL;
+        free(a);
+        if (!url->h2)
             goto fail;
-        return url;
+        if (!url->h2->tls || !url->h2->h1_too)
+            return url; /* HTTP/2 only */
     }
     url->curl = curl_url();
     if (!url->curl || curl_url_set(url->curl, CURLUPART_URL, origin, 0) != CURLUE_OK)
         goto fail;
+    if ((url->https = strncmp(origin, "https://", 8) == 0)) {
+        if (tls->ca_file ? !(url->cainfo = strdup(tls->ca_file))
+                         : curl_ca_defaults(&url->cainfo, &url->capath) < 0)
+            goto fail;
+    }
     return url;
 fail:
     upstream_url_free(url);
@@ -413,7 +442,9 @@ void upstream_url_free(struct upstream_url *url)
     if (!url)
         return;
     curl_url_cleanup(url->curl);
-    origin_free(url->h2c);
+    origin_free(url->h2);
+    free(url->cainfo);
+    free(url->capath);
     free(url);
 }
 
@@ -421,11 +452,20 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
 {
     /* curl only reads the handle (it works on a copy of it) */
     curl_easy_setopt(e, CURLOPT_CURLU, url->curl);
+    if (url->https) { /* a route's own tls.ca_file replaces the system's store */
+        curl_easy_setopt(e, CURLOPT_CAINFO, url->cainfo);
+        curl_easy_setopt(e, CURLOPT_CAPATH, url->capath);
+    }
 }
 
-const struct origin *upstream_url_h2c(const struct upstream_url *url)
+const struct origin *upstream_url_h2(const struct upstream_url *url)
 {
-    return url->h2c;
+    return url->h2;
+}
+
+bool upstream_url_h1(const struct upstream_url *url)
+{
+    return url->curl != NULL;
 }
 
 struct h2up *upstream_h2(struct upstream *u)

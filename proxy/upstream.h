@@ -62,19 +62,24 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
  * from inside a curl callback of that transfer. */
 void upstream_cancel(struct upstream *u, struct upstream_xfer *x);
 
-/* An upstream origin ("http://host:port/", "h2c://host:port/") parsed once, for every transfer to
- * it: libcurl copies a parsed URL instead of parsing the string again per transfer. Read-only once
- * made, so transfers of any worker may share it; it must outlive them (the config snapshot that
- * names the upstream owns it). NULL if out of memory or curl refuses the URL. */
+/* An upstream origin ("http://host:port/", "https://...", "h2c://host:port/") parsed once, for
+ * every transfer to it, with its route's 'tls': libcurl copies a parsed URL instead of parsing
+ * the string again per transfer. Read-only once made, so transfers of any worker may share it;
+ * it must outlive them (the config snapshot that names the upstream owns it). NULL if out of
+ * memory or curl refuses the URL. */
 struct upstream_url;
-struct upstream_url *upstream_url_new(const char *origin);
+struct cfg_tls;
+struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls);
 void upstream_url_free(struct upstream_url *url); /* accepts NULL */
-/* Points 'e' at 'url' (not an h2c one). */
+/* Points 'e' at 'url' (one upstream_url_h1() allows). */
 void upstream_easy_url(CURL *e, const struct upstream_url *url);
-/* An "h2c://host:port/" origin goes through proxy/h2up.h instead of libcurl: its origin
- * there, or NULL for an http or https one. */
+/* An h2c origin, or an https one tried in HTTP/2 first (routes[].tls.http2 "auto" or
+ * "required"), goes through proxy/h2up.h: its origin there, or NULL when libcurl has it. */
 struct origin;
-const struct origin *upstream_url_h2c(const struct upstream_url *url);
+const struct origin *upstream_url_h2(const struct upstream_url *url);
+/* Whether libcurl may carry requests to 'url' (http, https, and https "auto" when the server
+ * chooses http/1.1). */
+bool upstream_url_h1(const struct upstream_url *url);
 /* The worker's h2c sessions (made on first use), or NULL out of memory. */
 struct h2up;
 struct h2up *upstream_h2(struct upstream *u);

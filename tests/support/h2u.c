@@ -2,6 +2,7 @@
 
 #include <criterion/criterion.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@ struct h2u {
     pid_t pid;
     int in; /* its stdin: it exits when this closes */
     uint16_t port;
+    bool tls;
     char record[96];
 };
 
@@ -25,12 +27,26 @@ static size_t n_running;
 
 struct h2u *h2u_start(void)
 {
+    return h2u_start_tls(NULL, NULL, NULL);
+}
+
+struct h2u *h2u_start_tls(const char *cert, const char *key, const char *alpn)
+{
     cr_assert_lt(n_running, H2U_MAX, "too many h2 upstreams");
     struct h2u *u = &running[n_running];
     snprintf(u->record, sizeof(u->record), "/tmp/retryproxy-h2u-%d-%zu.jsonl", (int)getpid(),
              n_running);
     unlink(u->record);
-    char *argv[] = { "/usr/bin/python3", "tests/tools/h2_upstream.py", u->record, NULL };
+    u->tls = cert != NULL;
+    char *argv[] = { "/usr/bin/python3",
+                     "tests/tools/h2_upstream.py",
+                     u->record,
+                     cert ? "--tls" : NULL,
+                     (char *)cert,
+                     (char *)key,
+                     "--alpn",
+                     (char *)(alpn ? alpn : "h2"),
+                     NULL };
     char buf[32];
     u->pid = proc_helper_start(argv, &u->in, buf, sizeof(buf), 10000);
     cr_assert_gt(u->pid, 0, "cannot start h2_upstream.py");
@@ -48,7 +64,7 @@ uint16_t h2u_port(const struct h2u *u)
 const char *h2u_url(const struct h2u *u, const char *base)
 {
     static char url[128];
-    snprintf(url, sizeof(url), "h2c://127.0.0.1:%u%s", u->port, base);
+    snprintf(url, sizeof(url), "%s://127.0.0.1:%u%s", u->tls ? "https" : "h2c", u->port, base);
     return url;
 }
 

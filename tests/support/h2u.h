@@ -20,8 +20,12 @@ struct h2u;
 
 /* Starts one (asserts that it printed its port within 10 s). */
 struct h2u *h2u_start(void);
+/* One speaking TLS with certificate 'cert' and key 'key' (PEM files), choosing by ALPN from
+ * 'alpn' ("h2", "http/1.1,h2", "none"; NULL: "h2"); connections that do not choose h2 are
+ * answered in HTTP/1.1 (see the script). */
+struct h2u *h2u_start_tls(const char *cert, const char *key, const char *alpn);
 uint16_t h2u_port(const struct h2u *u);
-/* "h2c://127.0.0.1:PORT" + base, in a static buffer. */
+/* "h2c://127.0.0.1:PORT" (https:// for a TLS one) + base, in a static buffer. */
 const char *h2u_url(const struct h2u *u, const char *base);
 /* Every record so far, as a JSON array (caller decrefs): request records and
  * {"conn": N, "event": "accepted"} lines. */

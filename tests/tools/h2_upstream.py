@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""h2_upstream -- a scripted HTTP/2 cleartext (prior knowledge) upstream for integration tests.
+"""h2_upstream -- a scripted HTTP/2 upstream for integration tests: cleartext (prior knowledge), or
+TLS with ALPN (--tls).
 
 Run with Debian's /usr/bin/python3 (python3-h2). Listens on 127.0.0.1, on a port the kernel
 picks, and prints "PORT\\n" on stdout once it accepts. Every request is recorded as one JSON line
@@ -25,7 +26,14 @@ What a request gets comes from its fields:
                      stream's flow-control window allows, without holding up other streams
   x-h2-delay-ms: M   the answer waits M ms once the request is complete
 
-Usage: h2_upstream.py RECORD_FILE. Stops on SIGTERM or when stdin closes.
+With --tls CERT KEY, connections are TLS: the server chooses by ALPN from --alpn (its own order
+of preference, comma-separated; default "h2"; "none": no ALPN) and records
+{"conn": N, "event": "tls", "alpn": "h2"} (null: none chosen). A connection that did not choose
+h2 is spoken to in HTTP/1.1: each request is recorded as {"conn": N, "event": "http1", "method",
+"path", "headers", "body_len"} and answered 200 "h1\n" (keep-alive).
+
+Usage: h2_upstream.py RECORD_FILE [--tls CERT KEY] [--alpn LIST]. Stops on SIGTERM or when stdin
+closes.
 """
 import hashlib
 import json
@@ -33,6 +41,7 @@ import os
 import selectors
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -265,7 +274,9 @@ class Conn:
                 if self.closing:
                     time.sleep(0.05)
                     break
-                if not sel.select(timeout=wait if wait is not None else 0.5):
+                # a TLS socket may hold decrypted bytes that select() does not see
+                pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
+                if not pending and not sel.select(timeout=wait if wait is not None else 0.5):
                     continue
                 data = self.sock.recv(65536)
                 if not data:
@@ -279,8 +290,63 @@ class Conn:
             self.sock.close()
 
 
+def serve_http1(sock, out, cid):
+    """A minimal HTTP/1.1 server for a TLS connection whose ALPN did not choose h2."""
+    buf = b""
+    try:
+        while True:
+            while b"\r\n\r\n" not in buf:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                buf += data
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            headers = [[k.strip().lower(), v.strip()] for k, v in
+                       (line.split(":", 1) for line in lines[1:])]
+            length = int(dict(headers).get("content-length", "0"))
+            while len(buf) < length:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                buf += data
+            buf = buf[length:]
+            record(out, {"conn": cid, "event": "http1", "method": method, "path": path,
+                         "headers": headers, "body_len": length})
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nh1\n")
+    except (OSError, ValueError) as e:
+        record(out, {"conn": cid, "error": repr(e)})
+    finally:
+        sock.close()
+
+
+def serve_tls(ctx, sock, out, cid):
+    try:
+        sock = ctx.wrap_socket(sock, server_side=True)
+    except (OSError, ssl.SSLError) as e:
+        record(out, {"conn": cid, "event": "tls", "error": repr(e)})
+        sock.close()
+        return
+    alpn = sock.selected_alpn_protocol()
+    record(out, {"conn": cid, "event": "tls", "alpn": alpn})
+    if alpn == "h2":
+        Conn(sock, out, cid).serve()
+    else:
+        serve_http1(sock, out, cid)
+
+
 def main():
     out = open(sys.argv[1], "a")
+    ctx = None
+    args = sys.argv[2:]
+    if "--tls" in args:
+        i = args.index("--tls")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args[i + 1], args[i + 2])
+        alpn = args[args.index("--alpn") + 1] if "--alpn" in args else "h2"
+        if alpn != "none":
+            ctx.set_alpn_protocols(alpn.split(","))
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", 0))
@@ -300,7 +366,10 @@ def main():
             conn_ids[0] += 1
             cid = conn_ids[0]
         record(out, {"conn": cid, "event": "accepted"})
-        threading.Thread(target=Conn(s, out, cid).serve, daemon=True).start()
+        if ctx:
+            threading.Thread(target=serve_tls, args=(ctx, s, out, cid), daemon=True).start()
+        else:
+            threading.Thread(target=Conn(s, out, cid).serve, daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -283,6 +283,30 @@ Test(config, h2c_upstream_is_http2_over_cleartext)
     cfg_unref(c);
 }
 
+/* routes[].tls (docs/http2.md "https upstreams"): HTTP/2 by ALPN unless "off", the system's
+ * store unless a readable ca_file; defaults apply, and a bad value names its path. */
+Test(config, tls_settings_of_https_upstreams)
+{
+    struct cfg *c = load("{\"defaults\": {\"tls\": {\"http2\": \"required\"}}, \"routes\": ["
+                         "{\"name\": \"a\", \"upstreams\": [\"https://h\"]},"
+                         "{\"name\": \"b\", \"upstreams\": [\"https://h\"], \"tls\": "
+                         "{\"http2\": \"off\", \"ca_file\": \"/dev/null\"}}]}");
+    cr_expect_eq(c->routes[0].tls.http2, CFG_HTTP2_REQUIRED);
+    cr_expect_null(c->routes[0].tls.ca_file);
+    cr_expect_eq(c->routes[1].tls.http2, CFG_HTTP2_OFF);
+    cr_expect_str_eq(c->routes[1].tls.ca_file, "/dev/null");
+    cfg_unref(c);
+    c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"https://h\"]}]}");
+    cr_expect_eq(c->routes[0].tls.http2, CFG_HTTP2_AUTO, "auto by default");
+    cfg_unref(c);
+    char *e =
+        load_errors("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"https://h\"],"
+                    " \"tls\": {\"ca_file\": \"/nonexistent/ca.pem\", \"http2\": \"yes\"}}]}");
+    cr_expect(strstr(e, "$.routes[0].tls.ca_file: cannot be read"), "%s", e);
+    cr_expect(strstr(e, "$.routes[0].tls.http2:"), "%s", e);
+    free(e);
+}
+
 Test(config, retry_on_tokens_become_conditions_in_file_order)
 {
     struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"

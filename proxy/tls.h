@@ -1,0 +1,52 @@
+/* tls -- TLS client connections over a worker's non-blocking sockets, for the HTTP/2 upstream
+ * sessions of proxy/h2up.h (https upstreams that choose h2 by ALPN; docs/http2.md "https
+ * upstreams"). The only part that calls OpenSSL directly (libcurl does its own TLS).
+ *
+ * Certificates are verified as libcurl verifies them for the same upstream: the chain against
+ * the route's tls.ca_file or else the system's store, and the name (or IP address) the URL
+ * gave. The server name goes in SNI unless it is an address.
+ */
+#ifndef RETRYPROXY_PROXY_TLS_H
+#define RETRYPROXY_PROXY_TLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct tls;
+struct tls_ctxs;
+
+/* What a handshake step, a read or a write needs next. */
+enum tls_want {
+    TLS_DONE,       /* the handshake is complete */
+    TLS_WANT_READ,  /* call again once the socket is readable */
+    TLS_WANT_WRITE, /* call again once the socket is writable */
+    TLS_FAILED,     /* the handshake failed (see tls_error) */
+};
+
+/* A worker's configured contexts, one per CA file, made when first needed. Accepts NULL. */
+void tls_ctxs_free(struct tls_ctxs *c);
+
+/* A client on connected socket 'fd' to 'host' (a name or an IP address, without brackets),
+ * trusting 'ca_file' (NULL: the system's store), offering "h2" and, when 'h1_too', "http/1.1".
+ * '*ctxs' is the worker's context cache (made on first use). NULL when out of memory or the
+ * CA file cannot be read. */
+struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const char *host, const char *ca_file,
+                    bool h1_too);
+void tls_free(struct tls *t); /* accepts NULL; sends no close_notify */
+
+enum tls_want tls_handshake(struct tls *t);
+/* After TLS_DONE: whether the server chose h2. */
+bool tls_is_h2(const struct tls *t);
+/* Why the handshake failed, for the log ("certificate verify failed: ..."). */
+const char *tls_error(const struct tls *t);
+
+/* Like recv()/send() on a non-blocking socket: bytes moved, 0 at the peer's close (recv), or
+ * -1 with errno EAGAIN (try again on the socket's next event of either kind) or EPIPE (the
+ * connection is broken). */
+ssize_t tls_recv(struct tls *t, void *buf, size_t n);
+ssize_t tls_send(struct tls *t, const void *buf, size_t n);
+/* Decrypted bytes already read off the socket and waiting for tls_recv. */
+bool tls_pending(const struct tls *t);
+
+#endif
