@@ -189,8 +189,8 @@ static void memo_h1(struct h2up *h, const char *key)
         if (!h->h1[i].key || h->h1[i].until < h->h1[slot].until)
             slot = i; /* a free one, else the one that expires first */
     }
-    char *copy = h->h1[slot].key && strcmp(h->h1[slot].key, key) == 0 ? h->h1[slot].key
-                                                                      : strdup(key);
+    char *copy =
+        h->h1[slot].key && strcmp(h->h1[slot].key, key) == 0 ? h->h1[slot].key : strdup(key);
     if (!copy)
         return;
     if (copy != h->h1[slot].key)
@@ -216,8 +216,8 @@ static void tls_failed(struct conn *c, const char *why)
     uint64_t now = loop_now(h->loop);
     if (!h->tls_logged || now - h->tls_logged >= TLS_LOG_EVERY_MS) {
         h->tls_logged = now;
-        log_event(CFG_LOG_WARN, "upstream TLS failed; its requests were not sent", "host",
-                  c->host, "error", why, NULL);
+        log_event(CFG_LOG_WARN, "upstream TLS failed; its requests were not sent", "host", c->host,
+                  "error", why, NULL);
     }
     h2c_fail(c);
 }
@@ -451,4 +451,3 @@ struct conn *h2c_pick(struct h2up *h, const struct origin *o, uint64_t timeout_m
     }
     return least;
 }
-

@@ -48,7 +48,6 @@ static inline void bytes_drop(struct bytes *b, size_t n)
     b->len -= n;
 }
 
-
 struct conn {
     struct conn *prev, *next;
     struct h2up *h;
@@ -113,7 +112,6 @@ struct h2up_stream {
     size_t len, off;
     struct bytes kept; /* body bytes a paused owner has not taken (within the stream's window) */
 };
-
 
 /* ---- proxy/h2up.c ---- */
 

@@ -20,8 +20,8 @@
 #define CTXS_MAX 16
 
 struct ctx_entry {
-    char *ca_file;  /* NULL: the system's store */
-    time_t mtime;   /* the file's when loaded: a file rewritten in place is loaded again */
+    char *ca_file; /* NULL: the system's store */
+    time_t mtime;  /* the file's when loaded: a file rewritten in place is loaded again */
     SSL_CTX *ctx;
 };
 

@@ -41,18 +41,24 @@ static void fini(void)
 
 TestSuite(grpc_e2e, .fini = fini, .timeout = 90);
 
-/* The grpcio server, on a port it prints. */
-static void start_server(void)
+/* The grpcio server, on a port it prints; over TLS with PEM files 'cert' and 'key' unless NULL. */
+static void start_server_tls(const char *cert, const char *key)
 {
     snprintf(record, sizeof(record), "/tmp/retryproxy-grpc-%d.jsonl", (int)getpid());
     unlink(record);
-    char *argv[] = { PY, PEER, "server", "--record", record, NULL };
+    char *argv[] = { PY,           PEER,        "server", "--record", record, cert ? "--tls" : NULL,
+                     (char *)cert, (char *)key, NULL };
     char buf[64];
     server_pid = proc_helper_start(argv, &server_in, buf, sizeof(buf), 15000);
     cr_assert_gt(server_pid, 0, "cannot start grpc_peer.py");
     unsigned port = 0;
     cr_assert_eq(sscanf(buf, "port %u", &port), 1, "grpc_peer.py server printed \"%s\"", buf);
     server_port = (uint16_t)port;
+}
+
+static void start_server(void)
+{
+    start_server_tls(NULL, NULL);
 }
 
 /* The server and a proxy whose route "svc" sends /test.Echo/ to it with 'retry' (a JSON
@@ -236,4 +242,39 @@ Test(grpc_e2e, the_clients_deadline_bounds_the_call_and_reaches_the_server)
     cr_expect_str_eq(code_of(j), "DEADLINE_EXCEEDED");
     cr_expect_lt(now_ms() - t0, 2900, "not the server's 3 s");
     json_decref(j);
+}
+
+/* A gRPC service behind TLS: an https upstream whose server chooses h2 by ALPN ("required":
+ * HTTP/1.1 could not carry the call), its certificate trusted through tls.ca_file; a status in
+ * the trailers is retried there as on h2c (docs/http2.md "https upstreams"). */
+Test(grpc_e2e, a_call_to_a_tls_server_goes_over_h2_by_alpn_and_is_retried)
+{
+    char dir[] = "/tmp/retryproxy-grpctls-XXXXXX", cmd[512], cert[64], key[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cert, sizeof(cert), "%s/cert.pem", dir);
+    snprintf(key, sizeof(key), "%s/key.pem", dir);
+    snprintf(cmd, sizeof(cmd),
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test "
+             "-addext subjectAltName=IP:127.0.0.1 -keyout %s -out %s >/dev/null 2>&1",
+             key, cert);
+    cr_assert_eq(fx_sh(cmd), 0, "openssl could not make a certificate");
+    start_server_tls(cert, key);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "svc",
+               "\"match\": {\"path_prefix\": \"/test.Echo/\"}, \"upstreams\": "
+               "[\"https://127.0.0.1:%u\"], \"tls\": {\"ca_file\": \"%s\", \"http2\": "
+               "\"required\"}, \"retry\": {\"retry_on\": [\"unavailable\"], " CFG_FAST "}",
+               server_port, cert);
+    fx_start_b(b, "--workers", "1", NULL);
+    const char *msgs[] = { "over tls", NULL };
+    const char *md[] = { "x-request-id=tls-1", "x-fail=1,14,trailers", NULL };
+    json_t *j = call("/test.Echo/Server", "server", msgs, md, NULL);
+    cr_expect_str_eq(code_of(j), "OK");
+    cr_expect_eq(json_array_size(json_object_get(j, "messages")), 8, "the second attempt's");
+    json_decref(j);
+    json_t *recs = records_of("tls-1");
+    cr_expect_eq(json_array_size(recs), 2);
+    json_decref(recs);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    fx_sh(cmd);
 }

@@ -2,8 +2,10 @@
 """grpc_peer -- a real gRPC server and client (Debian's python3-grpcio) for the integration
 tests of gRPC through retryproxy (tests/integration/test_grpc_e2e.c, docs/grpc.md).
 
-  grpc_peer.py server --record FILE      serves on 127.0.0.1 (a port the kernel picks, printed
-                                          as "port N" once ready) until stdin closes
+  grpc_peer.py server --record FILE [--tls CERT KEY]
+                                          serves on 127.0.0.1 (a port the kernel picks, printed
+                                          as "port N" once ready) until stdin closes; with
+                                          --tls over TLS (h2 by ALPN), with that PEM pair
   grpc_peer.py call --target HOST:PORT --method /svc.Svc/Echo [--kind unary|server|bidi]
                     [--message TEXT]... [--metadata KEY=VALUE]... [--timeout SECONDS]
                                           one call; prints one JSON object: code, details,
@@ -111,7 +113,12 @@ def serve(args):
     })
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    if args.tls:
+        with open(args.tls[0], "rb") as c, open(args.tls[1], "rb") as k:
+            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+        port = server.add_secure_port("127.0.0.1:0", creds)
+    else:
+        port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print("port %d" % port, flush=True)
     sys.stdin.read()  # until the test closes our stdin (or goes away)
@@ -161,6 +168,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("server")
     s.add_argument("--record", required=True)
+    s.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     c = sub.add_parser("call")
     c.add_argument("--target", required=True)
     c.add_argument("--method", required=True)
