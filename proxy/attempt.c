@@ -349,8 +349,11 @@ static void h2_done(void *arg, enum h2up_end end, uint32_t error)
         /* the server chose http/1.1 by ALPN: the same attempt, through libcurl */
         const struct upstream_url *url = a->h1.url;
         a->h1.url = NULL;
-        if (url && launch_h1(a, url, a->h1.base_path, &a->h1.req, a->h1.connect_timeout_ms) == 0)
+        if (url && launch_h1(a, url, a->h1.base_path, &a->h1.req, a->h1.connect_timeout_ms) == 0) {
+            if (a->h1.req.body == ATTEMPT_BODY_STREAM)
+                attempt_commit(a); /* as its owner did after the first launch */
             return;
+        }
         end = H2UP_UNSENT;
     }
     a->ops->done(a, end == H2UP_COMPLETE  ? ATTEMPT_COMPLETE

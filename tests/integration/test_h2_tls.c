@@ -255,3 +255,31 @@ Test(h2_tls, untrusted_or_misnamed_certificates_are_connect_failures)
     cr_expect_eq(h2u_count(srv, "path", "/base/y"), 0);
     cr_expect_eq(count_events("http1", "path", "/base/y"), 0);
 }
+
+/* A body streamed as it arrives (too large to keep for a retry) falls back whole: the upload
+ * had not begun when the server chose http/1.1, and libcurl sends all of it. */
+Test(h2_tls, a_streamed_upload_falls_back_to_http1_whole)
+{
+    make_cert("good", "IP:127.0.0.1");
+    start("good", "http/1.1", trusting(), "\"max_retry_body_bytes\": 0");
+    static char body[300000];
+    memset(body, 'x', sizeof(body));
+    for (int i = 0; i < 2; i++) {
+        struct http_resp r = call("PUT", "/up", NULL, body, sizeof(body));
+        cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+        cr_expect_eq(r.status, 200);
+        http_free(&r);
+    }
+    json_t *all = h2u_records(srv), *rec;
+    size_t i, n = 0;
+    json_array_foreach(all, i, rec)
+    {
+        const char *e = json_str(rec, "event");
+        if (e && strcmp(e, "http1") == 0) {
+            cr_expect_eq(json_integer_value(json_object_get(rec, "body_len")), sizeof(body));
+            n++;
+        }
+    }
+    json_decref(all);
+    cr_expect_eq(n, 2);
+}
