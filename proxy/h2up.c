@@ -52,7 +52,9 @@ static bool offer(struct h2up_stream *s, const char *p, size_t n)
         stop(s);
         return false;
     }
-    nghttp2_session_consume_stream(s->c->s, s->id, n);
+    /* kept bytes of a stream whose connection is gone have no window left to open */
+    if (s->c->s && !(s->flags & SF_CLOSED))
+        nghttp2_session_consume_stream(s->c->s, s->id, n);
     return true;
 }
 

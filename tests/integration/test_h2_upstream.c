@@ -3,9 +3,11 @@
  * what reached it on which connection and stream. */
 #include <criterion/criterion.h>
 
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tests/support/fixture.h"
@@ -429,4 +431,48 @@ Test(h2_upstream, a_slow_reader_does_not_stall_other_calls_on_the_connection)
         got += (size_t)n;
     cr_expect_gt(got, big, "read %zu bytes", got);
     cr_expect_lt(got, big + 1024, "read %zu bytes", got);
+}
+
+/* An upstream that sends a whole response and then closes its connection (GOAWAY) while the
+ * client reads slowly: what the proxy kept of it still reaches the client, whole, after the
+ * connection is gone. (Taking kept bytes once opened the stream's window on a session that no
+ * longer existed, a crash that fuzz_h2up found.) */
+static bool has_answer(void *arg)
+{
+    (void)arg;
+    return h2u_count(h2, "action", "answered") > 0;
+}
+
+Test(h2_upstream, a_response_kept_for_a_slow_client_survives_its_connection_closing)
+{
+    enum { SIZE = 200000 }; /* within the stream's window: it all arrives, the client paused */
+    h2 = h2u_start();
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"limits\": {\"send_buffer_bytes\": 4096}");
+    cfgb_route(b, "r", "\"upstreams\": [\"%s\"]", h2u_url(h2, "/base"));
+    fx_start_b(b, "--workers", "1", NULL);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(px->port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char req[] = "GET /big HTTP/1.1\r\nHost: svc\r\nx-h2-body: 200000\r\n"
+                       "x-h2-close-after: 1\r\nConnection: close\r\n\r\n";
+    cr_assert(raw_send_all(fd, req, sizeof(req) - 1));
+    /* the response comes whole and the connection closes while nothing is read */
+    cr_assert(fx_wait(has_answer, NULL, 5000, 20), "the upstream did not answer");
+    usleep(500 * 1000);
+    static char got[SIZE + 4096];
+    size_t len = 0;
+    ssize_t n;
+    while (len < sizeof(got) && (n = raw_recv(fd, got + len, sizeof(got) - len, 3000)) > 0)
+        len += (size_t)n;
+    close(fd);
+    got[len < sizeof(got) ? len : sizeof(got) - 1] = '\0';
+    cr_expect(strncmp(got, "HTTP/1.1 200", 12) == 0, "%.40s", got);
+    char *body = strstr(got, "\r\n\r\n");
+    cr_assert_not_null(body, "no head in %zu bytes", len);
+    cr_expect_eq(len - (size_t)(body + 4 - got), SIZE, "the body came incomplete");
+    cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
 }

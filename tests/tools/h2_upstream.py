@@ -25,6 +25,7 @@ What a request gets comes from its fields:
   x-h2-body: N       an "ok" answer's body is N bytes (b"0123456789" repeated), sent as the
                      stream's flow-control window allows, without holding up other streams
   x-h2-delay-ms: M   the answer waits M ms once the request is complete
+  x-h2-close-after: 1  once the answer is whole, GOAWAY and close the connection
 
 With --tls CERT KEY, connections are TLS: the server chooses by ALPN from --alpn (its own order
 of preference, comma-separated; default "h2"; "none": no ALPN) and records
@@ -178,6 +179,10 @@ class Conn:
                 continue
             if st.end_after == "end":
                 self.h2.end_stream(sid)
+                if self.field(st, "x-h2-close-after") is not None:
+                    self.h2.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR,
+                                             last_stream_id=sid)
+                    self.closing = True
             elif st.end_after == "trailers":
                 self.h2.send_headers(sid, [("grpc-status", st.grpc_status),
                                            ("grpc-message", "done")], end_stream=True)
