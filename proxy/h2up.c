@@ -262,11 +262,13 @@ nghttp2_session_callbacks *h2up_callbacks(void)
 
 /* ---- the API ---- */
 
-struct h2up *h2up_new(struct loop *l)
+struct h2up *h2up_new(struct loop *l, struct h2up_counts *counts)
 {
     struct h2up *h = calloc(1, sizeof(*h));
-    if (h)
+    if (h) {
         h->loop = l;
+        h->counts = counts;
+    }
     return h;
 }
 

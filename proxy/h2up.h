@@ -17,6 +17,7 @@
 #ifndef RETRYPROXY_PROXY_H2UP_H
 #define RETRYPROXY_PROXY_H2UP_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -78,8 +79,21 @@ struct h2up_req {
     size_t len;
 };
 
-/* A worker's pool on 'l', or NULL. */
-struct h2up *h2up_new(struct loop *l);
+/* What a pool counts for the metrics (docs/metrics.md, upstream_h2_connections): written by its
+ * worker only, read by a scrape from another thread. */
+enum h2up_opened {
+    H2UP_OPENED_H2,     /* the connection carries HTTP/2 (h2c, or h2 chosen by ALPN) */
+    H2UP_OPENED_HTTP1,  /* an https server chose http/1.1: its requests went to libcurl */
+    H2UP_OPENED_FAILED, /* no connection: TCP, TLS, the certificate, "required" without h2 */
+    H2UP_OPENED_COUNT
+};
+struct h2up_counts {
+    _Atomic int64_t open;                      /* connections open now */
+    _Atomic int64_t opened[H2UP_OPENED_COUNT]; /* connections tried, by how they went */
+};
+
+/* A worker's pool on 'l', counting into 'counts' (NULL: nowhere), or NULL. */
+struct h2up *h2up_new(struct loop *l, struct h2up_counts *counts);
 /* Closes every connection; every stream must have ended or been cancelled. Accepts NULL. */
 void h2up_free(struct h2up *h);
 

@@ -15,6 +15,7 @@
 #include "proxy/h2up_int.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -59,11 +60,26 @@ static bool again(void)
 
 /* ---- life and death ---- */
 
+/* Adds 'delta' to a count only this worker writes (a scrape reads it from another thread). */
+static void count(_Atomic int64_t *c, int64_t delta)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + delta,
+                          memory_order_relaxed);
+}
+
+static void count_opened(struct conn *c, enum h2up_opened how)
+{
+    if (c->h->counts)
+        count(&c->h->counts->opened[how], 1);
+}
+
 void h2c_fail(struct conn *c)
 {
     if (c->dead)
         return;
     c->dead = true;
+    if (!c->open)
+        count_opened(c, c->fell_back ? H2UP_OPENED_HTTP1 : H2UP_OPENED_FAILED);
     for (struct h2up_stream *s = c->streams; s; s = s->next) {
         s->flags |= SF_CLOSED;
         h2up_end_stream(s, (s->flags & SF_SENT) ? H2UP_BROKEN : H2UP_UNSENT, 0);
@@ -87,6 +103,8 @@ void h2c_free(struct conn *c)
     loop_timer_stop(h->loop, &c->kick);
     DLIST_UNLINK(h->conns, c);
     h->nconns--;
+    if (h->counts)
+        count(&h->counts->open, -1);
     free(c->key);
     free(c->host);
     free(c->ca_file);
@@ -173,6 +191,7 @@ static void conn_read(struct conn *c)
 static void opened(struct conn *c)
 {
     c->open = true;
+    count_opened(c, H2UP_OPENED_H2);
     loop_timer_stop(c->h->loop, &c->timer);
 }
 
@@ -249,6 +268,7 @@ static void handshake(struct conn *c)
         return;
     }
     memo_h1(c->h, c->key);
+    c->fell_back = true;
     for (struct h2up_stream *s = c->streams; s; s = s->next)
         h2up_end_stream(s, H2UP_FALLBACK, 0); /* none went out: flush() waits for open */
     h2c_fail(c);
@@ -406,6 +426,8 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
     nghttp2_session_callbacks_del(cb);
     DLIST_PUSH(h->conns, c);
     h->nconns++;
+    if (h->counts)
+        count(&h->counts->open, 1);
     return c;
 fail:
     if (c->fd >= 0)

@@ -66,6 +66,7 @@ struct conn {
     bool h1_too;      /* http/1.1 is offered too: a server that chooses it is H2UP_FALLBACK */
     bool tcp;         /* the TCP connection is made */
     bool open;        /* ... and carries HTTP/2 (TLS done, h2 chosen) */
+    bool fell_back;   /* the server chose http/1.1 */
     bool goaway, dead;
 };
 
@@ -77,8 +78,9 @@ struct h2up {
     struct loop *loop;
     struct conn *conns;
     size_t nconns;
-    struct tls_ctxs *tls; /* proxy/tls.h, made when first needed */
-    uint64_t tls_logged;  /* when a TLS failure was last logged */
+    struct tls_ctxs *tls;       /* proxy/tls.h, made when first needed */
+    struct h2up_counts *counts; /* NULL: none kept */
+    uint64_t tls_logged;        /* when a TLS failure was last logged */
     struct {
         char *key; /* an origin's key; NULL: a free slot */
         uint64_t until;

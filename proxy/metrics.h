@@ -111,6 +111,10 @@ void metrics_retries_in_flight_add(struct metrics *m, int delta);
 int64_t metrics_retries_in_flight(const struct metrics *m);
 /* connections_active: per worker, summed at scrape. */
 void metrics_connections_add(struct metrics *m, unsigned w, int delta);
+/* upstream_h2_connections and upstream_h2_connections_total{result}: worker 'w''s counts, which
+ * its HTTP/2 upstream pool keeps (proxy/h2up.h); NULL without metrics. */
+struct h2up_counts;
+struct h2up_counts *metrics_h2up_counts(struct metrics *m, unsigned w);
 /* config_reloads_total{result}, config_generation, config_last_reload_successful (1 after a
  * success, 0 after a failure; 0 before the first load) and, on success,
  * config_last_reload_success_timestamp_seconds ('unix_seconds'). The initial load counts as a

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "policy/budget.h"
+#include "proxy/h2up.h"
 #include "proxy/metrics.h"
 #include "proxy/strmap.h"
 
@@ -56,6 +57,7 @@ _Static_assert(sizeof(struct route_slot) % CACHE_LINE == 0, "route slots share c
 /* Process-wide per-worker gauges, kept apart from the route slots for the same reason. */
 struct worker_slot {
     _Alignas(CACHE_LINE) _Atomic int64_t connections;
+    struct h2up_counts h2up; /* the worker's HTTP/2 upstream connections */
 };
 
 struct metrics_route {

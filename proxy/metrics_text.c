@@ -34,6 +34,9 @@ static const char *const grpc_names[METRICS_GRPC_COUNT] = { "0",  "1",  "2",    
                                                             "15", "16", "other", "none" };
 /* budget_*{scope}: the top-level budget, or a route's (then with its route label). */
 static const char *const scope_names[] = { "process", "route" };
+static const char *const h2up_result_names[H2UP_OPENED_COUNT] = {
+    [H2UP_OPENED_H2] = "h2", [H2UP_OPENED_HTTP1] = "http1", [H2UP_OPENED_FAILED] = "failed"
+};
 
 /* Every family, in the order a scrape prints them. */
 enum family {
@@ -61,6 +64,8 @@ enum family {
     FAM_UPSTREAM_EJECTIONS,
     FAM_UPSTREAM_EJECTED,
     FAM_CONNECTIONS,
+    FAM_H2UP_OPEN,
+    FAM_H2UP_OPENED,
     FAM_DRAINING,
     FAM_COUNT
 };
@@ -137,6 +142,15 @@ static const struct family_def {
                                "else 0." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
+    [FAM_H2UP_OPEN] = { "upstream_h2_connections", "gauge", "", NULL, 0,
+                        "HTTP/2 connections to upstreams open now (h2c, and https ones where the "
+                        "server chose h2), connecting ones included." },
+    [FAM_H2UP_OPENED] = { "upstream_h2_connections_total", "counter", "result", h2up_result_names,
+                          H2UP_OPENED_COUNT,
+                          "HTTP/2 upstream connections tried, by result: h2 (it carried HTTP/2), "
+                          "http1 (an https server chose http/1.1 by ALPN: its requests went "
+                          "through libcurl), failed (TCP, TLS or certificate failure, timeout, "
+                          "or tls.http2 required and no h2)." },
     [FAM_DRAINING] = { "draining", "gauge", "", NULL, 0,
                        "1 from the moment the proxy starts draining (SIGTERM, SIGINT) until it "
                        "exits, else 0." },
@@ -429,6 +443,20 @@ static void render_process(FILE *f, struct metrics *m)
         conns += atomic_load_explicit(&m->wslots[w].connections, memory_order_relaxed);
     const char *name = put_family(f, FAM_CONNECTIONS);
     fprintf(f, "retryproxy_%s %" PRId64 "\n", name, conns);
+
+    int64_t h2open = 0, h2opened[H2UP_OPENED_COUNT] = { 0 };
+    for (unsigned w = 0; w < m->workers; w++) {
+        const struct h2up_counts *c = &m->wslots[w].h2up;
+        h2open += atomic_load_explicit(&c->open, memory_order_relaxed);
+        for (int k = 0; k < H2UP_OPENED_COUNT; k++)
+            h2opened[k] += atomic_load_explicit(&c->opened[k], memory_order_relaxed);
+    }
+    name = put_family(f, FAM_H2UP_OPEN);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, h2open);
+    name = put_family(f, FAM_H2UP_OPENED);
+    for (int k = 0; k < H2UP_OPENED_COUNT; k++)
+        fprintf(f, "retryproxy_%s{result=\"%s\"} %" PRId64 "\n", name, h2up_result_names[k],
+                h2opened[k]);
 
     name = put_family(f, FAM_DRAINING);
     fprintf(f, "retryproxy_%s %d\n", name, m->draining ? 1 : 0);

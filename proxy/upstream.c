@@ -58,6 +58,7 @@ struct upstream {
     struct upstream_wait *wait_tail;
     struct loop_timer wake; /* hands free slots to waiting owners */
     struct h2up *h2;        /* h2c upstreams' sessions (proxy/h2up.h), made when first needed */
+    struct h2up_counts *h2_counts; /* ... and where they count (the worker's metrics) */
 };
 
 /* A parsed upstream origin: curl's URL handle, or an HTTP/2 origin of proxy/h2up.h (h2c, or
@@ -274,12 +275,13 @@ static int on_curl_timer(CURLM *multi, long ms, void *userp)
     return 0;
 }
 
-struct upstream *upstream_new(struct loop *l)
+struct upstream *upstream_new(struct loop *l, struct h2up_counts *h2_counts)
 {
     struct upstream *u = calloc(1, sizeof(*u));
     if (!u)
         return NULL;
     u->loop = l;
+    u->h2_counts = h2_counts;
     for (size_t i = 0; i < SHARDS; i++) {
         struct shard *sh = &u->shards[i];
         sh->u = u;
@@ -471,7 +473,7 @@ bool upstream_url_h1(const struct upstream_url *url)
 struct h2up *upstream_h2(struct upstream *u)
 {
     if (!u->h2)
-        u->h2 = h2up_new(u->loop);
+        u->h2 = h2up_new(u->loop, u->h2_counts);
     return u->h2;
 }
 

@@ -46,8 +46,10 @@ struct upstream_wait {
     bool queued;
 };
 
-/* A multi handle driven by 'l', or NULL. */
-struct upstream *upstream_new(struct loop *l);
+/* A multi handle driven by 'l', or NULL; its HTTP/2 sessions count into 'h2_counts' (NULL:
+ * nowhere). */
+struct h2up_counts;
+struct upstream *upstream_new(struct loop *l, struct h2up_counts *h2_counts);
 /* Frees; every transfer must have ended or been cancelled. Accepts NULL. */
 void upstream_free(struct upstream *u);
 

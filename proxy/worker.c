@@ -93,7 +93,7 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
         loop_watch_add(w->loop, &w->wake_watch, w->wake_fd, EPOLLIN, on_wake, w) < 0)
         goto fail;
     loop_set_idle(w->loop, on_idle, w);
-    w->up = upstream_new(w->loop);
+    w->up = upstream_new(w->loop, metrics_h2up_counts(w->px->metrics, w->id));
     if (!w->up)
         goto fail;
     set_upstream_cap(w);

@@ -9,7 +9,8 @@
  *   - each stream ends once (done), or is cancelled by its owner; no callback comes after done;
  *   - a stream that ends H2UP_COMPLETE had its final head (a status of 200 or more) reported
  *     once, before any body byte; no body byte comes before the head;
- *   - everything is freed (ASan finds no leak or bad access).
+ *   - everything is freed (ASan finds no leak or bad access), and no connection is counted open
+ *     once the pool is gone.
  */
 /* fuzz-link: proxy/h2up.c proxy/h2up_conn.c proxy/loop.c proxy/hlist.c proxy/tls.c */
 /* fuzz-link: proxy/log.c proxy/origin.c */
@@ -119,20 +120,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o->host = strdup("upstream.test");
     o->key = strdup("fuzz");
     int ls = listener(o);
-    struct h2up *h = h2up_new(l);
+    static struct h2up_counts counts;
+    struct h2up *h = h2up_new(l, &counts);
     FUZZ_CHECK(h != NULL, "h2up_new");
     unsigned modes = size ? data[0] : 0;
     static const struct h2up_field field = { "x-fuzz", "1", 6, 1 };
     const struct h2up_req reqs[STREAMS] = {
-        { .method = "GET", .path = "/a", .authority = "upstream.test", .fields = &field,
+        { .method = "GET",
+          .path = "/a",
+          .authority = "upstream.test",
+          .fields = &field,
           .n_fields = 1 },
         { .method = "POST", .path = "/b", .authority = "upstream.test", .buf = "hello", .len = 5 },
         { .method = "POST", .path = "/c", .authority = "upstream.test", .has_body = true },
     };
     for (int i = 0; i < STREAMS; i++) {
         owners[i] = (struct owner){ .mode = (modes >> (2 * i)) % 3 };
-        owners[i].s =
-            h2up_start(h, o, &reqs[i], 1000, &ops, &owners[i], &owners[i].head, &owners[i].trailers);
+        owners[i].s = h2up_start(h, o, &reqs[i], 1000, &ops, &owners[i], &owners[i].head,
+                                 &owners[i].trailers);
         FUZZ_CHECK(owners[i].s != NULL, "h2up_start");
     }
     loop_turn(l, 0); /* connects */
@@ -189,5 +194,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         hlist_free(&owners[i].trailers);
     }
     origin_free(o);
+    FUZZ_CHECK(atomic_load(&counts.open) == 0, "%lld connections counted open after the pool went",
+               (long long)atomic_load(&counts.open));
     return 0;
 }

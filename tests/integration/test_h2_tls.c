@@ -114,6 +114,8 @@ Test(h2_tls, https_upstream_speaks_h2_chosen_by_alpn_on_one_connection)
     cr_expect_eq(h2u_count(srv, "path", "/base/one"), 5);
     cr_expect_eq(count_events("tls", "alpn", "h2"), 1);
     cr_expect_eq(h2u_connections(srv), 1, "connections: %zu", h2u_connections(srv));
+    cr_expect_eq(fx_metric("retryproxy_upstream_h2_connections"), 1);
+    cr_expect_eq(fx_metric("retryproxy_upstream_h2_connections_total{result=\"h2\"}"), 1);
 }
 
 /* Over TLS as over h2c, a gRPC status in the trailers is read and retried (docs/grpc.md), and
@@ -189,6 +191,10 @@ Test(h2_tls, a_server_choosing_http1_gets_http1_and_is_remembered)
     cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"}"), 4);
     cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"connect_failure\"}"),
                  0);
+    /* the try is counted as such, and is no longer open */
+    cr_expect_eq(fx_metric("retryproxy_upstream_h2_connections_total{result=\"http1\"}"), 1);
+    cr_expect_eq(fx_metric("retryproxy_upstream_h2_connections_total{result=\"h2\"}"), 0);
+    cr_expect_eq(fx_metric("retryproxy_upstream_h2_connections"), 0);
 }
 
 /* tls.http2 "off": HTTP/1.1 through libcurl even to a server that would choose h2. */
@@ -243,6 +249,7 @@ Test(h2_tls, untrusted_or_misnamed_certificates_are_connect_failures)
     http_free(&r);
     cr_expect_eq(h2u_count(srv, "path", "/base/x"), 0);
     cr_expect_eq(count_events("http1", "path", "/base/x"), 0);
+    cr_expect_eq(fx_metric("retryproxy_upstream_h2_connections_total{result=\"failed\"}"), 1);
     fx_stop();
     h2u_stop_all();
     /* trusted, but made out to elsewhere.test, not 127.0.0.1 */
