@@ -3,7 +3,7 @@
 FROM debian:12 AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential pkg-config \
-      libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev \
+      libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Makefile ./
@@ -11,12 +11,12 @@ COPY policy policy
 COPY config config
 COPY proxy proxy
 # The image needs only the binary: the test dependency (Criterion) is not installed, so the
-# build skips the Makefile's dependency check and links the four runtime libraries directly.
-RUN make build/retryproxy WERROR=1 PKGS="libmicrohttpd libcurl jansson libnghttp2" TEST_PKGS=
+# build skips the Makefile's dependency check and links the runtime libraries directly.
+RUN make build/retryproxy WERROR=1 PKGS="libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto" TEST_PKGS=
 
 FROM debian:12-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libmicrohttpd12 libcurl4 libjansson4 libnghttp2-14 \
+ && apt-get install -y --no-install-recommends libmicrohttpd12 libcurl4 libjansson4 libnghttp2-14 libssl3 \
       ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home retryproxy

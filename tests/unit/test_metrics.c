@@ -135,6 +135,8 @@ static const struct {
     { "upstream_ejections_total", "counter" },
     { "upstream_ejected", "gauge" },
     { "connections_active", "gauge" },
+    { "upstream_h2_connections", "gauge" },
+    { "upstream_h2_connections_total", "counter" },
     { "draining", "gauge" },
 };
 #define NFAMILIES (sizeof(families) / sizeof(families[0]))
@@ -768,7 +770,7 @@ Test(metrics, upstreams_render_sorted_rows_of_the_source)
         if (at)
             prev = at;
     }
-    cr_expect_eq(count_lines(t, "retryproxy_upstream_"), 6);
+    cr_expect_eq(count_lines(t, "retryproxy_upstream_eject"), 6);
     free(t);
     metrics_free(m);
 }
