@@ -174,6 +174,8 @@ static size_t on_read_buffer(char *buf, size_t size, size_t n, void *ud)
 {
     struct attempt *a = ud;
     size_t got = a->up_len < size * n ? a->up_len : size * n;
+    if (!got)
+        return 0; /* the end (an empty body may have no buffer at all) */
     memcpy(buf, a->up_buf, got);
     a->up_buf += got;
     a->up_len -= got;

@@ -424,22 +424,26 @@ Test(h2_front, slow_reader_of_one_stream_does_not_stall_another)
 /* ---- request trailers (docs/forwarding.md, "Request trailers") ---- */
 
 /* A body kept for retries goes chunked to an HTTP/1.1 upstream, so that the client's trailing
- * HEADERS can follow it as trailers. */
+ * HEADERS can follow it as trailers; an empty body too (HEADERS, then the trailing HEADERS). */
 Test(h2_front, trailers_reach_an_http1_upstream_after_a_chunked_body)
 {
     start("", NULL, NULL);
-    char line[256];
-    h2u_peer(line, sizeof(line),
-             "trailers %u /r/t 1000 'x-request-id:h2-trl-1' 'x-checksum:abc123;x-sig-bin:AAEC/w=='",
-             px->port);
-    cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
-    cr_assert_eq(tup_wait_count(up, 1, T), 0);
-    const struct tup_req *q = tup_get(up, 0);
-    cr_expect_eq(q->body_len, 1000);
-    cr_expect_str_eq(tup_req_header(q, "Transfer-Encoding"), "chunked");
-    cr_expect_str_eq(tup_req_trailer(q, "x-checksum"), "abc123");
-    cr_expect_str_eq(tup_req_trailer(q, "x-sig-bin"), "AAEC/w==");
-    cr_expect_eq(q->n_trailers, 2);
+    const unsigned sizes[] = { 1000, 0 };
+    for (unsigned k = 0; k < 2; k++) {
+        char line[256];
+        h2u_peer(
+            line, sizeof(line),
+            "trailers %u /r/t %u 'x-request-id:h2-trl-1' 'x-checksum:abc123;x-sig-bin:AAEC/w=='",
+            px->port, sizes[k]);
+        cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+        cr_assert_eq(tup_wait_count(up, k + 1, T), 0);
+        const struct tup_req *q = tup_get(up, k);
+        cr_expect_eq(q->body_len, sizes[k]);
+        cr_expect_str_eq(tup_req_header(q, "Transfer-Encoding"), "chunked");
+        cr_expect_str_eq(tup_req_trailer(q, "x-checksum"), "abc123", "%u bytes", sizes[k]);
+        cr_expect_str_eq(tup_req_trailer(q, "x-sig-bin"), "AAEC/w==", "%u bytes", sizes[k]);
+        cr_expect_eq(q->n_trailers, 2);
+    }
 }
 
 /* Streamed with its content-length (too large to keep), the body goes with that length: HTTP/1.1
