@@ -1,5 +1,6 @@
 #include "proxy/attempt.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -168,6 +169,41 @@ static size_t on_read(char *buf, size_t size, size_t n, void *ud)
     return or_pause(a->ops->upload(a, buf, size * n), &a->upload_paused, CURL_READFUNC_PAUSE);
 }
 
+/* A buffered body that goes chunked, with its trailers. */
+static size_t on_read_buffer(char *buf, size_t size, size_t n, void *ud)
+{
+    struct attempt *a = ud;
+    size_t got = a->up_len < size * n ? a->up_len : size * n;
+    if (!got)
+        return 0; /* the end (an empty body may have no buffer at all) */
+    memcpy(buf, a->up_buf, got);
+    a->up_buf += got;
+    a->up_len -= got;
+    return got;
+}
+
+/* The request's trailers, after the last chunk (libcurl frees the list). */
+static int on_trailers(struct curl_slist **list, void *ud)
+{
+    struct attempt *a = ud;
+    size_t pos = 0;
+    const char *n, *v;
+    while (a->req_trailers && hlist_next(a->req_trailers, &pos, &n, &v)) {
+        size_t cap = strlen(n) + strlen(v) + 3;
+        char *line = malloc(cap);
+        struct curl_slist *l = NULL;
+        if (line) {
+            snprintf(line, cap, "%s: %s", n, v);
+            l = curl_slist_append(*list, line);
+            free(line);
+        }
+        if (!l)
+            return CURL_TRAILERFUNC_ABORT;
+        *list = l;
+    }
+    return CURL_TRAILERFUNC_OK;
+}
+
 /* A second call means curl is about to send the same request again on a new connection by
  * itself (its reaction to a kept-alive connection found dead). The first send may have reached
  * the upstream: abort, and let the retry policy decide as for any reset. */
@@ -223,14 +259,29 @@ static int launch_h1(struct attempt *a, const struct upstream_url *url, const ch
         curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
     else if (strcmp(req->method, "GET") != 0 || req->body != ATTEMPT_BODY_NONE)
         curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
-    if (req->body == ATTEMPT_BODY_BUFFER) {
+    /* trailers need a chunked body (docs/forwarding.md, "Request trailers") */
+    bool trailers = req->trailers && req->trailers->count > 0;
+    a->req_trailers = req->trailers;
+    a->xfer.spent = false;
+    if (req->body == ATTEMPT_BODY_BUFFER && !trailers) {
         curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
         curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body_buf ? req->body_buf : "");
-    } else if (req->body == ATTEMPT_BODY_STREAM) {
+    } else if (req->body != ATTEMPT_BODY_NONE) {
+        bool buffer = req->body == ATTEMPT_BODY_BUFFER;
+        a->up_buf = req->body_buf;
+        a->up_len = buffer ? req->body_len : 0;
         curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
-        curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+        curl_easy_setopt(e, CURLOPT_READFUNCTION, buffer ? on_read_buffer : on_read);
         curl_easy_setopt(e, CURLOPT_READDATA, a);
-        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)req->content_length);
+        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE,
+                         (curl_off_t)(buffer ? -1 : req->content_length));
+        /* a streamed body of unknown length may end with trailers: only chunked ones can
+         * (and only they leave the handle spent, struct upstream_xfer) */
+        if (buffer || req->content_length < 0) {
+            curl_easy_setopt(e, CURLOPT_TRAILERFUNCTION, on_trailers);
+            curl_easy_setopt(e, CURLOPT_TRAILERDATA, a);
+            a->xfer.spent = true;
+        }
     }
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, req->headers);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
@@ -433,7 +484,8 @@ static int launch_h2(struct attempt *a, const struct origin *o, const char *targ
                           .n_fields = n,
                           .has_body = req->body == ATTEMPT_BODY_STREAM,
                           .buf = req->body == ATTEMPT_BODY_BUFFER ? req->body_buf : NULL,
-                          .len = req->body_len };
+                          .len = req->body_len,
+                          .trailers = req->trailers };
     if (r.buf == NULL && req->body == ATTEMPT_BODY_BUFFER)
         r.buf = "";
     a->no_body = strcmp(req->method, "HEAD") == 0;

@@ -58,6 +58,10 @@ struct attempt_req {
     const char *body_buf; /* ATTEMPT_BODY_BUFFER: the whole body */
     size_t body_len;
     int64_t content_length; /* ATTEMPT_BODY_STREAM: -1 for chunked */
+    /* Trailer fields sent after the body, the owner's and read once the body ended (NULL or
+     * empty: none). HTTP/1.1 can carry them only in a chunked body: a buffered body that has
+     * them goes chunked; a streamed one with a Content-Length goes without them. */
+    const struct hlist *trailers;
 };
 
 struct attempt {
@@ -65,17 +69,20 @@ struct attempt {
     void *arg; /* the owner's */
     struct upstream *up;
     struct upstream_xfer xfer;
-    struct h2up_stream *h2;    /* an h2c upstream's running stream, instead of xfer.easy */
-    struct upstream_wait slot; /* queued for a transfer slot */
-    char *target_buf;          /* the upstream's base path + the target */
-    unsigned sends;            /* times curl was about to send this attempt's request */
-    int status;                /* the response's, once its status line came */
-    struct hlist head;         /* the response's header fields */
-    struct hlist trailers;     /* and its trailer fields, once the body is complete */
-    bool head_done;            /* the head was reported: later field lines are trailers */
-    bool bad_head;             /* the response head was malformed or ambiguous */
-    bool unprocessed; /* the upstream refused it unprocessed (HTTP/2 REFUSED_STREAM, GOAWAY) */
-    bool no_body;     /* a HEAD request: no response body follows, whatever its head */
+    struct h2up_stream *h2;           /* an h2c upstream's running stream, instead of xfer.easy */
+    struct upstream_wait slot;        /* queued for a transfer slot */
+    char *target_buf;                 /* the upstream's base path + the target */
+    const struct hlist *req_trailers; /* attempt_req.trailers, for a chunked upload */
+    const char *up_buf;               /* a buffered body going chunked: what is left of it */
+    size_t up_len;
+    unsigned sends;        /* times curl was about to send this attempt's request */
+    int status;            /* the response's, once its status line came */
+    struct hlist head;     /* the response's header fields */
+    struct hlist trailers; /* and its trailer fields, once the body is complete */
+    bool head_done;        /* the head was reported: later field lines are trailers */
+    bool bad_head;         /* the response head was malformed or ambiguous */
+    bool unprocessed;      /* the upstream refused it unprocessed (HTTP/2 REFUSED_STREAM, GOAWAY) */
+    bool no_body;          /* a HEAD request: no response body follows, whatever its head */
     bool upload_paused, body_paused;
     /* An https attempt tried in HTTP/2 first: what it needs to go through libcurl instead if
      * the server chooses http/1.1 by ALPN (H2UP_FALLBACK; the request outlives the attempt). */

@@ -68,6 +68,8 @@ void edge_begin(struct retry_req *r, const char *method)
     const char *why =
         head_refusal(&s, underscores == CFG_UNDERSCORES_REJECT, why_buf, sizeof(why_buf));
     set_request_id(r, why ? NULL : s.value[HF_REQUEST_ID], s.value_len[HF_REQUEST_ID]);
+    r->head_size = s.field_bytes + 32 * s.n_fields;
+    r->head_fields = s.n_fields;
     /* a gRPC call (docs/grpc.md): its errors, these first ones included, are gRPC statuses */
     if (s.value[HF_CONTENT_TYPE] &&
         grpc_is_content_type(s.value[HF_CONTENT_TYPE], s.value_len[HF_CONTENT_TYPE])) {
@@ -176,6 +178,37 @@ void edge_begin(struct retry_req *r, const char *method)
     }
     if (intake_streams(&r->body))
         req_start_attempt(r); /* the body flows to the upstream as it arrives */
+}
+
+/* Request trailers (docs/forwarding.md, "Request trailers"): bounded together with the head,
+ * as a head alone is; past the bounds none goes rather than some, and the request goes on (its
+ * head and body went upstream already when it streams). */
+void edge_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, size_t vl)
+{
+    if (r->flags & RF_TRAILERS_OFF)
+        return;
+    const char *deadline = r->route ? r->route->deadline_header : NULL;
+    if (!head_trailer_kept(k, kl, deadline, r->flags & RF_GRPC) ||
+        (memchr(k, '_', kl) && r->cfg->headers_with_underscores != CFG_UNDERSCORES_ALLOW))
+        return; /* left out, as from the head */
+    const char *why = NULL;
+    size_t at = r->trailers.len;
+    r->head_size += kl + vl + 32;
+    if (!hdr_name_valid_n(k, kl) || !hdr_value_valid_n(v, vl))
+        why = "a trailer field with a forbidden character";
+    else if (r->head_size > r->cfg->max_header_bytes ||
+             r->head_fields + r->trailers.count >= WIRE_FIELDS_MAX)
+        why = "the head and trailers are larger than limits.max_header_bytes or 100 fields";
+    else if (hlist_add(&r->trailers, k, kl, v, vl) < 0)
+        why = "out of memory";
+    if (!why) {
+        hdr_lower(r->trailers.buf + at, k, kl); /* as HTTP/2 spells names */
+        return;
+    }
+    r->flags |= RF_TRAILERS_OFF;
+    hlist_clear(&r->trailers);
+    log_event(CFG_LOG_WARN, "request trailers not forwarded", "request_id", r->request_id, "reason",
+              why, NULL);
 }
 
 /* A retryable response was kept whole: retrying that stops returns it. */

@@ -44,17 +44,24 @@ static bool name_is(const uint8_t *n, size_t nl, const char *lit)
 
 /* A request field (names are lowercase: nghttp2 checked them). Bounded as an HTTP/1.1 head is
  * (limits.max_header_bytes, WIRE_FIELDS_MAX): past the bounds the rest is not kept and the
- * request is answered 431 (or 414, 501) like one. */
+ * request is answered 431 (or 414, 501) like one. A field of the request's trailing HEADERS
+ * goes to the core as a trailer, which bounds them and leaves out the pseudo-header and
+ * connection-specific ones (docs/http2.md). */
 int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8_t *name, size_t nl,
                   const uint8_t *value, size_t vl, uint8_t flags, void *user)
 {
-    (void)sess;
     (void)flags;
     struct h2conn *c = user;
     struct h2head *h = &c->head;
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_HEADERS) {
+        struct h2stream *st = nghttp2_session_get_stream_user_data(sess, frame->hd.stream_id);
+        if (st && st->c && !(st->flags & S_DISCARD))
+            retry_req_trailer(st->f.req, (const char *)name, nl, (const char *)value, vl);
+        return 0;
+    }
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST ||
         frame->hd.stream_id != h->id)
-        return 0; /* trailers of a request: not relayed (docs/http2.md) */
+        return 0;
     h->bytes += nl + vl + 32;
     if (h->bytes > c->lim.max_header_bytes && !h->refused)
         h->refused = WIRE_HEAD_TOO_LARGE;

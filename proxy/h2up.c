@@ -216,6 +216,25 @@ static int on_frame_not_send(nghttp2_session *ss, const nghttp2_frame *f, int li
     return 0;
 }
 
+/* The upload's last byte: the stream ends with it, or with the request's trailers after it. */
+static void end_upload(struct h2up_stream *s, uint32_t *data_flags)
+{
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    const struct hlist *t = s->req_trailers;
+    if (!t || !t->count)
+        return;
+    nghttp2_nv *nv = calloc(t->count, sizeof(*nv));
+    size_t pos = 0, k = 0;
+    const char *n, *v;
+    while (nv && hlist_next(t, &pos, &n, &v))
+        nv[k++] =
+            (nghttp2_nv){ (uint8_t *)n, (uint8_t *)v, strlen(n), strlen(v), NGHTTP2_NV_FLAG_NONE };
+    /* the session copies them */
+    if (nv && nghttp2_submit_trailer(s->c->s, s->id, nv, k) == 0)
+        *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    free(nv);
+}
+
 static ssize_t read_body(nghttp2_session *ss, int32_t id, uint8_t *buf, size_t max,
                          uint32_t *data_flags, nghttp2_data_source *src, void *ud)
 {
@@ -231,7 +250,7 @@ static ssize_t read_body(nghttp2_session *ss, int32_t id, uint8_t *buf, size_t m
             memcpy(buf, s->buf + s->off, n);
         s->off += n;
         if (s->off == s->len)
-            *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+            end_upload(s, data_flags);
         return (ssize_t)n;
     }
     n = s->ops->upload(s->arg, (char *)buf, max);
@@ -240,7 +259,7 @@ static ssize_t read_body(nghttp2_session *ss, int32_t id, uint8_t *buf, size_t m
         return NGHTTP2_ERR_DEFERRED;
     }
     if (n == 0)
-        *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+        end_upload(s, data_flags);
     return (ssize_t)n;
 }
 
@@ -300,6 +319,7 @@ struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const str
     s->arg = arg;
     s->head = head;
     s->trailers = trailers;
+    s->req_trailers = req->trailers;
     size_t k = 0;
 #define NV(n, nl, v, vl)                                                                           \
     nv[k++] = (nghttp2_nv){ (uint8_t *)(n), (uint8_t *)(v), nl, vl, NGHTTP2_NV_FLAG_NONE }

@@ -77,6 +77,9 @@ struct h2up_req {
     bool has_body;   /* the body comes through ops->upload */
     const char *buf; /* else, when not NULL: the whole body, 'len' bytes, kept by the owner */
     size_t len;
+    /* Trailer fields (lowercase names) sent after the body, the owner's and read once the body
+     * ended; NULL or empty: none. */
+    const struct hlist *trailers;
 };
 
 /* What a pool counts for the metrics (docs/metrics.md, upstream_h2_connections): written by its

@@ -112,6 +112,7 @@ struct h2up_stream {
     uint32_t error;
     const char *buf; /* SF_DATA_BUFFER */
     size_t len, off;
+    const struct hlist *req_trailers; /* the owner's: sent after the body */
     struct bytes kept; /* body bytes a paused owner has not taken (within the stream's window) */
 };
 

@@ -203,19 +203,30 @@ struct fwd {
     size_t xff_len, xff_cap;
 };
 
+/* Hop-by-hop fields, the framing and routing ones, and those the proxy sets itself: never a
+ * client's, in the head or in the trailers. */
+static bool proxy_owned(const char *k, size_t kl, const char *deadline_header, bool grpc)
+{
+    return hdr_is_hop_by_hop(k) || HDR_NAME_IS(k, kl, "Host") ||
+           HDR_NAME_IS(k, kl, "Content-Length") || HDR_NAME_IS(k, kl, "Expect") ||
+           HDR_NAME_IS(k, kl, "X-Retry-Max-Attempts") || HDR_NAME_IS(k, kl, "X-Retry-Attempt") ||
+           HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
+           HDR_NAME_IS(k, kl, "X-Request-Id") || HDR_NAME_IS(k, kl, "X-Retry-Timeout-Ms") ||
+           (deadline_header && hdr_name_eq(k, deadline_header)) ||
+           (grpc && HDR_NAME_IS(k, kl, "grpc-timeout"));
+}
+
+bool head_trailer_kept(const char *k, size_t kl, const char *deadline_header, bool grpc)
+{
+    return kl > 0 && k[0] != ':' && !proxy_owned(k, kl, deadline_header, grpc);
+}
+
 static bool dropped_on_the_way_up(const char *k, size_t kl, const struct fwd *f)
 {
-    const struct head_scan *s = f->s;
-    if (hdr_is_hop_by_hop(k) || HDR_NAME_IS(k, kl, "Host") ||
-        HDR_NAME_IS(k, kl, "Content-Length") || HDR_NAME_IS(k, kl, "Expect") ||
-        HDR_NAME_IS(k, kl, "X-Retry-Max-Attempts") || HDR_NAME_IS(k, kl, "X-Retry-Attempt") ||
-        HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
-        HDR_NAME_IS(k, kl, "X-Request-Id") || HDR_NAME_IS(k, kl, "X-Retry-Timeout-Ms") ||
-        (f->deadline_header && hdr_name_eq(k, f->deadline_header)) ||
-        (f->grpc && HDR_NAME_IS(k, kl, "grpc-timeout")) ||
+    if (proxy_owned(k, kl, f->deadline_header, f->grpc) ||
         (f->drop_underscored && memchr(k, '_', kl)))
         return true;
-    return head_connection_names(s, k);
+    return head_connection_names(f->s, k);
 }
 
 /* Adds 'v' to the X-Forwarded-For value being built, after ", " unless it is the first. */

@@ -97,6 +97,14 @@ static enum MHD_Result each_field(void *cls, enum MHD_ValueKind kind, const char
     return MHD_YES;
 }
 
+static enum MHD_Result each_trailer(void *cls, enum MHD_ValueKind kind, const char *k, size_t kl,
+                                    const char *v, size_t vl)
+{
+    (void)kind;
+    retry_req_trailer(cls, k, kl, v ? v : "", v ? vl : 0);
+    return MHD_YES;
+}
+
 static void relay_fields(struct front *f,
                          void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
                          void *arg)
@@ -406,7 +414,9 @@ bool relay_access(struct relay *rl, const char *method, const char *upload_data,
             *upload_data_size -= took; /* the core has the rest wait (relay_wait_upload) */
         }
     } else if (!(rl->flags & RL_ENDED)) {
+        /* a chunked body's trailers: libmicrohttpd has parsed them by this call, the last */
         rl->flags |= RL_ENDED;
+        MHD_get_connection_values_n(rl->conn, MHD_FOOTER_KIND, each_trailer, r);
         retry_req_end(r);
     }
     return leave(rl, can_answer, close_now);

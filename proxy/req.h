@@ -55,6 +55,7 @@ enum {
     RF_GRPC = 1u << 11,         /* a gRPC call (Content-Type application/grpc, docs/grpc.md) */
     RF_GRPC_RETRY = 1u << 12,   /* ... on a route whose retry_on names gRPC statuses */
     RF_GRPC_COUNTED = 1u << 13, /* ... whose status is counted (grpc_status) */
+    RF_TRAILERS_OFF = 1u << 14, /* its trailers passed the head's bounds: none is sent */
 };
 
 /* Trial flags (struct trial 'flags'). */
@@ -105,8 +106,11 @@ struct retry_req {
     enum wire_reason refused;         /* the head was refused: answer its error */
     uint32_t method_bit;
     char request_id[HEAD_REQUEST_ID_MAX + 1];
-    struct head_up up;  /* the header list every attempt sends */
-    struct intake body; /* the request body */
+    struct head_up up;     /* the header list every attempt sends */
+    struct intake body;    /* the request body */
+    struct hlist trailers; /* its trailer fields (lowercase names), sent by every attempt */
+    size_t head_size;      /* the head's fields as the bounds count them (edge_trailer) */
+    size_t head_fields;
     uint64_t discarded; /* body bytes dropped after the answer was made */
 
     /* retrying */
@@ -186,6 +190,8 @@ void req_cut_wait_short(struct retry_req *r);
 
 /* The head is complete: checked, routed, planned; or answered at once (400, 404, 405, 413). */
 void edge_begin(struct retry_req *r, const char *method);
+/* A trailer field of the request (retry_req_trailer). */
+void edge_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, size_t vl);
 /* A retryable response was kept whole: retrying that stops returns it. */
 bool edge_saved_whole(const struct retry_req *r);
 /* The current attempt's response is the answer and streams. */

@@ -118,6 +118,7 @@ static void req_free(struct retry_req *r)
     loop_timer_stop(l, &r->backoff_timer);
     head_up_free(&r->up);
     intake_fini(&r->body);
+    hlist_free(&r->trailers);
     free(r->target);
     hlist_free(&r->saved.h);
     hlist_free(&r->saved.trailers);
@@ -154,6 +155,11 @@ size_t retry_req_body(struct retry_req *r, const char *data, size_t n)
     if (took < n && !r->front->answered)
         r->front->ops->wait_upload(r->front); /* until the upstream takes the last bytes */
     return took;
+}
+
+void retry_req_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, size_t vl)
+{
+    edge_trailer(r, k, kl, v, vl);
 }
 
 void retry_req_end(struct retry_req *r)
@@ -349,7 +355,8 @@ static void attempt_go(struct attempt *a)
                                .target = r->target,
                                .body_buf = r->body.body,
                                .body_len = r->body.len,
-                               .content_length = r->body.content_length };
+                               .content_length = r->body.content_length,
+                               .trailers = &r->trailers };
     req.body = r->body.mode == INTAKE_BUFFER ? ATTEMPT_BODY_BUFFER
                : intake_streams(&r->body)    ? ATTEMPT_BODY_STREAM
                                              : ATTEMPT_BODY_NONE;

@@ -40,6 +40,14 @@ void retry_req_head(struct retry_req *r, const char *method);
 /* Body bytes: returns how many were taken (the rest is offered again after
  * ops->upload_room), or RETRY_BODY_CLOSE. */
 size_t retry_req_body(struct retry_req *r, const char *data, size_t n);
+/* A trailer field of the request ('k' NUL-terminated at 'kl'), after its last body byte and
+ * before retry_req_end(): kept with the request, every attempt sends it after the body, a
+ * retry's too (docs/forwarding.md, "Request trailers"). Hop-by-hop, framing and the proxy's
+ * own fields are left out. The head's and the trailers' fields together are bounded as a head
+ * is (limits.max_header_bytes, counted name + value + 32 bytes each, and 100 fields): past
+ * either, or with a forbidden byte, none of the request's trailers goes, and a warning is
+ * logged; the request itself goes on. */
+void retry_req_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, size_t vl);
 /* The body is complete (or there is none). */
 void retry_req_end(struct retry_req *r);
 

@@ -103,10 +103,11 @@ static void drop_slot(struct upstream *u, struct upstream_xfer *x)
     }
 }
 
-/* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it. */
-static void pool_put(struct upstream *u, CURL *e)
+/* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it (a
+ * 'spent' one always: struct upstream_xfer). */
+static void pool_put(struct upstream *u, CURL *e, bool spent)
 {
-    if (u->npool < POOL_MAX) {
+    if (u->npool < POOL_MAX && !spent) {
         curl_easy_reset(e);
         u->pool[u->npool++] = e;
     } else {
@@ -131,12 +132,13 @@ static void check_done(struct shard *sh)
         curl_multi_remove_handle(sh->multi, easy);
         sh->active--;
         u->active--;
+        bool spent = x && x->spent;
         if (x) {
             drop_slot(u, x);
             x->easy = NULL;
             x->done(x, rc);
         }
-        pool_put(u, easy);
+        pool_put(u, easy, spent);
     }
     slot_freed(u);
 }
@@ -366,7 +368,7 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
     x->shard = sh;
     curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
     if (curl_multi_add_handle(sh->multi, x->easy) != CURLM_OK) {
-        pool_put(u, x->easy);
+        pool_put(u, x->easy, x->spent);
         x->easy = NULL;
         return -1;
     }
@@ -386,7 +388,7 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
     sh->active--;
     u->active--;
     drop_slot(u, x);
-    pool_put(u, x->easy);
+    pool_put(u, x->easy, x->spent);
     x->easy = NULL;
     slot_freed(u);
 }

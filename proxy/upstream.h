@@ -35,6 +35,11 @@ struct upstream_xfer {
     upstream_done_fn done;
     void *arg;
     bool slot; /* it holds one of the cap's slots (upstream_set_cap) */
+    /* Set by the owner before upstream_start(): the handle is freed when the transfer ends,
+     * not pooled. libcurl 7.88 keeps the state of a chunked upload's trailers (after
+     * CURLOPT_TRAILERFUNCTION) through curl_easy_reset(): the next chunked upload on that
+     * handle would write its chunk header before its buffer. */
+    bool spent;
 };
 
 /* An owner waiting for a transfer slot (see upstream_set_cap). */

@@ -153,6 +153,13 @@ size_t retry_req_body(struct retry_req *r, const char *data, size_t n)
     return take;
 }
 
+void retry_req_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, size_t vl)
+{
+    FUZZ_CHECK(r->headed && !r->completed, "trailer before the head or after completion");
+    /* proxy/retry.h: the core reads the name as a string */
+    FUZZ_CHECK(strlen(k) == kl && strlen(v) == vl, "a trailer not NUL-terminated at its length");
+}
+
 void retry_req_end(struct retry_req *r)
 {
     FUZZ_CHECK(!r->completed, "end after completion");

@@ -659,3 +659,56 @@ Test(bodies, head_and_bodiless_post_are_forwarded)
     cr_expect(cl && strcmp(cl, "0") == 0, "POST Content-Length '%s'", cl ? cl : "(absent)");
     cr_expect_null(tup_req_header(q, "Transfer-Encoding"));
 }
+
+/* ---- 10: request trailers (docs/forwarding.md, "Request trailers") ---- */
+
+/* Sends a chunked PUT of 'len' bytes to /tr with trailers on a raw connection: its answer's
+ * status. */
+static int put_with_trailers(const char *id, size_t len)
+{
+    int fd = fx_hold(raw_dial(px->port));
+    char head[512];
+    int hl = snprintf(head, sizeof(head),
+                      "PUT /tr HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Request-Id: %s\r\n"
+                      "X-Test-Plan: fail=1;status=503\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      "%zx\r\n",
+                      id, len);
+    cr_assert(raw_send_all(fd, head, (size_t)hl));
+    char *body = malloc(len);
+    memset(body, 'b', len);
+    cr_assert(raw_send_all(fd, body, len));
+    free(body);
+    const char tail[] = "\r\n0\r\nX-Checksum: abc123\r\nX-Sig-Bin: AAEC/w==\r\n"
+                        "X-Forwarded-For: 6.6.6.6\r\nContent-Length: 3\r\n\r\n";
+    return raw_send_status(fd, tail, sizeof(tail) - 1, T);
+}
+
+/* Each attempt's trailers as tup recorded them: the client's, but for the proxy's own fields
+ * and the framing ones; 'n' attempts of 'len' bytes, sent chunked. */
+static void expect_trailers(const char *id, size_t n, size_t len)
+{
+    settle();
+    cr_expect_eq(tup_count_id(up, id), n, "%s: attempts", id);
+    for (size_t i = 0; i < tup_count(up); i++) {
+        const struct tup_req *q = tup_get(up, i);
+        if (strcmp(q->request_id, id) != 0)
+            continue;
+        cr_expect_eq(q->body_len, len);
+        cr_expect_str_eq(tup_req_header(q, "Transfer-Encoding"), "chunked");
+        cr_expect_null(tup_req_header(q, "Content-Length"));
+        cr_expect_str_eq(tup_req_trailer(q, "X-Checksum"), "abc123", "attempt %u", q->key_attempt);
+        cr_expect_str_eq(tup_req_trailer(q, "X-Sig-Bin"), "AAEC/w==", "attempt %u", q->key_attempt);
+        cr_expect_eq(q->n_trailers, 2, "attempt %u: %zu trailers", q->key_attempt, q->n_trailers);
+    }
+}
+
+/* A buffered body with trailers goes chunked, so that they can follow it, on every attempt;
+ * a streamed chunked one carries them after its last chunk. */
+Test(bodies, chunked_trailers_reach_an_http1_upstream_on_every_attempt)
+{
+    start("\"retry\": {" CFG_FAST ", \"max_retry_body_bytes\": 4096}", "1");
+    cr_expect_eq(put_with_trailers("trl-buffered", 1000), 200);
+    expect_trailers("trl-buffered", 2, 1000);
+    cr_expect_eq(put_with_trailers("trl-streamed", 100000), 503, "streamed once: tup's 503");
+    expect_trailers("trl-streamed", 1, 100000);
+}

@@ -16,10 +16,9 @@
 #include <unistd.h>
 
 #include "tests/support/fixture.h"
+#include "tests/support/h2u.h"
 
 #define T 10000 /* ms: upper bound for any single request in these tests */
-
-#define PEER "/usr/bin/python3 tests/tools/h2peer.py"
 
 TestSuite(h2_front, .fini = fx_stop, .timeout = 60);
 
@@ -43,38 +42,6 @@ static void h2(const char *method, const char *path, const char *const *headers,
     char url[256];
     http_do_h2(method, px_url(px, path, url, sizeof(url)), headers, body, len, T, r);
     cr_assert_eq(r->rc, 0, "curl error %d on %s %s over HTTP/2", r->rc, method, path);
-}
-
-/* Runs h2peer.py with 'args'; its result line in out[cap]. */
-static void peer(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void peer(char *out, size_t cap, const char *fmt, ...)
-{
-    char args[512], cmd[700];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof(args), fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof(cmd), PEER " %s", args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    out[0] = '\0';
-    if (!fgets(out, (int)cap, p))
-        out[0] = '\0';
-    int rc = pclose(p);
-    cr_assert_eq(rc, 0, "%s exited %d (output: %s)", cmd, rc, out);
-}
-
-/* The number after "key " in a result line, -1 if absent or not a number. */
-static long field(const char *line, const char *key)
-{
-    char k[64];
-    snprintf(k, sizeof(k), "%s ", key);
-    const char *p = strstr(line, k);
-    if (!p)
-        return -1;
-    char *end;
-    long v = strtol(p + strlen(k), &end, 10);
-    return end == p + strlen(k) ? -1 : v;
 }
 
 /* The proxy answers a new connection after an attack on another. */
@@ -138,8 +105,8 @@ Test(h2_front, upload_of_no_declared_length_reaches_upstream)
 {
     start("", NULL, NULL);
     char line[256];
-    peer(line, sizeof(line), "upload %u /r/up 200000", px->port);
-    cr_expect_eq(field(line, "status"), 200, "%s", line);
+    h2u_peer(line, sizeof(line), "upload %u /r/up 200000", px->port);
+    cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
     cr_assert_eq(tup_wait_count(up, 1, T), 0);
     const struct tup_req *q = tup_get(up, 0);
     cr_expect_eq(q->body_len, 200000);
@@ -260,10 +227,10 @@ Test(h2_front, idle_connection_closed_after_connection_timeout)
 {
     start("\"limits\": {\"connection_timeout_ms\": 500}", NULL, NULL);
     char line[256];
-    peer(line, sizeof(line), "idle %u", px->port);
-    cr_expect_eq(field(line, "goaway"), 0, "%s", line);
-    cr_expect_geq(field(line, "ms"), 400, "%s", line);
-    cr_expect_lt(field(line, "ms"), 4000, "%s", line);
+    h2u_peer(line, sizeof(line), "idle %u", px->port);
+    cr_expect_eq(h2u_peer_field(line, "goaway"), 0, "%s", line);
+    cr_expect_geq(h2u_peer_field(line, "ms"), 400, "%s", line);
+    cr_expect_lt(h2u_peer_field(line, "ms"), 4000, "%s", line);
 }
 
 /* connection_timeout_ms 0 is "never", for HTTP/2 connections too. */
@@ -271,9 +238,9 @@ Test(h2_front, no_idle_timeout_when_it_is_zero)
 {
     start("\"limits\": {\"connection_timeout_ms\": 0}", NULL, NULL);
     char line[256];
-    peer(line, sizeof(line), "idle %u 1.5", px->port);
-    cr_expect_eq(field(line, "goaway"), -1, "closed: %s", line);
-    cr_expect_geq(field(line, "ms"), 1400, "closed: %s", line);
+    h2u_peer(line, sizeof(line), "idle %u 1.5", px->port);
+    cr_expect_eq(h2u_peer_field(line, "goaway"), -1, "closed: %s", line);
+    cr_expect_geq(h2u_peer_field(line, "ms"), 1400, "closed: %s", line);
 }
 
 /* An HTTP/2 connection is one in the connections gauge while it is open. */
@@ -282,7 +249,7 @@ Test(h2_front, connections_gauge_counts_an_http2_connection)
     start("", NULL, NULL);
     cr_assert_eq(fx_wait_metric("retryproxy_connections_active", 0, T), 0);
     char cmd[256];
-    snprintf(cmd, sizeof(cmd), PEER " idle %u 2 >/dev/null &", px->port);
+    snprintf(cmd, sizeof(cmd), H2U_PEER " idle %u 2 >/dev/null &", px->port);
     cr_assert_eq(fx_sh(cmd), 0);
     cr_expect_eq(fx_wait_metric("retryproxy_connections_active", 1, T), 1);
     cr_expect_eq(fx_wait_metric("retryproxy_connections_active", 0, T), 0, "not given back");
@@ -350,7 +317,7 @@ Test(h2_front, client_reset_during_backoff_stops_the_retries)
           "\"max_attempts\": 5, \"retry_on\": [\"5xx\"], "
           "\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 1000, \"jitter\": \"none\"}");
     char line[256];
-    peer(line, sizeof(line), "reset-in-backoff %u /r/wait h2-reset-1", px->port);
+    h2u_peer(line, sizeof(line), "reset-in-backoff %u /r/wait h2-reset-1", px->port);
     sleep(2);
     cr_expect_eq(tup_count_id(up, "h2-reset-1"), 1, "the upstream saw retries after the reset");
     cr_expect_eq(fx_metric("retryproxy_retries_in_flight"), 0);
@@ -370,11 +337,11 @@ Test(h2_front, drain_sends_goaway_and_finishes_the_stream_in_flight)
 {
     start("", NULL, NULL);
     char line[256];
-    peer(line, sizeof(line), "drain %u /r/drain %d", px->port, (int)px->pid);
-    cr_expect_eq(field(line, "goaway"), 0, "%s", line);
-    cr_expect_eq(field(line, "last"), 1, "%s", line);
-    cr_expect_eq(field(line, "status"), 200, "%s", line);
-    cr_expect_eq(field(line, "ended"), 1, "%s", line);
+    h2u_peer(line, sizeof(line), "drain %u /r/drain %d", px->port, (int)px->pid);
+    cr_expect_eq(h2u_peer_field(line, "goaway"), 0, "%s", line);
+    cr_expect_eq(h2u_peer_field(line, "last"), 1, "%s", line);
+    cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+    cr_expect_eq(h2u_peer_field(line, "ended"), 1, "%s", line);
     /* the drain ends with the stream: the proxy exits 0 by itself (a second SIGTERM from
      * px_stop() could meet it on its way out) */
     int st = 0;
@@ -393,8 +360,8 @@ Test(h2_front, rapid_reset_flood_gets_goaway_and_the_proxy_stays_up)
 {
     start("", NULL, NULL);
     char line[256];
-    peer(line, sizeof(line), "rapid-reset %u /r/rr 1000", px->port);
-    long code = field(line, "goaway");
+    h2u_peer(line, sizeof(line), "rapid-reset %u /r/rr 1000", px->port);
+    long code = h2u_peer_field(line, "goaway");
     cr_expect(code > 0, "no GOAWAY with an error: %s", line);
     still_answers();
 }
@@ -403,8 +370,8 @@ Test(h2_front, continuation_flood_gets_goaway)
 {
     start("", NULL, NULL);
     char line[256];
-    peer(line, sizeof(line), "continuation %u /r/cont 100", px->port);
-    cr_expect_eq(field(line, "goaway"), 11, "no GOAWAY ENHANCE_YOUR_CALM: %s", line);
+    h2u_peer(line, sizeof(line), "continuation %u /r/cont 100", px->port);
+    cr_expect_eq(h2u_peer_field(line, "goaway"), 11, "no GOAWAY ENHANCE_YOUR_CALM: %s", line);
     still_answers();
 }
 
@@ -428,9 +395,9 @@ Test(h2_front, upload_past_max_body_bytes_is_a_413)
     start("\"limits\": {\"max_body_bytes\": 1000}", NULL, NULL);
     /* no declared length: refused as the bytes pass the limit */
     char line[256];
-    peer(line, sizeof(line), "upload %u /r/up 200000", px->port);
-    cr_expect_eq(field(line, "status"), 413, "%s", line);
-    cr_expect_lt(field(line, "sent"), 200000, "the whole upload was taken: %s", line);
+    h2u_peer(line, sizeof(line), "upload %u /r/up 200000", px->port);
+    cr_expect_eq(h2u_peer_field(line, "status"), 413, "%s", line);
+    cr_expect_lt(h2u_peer_field(line, "sent"), 200000, "the whole upload was taken: %s", line);
     /* a declared length: refused at the head */
     static char body[5000];
     struct http_resp r;
@@ -447,9 +414,51 @@ Test(h2_front, slow_reader_of_one_stream_does_not_stall_another)
 {
     start("", NULL, NULL);
     char line[256];
-    peer(line, sizeof(line), "slow-reader %u /r/big /r/small", px->port);
-    cr_expect_eq(field(line, "small"), 200, "%s", line);
-    cr_expect_eq(field(line, "small_ended"), 1, "%s", line);
-    cr_expect_leq(field(line, "big"), 65535, "%s", line);
-    cr_expect_lt(field(line, "ms"), 3000, "%s", line);
+    h2u_peer(line, sizeof(line), "slow-reader %u /r/big /r/small", px->port);
+    cr_expect_eq(h2u_peer_field(line, "small"), 200, "%s", line);
+    cr_expect_eq(h2u_peer_field(line, "small_ended"), 1, "%s", line);
+    cr_expect_leq(h2u_peer_field(line, "big"), 65535, "%s", line);
+    cr_expect_lt(h2u_peer_field(line, "ms"), 3000, "%s", line);
+}
+
+/* ---- request trailers (docs/forwarding.md, "Request trailers") ---- */
+
+/* A body kept for retries goes chunked to an HTTP/1.1 upstream, so that the client's trailing
+ * HEADERS can follow it as trailers; an empty body too (HEADERS, then the trailing HEADERS). */
+Test(h2_front, trailers_reach_an_http1_upstream_after_a_chunked_body)
+{
+    start("", NULL, NULL);
+    const unsigned sizes[] = { 1000, 0 };
+    for (unsigned k = 0; k < 2; k++) {
+        char line[256];
+        h2u_peer(
+            line, sizeof(line),
+            "trailers %u /r/t %u 'x-request-id:h2-trl-1' 'x-checksum:abc123;x-sig-bin:AAEC/w=='",
+            px->port, sizes[k]);
+        cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+        cr_assert_eq(tup_wait_count(up, k + 1, T), 0);
+        const struct tup_req *q = tup_get(up, k);
+        cr_expect_eq(q->body_len, sizes[k]);
+        cr_expect_str_eq(tup_req_header(q, "Transfer-Encoding"), "chunked");
+        cr_expect_str_eq(tup_req_trailer(q, "x-checksum"), "abc123", "%u bytes", sizes[k]);
+        cr_expect_str_eq(tup_req_trailer(q, "x-sig-bin"), "AAEC/w==", "%u bytes", sizes[k]);
+        cr_expect_eq(q->n_trailers, 2);
+    }
+}
+
+/* Streamed with its content-length (too large to keep), the body goes with that length: HTTP/1.1
+ * then has no place for trailers, and they are left out; the request goes on. */
+Test(h2_front, trailers_of_a_streamed_body_of_known_length_are_left_out_on_http1)
+{
+    start("", NULL, CFG_FAST ", \"max_retry_body_bytes\": 1024");
+    char line[256];
+    h2u_peer(line, sizeof(line),
+             "trailers %u /r/t 5000 'x-request-id:h2-trl-2;content-length:5000' 'x-checksum:abc'",
+             px->port);
+    cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+    cr_assert_eq(tup_wait_count(up, 1, T), 0);
+    const struct tup_req *q = tup_get(up, 0);
+    cr_expect_eq(q->body_len, 5000);
+    cr_expect_str_eq(tup_req_header(q, "Content-Length"), "5000");
+    cr_expect_eq(q->n_trailers, 0);
 }

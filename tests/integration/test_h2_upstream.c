@@ -58,10 +58,11 @@ static void expect_answer(const char *method, const char *path, const char *cons
     http_free(&r);
 }
 
-/* The value of field 'name' in a record's "headers" ([[name, value], ...]), or NULL. */
-static const char *rec_field(const json_t *rec, const char *name)
+/* The value of field 'name' in a record's 'list' ("headers" or "trailers": [[name, value], ...]),
+ * or NULL. */
+static const char *rec_in(const json_t *rec, const char *list, const char *name)
 {
-    const json_t *hs = json_object_get(rec, "headers"), *kv;
+    const json_t *hs = json_object_get(rec, list), *kv;
     size_t i;
     json_array_foreach(hs, i, kv)
     {
@@ -69,6 +70,11 @@ static const char *rec_field(const json_t *rec, const char *name)
             return json_string_value(json_array_get(kv, 1));
     }
     return NULL;
+}
+
+static const char *rec_field(const json_t *rec, const char *name)
+{
+    return rec_in(rec, "headers", name);
 }
 
 static bool has_reset(void *arg)
@@ -475,4 +481,95 @@ Test(h2_upstream, a_response_kept_for_a_slow_client_survives_its_connection_clos
     cr_assert_not_null(body, "no head in %zu bytes", len);
     cr_expect_eq(len - (size_t)(body + 4 - got), SIZE, "the body came incomplete");
     cr_expect_eq(h2u_count(h2, "action", "answered"), 1);
+}
+
+/* ---- request trailers (docs/forwarding.md, "Request trailers") ---- */
+
+/* The records of request 'id' (those of streams that were answered), asserting there are 'n';
+ * each must carry the trailers x-checksum: abc123 and x-sig-bin: AAEC/w== and nothing of what
+ * the proxy leaves out; their body 'body_len' bytes. */
+static void expect_trailers_on_each(const char *id, size_t n, int64_t body_len)
+{
+    json_t *recs = h2u_records(h2), *rec;
+    size_t i, seen = 0;
+    json_array_foreach(recs, i, rec)
+    {
+        const char *rid = json_string_value(json_object_get(rec, "request_id"));
+        if (!rid || strcmp(rid, id) != 0)
+            continue;
+        seen++;
+        cr_expect_str_eq(rec_in(rec, "trailers", "x-checksum"), "abc123", "attempt %zu", seen);
+        cr_expect_str_eq(rec_in(rec, "trailers", "x-sig-bin"), "AAEC/w==", "attempt %zu", seen);
+        cr_expect_null(rec_in(rec, "trailers", "x-retry-attempt"), "the proxy's own field");
+        cr_expect_null(rec_in(rec, "trailers", "x-forwarded-for"), "the proxy's own field");
+        cr_expect_null(rec_in(rec, "trailers", "host"), "a routing field");
+        cr_expect_eq(json_array_size(json_object_get(rec, "trailers")), 2, "attempt %zu", seen);
+        cr_expect_eq(rec_int(rec, "body_len"), body_len, "attempt %zu", seen);
+    }
+    json_decref(recs);
+    cr_expect_eq(seen, n, "%s: %zu records", id, seen);
+}
+
+/* An HTTP/2 client's trailing HEADERS reach an h2c upstream after the body: a buffered body
+ * (its 503 answered attempt retried: the retry sends them again) and a streamed one. */
+Test(h2_upstream, an_http2_clients_trailers_reach_the_upstream_on_every_attempt)
+{
+    start("\"methods\": [\"POST\"], \"max_retry_body_bytes\": 65536", "", "1");
+    const char *trailers = "x-checksum:abc123;x-sig-bin:AAEC/w==;x-retry-attempt:9;"
+                           "x-forwarded-for:6.6.6.6";
+    char line[256];
+    h2u_peer(line, sizeof(line),
+             "trailers %u /t 1000 'x-request-id:trl-1;x-h2-scenario:status;"
+             "x-h2-fail:1' '%s'",
+             px->port, trailers);
+    cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+    expect_trailers_on_each("trl-1", 2, 1000);
+    /* past max_retry_body_bytes: streamed as it comes, the trailers after its last byte */
+    h2u_peer(line, sizeof(line), "trailers %u /t 200000 'x-request-id:trl-2' '%s'", px->port,
+             trailers);
+    cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+    expect_trailers_on_each("trl-2", 1, 200000);
+}
+
+/* An HTTP/1.1 client's chunked trailers: the names go lowercase, as HTTP/2 wants them. */
+Test(h2_upstream, an_http1_clients_chunked_trailers_reach_the_upstream_on_every_attempt)
+{
+    start("\"methods\": [\"POST\"]", "", "1");
+    int fd = fx_hold(raw_dial(px->port));
+    const char req[] = "POST /t HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                       "X-Request-Id: trl-3\r\nx-h2-scenario: status\r\nx-h2-fail: 1\r\n"
+                       "Transfer-Encoding: chunked\r\n\r\n"
+                       "5\r\nhello\r\n6\r\n world\r\n0\r\n"
+                       "X-Checksum: abc123\r\nX-Sig-Bin: AAEC/w==\r\nX-Retry-Attempt: 9\r\n"
+                       "Host: elsewhere\r\n\r\n";
+    cr_expect_eq(raw_send_status(fd, req, sizeof(req) - 1, T), 200);
+    expect_trailers_on_each("trl-3", 2, 11);
+}
+
+/* The head and the trailers together past limits.max_header_bytes: the request goes on, its
+ * trailers all left out, and the log says why. */
+Test(h2_upstream, trailers_past_the_head_bounds_are_left_out_and_logged)
+{
+    start("", "", "1");
+    char pad[5001], big[4001], line[256];
+    memset(pad, 'p', sizeof(pad) - 1);
+    pad[sizeof(pad) - 1] = '\0';
+    memset(big, 'b', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    h2u_peer(line, sizeof(line),
+             "trailers %u /t 10 'x-request-id:trl-4;x-pad:%s' "
+             "'x-small:1;x-big:%s'",
+             px->port, pad, big);
+    cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+    json_t *rec = h2u_find(h2, "request_id", "trl-4");
+    cr_assert_not_null(rec);
+    cr_expect_eq(json_array_size(json_object_get(rec, "trailers")), 0, "some trailers went");
+    cr_expect_eq(rec_int(rec, "body_len"), 10);
+    json_decref(rec);
+    char *out = px_stdout(px);
+    json_t *log = fx_log_line(out, "request trailers not forwarded");
+    cr_assert_not_null(log, "no log line");
+    cr_expect_str_eq(json_str(log, "request_id"), "trl-4");
+    json_decref(log);
+    free(out);
 }

@@ -392,3 +392,14 @@ ssize_t raw_recv(int fd, char *buf, size_t cap, int timeout_ms)
         return -1;
     return recv(fd, buf, cap, 0);
 }
+
+int raw_send_status(int fd, const void *p, size_t n, int timeout_ms)
+{
+    cr_assert(raw_send_all(fd, p, n));
+    char buf[64];
+    ssize_t got = raw_recv(fd, buf, sizeof(buf) - 1, timeout_ms);
+    if (got < 12 || strncmp(buf, "HTTP/1.", 7) != 0)
+        return -1;
+    buf[got] = '\0';
+    return atoi(buf + 9);
+}

@@ -136,5 +136,8 @@ bool raw_send_all(int fd, const void *p, size_t n);
 /* Waits up to 'timeout_ms' for bytes: >0 bytes read, 0 end of stream, -1 error (errno set;
  * ECONNRESET is a close too), -2 nothing arrived in time. */
 ssize_t raw_recv(int fd, char *buf, size_t cap, int timeout_ms);
+/* Sends the 'n' bytes at 'p' (asserts) and waits up to 'timeout_ms' for the answer: the status
+ * of its status line, or -1 when none came. */
+int raw_send_status(int fd, const void *p, size_t n, int timeout_ms);
 
 #endif

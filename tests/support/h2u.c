@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,4 +124,36 @@ void h2u_stop_all(void)
         unlink(u->record);
     }
     n_running = 0;
+}
+
+void h2u_peer(char *out, size_t cap, const char *fmt, ...)
+{
+    char *args = NULL, *cmd = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vasprintf(&args, fmt, ap);
+    va_end(ap);
+    cr_assert_geq(n, 0);
+    cr_assert_geq(asprintf(&cmd, H2U_PEER " %s", args), 0);
+    free(args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    out[0] = '\0';
+    if (!fgets(out, (int)cap, p))
+        out[0] = '\0';
+    int rc = pclose(p);
+    cr_assert_eq(rc, 0, "%.200s exited %d (output: %s)", cmd, rc, out);
+    free(cmd);
+}
+
+long h2u_peer_field(const char *line, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof(k), "%s ", key);
+    const char *p = strstr(line, k);
+    if (!p)
+        return -1;
+    char *end;
+    long v = strtol(p + strlen(k), &end, 10);
+    return end == p + strlen(k) ? -1 : v;
 }

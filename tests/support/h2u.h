@@ -39,4 +39,13 @@ size_t h2u_connections(const struct h2u *u);
 /* Stops every one started. */
 void h2u_stop_all(void);
 
+/* The scripted HTTP/2 client's command line (run from the repository's top directory). */
+#define H2U_PEER "/usr/bin/python3 tests/tools/h2peer.py"
+/* Runs the scripted HTTP/2 client, tests/tools/h2peer.py, with the arguments 'fmt' makes
+ * (its scenarios are described at its top), asserting it exits 0; its result line ("key value"
+ * pairs) in out[cap]. */
+void h2u_peer(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The number after "key " in a result line, -1 if absent or not a number. */
+long h2u_peer_field(const char *line, const char *key);
+
 #endif

@@ -457,6 +457,11 @@ static void rec_free(struct rec *r)
     if (!r)
         return;
     free(r->pub.headers);
+    for (size_t i = 0; i < r->pub.n_trailers; i++) {
+        free(r->pub.trailers[i].name);
+        free(r->pub.trailers[i].value);
+    }
+    free(r->pub.trailers);
     free(r->pub.body);
     free(r->strings);
     free(r);
@@ -557,6 +562,32 @@ const char *tup_req_header(const struct tup_req *r, const char *name)
         if (strcasecmp(r->headers[i].name, name) == 0)
             return r->headers[i].value;
     return NULL;
+}
+
+const char *tup_req_trailer(const struct tup_req *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_trailers; i++)
+        if (strcasecmp(r->trailers[i].name, name) == 0)
+            return r->trailers[i].value;
+    return NULL;
+}
+
+/* Keeps the trailer line 'line' ('len' bytes, no terminator) with the request. */
+static void keep_trailer(struct rec *r, const char *line, size_t len)
+{
+    const char *colon = memchr(line, ':', len);
+    if (!colon)
+        return;
+    const char *v = colon + 1, *ve = line + len;
+    while (v < ve && is_ows(*v))
+        v++;
+    while (ve > v && is_ows(ve[-1]))
+        ve--;
+    struct tup_req *q = &r->pub;
+    q->trailers = xrealloc(q->trailers, (q->n_trailers + 1) * sizeof(*q->trailers));
+    q->trailers[q->n_trailers].name = strndup(line, (size_t)(colon - line));
+    q->trailers[q->n_trailers].value = strndup(v, (size_t)(ve - v));
+    q->n_trailers++;
 }
 
 size_t tup_req_header_count(const struct tup_req *r, const char *name)
@@ -1491,9 +1522,11 @@ static int parse_body(struct tup *t, struct conn *c)
                 }
                 cu->mode = BM_CHUNK_SIZE;
             } else if (cu->mode == BM_TRAILER) {
-                /* Trailers are read and dropped; the blank line ends the body. */
+                /* Trailers are kept with the request; the blank line ends the body. */
                 if (len == 0)
                     cu->mode = BM_NONE;
+                else
+                    keep_trailer(cu->rec, c->in, len);
             } else {
                 uint64_t size = 0;
                 size_t i = 0;

@@ -79,6 +79,8 @@ struct tup_req {
     int64_t arrival_ns;         /* CLOCK_MONOTONIC of the read that completed the head */
     char *request_id;           /* X-Request-Id value, "" if none */
     unsigned key_attempt;       /* this key's attempt number, 1-based */
+    size_t n_trailers;
+    struct tup_header *trailers; /* a chunked body's trailer fields, in received order */
 };
 
 /* Start on 127.0.0.1 with an ephemeral port. Aborts with a message on any setup failure. */
@@ -110,6 +112,8 @@ size_t tup_count_id(struct tup *t, const char *request_id);
 /* First header named name (case-insensitive), NULL if absent. */
 const char *tup_req_header(const struct tup_req *r, const char *name);
 size_t tup_req_header_count(const struct tup_req *r, const char *name);
+/* First trailer field named name (case-insensitive), NULL if absent. */
+const char *tup_req_trailer(const struct tup_req *r, const char *name);
 
 /* Bytes read from every connection so far, whether they parsed or not. */
 uint64_t tup_bytes_in(struct tup *t);

@@ -5,8 +5,8 @@ TLS with ALPN (--tls).
 Run with Debian's /usr/bin/python3 (python3-h2). Listens on 127.0.0.1, on a port the kernel
 picks, and prints "PORT\\n" on stdout once it accepts. Every request is recorded as one JSON line
 in RECORD_FILE (flushed at once) when it is answered: connection and stream number, method,
-path, authority, scheme, the fields as received, the body's length and sha256, the scenario and
-what was done ("action"). A stream the proxy resets is recorded as "reset-by-client" with its
+path, authority, scheme, the fields as received, the trailers as received ("trailers", [] if
+none), the body's length and sha256, the scenario and what was done ("action"). A stream the proxy resets is recorded as "reset-by-client" with its
 error code, a new connection as {"conn": N, "event": "accepted"}.
 
 What a request gets comes from its fields:
@@ -17,6 +17,7 @@ What a request gets comes from its fields:
       rst-mid     200 with content-length (none with x-h2-no-length), half of the body
                   (x-h2-body, 65536 by default), then RST_STREAM INTERNAL_ERROR
       no-status   a response head without :status, then the end of the stream
+      status      as "ok", with status x-h2-status (default 503)
       trailers    200, the body, then trailers grpc-status (x-h2-grpc-status, else 0) and
                   grpc-message: done; a gRPC call (content-type application/grpc...) answered
                   "ok" gets trailers with grpc-status 0 too
@@ -75,6 +76,7 @@ class Stream:
         self.sid = sid
         self.headers = headers
         self.body = bytearray()
+        self.trailers = []
         self.out = b""  # body bytes still to send
         self.end_after = None  # "end", "trailers" or "rst": what follows the body
         self.due = None  # when a delayed answer goes
@@ -113,6 +115,7 @@ class Conn:
             "method": self.field(st, ":method"), "path": self.field(st, ":path"),
             "authority": self.field(st, ":authority"), "scheme": self.field(st, ":scheme"),
             "headers": [[k, v] for k, v in st.headers if not k.startswith(":")],
+            "trailers": [[k, v] for k, v in st.trailers],
             "body_len": len(st.body), "body_sha256": hashlib.sha256(st.body).hexdigest(),
             "scenario": scenario, "request_id": rid,
         }
@@ -151,7 +154,8 @@ class Conn:
             data = b"ok\n"
         entry["action"] = "answered"
         record(self.out, entry)
-        head = [(":status", "200"), ("content-length", str(len(data))),
+        status = self.field(st, "x-h2-status", "503") if scenario == "status" else "200"
+        head = [(":status", status), ("content-length", str(len(data))),
                 ("x-h2-conn", str(self.cid)), ("x-h2-stream", str(sid))]
         self.h2.send_headers(sid, head, end_stream=False)
         st.out = memoryview(data)
@@ -224,6 +228,10 @@ class Conn:
                 st.body += ev.data
                 if ev.stream_ended is not None:
                     self.complete(st)
+        elif isinstance(ev, h2.events.TrailersReceived):
+            st = self.streams.get(ev.stream_id)
+            if st is not None:
+                st.trailers = list(ev.headers)
         elif isinstance(ev, h2.events.StreamEnded):
             st = self.streams.get(ev.stream_id)
             if st is not None and st.due is None and st.end_after is None:

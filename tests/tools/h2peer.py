@@ -11,6 +11,9 @@ results ("key value" pairs) on stdout for the test to check:
   slow-reader PORT BIG SMALL         BIG (20 MB) never read (no WINDOW_UPDATE), then SMALL
   upload PORT PATH SIZE              a POST of SIZE bytes with no content-length
   idle PORT [SECONDS]                a connection that sends nothing after its SETTINGS
+  trailers PORT PATH SIZE FIELDS TRAILERS
+                                     a POST of SIZE bytes, then trailers; FIELDS and TRAILERS
+                                     are "name:value;name:value" lists (either may be "")
 
 Every run ends within a few seconds whatever the proxy does.
 """
@@ -259,18 +262,7 @@ def upload(port, path, size):
     c.send_headers(1, headers(port, path, "POST"))
     s.sendall(c.data_to_send())
     r = Result()
-    left = size
-    while left > 0 and not r.closed and 1 not in r.status:
-        room = min(c.local_flow_control_window(1), c.max_outbound_frame_size, left)
-        if room <= 0:
-            pump(s, c, r, 0.2)
-            if c.local_flow_control_window(1) <= 0:
-                break
-            continue
-        c.send_data(1, b"u" * room)
-        left -= room
-        s.sendall(c.data_to_send())
-        pump(s, c, r, 0.01)
+    left = size - send_body(s, c, r, 1, size)
     if left == 0 and 1 not in r.status:
         try:
             c.end_stream(1)
@@ -279,6 +271,40 @@ def upload(port, path, size):
             pass
     pump(s, c, r, 3, until=lambda x: 1 in x.status)
     out(status=r.status.get(1, "none"), sent=size - left)
+
+
+def fields_of(text):
+    return [tuple(f.split(":", 1)) for f in text.split(";") if f]
+
+
+def send_body(s, c, r, sid, size):
+    """Sends 'size' bytes on stream 'sid' as its flow-control windows allow; how many went."""
+    left = size
+    while left > 0 and not r.closed and sid not in r.status:
+        room = min(c.local_flow_control_window(sid), c.max_outbound_frame_size, left)
+        if room <= 0:
+            pump(s, c, r, 0.2)
+            if c.local_flow_control_window(sid) <= 0:
+                break
+            continue
+        c.send_data(sid, b"u" * room)
+        left -= room
+        s.sendall(c.data_to_send())
+        pump(s, c, r, 0.01)
+    return size - left
+
+
+def trailers(port, path, size, fields, tfields):
+    s, c = connect(port)
+    c.send_headers(1, headers(port, path, "POST", fields_of(fields)))
+    s.sendall(c.data_to_send())
+    r = Result()
+    sent = send_body(s, c, r, 1, size)
+    if sent == size and 1 not in r.status:
+        c.send_headers(1, fields_of(tfields), end_stream=True)
+        s.sendall(c.data_to_send())
+    pump(s, c, r, 8, until=lambda x: 1 in x.ended or 1 in x.reset)
+    out(status=r.status.get(1, "none"), sent=sent, body=r.data.get(1, 0))
 
 
 def main():
@@ -298,6 +324,8 @@ def main():
         slow_reader(port, a[2], a[3])
     elif a[0] == "upload":
         upload(port, a[2], int(a[3]))
+    elif a[0] == "trailers":
+        trailers(port, a[2], int(a[3]), a[4], a[5])
     else:
         sys.exit("unknown scenario " + a[0])
 

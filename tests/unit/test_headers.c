@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "proxy/head.h"
 #include "proxy/headers.h"
 #include "proxy/hlist.h"
 
@@ -261,4 +262,21 @@ Test(headers, host_values_are_uri_host_and_an_optional_port)
     /* only the n bytes given are read */
     cr_expect(hdr_host_valid("a:80 junk", 4));
     cr_expect(!hdr_host_valid("[::1]", 4));
+}
+
+/* Request trailers leave out what the head does (docs/forwarding.md, "Request trailers"). */
+Test(headers, trailer_names_the_proxy_owns_are_not_forwarded)
+{
+    static const char *const out[] = {
+        ":path",          "Connection", "TE",     "Trailer",         "Transfer-Encoding",
+        "Content-Length", "Host",       "Expect", "X-Retry-Attempt", "X-Forwarded-For",
+        "X-Request-Id",   "x-deadline"
+    };
+    for (size_t i = 0; i < sizeof(out) / sizeof(out[0]); i++)
+        cr_expect_not(head_trailer_kept(out[i], strlen(out[i]), "X-Deadline", false), "%s", out[i]);
+    cr_expect_not(head_trailer_kept("grpc-timeout", 12, NULL, true));
+    cr_expect(head_trailer_kept("grpc-timeout", 12, NULL, false));
+    cr_expect(head_trailer_kept("x-checksum", 10, NULL, true));
+    cr_expect(head_trailer_kept("x-sig-bin", 9, NULL, true));
+    cr_expect_not(head_trailer_kept("", 0, NULL, false));
 }

@@ -11,6 +11,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,7 @@ static struct {
     uint64_t launched_at[LAUNCHES];
     struct attempt *launched[LAUNCHES];
     const struct curl_slist *headers[LAUNCHES]; /* the list each launch sends */
+    const struct hlist *trailers[LAUNCHES];     /* and the trailers it sends after the body */
     bool running[LAUNCHES];
     unsigned cancels;
 } up;
@@ -100,6 +102,7 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
     cr_assert(up.launches < LAUNCHES);
     up.launched[up.launches] = a;
     up.headers[up.launches] = req->headers;
+    up.trailers[up.launches] = req->trailers;
     up.running[up.launches] = true;
     up.launched_at[up.launches++] = now_ms;
     up.a = a;
@@ -1145,4 +1148,87 @@ Test(retry_timers, a_saved_grpc_response_keeps_its_trailers)
     cr_expect_eq(client.trailer_status, 14, "with its trailers");
     cr_expect_eq(client.attempts, 2);
     end_request();
+}
+
+/* ---- request trailers (retry_req_trailer, docs/forwarding.md "Request trailers") ---- */
+
+static void trailer(const char *k, const char *v)
+{
+    retry_req_trailer(req, k, strlen(k), v, strlen(v));
+}
+
+/* A GET whose head is in: its trailers follow, then its end. */
+static void open_head(void)
+{
+    client.f =
+        retry_req_new(&w, &fake_ops, sizeof(struct front), FRONT_HTTP1, "/x", "127.0.0.1", WIRE_OK);
+    cr_assert_not_null(client.f);
+    req = client.f->req;
+    retry_req_head(req, "GET");
+}
+
+Test(retry_timers, request_trailers_go_with_every_attempt_but_the_proxys_own)
+{
+    start("\"retry\": {\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 10, \"jitter\": "
+          "\"none\"}}");
+    open_head();
+    trailer("X-Checksum", "abc");
+    trailer("Content-Length", "3");
+    trailer("X-Forwarded-For", "6.6.6.6");
+    trailer("X-Retry-Attempt", "9");
+    trailer("TE", "trailers");
+    trailer(":path", "/elsewhere");
+    trailer("X_Under", "1"); /* limits.headers_with_underscores "drop", the default */
+    trailer("x-sig-bin", "AAEC/w==");
+    retry_req_end(req);
+    cr_assert_eq(up.launches, 1);
+    at(5);
+    attempt_fails(false);
+    at(15);
+    cr_assert_eq(up.launches, 2);
+    for (unsigned k = 0; k < 2; k++) {
+        const struct hlist *t = up.trailers[k];
+        cr_assert_not_null(t, "launch %u sent no trailers", k);
+        cr_expect_eq(t->count, 2, "launch %u: %zu trailers", k, t->count);
+        size_t pos = 0;
+        const char *n, *v;
+        cr_assert(hlist_next(t, &pos, &n, &v));
+        cr_expect_str_eq(n, "x-checksum", "names go in lowercase");
+        cr_expect_str_eq(v, "abc");
+        cr_assert(hlist_next(t, &pos, &n, &v));
+        cr_expect_str_eq(n, "x-sig-bin");
+        cr_expect_str_eq(v, "AAEC/w==");
+    }
+    end_request();
+}
+
+/* limits.max_header_bytes (8192 here) and 100 fields bound the head and the trailers together:
+ * past either, none of the trailers goes, the request does. */
+Test(retry_timers, request_trailers_past_the_head_bounds_are_all_left_out)
+{
+    start("");
+    open_head();
+    trailer("X-A", "1");
+    char big[8100];
+    memset(big, 'v', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    trailer("X-Big", big);
+    trailer("X-C", "2");
+    retry_req_end(req);
+    cr_assert_eq(up.launches, 1, "the request goes on");
+    cr_expect_eq(up.trailers[0]->count, 0, "some trailers went");
+    end_request();
+
+    /* its head has one field: 99 trailers fit, not 100 */
+    for (unsigned n = 99; n <= 100; n++) {
+        open_head();
+        char name[16];
+        for (unsigned i = 0; i < n; i++) {
+            snprintf(name, sizeof(name), "X-T%u", i);
+            trailer(name, "1");
+        }
+        retry_req_end(req);
+        cr_expect_eq(up.trailers[up.launches - 1]->count, n == 99 ? 99 : 0, "%u trailers", n);
+        end_request();
+    }
 }
