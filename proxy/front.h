@@ -82,7 +82,8 @@ struct front {
     bool sent;       /* ... and handed to the protocol: the log shows its status */
     bool is_head;    /* a HEAD request: a length comes back, never a body (set by the core) */
     bool grpc;       /* a gRPC call: errors of retryproxy's own are gRPC statuses (docs/grpc.md;
-                      * set by the core) */
+                      * set by the core, or by a front end that saw the content type of a head
+                      * it refused) */
 };
 
 #endif

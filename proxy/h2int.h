@@ -91,6 +91,8 @@ struct h2head {
     unsigned n;     /* fields */
     bool authority; /* :authority came: it is the Host */
     bool length;    /* a content-length came */
+    bool grpc;      /* a gRPC content-type came, seen even past the bounds: a refused call's
+                     * error is a gRPC status too */
     enum wire_reason refused;
 };
 

@@ -7,6 +7,7 @@
 
 #include "proxy/answer.h"
 #include "proxy/dlist.h"
+#include "proxy/grpc.h"
 #include "proxy/h2int.h"
 #include "proxy/headers.h"
 #include "proxy/retry.h"
@@ -62,6 +63,8 @@ int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST ||
         frame->hd.stream_id != h->id)
         return 0;
+    if (name_is(name, nl, "content-type") && grpc_is_content_type((const char *)value, vl))
+        h->grpc = true;
     h->bytes += nl + vl + 32;
     if (h->bytes > c->lim.max_header_bytes && !h->refused)
         h->refused = WIRE_HEAD_TOO_LARGE;
@@ -139,6 +142,8 @@ static void start_request(struct h2conn *c, const nghttp2_frame *frame)
         nghttp2_submit_rst_stream(c->sess, NGHTTP2_FLAG_NONE, h->id, NGHTTP2_REFUSED_STREAM);
         return;
     }
+    /* the core reads it from the fields, which a refused head may not have kept */
+    f->grpc = h->grpc;
     struct h2stream *st = of_front(f);
     st->c = c;
     st->id = h->id;
@@ -209,9 +214,20 @@ static size_t offer(struct h2stream *st, const char *p, size_t n)
 int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t *data, size_t len,
                 void *user)
 {
-    (void)flags;
     (void)user;
     struct h2stream *st = nghttp2_session_get_stream_user_data(sess, id);
+    if (nghttp2_session_get_stream_local_close(sess, id) == 1 &&
+        !(flags & NGHTTP2_FLAG_END_STREAM)) {
+        /* the whole answer is out and the client still sends: it may stop (RFC 9113 8.1), and
+         * curl 7.88 waits for this to end its upload. Sent as more comes, not with the answer,
+         * which that curl would take for a failure if both came in one read. */
+        nghttp2_session_consume_connection(sess, len);
+        if (st && st->c)
+            h2c_reset_stream(st, NGHTTP2_NO_ERROR);
+        else
+            nghttp2_submit_rst_stream(sess, NGHTTP2_FLAG_NONE, id, NGHTTP2_NO_ERROR);
+        return 0;
+    }
     if (!st || !st->c) {
         nghttp2_session_consume_connection(sess, len);
         return 0;

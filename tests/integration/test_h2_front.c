@@ -390,6 +390,38 @@ Test(h2_front, oversized_header_list_is_a_431)
     http_free(&r);
 }
 
+/* A gRPC call whose header list is too large gets a gRPC status, though its content type came
+ * after the bound was passed: RESOURCE_EXHAUSTED, Trailers-Only (docs/grpc.md). */
+Test(h2_front, an_oversized_grpc_head_is_a_grpc_status)
+{
+    start("\"limits\": {\"max_header_bytes\": 4096}", NULL, NULL);
+    static char big[6100];
+    memcpy(big, "X-Big: ", 7);
+    memset(big + 7, 'b', 6000);
+    const char *hs[] = { big, "Content-Type: application/grpc", NULL };
+    struct http_resp r;
+    h2("POST", "/r/big-grpc", hs, NULL, 0, &r);
+    cr_expect_eq(r.status, 200, "a gRPC error is an HTTP 200: %ld", r.status);
+    cr_expect_str_eq(http_hdr(&r, "grpc-status"), "8");
+    cr_expect_eq(tup_count(up), 0);
+    http_free(&r);
+}
+
+/* A whole answer before the whole request (a gRPC error here, the body still to come): more of
+ * the body after it gets RST_STREAM NO_ERROR, so the client may stop sending (RFC 9113 8.1;
+ * curl 7.88 otherwise waits for its timeout to end an upload the answer overtook). */
+Test(h2_front, body_after_the_whole_answer_gets_a_no_error_reset)
+{
+    start("", NULL, NULL);
+    char line[256];
+    /* no route answers /nowhere: UNIMPLEMENTED at once, Trailers-Only */
+    h2u_peer(line, sizeof(line), "early-answer %u /nowhere", px->port);
+    cr_expect_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+    cr_expect_eq(h2u_peer_field(line, "ended"), 1, "%s", line);
+    cr_expect_eq(h2u_peer_field(line, "reset"), 0, "no RST_STREAM NO_ERROR: %s", line);
+    still_answers();
+}
+
 Test(h2_front, upload_past_max_body_bytes_is_a_413)
 {
     start("\"limits\": {\"max_body_bytes\": 1000}", NULL, NULL);

@@ -11,6 +11,8 @@ results ("key value" pairs) on stdout for the test to check:
   slow-reader PORT BIG SMALL         BIG (20 MB) never read (no WINDOW_UPDATE), then SMALL
   upload PORT PATH SIZE              a POST of SIZE bytes with no content-length
   idle PORT [SECONDS]                a connection that sends nothing after its SETTINGS
+  early-answer PORT PATH             a gRPC POST whose body waits for the whole answer, then
+                                     comes without END_STREAM: the stream's reset code after it
   trailers PORT PATH SIZE FIELDS TRAILERS
                                      a POST of SIZE bytes, then trailers; FIELDS and TRAILERS
                                      are "name:value;name:value" lists (either may be "")
@@ -273,6 +275,21 @@ def upload(port, path, size):
     out(status=r.status.get(1, "none"), sent=size - left)
 
 
+def early_answer(port, path):
+    s, c = connect(port)
+    c.send_headers(1, headers(port, path, "POST", [("content-type", "application/grpc")]))
+    s.sendall(c.data_to_send())
+    r = Result()
+    pump(s, c, r, 3, until=lambda x: 1 in x.ended)
+    try:
+        c.send_data(1, b"\0\0\0\0\0")
+        s.sendall(c.data_to_send())
+    except (h2.exceptions.ProtocolError, OSError):
+        pass
+    pump(s, c, r, 3, until=lambda x: 1 in x.reset)
+    out(status=r.status.get(1, "none"), ended=int(1 in r.ended), reset=r.reset.get(1, -1))
+
+
 def fields_of(text):
     return [tuple(f.split(":", 1)) for f in text.split(";") if f]
 
@@ -324,6 +341,8 @@ def main():
         slow_reader(port, a[2], a[3])
     elif a[0] == "upload":
         upload(port, a[2], int(a[3]))
+    elif a[0] == "early-answer":
+        early_answer(port, a[2])
     elif a[0] == "trailers":
         trailers(port, a[2], int(a[3]), a[4], a[5])
     else:
