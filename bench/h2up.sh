@@ -4,7 +4,7 @@
 # ALPN (nghttpd with a certificate) against HTTP/1.1 through libcurl (nginx ssl, tls.http2
 # "off"), all serving the same 3-byte file; docs/http2.md quotes the result.
 #
-#   BUILD=build bench/h2up.sh          # REPS=5 SECS=5 CONNS=16 by default
+#   BUILD=build bench/h2up.sh          # or make bench-h2up; REPS=5 SECS=5 CONNS=16 by default
 #
 # Each repetition runs both targets, alternating, each on a proxy of its own (one worker) driven
 # by wrk -t1; the proxy's CPU (user + system, /proc/PID/stat) over the run divided by the

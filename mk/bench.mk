@@ -9,6 +9,8 @@
 #                        meanwhile, RSS during and after (bench/slowread.sh; not in make bench)
 #   make bench-h2        HTTP/2: gRPC unary calls and h2c GETs (h2load) through retryproxy, nginx,
 #                        HAProxy and nghttpx to one h2c upstream (bench/h2peers.sh; in make bench)
+#   make bench-h2up      an HTTP/1.1 client through retryproxy to h2c, http, https by h2 (ALPN)
+#                        and https by HTTP/1.1 upstreams: CPU per request (bench/h2up.sh)
 #   make bench-build     build what the runs need, run nothing
 #
 # Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
@@ -19,7 +21,7 @@ FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
 BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters
 
-.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2
+.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up
 
 $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
 	@mkdir -p $(dir $@)
@@ -48,3 +50,5 @@ bench-slowread: $(BIN) $(BUILD)/tests/upstream
 	BUILD=$(BUILD) bench/slowread.sh
 bench-h2: $(BIN)
 	BUILD=$(BUILD) bench/h2peers.sh
+bench-h2up: $(BIN)
+	BUILD=$(BUILD) bench/h2up.sh
