@@ -660,8 +660,10 @@ void req_wait_then_retry(struct retry_req *r)
 {
     struct loop *l = r->w->loop;
     r->state = RS_BACKOFF;
-    r->wait_start_ms = loop_now(l);
-    loop_timer_start(l, &r->backoff_timer, loop_now(l) + r->pending_delay, on_backoff, r);
+    /* from now, not from when this loop turn began: the wait taken is the one logged, however
+     * long the turn has run (a loaded machine, a sanitizer) */
+    r->wait_start_ms = loop_update_now(l);
+    loop_timer_start(l, &r->backoff_timer, r->wait_start_ms + r->pending_delay, on_backoff, r);
     /* A zero wait ends this turn, before the socket could tell anything. */
     if (r->pending_delay)
         r->front->ops->watch(r->front);
