@@ -343,7 +343,7 @@ static struct server *server_start(struct worker *w, int listen_fd, const struct
     /* The worker accepts connections itself (proxy/accept.c) and hands libmicrohttpd the
      * HTTP/1.1 ones. */
     s->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
-                            MHD_USE_NO_LISTEN_SOCKET, 0,
+                            MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_UPGRADE, 0,
                             NULL, NULL, on_access, w,
                             MHD_OPTION_URI_LOG_CALLBACK, on_uri, w,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,

@@ -82,6 +82,9 @@ const struct origin *upstream_url_h2(const struct upstream_url *url);
 /* Whether libcurl may carry requests to 'url' (http, https, and https "auto" when the server
  * chooses http/1.1). */
 bool upstream_url_h1(const struct upstream_url *url);
+/* Where an upgrade's tunnel connects (an http or https origin, resolved with the snapshot;
+ * docs/upgrades.md), NULL for an h2c one (HTTP/2 alone: no HTTP/1.1 upgrade). */
+const struct origin *upstream_url_tunnel(const struct upstream_url *url);
 /* The worker's h2c sessions (made on first use), or NULL out of memory. */
 struct h2up;
 struct h2up *upstream_h2(struct upstream *u);
