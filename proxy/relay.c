@@ -12,6 +12,7 @@
 #include "proxy/ring.h"
 #include "proxy/tunnel.h"
 #include "proxy/tunnel_up.h"
+#include "proxy/wiretab.h"
 
 /* libmicrohttpd asks the content reader for at most this much at a time. */
 #define READER_BLOCK (32 * 1024)
@@ -376,7 +377,10 @@ static void on_upgraded(void *cls, struct MHD_Connection *c, void *con_cls, cons
     struct relay *rl = cls;
     struct tunnel_up *up = rl->tun_up;
     rl->tun_up = NULL;
-    struct upgraded *u = malloc(sizeof(*u));
+    /* Bytes the client sent before it had the 101 go first, but only those the framing check
+     * passed (libmicrohttpd's extra_in): bytes it holds or refused end the tunnel at once,
+     * never reaching the upstream (docs/upgrades.md). */
+    struct upgraded *u = wiretab_quiet(sock) ? malloc(sizeof(*u)) : NULL;
     if (!u || !up) {
         free(u);
         tunnel_up_free(up);

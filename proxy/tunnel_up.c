@@ -48,10 +48,10 @@ struct tunnel_up {
     size_t out_len, out_off;
     uint64_t *bytes_sent;
     struct ring in;
-    int status;        /* of the head being read */
-    bool head_start;   /* the next line is a status line */
-    bool no_body;      /* a HEAD request */
-    bool paused, eof;  /* the owner has no room; the upstream closed */
+    int status;       /* of the head being read */
+    bool head_start;  /* the next line is a status line */
+    bool no_body;     /* a HEAD request */
+    bool paused, eof; /* the owner has no room; the upstream closed */
     enum tu_framing framing;
     bool chunked_seen; /* Transfer-Encoding in the head (the owner's checks made it "chunked") */
     int64_t length;    /* Content-Length in the head, -1: none */
@@ -554,8 +554,8 @@ static void on_connect_timeout(struct loop_timer *t)
 }
 
 struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
-                                  const struct tunnel_up_req *req,
-                                  const struct tunnel_up_ops *ops, void *arg)
+                                  const struct tunnel_up_req *req, const struct tunnel_up_ops *ops,
+                                  void *arg)
 {
     const struct origin *o = req->o;
     if (!o || !o->addr_len)
@@ -571,9 +571,8 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     u->no_body = req->no_body;
     u->bytes_sent = req->bytes_sent;
     u->in.max = IN_MAX;
-    if (!build_head(u, req) ||
-        (o->tls && (!(u->host = strdup(o->host)) ||
-                    (o->ca_file && !(u->ca_file = strdup(o->ca_file))))))
+    if (!build_head(u, req) || (o->tls && (!(u->host = strdup(o->host)) ||
+                                           (o->ca_file && !(u->ca_file = strdup(o->ca_file))))))
         goto fail;
     u->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (u->fd < 0)

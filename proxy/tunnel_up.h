@@ -61,8 +61,8 @@ struct tunnel_up_req {
 /* Starts the attempt. NULL out of memory or when no socket can be made (a connect failure;
  * ops->done is not called). */
 struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
-                                  const struct tunnel_up_req *req,
-                                  const struct tunnel_up_ops *ops, void *arg);
+                                  const struct tunnel_up_req *req, const struct tunnel_up_ops *ops,
+                                  void *arg);
 /* Ends it without ops->done and frees it. Not from inside its callbacks. Accepts NULL. */
 void tunnel_up_cancel(struct tunnel_up *u);
 /* Whether any of the request went out. */

@@ -392,3 +392,21 @@ ssize_t raw_recv(int fd, char *buf, size_t cap, int timeout_ms)
         return -1;
     return recv(fd, buf, cap, 0);
 }
+
+json_t *fx_read_jsonl(const char *path)
+{
+    json_t *all = json_array();
+    char *text = proc_read_file(path);
+    for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        else
+            break; /* a line still being written */
+        json_t *j = json_loads(line, 0, NULL);
+        if (j)
+            json_array_append_new(all, j);
+    }
+    free(text);
+    return all;
+}
