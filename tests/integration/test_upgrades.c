@@ -110,6 +110,26 @@ Test(upgrades, text_binary_and_a_mebibyte_echo_through_the_tunnel)
     cr_expect_eq(wsu_count(u, "handshake", "/chat"), 3);
 }
 
+/* An https upstream: TLS offering http/1.1 alone by ALPN, the certificate checked against the
+ * route's tls.ca_file. */
+Test(upgrades, an_https_upstream_is_tunnelled_over_tls)
+{
+    char dir[] = "/tmp/retryproxy-wstls-XXXXXX", cert[64], key[64], extra[160];
+    cr_assert_not_null(mkdtemp(dir));
+    fx_make_cert(dir, "up", "IP:127.0.0.1");
+    snprintf(cert, sizeof(cert), "%s/up.pem", dir);
+    snprintf(key, sizeof(key), "%s/up.key", dir);
+    struct wsu *u = wsu_start_tls(cert, key);
+    snprintf(extra, sizeof(extra), "\"tls\": {\"ca_file\": \"%s\"}", cert);
+    start_ws(u, extra, "");
+    expect_ok(wsu_client(ws_url("/tls"), "text"), "text over TLS");
+    expect_ok(wsu_client(ws_url("/tls"), "big"), "1 MiB over TLS");
+    cr_expect_eq(wsu_count(u, "handshake", "/tls"), 2);
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    fx_sh(cmd);
+}
+
 Test(upgrades, ping_is_answered_by_a_pong)
 {
     struct wsu *u = wsu_start(0);
@@ -142,7 +162,8 @@ Test(upgrades, a_vanished_client_closes_the_upstream_side_within_a_second)
     json_t *all = wsu_records(u), *r;
     size_t i;
     int64_t closed = 0;
-    json_array_foreach(all, i, r) if (json_str(r, "event") && !strcmp(json_str(r, "event"), "closed"))
+    json_array_foreach(all, i,
+                       r) if (json_str(r, "event") && !strcmp(json_str(r, "event"), "closed"))
         closed = json_integer_value(json_object_get(r, "at_ms"));
     json_decref(all);
     cr_expect(closed - gone < 1000, "the upstream side closed %lld ms after the client left",
@@ -231,8 +252,9 @@ Test(upgrades, h2c_is_ignored_and_the_request_served_as_http1)
     char ups[96];
     snprintf(ups, sizeof(ups), "\"%s\"", fx_up_url(0));
     start(ups, "", "");
-    static const char req[] = "GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
-                              "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
+    static const char req[] =
+        "GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
     int fd = raw_dial(px->port);
     cr_assert(raw_send_all(fd, req, strlen(req)));
     char buf[4096];
@@ -291,8 +313,8 @@ Test(upgrades, an_upgrade_with_a_body_is_refused_and_sends_nothing)
 {
     struct wsu *u = wsu_start(0);
     start_ws(u, "", "");
-    static const char req[] = HANDSHAKE("/b", "Content-Length: 38\r\n")
-        "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char req[] =
+        HANDSHAKE("/b", "Content-Length: 38\r\n") "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
     int fd = raw_dial(px->port);
     cr_assert(raw_send_all(fd, req, strlen(req)));
     char buf[4096];
@@ -465,8 +487,9 @@ Test(upgrades, unchecked_bytes_before_the_101_end_the_tunnel)
 
 Test(upgrades, a_chunked_refusal_is_read_by_its_framing)
 {
-    struct script *s = script_start("HTTP/1.1 426 Upgrade Required\r\nTransfer-Encoding: chunked\r\n"
-                                    "\r\n5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\n\r\n");
+    struct script *s =
+        script_start("HTTP/1.1 426 Upgrade Required\r\nTransfer-Encoding: chunked\r\n"
+                     "\r\n5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\n\r\n");
     start_script(s, "");
     int fd = raw_dial(px->port);
     cr_assert(raw_send_all(fd, HANDSHAKE("/w", ""), strlen(HANDSHAKE("/w", ""))));

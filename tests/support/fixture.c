@@ -410,3 +410,13 @@ json_t *fx_read_jsonl(const char *path)
     free(text);
     return all;
 }
+
+void fx_make_cert(const char *in, const char *name, const char *san)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd),
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test "
+             "-addext subjectAltName=%s -keyout %s/%s.key -out %s/%s.pem >/dev/null 2>&1",
+             san, in, name, in, name);
+    cr_assert_eq(fx_sh(cmd), 0, "openssl could not make a certificate");
+}

@@ -16,13 +16,14 @@ struct wsu {
     pid_t pid;
     int in; /* its stdin: it exits when this closes */
     uint16_t port;
+    bool tls;
     char record[96];
 };
 
 static struct wsu running[WSU_MAX];
 static size_t n_running;
 
-struct wsu *wsu_start(int refuse)
+static struct wsu *start(int refuse, const char *cert, const char *key)
 {
     cr_assert_lt(n_running, WSU_MAX, "too many WebSocket upstreams");
     struct wsu *u = &running[n_running];
@@ -31,8 +32,16 @@ struct wsu *wsu_start(int refuse)
     unlink(u->record);
     char status[16];
     snprintf(status, sizeof(status), "%d", refuse);
-    char *argv[] = { "/usr/bin/python3", "tests/tools/ws_peer.py", "server", u->record,
-                     refuse ? "--refuse" : NULL, status, NULL };
+    u->tls = cert != NULL;
+    char *argv[8] = { "/usr/bin/python3", "tests/tools/ws_peer.py", "server", u->record };
+    if (refuse) {
+        argv[4] = "--refuse";
+        argv[5] = status;
+    } else if (cert) {
+        argv[4] = "--tls";
+        argv[5] = (char *)cert;
+        argv[6] = (char *)key;
+    }
     char buf[32];
     u->pid = proc_helper_start(argv, &u->in, buf, sizeof(buf), 10000);
     cr_assert_gt(u->pid, 0, "cannot start ws_peer.py");
@@ -40,6 +49,16 @@ struct wsu *wsu_start(int refuse)
     u->port = (uint16_t)atoi(buf);
     cr_assert_gt(u->port, 0, "ws_peer.py printed no port (python3-websockets missing?)");
     return u;
+}
+
+struct wsu *wsu_start(int refuse)
+{
+    return start(refuse, NULL, NULL);
+}
+
+struct wsu *wsu_start_tls(const char *cert, const char *key)
+{
+    return start(0, cert, key);
 }
 
 uint16_t wsu_port(const struct wsu *u)
@@ -50,7 +69,7 @@ uint16_t wsu_port(const struct wsu *u)
 const char *wsu_url(const struct wsu *u)
 {
     static char url[64];
-    snprintf(url, sizeof(url), "http://127.0.0.1:%u", u->port);
+    snprintf(url, sizeof(url), "%s://127.0.0.1:%u", u->tls ? "https" : "http", u->port);
     return url;
 }
 
@@ -74,8 +93,8 @@ size_t wsu_count(const struct wsu *u, const char *event, const char *path)
 
 json_t *wsu_client(const char *url, const char *scenario)
 {
-    char *argv[] = { "/usr/bin/python3", "tests/tools/ws_peer.py", "client", (char *)url,
-                     (char *)scenario, NULL };
+    char *argv[] = { "/usr/bin/python3", "tests/tools/ws_peer.py", "client",
+                     (char *)url,        (char *)scenario,         NULL };
     struct proc_result r;
     cr_assert_eq(proc_run(argv, NULL, 30000, &r), 0, "cannot run ws_peer.py client");
     json_t *res = json_loads(r.out, 0, NULL);

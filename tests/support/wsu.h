@@ -19,8 +19,10 @@ struct wsu;
 
 /* Starts one (asserts that it printed its port within 10 s); 'refuse' 0 or an HTTP status. */
 struct wsu *wsu_start(int refuse);
+/* One speaking TLS with certificate 'cert' and key 'key' (PEM files). */
+struct wsu *wsu_start_tls(const char *cert, const char *key);
 uint16_t wsu_port(const struct wsu *u);
-/* "http://127.0.0.1:PORT", in a static buffer. */
+/* "http://127.0.0.1:PORT" (https:// for a TLS one), in a static buffer. */
 const char *wsu_url(const struct wsu *u);
 /* Its records so far (caller decrefs): {"event": "handshake", "path", "headers"} and
  * {"event": "closed", "path", "code", "at_ms"}. */

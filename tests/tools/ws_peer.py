@@ -2,13 +2,14 @@
 """ws_peer -- a WebSocket upstream and client for the upgrade tests (docs/upgrades.md), with
 Debian's python3-websockets (10.4, asyncio). Run with /usr/bin/python3.
 
-  ws_peer.py server RECORD_FILE [--refuse STATUS]
+  ws_peer.py server RECORD_FILE [--refuse STATUS] [--tls CERT KEY]
       Listens on 127.0.0.1 on a port the kernel picks and prints "PORT\\n" once it accepts.
       Each handshake is recorded as one JSON line {"event": "handshake", "path", "headers"}
       (flushed at once), each connection's end as {"event": "closed", "path", "code",
       "at_ms"} (CLOCK_MONOTONIC milliseconds). With --refuse, every handshake is answered
       STATUS with the body "refused\\n" instead. Otherwise every message is echoed back, except
-      "close-me", which the server answers by closing with code 4001. Stops when stdin closes.
+      "close-me", which the server answers by closing with code 4001. With --tls, connections
+      are TLS with that certificate and key (PEM files). Stops when stdin closes.
 
   ws_peer.py client URL SCENARIO
       Runs one scenario against URL and prints one JSON line: {"ok": bool, ...}. Scenarios:
@@ -25,6 +26,7 @@ import asyncio
 import http
 import json
 import os
+import ssl
 import sys
 import time
 
@@ -35,7 +37,7 @@ def now_ms():
     return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000)
 
 
-def serve(record, refuse):
+def serve(record, refuse, tls):
     out = open(record, "a")
 
     def log(obj):
@@ -60,8 +62,12 @@ def serve(record, refuse):
         log({"event": "closed", "path": path, "code": ws.close_code, "at_ms": now_ms()})
 
     async def main():
+        ctx = None
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls[0], tls[1])
         server = await websockets.serve(handler, "127.0.0.1", 0, process_request=process_request,
-                                        max_size=4 * 1024 * 1024, ping_interval=None)
+                                        max_size=4 * 1024 * 1024, ping_interval=None, ssl=ctx)
         port = server.sockets[0].getsockname()[1]
         sys.stdout.write("%d\n" % port)
         sys.stdout.flush()
@@ -118,8 +124,16 @@ async def client(url, scenario):
 
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "server":
-        refuse = int(sys.argv[4]) if len(sys.argv) >= 5 and sys.argv[3] == "--refuse" else 0
-        serve(sys.argv[2], refuse)
+        args, refuse, tls = sys.argv[3:], 0, None
+        while args:
+            if args[0] == "--refuse" and len(args) >= 2:
+                refuse, args = int(args[1]), args[2:]
+            elif args[0] == "--tls" and len(args) >= 3:
+                tls, args = (args[1], args[2]), args[3:]
+            else:
+                sys.stderr.write(__doc__)
+                sys.exit(2)
+        serve(sys.argv[2], refuse, tls)
         return
     if len(sys.argv) == 4 and sys.argv[1] == "client":
         try:
