@@ -227,6 +227,55 @@ Test(upgrades, the_handshake_reaches_the_upstream_with_upgrade_and_connection_pu
     json_decref(all);
 }
 
+/* A client that reads nothing while the upstream echoes 3 MiB back: the proxy stops reading
+ * the upstream once its buffer for the client is full (the bytes wait in the kernel's socket
+ * buffers, not in the proxy), and every byte arrives once the client reads. */
+Test(upgrades, a_client_that_does_not_read_pauses_the_upstream)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(px->port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert(raw_send_all(fd, HANDSHAKE("/bp", ""), strlen(HANDSHAKE("/bp", ""))));
+    char head[4096];
+    read_head(fd, head, sizeof(head), 5000);
+    cr_assert(!strncmp(head, "HTTP/1.1 101", 12), "got:\n%s", head);
+    enum { N = 3 * 1024 * 1024 };
+    /* one masked binary frame (mask 0: the payload as it is), N bytes of a pattern */
+    unsigned char *frame = malloc(14 + N);
+    frame[0] = 0x82;
+    frame[1] = 0x80 | 127;
+    for (int i = 0; i < 8; i++)
+        frame[2 + i] = (unsigned char)((uint64_t)N >> (56 - 8 * i));
+    memset(frame + 10, 0, 4);
+    for (size_t i = 0; i < N; i++)
+        frame[14 + i] = (unsigned char)(i * 7 + i / 251);
+    long rss0 = px_rss_kb(px);
+    cr_assert(raw_send_all(fd, frame, 14 + N));
+    sleep_ms(1000); /* the echo comes back and finds no reader */
+    long grew = px_rss_kb(px) - rss0;
+    /* then every byte arrives, unchanged: a 10-byte frame head, then the payload */
+    unsigned char *got = malloc(10 + N);
+    size_t n = 0;
+    while (n < 10 + (size_t)N) {
+        ssize_t k = raw_recv(fd, (char *)got + n, 10 + N - n, 5000);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    close(fd);
+    cr_expect_eq(n, 10 + (size_t)N, "only %zu bytes came back", n);
+    cr_expect(n == 10 + (size_t)N && got[0] == 0x82 && memcmp(got + 10, frame + 14, N) == 0,
+              "the echo is not the message");
+    cr_expect(grew < 1024, "the proxy grew by %ld KiB holding what the client did not read", grew);
+    free(frame);
+    free(got);
+}
+
 /* ---- what the route allows ---- */
 
 Test(upgrades, a_token_the_route_does_not_tunnel_gets_our_501_naming_it)
