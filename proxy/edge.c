@@ -96,7 +96,6 @@ static bool plan_upgrade(struct retry_req *r, const struct head_scan *s, bool ha
         return false;
     }
     if (has_body) {
-        r->upgrade[0] = '\0';
         edge_error(r, 400, "bad_request", "an upgrade request with a body is not tunnelled");
         return false;
     }
