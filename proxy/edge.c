@@ -305,6 +305,8 @@ void edge_stream(struct retry_req *r)
          * closed (tag.close), so no byte sent after it is read as a request */
         struct tunnel_conf conf = { r->cfg->tunnel_idle_timeout_ms, &r->w->px->tunnels };
         tag.close = false;
+        /* timeout_ms covered the handshake; the tunnel has its idle limit instead */
+        loop_timer_stop(r->w->loop, &r->deadline_timer);
         r->front->ops->upgrade(r->front, &r->cur->att.head, &tag, attempt_take_tunnel(&r->cur->att),
                                &conf);
         return;

@@ -3,10 +3,7 @@
  * client or an upstream may try, and a scripted upstream for answers no real server gives. */
 #include <criterion/criterion.h>
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +11,7 @@
 #include <unistd.h>
 
 #include "tests/support/fixture.h"
+#include "tests/support/rawup.h"
 #include "tests/support/wsu.h"
 
 static void stop(void)
@@ -90,6 +88,25 @@ static size_t read_all(int fd, char *buf, size_t cap, int timeout_ms)
     return n;
 }
 
+/* Sends 'req' ('len' bytes) on a new connection to the proxy and reads the whole answer, up to
+ * the connection's end, into buf[cap]. */
+static void ask(const char *req, size_t len, char *buf, size_t cap)
+{
+    int fd = raw_dial(px->port);
+    cr_assert(raw_send_all(fd, req, len));
+    read_all(fd, buf, cap, 5000);
+    close(fd);
+}
+
+/* The same, reading only the answer's head: the connection, left open. */
+static int ask_head(const char *req, size_t len, char *buf, size_t cap)
+{
+    int fd = raw_dial(px->port);
+    cr_assert(raw_send_all(fd, req, len));
+    read_head(fd, buf, cap, 5000);
+    return fd;
+}
+
 static void expect_ok(json_t *res, const char *what)
 {
     char *text = json_dumps(res, 0);
@@ -128,6 +145,15 @@ Test(upgrades, an_https_upstream_is_tunnelled_over_tls)
     char cmd[96];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     fx_sh(cmd);
+}
+
+/* The route's timeout_ms bounds the handshake, limits.connection_timeout_ms an idle HTTP
+ * connection: neither ends a tunnel (limits.tunnel_idle_timeout_ms does). */
+Test(upgrades, a_tunnel_outlives_timeout_ms_and_connection_timeout_ms)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "\"timeout_ms\": 500", "\"limits\": {\"connection_timeout_ms\": 1000}");
+    expect_ok(wsu_client(ws_url("/slow"), "slow"), "2.5 s of silence");
 }
 
 Test(upgrades, ping_is_answered_by_a_pong)
@@ -174,11 +200,8 @@ Test(upgrades, an_upstream_refusing_the_upgrade_is_answered_as_it_came)
 {
     struct wsu *u = wsu_start(403);
     start_ws(u, "", "");
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, HANDSHAKE("/no", ""), strlen(HANDSHAKE("/no", ""))));
     char buf[4096];
-    read_all(fd, buf, sizeof(buf), 5000);
-    close(fd);
+    ask(HANDSHAKE("/no", ""), strlen(HANDSHAKE("/no", "")), buf, sizeof(buf));
     cr_expect(!strncmp(buf, "HTTP/1.1 403", 12), "got:\n%s", buf);
     cr_expect(strstr(buf, "\r\n\r\nrefused\n"), "not the upstream's body:\n%s", buf);
     cr_expect(strcasestr(buf, "X-Retry-Attempts: 1\r\n"), "got:\n%s", buf);
@@ -195,10 +218,8 @@ Test(upgrades, a_503_handshake_is_retried_on_another_upstream)
     snprintf(ups, sizeof(ups), "\"%s\", ", wsu_url(bad));
     snprintf(ups + strlen(ups), sizeof(ups) - strlen(ups), "\"%s\"", wsu_url(good));
     start(ups, "", "");
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, HANDSHAKE("/r", ""), strlen(HANDSHAKE("/r", ""))));
     char buf[4096];
-    read_head(fd, buf, sizeof(buf), 5000);
+    int fd = ask_head(HANDSHAKE("/r", ""), strlen(HANDSHAKE("/r", "")), buf, sizeof(buf));
     close(fd);
     cr_expect(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
     cr_expect(strcasestr(buf, "X-Retry-Attempts: 2\r\n"), "got:\n%s", buf);
@@ -284,11 +305,8 @@ Test(upgrades, a_token_the_route_does_not_tunnel_gets_our_501_naming_it)
     char ups[96];
     snprintf(ups, sizeof(ups), "\"%s\"", fx_up_url(0));
     start(ups, "\"upgrades\": []", "");
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, HANDSHAKE("/x", ""), strlen(HANDSHAKE("/x", ""))));
     char buf[4096];
-    read_all(fd, buf, sizeof(buf), 5000);
-    close(fd);
+    ask(HANDSHAKE("/x", ""), strlen(HANDSHAKE("/x", "")), buf, sizeof(buf));
     cr_expect(!strncmp(buf, "HTTP/1.1 501", 12), "got:\n%s", buf);
     cr_expect(strstr(buf, "\"error\": \"upgrade_not_allowed\""), "got:\n%s", buf);
     cr_expect(strstr(buf, "'websocket'"), "the token is not named:\n%s", buf);
@@ -304,10 +322,8 @@ Test(upgrades, h2c_is_ignored_and_the_request_served_as_http1)
     static const char req[] =
         "GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
         "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, req, strlen(req)));
     char buf[4096];
-    read_head(fd, buf, sizeof(buf), 5000);
+    int fd = ask_head(req, strlen(req), buf, sizeof(buf));
     close(fd);
     cr_expect(!strncmp(buf, "HTTP/1.1 200", 12), "got:\n%s", buf);
     cr_assert_eq(tup_count(up), 1);
@@ -320,10 +336,8 @@ Test(upgrades, past_max_tunnels_an_upgrade_gets_503)
 {
     struct wsu *u = wsu_start(0);
     start_ws(u, "", "\"limits\": {\"max_tunnels\": 1}");
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, HANDSHAKE("/1", ""), strlen(HANDSHAKE("/1", ""))));
     char buf[4096];
-    read_head(fd, buf, sizeof(buf), 5000);
+    int fd = ask_head(HANDSHAKE("/1", ""), strlen(HANDSHAKE("/1", "")), buf, sizeof(buf));
     cr_assert(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
     int fd2 = raw_dial(px->port);
     cr_assert(raw_send_all(fd2, HANDSHAKE("/2", ""), strlen(HANDSHAKE("/2", ""))));
@@ -342,10 +356,8 @@ Test(upgrades, an_idle_tunnel_is_closed_after_tunnel_idle_timeout_ms)
 {
     struct wsu *u = wsu_start(0);
     start_ws(u, "", "\"limits\": {\"tunnel_idle_timeout_ms\": 300}");
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, HANDSHAKE("/idle", ""), strlen(HANDSHAKE("/idle", ""))));
     char buf[4096];
-    read_head(fd, buf, sizeof(buf), 5000);
+    int fd = ask_head(HANDSHAKE("/idle", ""), strlen(HANDSHAKE("/idle", "")), buf, sizeof(buf));
     cr_assert(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
     int64_t t0 = now_ms();
     ssize_t k = raw_recv(fd, buf, sizeof(buf), 5000);
@@ -364,11 +376,8 @@ Test(upgrades, an_upgrade_with_a_body_is_refused_and_sends_nothing)
     start_ws(u, "", "");
     static const char req[] =
         HANDSHAKE("/b", "Content-Length: 38\r\n") "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, req, strlen(req)));
     char buf[4096];
-    read_all(fd, buf, sizeof(buf), 5000);
-    close(fd);
+    ask(req, strlen(req), buf, sizeof(buf));
     cr_expect(!strncmp(buf, "HTTP/1.1 400", 12), "got:\n%s", buf);
     cr_expect(strstr(buf, "upgrade request with a body"), "got:\n%s", buf);
     sleep_ms(100);
@@ -380,11 +389,8 @@ Test(upgrades, bytes_after_a_refused_upgrade_are_not_read_as_a_request)
     struct wsu *u = wsu_start(403);
     start_ws(u, "", "");
     static const char req[] = HANDSHAKE("/first", "") "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, req, strlen(req)));
     char buf[8192];
-    read_all(fd, buf, sizeof(buf), 5000);
-    close(fd);
+    ask(req, strlen(req), buf, sizeof(buf));
     cr_expect(!strncmp(buf, "HTTP/1.1 403", 12), "got:\n%s", buf);
     cr_expect_null(strstr(buf + 12, "HTTP/1.1"), "a second answer came:\n%s", buf);
     sleep_ms(200);
@@ -392,60 +398,7 @@ Test(upgrades, bytes_after_a_refused_upgrade_are_not_read_as_a_request)
     cr_expect_eq(wsu_count(u, "handshake", "/smuggled"), 0, "the bytes after it went upstream");
 }
 
-/* A scripted upstream: each connection's request head is kept, 'resp' sent, the connection
- * closed. */
-struct script {
-    int lfd;
-    uint16_t port;
-    pthread_t th;
-    const char *resp;
-    volatile int stop;
-    char got[4096]; /* the last request head */
-};
-
-static void *script_main(void *arg)
-{
-    struct script *s = arg;
-    while (!s->stop) {
-        struct pollfd p = { s->lfd, POLLIN, 0 };
-        if (poll(&p, 1, 50) <= 0)
-            continue;
-        int c = accept(s->lfd, NULL, NULL);
-        if (c < 0)
-            continue;
-        read_head(c, s->got, sizeof(s->got), 2000);
-        raw_send_all(c, s->resp, strlen(s->resp));
-        read_all(c, s->got + strlen(s->got), sizeof(s->got) - strlen(s->got), 1000);
-        close(c);
-    }
-    return NULL;
-}
-
-static struct script *script_start(const char *resp)
-{
-    struct script *s = calloc(1, sizeof(*s));
-    s->resp = resp;
-    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert(bind(s->lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    socklen_t al = sizeof(a);
-    getsockname(s->lfd, (struct sockaddr *)&a, &al);
-    s->port = ntohs(a.sin_port);
-    listen(s->lfd, 16);
-    pthread_create(&s->th, NULL, script_main, s);
-    return s;
-}
-
-static void script_stop(struct script *s)
-{
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    close(s->lfd);
-    free(s);
-}
-
-static void start_script(struct script *s, const char *extra)
+static void start_script(struct rawup *s, const char *extra)
 {
     char ups[64];
     snprintf(ups, sizeof(ups), "\"http://127.0.0.1:%u\"", s->port);
@@ -457,15 +410,13 @@ static const char SWITCH[] = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: webso
 
 Test(upgrades, a_101_to_a_plain_request_never_becomes_a_tunnel)
 {
-    struct script *s = script_start(SWITCH);
+    struct rawup *s = rawup_start(SWITCH, 1000);
     start_script(s, "max_attempts");
     static const char req[] = "GET /plain HTTP/1.1\r\nHost: x\r\n\r\n";
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, req, strlen(req)));
     char buf[8192];
-    read_head(fd, buf, sizeof(buf), 5000);
+    int fd = ask_head(req, strlen(req), buf, sizeof(buf));
     close(fd);
-    script_stop(s);
+    rawup_stop(s);
     cr_expect(!strncmp(buf, "HTTP/1.1 5", 10), "got:\n%s", buf);
     cr_expect_null(strstr(buf, "101"), "got:\n%s", buf);
     cr_expect_null(strstr(buf, "RAW-TUNNEL-BYTES"), "got:\n%s", buf);
@@ -473,15 +424,13 @@ Test(upgrades, a_101_to_a_plain_request_never_becomes_a_tunnel)
 
 Test(upgrades, a_101_to_another_protocol_is_a_malformed_answer)
 {
-    struct script *s = script_start("HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n"
-                                    "Connection: Upgrade\r\n\r\nRAW-TUNNEL-BYTES");
+    struct rawup *s = rawup_start("HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n"
+                                  "Connection: Upgrade\r\n\r\nRAW-TUNNEL-BYTES",
+                                  1000);
     start_script(s, "max_attempts");
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, HANDSHAKE("/w", ""), strlen(HANDSHAKE("/w", ""))));
     char buf[8192];
-    read_all(fd, buf, sizeof(buf), 5000);
-    close(fd);
-    script_stop(s);
+    ask(HANDSHAKE("/w", ""), strlen(HANDSHAKE("/w", "")), buf, sizeof(buf));
+    rawup_stop(s);
     cr_expect(!strncmp(buf, "HTTP/1.1 502", 12), "got:\n%s", buf);
     cr_expect(strstr(buf, "upstream_invalid_response"), "got:\n%s", buf);
     cr_expect_null(strstr(buf, "RAW-TUNNEL-BYTES"), "got:\n%s", buf);
@@ -492,7 +441,7 @@ Test(upgrades, a_101_to_another_protocol_is_a_malformed_answer)
  * upstream. */
 Test(upgrades, bytes_past_the_handshake_go_first_both_ways)
 {
-    struct script *s = script_start(SWITCH);
+    struct rawup *s = rawup_start(SWITCH, 1000);
     start_script(s, "");
     static const char req[] = HANDSHAKE("/w", "") "GET /early HTTP/1.1\r\nHost: x\r\n\r\n";
     int fd = raw_dial(px->port);
@@ -511,41 +460,35 @@ Test(upgrades, bytes_past_the_handshake_go_first_both_ways)
     cr_expect(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
     cr_expect(strstr(buf, "\r\n\r\nRAW-TUNNEL-BYTES"), "got:\n%s", buf);
     cr_expect(strstr(s->got, "\r\n\r\nGET /early HTTP/1.1\r\n"), "the upstream got:\n%s", s->got);
-    script_stop(s);
+    rawup_stop(s);
 }
 
 /* Bytes the framing check held or refused (no HTTP head) before the 101 never reach the
  * upstream: the tunnel is not opened. */
 Test(upgrades, unchecked_bytes_before_the_101_end_the_tunnel)
 {
-    struct script *s = script_start(SWITCH);
+    struct rawup *s = rawup_start(SWITCH, 1000);
     start_script(s, "");
     static const char req[] = HANDSHAKE("/w", "") "\x81\x85\x01\x02\x03\x04junk";
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, req, sizeof(req) - 1));
     char buf[8192];
-    read_all(fd, buf, sizeof(buf), 5000);
-    close(fd);
+    ask(req, sizeof(req) - 1, buf, sizeof(buf));
     sleep_ms(100);
     cr_expect_null(strstr(s->got, "junk"), "the upstream got:\n%s", s->got);
     cr_expect_null(strstr(s->got, "Host: -\r\n"), "the framing check's stand-in went up:\n%s",
                    s->got);
     cr_expect_null(strstr(s->got + 4, "GET /"), "the upstream got:\n%s", s->got);
-    script_stop(s);
+    rawup_stop(s);
 }
 
 Test(upgrades, a_chunked_refusal_is_read_by_its_framing)
 {
-    struct script *s =
-        script_start("HTTP/1.1 426 Upgrade Required\r\nTransfer-Encoding: chunked\r\n"
-                     "\r\n5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\n\r\n");
+    struct rawup *s = rawup_start("HTTP/1.1 426 Upgrade Required\r\nTransfer-Encoding: chunked\r\n"
+                                  "\r\n5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\n\r\n",
+                                  1000);
     start_script(s, "");
-    int fd = raw_dial(px->port);
-    cr_assert(raw_send_all(fd, HANDSHAKE("/w", ""), strlen(HANDSHAKE("/w", ""))));
     char buf[8192];
-    read_all(fd, buf, sizeof(buf), 5000);
-    close(fd);
-    script_stop(s);
+    ask(HANDSHAKE("/w", ""), strlen(HANDSHAKE("/w", "")), buf, sizeof(buf));
+    rawup_stop(s);
     cr_expect(!strncmp(buf, "HTTP/1.1 426", 12), "got:\n%s", buf);
     cr_expect(strstr(buf, "\r\n\r\nhello, world"), "got:\n%s", buf);
 }

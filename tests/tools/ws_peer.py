@@ -18,6 +18,7 @@ Debian's python3-websockets (10.4, asyncio). Run with /usr/bin/python3.
         ping            a ping answered by a pong
         close-client    the client closes (code 1000), the close handshake completes
         close-server    the server closes (code 4001), seen by the client
+        slow            a message echoed, 2.5 s of silence, another echoed
         vanish          a message echoed, then the process exits without a close (prints
                         "at_ms" just before)
         status          the handshake is refused: "status" is the HTTP status it got
@@ -97,6 +98,13 @@ async def client(url, scenario):
             await ws.send(msg)
             got = await asyncio.wait_for(ws.recv(), 20)
             return {"ok": got == msg, "len": len(got), "type": type(got).__name__}
+        if scenario == "slow":
+            await ws.send("one")
+            first = await asyncio.wait_for(ws.recv(), 10)
+            await asyncio.sleep(2.5)
+            await ws.send("two")
+            second = await asyncio.wait_for(ws.recv(), 10)
+            return {"ok": (first, second) == ("one", "two")}
         if scenario == "ping":
             pong = await ws.ping(b"are you there")
             await asyncio.wait_for(pong, 10)
