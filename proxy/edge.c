@@ -303,7 +303,8 @@ void edge_stream(struct retry_req *r)
         /* an upgrade the upstream agreed to (proxy/attempt.c): committed, and a tunnel once
          * the client has it; an upgrade refused is answered as it came, and the connection
          * closed (tag.close), so no byte sent after it is read as a request */
-        struct tunnel_conf conf = { r->cfg->tunnel_idle_timeout_ms, &r->w->px->tunnels };
+        struct tunnel_conf conf = { r->cfg->tunnel_idle_timeout_ms, &r->w->px->tunnels,
+                                    &r->w->tunnels };
         tag.close = false;
         /* timeout_ms covered the handshake; the tunnel has its idle limit instead */
         loop_timer_stop(r->w->loop, &r->deadline_timer);

@@ -18,6 +18,7 @@
 #include "proxy/loop.h"
 #include "proxy/relay.h"
 #include "proxy/retry.h"
+#include "proxy/tunnel.h"
 #include "proxy/wire.h"
 #include "proxy/wiretab.h"
 #include "proxy/worker.h"
@@ -410,6 +411,7 @@ static void server_stop(struct server *s)
     loop_watch_del(s->w->loop, &s->watch);
     loop_timer_stop(s->w->loop, &s->timer);
     loop_timer_stop(s->w->loop, &s->sweep);
+    tunnel_close_all(&s->w->tunnels); /* each gives its socket back to libmicrohttpd first */
     MHD_stop_daemon(s->d); /* resumes suspended connections and completes every request */
     free(s);
 }
@@ -423,6 +425,7 @@ static void quiesce(void *s)
 static void expire(void *s)
 {
     retry_expire_all(((struct server *)s)->w);
+    tunnel_close_all(&((struct server *)s)->w->tunnels); /* docs/upgrades.md "Drain" */
 }
 
 static void stop(void *s)

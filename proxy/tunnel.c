@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "proxy/dlist.h"
 #include "proxy/loop.h"
 #include "proxy/ring.h"
 #include "proxy/tls.h"
@@ -34,6 +35,8 @@ struct side {
 };
 
 struct tunnel {
+    struct tunnel *prev, *next; /* the worker's open tunnels */
+    struct tunnel **open;
     struct loop *loop;
     struct side side[2];
     struct ring buf[2];
@@ -87,6 +90,8 @@ static void tunnel_close(struct tunnel *t)
     t->close_client(t->close_arg);
     if (t->count)
         atomic_fetch_sub_explicit(t->count, 1, memory_order_relaxed);
+    if (t->open)
+        DLIST_UNLINK(*t->open, t);
     loop_defer_free(t->loop, t); /* a watch may have an event pending in this turn */
 }
 
@@ -213,6 +218,9 @@ int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up 
     t->count = conf->count;
     if (t->count)
         atomic_fetch_add_explicit(t->count, 1, memory_order_relaxed);
+    t->open = conf->open;
+    if (t->open)
+        DLIST_PUSH(*t->open, t);
     t->last_ms = loop_now(l);
     size_t rest_len;
     const char *rest = tunnel_up_rest(up, &rest_len);
@@ -228,4 +236,10 @@ int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up 
         loop_timer_start(l, &t->idle, t->last_ms + t->idle_ms, on_idle, t);
     pump(t);
     return 0;
+}
+
+void tunnel_close_all(struct tunnel **open)
+{
+    while (*open)
+        tunnel_close(*open);
 }

@@ -24,9 +24,12 @@ struct loop;
 struct tunnel_up;
 
 /* What a tunnel is opened with, besides its two ends. */
+struct tunnel;
+
 struct tunnel_conf {
-    uint32_t idle_ms;   /* limits.tunnel_idle_timeout_ms (0: none) */
-    atomic_uint *count; /* tunnels open in the process (limits.max_tunnels), kept up to date */
+    uint32_t idle_ms;     /* limits.tunnel_idle_timeout_ms (0: none) */
+    atomic_uint *count;   /* tunnels open in the process (limits.max_tunnels), kept up to date */
+    struct tunnel **open; /* the worker's open tunnels (tunnel_close_all) */
 };
 
 /* The client's end: its socket, the bytes already read past the request, and how it is given
@@ -43,5 +46,8 @@ struct tunnel_client {
  * -1 out of memory: then both ends are closed already. */
 int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up *up,
                 const struct tunnel_conf *conf);
+
+/* Closes every tunnel of the list (the drain time has ended, or the worker stops). */
+void tunnel_close_all(struct tunnel **open);
 
 #endif

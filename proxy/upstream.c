@@ -408,7 +408,7 @@ static int curl_ca_defaults(char **cainfo, char **capath)
     return (info && !*cainfo) || (path && !*capath) ? -1 : 0;
 }
 
-struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls)
+struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels)
 {
     struct upstream_url *url = calloc(1, sizeof(*url));
     if (!url)
@@ -426,8 +426,9 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
         if (!url->h2->tls || !url->h2->h1_too)
             return url; /* HTTP/2 only */
     }
-    if (strncmp(origin, "h2c://", 6) != 0) {
-        /* resolved now, as h2's origins are: a worker never looks a name up */
+    if (tunnels && strncmp(origin, "h2c://", 6) != 0) {
+        /* resolved now, as h2's origins are: a worker never looks a name up (a route whose
+         * upgrades is [] resolves nothing here) */
         struct origin_tls ot = { tls->ca_file, true };
         char *a = strndup(auth, strcspn(auth, "/"));
         url->tun = a ? origin_new(a, origin[4] == 's' ? &ot : NULL) : NULL;

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tests/support/fixture.h"
@@ -366,6 +368,37 @@ Test(upgrades, an_idle_tunnel_is_closed_after_tunnel_idle_timeout_ms)
     cr_expect_eq(k, 0, "the idle tunnel was not closed (%zd)", k);
     cr_expect(took >= 250 && took < 3000, "closed after %lld ms", (long long)took);
     cr_expect(fx_wait(closed_seen, u, 3000, 10), "the upstream side stayed open");
+}
+
+/* SIGTERM with a tunnel open: the tunnel is closed when drain_timeout_ms ends (both sides see
+ * the end) and the process exits 0 (px_stop only reaps it then). */
+Test(upgrades, open_tunnels_are_closed_when_the_drain_time_ends)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "\"drain_timeout_ms\": 1000");
+    char buf[4096];
+    int fd = ask_head(HANDSHAKE("/drain", ""), strlen(HANDSHAKE("/drain", "")), buf, sizeof(buf));
+    cr_assert(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
+    cr_assert_eq(kill(px->pid, SIGTERM), 0);
+    int64_t t0 = now_ms();
+    ssize_t k = raw_recv(fd, buf, sizeof(buf), 8000);
+    int64_t took = now_ms() - t0;
+    close(fd);
+    cr_expect_eq(k, 0, "the tunnel did not end (%zd)", k);
+    cr_expect(took >= 800 && took < 1800, "the tunnel ended %lld ms after SIGTERM",
+              (long long)took);
+    cr_expect(fx_wait(closed_seen, u, 3000, 10), "the upstream side stayed open");
+    siginfo_t si;
+    int64_t until = now_ms() + 5000;
+    do {
+        memset(&si, 0, sizeof(si));
+        if (waitid(P_PID, (id_t)px->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            si.si_pid == px->pid)
+            break;
+        sleep_ms(20);
+    } while (now_ms() < until);
+    cr_expect_eq(px_stop(px, 5000), 0, "not a clean exit");
+    px = NULL;
 }
 
 /* ---- raw bytes: what may not be smuggled through an upgrade ---- */
