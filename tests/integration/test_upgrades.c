@@ -219,7 +219,8 @@ Test(upgrades, a_503_handshake_is_retried_on_another_upstream)
     char ups[192];
     snprintf(ups, sizeof(ups), "\"%s\", ", wsu_url(bad));
     snprintf(ups + strlen(ups), sizeof(ups) - strlen(ups), "\"%s\"", wsu_url(good));
-    start(ups, "", "");
+    /* retry_on names the status alone: a retry here is the 503's, not a reset's */
+    start(ups, "", "\"defaults\": {\"retry\": {\"retry_on\": [\"503\"]}}");
     char buf[4096];
     int fd = ask_head(HANDSHAKE("/r", ""), strlen(HANDSHAKE("/r", "")), buf, sizeof(buf));
     close(fd);
