@@ -88,17 +88,18 @@ PROM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install
 .PHONY: deps-core promtool h2tools
 # The HTTP/2 and gRPC tests drive the proxy with curl, nghttp and h2load (nghttp2-client), raw
 # frames from python3-h2 (tests/tools/h2peer.py, the scripted upstream tests/tools/h2_upstream.py)
-# and a real gRPC client and server from python3-grpcio (tests/tools/grpc_peer.py), all run by
-# Debian's /usr/bin/python3. Installed as root; elsewhere the command to run is printed and
-# those suites fail saying what is missing.
-H2_APT_PKGS := curl nghttp2-client python3-h2 python3-grpcio
+# a real gRPC client and server from python3-grpcio (tests/tools/grpc_peer.py), and a real
+# WebSocket client and server from python3-websockets (tests/tools/ws_peer.py, the upgrade
+# tests), all run by Debian's /usr/bin/python3. Installed as root; elsewhere the command to run
+# is printed and those suites fail saying what is missing.
+H2_APT_PKGS := curl nghttp2-client python3-h2 python3-grpcio python3-websockets
 H2_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	$(H2_APT_PKGS) >/dev/null 2>&1
 h2tools: deps-core
 	@{ command -v h2load >/dev/null && command -v curl >/dev/null && \
-	   /usr/bin/python3 -c 'import h2, grpc' 2>/dev/null; } || \
+	   /usr/bin/python3 -c 'import h2, grpc, websockets' 2>/dev/null; } || \
 	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  echo "installing the HTTP/2 and gRPC test tools: $(H2_APT_PKGS)" && \
+	  echo "installing the HTTP/2, gRPC and WebSocket test tools: $(H2_APT_PKGS)" && \
 	  { $(H2_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(H2_INSTALL); }; }; } || \
 	  echo "HTTP/2 test tools missing; install them with: sudo apt-get install -y $(H2_APT_PKGS)"
 

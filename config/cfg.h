@@ -126,6 +126,11 @@ struct cfg_tls {
     enum cfg_http2 http2;
 };
 
+/* An upgrade token a route tunnels (routes[].upgrades, docs/upgrades.md). */
+struct cfg_upgrade {
+    const char *token; /* as written; compared without regard to case */
+};
+
 struct cfg_route {
     const char *name;
     const char *match_host;        /* lowercase; NULL matches any host */
@@ -140,9 +145,11 @@ struct cfg_route {
     uint32_t connect_timeout_ms;
     const char *deadline_header; /* tells each attempt how long the proxy waits; NULL: none */
     struct cfg_retry retry;
-    struct budget_limits budget;     /* the policy's own type; max_concurrent_retries -1: null */
-    struct throttle_limits throttle; /* client-side throttling; k 0: off */
-    struct cfg_tls tls;              /* https upstreams */
+    struct budget_limits budget;        /* the policy's own type; max_concurrent_retries -1: null */
+    struct throttle_limits throttle;    /* client-side throttling; k 0: off */
+    struct cfg_tls tls;                 /* https upstreams */
+    const struct cfg_upgrade *upgrades; /* the upgrade tokens tunnelled */
+    size_t n_upgrades;
 };
 
 struct cfg {
@@ -159,6 +166,8 @@ struct cfg {
     uint32_t max_header_bytes;
     uint32_t max_upstream_requests;
     enum cfg_underscores headers_with_underscores;
+    uint32_t tunnel_idle_timeout_ms; /* 0: never */
+    uint32_t max_tunnels;            /* upgraded connections open at once, process-wide */
     uint64_t max_body_bytes;
     uint64_t max_buffered_body_bytes;
     struct budget_limits budget;

@@ -854,6 +854,31 @@ static int parse_upstream(struct walk *w, const struct at *at, const json_t *v, 
 static const struct list_kind upstream_list =
     STRING_LIST("an array of URLs", "a URL string", struct cfg_upstream, url, parse_upstream);
 
+/* An upgrade token a route tunnels (docs/upgrades.md): an RFC 9110 token, without a version;
+ * compared without regard to case. "h2c" is refused: HTTP/2 arrives by prior knowledge, never
+ * by an Upgrade (RFC 9113 3.1). */
+static int parse_upgrade(struct walk *w, const struct at *at, const json_t *v, void *elem)
+{
+    struct cfg_upgrade *u = elem;
+    const char *s = json_string_value(v);
+    size_t len = json_string_length(v);
+    const char *why = check_name(s, len, 64, "!#$%&'*+-.^_`|~", "must be 1 to 64 characters long",
+                                 "must be an upgrade token (letters, digits and !#$%&'*+-.^_`|~, "
+                                 "no version)");
+    if (!why && len == 3 && strncasecmp(s, "h2c", 3) == 0)
+        why = "is not tunnelled: HTTP/2 comes by prior knowledge (docs/upgrades.md)";
+    if (why) {
+        err_at(w, at, "\"%s\" %s", s, why);
+        return -1;
+    }
+    u->token = arena_strndup(w->a, s, len);
+    return 0;
+}
+
+static const struct list_kind upgrade_list =
+    STRING_LIST("an array of upgrade tokens", "an upgrade token (\"websocket\")",
+                struct cfg_upgrade, token, parse_upgrade);
+
 /* ---- cross-field rules ---- */
 
 static const struct origin *origin_of(const struct ctx *x, const char *key)
@@ -1234,6 +1259,10 @@ static const struct field route_fields[] = {
               "client-side throttling: fewer attempts to an upstream that keeps failing"),
     OBJ_FIELD("tls", struct cfg_route, tls, tls_schema, 0,
               "how https upstreams are reached: the certificates trusted, and HTTP/2 by ALPN"),
+    LIST_FIELD("upgrades", struct cfg_route, upgrades, n_upgrades, upgrade_list, 0, NULL,
+               "[\"websocket\"]",
+               "HTTP/1.1 upgrade tokens tunnelled to the upstream once it answers 101 (any case; "
+               "[]: none); a request for another is answered 501 (docs/upgrades.md)"),
 };
 static const struct schema route_schema = SCHEMA(route_fields, check_route);
 
@@ -1278,6 +1307,12 @@ static const struct field limits_fields[] = {
                "a request header whose name has an underscore (X_Forwarded_Proto), which CGI and "
                "WSGI upstreams merge with the dashed name the proxy sets: drop (not forwarded), "
                "reject (a 400 naming it) or allow (forwarded)"),
+    UINT_FIELD("tunnel_idle_timeout_ms", struct cfg, tunnel_idle_timeout_ms, 0, MS_MAX, "300000",
+               "an upgraded connection (a WebSocket) with no byte either way this long is closed "
+               "(0: never; docs/upgrades.md)"),
+    UINT_FIELD("max_tunnels", struct cfg, max_tunnels, 0, 1000000, "10000",
+               "upgraded connections open at once in the process; an upgrade past it is answered "
+               "503 (docs/upgrades.md)"),
 };
 static const struct schema limits_schema = SCHEMA(limits_fields, NULL);
 

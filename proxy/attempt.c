@@ -89,6 +89,25 @@ static size_t status_line(struct attempt *a, const char *b, size_t len)
     return len;
 }
 
+/* A 101 agrees to the upgrade asked for when its Upgrade names that protocol (any case, the
+ * version too if the request gave one) and its Connection names "upgrade" (RFC 9110 7.8):
+ * anything else is no switch this proxy asked for, a malformed answer. */
+static bool upgrade_agreed(const struct attempt *a)
+{
+    const char *vals[2];
+    size_t lens[2];
+    if (hlist_values(&a->head, "Upgrade", vals, lens, 2) != 1 ||
+        !hlist_connection_names(&a->head, "upgrade"))
+        return false;
+    size_t vl = lens[0];
+    const char *v = hdr_trim(vals[0], &vl);
+    size_t want = strlen(a->upgrade);
+    bool versioned = strchr(a->upgrade, '/') != NULL;
+    if (!versioned && memchr(v, '/', vl))
+        vl = (size_t)((const char *)memchr(v, '/', vl) - v);
+    return vl == want && strncasecmp(v, a->upgrade, want) == 0;
+}
+
 /* The blank line after the fields. An interim 1xx head is dropped: the real one follows. A
  * head whose body cannot be framed (docs/hardening.md#responses) is refused here, before the
  * owner relays a byte of it: two lengths, or a Transfer-Encoding other than one "chunked"
@@ -96,7 +115,9 @@ static size_t status_line(struct attempt *a, const char *b, size_t len)
 static size_t head_end(struct attempt *a, size_t len)
 {
     if (a->status < 200) {
-        a->status = 0;
+        if (a->status == 101 && a->tun)
+            return upgrade_agreed(a) ? (a->head_done = true, a->ops->head(a), len) : bad_head(a);
+        a->status = 0; /* interim (a 101 too, to a request that asked for no upgrade) */
         return len;
     }
     bool bodiless = a->no_body || a->status == 204 || a->status == 304;
@@ -295,10 +316,17 @@ static int launch_h1(struct attempt *a, const struct upstream_url *url, const ch
     return upstream_start(a->up, &a->xfer, on_done, a);
 }
 
+static int launch_tun(struct attempt *a, const struct upstream_url *url, const char *target,
+                      const struct attempt_req *req, uint64_t connect_timeout_ms);
+
 int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
     a->h1.url = NULL;
+    a->upgrade = req->upgrade;
+    if (req->upgrade)
+        return launch_tun(a, url, upstream_target(a, base_path, req->target), req,
+                          connect_timeout_ms);
     const struct origin *o = upstream_url_h2(url);
     if (o && upstream_url_h1(url)) {
         /* https, h2 or http/1.1 as the server chooses: libcurl at once for a server known to
@@ -321,6 +349,12 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
 bool attempt_cancel(struct attempt *a)
 {
     upstream_unwait(a->up, &a->slot);
+    if (a->tun) {
+        tunnel_up_cancel(a->tun);
+        a->tun = NULL;
+        upstream_release_slot(a->up, &a->xfer);
+        return true;
+    }
     if (a->h2) {
         h2up_cancel(a->h2);
         a->h2 = NULL;
@@ -350,6 +384,8 @@ void attempt_resume_body(struct attempt *a)
 {
     if (a->h2)
         h2up_resume_body(a->h2);
+    else if (a->tun)
+        tunnel_up_resume(a->tun);
     else
         resume(a, &a->body_paused);
 }
@@ -496,4 +532,59 @@ static int launch_h2(struct attempt *a, const struct origin *o, const char *targ
         return -1;
     upstream_take_slot(a->up, &a->xfer);
     return 0;
+}
+
+/* ---- an upgrade's handshake (proxy/tunnel_up.h) ---- */
+
+static size_t tun_line(void *arg, const char *b, size_t len)
+{
+    return on_header((char *)b, 1, len, arg);
+}
+
+static size_t tun_body(void *arg, const char *p, size_t n)
+{
+    struct attempt *a = arg;
+    return a->ops->body(a, p, n); /* ATTEMPT_PAUSE is TUNNEL_UP_PAUSE */
+}
+
+/* As for an h2c stream: nothing sent is a connect failure, the rest is broken unless whole. */
+static void tun_done(void *arg, enum tunnel_up_end end)
+{
+    struct attempt *a = arg;
+    a->sends = end == TUNNEL_UP_UNSENT ? 0 : 1;
+    a->tun = NULL;
+    upstream_release_slot(a->up, &a->xfer);
+    a->ops->done(a, end == TUNNEL_UP_COMPLETE  ? ATTEMPT_COMPLETE
+                    : end == TUNNEL_UP_STOPPED ? ATTEMPT_REFUSED
+                                               : ATTEMPT_BROKEN);
+}
+
+static const struct tunnel_up_ops tun_ops = { .line = tun_line,
+                                              .body = tun_body,
+                                              .done = tun_done };
+
+static int launch_tun(struct attempt *a, const struct upstream_url *url, const char *target,
+                      const struct attempt_req *req, uint64_t connect_timeout_ms)
+{
+    struct h2up *h = upstream_h2(a->up);
+    struct tunnel_up_req r = { .o = upstream_url_tunnel(url),
+                               .method = req->method,
+                               .target = target,
+                               .headers = req->headers,
+                               .upgrade = req->upgrade,
+                               .no_body = strcmp(req->method, "HEAD") == 0,
+                               .connect_timeout_ms = connect_timeout_ms };
+    a->no_body = r.no_body;
+    if (!h || !(a->tun = tunnel_up_start(h2up_loop(h), h2up_tls_ctxs(h), &r, &tun_ops, a)))
+        return -1;
+    upstream_take_slot(a->up, &a->xfer);
+    return 0;
+}
+
+struct tunnel_up *attempt_take_tunnel(struct attempt *a)
+{
+    struct tunnel_up *u = a->tun;
+    if (u)
+        tunnel_up_handover(u);
+    return u;
 }

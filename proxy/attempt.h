@@ -18,6 +18,7 @@
 #include "policy/rng.h"
 #include "proxy/h2up.h"
 #include "proxy/hlist.h"
+#include "proxy/tunnel_up.h"
 #include "proxy/upstream.h"
 
 struct attempt;
@@ -62,6 +63,9 @@ struct attempt_req {
      * empty: none). HTTP/1.1 can carry them only in a chunked body: a buffered body that has
      * them goes chunked; a streamed one with a Content-Length goes without them. */
     const struct hlist *trailers;
+    /* An upgrade's handshake (docs/upgrades.md): the token asked for, NULL for none. It goes
+     * through proxy/tunnel_up.h, never libcurl; a 101 agreeing to it is its final head. */
+    const char *upgrade;
 };
 
 struct attempt {
@@ -69,9 +73,11 @@ struct attempt {
     void *arg; /* the owner's */
     struct upstream *up;
     struct upstream_xfer xfer;
-    struct h2up_stream *h2;           /* an h2c upstream's running stream, instead of xfer.easy */
-    struct upstream_wait slot;        /* queued for a transfer slot */
-    char *target_buf;                 /* the upstream's base path + the target */
+    struct h2up_stream *h2;    /* an h2c upstream's running stream, instead of xfer.easy */
+    struct tunnel_up *tun;     /* an upgrade's handshake, instead of xfer.easy */
+    const char *upgrade;       /* ... the token it asks for (the request's, which outlives it) */
+    struct upstream_wait slot; /* queued for a transfer slot */
+    char *target_buf;          /* the upstream's base path + the target */
     const struct hlist *req_trailers; /* attempt_req.trailers, for a chunked upload */
     const char *up_buf;               /* a buffered body going chunked: what is left of it */
     size_t up_len;
@@ -118,14 +124,19 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
  * upstream refused (REFUSED_STREAM, or a GOAWAY below it): it reached no application. */
 static inline bool attempt_sent(const struct attempt *a)
 {
-    return a->h2 ? h2up_sent(a->h2) : a->sends > 0;
+    return a->h2 ? h2up_sent(a->h2) : a->tun ? tunnel_up_sent(a->tun) : a->sends > 0;
 }
 
 /* Whether its transfer runs (started, not yet ended or cancelled). */
 static inline bool attempt_running(const struct attempt *a)
 {
-    return a->xfer.easy != NULL || a->h2 != NULL;
+    return a->xfer.easy != NULL || a->h2 != NULL || a->tun != NULL;
 }
+
+/* The upgrade's 101 was agreed to (ops->head reported it): its connection, handed over from
+ * inside that callback, is the caller's from now on (proxy/tunnel_up.h); the attempt then
+ * ends complete. */
+struct tunnel_up *attempt_take_tunnel(struct attempt *a);
 
 /* Ends the transfer, running or queued for a slot, without ops->done. Returns true if it was
  * running. Not from inside one of its callbacks. */

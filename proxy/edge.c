@@ -6,11 +6,14 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "proxy/grpc.h"
 #include "proxy/headers.h"
 #include "proxy/log.h"
+#include "proxy/proxy.h"
 #include "proxy/runtime.h"
+#include "proxy/tunnel.h"
 #include "proxy/worker.h"
 
 static void each_field(void *src, head_field_fn fn, void *arg)
@@ -28,6 +31,85 @@ static void set_request_id(struct retry_req *r, const char *client_id, size_t le
         snprintf(r->request_id, sizeof(r->request_id), "%.*s", (int)len, client_id);
     else
         hdr_uuid(&r->w->rng, r->request_id);
+}
+
+/* One protocol of an Upgrade list ("websocket", "websocket/13"): whether the route tunnels its
+ * name (any case). */
+static bool route_tunnels(const struct cfg_route *rt, const char *p, size_t n)
+{
+    const char *slash = memchr(p, '/', n);
+    size_t nl = slash ? (size_t)(slash - p) : n;
+    for (size_t i = 0; i < rt->n_upgrades; i++)
+        if (strlen(rt->upgrades[i].token) == nl && strncasecmp(rt->upgrades[i].token, p, nl) == 0)
+            return true;
+    return false;
+}
+
+/* A protocol as the client wrote it, for a message: its token characters, '?' for the others
+ * (the error body's message is not escaped). */
+static void token_text(char *out, size_t cap, const char *p, size_t n)
+{
+    size_t i = 0;
+    for (; i < n && i + 1 < cap; i++)
+        out[i] = hdr_name_valid_n(p + i, 1) || p[i] == '/' ? p[i] : '?';
+    out[i] = '\0';
+}
+
+/* A request with Connection: upgrade and an Upgrade field, on HTTP/1.1 (docs/upgrades.md). The
+ * first protocol the route tunnels is asked of the upstream; h2c is ignored (RFC 9110 7.8 lets
+ * a server ignore Upgrade: HTTP/2 comes by prior knowledge), and a request naming only h2c goes
+ * on as a plain HTTP/1.1 request. Any other protocol is refused with an error of our own,
+ * never sent as a plain request. Returns false when the request was answered. */
+static bool plan_upgrade(struct retry_req *r, const struct head_scan *s, bool has_body)
+{
+    const char *v = s->value[HF_UPGRADE];
+    size_t vl = s->value_len[HF_UPGRADE];
+    bool other = false;
+    char first[64];
+    first[0] = '\0';
+    if (s->count[HF_UPGRADE] > 1) {
+        edge_error(r, 400, "bad_request", "more than one Upgrade field");
+        return false;
+    }
+    for (size_t i = 0; i < vl && !r->upgrade[0];) {
+        while (i < vl && (v[i] == ',' || v[i] == ' ' || v[i] == '\t'))
+            i++;
+        size_t start = i;
+        while (i < vl && v[i] != ',' && v[i] != ' ' && v[i] != '\t')
+            i++;
+        size_t n = i - start;
+        if (!n || (n == 3 && strncasecmp(v + start, "h2c", 3) == 0))
+            continue;
+        if (route_tunnels(r->route, v + start, n) && n < sizeof(r->upgrade))
+            snprintf(r->upgrade, sizeof(r->upgrade), "%.*s", (int)n, v + start);
+        else if (!other)
+            token_text(first, sizeof(first), v + start, n);
+        other = true;
+    }
+    if (!other)
+        return true; /* h2c alone: the Upgrade is ignored */
+    char msg[160];
+    if (!r->upgrade[0]) {
+        snprintf(msg, sizeof(msg), "the route does not tunnel the upgrade '%s' (routes[].upgrades)",
+                 first);
+        edge_error(r, 501, "upgrade_not_allowed", msg);
+        return false;
+    }
+    if (has_body) {
+        edge_error(r, 400, "bad_request", "an upgrade request with a body is not tunnelled");
+        return false;
+    }
+    struct proxy *px = r->w->px;
+    if (atomic_load_explicit(&px->draining, memory_order_relaxed)) {
+        edge_error(r, 503, "draining", "retryproxy is shutting down: no new tunnels");
+        return false;
+    }
+    if (atomic_load_explicit(&px->tunnels, memory_order_relaxed) >= r->cfg->max_tunnels) {
+        edge_error(r, 503, "too_many_tunnels",
+                   "limits.max_tunnels upgraded connections are open already");
+        return false;
+    }
+    return true;
 }
 
 /* First call of the access handler: the head is complete, no body byte read yet. Either an
@@ -119,6 +201,10 @@ void edge_begin(struct retry_req *r, const char *method)
                    "the request body is larger than limits.max_body_bytes");
         return;
     }
+
+    if (s.value[HF_UPGRADE] && r->front->proto == FRONT_HTTP1 &&
+        head_connection_names(&s, "upgrade") && !plan_upgrade(r, &s, chunked || cl >= 0))
+        return;
 
     /* a key named in Connection does not reach the upstream, so it cannot vouch for a retry */
     if ((policy->methods & r->method_bit) ||
@@ -224,7 +310,7 @@ static struct front_tag tag_of(const struct retry_req *r)
         .request_id = r->request_id[0] ? r->request_id : NULL,
         .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
         /* a head that could not be framed, or draining: no more requests here */
-        .close = r->refused != WIRE_OK ||
+        .close = r->refused != WIRE_OK || r->upgrade[0] ||
                  atomic_load_explicit(&r->w->px->draining, memory_order_relaxed),
         .throttled = r->flags & RF_THROTTLED ? r->throttle_p : -1,
     };
@@ -246,6 +332,19 @@ void edge_stream(struct retry_req *r)
     attempt_commit(&r->cur->att);
     r->state = RS_STREAM;
     struct front_tag tag = tag_of(r);
+    if (r->cur->att.status == 101) {
+        /* an upgrade the upstream agreed to (proxy/attempt.c): committed, and a tunnel once
+         * the client has it; an upgrade refused is answered as it came, and the connection
+         * closed (tag.close), so no byte sent after it is read as a request */
+        struct tunnel_conf conf = { r->cfg->tunnel_idle_timeout_ms, &r->w->px->tunnels,
+                                    &r->w->tunnels };
+        tag.close = false;
+        /* timeout_ms covered the handshake; the tunnel has its idle limit instead */
+        loop_timer_stop(r->w->loop, &r->deadline_timer);
+        r->front->ops->upgrade(r->front, &r->cur->att.head, &tag, attempt_take_tunnel(&r->cur->att),
+                               &conf);
+        return;
+    }
     r->front->ops->response(r->front, r->cur->att.status, &r->cur->att.head, &tag);
 }
 

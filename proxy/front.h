@@ -22,6 +22,8 @@
 
 struct front;
 struct retry_req;
+struct tunnel_conf;
+struct tunnel_up;
 
 /* front_ops.body(): no room, offer the bytes again after retry_req_room(). */
 #define FRONT_FULL ((size_t)-1)
@@ -51,6 +53,11 @@ struct front_ops {
      * body follows through body() and end(). */
     void (*response)(struct front *f, int status, const struct hlist *h,
                      const struct front_tag *tag);
+    /* An upgrade's 101 (docs/upgrades.md; HTTP/1.1 front ends only), its head 'h' as the
+     * upstream sent it: once the client has it, bytes go both ways between the client and 'up'
+     * (proxy/tunnel.h), which is the front end's to free from now on. end() follows. */
+    void (*upgrade)(struct front *f, const struct hlist *h, const struct front_tag *tag,
+                    struct tunnel_up *up, const struct tunnel_conf *conf);
     /* Body bytes of that response: 'n' taken, FRONT_FULL, or 0 when no client takes them. */
     size_t (*body)(struct front *f, const char *p, size_t n);
     /* The body is complete, with its trailers (NULL: none), or broke off ('failed': the

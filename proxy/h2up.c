@@ -399,3 +399,13 @@ size_t h2up_connections(const struct h2up *h)
 {
     return h->nconns;
 }
+
+struct loop *h2up_loop(struct h2up *h)
+{
+    return h->loop;
+}
+
+struct tls_ctxs **h2up_tls_ctxs(struct h2up *h)
+{
+    return &h->tls;
+}

@@ -119,6 +119,12 @@ void h2up_resume_upload(struct h2up_stream *s);
 /* Whether https origin 'o' recently chose http/1.1 by ALPN (and may: tls.http2 "auto"): its
  * requests go through HTTP/1.1 without trying h2 first. */
 bool h2up_prefers_h1(struct h2up *h, const struct origin *o);
+
+/* The worker's loop and TLS contexts, which an upgrade's connection (proxy/tunnel_up.h) uses
+ * too. */
+struct tls_ctxs;
+struct loop *h2up_loop(struct h2up *h);
+struct tls_ctxs **h2up_tls_ctxs(struct h2up *h);
 /* Connections open now (for tests and metrics). */
 size_t h2up_connections(const struct h2up *h);
 

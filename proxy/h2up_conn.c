@@ -287,7 +287,8 @@ static void connected(struct conn *c)
         opened(c);
         return;
     }
-    if (!(c->tls = tls_new(&c->h->tls, c->fd, c->host, c->ca_file, c->h1_too))) {
+    if (!(c->tls = tls_new(&c->h->tls, c->fd, c->host, c->ca_file,
+                           c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2))) {
         tls_failed(c, "cannot set up TLS (out of memory, or tls.ca_file unreadable)");
         return;
     }

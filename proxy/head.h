@@ -29,6 +29,7 @@ enum head_field {
     HF_ACCEPT,
     HF_CONTENT_TYPE,
     HF_GRPC_TIMEOUT, /* grpc-timeout (docs/grpc.md) */
+    HF_UPGRADE,      /* Upgrade (docs/upgrades.md) */
     HF_COUNT
 };
 

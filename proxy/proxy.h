@@ -24,6 +24,8 @@ struct proxy {
     /* Request-body bytes held for replay by every worker, against
      * limits.max_buffered_body_bytes. */
     atomic_uint_fast64_t body_bytes;
+    /* Upgraded connections open in every worker, against limits.max_tunnels. */
+    atomic_uint tunnels;
     unsigned n_workers;
 };
 

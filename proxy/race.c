@@ -20,7 +20,8 @@
  * false where hedging does not apply: then the timeout ends the attempt. */
 bool race_hedge(struct retry_req *r)
 {
-    if (!r->route->retry.hedge || !(r->flags & RF_RETRYABLE) || intake_streams(&r->body))
+    if (!r->route->retry.hedge || !(r->flags & RF_RETRYABLE) || intake_streams(&r->body) ||
+        r->upgrade[0]) /* one tunnel: the handshake is never raced */
         return false;
     struct trial *t = r->cur, *next = malloc(sizeof(*next));
     if (!next)

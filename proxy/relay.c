@@ -10,6 +10,9 @@
 #include "proxy/answer.h"
 #include "proxy/retry.h"
 #include "proxy/ring.h"
+#include "proxy/tunnel.h"
+#include "proxy/tunnel_up.h"
+#include "proxy/wiretab.h"
 
 /* libmicrohttpd asks the content reader for at most this much at a time. */
 #define READER_BLOCK (32 * 1024)
@@ -49,6 +52,8 @@ struct relay {
     struct MHD_Response *resp; /* the answer, until queued */
     struct ring down;          /* body bytes for the client */
     struct loop_watch client_w;
+    struct tunnel_up *tun_up; /* an upgrade's upstream, until the client has the 101 */
+    struct tunnel_conf tun_conf;
 };
 
 static const struct front_ops relay_ops;
@@ -81,6 +86,7 @@ static void relay_fini(struct front *f)
 {
     relay_unwatch(f);
     ring_free(&of_front(f)->down);
+    tunnel_up_free(of_front(f)->tun_up); /* the 101 never reached the client */
 }
 
 struct each {
@@ -352,6 +358,64 @@ static size_t relay_body(struct front *f, const char *p, size_t n)
     return n;
 }
 
+/* ---- upgrades (docs/upgrades.md) ---- */
+
+struct upgraded {
+    struct MHD_UpgradeResponseHandle *urh;
+    void (*kick)(void *);
+    void *kick_arg;
+};
+
+/* The tunnel ended: libmicrohttpd closes the client's socket in its next run. */
+static void close_upgraded(void *arg)
+{
+    struct upgraded *u = arg;
+    MHD_upgrade_action(u->urh, MHD_UPGRADE_ACTION_CLOSE);
+    u->kick(u->kick_arg);
+    free(u);
+}
+
+/* The client has the 101: the connection is the tunnel's. */
+static void on_upgraded(void *cls, struct MHD_Connection *c, void *con_cls, const char *extra_in,
+                        size_t extra_in_size, MHD_socket sock,
+                        struct MHD_UpgradeResponseHandle *urh)
+{
+    (void)c;
+    (void)con_cls;
+    struct relay *rl = cls;
+    struct tunnel_up *up = rl->tun_up;
+    rl->tun_up = NULL;
+    /* Bytes the client sent before it had the 101 go first, but only those the framing check
+     * passed (libmicrohttpd's extra_in): bytes it holds or refused end the tunnel at once,
+     * never reaching the upstream (docs/upgrades.md). */
+    struct upgraded *u = wiretab_quiet(sock) ? malloc(sizeof(*u)) : NULL;
+    if (!u || !up) {
+        free(u);
+        tunnel_up_free(up);
+        MHD_upgrade_action(urh, MHD_UPGRADE_ACTION_CLOSE);
+        return;
+    }
+    *u = (struct upgraded){ urh, rl->kick, rl->kick_arg };
+    struct tunnel_client tc = { sock, extra_in, extra_in_size, close_upgraded, u };
+    tunnel_open(rl->loop, &tc, up, &rl->tun_conf);
+}
+
+/* The 101 with the upstream's fields: Upgrade as it came (a hop-by-hop field the answer must
+ * carry), the others as for any response; libmicrohttpd adds Connection: Upgrade. */
+static void relay_upgrade(struct front *f, const struct hlist *h, const struct front_tag *tag,
+                          struct tunnel_up *up, const struct tunnel_conf *conf)
+{
+    struct relay *rl = of_front(f);
+    rl->tun_up = up;
+    rl->tun_conf = *conf;
+    struct MHD_Response *resp = MHD_create_response_for_upgrade(on_upgraded, rl);
+    if (resp) {
+        MHD_add_response_header(resp, "Upgrade", hlist_get(h, "Upgrade"));
+        copy_fields(resp, h, tag);
+    }
+    answer(rl, resp, 101);
+}
+
 /* HTTP/1.1 trailers would need a chunked response: they are not relayed. */
 static void relay_end(struct front *f, const struct hlist *trailers, bool failed)
 {
@@ -479,6 +543,7 @@ static const struct front_ops relay_ops = { .fields = relay_fields,
                                             .error = relay_error,
                                             .saved = relay_saved,
                                             .response = relay_response,
+                                            .upgrade = relay_upgrade,
                                             .body = relay_body,
                                             .end = relay_end,
                                             .reset = relay_reset,

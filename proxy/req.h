@@ -105,6 +105,7 @@ struct retry_req {
     char method[WIRE_METHOD_MAX + 1]; /* the framing check refuses longer ones */
     enum wire_reason refused;         /* the head was refused: answer its error */
     uint32_t method_bit;
+    char upgrade[72]; /* the protocol an upgrade asks for, the route tunnelling it; "": none */
     char request_id[HEAD_REQUEST_ID_MAX + 1];
     struct head_up up;     /* the header list every attempt sends */
     struct intake body;    /* the request body */

@@ -356,7 +356,8 @@ static void attempt_go(struct attempt *a)
                                .body_buf = r->body.body,
                                .body_len = r->body.len,
                                .content_length = r->body.content_length,
-                               .trailers = &r->trailers };
+                               .trailers = &r->trailers,
+                               .upgrade = r->upgrade[0] ? r->upgrade : NULL };
     req.body = r->body.mode == INTAKE_BUFFER ? ATTEMPT_BODY_BUFFER
                : intake_streams(&r->body)    ? ATTEMPT_BODY_STREAM
                                              : ATTEMPT_BODY_NONE;

@@ -35,11 +35,18 @@ size_t ring_get(struct ring *q, char *out, size_t n)
     if (n > q->len)
         n = q->len;
     memcpy(out, q->buf + q->start, n);
+    ring_drop(q, n);
+    return n;
+}
+
+void ring_drop(struct ring *q, size_t n)
+{
+    if (n > q->len)
+        n = q->len;
     q->start += n;
     q->len -= n;
     if (q->len == 0)
         q->start = 0;
-    return n;
 }
 
 void ring_free(struct ring *q)

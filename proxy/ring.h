@@ -20,6 +20,8 @@ static inline size_t ring_space(const struct ring *q)
 int ring_put(struct ring *q, const char *p, size_t n);
 /* Takes up to 'n' bytes into 'out'; returns how many. */
 size_t ring_get(struct ring *q, char *out, size_t n);
+/* Drops the first 'n' bytes (at most len): those at buf + start, sent elsewhere. */
+void ring_drop(struct ring *q, size_t n);
 /* Frees the buffer; 'max' stays. */
 void ring_free(struct ring *q);
 

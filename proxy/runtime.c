@@ -52,7 +52,8 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struc
             goto fail;
         throttle_set_window(&x->live->throttle, r->throttle.window_ms);
         for (size_t k = 0; k < r->n_upstreams; k++)
-            if (!(x->urls[k] = upstream_url_new(r->upstreams[k].origin, &r->tls)))
+            if (!(x->urls[k] =
+                      upstream_url_new(r->upstreams[k].origin, &r->tls, r->n_upgrades > 0)))
                 goto fail;
         if (r->ejection.health.consecutive_failures > 0) {
             x->health = calloc(r->n_upstreams, sizeof(*x->health));

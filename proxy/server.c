@@ -18,6 +18,7 @@
 #include "proxy/loop.h"
 #include "proxy/relay.h"
 #include "proxy/retry.h"
+#include "proxy/tunnel.h"
 #include "proxy/wire.h"
 #include "proxy/wiretab.h"
 #include "proxy/worker.h"
@@ -343,7 +344,7 @@ static struct server *server_start(struct worker *w, int listen_fd, const struct
     /* The worker accepts connections itself (proxy/accept.c) and hands libmicrohttpd the
      * HTTP/1.1 ones. */
     s->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
-                            MHD_USE_NO_LISTEN_SOCKET, 0,
+                            MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_UPGRADE, 0,
                             NULL, NULL, on_access, w,
                             MHD_OPTION_URI_LOG_CALLBACK, on_uri, w,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
@@ -410,6 +411,7 @@ static void server_stop(struct server *s)
     loop_watch_del(s->w->loop, &s->watch);
     loop_timer_stop(s->w->loop, &s->timer);
     loop_timer_stop(s->w->loop, &s->sweep);
+    tunnel_close_all(&s->w->tunnels); /* each gives its socket back to libmicrohttpd first */
     MHD_stop_daemon(s->d); /* resumes suspended connections and completes every request */
     free(s);
 }
@@ -423,6 +425,7 @@ static void quiesce(void *s)
 static void expire(void *s)
 {
     retry_expire_all(((struct server *)s)->w);
+    tunnel_close_all(&((struct server *)s)->w->tunnels); /* docs/upgrades.md "Drain" */
 }
 
 static void stop(void *s)

@@ -38,6 +38,7 @@ struct tls {
 /* ALPN's wire form: length-prefixed names, h2 first. */
 static const unsigned char ALPN_H2_H1[] = "\x02h2\x08http/1.1";
 static const unsigned char ALPN_H2[] = "\x02h2";
+static const unsigned char ALPN_H1[] = "\x08http/1.1";
 
 void tls_ctxs_free(struct tls_ctxs *c)
 {
@@ -114,7 +115,7 @@ static SSL_CTX *ctx_for(struct tls_ctxs **cs, const char *ca_file)
 }
 
 struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const char *host, const char *ca_file,
-                    bool h1_too)
+                    enum tls_alpn alpn)
 {
     ERR_clear_error();
     SSL_CTX *ctx = ctx_for(ctxs, ca_file);
@@ -125,8 +126,9 @@ struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const char *host, const char
         goto fail;
     SSL_set_connect_state(t->ssl);
     /* returns 0 on success, unlike the rest of the API */
-    if (h1_too ? SSL_set_alpn_protos(t->ssl, ALPN_H2_H1, sizeof(ALPN_H2_H1) - 1)
-               : SSL_set_alpn_protos(t->ssl, ALPN_H2, sizeof(ALPN_H2) - 1))
+    if (alpn == TLS_ALPN_H2_H1 ? SSL_set_alpn_protos(t->ssl, ALPN_H2_H1, sizeof(ALPN_H2_H1) - 1)
+        : alpn == TLS_ALPN_H1  ? SSL_set_alpn_protos(t->ssl, ALPN_H1, sizeof(ALPN_H1) - 1)
+                               : SSL_set_alpn_protos(t->ssl, ALPN_H2, sizeof(ALPN_H2) - 1))
         goto fail;
     unsigned char ip[16];
     if (inet_pton(AF_INET, host, ip) == 1 || inet_pton(AF_INET6, host, ip) == 1) {

@@ -27,12 +27,18 @@ enum tls_want {
 /* A worker's configured contexts, one per CA file, made when first needed. Accepts NULL. */
 void tls_ctxs_free(struct tls_ctxs *c);
 
+/* What a client offers by ALPN. */
+enum tls_alpn {
+    TLS_ALPN_H2,    /* "h2" */
+    TLS_ALPN_H2_H1, /* "h2", then "http/1.1" */
+    TLS_ALPN_H1,    /* "http/1.1" alone (an upgrade's tunnel, docs/upgrades.md) */
+};
+
 /* A client on connected socket 'fd' to 'host' (a name or an IP address, without brackets),
- * trusting 'ca_file' (NULL: the system's store), offering "h2" and, when 'h1_too', "http/1.1".
- * '*ctxs' is the worker's context cache (made on first use). NULL when out of memory or the
- * CA file cannot be read. */
+ * trusting 'ca_file' (NULL: the system's store), offering 'alpn'. '*ctxs' is the worker's
+ * context cache (made on first use). NULL when out of memory or the CA file cannot be read. */
 struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const char *host, const char *ca_file,
-                    bool h1_too);
+                    enum tls_alpn alpn);
 void tls_free(struct tls *t); /* accepts NULL; sends no close_notify */
 
 enum tls_want tls_handshake(struct tls *t);

@@ -65,7 +65,8 @@ struct upstream {
  * https by ALPN), or both (https offering http/1.1 too). */
 struct upstream_url {
     CURLU *curl;
-    struct origin *h2; /* h2c, or https tried in HTTP/2 first (routes[].tls.http2) */
+    struct origin *h2;  /* h2c, or https tried in HTTP/2 first (routes[].tls.http2) */
+    struct origin *tun; /* http or https: where an upgrade's tunnel connects (docs/upgrades.md) */
     bool https;
     char *cainfo, *capath; /* what libcurl verifies an https upstream's certificate against */
 };
@@ -409,7 +410,7 @@ static int curl_ca_defaults(char **cainfo, char **capath)
     return (info && !*cainfo) || (path && !*capath) ? -1 : 0;
 }
 
-struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls)
+struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels)
 {
     struct upstream_url *url = calloc(1, sizeof(*url));
     if (!url)
@@ -426,6 +427,16 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
             goto fail;
         if (!url->h2->tls || !url->h2->h1_too)
             return url; /* HTTP/2 only */
+    }
+    if (tunnels && strncmp(origin, "h2c://", 6) != 0) {
+        /* resolved now, as h2's origins are: a worker never looks a name up (a route whose
+         * upgrades is [] resolves nothing here) */
+        struct origin_tls ot = { tls->ca_file, true };
+        char *a = strndup(auth, strcspn(auth, "/"));
+        url->tun = a ? origin_new(a, origin[4] == 's' ? &ot : NULL) : NULL;
+        free(a);
+        if (!url->tun)
+            goto fail;
     }
     url->curl = curl_url();
     if (!url->curl || curl_url_set(url->curl, CURLUPART_URL, origin, 0) != CURLUE_OK)
@@ -447,6 +458,7 @@ void upstream_url_free(struct upstream_url *url)
         return;
     curl_url_cleanup(url->curl);
     origin_free(url->h2);
+    origin_free(url->tun);
     free(url->cainfo);
     free(url->capath);
     free(url);
@@ -465,6 +477,11 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
 const struct origin *upstream_url_h2(const struct upstream_url *url)
 {
     return url->h2;
+}
+
+const struct origin *upstream_url_tunnel(const struct upstream_url *url)
+{
+    return url->tun;
 }
 
 bool upstream_url_h1(const struct upstream_url *url)

@@ -76,7 +76,7 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x);
  * memory or curl refuses the URL. */
 struct upstream_url;
 struct cfg_tls;
-struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls);
+struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels);
 void upstream_url_free(struct upstream_url *url); /* accepts NULL */
 /* Points 'e' at 'url' (one upstream_url_h1() allows). */
 void upstream_easy_url(CURL *e, const struct upstream_url *url);
@@ -87,6 +87,10 @@ const struct origin *upstream_url_h2(const struct upstream_url *url);
 /* Whether libcurl may carry requests to 'url' (http, https, and https "auto" when the server
  * chooses http/1.1). */
 bool upstream_url_h1(const struct upstream_url *url);
+/* Where an upgrade's tunnel connects (an http or https origin, resolved with the snapshot when
+ * 'tunnels' was given, docs/upgrades.md), NULL for an h2c one (HTTP/2 alone: no HTTP/1.1
+ * upgrade) or when it was not. */
+const struct origin *upstream_url_tunnel(const struct upstream_url *url);
 /* The worker's h2c sessions (made on first use), or NULL out of memory. */
 struct h2up;
 struct h2up *upstream_h2(struct upstream *u);

@@ -670,3 +670,8 @@ broken:
     sc.reason = WIRE_BAD_CHUNK;
     return sc;
 }
+
+bool wire_quiet(const struct wire *w)
+{
+    return !w->stash_len && w->q_off >= w->q_len && !w->dead && !w->closing && !w->reject_head;
+}

@@ -125,6 +125,9 @@ void wire_release(struct wire *w);
 ssize_t wire_recv(struct wire *w, void *buf, size_t len, wire_read_fn read, void *ctx,
                   uint64_t now_ms);
 
+/* Whether nothing is held or refused: every byte the client sent was handed over (an upgrade
+ * takes the connection over only then, docs/upgrades.md). */
+bool wire_quiet(const struct wire *w);
 /* Whether a held, incomplete head has passed its deadline (the worker's sweep asks). */
 bool wire_head_expired(const struct wire *w, uint64_t now_ms);
 /* Whether a head is being held (for the sweep's list). */

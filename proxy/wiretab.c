@@ -73,3 +73,11 @@ ssize_t wiretab_recv(int fd, void *buf, size_t len, int flags)
     struct raw r = { fd, flags };
     return wire_recv(w, buf, len, raw_read, &r, now);
 }
+
+bool wiretab_quiet(int fd)
+{
+    struct wire *w = NULL;
+    if (fd >= 0 && (size_t)fd < n_slots)
+        w = atomic_load_explicit(&slots[fd], memory_order_acquire);
+    return !w || wire_quiet(w);
+}

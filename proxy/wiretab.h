@@ -23,6 +23,9 @@ void wiretab_free(void);
 int wiretab_attach(int fd, struct wire *w);
 void wiretab_detach(int fd);
 
+/* Whether the framing check of 'fd' (if any) holds no byte and refused none (wire_quiet). */
+bool wiretab_quiet(int fd);
+
 /* recv() as the process sees it. */
 ssize_t wiretab_recv(int fd, void *buf, size_t len, int flags);
 

@@ -18,6 +18,7 @@
 
 struct worker;
 struct retry_req;
+struct tunnel;
 
 /* What serves the worker's clients (proxy/server.c), plugged in when the worker is made: the
  * worker's loop drives it knowing nothing of it. Each is called from the worker's thread. */
@@ -53,6 +54,7 @@ struct worker {
     bool quiesced, expired;
     pthread_t thread;
     struct retry_req *reqs; /* requests alive in this worker */
+    struct tunnel *tunnels; /* upgraded connections open in this worker (proxy/tunnel.h) */
     uint64_t body_freed;    /* replay-buffer bytes freed since the memory was last trimmed */
     atomic_size_t requests; /* how many (written by the worker, read while draining) */
 };

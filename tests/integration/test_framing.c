@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "tests/support/fixture.h"
+#include "tests/support/rawup.h"
 
 #define READ_MS 3000
 
@@ -525,71 +526,6 @@ Test(framing, a_head_slower_than_the_header_deadline_gets_408)
 
 /* ---- response cases: a scripted upstream ---- */
 
-struct script {
-    int lfd;
-    uint16_t port;
-    pthread_t th;
-    const char *resp;
-    size_t resp_len;
-    volatile int stop;
-    _Atomic int served; /* responses sent (counted before they go, so a client that has the
-                         * proxy's answer never sees an attempt uncounted) */
-};
-
-static void *script_main(void *arg)
-{
-    struct script *s = arg;
-    while (!s->stop) {
-        struct pollfd p = { s->lfd, POLLIN, 0 };
-        if (poll(&p, 1, 50) <= 0)
-            continue;
-        int c = accept(s->lfd, NULL, NULL);
-        if (c < 0)
-            continue;
-        /* read the request head, answer with the script, close */
-        char buf[8192];
-        size_t n = 0;
-        while (n < sizeof(buf) && !memmem(buf, n, "\r\n\r\n", 4)) {
-            struct pollfd q = { c, POLLIN, 0 };
-            if (poll(&q, 1, 2000) <= 0)
-                break;
-            ssize_t k = recv(c, buf + n, sizeof(buf) - n, 0);
-            if (k <= 0)
-                break;
-            n += (size_t)k;
-        }
-        s->served++;
-        raw_send_all(c, s->resp, s->resp_len);
-        shutdown(c, SHUT_WR);
-        sleep_ms(20);
-        close(c);
-    }
-    return NULL;
-}
-
-static struct script *script_start(void)
-{
-    struct script *s = calloc(1, sizeof(*s));
-    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert(bind(s->lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    socklen_t al = sizeof(a);
-    getsockname(s->lfd, (struct sockaddr *)&a, &al);
-    s->port = ntohs(a.sin_port);
-    listen(s->lfd, 16);
-    pthread_create(&s->th, NULL, script_main, s);
-    return s;
-}
-
-static void script_stop(struct script *s)
-{
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    close(s->lfd);
-    free(s);
-}
-
 struct pcase {
     const char *name;
     const char *resp;
@@ -675,7 +611,7 @@ static const struct pcase responses[] = {
 
 Test(framing, responses_with_bad_framing_become_502_and_the_rest_are_relayed_cleanly)
 {
-    struct script *s = script_start();
+    struct rawup *s = rawup_start(NULL, 20);
     struct cfgb *b = cfgb_new();
     cfgb_route(b, "r", "\"upstreams\": [\"http://127.0.0.1:%u\"], \"retry\": {\"retry_on\": []}",
                s->port);
@@ -710,14 +646,14 @@ Test(framing, responses_with_bad_framing_become_502_and_the_rest_are_relayed_cle
     free(a);
     px_stop_clean(px);
     px = NULL;
-    script_stop(s);
+    rawup_stop(s);
 }
 
 /* A response whose Transfer-Encoding cannot be framed ends its attempt as a reset would: a
  * route retrying resets tries again, and the client gets the 502 after the last attempt. */
 Test(framing, an_unframable_response_is_a_broken_attempt_and_retried_as_a_reset)
 {
-    struct script *s = script_start();
+    struct rawup *s = rawup_start(NULL, 20);
     s->resp = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, deflate\r\n\r\nWorld";
     s->resp_len = strlen(s->resp);
     struct cfgb *b = cfgb_new();
@@ -739,7 +675,7 @@ Test(framing, an_unframable_response_is_a_broken_attempt_and_retried_as_a_reset)
     free(a);
     px_stop_clean(px);
     px = NULL;
-    script_stop(s);
+    rawup_stop(s);
 }
 
 /* ---- the process-wide cap on bodies held for replay (limits.max_buffered_body_bytes) ---- */

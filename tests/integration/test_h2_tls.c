@@ -37,12 +37,7 @@ static void make_cert(const char *name, const char *san)
         snprintf(dir, sizeof(dir), "/tmp/retryproxy-h2tls-XXXXXX");
         cr_assert_not_null(mkdtemp(dir));
     }
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd),
-             "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test "
-             "-addext subjectAltName=%s -keyout %s/%s.key -out %s/%s.pem >/dev/null 2>&1",
-             san, dir, name, dir, name);
-    cr_assert_eq(fx_sh(cmd), 0, "openssl could not make a certificate");
+    fx_make_cert(dir, name, san);
 }
 
 static const char *path_of(const char *name, const char *ext)

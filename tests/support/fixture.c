@@ -403,3 +403,31 @@ int raw_send_status(int fd, const void *p, size_t n, int timeout_ms)
     buf[got] = '\0';
     return atoi(buf + 9);
 }
+
+json_t *fx_read_jsonl(const char *path)
+{
+    json_t *all = json_array();
+    char *text = proc_read_file(path);
+    for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        else
+            break; /* a line still being written */
+        json_t *j = json_loads(line, 0, NULL);
+        if (j)
+            json_array_append_new(all, j);
+    }
+    free(text);
+    return all;
+}
+
+void fx_make_cert(const char *in, const char *name, const char *san)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd),
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test "
+             "-addext subjectAltName=%s -keyout %s/%s.key -out %s/%s.pem >/dev/null 2>&1",
+             san, in, name, in, name);
+    cr_assert_eq(fx_sh(cmd), 0, "openssl could not make a certificate");
+}

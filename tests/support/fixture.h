@@ -113,6 +113,12 @@ int fx_scrape_metric(const char *series, double *v);
 double fx_metric(const char *series);
 /* Polls a series until it equals 'want' or 'timeout_ms' passed; the last value seen. */
 double fx_wait_metric(const char *series, double want, int timeout_ms);
+/* A self-signed certificate in IN/NAME.pem (key IN/NAME.key) whose subjectAltName is 'san'
+ * ("IP:127.0.0.1"), made by openssl (asserted). */
+void fx_make_cert(const char *in, const char *name, const char *san);
+/* The whole lines of a file of JSON lines (a test upstream's records), as a JSON array (caller
+ * decrefs); a line still being written is left out. */
+json_t *fx_read_jsonl(const char *path);
 /* GET 'path' on the admin listener, status 200 and a JSON body asserted (caller decrefs). */
 json_t *fx_admin_get_json(const char *path);
 /* 'method' 'path' on the admin listener, whatever its status (in *status if not NULL): its

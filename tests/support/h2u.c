@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/support/fixture.h"
 #include "tests/support/proc.h"
 
 #define H2U_MAX 2
@@ -71,20 +72,7 @@ const char *h2u_url(const struct h2u *u, const char *base)
 
 json_t *h2u_records(const struct h2u *u)
 {
-    json_t *all = json_array();
-    char *text = proc_read_file(u->record);
-    for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
-        nl = strchr(line, '\n');
-        if (nl)
-            *nl = '\0';
-        else
-            break; /* a line still being written */
-        json_t *j = json_loads(line, 0, NULL);
-        if (j)
-            json_array_append_new(all, j);
-    }
-    free(text);
-    return all;
+    return fx_read_jsonl(u->record);
 }
 
 static bool matches(const json_t *r, const char *key, const char *value)

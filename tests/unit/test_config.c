@@ -307,6 +307,43 @@ Test(config, tls_settings_of_https_upstreams)
     free(e);
 }
 
+/* docs/upgrades.md: routes[].upgrades names the tunnelled tokens ("websocket" unless set, []
+ * for none, inherited from defaults); the two tunnel limits have their defaults; h2c, a
+ * token with a version or a space, and a token listed twice are errors naming their path. */
+Test(config, upgrades_and_tunnel_limits)
+{
+    struct cfg *c = load("{\"defaults\": {\"upgrades\": [\"WebSocket\", \"x-raw\"]}, \"routes\": ["
+                         "{\"name\": \"a\", \"upstreams\": [\"http://h\"]},"
+                         "{\"name\": \"b\", \"upstreams\": [\"http://h\"], \"upgrades\": []}],"
+                         " \"limits\": {\"max_tunnels\": 7, \"tunnel_idle_timeout_ms\": 0}}");
+    cr_assert_eq(c->routes[0].n_upgrades, 2);
+    cr_expect_str_eq(c->routes[0].upgrades[0].token, "WebSocket");
+    cr_expect_str_eq(c->routes[0].upgrades[1].token, "x-raw");
+    cr_expect_eq(c->routes[1].n_upgrades, 0);
+    cr_expect_eq(c->max_tunnels, 7);
+    cr_expect_eq(c->tunnel_idle_timeout_ms, 0);
+    cfg_unref(c);
+    c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h\"]}]}");
+    cr_assert_eq(c->routes[0].n_upgrades, 1);
+    cr_expect_str_eq(c->routes[0].upgrades[0].token, "websocket", "websocket by default");
+    cr_expect_eq(c->max_tunnels, 10000);
+    cr_expect_eq(c->tunnel_idle_timeout_ms, 300000);
+    cfg_unref(c);
+    char *e =
+        load_errors("{\"limits\": {\"max_tunnels\": -1, \"tunnel_idle_timeout_ms\": \"1\"},"
+                    " \"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h\"],"
+                    " \"upgrades\": [\"h2c\", \"websocket/13\", \"a b\", \"ws\", \"ws\", 1]}]}");
+    cr_expect(strstr(e, "$.limits.max_tunnels: must be an integer"), "%s", e);
+    cr_expect(strstr(e, "$.limits.tunnel_idle_timeout_ms: expected an integer"), "%s", e);
+    cr_expect(strstr(e, "$.routes[0].upgrades[0]: \"h2c\" is not tunnelled"), "%s", e);
+    cr_expect(strstr(e, "$.routes[0].upgrades[1]: \"websocket/13\" must be an upgrade token"), "%s",
+              e);
+    cr_expect(strstr(e, "$.routes[0].upgrades[2]:"), "%s", e);
+    cr_expect(strstr(e, "$.routes[0].upgrades[4]: \"ws\" is listed twice"), "%s", e);
+    cr_expect(strstr(e, "$.routes[0].upgrades[5]:"), "%s", e);
+    free(e);
+}
+
 Test(config, retry_on_tokens_become_conditions_in_file_order)
 {
     struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:1\"],"

@@ -135,6 +135,13 @@ void attempt_commit(struct attempt *a)
     (void)a;
 }
 
+/* No upgrade here: no attempt has a tunnel to give. */
+struct tunnel_up *attempt_take_tunnel(struct attempt *a)
+{
+    (void)a;
+    return NULL;
+}
+
 void attempt_resume_body(struct attempt *a)
 {
     (void)a;
@@ -249,14 +256,15 @@ static void no_kick(void *arg)
 }
 
 /* A worker on a config with one route "r" whose fields are 'route_json' (after name and
- * upstreams), the clock at 1,000,000 ms. */
+ * upstreams), the clock at 1,000,000 ms. The upstreams are addresses: the snapshot resolves a
+ * route's upstream names for its tunnels (docs/upgrades.md), and nothing here connects. */
 static void start(const char *route_json)
 {
     char text[1024];
-    snprintf(
-        text, sizeof(text),
-        "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://a:1\", \"http://b:1\"]%s%s}]}",
-        *route_json ? ", " : "", route_json);
+    snprintf(text, sizeof(text),
+             "{\"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:1\", "
+             "\"http://127.0.0.2:1\"]%s%s}]}",
+             *route_json ? ", " : "", route_json);
     struct cfg_errs errs;
     cfg_errs_init(&errs);
     cfg = cfg_load_buffer(text, strlen(text), "t", &errs);

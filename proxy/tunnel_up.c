@@ -1,0 +1,615 @@
+/* tunnel_up -- an upgrade's attempt on its own connection (proxy/tunnel_up.h).
+ *
+ *   CONNECTING --> TLS (https) --> SENDING --> HEAD --101 taken over--> handed to the tunnel
+ *                                                |
+ *                                                +--another final status--> BODY --> done
+ *
+ * Every failure before a byte of the request went is UNSENT (a connect failure to the retry
+ * policy); after it, BROKEN (a reset). The connect timeout bounds CONNECTING and TLS; the
+ * owner's timers bound the rest.
+ */
+#include "proxy/tunnel_up.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "proxy/headers.h"
+#include "proxy/loop.h"
+#include "proxy/origin.h"
+#include "proxy/ring.h"
+#include "proxy/tls.h"
+
+/* The most of a response head (and what is read past it) held at once. */
+#define IN_MAX (64 * 1024)
+/* A chunk-size line longer than this is malformed (its extensions are not read). */
+#define CHUNK_LINE_MAX 1024
+
+enum tu_state { TU_CONNECTING, TU_TLS, TU_SENDING, TU_HEAD, TU_BODY, TU_HANDED };
+enum tu_framing { TF_NONE, TF_LENGTH, TF_CHUNKED, TF_CLOSE };
+enum tu_chunk { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER };
+
+struct tunnel_up {
+    struct loop *loop;
+    const struct tunnel_up_ops *ops;
+    void *arg;
+    enum tu_state state;
+    int fd;
+    struct tls *tls;
+    struct tls_ctxs **ctxs;
+    char *host, *ca_file;
+    struct loop_watch w;
+    struct loop_timer timer;
+    char *out; /* the request head */
+    size_t out_len, out_off;
+    uint64_t *bytes_sent;
+    struct ring in;
+    int status;       /* of the head being read */
+    bool head_start;  /* the next line is a status line */
+    bool no_body;     /* a HEAD request */
+    bool paused, eof; /* the owner has no room; the upstream closed */
+    enum tu_framing framing;
+    bool chunked_seen; /* Transfer-Encoding in the head (the owner's checks made it "chunked") */
+    int64_t length;    /* Content-Length in the head, -1: none */
+    enum tu_chunk chunk;
+    uint64_t left; /* TF_LENGTH, CH_DATA: bytes of the body (chunk) still to come */
+};
+
+static void on_io(struct loop_watch *w, uint32_t events);
+static void step(struct tunnel_up *u);
+
+static bool again(void)
+{
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+static ssize_t up_send(struct tunnel_up *u, const void *p, size_t n)
+{
+    return u->tls ? tls_send(u->tls, p, n) : send(u->fd, p, n, MSG_NOSIGNAL);
+}
+
+static ssize_t up_recv(struct tunnel_up *u, void *p, size_t n)
+{
+    return u->tls ? tls_recv(u->tls, p, n) : recv(u->fd, p, n, 0);
+}
+
+/* ---- life and death ---- */
+
+static void release(struct tunnel_up *u, bool close_fd)
+{
+    loop_watch_del(u->loop, &u->w);
+    loop_timer_stop(u->loop, &u->timer);
+    if (close_fd) {
+        tls_free(u->tls);
+        u->tls = NULL;
+        if (u->fd >= 0)
+            close(u->fd);
+        u->fd = -1;
+    }
+    free(u->out);
+    u->out = NULL;
+    free(u->host);
+    free(u->ca_file);
+    u->host = u->ca_file = NULL;
+}
+
+void tunnel_up_free(struct tunnel_up *u)
+{
+    if (!u)
+        return;
+    release(u, true);
+    ring_free(&u->in);
+    loop_defer_free(u->loop, u); /* its watch may have an event pending in this turn */
+}
+
+void tunnel_up_cancel(struct tunnel_up *u)
+{
+    tunnel_up_free(u);
+}
+
+/* The attempt is over: the owner hears it last, and 'u' is gone. */
+static void finish(struct tunnel_up *u, enum tunnel_up_end end)
+{
+    const struct tunnel_up_ops *ops = u->ops;
+    void *arg = u->arg;
+    if (end == TUNNEL_UP_BROKEN && !tunnel_up_sent(u))
+        end = TUNNEL_UP_UNSENT;
+    tunnel_up_free(u);
+    ops->done(arg, end);
+}
+
+static int watch_for(struct tunnel_up *u, uint32_t ev)
+{
+    if (u->w.events == ev)
+        return 0;
+    return loop_watch_mod(u->loop, &u->w, ev);
+}
+
+/* ---- the request ---- */
+
+static bool put(char **b, size_t *len, size_t *cap, const char *p, size_t n)
+{
+    if (*len + n > *cap) {
+        size_t c = *cap ? *cap * 2 : 1024;
+        while (c < *len + n)
+            c *= 2;
+        char *nb = realloc(*b, c);
+        if (!nb)
+            return false;
+        *b = nb;
+        *cap = c;
+    }
+    memcpy(*b + *len, p, n);
+    *len += n;
+    return true;
+}
+
+#define PUTS(s) put(&b, &len, &cap, s, strlen(s))
+
+/* The head as libcurl would write it from the same list: "Name: value" as it is, "Name;" as
+ * an empty value, "Name:" alone (a removal of one of curl's own) left out; Host from the
+ * origin unless the list has it (preserve_host); Connection and Upgrade put back. */
+static bool build_head(struct tunnel_up *u, const struct tunnel_up_req *req)
+{
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    bool ok = PUTS(req->method) && PUTS(" ") && PUTS(req->target) && PUTS(" HTTP/1.1\r\n");
+    bool host = false;
+    for (const struct curl_slist *l = req->headers; ok && l; l = l->next) {
+        const char *d = l->data, *colon = strchr(d, ':');
+        if (!colon) {
+            size_t n = strlen(d);
+            if (n && d[n - 1] == ';')
+                ok = put(&b, &len, &cap, d, n - 1) && PUTS(":\r\n");
+            continue;
+        }
+        size_t vl = strlen(colon + 1);
+        hdr_trim(colon + 1, &vl);
+        if (!vl)
+            continue;
+        host |= HDR_NAME_IS(d, (size_t)(colon - d), "Host");
+        ok = PUTS(d) && PUTS("\r\n");
+    }
+    if (ok && !host)
+        ok = PUTS("Host: ") && PUTS(req->o->authority) && PUTS("\r\n");
+    ok = ok && PUTS("Connection: upgrade\r\nUpgrade: ") && PUTS(req->upgrade) && PUTS("\r\n\r\n");
+    if (!ok) {
+        free(b);
+        return false;
+    }
+    u->out = b;
+    u->out_len = len;
+    return true;
+}
+
+bool tunnel_up_sent(const struct tunnel_up *u)
+{
+    return u->out_off > 0;
+}
+
+/* ---- the response ---- */
+
+/* Case-insensitive "Name:" at the start of a field line; its trimmed value in *v, *vl. */
+static bool field_is(const char *b, size_t len, const char *name, const char **v, size_t *vl)
+{
+    size_t nl = strlen(name);
+    if (len <= nl || b[nl] != ':' || strncasecmp(b, name, nl) != 0)
+        return false;
+    size_t n = len - nl - 1;
+    while (n && (b[nl + n] == '\r' || b[nl + n] == '\n'))
+        n--;
+    *vl = n;
+    *v = hdr_trim(b + nl + 1, vl);
+    return true;
+}
+
+/* What a final head says of its body: none, chunked, a length, or to the close (the owner's
+ * checks refused every ambiguous head before the empty line). */
+static void frame(struct tunnel_up *u)
+{
+    if (u->no_body || u->status == 204 || u->status == 304)
+        u->framing = TF_NONE;
+    else if (u->chunked_seen)
+        u->framing = TF_CHUNKED;
+    else if (u->length >= 0)
+        u->framing = u->length ? TF_LENGTH : TF_NONE;
+    else
+        u->framing = TF_CLOSE;
+    u->left = u->length > 0 ? (uint64_t)u->length : 0;
+    u->chunk = CH_SIZE;
+}
+
+/* One line of a head (at in.buf + in.start, 'len' bytes with its LF). False: the attempt is
+ * over (finished, or handed over). */
+static bool head_line(struct tunnel_up *u, const char *b, size_t len)
+{
+    if (u->head_start) {
+        u->head_start = false;
+        u->chunked_seen = false;
+        u->length = -1;
+        /* "HTTP/1.x NNN": the owner checks the line; the number is wanted here too */
+        const char *sp = memchr(b, ' ', len);
+        u->status = sp && (size_t)(sp - b) + 4 <= len ? (int)strtol(sp + 1, NULL, 10) : 0;
+    } else {
+        const char *v;
+        size_t vl;
+        if (field_is(b, len, "Transfer-Encoding", &v, &vl))
+            u->chunked_seen = true;
+        else if (field_is(b, len, "Content-Length", &v, &vl))
+            u->length = hdr_value_uint(v, vl);
+    }
+    bool blank = b[0] == '\r' || b[0] == '\n';
+    if (u->ops->line(u->arg, b, len) == 0) {
+        finish(u, TUNNEL_UP_BROKEN);
+        return false;
+    }
+    ring_drop(&u->in, len);
+    if (!blank)
+        return true;
+    if (u->state == TU_HANDED) {
+        /* the 101 was taken: the rest of the buffer is the tunnel's */
+        const struct tunnel_up_ops *ops = u->ops;
+        void *arg = u->arg;
+        loop_watch_del(u->loop, &u->w);
+        loop_timer_stop(u->loop, &u->timer);
+        ops->done(arg, TUNNEL_UP_COMPLETE);
+        return false;
+    }
+    if (u->status == 101 || u->status < 100) {
+        finish(u, TUNNEL_UP_BROKEN); /* a 101 the owner did not take */
+        return false;
+    }
+    u->head_start = true;
+    if (u->status < 200)
+        return true; /* interim: the real head follows */
+    frame(u);
+    u->state = TU_BODY;
+    return true;
+}
+
+/* Hands body bytes over: how many were taken; 0 with u->paused set, or -1 when the owner
+ * stopped the transfer (then it is finished). */
+static ssize_t deliver(struct tunnel_up *u, const char *p, size_t n)
+{
+    if (!n)
+        return 0;
+    size_t took = u->ops->body(u->arg, p, n);
+    if (took == TUNNEL_UP_PAUSE) {
+        u->paused = true;
+        return 0;
+    }
+    if (took == 0) {
+        finish(u, TUNNEL_UP_STOPPED);
+        return -1;
+    }
+    return (ssize_t)took;
+}
+
+/* One step of a chunked body over the buffered bytes. 1: go on; 0: more bytes are needed
+ * (or the owner paused); -1: finished. */
+static int chunk_step(struct tunnel_up *u, const char *p, size_t n)
+{
+    const char *lf = u->chunk != CH_DATA ? memchr(p, '\n', n) : NULL;
+    if (u->chunk != CH_DATA && !lf) {
+        if (n > CHUNK_LINE_MAX || (u->chunk == CH_TRAILER && n >= IN_MAX))
+            goto bad;
+        return 0;
+    }
+    size_t line = lf ? (size_t)(lf - p) + 1 : 0;
+    switch (u->chunk) {
+    case CH_SIZE: {
+        uint64_t size = 0;
+        size_t i = 0;
+        for (; i < line; i++) {
+            char c = p[i];
+            int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+            if (d < 0)
+                break;
+            if (size >> 56)
+                goto bad;
+            size = size * 16 + (uint64_t)d;
+        }
+        if (i == 0 || (p[i] != ';' && p[i] != '\r' && p[i] != '\n'))
+            goto bad;
+        ring_drop(&u->in, line);
+        u->left = size;
+        u->chunk = size ? CH_DATA : CH_TRAILER;
+        return 1;
+    }
+    case CH_DATA: {
+        ssize_t took = deliver(u, p, n < u->left ? n : (size_t)u->left);
+        if (took < 0)
+            return -1;
+        if (took == 0)
+            return 0;
+        ring_drop(&u->in, (size_t)took);
+        u->left -= (uint64_t)took;
+        if (!u->left)
+            u->chunk = CH_DATA_END;
+        return 1;
+    }
+    case CH_DATA_END:
+        if (!(line == 2 && p[0] == '\r') && line != 1)
+            goto bad;
+        ring_drop(&u->in, line);
+        u->chunk = CH_SIZE;
+        return 1;
+    case CH_TRAILER:
+        /* trailer fields are not relayed to an HTTP/1.1 client (proxy/relay.c): dropped */
+        ring_drop(&u->in, line);
+        if (line <= 2 && (p[0] == '\r' || p[0] == '\n')) {
+            finish(u, TUNNEL_UP_COMPLETE);
+            return -1;
+        }
+        return 1;
+    }
+bad:
+    finish(u, TUNNEL_UP_BROKEN);
+    return -1;
+}
+
+/* Works through the buffered bytes. False: the attempt is over. */
+static bool consume(struct tunnel_up *u)
+{
+    while (!u->paused) {
+        const char *p = u->in.buf + u->in.start;
+        size_t n = u->in.len;
+        if (u->state == TU_HEAD) {
+            const char *lf = n ? memchr(p, '\n', n) : NULL;
+            if (!lf) {
+                if (n >= IN_MAX || u->eof) {
+                    finish(u, TUNNEL_UP_BROKEN); /* too large, or cut short */
+                    return false;
+                }
+                return true;
+            }
+            if (!head_line(u, p, (size_t)(lf - p) + 1))
+                return false;
+            continue;
+        }
+        if (u->framing == TF_NONE) {
+            finish(u, TUNNEL_UP_COMPLETE);
+            return false;
+        }
+        if (u->framing == TF_CHUNKED) {
+            int r = n ? chunk_step(u, p, n) : 0;
+            if (r < 0)
+                return false;
+            if (r == 0) {
+                if (u->eof && !u->paused) {
+                    finish(u, TUNNEL_UP_BROKEN);
+                    return false;
+                }
+                return true;
+            }
+            continue;
+        }
+        size_t want = u->framing == TF_LENGTH && u->left < n ? (size_t)u->left : n;
+        ssize_t took = deliver(u, p, want);
+        if (took < 0)
+            return false;
+        ring_drop(&u->in, (size_t)took);
+        if (u->framing == TF_LENGTH) {
+            u->left -= (uint64_t)took;
+            if (!u->left) {
+                finish(u, TUNNEL_UP_COMPLETE);
+                return false;
+            }
+        }
+        if (took == 0 || !u->in.len) {
+            if (u->eof && !u->paused) {
+                finish(u, u->framing == TF_CLOSE ? TUNNEL_UP_COMPLETE : TUNNEL_UP_BROKEN);
+                return false;
+            }
+            return true;
+        }
+    }
+    return true;
+}
+
+/* Reads what the socket has (while there is room and the owner takes bytes), then works
+ * through it. */
+static void read_some(struct tunnel_up *u)
+{
+    for (int i = 0; i < 16 && !u->eof && !u->paused && ring_space(&u->in); i++) {
+        char buf[16 * 1024];
+        size_t room = ring_space(&u->in) < sizeof(buf) ? ring_space(&u->in) : sizeof(buf);
+        ssize_t n = up_recv(u, buf, room);
+        if (n < 0 && again())
+            break;
+        if (n < 0) {
+            finish(u, TUNNEL_UP_BROKEN);
+            return;
+        }
+        if (n == 0)
+            u->eof = true;
+        else if (ring_put(&u->in, buf, (size_t)n) < 0) {
+            finish(u, TUNNEL_UP_BROKEN);
+            return;
+        }
+        if (!consume(u))
+            return;
+    }
+    if (!consume(u))
+        return;
+    if (watch_for(u, u->paused || u->eof ? 0 : EPOLLIN) < 0)
+        finish(u, TUNNEL_UP_BROKEN);
+}
+
+void tunnel_up_resume(struct tunnel_up *u)
+{
+    if (!u->paused || u->state != TU_BODY)
+        return;
+    u->paused = false;
+    read_some(u);
+}
+
+/* ---- connecting and sending ---- */
+
+static void send_head(struct tunnel_up *u)
+{
+    while (u->out_off < u->out_len) {
+        ssize_t n = up_send(u, u->out + u->out_off, u->out_len - u->out_off);
+        if (n < 0 && again()) {
+            if (watch_for(u, EPOLLOUT) < 0)
+                finish(u, TUNNEL_UP_BROKEN);
+            return;
+        }
+        if (n <= 0) {
+            finish(u, TUNNEL_UP_BROKEN);
+            return;
+        }
+        u->out_off += (size_t)n;
+        if (u->bytes_sent)
+            *u->bytes_sent += (uint64_t)n;
+    }
+    free(u->out);
+    u->out = NULL;
+    u->state = TU_HEAD;
+    u->head_start = true;
+    read_some(u);
+}
+
+static void handshake(struct tunnel_up *u)
+{
+    switch (tls_handshake(u->tls)) {
+    case TLS_WANT_READ:
+        if (watch_for(u, EPOLLIN) < 0)
+            finish(u, TUNNEL_UP_UNSENT);
+        return;
+    case TLS_WANT_WRITE:
+        if (watch_for(u, EPOLLOUT) < 0)
+            finish(u, TUNNEL_UP_UNSENT);
+        return;
+    case TLS_FAILED:
+        finish(u, TUNNEL_UP_UNSENT);
+        return;
+    case TLS_DONE:
+        break;
+    }
+    loop_timer_stop(u->loop, &u->timer);
+    u->state = TU_SENDING;
+    send_head(u);
+}
+
+static void connected(struct tunnel_up *u)
+{
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(u->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
+        finish(u, TUNNEL_UP_UNSENT);
+        return;
+    }
+    if (!u->host) {
+        loop_timer_stop(u->loop, &u->timer);
+        u->state = TU_SENDING;
+        send_head(u);
+        return;
+    }
+    if (!(u->tls = tls_new(u->ctxs, u->fd, u->host, u->ca_file, TLS_ALPN_H1))) {
+        finish(u, TUNNEL_UP_UNSENT);
+        return;
+    }
+    u->state = TU_TLS;
+    handshake(u);
+}
+
+static void step(struct tunnel_up *u)
+{
+    switch (u->state) {
+    case TU_CONNECTING:
+        connected(u);
+        break;
+    case TU_TLS:
+        handshake(u);
+        break;
+    case TU_SENDING:
+        send_head(u);
+        break;
+    case TU_HEAD:
+    case TU_BODY:
+        read_some(u);
+        break;
+    case TU_HANDED:
+        break;
+    }
+}
+
+static void on_io(struct loop_watch *w, uint32_t events)
+{
+    (void)events;
+    step(w->arg);
+}
+
+static void on_connect_timeout(struct loop_timer *t)
+{
+    finish(t->arg, TUNNEL_UP_UNSENT);
+}
+
+struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
+                                  const struct tunnel_up_req *req, const struct tunnel_up_ops *ops,
+                                  void *arg)
+{
+    const struct origin *o = req->o;
+    if (!o || !o->addr_len)
+        return NULL; /* a name that did not resolve */
+    struct tunnel_up *u = calloc(1, sizeof(*u));
+    if (!u)
+        return NULL;
+    u->loop = l;
+    u->ops = ops;
+    u->arg = arg;
+    u->ctxs = tls;
+    u->fd = -1;
+    u->no_body = req->no_body;
+    u->bytes_sent = req->bytes_sent;
+    u->in.max = IN_MAX;
+    if (!build_head(u, req) || (o->tls && (!(u->host = strdup(o->host)) ||
+                                           (o->ca_file && !(u->ca_file = strdup(o->ca_file))))))
+        goto fail;
+    u->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (u->fd < 0)
+        goto fail;
+    if (connect(u->fd, (const struct sockaddr *)&o->addr, o->addr_len) < 0 && errno != EINPROGRESS)
+        goto fail;
+    if (loop_watch_add(l, &u->w, u->fd, EPOLLOUT, on_io, u) < 0)
+        goto fail;
+    if (req->connect_timeout_ms)
+        loop_timer_start(l, &u->timer, loop_now(l) + req->connect_timeout_ms, on_connect_timeout,
+                         u);
+    return u;
+fail:
+    release(u, true);
+    free(u);
+    return NULL;
+}
+
+/* ---- the handover ---- */
+
+void tunnel_up_handover(struct tunnel_up *u)
+{
+    u->state = TU_HANDED;
+}
+
+int tunnel_up_fd(const struct tunnel_up *u)
+{
+    return u->fd;
+}
+
+struct tls *tunnel_up_tls(const struct tunnel_up *u)
+{
+    return u->tls;
+}
+
+const char *tunnel_up_rest(const struct tunnel_up *u, size_t *len)
+{
+    *len = u->in.len;
+    return u->in.buf ? u->in.buf + u->in.start : "";
+}

@@ -1,0 +1,528 @@
+/* HTTP/1.1 upgrades, end to end (docs/upgrades.md): a real WebSocket client and server
+ * (tests/tools/ws_peer.py, python3-websockets) through the real binary, raw bytes for what a
+ * client or an upstream may try, and a scripted upstream for answers no real server gives. */
+#include <criterion/criterion.h>
+
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/support/fixture.h"
+#include "tests/support/rawup.h"
+#include "tests/support/wsu.h"
+
+static void stop(void)
+{
+    wsu_stop_all();
+    fx_stop();
+}
+
+TestSuite(upgrades, .fini = stop, .timeout = 120);
+
+/* A WebSocket handshake for 'path', as a browser sends it (RFC 6455 1.3's key). */
+#define HANDSHAKE(path, extra)                                                                     \
+    "GET " path " HTTP/1.1\r\nHost: ws.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"      \
+    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n" extra "\r\n"
+
+/* "ws://127.0.0.1:PORT" + path, the proxy's. */
+static const char *ws_url(const char *path)
+{
+    static char url[256];
+    snprintf(url, sizeof(url), "ws://127.0.0.1:%u%s", px->port, path);
+    return url;
+}
+
+/* The proxy with one route "ws" to 'upstreams' (JSON array members), 'extra' more route
+ * members ("max_attempts" alone: one attempt), 'top' more top-level members (either ""). One
+ * worker: round-robin starts at the first upstream. */
+static void start(const char *upstreams, const char *extra, const char *top)
+{
+    struct cfgb *b = cfgb_new();
+    if (*top)
+        cfgb_top(b, "%s", top);
+    cfgb_route(b, "ws", "\"upstreams\": [%s], \"retry\": {" CFG_FAST "%s}%s%s", upstreams,
+               strstr(extra, "max_attempts") ? ", \"max_attempts\": 1" : "",
+               *extra && !strstr(extra, "max_attempts") ? ", " : "",
+               strstr(extra, "max_attempts") ? "" : extra);
+    fx_start_b(b, "--workers", "1", NULL);
+}
+
+static void start_ws(struct wsu *u, const char *extra, const char *top)
+{
+    char ups[96];
+    snprintf(ups, sizeof(ups), "\"%s\"", wsu_url(u));
+    start(ups, extra, top);
+}
+
+/* Reads until the end of a response head (or the peer's end, or 'timeout_ms'): what came. */
+static size_t read_head(int fd, char *buf, size_t cap, int timeout_ms)
+{
+    size_t n = 0;
+    while (n + 1 < cap && !memmem(buf, n, "\r\n\r\n", 4)) {
+        ssize_t k = raw_recv(fd, buf + n, cap - 1 - n, timeout_ms);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+        buf[n] = '\0';
+    }
+    buf[n] = '\0';
+    return n;
+}
+
+/* Reads until the peer's end or 'timeout_ms': what came. */
+static size_t read_all(int fd, char *buf, size_t cap, int timeout_ms)
+{
+    size_t n = 0;
+    for (;;) {
+        ssize_t k = raw_recv(fd, buf + n, cap - 1 - n, timeout_ms);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+        if (n + 1 >= cap)
+            break;
+    }
+    buf[n] = '\0';
+    return n;
+}
+
+/* Sends 'req' ('len' bytes) on a new connection to the proxy and reads the whole answer, up to
+ * the connection's end, into buf[cap]. */
+static void ask(const char *req, size_t len, char *buf, size_t cap)
+{
+    int fd = raw_dial(px->port);
+    cr_assert(raw_send_all(fd, req, len));
+    read_all(fd, buf, cap, 5000);
+    close(fd);
+}
+
+/* The same, reading only the answer's head: the connection, left open. */
+static int ask_head(const char *req, size_t len, char *buf, size_t cap)
+{
+    int fd = raw_dial(px->port);
+    cr_assert(raw_send_all(fd, req, len));
+    read_head(fd, buf, cap, 5000);
+    return fd;
+}
+
+static void expect_ok(json_t *res, const char *what)
+{
+    char *text = json_dumps(res, 0);
+    cr_expect(json_is_true(json_object_get(res, "ok")), "%s: %s", what, text);
+    free(text);
+    json_decref(res);
+}
+
+/* ---- a real WebSocket client and server ---- */
+
+Test(upgrades, text_binary_and_a_mebibyte_echo_through_the_tunnel)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    expect_ok(wsu_client(ws_url("/chat"), "text"), "text");
+    expect_ok(wsu_client(ws_url("/chat"), "binary"), "binary");
+    expect_ok(wsu_client(ws_url("/chat"), "big"), "1 MiB");
+    cr_expect_eq(wsu_count(u, "handshake", "/chat"), 3);
+}
+
+/* An https upstream: TLS offering http/1.1 alone by ALPN, the certificate checked against the
+ * route's tls.ca_file. */
+Test(upgrades, an_https_upstream_is_tunnelled_over_tls)
+{
+    char dir[] = "/tmp/retryproxy-wstls-XXXXXX", cert[64], key[64], extra[160];
+    cr_assert_not_null(mkdtemp(dir));
+    fx_make_cert(dir, "up", "IP:127.0.0.1");
+    snprintf(cert, sizeof(cert), "%s/up.pem", dir);
+    snprintf(key, sizeof(key), "%s/up.key", dir);
+    struct wsu *u = wsu_start_tls(cert, key);
+    snprintf(extra, sizeof(extra), "\"tls\": {\"ca_file\": \"%s\"}", cert);
+    start_ws(u, extra, "");
+    expect_ok(wsu_client(ws_url("/tls"), "text"), "text over TLS");
+    expect_ok(wsu_client(ws_url("/tls"), "big"), "1 MiB over TLS");
+    cr_expect_eq(wsu_count(u, "handshake", "/tls"), 2);
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    fx_sh(cmd);
+}
+
+/* The route's timeout_ms bounds the handshake, limits.connection_timeout_ms an idle HTTP
+ * connection: neither ends a tunnel (limits.tunnel_idle_timeout_ms does). */
+Test(upgrades, a_tunnel_outlives_timeout_ms_and_connection_timeout_ms)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "\"timeout_ms\": 500", "\"limits\": {\"connection_timeout_ms\": 1000}");
+    expect_ok(wsu_client(ws_url("/slow"), "slow"), "2.5 s of silence");
+}
+
+Test(upgrades, ping_is_answered_by_a_pong)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    expect_ok(wsu_client(ws_url("/p"), "ping"), "ping");
+}
+
+static bool closed_seen(void *arg)
+{
+    return wsu_count(arg, "closed", NULL) >= 1;
+}
+
+Test(upgrades, close_handshake_from_either_side)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    expect_ok(wsu_client(ws_url("/c"), "close-client"), "client closes");
+    expect_ok(wsu_client(ws_url("/s"), "close-server"), "server closes");
+    cr_expect(fx_wait(closed_seen, u, 5000, 20));
+}
+
+Test(upgrades, a_vanished_client_closes_the_upstream_side_within_a_second)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    json_t *res = wsu_client(ws_url("/v"), "vanish");
+    int64_t gone = json_integer_value(json_object_get(res, "at_ms"));
+    json_decref(res);
+    cr_assert(fx_wait(closed_seen, u, 3000, 10), "the upstream never saw the tunnel close");
+    json_t *all = wsu_records(u), *r;
+    size_t i;
+    int64_t closed = 0;
+    json_array_foreach(all, i,
+                       r) if (json_str(r, "event") && !strcmp(json_str(r, "event"), "closed"))
+        closed = json_integer_value(json_object_get(r, "at_ms"));
+    json_decref(all);
+    cr_expect(closed - gone < 1000, "the upstream side closed %lld ms after the client left",
+              (long long)(closed - gone));
+}
+
+Test(upgrades, an_upstream_refusing_the_upgrade_is_answered_as_it_came)
+{
+    struct wsu *u = wsu_start(403);
+    start_ws(u, "", "");
+    char buf[4096];
+    ask(HANDSHAKE("/no", ""), strlen(HANDSHAKE("/no", "")), buf, sizeof(buf));
+    cr_expect(!strncmp(buf, "HTTP/1.1 403", 12), "got:\n%s", buf);
+    cr_expect(strstr(buf, "\r\n\r\nrefused\n"), "not the upstream's body:\n%s", buf);
+    cr_expect(strcasestr(buf, "X-Retry-Attempts: 1\r\n"), "got:\n%s", buf);
+    cr_expect_eq(wsu_count(u, "handshake", "/no"), 1, "a 403 is not retried");
+    json_t *res = wsu_client(ws_url("/no"), "status");
+    cr_expect_eq(json_integer_value(json_object_get(res, "status")), 403);
+    json_decref(res);
+}
+
+Test(upgrades, a_503_handshake_is_retried_on_another_upstream)
+{
+    struct wsu *bad = wsu_start(503), *good = wsu_start(0);
+    char ups[192];
+    snprintf(ups, sizeof(ups), "\"%s\", ", wsu_url(bad));
+    snprintf(ups + strlen(ups), sizeof(ups) - strlen(ups), "\"%s\"", wsu_url(good));
+    /* retry_on names the status alone: a retry here is the 503's, not a reset's */
+    start(ups, "", "\"defaults\": {\"retry\": {\"retry_on\": [\"503\"]}}");
+    char buf[4096];
+    int fd = ask_head(HANDSHAKE("/r", ""), strlen(HANDSHAKE("/r", "")), buf, sizeof(buf));
+    close(fd);
+    cr_expect(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
+    cr_expect(strcasestr(buf, "X-Retry-Attempts: 2\r\n"), "got:\n%s", buf);
+    cr_expect(strcasestr(buf, "Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"),
+              "the upstream's accept key did not come through:\n%s", buf);
+    cr_expect_eq(wsu_count(bad, "handshake", "/r"), 1);
+    cr_expect_eq(wsu_count(good, "handshake", "/r"), 1);
+    /* and the tunnel after a retry carries messages */
+    expect_ok(wsu_client(ws_url("/r2"), "text"), "text after a retry");
+}
+
+Test(upgrades, the_handshake_reaches_the_upstream_with_upgrade_and_connection_put_back)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    expect_ok(wsu_client(ws_url("/h?q=1"), "text"), "text");
+    json_t *all = wsu_records(u), *r = json_array_get(all, 0);
+    json_t *h = json_object_get(r, "headers");
+    cr_assert_not_null(h);
+    cr_expect_str_eq(json_str(r, "path"), "/h?q=1");
+    cr_expect_str_eq(json_str(h, "Upgrade"), "websocket");
+    cr_expect_str_eq(json_str(h, "Connection"), "upgrade");
+    cr_expect_not_null(json_str(h, "Sec-WebSocket-Key"));
+    cr_expect_not_null(json_str(h, "X-Request-Id"));
+    cr_expect_not_null(json_str(h, "X-Forwarded-For"));
+    json_decref(all);
+}
+
+/* A client that reads nothing while the upstream echoes 3 MiB back: the proxy stops reading
+ * the upstream once its buffer for the client is full (the bytes wait in the kernel's socket
+ * buffers, not in the proxy), and every byte arrives once the client reads. */
+Test(upgrades, a_client_that_does_not_read_pauses_the_upstream)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(px->port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert(raw_send_all(fd, HANDSHAKE("/bp", ""), strlen(HANDSHAKE("/bp", ""))));
+    char head[4096];
+    read_head(fd, head, sizeof(head), 5000);
+    cr_assert(!strncmp(head, "HTTP/1.1 101", 12), "got:\n%s", head);
+    enum { N = 3 * 1024 * 1024 };
+    /* one masked binary frame (mask 0: the payload as it is), N bytes of a pattern */
+    unsigned char *frame = malloc(14 + N);
+    frame[0] = 0x82;
+    frame[1] = 0x80 | 127;
+    for (int i = 0; i < 8; i++)
+        frame[2 + i] = (unsigned char)((uint64_t)N >> (56 - 8 * i));
+    memset(frame + 10, 0, 4);
+    for (size_t i = 0; i < N; i++)
+        frame[14 + i] = (unsigned char)(i * 7 + i / 251);
+    long rss0 = px_rss_kb(px);
+    cr_assert(raw_send_all(fd, frame, 14 + N));
+    sleep_ms(1000); /* the echo comes back and finds no reader */
+    long grew = px_rss_kb(px) - rss0;
+    /* then every byte arrives, unchanged: a 10-byte frame head, then the payload */
+    unsigned char *got = malloc(10 + N);
+    size_t n = 0;
+    while (n < 10 + (size_t)N) {
+        ssize_t k = raw_recv(fd, (char *)got + n, 10 + N - n, 5000);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    close(fd);
+    cr_expect_eq(n, 10 + (size_t)N, "only %zu bytes came back", n);
+    cr_expect(n == 10 + (size_t)N && got[0] == 0x82 && memcmp(got + 10, frame + 14, N) == 0,
+              "the echo is not the message");
+    cr_expect(grew < 1024, "the proxy grew by %ld KiB holding what the client did not read", grew);
+    free(frame);
+    free(got);
+}
+
+/* ---- what the route allows ---- */
+
+Test(upgrades, a_token_the_route_does_not_tunnel_gets_our_501_naming_it)
+{
+    fx_upstreams(1);
+    char ups[96];
+    snprintf(ups, sizeof(ups), "\"%s\"", fx_up_url(0));
+    start(ups, "\"upgrades\": []", "");
+    char buf[4096];
+    ask(HANDSHAKE("/x", ""), strlen(HANDSHAKE("/x", "")), buf, sizeof(buf));
+    cr_expect(!strncmp(buf, "HTTP/1.1 501", 12), "got:\n%s", buf);
+    cr_expect(strstr(buf, "\"error\": \"upgrade_not_allowed\""), "got:\n%s", buf);
+    cr_expect(strstr(buf, "'websocket'"), "the token is not named:\n%s", buf);
+    cr_expect_eq(tup_count(up), 0, "an upgrade not allowed went upstream as a plain request");
+}
+
+Test(upgrades, h2c_is_ignored_and_the_request_served_as_http1)
+{
+    fx_upstreams(1);
+    char ups[96];
+    snprintf(ups, sizeof(ups), "\"%s\"", fx_up_url(0));
+    start(ups, "", "");
+    static const char req[] =
+        "GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
+    char buf[4096];
+    int fd = ask_head(req, strlen(req), buf, sizeof(buf));
+    close(fd);
+    cr_expect(!strncmp(buf, "HTTP/1.1 200", 12), "got:\n%s", buf);
+    cr_assert_eq(tup_count(up), 1);
+    const struct tup_req *r = tup_get(up, 0);
+    cr_expect_null(tup_req_header(r, "Upgrade"));
+    cr_expect_null(tup_req_header(r, "HTTP2-Settings"));
+}
+
+Test(upgrades, past_max_tunnels_an_upgrade_gets_503)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "\"limits\": {\"max_tunnels\": 1}");
+    char buf[4096];
+    int fd = ask_head(HANDSHAKE("/1", ""), strlen(HANDSHAKE("/1", "")), buf, sizeof(buf));
+    cr_assert(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
+    int fd2 = raw_dial(px->port);
+    cr_assert(raw_send_all(fd2, HANDSHAKE("/2", ""), strlen(HANDSHAKE("/2", ""))));
+    read_all(fd2, buf, sizeof(buf), 5000);
+    close(fd2);
+    cr_expect(!strncmp(buf, "HTTP/1.1 503", 12), "got:\n%s", buf);
+    cr_expect(strstr(buf, "\"error\": \"too_many_tunnels\""), "got:\n%s", buf);
+    cr_expect_eq(wsu_count(u, "handshake", "/2"), 0);
+    close(fd); /* the first tunnel ends: room for another */
+    cr_expect(fx_wait(closed_seen, u, 3000, 10));
+    sleep_ms(100);
+    expect_ok(wsu_client(ws_url("/3"), "text"), "after the first closed");
+}
+
+Test(upgrades, an_idle_tunnel_is_closed_after_tunnel_idle_timeout_ms)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "\"limits\": {\"tunnel_idle_timeout_ms\": 300}");
+    char buf[4096];
+    int fd = ask_head(HANDSHAKE("/idle", ""), strlen(HANDSHAKE("/idle", "")), buf, sizeof(buf));
+    cr_assert(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
+    int64_t t0 = now_ms();
+    ssize_t k = raw_recv(fd, buf, sizeof(buf), 5000);
+    int64_t took = now_ms() - t0;
+    close(fd);
+    cr_expect_eq(k, 0, "the idle tunnel was not closed (%zd)", k);
+    cr_expect(took >= 250 && took < 3000, "closed after %lld ms", (long long)took);
+    cr_expect(fx_wait(closed_seen, u, 3000, 10), "the upstream side stayed open");
+}
+
+/* SIGTERM with a tunnel open: the tunnel is closed when drain_timeout_ms ends (both sides see
+ * the end) and the process exits 0 (px_stop only reaps it then). */
+Test(upgrades, open_tunnels_are_closed_when_the_drain_time_ends)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "\"drain_timeout_ms\": 1000");
+    char buf[4096];
+    int fd = ask_head(HANDSHAKE("/drain", ""), strlen(HANDSHAKE("/drain", "")), buf, sizeof(buf));
+    cr_assert(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
+    cr_assert_eq(kill(px->pid, SIGTERM), 0);
+    int64_t t0 = now_ms();
+    ssize_t k = raw_recv(fd, buf, sizeof(buf), 8000);
+    int64_t took = now_ms() - t0;
+    close(fd);
+    cr_expect_eq(k, 0, "the tunnel did not end (%zd)", k);
+    cr_expect(took >= 800 && took < 1800, "the tunnel ended %lld ms after SIGTERM",
+              (long long)took);
+    cr_expect(fx_wait(closed_seen, u, 3000, 10), "the upstream side stayed open");
+    siginfo_t si;
+    int64_t until = now_ms() + 5000;
+    do {
+        memset(&si, 0, sizeof(si));
+        if (waitid(P_PID, (id_t)px->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            si.si_pid == px->pid)
+            break;
+        sleep_ms(20);
+    } while (now_ms() < until);
+    cr_expect_eq(px_stop(px, 5000), 0, "not a clean exit");
+    px = NULL;
+}
+
+/* ---- raw bytes: what may not be smuggled through an upgrade ---- */
+
+Test(upgrades, an_upgrade_with_a_body_is_refused_and_sends_nothing)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    static const char req[] =
+        HANDSHAKE("/b", "Content-Length: 38\r\n") "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+    char buf[4096];
+    ask(req, strlen(req), buf, sizeof(buf));
+    cr_expect(!strncmp(buf, "HTTP/1.1 400", 12), "got:\n%s", buf);
+    cr_expect(strstr(buf, "upgrade request with a body"), "got:\n%s", buf);
+    sleep_ms(100);
+    cr_expect_eq(wsu_count(u, "handshake", NULL), 0, "something went upstream");
+}
+
+Test(upgrades, bytes_after_a_refused_upgrade_are_not_read_as_a_request)
+{
+    struct wsu *u = wsu_start(403);
+    start_ws(u, "", "");
+    static const char req[] = HANDSHAKE("/first", "") "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+    char buf[8192];
+    ask(req, strlen(req), buf, sizeof(buf));
+    cr_expect(!strncmp(buf, "HTTP/1.1 403", 12), "got:\n%s", buf);
+    cr_expect_null(strstr(buf + 12, "HTTP/1.1"), "a second answer came:\n%s", buf);
+    sleep_ms(200);
+    cr_expect_eq(wsu_count(u, "handshake", "/first"), 1);
+    cr_expect_eq(wsu_count(u, "handshake", "/smuggled"), 0, "the bytes after it went upstream");
+}
+
+static void start_script(struct rawup *s, const char *extra)
+{
+    char ups[64];
+    snprintf(ups, sizeof(ups), "\"http://127.0.0.1:%u\"", s->port);
+    start(ups, extra, "");
+}
+
+static const char SWITCH[] = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                             "Connection: Upgrade\r\n\r\nRAW-TUNNEL-BYTES";
+
+Test(upgrades, a_101_to_a_plain_request_never_becomes_a_tunnel)
+{
+    struct rawup *s = rawup_start(SWITCH, 1000);
+    start_script(s, "max_attempts");
+    static const char req[] = "GET /plain HTTP/1.1\r\nHost: x\r\n\r\n";
+    char buf[8192];
+    int fd = ask_head(req, strlen(req), buf, sizeof(buf));
+    close(fd);
+    rawup_stop(s);
+    cr_expect(!strncmp(buf, "HTTP/1.1 5", 10), "got:\n%s", buf);
+    cr_expect_null(strstr(buf, "101"), "got:\n%s", buf);
+    cr_expect_null(strstr(buf, "RAW-TUNNEL-BYTES"), "got:\n%s", buf);
+}
+
+Test(upgrades, a_101_to_another_protocol_is_a_malformed_answer)
+{
+    struct rawup *s = rawup_start("HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n"
+                                  "Connection: Upgrade\r\n\r\nRAW-TUNNEL-BYTES",
+                                  1000);
+    start_script(s, "max_attempts");
+    char buf[8192];
+    ask(HANDSHAKE("/w", ""), strlen(HANDSHAKE("/w", "")), buf, sizeof(buf));
+    rawup_stop(s);
+    cr_expect(!strncmp(buf, "HTTP/1.1 502", 12), "got:\n%s", buf);
+    cr_expect(strstr(buf, "upstream_invalid_response"), "got:\n%s", buf);
+    cr_expect_null(strstr(buf, "RAW-TUNNEL-BYTES"), "got:\n%s", buf);
+}
+
+/* What each side sent past the handshake goes first: the upstream's bytes read with its 101
+ * head to the client, the client's pipelined bytes (passed by the framing check) to the
+ * upstream. */
+Test(upgrades, bytes_past_the_handshake_go_first_both_ways)
+{
+    struct rawup *s = rawup_start(SWITCH, 1000);
+    start_script(s, "");
+    static const char req[] = HANDSHAKE("/w", "") "GET /early HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd = raw_dial(px->port);
+    cr_assert(raw_send_all(fd, req, strlen(req)));
+    char buf[8192];
+    size_t n = read_head(fd, buf, sizeof(buf), 5000);
+    while (n < sizeof(buf) - 1 && !strstr(buf, "RAW-TUNNEL-BYTES")) {
+        ssize_t k = raw_recv(fd, buf + n, sizeof(buf) - 1 - n, 3000);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+        buf[n] = '\0';
+    }
+    close(fd);
+    sleep_ms(100);
+    cr_expect(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
+    cr_expect(strstr(buf, "\r\n\r\nRAW-TUNNEL-BYTES"), "got:\n%s", buf);
+    cr_expect(strstr(s->got, "\r\n\r\nGET /early HTTP/1.1\r\n"), "the upstream got:\n%s", s->got);
+    rawup_stop(s);
+}
+
+/* Bytes the framing check held or refused (no HTTP head) before the 101 never reach the
+ * upstream: the tunnel is not opened. */
+Test(upgrades, unchecked_bytes_before_the_101_end_the_tunnel)
+{
+    struct rawup *s = rawup_start(SWITCH, 1000);
+    start_script(s, "");
+    static const char req[] = HANDSHAKE("/w", "") "\x81\x85\x01\x02\x03\x04junk";
+    char buf[8192];
+    ask(req, sizeof(req) - 1, buf, sizeof(buf));
+    sleep_ms(100);
+    cr_expect_null(strstr(s->got, "junk"), "the upstream got:\n%s", s->got);
+    cr_expect_null(strstr(s->got, "Host: -\r\n"), "the framing check's stand-in went up:\n%s",
+                   s->got);
+    cr_expect_null(strstr(s->got + 4, "GET /"), "the upstream got:\n%s", s->got);
+    rawup_stop(s);
+}
+
+Test(upgrades, a_chunked_refusal_is_read_by_its_framing)
+{
+    struct rawup *s = rawup_start("HTTP/1.1 426 Upgrade Required\r\nTransfer-Encoding: chunked\r\n"
+                                  "\r\n5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\n\r\n",
+                                  1000);
+    start_script(s, "");
+    char buf[8192];
+    ask(HANDSHAKE("/w", ""), strlen(HANDSHAKE("/w", "")), buf, sizeof(buf));
+    rawup_stop(s);
+    cr_expect(!strncmp(buf, "HTTP/1.1 426", 12), "got:\n%s", buf);
+    cr_expect(strstr(buf, "\r\n\r\nhello, world"), "got:\n%s", buf);
+}
