@@ -336,8 +336,14 @@ void edge_stream(struct retry_req *r)
         /* an upgrade the upstream agreed to (proxy/attempt.c): committed, and a tunnel once
          * the client has it; an upgrade refused is answered as it came, and the connection
          * closed (tag.close), so no byte sent after it is read as a request */
-        struct tunnel_conf conf = { r->cfg->tunnel_idle_timeout_ms, &r->w->px->tunnels,
-                                    &r->w->tunnels };
+        struct tunnel_conf conf = { r->cfg->tunnel_idle_timeout_ms,
+                                    &r->w->px->tunnels,
+                                    &r->w->tunnels,
+                                    r->w->px->metrics,
+                                    r->m,
+                                    r->w->id,
+                                    r->route ? r->route->name : "",
+                                    r->request_id };
         tag.close = false;
         /* timeout_ms covered the handshake; the tunnel has its idle limit instead */
         loop_timer_stop(r->w->loop, &r->deadline_timer);

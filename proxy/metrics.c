@@ -165,6 +165,23 @@ void metrics_request(struct metrics_route *r, unsigned w, int code)
         bump(&s->codes[code - CODE_MIN], 1);
 }
 
+void metrics_upgrade(struct metrics_route *r, unsigned w, enum metrics_upgrade o)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s && o < METRICS_UPGRADE_COUNT)
+        bump(&s->upgrades[o], 1);
+}
+
+void metrics_tunnel_bytes(struct metrics_route *r, unsigned w, uint64_t from_client,
+                          uint64_t from_upstream)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (!s)
+        return;
+    bump(&s->tunnel_bytes[0], from_client);
+    bump(&s->tunnel_bytes[1], from_upstream);
+}
+
 void metrics_protocol(struct metrics_route *r, unsigned w, enum metrics_proto p)
 {
     struct route_slot *s = slot_of(r, w);
@@ -267,6 +284,15 @@ int64_t metrics_retries_in_flight(const struct metrics *m)
 struct h2up_counts *metrics_h2up_counts(struct metrics *m, unsigned w)
 {
     return m && w < m->workers ? &m->wslots[w].h2up : NULL;
+}
+
+void metrics_tunnels_add(struct metrics *m, unsigned w, int delta)
+{
+    if (!m || w >= m->workers)
+        return;
+    _Atomic int64_t *c = &m->wslots[w].tunnels;
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + delta,
+                          memory_order_relaxed);
 }
 
 void metrics_connections_add(struct metrics *m, unsigned w, int delta)

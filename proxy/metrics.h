@@ -79,6 +79,13 @@ void metrics_request(struct metrics_route *r, unsigned w, int code);
 /* attempts_total{route, outcome} */
 void metrics_attempt(struct metrics_route *r, unsigned w, enum metrics_outcome o);
 
+/* upgrades_total{route, outcome}: an upgrade the route tunnels, answered with a 101 (a tunnel)
+ * or not (the upstream, or retryproxy itself, answered otherwise). */
+enum metrics_upgrade { METRICS_UPGRADE_TUNNELLED, METRICS_UPGRADE_REFUSED, METRICS_UPGRADE_COUNT };
+void metrics_upgrade(struct metrics_route *r, unsigned w, enum metrics_upgrade o);
+/* tunnel_bytes_total{route, direction}: bytes a tunnel carried, counted as they go. */
+void metrics_tunnel_bytes(struct metrics_route *r, unsigned w, uint64_t from_client,
+                          uint64_t from_upstream);
 /* The client protocol of a request answered (requests_by_protocol_total). */
 enum metrics_proto { METRICS_HTTP1, METRICS_HTTP2, METRICS_PROTO_COUNT };
 void metrics_protocol(struct metrics_route *r, unsigned w, enum metrics_proto p);
@@ -111,6 +118,8 @@ void metrics_retries_in_flight_add(struct metrics *m, int delta);
 int64_t metrics_retries_in_flight(const struct metrics *m);
 /* connections_active: per worker, summed at scrape. */
 void metrics_connections_add(struct metrics *m, unsigned w, int delta);
+/* tunnels_open: per worker, summed at scrape. */
+void metrics_tunnels_add(struct metrics *m, unsigned w, int delta);
 /* upstream_h2_connections and upstream_h2_connections_total{result}: worker 'w''s counts, which
  * its HTTP/2 upstream pool keeps (proxy/h2up.h); NULL without metrics. */
 struct h2up_counts;

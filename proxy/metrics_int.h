@@ -49,6 +49,8 @@ struct route_slot {
     _Atomic uint64_t hedges;
     _Atomic uint64_t protocol[METRICS_PROTO_COUNT];
     _Atomic uint64_t grpc[METRICS_GRPC_COUNT];
+    _Atomic uint64_t upgrades[METRICS_UPGRADE_COUNT];
+    _Atomic uint64_t tunnel_bytes[2]; /* from the client, from the upstream */
     struct hist_slot hist[METRICS_HIST_COUNT];
 };
 
@@ -57,6 +59,7 @@ _Static_assert(sizeof(struct route_slot) % CACHE_LINE == 0, "route slots share c
 /* Process-wide per-worker gauges, kept apart from the route slots for the same reason. */
 struct worker_slot {
     _Alignas(CACHE_LINE) _Atomic int64_t connections;
+    _Atomic int64_t tunnels;
     struct h2up_counts h2up; /* the worker's HTTP/2 upstream connections */
 };
 
@@ -111,6 +114,8 @@ struct route_totals {
     uint64_t throttled;
     uint64_t hedges;
     uint64_t protocol[METRICS_PROTO_COUNT];
+    uint64_t upgrades[METRICS_UPGRADE_COUNT];
+    uint64_t tunnel_bytes[2];
     uint64_t grpc[METRICS_GRPC_COUNT];
     uint64_t buckets[METRICS_HIST_COUNT][HIST_BUCKETS];
     uint64_t sum_us[METRICS_HIST_COUNT];

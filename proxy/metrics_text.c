@@ -28,6 +28,8 @@ static const char *const denied_names[METRICS_DENIED_COUNT] = {
 
 static const char *const result_names[] = { "success", "failure" };
 static const char *const protocol_names[METRICS_PROTO_COUNT] = { "http1", "http2" };
+static const char *const upgrade_names[METRICS_UPGRADE_COUNT] = { "tunnelled", "refused" };
+static const char *const direction_names[2] = { "from_client", "from_upstream" };
 static const char *const grpc_names[METRICS_GRPC_COUNT] = { "0",  "1",  "2",     "3",   "4",
                                                             "5",  "6",  "7",     "8",   "9",
                                                             "10", "11", "12",    "13",  "14",
@@ -43,6 +45,8 @@ enum family {
     FAM_REQUESTS,
     FAM_PROTOCOL,
     FAM_GRPC,
+    FAM_UPGRADES,
+    FAM_TUNNEL_BYTES,
     FAM_ATTEMPTS,
     FAM_RETRIES,
     FAM_RETRY_SUCCESS,
@@ -64,6 +68,7 @@ enum family {
     FAM_UPSTREAM_EJECTIONS,
     FAM_UPSTREAM_EJECTED,
     FAM_CONNECTIONS,
+    FAM_TUNNELS_OPEN,
     FAM_H2UP_OPEN,
     FAM_H2UP_OPENED,
     FAM_DRAINING,
@@ -85,6 +90,14 @@ static const struct family_def {
     [FAM_PROTOCOL] = { "requests_by_protocol_total", "counter", "route, protocol", protocol_names,
                        METRICS_PROTO_COUNT,
                        "Requests answered, by route and the protocol the client spoke." },
+    [FAM_UPGRADES] = { "upgrades_total", "counter", "route, outcome", upgrade_names,
+                       METRICS_UPGRADE_COUNT,
+                       "Upgrades (WebSocket...) the route tunnels, by outcome: tunnelled (the "
+                       "upstream's 101 reached the client), refused (anything else answered "
+                       "them)." },
+    [FAM_TUNNEL_BYTES] = { "tunnel_bytes_total", "counter", "route, direction", direction_names, 2,
+                           "Bytes carried by upgraded connections, from the client to the "
+                           "upstream and from the upstream to the client." },
     [FAM_GRPC] = { "grpc_responses_total", "counter", "route, grpc_status", grpc_names,
                    METRICS_GRPC_COUNT,
                    "gRPC calls answered, by route and the grpc-status they ended with (0 to 16, "
@@ -142,6 +155,8 @@ static const struct family_def {
                                "else 0." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
+    [FAM_TUNNELS_OPEN] = { "tunnels_open", "gauge", "", NULL, 0,
+                           "Upgraded connections (tunnels) open now." },
     [FAM_H2UP_OPEN] = { "upstream_h2_connections", "gauge", "", NULL, 0,
                         "HTTP/2 connections to upstreams open now (h2c, and https ones where the "
                         "server chose h2), connecting ones included." },
@@ -193,6 +208,8 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
         any |= add_counts(&t->hedges, &s->hedges, 1);
         any |= add_counts(t->protocol, s->protocol, METRICS_PROTO_COUNT);
         any |= add_counts(t->grpc, s->grpc, METRICS_GRPC_COUNT);
+        any |= add_counts(t->upgrades, s->upgrades, METRICS_UPGRADE_COUNT);
+        any |= add_counts(t->tunnel_bytes, s->tunnel_bytes, 2);
         for (size_t h = 0; h < METRICS_HIST_COUNT; h++) {
             any |= add_counts(t->buckets[h], s->hist[h].buckets, HIST_BUCKETS);
             t->sum_us[h] += peek(&s->hist[h].sum_us);
@@ -258,14 +275,17 @@ static void render_attempts(FILE *f, const struct scrape *sc)
     }
 }
 
-static void render_protocols(FILE *f, const struct scrape *sc)
+/* A route family with one label of fixed values: the counts at 'field' of each route's
+ * totals, one per value (the family's table row names the label and its values). */
+static void render_labeled(FILE *f, const struct scrape *sc, enum family fam, const char *label,
+                           size_t field)
 {
-    const char *name = put_family(f, FAM_PROTOCOL);
+    const char *name = put_family(f, fam);
     for (size_t i = 0; i < sc->n; i++) {
-        for (size_t p = 0; p < METRICS_PROTO_COUNT; p++) {
+        const uint64_t *v = (const uint64_t *)(const void *)((const char *)&sc->totals[i] + field);
+        for (size_t k = 0; k < families[fam].n_values; k++) {
             put_route_series(f, name, sc->routes[i]);
-            fprintf(f, ",protocol=\"%s\"} %" PRIu64 "\n", protocol_names[p],
-                    sc->totals[i].protocol[p]);
+            fprintf(f, ",%s=\"%s\"} %" PRIu64 "\n", label, families[fam].values[k], v[k]);
         }
     }
 }
@@ -451,6 +471,11 @@ static void render_process(FILE *f, struct metrics *m)
         for (int k = 0; k < H2UP_OPENED_COUNT; k++)
             h2opened[k] += atomic_load_explicit(&c->opened[k], memory_order_relaxed);
     }
+    int64_t tunnels = 0;
+    for (unsigned w = 0; w < m->workers; w++)
+        tunnels += atomic_load_explicit(&m->wslots[w].tunnels, memory_order_relaxed);
+    name = put_family(f, FAM_TUNNELS_OPEN);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, tunnels);
     name = put_family(f, FAM_H2UP_OPEN);
     fprintf(f, "retryproxy_%s %" PRId64 "\n", name, h2open);
     name = put_family(f, FAM_H2UP_OPENED);
@@ -490,8 +515,11 @@ static void render_upstreams(FILE *f, const struct scrape *sc)
 static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
 {
     render_requests(f, sc);
-    render_protocols(f, sc);
+    render_labeled(f, sc, FAM_PROTOCOL, "protocol", offsetof(struct route_totals, protocol));
     render_grpc(f, sc);
+    render_labeled(f, sc, FAM_UPGRADES, "outcome", offsetof(struct route_totals, upgrades));
+    render_labeled(f, sc, FAM_TUNNEL_BYTES, "direction",
+                   offsetof(struct route_totals, tunnel_bytes));
     render_attempts(f, sc);
     render_retries(f, sc);
     render_route_counter(f, sc, FAM_RETRY_SUCCESS, offsetof(struct route_totals, retry_success));

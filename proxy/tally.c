@@ -132,6 +132,10 @@ void tally_answer(struct retry_req *r)
     struct worker *w = r->w;
     metrics_request(r->m, w->id, (int)r->front->status);
     metrics_protocol(r->m, w->id, r->front->proto == FRONT_HTTP2 ? METRICS_HTTP2 : METRICS_HTTP1);
+    if (r->upgrade[0]) /* an upgrade the route tunnels (docs/upgrades.md) */
+        metrics_upgrade(r->m, w->id,
+                        r->front->status == 101 ? METRICS_UPGRADE_TUNNELLED
+                                                : METRICS_UPGRADE_REFUSED);
     /* a retry's success: with hedging, the first attempt may answer after a retry went */
     if ((r->flags & RF_SUCCEEDED) && r->cur->number > 1)
         metrics_retry_success(r->m, w->id);

@@ -17,7 +17,9 @@
 #include <unistd.h>
 
 #include "proxy/dlist.h"
+#include "proxy/log.h"
 #include "proxy/loop.h"
+#include "proxy/metrics.h"
 #include "proxy/ring.h"
 #include "proxy/tls.h"
 #include "proxy/tunnel_up.h"
@@ -48,8 +50,34 @@ struct tunnel {
     uint32_t idle_ms;
     uint64_t last_ms; /* a byte last moved */
     atomic_uint *count;
+    struct metrics *metrics;
+    struct metrics_route *route_metrics;
+    unsigned worker;
+    uint64_t start_ms;
+    uint64_t bytes[2];     /* carried from the client, from the upstream */
+    uint64_t counted[2];   /* ... of which already in the metrics */
+    const char *closed_by; /* who ended it first: "client", "upstream", "idle", "drain" */
+    char *route, *request_id;
     bool closed;
 };
+
+/* The bytes carried since the last count go into the route's series. */
+static void count_bytes(struct tunnel *t)
+{
+    metrics_tunnel_bytes(t->route_metrics, t->worker, t->bytes[0] - t->counted[0],
+                         t->bytes[1] - t->counted[1]);
+    t->counted[0] = t->bytes[0];
+    t->counted[1] = t->bytes[1];
+}
+
+static const char *const side_names[2] = { "client", "upstream" };
+
+/* Side d ended the tunnel (its end, or an error), unless another cause came first. */
+static void ended_by(struct tunnel *t, int d)
+{
+    if (!t->closed_by)
+        t->closed_by = side_names[d];
+}
 
 static bool again(void)
 {
@@ -77,6 +105,15 @@ static void tunnel_close(struct tunnel *t)
     if (t->closed)
         return;
     t->closed = true;
+    count_bytes(t);
+    metrics_tunnels_add(t->metrics, t->worker, -1);
+    log_event(CFG_LOG_INFO, "tunnel closed", "route", t->route, "request_id", t->request_id,
+              LOG_NUM("duration_ms", loop_now(t->loop) - t->start_ms),
+              LOG_NUM("bytes_from_client", t->bytes[0]),
+              LOG_NUM("bytes_from_upstream", t->bytes[1]), "closed_by",
+              t->closed_by ? t->closed_by : "client", NULL);
+    free(t->route);
+    free(t->request_id);
     for (int d = 0; d < 2; d++) {
         if (t->side[d].watching)
             loop_watch_del(t->loop, &t->side[d].w);
@@ -117,9 +154,14 @@ static int fill(struct tunnel *t, int d, bool *moved)
         char tmp[16 * 1024];
         size_t room = ring_space(&t->buf[d]);
         ssize_t n = side_read(t, d, tmp, room < sizeof(tmp) ? room : sizeof(tmp));
+        if (n < 0 && again())
+            return 0;
+        if (n <= 0)
+            ended_by(t, d);
         if (n < 0)
-            return again() ? 0 : -1;
+            return -1;
         *moved = true;
+        t->bytes[d] += (size_t)n;
         if (n == 0)
             s->eof = true;
         else if (ring_put(&t->buf[d], tmp, (size_t)n) < 0)
@@ -136,6 +178,8 @@ static int drain(struct tunnel *t, int d, bool *moved)
     struct ring *q = &t->buf[d];
     while (q->len) {
         ssize_t n = side_write(t, o, q->buf + q->start, q->len);
+        if (n < 0 && !again())
+            ended_by(t, o);
         if (n < 0)
             return again() ? 0 : -1;
         *moved = true;
@@ -165,8 +209,10 @@ static void pump(struct tunnel *t)
             break;
         any = true;
     }
-    if (any)
+    if (any) {
         t->last_ms = loop_now(t->loop);
+        count_bytes(t);
+    }
     if (t->side[0].eof && t->side[1].eof && !t->buf[0].len && !t->buf[1].len) {
         tunnel_close(t); /* both ends passed on */
         return;
@@ -192,6 +238,7 @@ static void on_idle(struct loop_timer *tm)
     struct tunnel *t = tm->arg;
     uint64_t now = loop_now(t->loop);
     if (now - t->last_ms >= t->idle_ms) {
+        t->closed_by = "idle";
         tunnel_close(t);
         return;
     }
@@ -215,6 +262,13 @@ int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up 
     t->close_client = c->close;
     t->close_arg = c->close_arg;
     t->idle_ms = conf->idle_ms;
+    t->metrics = conf->metrics;
+    t->route_metrics = conf->route_metrics;
+    t->worker = conf->worker;
+    t->start_ms = loop_now(l);
+    t->route = strdup(conf->route ? conf->route : "");
+    t->request_id = strdup(conf->request_id ? conf->request_id : "");
+    metrics_tunnels_add(t->metrics, t->worker, 1);
     t->count = conf->count;
     if (t->count)
         atomic_fetch_add_explicit(t->count, 1, memory_order_relaxed);
@@ -240,6 +294,8 @@ int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up 
 
 void tunnel_close_all(struct tunnel **open)
 {
-    while (*open)
+    while (*open) {
+        (*open)->closed_by = "drain";
         tunnel_close(*open);
+    }
 }

@@ -21,6 +21,8 @@
 #define TUNNEL_BUFFER (64 * 1024)
 
 struct loop;
+struct metrics;
+struct metrics_route;
 struct tunnel_up;
 
 /* What a tunnel is opened with, besides its two ends. */
@@ -30,6 +32,12 @@ struct tunnel_conf {
     uint32_t idle_ms;     /* limits.tunnel_idle_timeout_ms (0: none) */
     atomic_uint *count;   /* tunnels open in the process (limits.max_tunnels), kept up to date */
     struct tunnel **open; /* the worker's open tunnels (tunnel_close_all) */
+    /* What it is seen by (docs/upgrades.md "Seen by operators"): the route's series and the
+     * worker's gauges (NULL: none), and the names its closing log line carries (copied). */
+    struct metrics *metrics;
+    struct metrics_route *route_metrics;
+    unsigned worker;
+    const char *route, *request_id;
 };
 
 /* The client's end: its socket, the bytes already read past the request, and how it is given

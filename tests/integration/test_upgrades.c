@@ -129,6 +129,38 @@ Test(upgrades, text_binary_and_a_mebibyte_echo_through_the_tunnel)
     cr_expect_eq(wsu_count(u, "handshake", "/chat"), 3);
 }
 
+/* What operators see of a tunnel (docs/upgrades.md "Seen by operators"): the upgrade counted as
+ * tunnelled, the tunnel open while it is, the bytes each way, and a log line when it closes
+ * saying how long it lasted, what it carried and who ended it. */
+Test(upgrades, a_tunnel_is_seen_in_metrics_and_its_closing_log_line)
+{
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    expect_ok(wsu_client(ws_url("/chat"), "big"), "1 MiB");
+    cr_expect_eq(fx_wait_metric("retryproxy_tunnels_open", 0, 5000), 0);
+    cr_expect_eq(fx_metric("retryproxy_upgrades_total{route=\"ws\",outcome=\"tunnelled\"}"), 1);
+    cr_expect_eq(fx_metric("retryproxy_upgrades_total{route=\"ws\",outcome=\"refused\"}"), 0);
+    double from_client =
+        fx_metric("retryproxy_tunnel_bytes_total{route=\"ws\",direction=\"from_client\"}");
+    double from_upstream =
+        fx_metric("retryproxy_tunnel_bytes_total{route=\"ws\",direction=\"from_upstream\"}");
+    /* the mebibyte each way, in WebSocket frames (a client's are masked: 4 bytes more) */
+    cr_expect(from_client >= 1048576 && from_client < 1048576 + 4096, "from the client: %.0f",
+              from_client);
+    cr_expect(from_upstream >= 1048576 && from_upstream < 1048576 + 4096, "from the upstream: %.0f",
+              from_upstream);
+    json_t *l = fx_logged("tunnel closed", "route", "ws");
+    cr_assert_not_null(l, "no tunnel closed line");
+    /* the client's close frame is answered, and the server ends the TCP connection first
+     * (RFC 6455 7.1.1): the connection's end is what the line says */
+    cr_expect_str_eq(json_str(l, "closed_by"), "upstream");
+    cr_expect_eq(json_number_value(json_object_get(l, "bytes_from_client")), from_client);
+    cr_expect_eq(json_number_value(json_object_get(l, "bytes_from_upstream")), from_upstream);
+    cr_expect(json_is_integer(json_object_get(l, "duration_ms")), "no duration_ms");
+    cr_expect(json_str(l, "request_id") && *json_str(l, "request_id"), "no request_id");
+    json_decref(l);
+}
+
 /* An https upstream: TLS offering http/1.1 alone by ALPN, the certificate checked against the
  * route's tls.ca_file. */
 Test(upgrades, an_https_upstream_is_tunnelled_over_tls)
@@ -369,6 +401,9 @@ Test(upgrades, an_idle_tunnel_is_closed_after_tunnel_idle_timeout_ms)
     cr_expect_eq(k, 0, "the idle tunnel was not closed (%zd)", k);
     cr_expect(took >= 250 && took < 3000, "closed after %lld ms", (long long)took);
     cr_expect(fx_wait(closed_seen, u, 3000, 10), "the upstream side stayed open");
+    json_t *l = fx_logged("tunnel closed", "closed_by", "idle");
+    cr_expect_not_null(l, "no tunnel closed line saying idle");
+    json_decref(l);
 }
 
 /* SIGTERM with a tunnel open: the tunnel is closed when drain_timeout_ms ends (both sides see

@@ -337,6 +337,11 @@ json_t *fx_log_line(const char *out, const char *msg)
 
 json_t *fx_request_logged(const char *key, const char *value)
 {
+    return fx_logged("request", key, value);
+}
+
+json_t *fx_logged(const char *msg, const char *key, const char *value)
+{
     for (int64_t t0 = now_ms(); now_ms() - t0 < 2000; sleep_ms(20)) {
         char *out = px_stdout(px);
         json_t *found = NULL;
@@ -344,7 +349,7 @@ json_t *fx_request_logged(const char *key, const char *value)
             const char *end = strchr(line, '\n');
             json_t *j = json_loadb(line, end ? (size_t)(end - line) : strlen(line), 0, NULL);
             const char *m = json_str(j, "msg"), *v = json_str(j, key);
-            if (m && v && strcmp(m, "request") == 0 && strcmp(v, value) == 0)
+            if (m && v && strcmp(m, msg) == 0 && strcmp(v, value) == 0)
                 found = json_incref(j);
             json_decref(j);
             line = end ? end + 1 : NULL;
