@@ -286,22 +286,24 @@ struct h2up_counts *metrics_h2up_counts(struct metrics *m, unsigned w)
     return m && w < m->workers ? &m->wslots[w].h2up : NULL;
 }
 
-void metrics_tunnels_add(struct metrics *m, unsigned w, int delta)
+/* A worker's gauge: only its worker writes it (a scrape reads it from another thread). */
+static void worker_gauge_add(struct metrics *m, unsigned w, size_t field, int delta)
 {
     if (!m || w >= m->workers)
         return;
-    _Atomic int64_t *c = &m->wslots[w].tunnels;
+    _Atomic int64_t *c = (_Atomic int64_t *)(void *)((char *)&m->wslots[w] + field);
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + delta,
                           memory_order_relaxed);
 }
 
 void metrics_connections_add(struct metrics *m, unsigned w, int delta)
 {
-    if (!m || w >= m->workers)
-        return;
-    _Atomic int64_t *c = &m->wslots[w].connections;
-    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + delta,
-                          memory_order_relaxed);
+    worker_gauge_add(m, w, offsetof(struct worker_slot, connections), delta);
+}
+
+void metrics_tunnels_add(struct metrics *m, unsigned w, int delta)
+{
+    worker_gauge_add(m, w, offsetof(struct worker_slot, tunnels), delta);
 }
 
 void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix_seconds)
