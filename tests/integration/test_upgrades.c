@@ -561,3 +561,65 @@ Test(upgrades, a_chunked_refusal_is_read_by_its_framing)
     cr_expect(!strncmp(buf, "HTTP/1.1 426", 12), "got:\n%s", buf);
     cr_expect(strstr(buf, "\r\n\r\nhello, world"), "got:\n%s", buf);
 }
+
+static bool closed_all(void *arg)
+{
+    return wsu_count(arg, "closed", NULL) >= 2001;
+}
+
+/* 2,000 idle tunnels at once (a WebSocket server with as many quiet clients): each costs the
+ * proxy a bounded amount of memory, measured here as its RSS growth over the tunnels opened,
+ * and all of it is given back when they close. */
+Test(upgrades, two_thousand_idle_tunnels_have_a_bounded_cost_each, .timeout = 180)
+{
+    enum { N = 2000 };
+    struct wsu *u = wsu_start(0);
+    start_ws(u, "", "");
+    /* one first, so that what every tunnel shares (buffers, pools) is in the baseline */
+    char buf[4096];
+    int first = ask_head(HANDSHAKE("/idle", ""), strlen(HANDSHAKE("/idle", "")), buf, sizeof(buf));
+    cr_assert(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
+    cr_assert_eq(fx_wait_metric("retryproxy_tunnels_open", 1, 5000), 1);
+    long rss0 = px_rss_kb(px), fds0 = px_fds(px);
+    static int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = ask_head(HANDSHAKE("/idle", ""), strlen(HANDSHAKE("/idle", "")), buf, sizeof(buf));
+        cr_assert(!strncmp(buf, "HTTP/1.1 101", 12), "tunnel %d got:\n%s", i, buf);
+    }
+    cr_assert_eq(fx_wait_metric("retryproxy_tunnels_open", N + 1, 10000), N + 1);
+    long rss1 = px_rss_kb(px), fds1 = px_fds(px);
+    double per_kib = (double)(rss1 - rss0) / N;
+    fprintf(stderr,
+            "[upgrades] %d idle tunnels: proxy RSS %ld KiB -> %ld KiB, %.1f KiB each; "
+            "descriptors %ld -> %ld\n",
+            N, rss0, rss1, per_kib, fds0, fds1);
+    cr_expect_leq(fds1 - fds0, 2 * N, "more than two descriptors a tunnel");
+    if (!fx_under_sanitizer())
+        cr_expect_lt(per_kib, 48.0, "%.1f KiB per idle tunnel", per_kib);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    close(first);
+    cr_expect_eq(fx_wait_metric("retryproxy_tunnels_open", 0, 20000), 0, "tunnels left open");
+    cr_expect(fx_wait(closed_all, u, 20000, 50), "the upstream side stayed open");
+}
+
+/* A 101 commits the request: an upstream that ends the tunnel at once (its connection closed
+ * right after the 101) is never tried again, whatever retry_on says about resets, and the
+ * client sees the tunnel end. */
+Test(upgrades, nothing_is_retried_once_the_101_is_out)
+{
+    struct rawup *s = rawup_start(SWITCH, 0);
+    start_script(s, "\"retry_on\": [\"reset\", \"connect-failure\", \"5xx\"], \"max_attempts\": 3");
+    char buf[4096];
+    int fd = ask_head(HANDSHAKE("/once", ""), strlen(HANDSHAKE("/once", "")), buf, sizeof(buf));
+    cr_expect(!strncmp(buf, "HTTP/1.1 101", 12), "got:\n%s", buf);
+    size_t n = read_all(fd, buf, sizeof(buf), 3000);
+    close(fd);
+    cr_expect(strstr(buf, "RAW-TUNNEL-BYTES") || n == 0, "got:\n%s", buf);
+    sleep_ms(300);
+    cr_expect_eq(atomic_load(&s->served), 1, "the upstream was asked %d times",
+                 atomic_load(&s->served));
+    cr_expect_eq(fx_metric("retryproxy_upgrades_total{route=\"ws\",outcome=\"tunnelled\"}"), 1);
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"ws\",outcome=\"reset\"}"), 0);
+    rawup_stop(s);
+}
