@@ -570,7 +570,7 @@ static bool closed_all(void *arg)
 /* 2,000 idle tunnels at once (a WebSocket server with as many quiet clients): each costs the
  * proxy a bounded amount of memory, measured here as its RSS growth over the tunnels opened,
  * and all of it is given back when they close. */
-Test(upgrades, two_thousand_idle_tunnels_have_a_bounded_cost_each, .timeout = 180)
+Test(upgrades, two_thousand_idle_tunnels_have_a_bounded_cost_each)
 {
     enum { N = 2000 };
     struct wsu *u = wsu_start(0);
