@@ -263,18 +263,6 @@ static void render_requests(FILE *f, const struct scrape *sc)
     }
 }
 
-static void render_attempts(FILE *f, const struct scrape *sc)
-{
-    const char *name = put_family(f, FAM_ATTEMPTS);
-    for (size_t i = 0; i < sc->n; i++) {
-        for (size_t o = 0; o < METRICS_OUT_COUNT; o++) {
-            put_route_series(f, name, sc->routes[i]);
-            fprintf(f, ",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o],
-                    sc->totals[i].attempts[o]);
-        }
-    }
-}
-
 /* A route family with one label of fixed values: the counts at 'field' of each route's
  * totals, one per value (the family's table row names the label and its values). */
 static void render_labeled(FILE *f, const struct scrape *sc, enum family fam, const char *label,
@@ -336,17 +324,6 @@ static void render_route_counter(FILE *f, const struct scrape *sc, enum family f
         memcpy(&v, (const char *)&sc->totals[i] + field, sizeof(v));
         put_route_series(f, name, sc->routes[i]);
         fprintf(f, "} %" PRIu64 "\n", v);
-    }
-}
-
-static void render_denied(FILE *f, const struct scrape *sc)
-{
-    const char *name = put_family(f, FAM_DENIED);
-    for (size_t i = 0; i < sc->n; i++) {
-        for (size_t d = 0; d < METRICS_DENIED_COUNT; d++) {
-            put_route_series(f, name, sc->routes[i]);
-            fprintf(f, ",reason=\"%s\"} %" PRIu64 "\n", denied_names[d], sc->totals[i].denied[d]);
-        }
     }
 }
 
@@ -520,10 +497,10 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_labeled(f, sc, FAM_UPGRADES, "outcome", offsetof(struct route_totals, upgrades));
     render_labeled(f, sc, FAM_TUNNEL_BYTES, "direction",
                    offsetof(struct route_totals, tunnel_bytes));
-    render_attempts(f, sc);
+    render_labeled(f, sc, FAM_ATTEMPTS, "outcome", offsetof(struct route_totals, attempts));
     render_retries(f, sc);
     render_route_counter(f, sc, FAM_RETRY_SUCCESS, offsetof(struct route_totals, retry_success));
-    render_denied(f, sc);
+    render_labeled(f, sc, FAM_DENIED, "reason", offsetof(struct route_totals, denied));
     render_in_flight(f, m);
     render_route_counter(f, sc, FAM_RETRY_AFTER,
                          offsetof(struct route_totals, retry_after_honored));

@@ -410,20 +410,26 @@ static int curl_ca_defaults(char **cainfo, char **capath)
     return (info && !*cainfo) || (path && !*capath) ? -1 : 0;
 }
 
+/* The origin of "scheme://host:port/" (config/schema.c wrote it so), resolved now; 'ot' for
+ * https. */
+static struct origin *origin_of(const char *origin, const struct origin_tls *ot)
+{
+    const char *auth = strstr(origin, "://") + 3;
+    char *a = strndup(auth, strcspn(auth, "/"));
+    struct origin *o = a ? origin_new(a, origin[4] == 's' ? ot : NULL) : NULL;
+    free(a);
+    return o;
+}
+
 struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels)
 {
     struct upstream_url *url = calloc(1, sizeof(*url));
     if (!url)
         return NULL;
-    /* "scheme://host:port/": config/schema.c wrote it, with one '/' at the end */
-    const char *auth = strstr(origin, "://") + 3;
     if (strncmp(origin, "h2c://", 6) == 0 ||
         (strncmp(origin, "https://", 8) == 0 && tls->http2 != CFG_HTTP2_OFF)) {
         struct origin_tls ot = { tls->ca_file, tls->http2 == CFG_HTTP2_AUTO };
-        char *a = strndup(auth, strcspn(auth, "/"));
-        url->h2 = a ? origin_new(a, origin[4] == 's' ? &ot : NULL) : NULL;
-        free(a);
-        if (!url->h2)
+        if (!(url->h2 = origin_of(origin, &ot)))
             goto fail;
         if (!url->h2->tls || !url->h2->h1_too)
             return url; /* HTTP/2 only */
@@ -432,9 +438,8 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
         /* resolved now, as h2's origins are: a worker never looks a name up (a route whose
          * upgrades is [] resolves nothing here) */
         struct origin_tls ot = { tls->ca_file, true };
-        char *a = strndup(auth, strcspn(auth, "/"));
-        url->tun = a ? origin_new(a, origin[4] == 's' ? &ot : NULL) : NULL;
-        free(a);
+        /* an https origin offering http/1.1 too is the same one h2 has: resolved once */
+        url->tun = url->h2 ? url->h2 : origin_of(origin, &ot);
         if (!url->tun)
             goto fail;
     }
@@ -457,8 +462,9 @@ void upstream_url_free(struct upstream_url *url)
     if (!url)
         return;
     curl_url_cleanup(url->curl);
+    if (url->tun != url->h2)
+        origin_free(url->tun);
     origin_free(url->h2);
-    origin_free(url->tun);
     free(url->cainfo);
     free(url->capath);
     free(url);
