@@ -103,7 +103,8 @@ h2tools: deps-core
 	  { $(H2_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(H2_INSTALL); }; }; } || \
 	  echo "HTTP/2 test tools missing; install them with: sudo apt-get install -y $(H2_APT_PKGS)"
 
-promtool: deps-core
+# After h2tools: two apt-get installs at once (make -j) fail on dpkg's lock.
+promtool: deps-core h2tools
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  echo "installing promtool (prometheus) for the metrics and alerting rules tests" && \
 	  { $(PROM_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(PROM_INSTALL); }; }; } || \
