@@ -1101,8 +1101,14 @@ Test(metrics, many_route_names_register_in_linear_time)
     enum { N = 60000 };
     struct metrics *m;
     struct live *l;
+    /* the lesser of two runs each: a run that shared the cores with others (CI, a build)
+     * takes more CPU than it needs, through the caches (seen: 1.22 s against 0.10 s) */
     double quarter = register_names(N / 4, NULL, NULL);
-    double cpu = register_names(N, &m, &l);
+    double cpu = register_names(N, NULL, NULL);
+    double q = register_names(N / 4, NULL, NULL);
+    double c = register_names(N, &m, &l);
+    quarter = q < quarter ? q : quarter;
+    cpu = c < cpu ? c : cpu;
     cr_log_info("%d names twice: %.3f s of CPU, %d: %.3f s", N, cpu, N / 4, quarter);
     double floor = quarter > 0.02 ? quarter : 0.02; /* clock()'s grain on a fast run */
     cr_expect(cpu < 8 * floor, "registering %d route names took %.2f s of CPU, %d took %.2f s", N,
