@@ -57,6 +57,7 @@ enum {
     S_RESET = 1u << 9,      /* we reset the stream */
     S_LOCAL_END = 1u << 10, /* our END_STREAM went */
     S_WATCHED = 1u << 11,   /* the core waits out a backoff: a reset is the client going */
+    S_WHOLE = 1u << 12,     /* the answer's body is 'body', whole (saved, or an error) */
 };
 
 struct h2conn;
@@ -74,6 +75,9 @@ struct h2stream {
     size_t body_len, body_off;
     char *owned;
     struct hlist trailers;
+    const struct hlist *head; /* the answer's upstream head (the core's), which the trailers'
+                               * filter reads; NULL: none */
+    struct front_tag tag;     /* ... and its tag (pointers into the request) */
     char *up; /* upload bytes the core has not taken yet (within the stream's window) */
     size_t up_off, up_len, up_cap;
 };

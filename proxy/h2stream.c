@@ -320,6 +320,8 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     struct h2conn *c = st->c;
     st->f.status = status;
     st->f.answered = true;
+    st->head = h;
+    st->tag = *tag;
     if (!c)
         return;
     size_t cap = 8 + (h ? h->count : 0);
@@ -387,15 +389,19 @@ static void h2_error(struct front *f, unsigned status, const char *code, const c
     }
     st->body = st->owned;
     st->body_len = n;
+    st->flags |= S_WHOLE;
     submit(st, status, NULL, tag, "application/json", (int64_t)n, !f->is_head);
 }
 
+/* The upstream's trailers but those the answer's filter leaves out (answer_trailer_drops():
+ * the same as for the head), for end_body(). */
 static void copy_trailers(struct h2stream *st, const struct hlist *trailers)
 {
     size_t pos = 0;
     const char *n, *v;
     while (trailers && hlist_next(trailers, &pos, &n, &v))
-        hlist_add(&st->trailers, n, strlen(n), v, strlen(v));
+        if (!answer_trailer_drops(st->head, trailers, n, &st->tag))
+            hlist_add(&st->trailers, n, strlen(n), v, strlen(v));
 }
 
 static void h2_saved(struct front *f, int status, const struct hlist *h, const char *body,
@@ -404,6 +410,9 @@ static void h2_saved(struct front *f, int status, const struct hlist *h, const c
     struct h2stream *st = of_front(f);
     st->body = body;
     st->body_len = len;
+    st->flags |= S_WHOLE; /* 'body' may be NULL when 'len' is 0 */
+    st->head = h;
+    st->tag = *tag;
     if (!f->is_head)
         copy_trailers(st, trailers); /* sent after the body (end_body) */
     bool has_body =
@@ -506,14 +515,15 @@ static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t
     (void)user;
     struct h2stream *st = source->ptr;
     struct h2conn *c = st->c;
-    if (st->body) {
+    if (st->flags & S_WHOLE) {
         size_t n = st->body_len - st->body_off;
         if (n > length)
             n = length;
-        memcpy(buf, st->body + st->body_off, n);
+        if (n)
+            memcpy(buf, st->body + st->body_off, n);
         st->body_off += n;
         if (st->body_off == st->body_len)
-            *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+            end_body(st, data_flags); /* with the trailers of a saved response */
         return (ssize_t)n;
     }
     if (st->down.len) {
