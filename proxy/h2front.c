@@ -67,7 +67,7 @@ static void stream_gone(struct h2stream *st, bool gone)
     struct h2conn *c = st->c;
     DLIST_UNLINK(c->streams, st);
     c->n_streams--;
-    c->buffered -= st->down.len;
+    h2s_gone(st);
     if (st->flags & S_FULL)
         c->full--;
     st->c = NULL;
@@ -93,11 +93,8 @@ static int on_frame_send(nghttp2_session *sess, const nghttp2_frame *frame, void
     if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
         (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
         struct h2stream *st = nghttp2_session_get_stream_user_data(sess, frame->hd.stream_id);
-        if (st && st->c) {
-            st->flags |= S_LOCAL_END;
-            if (st->flags & S_DISCARD)
-                h2c_reset_stream(st, NGHTTP2_NO_ERROR);
-        }
+        if (st && st->c)
+            h2s_local_end(st);
     }
     return 0;
 }

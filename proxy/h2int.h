@@ -155,7 +155,13 @@ int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8
 int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t *data, size_t len,
                 void *user);
 int h2s_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *frame, void *user);
-/* Offers the upload bytes a stream kept to the core again (S_ROOM). */
+/* Offers the upload bytes a stream kept to the core again (S_ROOM); drops them once the answer
+ * is whole. */
 void h2s_drain_upload(struct h2stream *st);
+/* Our END_STREAM went. */
+void h2s_local_end(struct h2stream *st);
+/* The stream is over for its connection: what it holds is given back (its buffered response
+ * bytes, and its kept upload bytes to the connection's window). */
+void h2s_gone(struct h2stream *st);
 
 #endif

@@ -193,6 +193,18 @@ static bool keep_upload(struct h2stream *st, const uint8_t *p, size_t n)
     return true;
 }
 
+/* Every upload byte received is given back to the connection's window once, when the core
+ * takes it or when it is dropped: else a few streams ended with bytes kept would close the
+ * connection's window for good. */
+
+/* Drops the upload bytes kept (the core will never take them). */
+static void drop_upload(struct h2stream *st)
+{
+    if (st->up_len && st->c)
+        nghttp2_session_consume_connection(st->c->sess, st->up_len);
+    st->up_off = st->up_len = 0;
+}
+
 /* Offers upload bytes to the core; what it takes is given back to the client's window. */
 static size_t offer(struct h2stream *st, const char *p, size_t n)
 {
@@ -200,9 +212,11 @@ static size_t offer(struct h2stream *st, const char *p, size_t n)
     if (!st->c)
         return n;
     if (took == RETRY_BODY_CLOSE) {
-        /* answered (413) and the client goes on: no more window; once the answer is out
-         * the stream is reset (NO_ERROR, RFC 9113 8.1) */
+        /* answered (413) and the client goes on: no more window for the stream, the
+         * connection's given back; once the answer is out the stream is reset (NO_ERROR,
+         * RFC 9113 8.1) */
         st->flags |= S_DISCARD;
+        nghttp2_session_consume_connection(st->c->sess, n);
         if (st->flags & S_LOCAL_END)
             h2c_reset_stream(st, NGHTTP2_NO_ERROR);
         return n;
@@ -239,8 +253,10 @@ int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t 
     }
     size_t took = st->up_len ? 0 : offer(st, (const char *)data, len);
     if (st->c && took < len && !(st->flags & S_DISCARD) &&
-        !keep_upload(st, data + took, len - took))
+        !keep_upload(st, data + took, len - took)) {
+        nghttp2_session_consume_connection(sess, len - took);
         h2c_reset_stream(st, NGHTTP2_FLOW_CONTROL_ERROR);
+    }
     return 0;
 }
 
@@ -248,6 +264,13 @@ int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t 
 void h2s_drain_upload(struct h2stream *st)
 {
     st->flags &= ~S_ROOM;
+    if ((st->flags & (S_LOCAL_END | S_REMOTE_END)) == S_LOCAL_END && st->up_len) {
+        /* the answer is whole and the client's window is closed by bytes nobody will take:
+         * it may stop sending (RFC 9113 8.1), and must be told, as it cannot send more */
+        drop_upload(st);
+        h2c_reset_stream(st, NGHTTP2_NO_ERROR);
+        return;
+    }
     while (st->c && st->up_len && !(st->flags & S_DISCARD)) {
         size_t took = offer(st, st->up + st->up_off, st->up_len);
         if (!took)
@@ -258,9 +281,23 @@ void h2s_drain_upload(struct h2stream *st)
         st->up_len -= took;
     }
     if (st->flags & S_DISCARD)
-        st->up_len = 0;
+        drop_upload(st);
     if (st->c && !st->up_len && (st->flags & S_REMOTE_END))
         stream_remote_end(st);
+}
+
+/* Our END_STREAM went: a stream whose upload is refused is reset, and one whose client has
+ * bytes kept too, at the next turn (curl 7.88 takes a reset read together with the answer for
+ * a failure). Another whose client still sends is reset as more comes (h2s_on_data). */
+void h2s_local_end(struct h2stream *st)
+{
+    st->flags |= S_LOCAL_END;
+    if (st->flags & S_DISCARD) {
+        h2c_reset_stream(st, NGHTTP2_NO_ERROR);
+    } else if (st->up_len && !(st->flags & S_REMOTE_END)) {
+        st->flags |= S_ROOM;
+        h2c_schedule(st->c);
+    }
 }
 
 int h2s_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *frame, void *user)
@@ -558,7 +595,8 @@ static void h2_reset(struct front *f, unsigned status)
 
 static void h2_wait_upload(struct front *f)
 {
-    (void)f; /* the bytes not taken are kept, and the window stays closed by as much */
+    (void)f; /* the bytes not taken are kept, and the window stays closed by as much, until
+              * the core takes them or they are dropped (h2s_drain_upload, h2s_gone) */
 }
 
 static void h2_upload_room(struct front *f)
@@ -579,6 +617,13 @@ static void h2_watch(struct front *f)
 static void h2_unwatch(struct front *f)
 {
     of_front(f)->flags &= ~S_WATCHED;
+}
+
+void h2s_gone(struct h2stream *st)
+{
+    struct h2conn *c = st->c;
+    c->buffered -= st->down.len;
+    drop_upload(st);
 }
 
 static void h2_fini(struct front *f)

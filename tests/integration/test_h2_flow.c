@@ -102,6 +102,28 @@ Test(h2_flow, a_saved_response_keeps_its_trailers_and_ends_with_or_without_a_bod
     cr_expect_eq(h2u_count(h2, "request_id", "saved-2"), 1);
 }
 
+/* An upload the answer overtook (here the route's deadline, the upstream reading nothing): the
+ * client's window is closed by bytes nobody will take, so the stream is reset NO_ERROR once the
+ * answer is whole (RFC 9113 8.1) instead of living until the client leaves. */
+Test(h2_flow, an_upload_held_when_the_answer_is_whole_gets_a_no_error_reset)
+{
+    h2 = h2u_start();
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "u",
+               "\"match\": {\"path_prefix\": \"/u\"}, \"upstreams\": [\"%s\"], "
+               "\"timeout_ms\": 3000, \"retry\": {\"max_retry_body_bytes\": 0, " CFG_FAST "}",
+               h2u_url(h2, ""));
+    fx_start_b(b, "--workers", "1", NULL);
+    char line[512];
+    flow(line, sizeof(line), "stuck-upload %u /u/up 'x-h2-no-ack:1'", px->port);
+    cr_expect_eq(field(line, "status"), 504, "%s", line);
+    cr_expect_eq(field(line, "ended"), 1, "%s", line);
+    cr_expect_gt(field(line, "sent"), 65535, "the upload never filled its window: %s", line);
+    cr_expect_eq(field(line, "reset"), 0, "no RST_STREAM NO_ERROR: %s", line);
+    cr_expect_lt(field(line, "reset_ms"), 3000, "%s", line);
+}
+
 /* ---- trailers ---- */
 
 /* An HTTP/1.1 upstream's chunked trailers go through the same filter as its head: hop-by-hop
@@ -135,4 +157,31 @@ Test(h2_flow, an_http1_upstreams_trailers_are_filtered_like_its_head)
              "| grep -qi '^x-checksum: abc123'",
              px->port);
     cr_expect_eq(fx_sh(cmd), 0, "curl failed, or had no x-checksum trailer");
+}
+
+/* ---- flow control ---- */
+
+/* Uploads cancelled while bytes of theirs were kept (their upstream reads nothing) give those
+ * bytes back to the connection's window: more than the whole window was held, and an upload
+ * after them on the same connection goes through. */
+Test(h2_flow, cancelled_uploads_give_their_bytes_back_to_the_connection_window)
+{
+    h2 = h2u_start();
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "s",
+               "\"match\": {\"path_prefix\": \"/s\"}, \"upstreams\": [\"%s\"], "
+               "\"retry\": {\"max_retry_body_bytes\": 0, " CFG_FAST "}",
+               h2u_url(h2, ""));
+    cfgb_route(b, "r", "\"match\": {\"path_prefix\": \"/r\"}, \"retry\": {" CFG_FAST "}");
+    fx_start_b(b, "--workers", "1", NULL);
+    char line[512];
+    flow(line, sizeof(line), "cancelled-uploads %u /s/up 'x-h2-no-ack:1' 20 /r/after 300000",
+         px->port);
+    cr_expect_gt(field(line, "held"), 1024 * 1024, "%s", line);
+    cr_expect_eq(field(line, "sent"), 300000, "the connection's window stayed closed: %s", line);
+    cr_expect_eq(field(line, "status"), 200, "%s", line);
+    cr_expect_eq(field(line, "ended"), 1, "%s", line);
+    cr_assert_eq(tup_wait_count(up, 1, 10000), 0);
+    cr_expect_eq(tup_get(up, 0)->body_len, 300000);
 }
