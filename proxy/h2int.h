@@ -58,6 +58,8 @@ enum {
     S_LOCAL_END = 1u << 10, /* our END_STREAM went */
     S_WATCHED = 1u << 11,   /* the core waits out a backoff: a reset is the client going */
     S_WHOLE = 1u << 12,     /* the answer's body is 'body', whole (saved, or an error) */
+    S_NO_BLAME = 1u << 13,  /* our reset is not the client's doing (an upstream broke off, a
+                             * deadline): not counted toward its reset budget */
 };
 
 struct h2conn;

@@ -348,6 +348,13 @@ static void nv_add(void *arg, const char *name, const char *value)
 static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length,
                          uint32_t *data_flags, nghttp2_data_source *source, void *user);
 
+/* Resets the stream for a reason of ours (INTERNAL_ERROR), not counted against the client. */
+static void fail(struct h2stream *st)
+{
+    st->flags |= S_NO_BLAME;
+    h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+}
+
 /* Submits the answer's HEADERS (and its body through read_data when 'has_body'). Fields: the
  * upstream's 'h' (NULL: none) but those answer_drops() names, then 'ctype' and 'length' (< 0:
  * none), then the tag's. */
@@ -367,7 +374,7 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     if (!a.nv || !a.text) {
         free(a.nv);
         free(a.text);
-        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+        fail(st);
         return;
     }
     char sbuf[8], lbuf[24];
@@ -394,7 +401,7 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     retry_req_sending(st->f.req); /* counted before a byte leaves */
     nghttp2_data_provider prd = { .source.ptr = st, .read_callback = read_data };
     if (nghttp2_submit_response(c->sess, st->id, a.nv, a.n, has_body ? &prd : NULL) != 0)
-        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+        fail(st);
     free(a.nv); /* nghttp2 copied them */
     free(a.text);
     h2c_schedule(c);
@@ -421,7 +428,7 @@ static void h2_error(struct front *f, unsigned status, const char *code, const c
     if (!st->owned) {
         st->f.status = status;
         st->f.answered = true;
-        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+        fail(st);
         return;
     }
     st->body = st->owned;
@@ -507,7 +514,8 @@ static size_t h2_body(struct front *f, const char *p, size_t n)
 static void h2_end(struct front *f, const struct hlist *trailers, bool failed)
 {
     struct h2stream *st = of_front(f);
-    st->flags |= failed ? S_DOWN_FAIL : S_DOWN_DONE;
+    /* a body broken off is the upstream's doing (or a deadline's), not the client's */
+    st->flags |= failed ? S_DOWN_FAIL | S_NO_BLAME : S_DOWN_DONE;
     copy_trailers(st, trailers);
     resume(st);
 }
@@ -590,6 +598,7 @@ static void h2_reset(struct front *f, unsigned status)
     struct h2stream *st = of_front(f);
     st->f.status = status;
     st->f.answered = true;
+    st->flags |= S_NO_BLAME; /* the core's: the client going, or a reason of ours */
     h2c_reset_stream(st, status == CLIENT_CLOSED ? NGHTTP2_CANCEL : NGHTTP2_INTERNAL_ERROR);
 }
 

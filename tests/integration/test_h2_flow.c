@@ -185,3 +185,23 @@ Test(h2_flow, cancelled_uploads_give_their_bytes_back_to_the_connection_window)
     cr_assert_eq(tup_wait_count(up, 1, 10000), 0);
     cr_expect_eq(tup_get(up, 0)->body_len, 300000);
 }
+
+/* ---- resets ---- */
+
+/* Resets an upstream caused (its streams broken off mid-body) are not the client's: 400 GETs on
+ * one connection all get their RST_STREAM INTERNAL_ERROR, and no GOAWAY ENHANCE_YOUR_CALM. */
+Test(h2_flow, upstream_resets_do_not_use_up_the_clients_reset_budget)
+{
+    h2 = h2u_start();
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "m",
+               "\"match\": {\"path_prefix\": \"/m\"}, \"upstreams\": [\"%s\"], "
+               "\"retry\": {" CFG_FAST "}",
+               h2u_url(h2, ""));
+    fx_start_b(b, "--workers", "1", NULL);
+    char line[512];
+    flow(line, sizeof(line), "many %u /m/x 400 'x-h2-scenario:rst-mid;x-h2-body:2000'", px->port);
+    cr_expect_eq(field(line, "resets"), 400, "%s", line);
+    cr_expect(strstr(line, "goaway none") != NULL, "%s", line);
+}
