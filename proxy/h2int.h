@@ -22,11 +22,15 @@
 #define H2_STREAM_WINDOW 65535         /* a stream's upload window (SETTINGS_INITIAL_...) */
 #define H2_CONN_WINDOW   (1024 * 1024) /* the connection's upload window */
 #define H2_STREAM_BUFFER (64 * 1024)   /* a stream's response bytes waiting (as relay.c) */
-#define H2_CONN_BUFFER   (1024 * 1024) /* ... and all the connection's streams' together */
-#define H2_OUT_CAP       (32 * 1024)   /* frames serialised, waiting for the socket */
-#define H2_READ          (16 * 1024)   /* one recv() */
-#define H2_READS_PER_IO  4             /* recv()s per readable event: fairness */
-#define H2_CONTINUATIONS 8             /* CONTINUATION frames after one HEADERS */
+/* ... and all the connection's streams' together: each stream is sure of one upstream write
+ * (UPSTREAM_WRITE_MAX), so that a stream read promptly always goes on however many are not
+ * read; what streams hold beyond that comes from the rest, shared (docs/http2.md). */
+#define H2_CONN_BUFFER   (2 * 1024 * 1024)
+#define H2_SHARED        (H2_CONN_BUFFER - H2_MAX_STREAMS * UPSTREAM_WRITE_MAX)
+#define H2_OUT_CAP       (32 * 1024) /* frames serialised, waiting for the socket */
+#define H2_READ          (16 * 1024) /* one recv() */
+#define H2_READS_PER_IO  4           /* recv()s per readable event: fairness */
+#define H2_CONTINUATIONS 8           /* CONTINUATION frames after one HEADERS */
 /* Stream resets, the client's (nghttp2 counts those) and ours (counted here: a client that
  * has us reset streams costs as much, CVE-2023-44487 and its "made you reset" variant): a
  * token bucket of this many, refilled at this many a second. Empty: GOAWAY
@@ -115,6 +119,7 @@ struct h2conn {
     struct h2stream *streams;
     unsigned n_streams;
     size_t buffered; /* response bytes in the streams' buffers */
+    size_t shared;   /* ... of them, those past each stream's UPSTREAM_WRITE_MAX */
     struct h2head head;
     struct h2front_limits lim;
     uint64_t last_io;          /* loop ms of the last byte in or out */

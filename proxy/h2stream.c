@@ -487,9 +487,32 @@ static void resume(struct h2stream *st)
     }
 }
 
-/* Response body bytes: a stream holds at most H2_STREAM_BUFFER, the connection's streams
- * H2_CONN_BUFFER together (a stream with nothing buffered may always take some, so that a
- * stream read slowly never stops the others for good). */
+/* Response body bytes a stream holds past the UPSTREAM_WRITE_MAX it is sure of. */
+static size_t past_sure(size_t len)
+{
+    return len > UPSTREAM_WRITE_MAX ? len - UPSTREAM_WRITE_MAX : 0;
+}
+
+/* Whether the stream has room for 'n' more response bytes: at most H2_STREAM_BUFFER, of which
+ * UPSTREAM_WRITE_MAX are its own and the rest from the connection's H2_SHARED. So the
+ * connection holds at most H2_CONN_BUFFER, and a stream read promptly always goes on, however
+ * many others are not read. An empty stream takes any write that fits H2_STREAM_BUFFER: a held
+ * gRPC reply (proxy/keep.c) comes whole, up to 32 KiB. */
+static bool has_room(const struct h2conn *c, const struct h2stream *st, size_t n)
+{
+    size_t len = st->down.len;
+    return n <= ring_space(&st->down) &&
+           (len == 0 || c->shared + past_sure(len + n) - past_sure(len) <= H2_SHARED);
+}
+
+/* The stream's buffer went from 'was' bytes to what it holds now: counted. */
+static void count_down(struct h2conn *c, const struct h2stream *st, size_t was)
+{
+    c->buffered = c->buffered - was + st->down.len;
+    c->shared = c->shared - past_sure(was) + past_sure(st->down.len);
+}
+
+/* Response body bytes, buffered as has_room() allows; past it the upstream pauses. */
 static size_t h2_body(struct front *f, const char *p, size_t n)
 {
     struct h2stream *st = of_front(f);
@@ -498,15 +521,16 @@ static size_t h2_body(struct front *f, const char *p, size_t n)
         return 0;
     if (st->flags & S_NO_BODY)
         return n;
-    if (n > ring_space(&st->down) || (st->down.len && c->buffered + n > H2_CONN_BUFFER)) {
+    if (!has_room(c, st, n)) {
         if (!(st->flags & S_FULL))
             c->full++;
         st->flags |= S_FULL;
         return FRONT_FULL;
     }
+    size_t was = st->down.len;
     if (ring_put(&st->down, p, n) < 0)
         return 0;
-    c->buffered += n;
+    count_down(c, st, was);
     resume(st);
     return n;
 }
@@ -523,8 +547,7 @@ static void h2_end(struct front *f, const struct hlist *trailers, bool failed)
 /* A stream that body() refused may take bytes again: its upstream goes on. */
 static void give_room(struct h2conn *c, struct h2stream *st)
 {
-    if ((st->flags & S_FULL) && ring_space(&st->down) >= UPSTREAM_WRITE_MAX &&
-        c->buffered + UPSTREAM_WRITE_MAX <= H2_CONN_BUFFER) {
+    if ((st->flags & S_FULL) && has_room(c, st, UPSTREAM_WRITE_MAX)) {
         st->flags &= ~S_FULL;
         c->full--;
         retry_req_room(st->f.req);
@@ -572,8 +595,9 @@ static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t
         return (ssize_t)n;
     }
     if (st->down.len) {
+        size_t was = st->down.len;
         size_t n = ring_get(&st->down, (char *)buf, length);
-        c->buffered -= n;
+        count_down(c, st, was);
         if (st->down.len == 0 && (st->flags & S_DOWN_DONE))
             end_body(st, data_flags);
         give_room(c, st);
@@ -632,6 +656,7 @@ void h2s_gone(struct h2stream *st)
 {
     struct h2conn *c = st->c;
     c->buffered -= st->down.len;
+    c->shared -= past_sure(st->down.len);
     drop_upload(st);
 }
 
