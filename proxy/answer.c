@@ -34,6 +34,13 @@ bool answer_drops(const struct hlist *h, bool has_connection, const char *n,
            (has_connection && hlist_connection_names(h, n));
 }
 
+bool answer_trailer_drops(const struct hlist *head, const struct hlist *trailers, const char *name,
+                          const struct front_tag *tag)
+{
+    return answer_drops(trailers, true, name, tag) ||
+           (head && hlist_get(head, "Connection") && hlist_connection_names(head, name));
+}
+
 char *answer_error_body(const char *code, const char *route, unsigned attempts, const char *message,
                         size_t *len)
 {

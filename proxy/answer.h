@@ -24,6 +24,13 @@ void answer_tag_fields(const struct front_tag *tag,
 bool answer_drops(const struct hlist *h, bool has_connection, const char *name,
                   const struct front_tag *tag);
 
+/* The same filter for the response's trailers (an HTTP/1.1 upstream's chunked trailers may
+ * carry anything): whether the trailer field 'name' of 'trailers' stays out, by answer_drops()
+ * on the trailers themselves, or because the head 'head' (NULL: none) names it in its Connection
+ * field. */
+bool answer_trailer_drops(const struct hlist *head, const struct hlist *trailers, const char *name,
+                          const struct front_tag *tag);
+
 /* Whether a response of 'status' may have a body: 1xx, 204 and 304 never do (RFC 9110 6.4.1). */
 bool answer_status_has_body(int status);
 

@@ -34,7 +34,7 @@ static void terminate(struct h2conn *c, uint32_t code)
     h2c_schedule(c);
 }
 
-/* One stream reset, ours or the client's. */
+/* One stream reset the client caused: its own, or ours because of what it sent. */
 static void count_reset(struct h2conn *c)
 {
     uint64_t now = loop_now(c->hf->loop);
@@ -67,7 +67,7 @@ static void stream_gone(struct h2stream *st, bool gone)
     struct h2conn *c = st->c;
     DLIST_UNLINK(c->streams, st);
     c->n_streams--;
-    c->buffered -= st->down.len;
+    h2s_gone(st);
     if (st->flags & S_FULL)
         c->full--;
     st->c = NULL;
@@ -88,17 +88,19 @@ static int on_stream_close(nghttp2_session *sess, int32_t id, uint32_t code, voi
 static int on_frame_send(nghttp2_session *sess, const nghttp2_frame *frame, void *user)
 {
     struct h2conn *c = user;
-    if (frame->hd.type == NGHTTP2_RST_STREAM && frame->rst_stream.error_code != NGHTTP2_NO_ERROR)
+    bool reset =
+        frame->hd.type == NGHTTP2_RST_STREAM && frame->rst_stream.error_code != NGHTTP2_NO_ERROR;
+    bool end = (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
+               (frame->hd.flags & NGHTTP2_FLAG_END_STREAM);
+    if (!reset && !end)
+        return 0;
+    struct h2stream *st = nghttp2_session_get_stream_user_data(sess, frame->hd.stream_id);
+    /* resets nghttp2 makes (a stream breaking HTTP/2's rules) are the client's doing; those of
+     * an upstream breaking off or a deadline are not (S_NO_BLAME) */
+    if (reset && !(st && (st->flags & S_NO_BLAME)))
         count_reset(c);
-    if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
-        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
-        struct h2stream *st = nghttp2_session_get_stream_user_data(sess, frame->hd.stream_id);
-        if (st && st->c) {
-            st->flags |= S_LOCAL_END;
-            if (st->flags & S_DISCARD)
-                h2c_reset_stream(st, NGHTTP2_NO_ERROR);
-        }
-    }
+    if (end && st && st->c)
+        h2s_local_end(st);
     return 0;
 }
 

@@ -22,11 +22,15 @@
 #define H2_STREAM_WINDOW 65535         /* a stream's upload window (SETTINGS_INITIAL_...) */
 #define H2_CONN_WINDOW   (1024 * 1024) /* the connection's upload window */
 #define H2_STREAM_BUFFER (64 * 1024)   /* a stream's response bytes waiting (as relay.c) */
-#define H2_CONN_BUFFER   (1024 * 1024) /* ... and all the connection's streams' together */
-#define H2_OUT_CAP       (32 * 1024)   /* frames serialised, waiting for the socket */
-#define H2_READ          (16 * 1024)   /* one recv() */
-#define H2_READS_PER_IO  4             /* recv()s per readable event: fairness */
-#define H2_CONTINUATIONS 8             /* CONTINUATION frames after one HEADERS */
+/* ... and all the connection's streams' together: each stream is sure of one upstream write
+ * (UPSTREAM_WRITE_MAX), so that a stream read promptly always goes on however many are not
+ * read; what streams hold beyond that comes from the rest, shared (docs/http2.md). */
+#define H2_CONN_BUFFER   (2 * 1024 * 1024)
+#define H2_SHARED        (H2_CONN_BUFFER - H2_MAX_STREAMS * UPSTREAM_WRITE_MAX)
+#define H2_OUT_CAP       (32 * 1024) /* frames serialised, waiting for the socket */
+#define H2_READ          (16 * 1024) /* one recv() */
+#define H2_READS_PER_IO  4           /* recv()s per readable event: fairness */
+#define H2_CONTINUATIONS 8           /* CONTINUATION frames after one HEADERS */
 /* Stream resets, the client's (nghttp2 counts those) and ours (counted here: a client that
  * has us reset streams costs as much, CVE-2023-44487 and its "made you reset" variant): a
  * token bucket of this many, refilled at this many a second. Empty: GOAWAY
@@ -57,6 +61,9 @@ enum {
     S_RESET = 1u << 9,      /* we reset the stream */
     S_LOCAL_END = 1u << 10, /* our END_STREAM went */
     S_WATCHED = 1u << 11,   /* the core waits out a backoff: a reset is the client going */
+    S_WHOLE = 1u << 12,     /* the answer's body is 'body', whole (saved, or an error) */
+    S_NO_BLAME = 1u << 13,  /* our reset is not the client's doing (an upstream broke off, a
+                             * deadline): not counted toward its reset budget */
 };
 
 struct h2conn;
@@ -74,6 +81,9 @@ struct h2stream {
     size_t body_len, body_off;
     char *owned;
     struct hlist trailers;
+    const struct hlist *head; /* the answer's upstream head (the core's), which the trailers'
+                               * filter reads; NULL: none */
+    struct front_tag tag;     /* ... and its tag (pointers into the request) */
     char *up; /* upload bytes the core has not taken yet (within the stream's window) */
     size_t up_off, up_len, up_cap;
 };
@@ -109,6 +119,7 @@ struct h2conn {
     struct h2stream *streams;
     unsigned n_streams;
     size_t buffered; /* response bytes in the streams' buffers */
+    size_t shared;   /* ... of them, those past each stream's UPSTREAM_WRITE_MAX */
     struct h2head head;
     struct h2front_limits lim;
     uint64_t last_io;          /* loop ms of the last byte in or out */
@@ -151,7 +162,13 @@ int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8
 int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t *data, size_t len,
                 void *user);
 int h2s_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *frame, void *user);
-/* Offers the upload bytes a stream kept to the core again (S_ROOM). */
+/* Offers the upload bytes a stream kept to the core again (S_ROOM); drops them once the answer
+ * is whole. */
 void h2s_drain_upload(struct h2stream *st);
+/* Our END_STREAM went. */
+void h2s_local_end(struct h2stream *st);
+/* The stream is over for its connection: what it holds is given back (its buffered response
+ * bytes, and its kept upload bytes to the connection's window). */
+void h2s_gone(struct h2stream *st);
 
 #endif

@@ -193,6 +193,18 @@ static bool keep_upload(struct h2stream *st, const uint8_t *p, size_t n)
     return true;
 }
 
+/* Every upload byte received is given back to the connection's window once, when the core
+ * takes it or when it is dropped: else a few streams ended with bytes kept would close the
+ * connection's window for good. */
+
+/* Drops the upload bytes kept (the core will never take them). */
+static void drop_upload(struct h2stream *st)
+{
+    if (st->up_len && st->c)
+        nghttp2_session_consume_connection(st->c->sess, st->up_len);
+    st->up_off = st->up_len = 0;
+}
+
 /* Offers upload bytes to the core; what it takes is given back to the client's window. */
 static size_t offer(struct h2stream *st, const char *p, size_t n)
 {
@@ -200,9 +212,11 @@ static size_t offer(struct h2stream *st, const char *p, size_t n)
     if (!st->c)
         return n;
     if (took == RETRY_BODY_CLOSE) {
-        /* answered (413) and the client goes on: no more window; once the answer is out
-         * the stream is reset (NO_ERROR, RFC 9113 8.1) */
+        /* answered (413) and the client goes on: no more window for the stream, the
+         * connection's given back; once the answer is out the stream is reset (NO_ERROR,
+         * RFC 9113 8.1) */
         st->flags |= S_DISCARD;
+        nghttp2_session_consume_connection(st->c->sess, n);
         if (st->flags & S_LOCAL_END)
             h2c_reset_stream(st, NGHTTP2_NO_ERROR);
         return n;
@@ -239,8 +253,10 @@ int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t 
     }
     size_t took = st->up_len ? 0 : offer(st, (const char *)data, len);
     if (st->c && took < len && !(st->flags & S_DISCARD) &&
-        !keep_upload(st, data + took, len - took))
+        !keep_upload(st, data + took, len - took)) {
+        nghttp2_session_consume_connection(sess, len - took);
         h2c_reset_stream(st, NGHTTP2_FLOW_CONTROL_ERROR);
+    }
     return 0;
 }
 
@@ -248,6 +264,13 @@ int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t 
 void h2s_drain_upload(struct h2stream *st)
 {
     st->flags &= ~S_ROOM;
+    if ((st->flags & (S_LOCAL_END | S_REMOTE_END)) == S_LOCAL_END && st->up_len) {
+        /* the answer is whole and the client's window is closed by bytes nobody will take:
+         * it may stop sending (RFC 9113 8.1), and must be told, as it cannot send more */
+        drop_upload(st);
+        h2c_reset_stream(st, NGHTTP2_NO_ERROR);
+        return;
+    }
     while (st->c && st->up_len && !(st->flags & S_DISCARD)) {
         size_t took = offer(st, st->up + st->up_off, st->up_len);
         if (!took)
@@ -258,9 +281,23 @@ void h2s_drain_upload(struct h2stream *st)
         st->up_len -= took;
     }
     if (st->flags & S_DISCARD)
-        st->up_len = 0;
+        drop_upload(st);
     if (st->c && !st->up_len && (st->flags & S_REMOTE_END))
         stream_remote_end(st);
+}
+
+/* Our END_STREAM went: a stream whose upload is refused is reset, and one whose client has
+ * bytes kept too, at the next turn (curl 7.88 takes a reset read together with the answer for
+ * a failure). Another whose client still sends is reset as more comes (h2s_on_data). */
+void h2s_local_end(struct h2stream *st)
+{
+    st->flags |= S_LOCAL_END;
+    if (st->flags & S_DISCARD) {
+        h2c_reset_stream(st, NGHTTP2_NO_ERROR);
+    } else if (st->up_len && !(st->flags & S_REMOTE_END)) {
+        st->flags |= S_ROOM;
+        h2c_schedule(st->c);
+    }
 }
 
 int h2s_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *frame, void *user)
@@ -311,6 +348,13 @@ static void nv_add(void *arg, const char *name, const char *value)
 static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length,
                          uint32_t *data_flags, nghttp2_data_source *source, void *user);
 
+/* Resets the stream for a reason of ours (INTERNAL_ERROR), not counted against the client. */
+static void fail(struct h2stream *st)
+{
+    st->flags |= S_NO_BLAME;
+    h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+}
+
 /* Submits the answer's HEADERS (and its body through read_data when 'has_body'). Fields: the
  * upstream's 'h' (NULL: none) but those answer_drops() names, then 'ctype' and 'length' (< 0:
  * none), then the tag's. */
@@ -320,6 +364,8 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     struct h2conn *c = st->c;
     st->f.status = status;
     st->f.answered = true;
+    st->head = h;
+    st->tag = *tag;
     if (!c)
         return;
     size_t cap = 8 + (h ? h->count : 0);
@@ -328,7 +374,7 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     if (!a.nv || !a.text) {
         free(a.nv);
         free(a.text);
-        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+        fail(st);
         return;
     }
     char sbuf[8], lbuf[24];
@@ -355,7 +401,7 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     retry_req_sending(st->f.req); /* counted before a byte leaves */
     nghttp2_data_provider prd = { .source.ptr = st, .read_callback = read_data };
     if (nghttp2_submit_response(c->sess, st->id, a.nv, a.n, has_body ? &prd : NULL) != 0)
-        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+        fail(st);
     free(a.nv); /* nghttp2 copied them */
     free(a.text);
     h2c_schedule(c);
@@ -382,20 +428,24 @@ static void h2_error(struct front *f, unsigned status, const char *code, const c
     if (!st->owned) {
         st->f.status = status;
         st->f.answered = true;
-        h2c_reset_stream(st, NGHTTP2_INTERNAL_ERROR);
+        fail(st);
         return;
     }
     st->body = st->owned;
     st->body_len = n;
+    st->flags |= S_WHOLE;
     submit(st, status, NULL, tag, "application/json", (int64_t)n, !f->is_head);
 }
 
+/* The upstream's trailers but those the answer's filter leaves out (answer_trailer_drops():
+ * the same as for the head), for end_body(). */
 static void copy_trailers(struct h2stream *st, const struct hlist *trailers)
 {
     size_t pos = 0;
     const char *n, *v;
     while (trailers && hlist_next(trailers, &pos, &n, &v))
-        hlist_add(&st->trailers, n, strlen(n), v, strlen(v));
+        if (!answer_trailer_drops(st->head, trailers, n, &st->tag))
+            hlist_add(&st->trailers, n, strlen(n), v, strlen(v));
 }
 
 static void h2_saved(struct front *f, int status, const struct hlist *h, const char *body,
@@ -404,6 +454,9 @@ static void h2_saved(struct front *f, int status, const struct hlist *h, const c
     struct h2stream *st = of_front(f);
     st->body = body;
     st->body_len = len;
+    st->flags |= S_WHOLE; /* 'body' may be NULL when 'len' is 0 */
+    st->head = h;
+    st->tag = *tag;
     if (!f->is_head)
         copy_trailers(st, trailers); /* sent after the body (end_body) */
     bool has_body =
@@ -434,9 +487,32 @@ static void resume(struct h2stream *st)
     }
 }
 
-/* Response body bytes: a stream holds at most H2_STREAM_BUFFER, the connection's streams
- * H2_CONN_BUFFER together (a stream with nothing buffered may always take some, so that a
- * stream read slowly never stops the others for good). */
+/* Response body bytes a stream holds past the UPSTREAM_WRITE_MAX it is sure of. */
+static size_t past_sure(size_t len)
+{
+    return len > UPSTREAM_WRITE_MAX ? len - UPSTREAM_WRITE_MAX : 0;
+}
+
+/* Whether the stream has room for 'n' more response bytes: at most H2_STREAM_BUFFER, of which
+ * UPSTREAM_WRITE_MAX are its own and the rest from the connection's H2_SHARED. So the
+ * connection holds at most H2_CONN_BUFFER, and a stream read promptly always goes on, however
+ * many others are not read. An empty stream takes any write that fits H2_STREAM_BUFFER: a held
+ * gRPC reply (proxy/keep.c) comes whole, up to 32 KiB. */
+static bool has_room(const struct h2conn *c, const struct h2stream *st, size_t n)
+{
+    size_t len = st->down.len;
+    return n <= ring_space(&st->down) &&
+           (len == 0 || c->shared + past_sure(len + n) - past_sure(len) <= H2_SHARED);
+}
+
+/* The stream's buffer went from 'was' bytes to what it holds now: counted. */
+static void count_down(struct h2conn *c, const struct h2stream *st, size_t was)
+{
+    c->buffered = c->buffered - was + st->down.len;
+    c->shared = c->shared - past_sure(was) + past_sure(st->down.len);
+}
+
+/* Response body bytes, buffered as has_room() allows; past it the upstream pauses. */
 static size_t h2_body(struct front *f, const char *p, size_t n)
 {
     struct h2stream *st = of_front(f);
@@ -445,15 +521,16 @@ static size_t h2_body(struct front *f, const char *p, size_t n)
         return 0;
     if (st->flags & S_NO_BODY)
         return n;
-    if (n > ring_space(&st->down) || (st->down.len && c->buffered + n > H2_CONN_BUFFER)) {
+    if (!has_room(c, st, n)) {
         if (!(st->flags & S_FULL))
             c->full++;
         st->flags |= S_FULL;
         return FRONT_FULL;
     }
+    size_t was = st->down.len;
     if (ring_put(&st->down, p, n) < 0)
         return 0;
-    c->buffered += n;
+    count_down(c, st, was);
     resume(st);
     return n;
 }
@@ -461,7 +538,8 @@ static size_t h2_body(struct front *f, const char *p, size_t n)
 static void h2_end(struct front *f, const struct hlist *trailers, bool failed)
 {
     struct h2stream *st = of_front(f);
-    st->flags |= failed ? S_DOWN_FAIL : S_DOWN_DONE;
+    /* a body broken off is the upstream's doing (or a deadline's), not the client's */
+    st->flags |= failed ? S_DOWN_FAIL | S_NO_BLAME : S_DOWN_DONE;
     copy_trailers(st, trailers);
     resume(st);
 }
@@ -469,8 +547,7 @@ static void h2_end(struct front *f, const struct hlist *trailers, bool failed)
 /* A stream that body() refused may take bytes again: its upstream goes on. */
 static void give_room(struct h2conn *c, struct h2stream *st)
 {
-    if ((st->flags & S_FULL) && ring_space(&st->down) >= UPSTREAM_WRITE_MAX &&
-        c->buffered + UPSTREAM_WRITE_MAX <= H2_CONN_BUFFER) {
+    if ((st->flags & S_FULL) && has_room(c, st, UPSTREAM_WRITE_MAX)) {
         st->flags &= ~S_FULL;
         c->full--;
         retry_req_room(st->f.req);
@@ -506,19 +583,21 @@ static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t
     (void)user;
     struct h2stream *st = source->ptr;
     struct h2conn *c = st->c;
-    if (st->body) {
+    if (st->flags & S_WHOLE) {
         size_t n = st->body_len - st->body_off;
         if (n > length)
             n = length;
-        memcpy(buf, st->body + st->body_off, n);
+        if (n)
+            memcpy(buf, st->body + st->body_off, n);
         st->body_off += n;
         if (st->body_off == st->body_len)
-            *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+            end_body(st, data_flags); /* with the trailers of a saved response */
         return (ssize_t)n;
     }
     if (st->down.len) {
+        size_t was = st->down.len;
         size_t n = ring_get(&st->down, (char *)buf, length);
-        c->buffered -= n;
+        count_down(c, st, was);
         if (st->down.len == 0 && (st->flags & S_DOWN_DONE))
             end_body(st, data_flags);
         give_room(c, st);
@@ -543,12 +622,14 @@ static void h2_reset(struct front *f, unsigned status)
     struct h2stream *st = of_front(f);
     st->f.status = status;
     st->f.answered = true;
+    st->flags |= S_NO_BLAME; /* the core's: the client going, or a reason of ours */
     h2c_reset_stream(st, status == CLIENT_CLOSED ? NGHTTP2_CANCEL : NGHTTP2_INTERNAL_ERROR);
 }
 
 static void h2_wait_upload(struct front *f)
 {
-    (void)f; /* the bytes not taken are kept, and the window stays closed by as much */
+    (void)f; /* the bytes not taken are kept, and the window stays closed by as much, until
+              * the core takes them or they are dropped (h2s_drain_upload, h2s_gone) */
 }
 
 static void h2_upload_room(struct front *f)
@@ -569,6 +650,14 @@ static void h2_watch(struct front *f)
 static void h2_unwatch(struct front *f)
 {
     of_front(f)->flags &= ~S_WATCHED;
+}
+
+void h2s_gone(struct h2stream *st)
+{
+    struct h2conn *c = st->c;
+    c->buffered -= st->down.len;
+    c->shared -= past_sure(st->down.len);
+    drop_upload(st);
 }
 
 static void h2_fini(struct front *f)

@@ -27,6 +27,8 @@ What a request gets comes from its fields:
                      stream's flow-control window allows, without holding up other streams
   x-h2-delay-ms: M   the answer waits M ms once the request is complete
   x-h2-close-after: 1  once the answer is whole, GOAWAY and close the connection
+  x-h2-no-ack: 1     the request's DATA is never acknowledged: its stream's and the connection's
+                     windows close (an upstream that reads nothing)
 
 With --tls CERT KEY, connections are TLS: the server chooses by ALPN from --alpn (its own order
 of preference, comma-separated; default "h2"; "none": no ALPN) and records
@@ -222,8 +224,9 @@ class Conn:
             if ev.stream_ended is not None:
                 self.complete(st)
         elif isinstance(ev, h2.events.DataReceived):
-            self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             st = self.streams.get(ev.stream_id)
+            if st is None or self.field(st, "x-h2-no-ack") is None:
+                self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             if st is not None:
                 st.body += ev.data
                 if ev.stream_ended is not None:
