@@ -17,7 +17,14 @@ What a request gets comes from its fields:
       rst-mid     200 with content-length (none with x-h2-no-length), half of the body
                   (x-h2-body, 65536 by default), then RST_STREAM INTERNAL_ERROR
       no-status   a response head without :status, then the end of the stream
-      status      as "ok", with status x-h2-status (default 503)
+      rst-no-error-short
+                  200 with content-length (x-h2-body, 5000 by default), a fifth of the body,
+                  then RST_STREAM NO_ERROR without END_STREAM: a response cut short (a gRPC
+                  call: one whole message of x-h2-body bytes, then the reset, no trailers)
+      early-answer
+                  200 "early\n" with END_STREAM as soon as the head is in, the upload left
+                  unread (no WINDOW_UPDATE for it; RFC 9113 8.1)
+      status      as "ok", with status x-h2-status (default 503; any three digits, 600 too)
       trailers    200, the body, then trailers grpc-status (x-h2-grpc-status, else 0) and
                   grpc-message: done; a gRPC call (content-type application/grpc...) answered
                   "ok" gets trailers with grpc-status 0 too
@@ -81,6 +88,7 @@ class Stream:
         self.end_after = None  # "end", "trailers" or "rst": what follows the body
         self.due = None  # when a delayed answer goes
         self.grpc_status = "0"
+        self.early = False  # answered before the upload, which is never read
 
 
 class Conn:
@@ -146,6 +154,20 @@ class Conn:
             st.out = memoryview(body_of(size // 2))
             st.end_after = "rst"
             return
+        if scenario == "rst-no-error-short":
+            entry["action"] = "rst-no-error-short"
+            record(self.out, entry)
+            size = int(self.field(st, "x-h2-body", "5000"))
+            if self.field(st, "content-type", "").startswith("application/grpc"):
+                # one whole message, then the reset where the trailers should be
+                self.h2.send_headers(sid, [(":status", "200"),
+                                           ("content-type", "application/grpc")])
+                st.out = memoryview(b"\0" + size.to_bytes(4, "big") + body_of(size))
+            else:
+                self.h2.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
+                st.out = memoryview(body_of(size // 5))
+            st.end_after = "rst-no-error"
+            return
         if st.body:
             data = bytes(st.body)
         elif self.field(st, "x-h2-body") is not None:
@@ -192,6 +214,8 @@ class Conn:
                                            ("grpc-message", "done")], end_stream=True)
             elif st.end_after == "rst":
                 self.h2.reset_stream(sid, error_code=h2.errors.ErrorCodes.INTERNAL_ERROR)
+            elif st.end_after == "rst-no-error":
+                self.h2.reset_stream(sid, error_code=h2.errors.ErrorCodes.NO_ERROR)
             del self.streams[sid]
 
     def handle(self, ev):
@@ -219,11 +243,17 @@ class Conn:
                     del self.streams[ev.stream_id]
                     return
                 st.headers = [(k, v) for k, v in st.headers if k != "x-h2-scenario"]
+            if self.field(st, "x-h2-scenario") == "early-answer":
+                self.early_answer(st)
+                return
             if ev.stream_ended is not None:
                 self.complete(st)
         elif isinstance(ev, h2.events.DataReceived):
-            self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             st = self.streams.get(ev.stream_id)
+            if st is not None and st.early:
+                st.body += ev.data  # counted, never acknowledged: the upload stalls
+                return
+            self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             if st is not None:
                 st.body += ev.data
                 if ev.stream_ended is not None:
@@ -234,7 +264,7 @@ class Conn:
                 st.trailers = list(ev.headers)
         elif isinstance(ev, h2.events.StreamEnded):
             st = self.streams.get(ev.stream_id)
-            if st is not None and st.due is None and st.end_after is None:
+            if st is not None and st.due is None and st.end_after is None and not st.early:
                 self.complete(st)
         elif isinstance(ev, h2.events.StreamReset):
             st = self.streams.pop(ev.stream_id, None)
@@ -244,6 +274,15 @@ class Conn:
                                   "request_id": self.field(st, "x-request-id", "") if st else ""})
         elif isinstance(ev, h2.events.ConnectionTerminated):
             self.closing = True
+
+    def early_answer(self, st):
+        """200 + END_STREAM before any of the upload is read (recorded with what came so far)."""
+        st.early = True
+        scenario, entry = self.on_request_complete(st)
+        entry["action"] = "early-answer"
+        record(self.out, entry)
+        self.h2.send_headers(st.sid, [(":status", "200"), ("content-length", "6")])
+        self.h2.send_data(st.sid, b"early\n", end_stream=True)
 
     def complete(self, st):
         if st.due is not None:
