@@ -21,6 +21,8 @@ What a request gets comes from its fields:
                   200 with content-length (x-h2-body, 5000 by default), a fifth of the body,
                   then RST_STREAM NO_ERROR without END_STREAM: a response cut short (a gRPC
                   call: one whole message of x-h2-body bytes, then the reset, no trailers)
+      head-only   a head alone, ending the stream: status x-h2-status (default 304), a
+                  content-length only if x-h2-length gives one
       early-answer
                   200 "early\n" with END_STREAM as soon as the head is in, the upload left
                   unread (no WINDOW_UPDATE for it; RFC 9113 8.1)
@@ -153,6 +155,14 @@ class Conn:
             self.h2.send_headers(sid, head)
             st.out = memoryview(body_of(size // 2))
             st.end_after = "rst"
+            return
+        if scenario == "head-only":
+            entry["action"] = "head-only"
+            record(self.out, entry)
+            head = [(":status", self.field(st, "x-h2-status", "304"))]
+            if self.field(st, "x-h2-length") is not None:
+                head.append(("content-length", self.field(st, "x-h2-length")))
+            self.h2.send_headers(sid, head, end_stream=True)
             return
         if scenario == "rst-no-error-short":
             entry["action"] = "rst-no-error-short"
@@ -301,7 +311,7 @@ class Conn:
             if when <= now:
                 st.due = (when, None, None)
                 self.answer(st, scenario, entry)
-                if scenario in ("goaway", "no-status"):
+                if scenario in ("goaway", "no-status", "head-only"):
                     self.streams.pop(st.sid, None)
             else:
                 wait = when - now if wait is None else min(wait, when - now)
