@@ -20,7 +20,9 @@ What a request gets comes from its fields:
       rst-no-error-short
                   200 with content-length (x-h2-body, 5000 by default), a fifth of the body,
                   then RST_STREAM NO_ERROR without END_STREAM: a response cut short (a gRPC
-                  call: one whole message of x-h2-body bytes, then the reset, no trailers)
+                  call: one whole message of x-h2-body bytes, then the reset, no trailers);
+                  with x-h2-end-stream: 1, END_STREAM instead of the reset (a body shorter
+                  than its content-length)
       head-only   a head alone, ending the stream: status x-h2-status (default 304), a
                   content-length only if x-h2-length gives one
       early-answer
@@ -176,7 +178,7 @@ class Conn:
             else:
                 self.h2.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
                 st.out = memoryview(body_of(size // 5))
-            st.end_after = "rst-no-error"
+            st.end_after = "end" if self.field(st, "x-h2-end-stream") else "rst-no-error"
             return
         if st.body:
             data = bytes(st.body)
