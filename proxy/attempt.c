@@ -77,14 +77,23 @@ static size_t bad_head(struct attempt *a)
     return 0;
 }
 
+/* A response status from any upstream, HTTP/1.1 or HTTP/2 (RFC 9110 15): 100 to 599. */
+static bool status_ok(int status)
+{
+    return status >= 100 && status <= 599;
+}
+
 /* The status line: "HTTP/x.y NNN ...". */
 static size_t status_line(struct attempt *a, const char *b, size_t len)
 {
     const char *sp = memchr(b, ' ', len);
-    if (!sp || (size_t)(sp - b) + 4 > len || sp[1] < '1' || sp[1] > '5' || sp[2] < '0' ||
+    if (!sp || (size_t)(sp - b) + 4 > len || sp[1] < '0' || sp[1] > '9' || sp[2] < '0' ||
         sp[2] > '9' || sp[3] < '0' || sp[3] > '9')
         return 0; /* not an HTTP status line: abort, seen as a reset */
-    a->status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
+    int status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
+    if (!status_ok(status))
+        return 0;
+    a->status = status;
     hlist_clear(&a->head);
     return len;
 }
@@ -400,12 +409,16 @@ void attempt_resume_upload(struct attempt *a)
 
 /* ---- h2c upstreams (proxy/h2up.h) ---- */
 
-static void h2_head(void *arg, int status)
+/* The session has checked the rest of the head (HTTP/2's rules, one content-length). */
+static bool h2_head(void *arg, int status)
 {
     struct attempt *a = arg;
+    if (!status_ok(status))
+        return bad_head(a);
     a->status = status;
     a->head_done = true;
     a->ops->head(a);
+    return true;
 }
 
 static size_t h2_body(void *arg, const char *p, size_t n)

@@ -125,6 +125,17 @@ static int on_header(nghttp2_session *ss, const nghttp2_frame *f, const uint8_t 
                : 0;
 }
 
+/* The upstream's END_STREAM after the final head: the response is whole (the session has
+ * checked its content-length against the body, and resets the stream PROTOCOL_ERROR instead of
+ * getting here on a mismatch). An upload the upstream did not read is no longer needed (RFC 9113
+ * 8.1): our side ends too, rather than waiting for a window that may never open. */
+static void whole(struct h2up_stream *s)
+{
+    h2up_end_stream(s, H2UP_COMPLETE, 0);
+    if (nghttp2_session_get_stream_local_close(s->c->s, s->id) == 0)
+        nghttp2_submit_rst_stream(s->c->s, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR);
+}
+
 static int on_frame_recv(nghttp2_session *ss, const nghttp2_frame *f, void *ud)
 {
     struct conn *c = ud;
@@ -132,15 +143,26 @@ static int on_frame_recv(nghttp2_session *ss, const nghttp2_frame *f, void *ud)
         c->goaway = true; /* streams above last_stream_id are closed REFUSED_STREAM by it */
         return 0;
     }
-    if (f->hd.type != NGHTTP2_HEADERS)
+    if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA)
         return 0;
     struct h2up_stream *s = stream_of(ss, f->hd.stream_id);
-    if (!s || !s->ops || (s->flags & SF_HEAD))
+    if (!s || !s->ops || (s->flags & SF_ENDED))
         return 0;
-    if (s->status < 200)
-        return 0; /* interim: the final head follows (no :status is refused by the session) */
-    s->flags |= SF_HEAD;
-    s->ops->head(s->arg, s->status);
+    if (f->hd.type == NGHTTP2_HEADERS && !(s->flags & SF_HEAD)) {
+        if (s->status / 100 == 1)
+            return 0; /* interim, as the session sees it: the final head follows */
+        s->flags |= SF_HEAD;
+        if (!s->ops->head(s->arg, s->status)) {
+            /* a head the owner refuses (a status outside 100-599): nothing is relayed */
+            h2up_end_stream(s, H2UP_BROKEN, 0);
+            nghttp2_submit_rst_stream(ss, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_PROTOCOL_ERROR);
+            return 0;
+        }
+        if (!s->ops)
+            return 0; /* the owner's decision on the head cancelled the stream */
+    }
+    if ((f->hd.flags & NGHTTP2_FLAG_END_STREAM) && (s->flags & SF_HEAD))
+        whole(s);
     return 0;
 }
 
@@ -175,9 +197,9 @@ static int on_stream_close(nghttp2_session *ss, int32_t id, uint32_t error, void
     if (!s)
         return 0;
     s->flags |= SF_CLOSED;
-    if (error == NGHTTP2_NO_ERROR && (s->flags & SF_HEAD))
-        h2up_end_stream(s, H2UP_COMPLETE, 0);
-    else if (!(s->flags & SF_HEAD) && error == NGHTTP2_REFUSED_STREAM)
+    /* a whole response ended at its END_STREAM (whole()); closed before, even NO_ERROR, it is
+     * cut short */
+    if (!(s->flags & SF_HEAD) && error == NGHTTP2_REFUSED_STREAM)
         h2up_end_stream(s, H2UP_REFUSED, error);
     else if (!(s->flags & SF_SENT))
         h2up_end_stream(s, H2UP_UNSENT, error);

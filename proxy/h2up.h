@@ -40,20 +40,23 @@ struct h2up_stream;
 
 /* How a stream ended. */
 enum h2up_end {
-    H2UP_COMPLETE, /* the whole response, END_STREAM included, with a good head */
+    H2UP_COMPLETE, /* the whole response: a good head, then the upstream's END_STREAM (its
+                    * content-length, if any, matched); an upload it had not read is cut */
     H2UP_STOPPED,  /* the owner's body callback took no bytes: the stream was reset */
     H2UP_UNSENT,   /* nothing reached the upstream: no connection, or the connection failed
                     * before the request went out */
     H2UP_REFUSED,  /* the upstream had the request but its application did not: REFUSED_STREAM
                     * before a head, or a GOAWAY whose last_stream_id is below the stream */
-    H2UP_BROKEN,   /* reset, connection lost after the request went out, no or a bad :status */
+    H2UP_BROKEN,   /* reset (NO_ERROR too) or closed before END_STREAM, connection lost after
+                    * the request went out, no :status or one the owner refused */
     H2UP_FALLBACK, /* an https origin's server chose http/1.1 by ALPN: nothing was sent; the
                     * request goes through HTTP/1.1 (h2up_prefers_h1) */
 };
 
 struct h2up_ops {
-    /* The final response head: 'status' and the fields in the hlist given to start. */
-    void (*head)(void *arg, int status);
+    /* The final response head (any status but 1xx, which are interim): 'status' and the fields
+     * in the hlist given to start. False refuses it: the stream is reset, ends H2UP_BROKEN. */
+    bool (*head)(void *arg, int status);
     /* Body bytes: how many were taken (all, or 0 to stop the stream), or H2UP_PAUSE to get
      * the same bytes again after h2up_resume_body(). */
     size_t (*body)(void *arg, const char *p, size_t n);

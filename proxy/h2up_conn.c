@@ -389,6 +389,7 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
         return NULL;
     c->h = h;
     c->fd = -1;
+    c->w.fd = -1; /* no watch until the socket has one */
     nghttp2_session_callbacks *cb = h2up_callbacks();
     nghttp2_option *opt = NULL;
     if (!cb || nghttp2_option_new(&opt) != 0 || !(c->key = strdup(o->key)))

@@ -187,8 +187,11 @@ int loop_watch_add(struct loop *l, struct loop_watch *w, int fd, uint32_t events
     w->events = events;
     w->fn = fn;
     w->arg = arg;
-    if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
-        return -errno;
+    if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        int e = errno;
+        w->fd = -1; /* never added: its delete must not touch the fd (another watch's, EEXIST) */
+        return -e;
+    }
     return 0;
 }
 

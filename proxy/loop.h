@@ -46,14 +46,15 @@ struct loop *loop_new(void);
 /* Frees the loop (not the owners of its watches and timers). Accepts NULL. */
 void loop_free(struct loop *l);
 
-/* Starts watching 'fd' for 'events' (EPOLLIN, EPOLLOUT...). 0 or -errno. */
+/* Starts watching 'fd' for 'events' (EPOLLIN, EPOLLOUT...). 0 or -errno (w->fd is then -1). A
+ * watch that was never added has fd -1 (set it so before any failure can reach its delete). */
 int loop_watch_add(struct loop *l, struct loop_watch *w, int fd, uint32_t events, loop_fd_fn fn,
                    void *arg);
 /* Changes the events of a watch. 0 or -errno. */
 int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events);
-/* Stops watching (the fd stays open; the caller closes it). Events already collected in this
- * turn for the watch are dropped, so the owner may free it once the current turn ends: see
- * loop_defer_free(). */
+/* Stops watching (the fd stays open; the caller closes it); nothing for fd -1. Events already
+ * collected in this turn for the watch are dropped, so the owner may free it once the current turn
+ * ends: see loop_defer_free(). */
 void loop_watch_del(struct loop *l, struct loop_watch *w);
 
 /* Frees 'p' with free() at the end of the current loop turn, after every event of the turn

@@ -230,6 +230,34 @@ static ssize_t never_read(void *cls, uint64_t pos, char *buf, size_t max)
     return MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
+/* Whether the answer has a head that describes a body it does not carry: a response to HEAD,
+ * or a 304 (RFC 9110 8.6, 15.4.5). (A 1xx or 204 has neither: libmicrohttpd writes no length.) */
+static bool head_only(const struct relay *rl, int status)
+{
+    return rl->f.is_head || status == 304;
+}
+
+/* Such an answer, with the upstream's Content-Length if it sent one and no other (RFC 9112 6.3:
+ * nothing follows the head on the wire). libmicrohttpd 0.9.75 writes the response's size as its
+ * Content-Length, or for an unknown size goes chunked and sends a last chunk, "0\r\n\r\n",
+ * after the head: five stray bytes before the next response on the connection. So the size is
+ * the upstream's length, of a body never read; without one, an unknown size that may not go
+ * chunked: no length at all, and the connection closes after the head (the only way 0.9.75
+ * frames a response without one). */
+static struct MHD_Response *head_only_response(int64_t cl)
+{
+    if (cl >= 0)
+        return MHD_create_response_from_callback((uint64_t)cl, 1024, never_read, NULL, NULL);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, never_read, NULL, NULL);
+    if (resp &&
+        MHD_set_response_options(resp, MHD_RF_HTTP_1_0_COMPATIBLE_STRICT, MHD_RO_END) != MHD_YES) {
+        MHD_destroy_response(resp);
+        resp = NULL;
+    }
+    return resp;
+}
+
 /* HTTP/1.1 trailers would need a chunked response: they are not relayed (relay_end). */
 static void relay_saved(struct front *f, int status, const struct hlist *h, const char *body,
                         size_t len, const struct hlist *trailers, const struct front_tag *tag)
@@ -237,10 +265,8 @@ static void relay_saved(struct front *f, int status, const struct hlist *h, cons
     (void)trailers;
     struct relay *rl = of_front(f);
     struct MHD_Response *resp;
-    int64_t cl = hlist_content_length(h);
-    if (rl->f.is_head && cl >= 0)
-        /* HEAD: the upstream's length, and no body (libmicrohttpd never reads it). */
-        resp = MHD_create_response_from_callback((uint64_t)cl, 1024, never_read, NULL, NULL);
+    if (head_only(rl, status))
+        resp = head_only_response(hlist_content_length(h));
     else
         resp =
             MHD_create_response_from_buffer(len, body ? (void *)body : "", MHD_RESPMEM_MUST_COPY);
@@ -290,15 +316,19 @@ static void start_streaming(struct relay *rl)
 {
     int64_t cl = hlist_content_length(rl->head);
     uint64_t size = MHD_SIZE_UNKNOWN;
-    if (cl >= 0 && (rl->f.is_head || answer_status_has_body(rl->status)))
+    if (cl >= 0 && answer_status_has_body(rl->status))
         size = (uint64_t)cl;
     rl->flags &= ~RL_COLLECT;
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(size, READER_BLOCK, read_body, rl, release_reader);
-    if (resp) {
-        retry_req_hold(rl->f.req); /* the reader's, until release_reader() */
-        copy_fields(resp, rl->head, &rl->tag);
+    struct MHD_Response *resp;
+    if (head_only(rl, rl->status)) {
+        resp = head_only_response(cl);
+    } else {
+        resp = MHD_create_response_from_callback(size, READER_BLOCK, read_body, rl, release_reader);
+        if (resp)
+            retry_req_hold(rl->f.req); /* the reader's, until release_reader() */
     }
+    if (resp)
+        copy_fields(resp, rl->head, &rl->tag);
     answer(rl, resp, (unsigned)rl->status);
 }
 
@@ -308,7 +338,9 @@ static void answer_collected(struct relay *rl)
 {
     struct MHD_Response *resp;
     rl->flags &= ~RL_COLLECT;
-    if (rl->down.start == 0 && rl->down.buf) {
+    if (head_only(rl, rl->status)) {
+        resp = head_only_response(hlist_content_length(rl->head));
+    } else if (rl->down.start == 0 && rl->down.buf) {
         resp = MHD_create_response_from_buffer(rl->down.len, rl->down.buf, MHD_RESPMEM_MUST_FREE);
         if (resp)
             rl->down.buf = NULL;

@@ -568,6 +568,7 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     u->arg = arg;
     u->ctxs = tls;
     u->fd = -1;
+    u->w.fd = -1; /* no watch yet: a failure before it must not delete fd 0 from the loop */
     u->no_body = req->no_body;
     u->bytes_sent = req->bytes_sent;
     u->in.max = IN_MAX;

@@ -7,8 +7,9 @@
  *
  * Invariants:
  *   - each stream ends once (done), or is cancelled by its owner; no callback comes after done;
- *   - a stream that ends H2UP_COMPLETE had its final head (a status of 200 or more) reported
- *     once, before any body byte; no body byte comes before the head;
+ *   - a stream that ends H2UP_COMPLETE had its final head (any status but 1xx) reported
+ *     once, before any body byte; no body byte comes before the head; a head its owner
+ *     refuses (a status outside 100-599) ends the stream H2UP_BROKEN, with no body byte;
  *   - everything is freed (ASan finds no leak or bad access), and no connection is counted open
  *     once the pool is gone.
  */
@@ -33,18 +34,25 @@ struct owner {
     int status;
     unsigned mode; /* 0: take all, 1: pause every other offer, 2: stop at the third */
     unsigned offers, uploads;
-    bool headed, done, body_paused, upload_paused;
+    bool headed, refused, done, body_paused, upload_paused;
 };
 
 static struct owner owners[STREAMS];
 
-static void on_head(void *arg, int status)
+/* Refuses a status outside 100-599, as proxy/attempt.c does. */
+static bool on_head(void *arg, int status)
 {
     struct owner *o = arg;
-    FUZZ_CHECK(!o->done && !o->headed, "head after done, or twice");
-    FUZZ_CHECK(status >= 200 && status <= 999, "final head with status %d", status);
+    FUZZ_CHECK(!o->done && !o->headed && !o->refused, "head after done, or twice");
+    FUZZ_CHECK(status >= 0 && status <= 999 && status / 100 != 1, "final head with status %d",
+               status);
+    if (status < 100 || status > 599) {
+        o->refused = true;
+        return false;
+    }
     o->headed = true;
     o->status = status;
+    return true;
 }
 
 static size_t on_body(void *arg, const char *p, size_t n)
@@ -84,6 +92,7 @@ static void on_done(void *arg, enum h2up_end end, uint32_t error)
     struct owner *o = arg;
     FUZZ_CHECK(!o->done, "done twice");
     FUZZ_CHECK(end != H2UP_COMPLETE || o->headed, "complete without a head");
+    FUZZ_CHECK(end == H2UP_BROKEN || !o->refused, "a refused head ended %d", (int)end);
     o->done = true;
     o->s = NULL;
 }

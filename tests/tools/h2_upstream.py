@@ -17,7 +17,18 @@ What a request gets comes from its fields:
       rst-mid     200 with content-length (none with x-h2-no-length), half of the body
                   (x-h2-body, 65536 by default), then RST_STREAM INTERNAL_ERROR
       no-status   a response head without :status, then the end of the stream
-      status      as "ok", with status x-h2-status (default 503)
+      rst-no-error-short
+                  200 with content-length (x-h2-body, 5000 by default), a fifth of the body,
+                  then RST_STREAM NO_ERROR without END_STREAM: a response cut short (a gRPC
+                  call: one whole message of x-h2-body bytes, then the reset, no trailers);
+                  with x-h2-end-stream: 1, END_STREAM instead of the reset (a body shorter
+                  than its content-length)
+      head-only   a head alone, ending the stream: status x-h2-status (default 304), a
+                  content-length only if x-h2-length gives one
+      early-answer
+                  200 "early\n" with END_STREAM as soon as the head is in, the upload left
+                  unread (no WINDOW_UPDATE for it; RFC 9113 8.1)
+      status      as "ok", with status x-h2-status (default 503; any three digits, 600 too)
       trailers    200, the body, then trailers grpc-status (x-h2-grpc-status, else 0) and
                   grpc-message: done; a gRPC call (content-type application/grpc...) answered
                   "ok" gets trailers with grpc-status 0 too
@@ -83,6 +94,7 @@ class Stream:
         self.end_after = None  # "end", "trailers" or "rst": what follows the body
         self.due = None  # when a delayed answer goes
         self.grpc_status = "0"
+        self.early = False  # answered before the upload, which is never read
 
 
 class Conn:
@@ -148,6 +160,28 @@ class Conn:
             st.out = memoryview(body_of(size // 2))
             st.end_after = "rst"
             return
+        if scenario == "head-only":
+            entry["action"] = "head-only"
+            record(self.out, entry)
+            head = [(":status", self.field(st, "x-h2-status", "304"))]
+            if self.field(st, "x-h2-length") is not None:
+                head.append(("content-length", self.field(st, "x-h2-length")))
+            self.h2.send_headers(sid, head, end_stream=True)
+            return
+        if scenario == "rst-no-error-short":
+            entry["action"] = "rst-no-error-short"
+            record(self.out, entry)
+            size = int(self.field(st, "x-h2-body", "5000"))
+            if self.field(st, "content-type", "").startswith("application/grpc"):
+                # one whole message, then the reset where the trailers should be
+                self.h2.send_headers(sid, [(":status", "200"),
+                                           ("content-type", "application/grpc")])
+                st.out = memoryview(b"\0" + size.to_bytes(4, "big") + body_of(size))
+            else:
+                self.h2.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
+                st.out = memoryview(body_of(size // 5))
+            st.end_after = "end" if self.field(st, "x-h2-end-stream") else "rst-no-error"
+            return
         if st.body:
             data = bytes(st.body)
         elif self.field(st, "x-h2-body") is not None:
@@ -194,6 +228,8 @@ class Conn:
                                            ("grpc-message", "done")], end_stream=True)
             elif st.end_after == "rst":
                 self.h2.reset_stream(sid, error_code=h2.errors.ErrorCodes.INTERNAL_ERROR)
+            elif st.end_after == "rst-no-error":
+                self.h2.reset_stream(sid, error_code=h2.errors.ErrorCodes.NO_ERROR)
             del self.streams[sid]
 
     def handle(self, ev):
@@ -221,10 +257,16 @@ class Conn:
                     del self.streams[ev.stream_id]
                     return
                 st.headers = [(k, v) for k, v in st.headers if k != "x-h2-scenario"]
+            if self.field(st, "x-h2-scenario") == "early-answer":
+                self.early_answer(st)
+                return
             if ev.stream_ended is not None:
                 self.complete(st)
         elif isinstance(ev, h2.events.DataReceived):
             st = self.streams.get(ev.stream_id)
+            if st is not None and st.early:
+                st.body += ev.data  # counted, never acknowledged: the upload stalls
+                return
             if st is None or self.field(st, "x-h2-no-ack") is None:
                 self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             if st is not None:
@@ -237,7 +279,7 @@ class Conn:
                 st.trailers = list(ev.headers)
         elif isinstance(ev, h2.events.StreamEnded):
             st = self.streams.get(ev.stream_id)
-            if st is not None and st.due is None and st.end_after is None:
+            if st is not None and st.due is None and st.end_after is None and not st.early:
                 self.complete(st)
         elif isinstance(ev, h2.events.StreamReset):
             st = self.streams.pop(ev.stream_id, None)
@@ -247,6 +289,15 @@ class Conn:
                                   "request_id": self.field(st, "x-request-id", "") if st else ""})
         elif isinstance(ev, h2.events.ConnectionTerminated):
             self.closing = True
+
+    def early_answer(self, st):
+        """200 + END_STREAM before any of the upload is read (recorded with what came so far)."""
+        st.early = True
+        scenario, entry = self.on_request_complete(st)
+        entry["action"] = "early-answer"
+        record(self.out, entry)
+        self.h2.send_headers(st.sid, [(":status", "200"), ("content-length", "6")])
+        self.h2.send_data(st.sid, b"early\n", end_stream=True)
 
     def complete(self, st):
         if st.due is not None:
@@ -265,7 +316,7 @@ class Conn:
             if when <= now:
                 st.due = (when, None, None)
                 self.answer(st, scenario, entry)
-                if scenario in ("goaway", "no-status"):
+                if scenario in ("goaway", "no-status", "head-only"):
                     self.streams.pop(st.sid, None)
             else:
                 wait = when - now if wait is None else min(wait, when - now)
