@@ -124,6 +124,28 @@ Test(h2_flow, an_upload_held_when_the_answer_is_whole_gets_a_no_error_reset)
     cr_expect_lt(field(line, "reset_ms"), 3000, "%s", line);
 }
 
+/* An h2c upstream that answers 200 + END_STREAM before reading a streamed upload (RFC 9113 8.1):
+ * the answer reaches the client at once, whole, and the client's stream, its window closed by
+ * bytes nobody will take, is reset NO_ERROR (issue 26 items 1 and 3 together). */
+Test(h2_flow, an_upstreams_early_answer_ends_a_streamed_upload_at_once)
+{
+    h2 = h2u_start();
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "u",
+               "\"match\": {\"path_prefix\": \"/u\"}, \"upstreams\": [\"%s\"], "
+               "\"timeout_ms\": 15000, \"retry\": {\"max_retry_body_bytes\": 0, " CFG_FAST "}",
+               h2u_url(h2, ""));
+    fx_start_b(b, "--workers", "1", NULL);
+    char line[512];
+    flow(line, sizeof(line), "stuck-upload %u /u/up 'x-h2-scenario:early-answer'", px->port);
+    cr_expect_eq(field(line, "status"), 200, "%s", line);
+    cr_expect_eq(field(line, "ended"), 1, "%s", line);
+    cr_expect_eq(field(line, "reset"), 0, "no RST_STREAM NO_ERROR: %s", line);
+    cr_expect_lt(field(line, "reset_ms"), 3000, "%s", line);
+    cr_expect_eq(h2u_count(h2, "action", "early-answer"), 1);
+}
+
 /* ---- trailers ---- */
 
 /* An HTTP/1.1 upstream's chunked trailers go through the same filter as its head: hop-by-hop
