@@ -461,8 +461,11 @@ static void h2_saved(struct front *f, int status, const struct hlist *h, const c
         copy_trailers(st, trailers); /* sent after the body (end_body) */
     bool has_body =
         !f->is_head && answer_status_has_body(status) && (len > 0 || st->trailers.count > 0);
-    int64_t length =
-        f->is_head ? hlist_content_length(h) : (answer_status_has_body(status) ? (int64_t)len : -1);
+    /* HEAD and 304: the upstream's length, if it sent one, of a body that never comes (RFC 9110
+     * 8.6); 1xx and 204: none */
+    int64_t length = f->is_head || status == 304      ? hlist_content_length(h)
+                     : answer_status_has_body(status) ? (int64_t)len
+                                                      : -1;
     submit(st, (unsigned)status, h, tag, NULL, length, has_body);
 }
 
@@ -474,7 +477,7 @@ static void h2_response(struct front *f, int status, const struct hlist *h,
      * and stays so: one HEADERS frame that ends the stream */
     bool trailers_only = f->grpc && hlist_get(h, "grpc-status");
     bool has_body = !f->is_head && answer_status_has_body(status) && !trailers_only;
-    int64_t length = (has_body || f->is_head) ? hlist_content_length(h) : -1;
+    int64_t length = has_body || f->is_head || status == 304 ? hlist_content_length(h) : -1;
     submit(st, (unsigned)status, h, tag, NULL, length, has_body);
 }
 

@@ -194,3 +194,42 @@ Test(bodiless, a_head_answer_without_a_length_has_nothing_after_its_head)
     px = NULL;
     rawup_stop(s);
 }
+
+/* To an HTTP/2 client too, a 304 carries the upstream's content-length, and none when it sent
+ * none (RFC 9110 8.6): from an h2c upstream and an http:// one. */
+Test(bodiless, a_304_to_an_http2_client_keeps_its_own_length)
+{
+    struct h2u *h2 = h2u_start();
+    struct rawup *s = rawup_start(NULL, 20);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "h",
+               "\"match\": {\"path_prefix\": \"/h\"}, \"upstreams\": [\"%s\"], "
+               "\"retry\": {\"retry_on\": []}",
+               h2u_url(h2, ""));
+    cfgb_route(b, "r", "\"upstreams\": [\"http://127.0.0.1:%u\"], \"retry\": {\"retry_on\": []}",
+               s->port);
+    static const char r304[] =
+        "HTTP/1.1 304 Not Modified\r\nETag: \"a\"\r\nContent-Length: 20\r\n\r\n";
+    s->resp = r304;
+    s->resp_len = strlen(r304);
+    fx_start_b(b, "--workers", "1", NULL);
+    const char *with[] = { "x-h2-scenario: head-only", "x-h2-length: 20", NULL };
+    const char *without[] = { "x-h2-scenario: head-only", NULL };
+    struct http_resp r;
+    http_do_h2("GET", fx_url("/h/a"), with, NULL, 0, 10000, &r);
+    cr_expect_eq(r.status, 304, "h2c, length 20: %ld", r.status);
+    cr_expect_str_eq(http_hdr(&r, "content-length") ? http_hdr(&r, "content-length") : "(none)",
+                     "20", "h2c, length 20");
+    http_free(&r);
+    http_do_h2("GET", fx_url("/h/b"), without, NULL, 0, 10000, &r);
+    cr_expect_eq(r.status, 304, "h2c, no length: %ld", r.status);
+    cr_expect_null(http_hdr(&r, "content-length"), "h2c, no length: %s",
+                   http_hdr(&r, "content-length"));
+    http_free(&r);
+    http_do_h2("GET", fx_url("/r"), NULL, NULL, 0, 10000, &r);
+    cr_expect_eq(r.status, 304, "http://, length 20: %ld", r.status);
+    cr_expect_str_eq(http_hdr(&r, "content-length") ? http_hdr(&r, "content-length") : "(none)",
+                     "20", "http://, length 20");
+    http_free(&r);
+    rawup_stop(s);
+}
