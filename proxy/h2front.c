@@ -71,6 +71,7 @@ static void stream_gone(struct h2stream *st, bool gone)
     if (st->flags & S_FULL)
         c->full--;
     st->c = NULL;
+    st->f.share = NULL; /* a later attempt is bounded by the worker's slots alone */
     if (gone && (st->flags & S_WATCHED) && !st->f.answered)
         retry_req_client_gone(st->f.req); /* the core stops retrying (a backoff wait) */
     retry_req_completed(st->f.req);       /* may free st */
@@ -113,6 +114,7 @@ static void conn_close(struct h2conn *c)
     while (c->streams)
         stream_gone(c->streams, true);
     nghttp2_session_del(c->sess);
+    share_unref(c->share); /* attempts that still hold its slots keep it */
     loop_watch_del(hf->loop, &c->watch);
     loop_timer_stop(hf->loop, &c->flush_t);
     loop_timer_stop(hf->loop, &c->idle_t);
@@ -290,6 +292,7 @@ int h2front_open(struct h2front *hf, int fd, const char *peer, const struct h2fr
     c->resets = H2_RESET_BURST;
     c->reset_ms = c->last_io = loop_now(l);
     h2guard_init(&c->guard, c->last_io);
+    c->share = share_new_conn();
     c->watch.fd = -1;
     nghttp2_settings_entry iv[] = {
         { NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, H2_MAX_STREAMS },
@@ -300,6 +303,7 @@ int h2front_open(struct h2front *hf, int fd, const char *peer, const struct h2fr
         nghttp2_session_set_local_window_size(c->sess, NGHTTP2_FLAG_NONE, 0, H2_CONN_WINDOW) ||
         loop_watch_add(l, &c->watch, fd, EPOLLIN, on_io, c) < 0) {
         nghttp2_session_del(c->sess);
+        share_unref(c->share);
         free(c->out);
         free(c);
         close(fd);

@@ -148,6 +148,7 @@ static void start_request(struct h2conn *c, const nghttp2_frame *frame)
     }
     /* the core reads it from the fields, which a refused head may not have kept */
     f->grpc = h->grpc;
+    f->share = c->share;
     struct h2stream *st = of_front(f);
     st->c = c;
     st->id = h->id;
