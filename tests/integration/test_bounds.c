@@ -73,12 +73,13 @@ static void start_two(unsigned cap, const char *limits)
 }
 
 /* h2load: 'n' requests over 'conns' connections, 'streams' at once on each, to the slow route
- * (each answered after 4 s); read with pclose(). */
+ * (each answered after 6 s, so that none has ended while the test looks); stopped after 8 s,
+ * by pclose() at the latest. */
 static FILE *slow_load(int n, int conns, int streams)
 {
     char cmd[256];
     snprintf(cmd, sizeof(cmd),
-             "h2load -n %d -c %d -m %d -H 'x-test-plan: delay=4000' "
+             "timeout -s KILL 8 h2load -n %d -c %d -m %d -H 'x-test-plan: delay=6000' "
              "http://127.0.0.1:%u/slow/x >/dev/null 2>&1",
              n, conns, streams, px->port);
     FILE *p = popen(cmd, "r");
@@ -101,7 +102,7 @@ static long probe(void)
 }
 
 /* 3 connections with 20 streams each to a slow upstream, 40 slots: its share (75 %, 30) leaves
- * slots to the other upstream, whose request goes at once instead of waiting 4 s for one. */
+ * slots to the other upstream, whose request goes at once instead of waiting 6 s for one. */
 Test(bounds, a_slow_upstream_leaves_slots_to_another)
 {
     start_two(40, "");
