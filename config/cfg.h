@@ -165,6 +165,8 @@ struct cfg {
     uint32_t header_timeout_ms;
     uint32_t max_header_bytes;
     uint32_t max_upstream_requests;
+    uint32_t upstream_share_percent;   /* of them, one origin's attempts at most */
+    uint32_t connection_share_percent; /* ... one client connection's */
     enum cfg_underscores headers_with_underscores;
     uint32_t tunnel_idle_timeout_ms; /* 0: never */
     uint32_t max_tunnels;            /* upgraded connections open at once, process-wide */

@@ -1298,6 +1298,14 @@ static const struct field limits_fields[] = {
                "their turn in order, the wait counting against the route's timeout_ms. A "
                "transfer going at its client's pace holds none: a response streaming to the "
                "client, a body streamed once (docs/hardening.md)"),
+    UINT_FIELD("upstream_share_percent", struct cfg, upstream_share_percent, 1, 100, "75",
+               "the most of a worker's max_upstream_requests the attempts to one upstream "
+               "origin hold at once; more wait their turn while attempts to other upstreams go "
+               "on, so that a slow upstream cannot take every slot (100: no such bound)"),
+    UINT_FIELD("connection_share_percent", struct cfg, connection_share_percent, 1, 100, "25",
+               "the most of a worker's max_upstream_requests the attempts of one client "
+               "connection (its HTTP/2 streams) hold at once; more wait their turn (100: no "
+               "such bound)"),
     UINT_FIELD("header_timeout_ms", struct cfg, header_timeout_ms, 0, MS_MAX, "10000",
                "a request line and headers not complete this long after their first byte are "
                "answered 408 and the connection closed (0: no limit beyond "

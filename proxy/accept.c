@@ -3,16 +3,25 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include "proxy/dlist.h"
+#include "proxy/log.h"
 
 /* Connections taken from the backlog in one turn at most, so that a burst of connections does
  * not starve the requests already open. */
 #define ACCEPT_BATCH 64
+/* Out of descriptors (or of kernel memory), accepting pauses this long: the listening socket
+ * stays readable while the backlog holds connections, and a level-triggered watch would report
+ * it again at once, failing every time (nginx's accept pause). A connection closing ends the
+ * pause sooner. */
+#define ACCEPT_PAUSE_MS 250
+/* Pauses are logged at most this often, for the whole process. */
+#define ACCEPT_LOG_MS 1000
 
 /* A connection whose first bytes are awaited. */
 struct sniff {
@@ -32,11 +41,16 @@ struct acceptor {
     void *arg;
     int fd;         /* the listening socket; -1 once quiesced */
     bool listening; /* its watch is in the loop (false at the limit) */
+    bool paused;    /* out of descriptors: the watch waits for pause_t */
     unsigned limit; /* connections open at once, these and the owner's */
     unsigned n_sniff;
     struct sniff *sniffs;
     struct loop_watch watch;
+    struct loop_timer pause_t;
 };
+
+/* Pauses since the last line logged, and when it was (every worker's acceptor). */
+static atomic_uint_fast64_t pauses, logged_ms;
 
 int accept_sniff(const char *p, size_t n)
 {
@@ -72,6 +86,7 @@ void accept_peer_text(const struct sockaddr *sa, char *out, size_t cap)
 }
 
 static void resume_listening(struct acceptor *a);
+static void pause_accepting(struct acceptor *a, int err);
 static void on_sniff_timeout(struct loop_timer *t);
 
 /* Hands the connection over once its first bytes tell, or closes it when the client went.
@@ -186,14 +201,44 @@ static void on_listen(struct loop_watch *w, uint32_t events)
         struct sockaddr_storage sa;
         socklen_t sa_len = sizeof(sa);
         int fd = accept4(a->fd, (struct sockaddr *)&sa, &sa_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+            pause_accepting(a, errno);
+            return;
+        }
         if (fd < 0)
             return; /* EAGAIN, or a connection that went before it was accepted */
         start_sniff(a, fd, &sa, sa_len);
     }
 }
 
+static void on_pause_end(struct loop_timer *t)
+{
+    resume_listening(t->arg);
+}
+
+static void pause_accepting(struct acceptor *a, int err)
+{
+    loop_watch_del(a->loop, &a->watch);
+    a->listening = false;
+    a->paused = true;
+    uint64_t now = loop_now(a->loop);
+    loop_timer_start(a->loop, &a->pause_t, now + ACCEPT_PAUSE_MS, on_pause_end, a);
+    uint64_t n = atomic_fetch_add(&pauses, 1) + 1, last = atomic_load(&logged_ms);
+    if ((last == 0 || now - last >= ACCEPT_LOG_MS) &&
+        atomic_compare_exchange_strong(&logged_ms, &last, now)) {
+        atomic_fetch_sub(&pauses, n);
+        log_event(CFG_LOG_ERROR, "accepting paused: no descriptor for a new connection", "error",
+                  strerror(err), LOG_NUM("pauses", n), LOG_NUM("pause_ms", ACCEPT_PAUSE_MS), NULL);
+    }
+}
+
 static void resume_listening(struct acceptor *a)
 {
+    if (a->paused) {
+        /* the pause is over, or a connection closed: a descriptor is free */
+        loop_timer_stop(a->loop, &a->pause_t);
+        a->paused = false;
+    }
     if (a->listening || a->fd < 0 || at_limit(a))
         return;
     if (loop_watch_add(a->loop, &a->watch, a->fd, EPOLLIN, on_listen, a) == 0)
@@ -235,6 +280,7 @@ void accept_quiesce(struct acceptor *a)
     if (a->listening)
         loop_watch_del(a->loop, &a->watch);
     a->listening = false;
+    loop_timer_stop(a->loop, &a->pause_t);
     close(a->fd);
     a->fd = -1;
 }

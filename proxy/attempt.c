@@ -53,8 +53,11 @@ static void on_slot(struct upstream_wait *wt)
     a->ops->go(a);
 }
 
-bool attempt_queue(struct attempt *a)
+bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
 {
+    upstream_unwait(a->up, &a->slot); /* its shares are replaced */
+    a->slot.share[0] = a->xfer.share[0] = upstream_origin_share(a->up, origin);
+    a->slot.share[1] = a->xfer.share[1] = conn;
     a->sends = 0;
     a->unprocessed = false;
     a->status = 0;
@@ -63,7 +66,7 @@ bool attempt_queue(struct attempt *a)
     a->upload_paused = a->body_paused = false;
     hlist_clear(&a->head);
     hlist_clear(&a->trailers);
-    if (!upstream_full(a->up))
+    if (!upstream_full(a->up, a->slot.share))
         return false;
     upstream_wait(a->up, &a->slot, on_slot);
     return true;

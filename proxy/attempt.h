@@ -110,9 +110,11 @@ void attempt_fini(struct attempt *a);
  * panic mode), the one in turn. */
 size_t attempt_pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng);
 
-/* Resets the per-attempt state. True when no transfer slot is free: the attempt is queued and
- * ops->go() is called once one frees; false: launch it now. */
-bool attempt_queue(struct attempt *a);
+/* Resets the per-attempt state. True when no transfer slot is free, or the shares of the
+ * attempt's 'origin' (cfg_upstream.origin) or client connection 'conn' (NULL: none) are used
+ * up (upstream_set_shares): the attempt is queued and ops->go() is called once one frees;
+ * false: launch it now. */
+bool attempt_queue(struct attempt *a, const char *origin, struct share *conn);
 
 /* Starts the transfer to 'url' with the upstream's 'base_path'. 0, or -1 if it could not start
  * (handled as a connect failure; ops->done is not called). */

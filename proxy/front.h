@@ -91,6 +91,9 @@ struct front {
     bool grpc;       /* a gRPC call: errors of retryproxy's own are gRPC statuses (docs/grpc.md;
                       * set by the core, or by a front end that saw the content type of a head
                       * it refused) */
+    /* Its connection's share of the upstream slots (an HTTP/2 stream's, while its connection
+     * is open; proxy/share.h), or NULL. */
+    struct share *share;
 };
 
 #endif

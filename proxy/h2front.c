@@ -71,6 +71,7 @@ static void stream_gone(struct h2stream *st, bool gone)
     if (st->flags & S_FULL)
         c->full--;
     st->c = NULL;
+    st->f.share = NULL; /* a later attempt is bounded by the worker's slots alone */
     if (gone && (st->flags & S_WATCHED) && !st->f.answered)
         retry_req_client_gone(st->f.req); /* the core stops retrying (a backoff wait) */
     retry_req_completed(st->f.req);       /* may free st */
@@ -115,6 +116,7 @@ static void conn_close(struct h2conn *c)
     while (c->streams)
         stream_gone(c->streams, true);
     nghttp2_session_del(c->sess);
+    share_unref(c->share); /* attempts that still hold its slots keep it */
     loop_watch_del(hf->loop, &c->watch);
     loop_timer_stop(hf->loop, &c->flush_t);
     loop_timer_stop(hf->loop, &c->idle_t);
@@ -230,11 +232,14 @@ static void on_io(struct loop_watch *w, uint32_t events)
             if (c->fatal)
                 continue; /* the session is over: read away */
             c->last_io = loop_now(c->hf->loop);
-            ssize_t rv = nghttp2_session_mem_recv(c->sess, buf, (size_t)n);
-            if (rv < 0) {
-                /* a connection error nghttp2 did not answer itself (a flood, a bad preface):
-                 * GOAWAY with the reason, then close */
-                terminate(c, rv == NGHTTP2_ERR_FLOODED || rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS
+            /* the frames the guard refuses never reach the session, nor what follows them */
+            size_t ok = h2guard_scan(&c->guard, buf, (size_t)n, c->last_io);
+            ssize_t rv = ok ? nghttp2_session_mem_recv(c->sess, buf, ok) : 0;
+            if (rv < 0 || c->guard.why) {
+                /* a connection error nghttp2 did not answer itself (a flood, a bad preface),
+                 * or the guard's: GOAWAY with the reason, then close */
+                terminate(c, c->guard.why ? c->guard.why
+                             : rv == NGHTTP2_ERR_FLOODED || rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS
                                  ? NGHTTP2_ENHANCE_YOUR_CALM
                                  : NGHTTP2_PROTOCOL_ERROR);
                 break;
@@ -288,6 +293,8 @@ int h2front_open(struct h2front *hf, int fd, const char *peer, const struct h2fr
     snprintf(c->peer, sizeof(c->peer), "%s", peer);
     c->resets = H2_RESET_BURST;
     c->reset_ms = c->last_io = loop_now(l);
+    h2guard_init(&c->guard, c->last_io);
+    c->share = share_new_conn();
     c->watch.fd = -1;
     nghttp2_settings_entry iv[] = {
         { NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, H2_MAX_STREAMS },
@@ -298,6 +305,7 @@ int h2front_open(struct h2front *hf, int fd, const char *peer, const struct h2fr
         nghttp2_session_set_local_window_size(c->sess, NGHTTP2_FLAG_NONE, 0, H2_CONN_WINDOW) ||
         loop_watch_add(l, &c->watch, fd, EPOLLIN, on_io, c) < 0) {
         nghttp2_session_del(c->sess);
+        share_unref(c->share);
         free(c->out);
         free(c);
         close(fd);
@@ -337,6 +345,7 @@ struct h2front *h2front_new(struct worker *w, struct loop *l, void (*closed)(voi
         return NULL;
     }
     nghttp2_session_callbacks *cb = hf->cbs;
+    nghttp2_session_callbacks_set_on_begin_frame_callback(cb, h2guard_on_begin_frame);
     nghttp2_session_callbacks_set_on_begin_headers_callback(cb, h2s_on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(cb, h2s_on_header);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2s_on_frame_recv);

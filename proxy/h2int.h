@@ -13,8 +13,10 @@
 
 #include "proxy/front.h"
 #include "proxy/h2front.h"
+#include "proxy/h2guard.h"
 #include "proxy/hlist.h"
 #include "proxy/ring.h"
+#include "proxy/share.h"
 #include "proxy/wire.h"
 
 /* What one connection may hold (docs/hardening.md, "HTTP/2"). */
@@ -124,6 +126,8 @@ struct h2conn {
     struct h2front_limits lim;
     uint64_t last_io;          /* loop ms of the last byte in or out */
     uint64_t resets, reset_ms; /* the reset bucket's tokens, and when it was last filled */
+    struct h2guard guard;      /* what the client sends that the session does not bound */
+    struct share *share;       /* its streams' share of the upstream slots (proxy/share.h) */
     struct loop_watch watch;
     struct loop_timer flush_t, idle_t;
     char *out; /* H2_OUT_CAP bytes */

@@ -54,6 +54,10 @@ int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8
     (void)flags;
     struct h2conn *c = user;
     struct h2head *h = &c->head;
+    /* an HPACK bomb is not decoded all the way (proxy/h2guard.h) */
+    int rv = h2guard_field(&c->guard, nl + vl + 32, c->lim.max_header_bytes, loop_now(c->hf->loop));
+    if (rv)
+        return rv;
     if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_HEADERS) {
         struct h2stream *st = nghttp2_session_get_stream_user_data(sess, frame->hd.stream_id);
         if (st && st->c && !(st->flags & S_DISCARD))
@@ -144,6 +148,7 @@ static void start_request(struct h2conn *c, const nghttp2_frame *frame)
     }
     /* the core reads it from the fields, which a refused head may not have kept */
     f->grpc = h->grpc;
+    f->share = c->share;
     struct h2stream *st = of_front(f);
     st->c = c;
     st->id = h->id;

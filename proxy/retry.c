@@ -336,7 +336,7 @@ void req_start_attempt(struct retry_req *r)
     t->flags = 0;
     t->number = r->attempts;
     t->upstream = &rt->upstreams[i];
-    if (!attempt_queue(&t->att))
+    if (!attempt_queue(&t->att, t->upstream->origin, r->front->share))
         req_attempt_ops.go(&t->att); /* else it starts when a slot frees */
 }
 

@@ -59,7 +59,8 @@ struct server {
     struct client *clients;
     uint32_t head_max; /* limits.max_header_bytes at start */
     unsigned conns;    /* HTTP/1.1 connections open (libmicrohttpd's) */
-    size_t busiest;    /* most connections + requests + transfers alive since the last trim */
+    size_t busiest;    /* most connections (of either protocol, or not yet known) + requests +
+                        * transfers alive since the last trim */
     unsigned closed;   /* connections closed since the sweep was last brought forward */
     bool relisten;     /* a connection closed: the acceptor may take another */
 };
@@ -140,8 +141,9 @@ static void on_sweep(struct loop_timer *t)
         }
     /* glibc keeps freed heap memory for reuse; after a burst (of connections, of requests
      * waiting, of buffered uploads) it is returned to the system */
-    size_t alive = s->conns + atomic_load_explicit(&s->w->requests, memory_order_relaxed) +
-                   upstream_active(s->w->up);
+    size_t alive =
+        s->conns + (s->h2 ? h2front_count(s->h2) : 0) + (s->acc ? accept_pending(s->acc) : 0) +
+        atomic_load_explicit(&s->w->requests, memory_order_relaxed) + upstream_active(s->w->up);
     if (alive > s->busiest)
         s->busiest = alive;
     if (s->w->body_freed >= TRIM_BYTES || s->busiest - alive >= TRIM_DROP ||

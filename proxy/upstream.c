@@ -11,6 +11,7 @@
 #include "proxy/dlist.h"
 #include "proxy/h2up.h"
 #include "proxy/origin.h"
+#include "proxy/strmap.h"
 
 /* Idle easy handles kept for reuse; more are freed. Each holds some kilobytes (its buffers):
  * after a burst, upstream_trim() keeps POOL_KEEP. */
@@ -56,8 +57,10 @@ struct upstream {
     size_t cap;                      /* transfers at once; 0: no limit */
     struct upstream_wait *wait_head; /* owners waiting for a slot, oldest first */
     struct upstream_wait *wait_tail;
-    struct loop_timer wake; /* hands free slots to waiting owners */
-    struct h2up *h2;        /* h2c upstreams' sessions (proxy/h2up.h), made when first needed */
+    struct loop_timer wake;        /* hands free slots to waiting owners */
+    unsigned origin_pct, conn_pct; /* the shares, percent of 'cap' (upstream_set_shares) */
+    struct strmap origins;         /* origin -> struct origin_share, made on first use */
+    struct h2up *h2; /* h2c upstreams' sessions (proxy/h2up.h), made when first needed */
     struct h2up_counts *h2_counts; /* ... and where they count (the worker's metrics) */
 };
 
@@ -71,9 +74,51 @@ struct upstream_url {
     char *cainfo, *capath; /* what libcurl verifies an https upstream's certificate against */
 };
 
+/* An origin's share, under its own copy of the name. */
+struct origin_share {
+    struct share share;
+    char name[];
+};
+
 static bool has_slot(const struct upstream *u)
 {
     return !u->cap || u->held < u->cap;
+}
+
+/* Whether 's' (NULL: none) holds all it may. */
+static bool used_up(const struct upstream *u, const struct share *s)
+{
+    if (!s || !u->cap)
+        return false;
+    size_t limit = (u->cap * (s->conn ? u->conn_pct : u->origin_pct) + 99) / 100;
+    return s->held >= (limit ? limit : 1);
+}
+
+static struct share *blocking(const struct upstream *u, struct share *const share[2])
+{
+    return used_up(u, share[0]) ? share[0] : used_up(u, share[1]) ? share[1] : NULL;
+}
+
+static void wait_unlink(struct upstream *u, struct upstream_wait *wt)
+{
+    struct upstream_wait **head = wt->parked ? &wt->parked->parked_head : &u->wait_head,
+                         **tail = wt->parked ? &wt->parked->parked_tail : &u->wait_tail;
+    if (*tail == wt)
+        *tail = wt->prev;
+    DLIST_UNLINK(*head, wt);
+    wt->prev = wt->next = NULL;
+    wt->parked = NULL;
+}
+
+/* Puts 'wt' (out of every list) first in the queue. */
+static void wait_front(struct upstream *u, struct upstream_wait *wt)
+{
+    wt->next = u->wait_head;
+    if (u->wait_head)
+        u->wait_head->prev = wt;
+    else
+        u->wait_tail = wt;
+    u->wait_head = wt;
 }
 
 static void on_wake(struct loop_timer *t)
@@ -81,8 +126,28 @@ static void on_wake(struct loop_timer *t)
     struct upstream *u = t->arg;
     while (u->wait_head && has_slot(u)) {
         struct upstream_wait *wt = u->wait_head;
+        struct share *s = blocking(u, wt->share);
+        if (s) {
+            /* passed over until its share has room (drop_slot puts it back in front) */
+            wait_unlink(u, wt);
+            wt->parked = s;
+            wt->prev = s->parked_tail;
+            if (s->parked_tail)
+                s->parked_tail->next = wt;
+            else
+                s->parked_head = wt;
+            s->parked_tail = wt;
+            continue;
+        }
+        /* a connection's share outlives the wait until the transfer holds it */
+        struct share *keep[2] = { wt->share[0], wt->share[1] };
+        for (int i = 0; i < 2; i++)
+            if (keep[i])
+                share_ref(keep[i]);
         upstream_unwait(u, wt);
         wt->go(wt);
+        for (int i = 0; i < 2; i++)
+            share_unref(keep[i]);
     }
 }
 
@@ -98,10 +163,35 @@ static void slot_freed(struct upstream *u)
  * the next turn, by slot_freed()). */
 static void drop_slot(struct upstream *u, struct upstream_xfer *x)
 {
-    if (x->slot) {
-        x->slot = false;
-        u->held--;
+    if (!x->slot)
+        return;
+    x->slot = false;
+    u->held--;
+    for (int i = 0; i < 2; i++) {
+        struct share *s = x->share[i];
+        if (!s)
+            continue;
+        s->held--;
+        struct upstream_wait *wt = s->parked_head;
+        if (wt && !used_up(u, s)) {
+            /* the first passed over for this share waits in front again */
+            wait_unlink(u, wt);
+            wait_front(u, wt);
+        }
+        x->share[i] = NULL; /* a transfer started again without queueing counts in none */
+        share_unref(s);
     }
+}
+
+static void take_slot(struct upstream *u, struct upstream_xfer *x)
+{
+    x->slot = true;
+    u->held++;
+    for (int i = 0; i < 2; i++)
+        if (x->share[i]) {
+            x->share[i]->held++;
+            share_ref(x->share[i]);
+        }
 }
 
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it (a
@@ -323,6 +413,9 @@ void upstream_free(struct upstream *u)
             free(u->socks[i]);
         }
     free(u->socks);
+    for (size_t i = 0; i < u->origins.cap; i++)
+        free(u->origins.slots[i].val);
+    strmap_free(&u->origins);
     free(u);
 }
 
@@ -375,8 +468,7 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
     }
     sh->active++;
     u->active++;
-    x->slot = true;
-    u->held++;
+    take_slot(u, x);
     return 0;
 }
 
@@ -504,10 +596,41 @@ struct h2up *upstream_h2(struct upstream *u)
 
 void upstream_take_slot(struct upstream *u, struct upstream_xfer *x)
 {
-    if (!x->slot) {
-        x->slot = true;
-        u->held++;
+    if (!x->slot)
+        take_slot(u, x);
+}
+
+void upstream_set_shares(struct upstream *u, unsigned origin_pct, unsigned conn_pct)
+{
+    u->origin_pct = origin_pct;
+    u->conn_pct = conn_pct;
+    /* a larger share may let a passed-over owner go: back in front, looked at again */
+    for (size_t i = 0; i < u->origins.cap; i++) {
+        struct origin_share *o = u->origins.slots[i].val;
+        while (o && o->share.parked_head && !used_up(u, &o->share)) {
+            struct upstream_wait *wt = o->share.parked_tail;
+            wait_unlink(u, wt);
+            wait_front(u, wt);
+        }
     }
+    slot_freed(u);
+}
+
+struct share *upstream_origin_share(struct upstream *u, const char *origin)
+{
+    struct origin_share *o = strmap_get(&u->origins, origin);
+    if (o)
+        return &o->share;
+    size_t n = strlen(origin) + 1;
+    if (!(o = calloc(1, sizeof(*o) + n)))
+        return NULL;
+    memcpy(o->name, origin, n);
+    o->share.refs = 1; /* the map's: never freed before the worker */
+    if (strmap_put(&u->origins, o->name, o) < 0) {
+        free(o);
+        return NULL;
+    }
+    return &o->share;
 }
 
 void upstream_trim(struct upstream *u)
@@ -533,15 +656,18 @@ void upstream_release_slot(struct upstream *u, struct upstream_xfer *x)
     slot_freed(u);
 }
 
-bool upstream_full(const struct upstream *u)
+bool upstream_full(const struct upstream *u, struct share *const share[2])
 {
-    return u->wait_head || !has_slot(u);
+    return u->wait_head || !has_slot(u) || blocking(u, share);
 }
 
 void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn go)
 {
     if (wt->queued)
         return;
+    for (int i = 0; i < 2; i++)
+        if (wt->share[i])
+            share_ref(wt->share[i]);
     wt->go = go;
     wt->queued = true;
     wt->next = NULL;
@@ -558,9 +684,8 @@ void upstream_unwait(struct upstream *u, struct upstream_wait *wt)
 {
     if (!wt->queued)
         return;
-    if (u->wait_tail == wt)
-        u->wait_tail = wt->prev;
-    DLIST_UNLINK(u->wait_head, wt);
-    wt->prev = wt->next = NULL;
+    wait_unlink(u, wt);
     wt->queued = false;
+    for (int i = 0; i < 2; i++)
+        share_unref(wt->share[i]);
 }

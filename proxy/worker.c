@@ -8,12 +8,15 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-/* This worker's share of limits.max_upstream_requests. */
+/* This worker's share of limits.max_upstream_requests, and how it is shared out. */
 static void set_upstream_cap(struct worker *w)
 {
     unsigned n = w->px->n_workers ? w->px->n_workers : 1;
-    if (w->up && w->rt)
-        upstream_set_cap(w->up, (w->rt->cfg->max_upstream_requests + n - 1) / n);
+    if (w->up && w->rt) {
+        const struct cfg *cfg = w->rt->cfg;
+        upstream_set_shares(w->up, cfg->upstream_share_percent, cfg->connection_share_percent);
+        upstream_set_cap(w->up, (cfg->max_upstream_requests + n - 1) / n);
+    }
 }
 
 void worker_refresh(struct worker *w)

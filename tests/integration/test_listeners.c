@@ -6,9 +6,12 @@
  */
 #include <criterion/criterion.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "tests/support/fixture.h"
 
@@ -161,4 +164,58 @@ Test(listeners, restart_on_the_same_ports_after_a_clean_stop_works)
     px = px_start_argv(args);
     cr_expect_eq(px->port, port);
     cr_expect_eq(px->admin_port, admin_port);
+}
+
+/* The process's CPU time so far (user and system), in ms. */
+static long cpu_ms(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    unsigned long ut = 0, st = 0;
+    /* after "(comm)": state and 10 more fields, then utime and stime */
+    const char *p = strrchr(buf, ')');
+    cr_assert(p &&
+              sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2);
+    return (long)((ut + st) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
+}
+
+/* Out of descriptors with connections waiting in the backlog, the acceptor pauses (and says
+ * so in the log) instead of failing accept() thousands of times a second; once connections
+ * close, new ones are served. */
+Test(listeners, out_of_descriptors_pauses_accepting_instead_of_spinning)
+{
+    fx_start_r("", "", "--workers", "1", NULL);
+    struct rlimit rl = { 48, 48 };
+    cr_assert_eq(prlimit(px->pid, RLIMIT_NOFILE, &rl, NULL), 0, "prlimit: %s", strerror(errno));
+    int fds[60];
+    for (int i = 0; i < 60; i++)
+        fds[i] = raw_dial(px->port);
+    usleep(300 * 1000);
+    long c0 = cpu_ms(px->pid);
+    usleep(2000 * 1000);
+    long used = cpu_ms(px->pid) - c0;
+    /* spinning, it took about 2,000 ms of the 2,000 */
+    cr_expect_lt(used, 600, "the proxy used %ld ms of CPU in 2 s out of descriptors", used);
+    char log[1 << 16] = "";
+    FILE *f = fopen(px->out_path, "r");
+    cr_assert_not_null(f);
+    log[fread(log, 1, sizeof(log) - 1, f)] = '\0';
+    fclose(f);
+    cr_expect_not_null(strstr(log, "accepting paused"), "no log line: %.2000s", log);
+    for (int i = 0; i < 60; i++)
+        close(fds[i]);
+    char url[128];
+    struct http_resp r = { 0 };
+    for (int i = 0; i < 50 && r.status != 200; i++) {
+        if (i)
+            http_free(&r), usleep(100 * 1000);
+        http_do("GET", px_url(px, "/x", url, sizeof(url)), NULL, NULL, 0, 5000, &r);
+    }
+    cr_expect_eq(r.status, 200, "not served after the connections closed: %d %ld", r.rc, r.status);
+    http_free(&r);
 }

@@ -83,8 +83,10 @@ size_t attempt_pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, st
     return 0;
 }
 
-bool attempt_queue(struct attempt *a)
+bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
 {
+    (void)origin;
+    (void)conn;
     a->sends = 0;
     a->status = 0;
     a->head_done = a->bad_head = false;

@@ -1,0 +1,132 @@
+/* Bounds a crowd of HTTP/2 clients meets (docs/hardening.md): a slow upstream or one client
+ * connection with many streams cannot take every upstream attempt slot, and the memory of a
+ * burst of connections goes back when they close.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/support/fixture.h"
+
+TestSuite(bounds, .fini = fx_stop, .timeout = 120);
+
+static bool rss_back(void *arg)
+{
+    return px_rss_kb(px) <= *(long *)arg;
+}
+
+/* The client preface and an empty SETTINGS frame. */
+static const char PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+
+/* 3,000 idle HTTP/2 connections on one worker (about 13 KiB each), then closed: their memory
+ * is given back within a few seconds. glibc's heap only: a sanitizer build keeps freed memory
+ * in its own allocator. */
+Test(bounds, memory_of_a_burst_of_http2_connections_goes_back)
+{
+    enum { N = 3000 };
+    fx_start_r("", "", "--workers", "1", NULL);
+    char url[128];
+    struct http_resp r;
+    http_do("GET", px_url(px, "/x", url, sizeof(url)), NULL, NULL, 0, 5000, &r);
+    http_free(&r);
+    sleep_ms(300);
+    long idle = px_rss_kb(px);
+    static int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = raw_dial(px->port);
+        cr_assert(raw_send_all(fds[i], PREFACE, sizeof(PREFACE) - 1));
+    }
+    /* every connection has its session when the proxy's SETTINGS came on the last one */
+    char buf[256];
+    cr_assert_gt(raw_recv(fds[N - 1], buf, sizeof(buf), 10000), 0);
+    sleep_ms(300);
+    long held = px_rss_kb(px);
+    cr_assert_gt(held, idle + 16 * 1024,
+                 "RSS %ld KiB with %d connections, %ld idle: the test measures nothing", held, N,
+                 idle);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    /* what stays is the heap's fragments (the build before kept all of it) */
+    long bound = idle + (held - idle) / 4;
+    if (!fx_under_sanitizer())
+        cr_expect(fx_wait(rss_back, &bound, 4000, 50),
+                  "RSS %ld KiB 4 s after %d HTTP/2 connections closed (%ld idle, %ld with them)",
+                  px_rss_kb(px), N, idle, held);
+}
+
+/* Route "slow" to upstream 0, route "fast" to upstream 1, one worker with 'cap' slots; 'top'
+ * adds to "limits". */
+static void start_two(unsigned cap, const char *limits)
+{
+    fx_upstreams(2);
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"limits\": {\"max_upstream_requests\": %u%s}", cap, limits);
+    cfgb_route(b, "slow", "\"match\": {\"path_prefix\": \"/slow\"}, \"timeout_ms\": 20000");
+    cfgb_route(b, "fast", "\"match\": {\"path_prefix\": \"/fast\"}, \"upstreams\": [\"%s\"]",
+               fx_up_url(1));
+    fx_start_b(b, "--workers", "1", NULL);
+}
+
+/* h2load: 'n' requests over 'conns' connections, 'streams' at once on each, to the slow route
+ * (each answered after 6 s, so that none has ended while the test looks); stopped after 8 s,
+ * by pclose() at the latest. */
+static FILE *slow_load(int n, int conns, int streams)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "timeout -s KILL 8 h2load -n %d -c %d -m %d -H 'x-test-plan: delay=6000' "
+             "http://127.0.0.1:%u/slow/x >/dev/null 2>&1",
+             n, conns, streams, px->port);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    return p;
+}
+
+/* A request to the fast route over HTTP/2: how long it took (asserts a 200). */
+static long probe(void)
+{
+    char url[128];
+    struct http_resp r;
+    int64_t t0 = now_ms();
+    http_do_h2("GET", px_url(px, "/fast/probe", url, sizeof(url)), NULL, NULL, 0, 10000, &r);
+    long ms = (long)(now_ms() - t0);
+    cr_expect_eq(r.rc, 0);
+    cr_expect_eq(r.status, 200);
+    http_free(&r);
+    return ms;
+}
+
+/* 3 connections with 20 streams each to a slow upstream, 40 slots: its share (75 %, 30) leaves
+ * slots to the other upstream, whose request goes at once instead of waiting 6 s for one. */
+Test(bounds, a_slow_upstream_leaves_slots_to_another)
+{
+    start_two(40, "");
+    FILE *load = slow_load(60, 3, 20);
+    cr_assert_eq(tup_wait_count(fx_up(0), 30, 10000), 0, "the slow streams did not arrive");
+    usleep(200 * 1000);
+    size_t held = tup_count(fx_up(0));
+    long ms = probe();
+    cr_expect_leq(held, 30, "the slow upstream holds %zu of 40 slots", held);
+    cr_expect_lt(ms, 2000, "the other upstream's request took %ld ms", ms);
+    pclose(load);
+}
+
+/* One connection with 40 streams, 40 slots, no bound per upstream: its share (25 %, 10) leaves
+ * slots to another connection's request. */
+Test(bounds, one_connection_leaves_slots_to_another)
+{
+    start_two(40, ", \"upstream_share_percent\": 100");
+    FILE *load = slow_load(40, 1, 40);
+    cr_assert_eq(tup_wait_count(fx_up(0), 10, 10000), 0, "the slow streams did not arrive");
+    usleep(200 * 1000);
+    size_t held = tup_count(fx_up(0));
+    long ms = probe();
+    cr_expect_leq(held, 10, "one connection holds %zu of 40 slots", held);
+    cr_expect_lt(ms, 2000, "another connection's request took %ld ms", ms);
+    pclose(load);
+}
