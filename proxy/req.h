@@ -75,6 +75,7 @@ struct trial {
     struct retry_req *r;
     unsigned flags;
     uint32_t number; /* its X-Retry-Attempt */
+    size_t sent;     /* bytes of the kept request body its upload has read */
     uint64_t start_ms;
     const struct cfg_upstream *upstream;
     struct attempt att;
@@ -220,6 +221,9 @@ void race_trial_free(struct retry_req *r, struct trial *t);
 /* The current attempt passed its per-try timeout: hedge it (false where hedging does not
  * apply, and the timeout ends the attempt). */
 bool race_hedge(struct retry_req *r);
+/* How long the attempt starting now, with 'left' ms before the deadline, will be waited for:
+ * the per-try timeout, or 'left' if it is shorter or the attempt may be hedged. */
+uint64_t race_attempt_wait(const struct retry_req *r, uint64_t left);
 /* Whether an attempt other than 'except' (may be NULL) runs on beside the current one. */
 bool race_others_running(const struct retry_req *r, const struct trial *except);
 /* Every attempt beside the current one is out of the race, counted as 'o'. */

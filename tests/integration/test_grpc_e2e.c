@@ -278,3 +278,51 @@ Test(grpc_e2e, a_call_to_a_tls_server_goes_over_h2_by_alpn_and_is_retried)
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     fx_sh(cmd);
 }
+
+/* Hedging (docs/grpc.md "Deadlines", forwarding.md "Hedging on per-try timeout"): a call whose
+ * every attempt takes 700 ms, on a route that hedges at 300 ms, gets the first attempt's
+ * answer; and that attempt was told the time left before the deadline, not the per-try
+ * timeout, or the server would have given up on it at 300 ms. */
+Test(grpc_e2e, a_slow_call_is_hedged_and_its_first_attempt_is_not_told_to_give_up)
+{
+    start_server();
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "svc",
+               "\"match\": {\"path_prefix\": \"/test.Echo/\"}, \"upstreams\": "
+               "[\"h2c://127.0.0.1:%u\"], \"timeout_ms\": 8000, \"per_try_timeout_ms\": 300, "
+               "\"retry\": {\"max_attempts\": 2, \"methods\": [\"POST\"], \"retry_on\": "
+               "[\"timeout\", \"unavailable\"], \"hedge_on_per_try_timeout\": true, " CFG_FAST "}",
+               server_port);
+    fx_start_b(b, "--workers", "1", NULL);
+    const char *msgs[] = { "slow one", NULL };
+    const char *md[] = { "x-request-id=hedged", "x-sleep-ms=700", NULL };
+    int64_t t0 = now_ms();
+    json_t *j = call("/test.Echo/Slow", "unary", msgs, md, NULL);
+    int64_t took = now_ms() - t0;
+    cr_expect_str_eq(code_of(j), "OK", "not cancelled at the per-try timeout: %s",
+                     json_string_value(json_object_get(j, "details")));
+    cr_expect_str_eq(message_at(j, 0), "slow one");
+    cr_expect_lt(took, 6000, "the first attempt's answer, long before the deadline");
+    json_decref(j);
+    /* the second attempt's record comes when its sleep ends, after the answer */
+    json_t *recs = NULL;
+    for (int i = 0; i < 60; i++) {
+        json_decref(recs);
+        recs = records_of("hedged");
+        if (json_array_size(recs) >= 2)
+            break;
+        usleep(50 * 1000);
+    }
+    cr_assert_eq(json_array_size(recs), 2, "the first attempt and its hedge reached the server");
+    for (size_t i = 0; i < 2; i++) {
+        json_t *rec = json_array_get(recs, i);
+        if (json_integer_value(json_object_get(rec, "attempt")) != 1)
+            continue;
+        double left = json_number_value(json_object_get(rec, "time_remaining"));
+        cr_expect_gt(left, 1.0, "the first attempt's grpc-timeout is the time left (%.3f s)", left);
+        cr_expect_str_eq(
+            json_string_value(json_object_get(json_object_get(rec, "metadata"), "x-retry-attempt")),
+            "1");
+    }
+    json_decref(recs);
+}

@@ -69,16 +69,18 @@ def serve(args):
         attempt = rec.attempt(md)
         return md, attempt, (code, where) if attempt <= n else None
 
-    def log(method, md, attempt, requests, answered):
+    def log(method, md, attempt, requests, answered, remaining=None):
         rec.write({"method": method, "metadata": md, "attempt": attempt,
                    "requests": [hashlib.sha256(r).hexdigest() for r in requests],
-                   "sizes": [len(r) for r in requests], "answered": answered})
+                   "sizes": [len(r) for r in requests], "answered": answered,
+                   "time_remaining": remaining})
 
     def unary(request, context, method="/test.Echo/Unary"):
         md, attempt, fail = begin(method, context)
+        remaining = context.time_remaining()
         if method == "/test.Echo/Slow":
             time.sleep(int(md.get("x-sleep-ms", "0")) / 1000.0)
-        log(method, md, attempt, [request], fail[0].name if fail else "OK")
+        log(method, md, attempt, [request], fail[0].name if fail else "OK", remaining)
         if fail:
             context.abort(fail[0], "injected failure %d" % attempt)
         return request
