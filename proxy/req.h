@@ -129,6 +129,8 @@ struct retry_req {
     struct trial *cur;             /* the current attempt: running, waited for, or the last one */
     struct trial *others; /* attempts running beside it (hedging), and lost ones to cancel */
     struct trial first;
+    /* try_timer: the current attempt's per-try timeout until its head, then (RS_HOLD) the
+     * hold's bound, retry.grpc_hold_ms (keep.c) */
     struct loop_timer try_timer, deadline_timer, backoff_timer;
     struct loop_timer reap_timer; /* cancels the lost ones in the next turn */
 
