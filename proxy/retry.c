@@ -528,7 +528,7 @@ int req_grpc_status(const struct retry_req *r, const struct attempt *a)
 {
     if (!(r->flags & RF_GRPC))
         return -1;
-    return grpc_status_in(&a->head, &a->trailers);
+    return grpc_status_seen(a->status, &a->head, &a->trailers);
 }
 
 /* What is known of the current attempt, ended in 'o' (or, hedging, past its per-try timeout),

@@ -573,3 +573,24 @@ Test(h2_upstream, trailers_past_the_head_bounds_are_left_out_and_logged)
     json_decref(log);
     free(out);
 }
+
+/* A held gRPC response (docs/grpc.md "A status in trailers") that ends cleanly without trailers
+ * has no status to retry by: it is relayed as it came, once, and the call has no status. */
+Test(h2_upstream, a_held_grpc_response_ending_without_trailers_is_relayed_as_it_came)
+{
+    start("\"retry_on\": [\"unavailable\"]", "", "1");
+    const char *h[] = { "X-Request-Id: grpc-bare", "Content-Type: application/grpc",
+                        "x-h2-no-trailers: 1", NULL };
+    static const char msg[7] = { 0, 0, 0, 0, 2, 'h', 'i' };
+    struct http_resp r = call("POST", "/svc/Echo", h, msg, sizeof(msg));
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_eq(r.body_len, sizeof(msg), "the message, as it came");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_eq(h2u_count(h2, "request_id", "grpc-bare"), 1);
+    http_free(&r);
+    json_t *j = fx_request_logged("request_id", "grpc-bare");
+    cr_assert_not_null(j, "no request log line");
+    cr_expect(json_is_null(json_object_get(j, "grpc_status")), "the call has no status");
+    json_decref(j);
+}
