@@ -122,8 +122,13 @@ static bool end_hold(struct retry_req *r, struct attempt *a)
 static void on_hold_over(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
-    if (r->state == RS_HOLD)
-        end_hold(r, &r->cur->att);
+    if (r->state != RS_HOLD || end_hold(r, &r->cur->att))
+        return;
+    /* the client took none of what was held (gone): the response ends there, broken, as when
+     * a body callback gives up */
+    tally_grpc(r, -1);
+    r->front->ops->end(r->front, NULL, true);
+    req_stop_transfer(r, r->cur);
 }
 
 size_t keep_body(struct retry_req *r, struct attempt *a, const char *p, size_t n)
