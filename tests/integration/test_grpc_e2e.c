@@ -323,6 +323,12 @@ Test(grpc_e2e, a_slow_call_is_hedged_and_its_first_attempt_is_not_told_to_give_u
         usleep(50 * 1000);
     }
     cr_assert_eq(json_array_size(recs), 2, "the first attempt and its hedge reached the server");
+    const char *h[2];
+    for (size_t i = 0; i < 2; i++)
+        h[i] = json_string_value(
+            json_array_get(json_object_get(json_array_get(recs, i), "requests"), 0));
+    cr_assert(h[0] && h[1]);
+    cr_expect_str_eq(h[0], h[1], "the hedge sent the same message");
     for (size_t i = 0; i < 2; i++) {
         json_t *rec = json_array_get(recs, i);
         if (json_integer_value(json_object_get(rec, "attempt")) != 1)
