@@ -103,6 +103,7 @@ struct cfg_retry {
     uint32_t retry_after_max_ms;
     const char *pushback_header; /* a response field that sets or refuses the retry; NULL: none */
     bool hedge; /* hedge_on_per_try_timeout: an attempt past the per-try timeout runs on */
+    uint32_t grpc_hold_ms; /* how long a gRPC response's first message waits for its status */
     struct backoff_spec backoff;
 };
 

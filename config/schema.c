@@ -1156,6 +1156,10 @@ static const struct field retry_fields[] = {
                "an attempt that passes per_try_timeout_ms is not cancelled: the next attempt "
                "starts beside it and the first response retry_on does not name wins (Envoy's "
                "hedging)"),
+    UINT_FIELD("grpc_hold_ms", struct cfg_retry, grpc_hold_ms, 0, MS_MAX, "500",
+               "on a gRPC call whose retry_on names a gRPC status, how long the first message of a "
+               "response is held back for the status in its trailers: then it goes to the client "
+               "and the call is never retried (0: never held; docs/grpc.md)"),
     OBJ_FIELD("backoff", struct cfg_retry, backoff, backoff_schema, 0,
               "the delay before each retry (docs/backoff.md)"),
 };

@@ -233,8 +233,12 @@ void edge_begin(struct retry_req *r, const char *method)
                        "a grpc-timeout that is not one gRPC timeout (such as \"250m\")");
             return;
         }
+        if (t == 0) { /* "0m": the deadline has passed, nothing is sent (gRPC's meaning) */
+            edge_error(r, 504, "upstream_timeout", "the call's deadline (grpc-timeout) had passed");
+            return;
+        }
         if (t < r->timeout_ms)
-            r->timeout_ms = t ? (uint32_t)t : 1; /* "0m": past at once, DEADLINE_EXCEEDED */
+            r->timeout_ms = (uint32_t)t;
     }
     r->dr = (struct decide_req){
         .policy = policy,
@@ -369,7 +373,7 @@ void edge_saved(struct retry_req *r)
 {
     struct front_tag tag = tag_of(r);
     if (r->flags & RF_GRPC)
-        tally_grpc(r, grpc_status_in(&r->saved.h, &r->saved.trailers));
+        tally_grpc(r, grpc_status_seen(r->saved.status, &r->saved.h, &r->saved.trailers));
     r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len,
                          &r->saved.trailers, &tag);
     answered(r);

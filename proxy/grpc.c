@@ -67,6 +67,14 @@ int grpc_status_in(const struct hlist *head, const struct hlist *trailers)
     return code >= 0 ? code : grpc_status_of(trailers);
 }
 
+int grpc_status_seen(int http_status, const struct hlist *head, const struct hlist *trailers)
+{
+    int code = grpc_status_in(head, trailers);
+    if (code >= 0 || http_status < 200 || http_status == 200)
+        return code; /* a 200 without one stays without: its client says UNKNOWN or INTERNAL */
+    return (int)grpc_code_of_error(NULL, (unsigned)http_status);
+}
+
 int grpc_timeout_parse(const char *v, size_t n, uint64_t *ms)
 {
     if (n < 2 || n > 9)

@@ -55,6 +55,11 @@ int grpc_status_of(const struct hlist *h);
  * neither has one. */
 int grpc_status_in(const struct hlist *head, const struct hlist *trailers);
 
+/* A call's status as its client sees it: grpc_status_in(); with none, an HTTP status other than
+ * 200 as gRPC maps it (a 503 from a proxy that speaks no gRPC is UNAVAILABLE, gRPC's
+ * PROTOCOL-HTTP2.md: clients synthesize one); -1 otherwise (no status, or no response). */
+int grpc_status_seen(int http_status, const struct hlist *head, const struct hlist *trailers);
+
 /* A grpc-timeout value ("TimeoutValue TimeoutUnit": 1 to 8 digits, then H, M, S, m, u or n)
  * in milliseconds, rounded up (a timeout below a millisecond is 1 ms). 0 on success, -1 if
  * it is malformed. */

@@ -103,15 +103,15 @@ size_t intake_queue(struct intake *in, const char *data, size_t n)
     return take;
 }
 
-size_t intake_read(struct intake *in, char *buf, size_t max)
+size_t intake_read(struct intake *in, size_t *sent, char *buf, size_t max)
 {
     size_t got = 0;
-    if (in->sent < in->len) {
-        got = in->len - in->sent;
+    if (*sent < in->len) {
+        got = in->len - *sent;
         if (got > max)
             got = max;
-        memcpy(buf, in->body + in->sent, got);
-        in->sent += got;
+        memcpy(buf, in->body + *sent, got);
+        *sent += got;
     }
     if (got < max && in->queue.len)
         got += ring_get(&in->queue, buf + got, max - got);

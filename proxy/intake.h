@@ -37,7 +37,6 @@ struct intake {
     char *body;             /* the buffered body, or the head of a streamed one */
     size_t len, cap;
     size_t held;       /* of 'cap', counted in the pool */
-    size_t sent;       /* bytes of 'body' handed to the current attempt */
     struct ring queue; /* the rest of a streamed body */
     uint64_t total;    /* bytes received from the client */
     bool started;      /* the upstream took bytes of a streamed body: it cannot go again */
@@ -63,13 +62,11 @@ enum intake_took intake_buffer(struct intake *in, const char *data, size_t n, ui
 /* Queues up to 'n' bytes of a streamed body; returns how many fit. */
 size_t intake_queue(struct intake *in, const char *data, size_t n);
 
-/* The next bytes for the upstream: the buffered part, then the queue. Returns how many. */
-size_t intake_read(struct intake *in, char *buf, size_t max);
-/* A new attempt reads from the start. */
-static inline void intake_rewind(struct intake *in)
-{
-    in->sent = 0;
-}
+/* The next bytes for the upstream: the buffered part, then the queue. '*sent' is where the
+ * attempt reading is in the buffered part (0 for a new one): two attempts may read a kept
+ * body at once (a hedge beside a laggard still sending it), the queue only one. Returns how
+ * many. */
+size_t intake_read(struct intake *in, size_t *sent, char *buf, size_t max);
 /* Whether another attempt could send the body again. */
 static inline bool intake_replayable(const struct intake *in)
 {

@@ -5,9 +5,9 @@
  * - HOLD: a gRPC call's response whose head has no grpc-status, on a route whose retry_on
  *   names gRPC statuses. Its status comes in the trailers, after the body: the response is
  *   held back until then (docs/grpc.md "A status in trailers"), while it is one message and
- *   fits HOLD_MAX, and retried like any other when that status is one retry_on names. A
- *   second message, or more bytes, and it streams: nothing is retried once a byte has gone
- *   to the client.
+ *   fits HOLD_MAX, and for retry.grpc_hold_ms from its first byte, and retried like any other
+ *   when that status is one retry_on names. A second message, more bytes, or the hold's time
+ *   up, and it streams: nothing is retried once a byte has gone to the client.
  */
 #include "proxy/req.h"
 
@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "proxy/headers.h"
+#include "proxy/worker.h"
 
 /* The body of a retryable response, kept to be returned if retrying stops. Error bodies are
  * small; a larger one is not kept and a 502 stands in for it. */
@@ -26,8 +27,10 @@
 
 bool keep_hold(struct retry_req *r, const struct attempt *a)
 {
-    if (!(r->flags & RF_GRPC_RETRY) || a->status != 200 || grpc_status_of(&a->head) >= 0)
-        return false; /* not a gRPC call that retries statuses, or a Trailers-Only response */
+    if (!(r->flags & RF_GRPC_RETRY) || a->status != 200 || grpc_status_of(&a->head) >= 0 ||
+        !r->route->retry.grpc_hold_ms)
+        return false; /* not a gRPC call that retries statuses, a Trailers-Only response, or a
+                       * route that never holds */
     /* a retry must be possible at all: another attempt, the body to send again, and no other
      * attempt running beside this one (hedging decides by heads alone) */
     if (r->attempts >= r->max_attempts || !intake_replayable(&r->body) ||
@@ -97,22 +100,57 @@ static size_t stream_body(struct retry_req *r, const char *p, size_t n)
     return took == FRONT_FULL ? ATTEMPT_PAUSE : took;
 }
 
+/* The hold ends before the trailers came (a second message, too many bytes, its time up): the
+ * response is decided now, on its head alone. Streaming, what was held goes to the client
+ * first (false if the client takes none of it); kept (RS_DRAIN), it starts the saved body. */
+static bool end_hold(struct retry_req *r, struct attempt *a)
+{
+    loop_timer_stop(r->w->loop, &r->try_timer);
+    keep_head(r, a);
+    if (r->state == RS_STREAM)
+        return release_held(r);
+    char *held = r->held.body;
+    r->held.body = r->saved.body;
+    r->saved.body = held;
+    r->saved.len = r->held.len;
+    r->held.len = 0;
+    return true;
+}
+
+/* retry.grpc_hold_ms after the first byte held: a server stream's first message (a watch's
+ * first event) must not wait for a second one, or the trailers, without bound. */
+static void on_hold_over(struct loop_timer *t)
+{
+    struct retry_req *r = t->arg;
+    if (r->state != RS_HOLD || end_hold(r, &r->cur->att))
+        return;
+    /* the client took none of what was held (gone): the response ends there, broken, as when
+     * a body callback gives up */
+    tally_grpc(r, -1);
+    r->front->ops->end(r->front, NULL, true);
+    req_stop_transfer(r, r->cur);
+}
+
 size_t keep_body(struct retry_req *r, struct attempt *a, const char *p, size_t n)
 {
     if (r->state == RS_HOLD) {
+        bool first = r->held.len == 0;
         if (grpc_frames_feed(&r->held.frames, p, n) <= 1 &&
-            append(&r->held.body, &r->held.len, HOLD_MAX, p, n))
+            append(&r->held.body, &r->held.len, HOLD_MAX, p, n)) {
+            /* the attempt's timer, idle since its head came (every end of the request or
+             * of the attempt stops it), bounds the hold */
+            struct loop *l = r->w->loop;
+            if (first && n)
+                loop_timer_start(l, &r->try_timer, loop_now(l) + r->route->retry.grpc_hold_ms,
+                                 on_hold_over, r);
             return n;
+        }
         /* a second message or too large: decided now, on the head alone */
-        keep_head(r, a);
+        if (!end_hold(r, a))
+            return 0;
         if (r->state == RS_STREAM)
-            return release_held(r) ? stream_body(r, p, n) : 0;
-        /* RS_DRAIN: what was held starts the saved body; the rest is kept below if it fits */
-        char *held = r->held.body;
-        r->held.body = r->saved.body;
-        r->saved.body = held;
-        r->saved.len = r->held.len;
-        r->held.len = 0;
+            return stream_body(r, p, n);
+        /* RS_DRAIN: the rest is kept below if it fits */
     }
     if (r->state != RS_DRAIN)
         return 0;

@@ -101,8 +101,9 @@ static const struct family_def {
     [FAM_GRPC] = { "grpc_responses_total", "counter", "route, grpc_status", grpc_names,
                    METRICS_GRPC_COUNT,
                    "gRPC calls answered, by route and the grpc-status they ended with (0 to 16, "
-                   "other, or none when the call ended without one); only statuses seen are "
-                   "printed." },
+                   "other, or none when the call ended without one; a response without one "
+                   "whose HTTP status is not 200 counts as gRPC maps it, a 503 as 14); only "
+                   "statuses seen are printed." },
     [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, outcome", outcome_names,
                        METRICS_OUT_COUNT, "Upstream attempts, by route and outcome." },
     [FAM_RETRIES] = { "retries_total", "counter", "route, reason", NULL, 0,

@@ -12,16 +12,37 @@
 #include "proxy/log.h"
 #include "proxy/worker.h"
 
-/* The current attempt passed per_try_timeout_ms on a route that hedges, and the request may go
- * again (its method, a body held whole): the next attempt is decided as a timeout's retry would
- * be (max_attempts, the budgets, throttling, the backoff wait), but this one is not cancelled.
- * Taken, the hedge waits out its backoff while this attempt runs on in r->others; refused (and
- * counted as a denied retry), this attempt runs on alone, until the deadline at most. Returns
- * false where hedging does not apply: then the timeout ends the attempt. */
+/* Whether hedging applies to the request: the route hedges, the request may go again (its
+ * method), and its body can go twice at once: held whole, or a gRPC call's kept copy once the
+ * client's body is complete (each attempt reads it from its own place, struct trial 'sent'); a
+ * body streamed once cannot. 'ahead': asked as an attempt starts, when a gRPC call's body may
+ * still be on its way (it may be complete by the per-try timeout). */
+static bool hedgeable(const struct retry_req *r, bool ahead)
+{
+    if (!r->route->retry.hedge || !(r->flags & RF_RETRYABLE) || r->body.mode == INTAKE_STREAM ||
+        r->upgrade[0]) /* one tunnel: the handshake is never raced */
+        return false;
+    return r->body.mode != INTAKE_TEE || ahead || (r->flags & RF_BODY_DONE);
+}
+
+/* An attempt that may be hedged is not cancelled at its per-try timeout (even when no hedge is
+ * allowed then): it is waited for until the deadline, and told so (grpc-timeout, the deadline
+ * header), or a server would give up at the per-try timeout on an answer still wanted. */
+uint64_t race_attempt_wait(const struct retry_req *r, uint64_t left)
+{
+    uint64_t per_try = r->route->per_try_timeout_ms;
+    return per_try && per_try < left && !hedgeable(r, true) ? per_try : left;
+}
+
+/* The current attempt passed per_try_timeout_ms and hedgeable() holds: the next attempt is
+ * decided as a timeout's retry would be (max_attempts, the budgets, throttling, the backoff
+ * wait), but this one is not cancelled. Taken, the hedge waits out its backoff while this
+ * attempt runs on in r->others; refused (and counted as a denied retry), this attempt runs on
+ * alone, until the deadline at most. Returns false where hedging does not apply: then the
+ * timeout ends the attempt. */
 bool race_hedge(struct retry_req *r)
 {
-    if (!r->route->retry.hedge || !(r->flags & RF_RETRYABLE) || intake_streams(&r->body) ||
-        r->upgrade[0]) /* one tunnel: the handshake is never raced */
+    if (!hedgeable(r, false))
         return false;
     struct trial *t = r->cur, *next = malloc(sizeof(*next));
     if (!next)

@@ -75,6 +75,7 @@ struct trial {
     struct retry_req *r;
     unsigned flags;
     uint32_t number; /* its X-Retry-Attempt */
+    size_t sent;     /* bytes of the kept request body its upload has read */
     uint64_t start_ms;
     const struct cfg_upstream *upstream;
     struct attempt att;
@@ -128,6 +129,8 @@ struct retry_req {
     struct trial *cur;             /* the current attempt: running, waited for, or the last one */
     struct trial *others; /* attempts running beside it (hedging), and lost ones to cancel */
     struct trial first;
+    /* try_timer: the current attempt's per-try timeout until its head, then (RS_HOLD) the
+     * hold's bound, retry.grpc_hold_ms (keep.c) */
     struct loop_timer try_timer, deadline_timer, backoff_timer;
     struct loop_timer reap_timer; /* cancels the lost ones in the next turn */
 
@@ -220,6 +223,9 @@ void race_trial_free(struct retry_req *r, struct trial *t);
 /* The current attempt passed its per-try timeout: hedge it (false where hedging does not
  * apply, and the timeout ends the attempt). */
 bool race_hedge(struct retry_req *r);
+/* How long the attempt starting now, with 'left' ms before the deadline, will be waited for:
+ * the per-try timeout, or 'left' if it is shorter or the attempt may be hedged. */
+uint64_t race_attempt_wait(const struct retry_req *r, uint64_t left);
 /* Whether an attempt other than 'except' (may be NULL) runs on beside the current one. */
 bool race_others_running(const struct retry_req *r, const struct trial *except);
 /* Every attempt beside the current one is out of the race, counted as 'o'. */

@@ -325,7 +325,6 @@ void req_start_attempt(struct retry_req *r)
         budget_note_request(&r->rtr->live->budget, now);
     }
     r->attempts++;
-    intake_rewind(&r->body);
     r->state = RS_ATTEMPT;
     uint32_t *rr = r->rt == w->rt ? &w->rr[rt - r->cfg->routes] : NULL;
     size_t i = attempt_pick(r->tried, eject_mask(r->rtr, rt->n_upstreams, now), rt->n_upstreams, rr,
@@ -334,6 +333,7 @@ void req_start_attempt(struct retry_req *r)
         r->tried |= 1ULL << i;
     struct trial *t = r->cur;
     t->flags = 0;
+    t->sent = 0; /* its upload reads from the start */
     t->number = r->attempts;
     t->upstream = &rt->upstreams[i];
     if (!attempt_queue(&t->att, t->upstream->origin, r->front->share))
@@ -362,10 +362,8 @@ static void attempt_go(struct attempt *a)
                : intake_streams(&r->body)    ? ATTEMPT_BODY_STREAM
                                              : ATTEMPT_BODY_NONE;
     uint64_t left = r->deadline_ms > now ? r->deadline_ms - now : 1;
-    /* how long this attempt's answer is waited for: the per-try timeout or what is left */
-    uint64_t wait =
-        rt->per_try_timeout_ms && rt->per_try_timeout_ms < left ? rt->per_try_timeout_ms : left;
-    req.headers = head_up_attempt(&r->up, &t->fields, t->number, wait);
+    /* how long this attempt's answer is waited for (grpc-timeout, the deadline header) */
+    req.headers = head_up_attempt(&r->up, &t->fields, t->number, race_attempt_wait(r, left));
     uint64_t connect =
         rt->connect_timeout_ms && rt->connect_timeout_ms < left ? rt->connect_timeout_ms : left;
     if (attempt_launch(a, r->rtr->urls[u - rt->upstreams], u->base_path, &req, connect) < 0) {
@@ -459,8 +457,9 @@ static size_t attempt_body(struct attempt *a, const char *p, size_t n)
 /* Bytes of the request body for the upstream: the buffered head, then the streamed rest. */
 static size_t attempt_upload(struct attempt *a, char *buf, size_t max)
 {
-    struct retry_req *r = of_attempt(a)->r; /* a streamed body: never hedged, always r->cur */
-    size_t got = intake_read(&r->body, buf, max);
+    struct trial *t = of_attempt(a); /* a laggard (hedging) reads on from its own place */
+    struct retry_req *r = t->r;
+    size_t got = intake_read(&r->body, &t->sent, buf, max);
     if (got) {
         if (ring_space(&r->body.queue) > 0)
             r->front->ops->upload_room(r->front);
@@ -529,7 +528,7 @@ int req_grpc_status(const struct retry_req *r, const struct attempt *a)
 {
     if (!(r->flags & RF_GRPC))
         return -1;
-    return grpc_status_in(&a->head, &a->trailers);
+    return grpc_status_seen(a->status, &a->head, &a->trailers);
 }
 
 /* What is known of the current attempt, ended in 'o' (or, hedging, past its per-try timeout),

@@ -241,3 +241,45 @@ Test(grpc, calls_are_counted_by_status_and_protocol_and_logged)
     cr_expect_null(json_object_get(j, "grpc_status"), "only gRPC calls have one");
     json_decref(j);
 }
+
+/* A response without grpc-status whose HTTP status is not 200 (a 503 from a load balancer that
+ * speaks no gRPC) has the status gRPC's clients give it (doc/http-grpc-status-mapping.md: 503
+ * is UNAVAILABLE): retry_on's "unavailable" retries it, though the call is a POST, and the
+ * call is counted and logged with it. */
+Test(grpc, an_http_503_without_grpc_status_is_unavailable)
+{
+    start();
+    struct http_resp r;
+    call("/svc/Echo", "application/grpc", "http-503", "fail=1;status=503", NULL, &r);
+    cr_expect_eq(r.status, 200, "the second attempt's answer");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2");
+    cr_expect_eq(tup_count_id(up, "http-503"), 2);
+    http_free(&r);
+    call("/svc/Echo", "application/grpc", "http-503-always", "fail=9;status=503", NULL, &r);
+    cr_expect_eq(r.status, 503, "returned as it came when retrying stops");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "3");
+    http_free(&r);
+    json_t *j = fx_request_logged("request_id", "http-503-always");
+    cr_assert_not_null(j, "no request log line");
+    cr_expect_eq(json_integer_value(json_object_get(j, "grpc_status")), 14);
+    json_decref(j);
+    call("/svc/Echo", "application/grpc", "http-404", "fail=1;status=404", NULL, &r);
+    cr_expect_eq(r.status, 404, "UNIMPLEMENTED: not retried");
+    cr_expect_eq(tup_count_id(up, "http-404"), 1);
+    http_free(&r);
+}
+
+/* grpc-timeout: 0m is a deadline that has passed: DEADLINE_EXCEEDED at once, and no attempt
+ * reaches the upstream (it would be told 1 ms, and a fast one could even answer it). */
+Test(grpc, a_grpc_timeout_of_0_is_deadline_exceeded_without_an_attempt)
+{
+    start();
+    struct http_resp r;
+    for (int i = 0; i < 3; i++) {
+        call("/svc/Echo", "application/grpc", "zero", NULL, "grpc-timeout: 0m", &r);
+        cr_expect_eq(r.status, 200);
+        cr_expect_str_eq(http_hdr(&r, "grpc-status"), "4", "DEADLINE_EXCEEDED");
+        http_free(&r);
+    }
+    cr_expect_eq(tup_count_id(up, "zero"), 0, "an attempt went");
+}

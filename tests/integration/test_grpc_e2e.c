@@ -75,9 +75,10 @@ static void start(const char *retry)
 }
 
 /* One call through the proxy: 'kind' unary, server or bidi; messages and metadata are
- * NULL-terminated lists (may be NULL). Returns the client's JSON report (caller decrefs). */
-static json_t *call(const char *method, const char *kind, const char *const *msgs,
-                    const char *const *md, const char *timeout_s)
+ * NULL-terminated lists (may be NULL); 'first': a server stream cancelled once its first
+ * message came ("first_ms" says when). Returns the client's JSON report (caller decrefs). */
+static json_t *call_as(const char *method, const char *kind, const char *const *msgs,
+                       const char *const *md, const char *timeout_s, bool first)
 {
     char target[32];
     snprintf(target, sizeof(target), "127.0.0.1:%u", px->port);
@@ -101,6 +102,8 @@ static json_t *call(const char *method, const char *kind, const char *const *msg
         argv[n++] = "--metadata";
         argv[n++] = (char *)md[i];
     }
+    if (first)
+        argv[n++] = "--first";
     argv[n] = NULL;
     struct proc_result r;
     cr_assert_eq(proc_run(argv, NULL, 30000, &r), 0);
@@ -110,6 +113,12 @@ static json_t *call(const char *method, const char *kind, const char *const *msg
     cr_assert_not_null(j, "not JSON: %s", r.out);
     proc_result_free(&r);
     return j;
+}
+
+static json_t *call(const char *method, const char *kind, const char *const *msgs,
+                    const char *const *md, const char *timeout_s)
+{
+    return call_as(method, kind, msgs, md, timeout_s, false);
 }
 
 /* The server's records of request id 'id' (caller decrefs). */
@@ -277,4 +286,115 @@ Test(grpc_e2e, a_call_to_a_tls_server_goes_over_h2_by_alpn_and_is_retried)
     json_decref(recs);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     fx_sh(cmd);
+}
+
+/* Hedging (docs/grpc.md "Deadlines", forwarding.md "Hedging on per-try timeout"): a call whose
+ * every attempt takes 700 ms, on a route that hedges at 300 ms, gets the first attempt's
+ * answer; and that attempt was told the time left before the deadline, not the per-try
+ * timeout, or the server would have given up on it at 300 ms. */
+Test(grpc_e2e, a_slow_call_is_hedged_and_its_first_attempt_is_not_told_to_give_up)
+{
+    start_server();
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "svc",
+               "\"match\": {\"path_prefix\": \"/test.Echo/\"}, \"upstreams\": "
+               "[\"h2c://127.0.0.1:%u\"], \"timeout_ms\": 8000, \"per_try_timeout_ms\": 300, "
+               "\"retry\": {\"max_attempts\": 2, \"methods\": [\"POST\"], \"retry_on\": "
+               "[\"timeout\", \"unavailable\"], \"hedge_on_per_try_timeout\": true, " CFG_FAST "}",
+               server_port);
+    fx_start_b(b, "--workers", "1", NULL);
+    const char *msgs[] = { "slow one", NULL };
+    const char *md[] = { "x-request-id=hedged", "x-sleep-ms=700", NULL };
+    int64_t t0 = now_ms();
+    json_t *j = call("/test.Echo/Slow", "unary", msgs, md, NULL);
+    int64_t took = now_ms() - t0;
+    cr_expect_str_eq(code_of(j), "OK", "not cancelled at the per-try timeout: %s",
+                     json_string_value(json_object_get(j, "details")));
+    cr_expect_str_eq(message_at(j, 0), "slow one");
+    cr_expect_lt(took, 6000, "the first attempt's answer, long before the deadline");
+    json_decref(j);
+    /* the second attempt's record comes when its sleep ends, after the answer */
+    json_t *recs = NULL;
+    for (int i = 0; i < 60; i++) {
+        json_decref(recs);
+        recs = records_of("hedged");
+        if (json_array_size(recs) >= 2)
+            break;
+        usleep(50 * 1000);
+    }
+    cr_assert_eq(json_array_size(recs), 2, "the first attempt and its hedge reached the server");
+    const char *h[2];
+    for (size_t i = 0; i < 2; i++)
+        h[i] = json_string_value(
+            json_array_get(json_object_get(json_array_get(recs, i), "requests"), 0));
+    cr_assert(h[0] && h[1]);
+    cr_expect_str_eq(h[0], h[1], "the hedge sent the same message");
+    for (size_t i = 0; i < 2; i++) {
+        json_t *rec = json_array_get(recs, i);
+        if (json_integer_value(json_object_get(rec, "attempt")) != 1)
+            continue;
+        double left = json_number_value(json_object_get(rec, "time_remaining"));
+        cr_expect_gt(left, 1.0, "the first attempt's grpc-timeout is the time left (%.3f s)", left);
+        cr_expect_str_eq(
+            json_string_value(json_object_get(json_object_get(rec, "metadata"), "x-retry-attempt")),
+            "1");
+    }
+    json_decref(recs);
+}
+
+/* A server stream's first message (a watch's first event) on a route that retries statuses in
+ * trailers is held for its status at most retry.grpc_hold_ms (docs/grpc.md "A status in
+ * trailers"), here with a server that then sends nothing for 20 s; 0 never holds it. */
+static void watch_first_message(const char *hold, const char *id)
+{
+    start_server();
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "svc",
+               "\"match\": {\"path_prefix\": \"/test.Echo/\"}, \"upstreams\": "
+               "[\"h2c://127.0.0.1:%u\"], \"timeout_ms\": 60000, \"retry\": {\"retry_on\": "
+               "[\"unavailable\"]%s}",
+               server_port, hold);
+    fx_start_b(b, "--workers", "1", NULL);
+    char rid[64];
+    snprintf(rid, sizeof(rid), "x-request-id=%s", id);
+    const char *md[] = { rid, "x-sleep-ms=20000", NULL };
+    json_t *j = call_as("/test.Echo/Watch", "server", NULL, md, "12", true);
+    cr_expect_str_eq(message_at(j, 0), "event", "the first event never came: %s", code_of(j));
+    json_t *first = json_object_get(j, "first_ms");
+    cr_expect_not_null(first);
+    cr_expect_lt(json_integer_value(first), 6000, "held %lld ms",
+                 (long long)json_integer_value(first));
+    json_decref(j);
+}
+
+Test(grpc_e2e, a_server_streams_first_message_is_held_no_longer_than_grpc_hold_ms)
+{
+    watch_first_message(", \"grpc_hold_ms\": 300", "watch-300");
+}
+
+Test(grpc_e2e, a_server_streams_first_message_is_held_by_default_for_a_bounded_time)
+{
+    watch_first_message("", "watch-default");
+}
+
+Test(grpc_e2e, grpc_hold_ms_0_never_holds_a_response)
+{
+    watch_first_message(", \"grpc_hold_ms\": 0", "watch-0");
+}
+
+/* Once the hold's time is up the first message has gone to the client: the call is committed,
+ * and a status in its trailers that retry_on names is the answer, never retried. */
+Test(grpc_e2e, a_call_whose_hold_ran_out_is_committed)
+{
+    start("\"max_attempts\": 3, \"retry_on\": [\"unavailable\"], \"grpc_hold_ms\": 200, " CFG_FAST);
+    const char *md[] = { "x-request-id=committed", "x-sleep-ms=1500", "x-fail=1,14,trailers",
+                         NULL };
+    json_t *j = call("/test.Echo/Watch", "server", NULL, md, NULL);
+    cr_expect_str_eq(code_of(j), "UNAVAILABLE");
+    cr_expect_eq(json_array_size(json_object_get(j, "messages")), 1);
+    cr_expect_str_eq(message_at(j, 0), "event");
+    json_decref(j);
+    json_t *recs = records_of("committed");
+    cr_expect_eq(json_array_size(recs), 1, "never retried");
+    json_decref(recs);
 }

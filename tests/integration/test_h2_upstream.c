@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "proxy/grpc.h"
 #include "tests/support/fixture.h"
 #include "tests/support/h2u.h"
 
@@ -572,4 +573,57 @@ Test(h2_upstream, trailers_past_the_head_bounds_are_left_out_and_logged)
     cr_expect_str_eq(json_str(log, "request_id"), "trl-4");
     json_decref(log);
     free(out);
+}
+
+/* A held gRPC response (docs/grpc.md "A status in trailers") that ends cleanly without trailers
+ * has no status to retry by: it is relayed as it came, once, and the call has no status. */
+Test(h2_upstream, a_held_grpc_response_ending_without_trailers_is_relayed_as_it_came)
+{
+    start("\"retry_on\": [\"unavailable\"]", "", "1");
+    const char *h[] = { "X-Request-Id: grpc-bare", "Content-Type: application/grpc",
+                        "x-h2-no-trailers: 1", NULL };
+    static const char msg[7] = { 0, 0, 0, 0, 2, 'h', 'i' };
+    struct http_resp r = call("POST", "/svc/Echo", h, msg, sizeof(msg));
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_eq(r.body_len, sizeof(msg), "the message, as it came");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "1");
+    cr_expect_eq(h2u_count(h2, "request_id", "grpc-bare"), 1);
+    http_free(&r);
+    json_t *j = fx_request_logged("request_id", "grpc-bare");
+    cr_assert_not_null(j, "no request log line");
+    cr_expect(json_is_null(json_object_get(j, "grpc_status")), "the call has no status");
+    json_decref(j);
+}
+
+/* A gRPC call is hedged like any request that may go again (docs/grpc.md "Deadlines"): every
+ * attempt takes 700 ms, the first answers first and wins, and it was told the time left before
+ * the deadline in its grpc-timeout, not the 300 ms per-try timeout. */
+Test(h2_upstream, a_grpc_call_is_hedged_and_its_first_attempt_told_the_time_left)
+{
+    start("\"max_attempts\": 2, \"methods\": [\"POST\"], \"hedge_on_per_try_timeout\": true, "
+          "\"retry_on\": [\"timeout\", \"unavailable\"]",
+          "\"per_try_timeout_ms\": 300, \"timeout_ms\": 8000", "1");
+    const char *h[] = { "X-Request-Id: grpc-hedge", "Content-Type: application/grpc",
+                        "x-h2-delay-ms: 700", NULL };
+    static const char msg[7] = { 0, 0, 0, 0, 2, 'h', 'i' };
+    struct http_resp r = call("POST", "/svc/Echo", h, msg, sizeof(msg));
+    cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+    cr_expect_eq(r.status, 200);
+    cr_expect_null(http_hdr(&r, "grpc-status"), "not an error of our own");
+    cr_expect_eq(r.body_len, sizeof(msg), "the message echoed");
+    cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2", "the first attempt and its hedge");
+    http_free(&r);
+    json_t *rec = h2u_find(h2, "action", "answered");
+    cr_assert_not_null(rec, "no attempt was answered");
+    cr_expect_eq(rec_int(rec, "attempt"), 1, "the first attempt won");
+    const char *v = rec_field(rec, "grpc-timeout");
+    cr_assert_not_null(v);
+    uint64_t ms = 0;
+    cr_assert_eq(grpc_timeout_parse(v, strlen(v), &ms), 0, "\"%s\"", v);
+    cr_expect_gt(ms, 1000, "the first attempt was told %s", v);
+    json_decref(rec);
+    json_t *rst = wait_reset(); /* the hedge, the second attempt, cancelled */
+    cr_expect_str_eq(json_string_value(json_object_get(rst, "request_id")), "grpc-hedge");
+    json_decref(rst);
 }

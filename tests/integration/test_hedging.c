@@ -242,3 +242,22 @@ Test(hedging, a_burst_of_hedged_requests_cancels_every_loser)
                  "%zu upstream connections open: losers were not cancelled",
                  tup_open_connections(up));
 }
+
+/* An attempt that may be hedged is not cancelled at its per-try timeout: the deadline header
+ * tells its upstream the time left before the deadline (10 s here), not the per-try timeout,
+ * on the first attempt and on the hedge. */
+Test(hedging, an_attempt_that_may_be_hedged_is_told_the_time_left)
+{
+    fx_start_r("", "\"deadline_header\": \"X-Deadline-Ms\", " HEDGING(300, ""), "--workers", "1",
+               NULL);
+    const char *h[] = { "X-Test-Plan: fail=1;action=hang", "X-Request-Id: told", NULL };
+    struct http_resp r = send_req("PUT", h, "x", 1);
+    cr_expect_eq(r.status, 200);
+    cr_assert_eq(tup_count_id(up, "told"), 2);
+    for (size_t i = 0; i < 2; i++) {
+        const char *v = tup_req_header(tup_get(up, i), "X-Deadline-Ms");
+        cr_assert_not_null(v);
+        cr_expect_gt(atol(v), 5000, "attempt %zu was told %s ms", i + 1, v);
+    }
+    http_free(&r);
+}

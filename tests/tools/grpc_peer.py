@@ -8,8 +8,11 @@ tests of gRPC through retryproxy (tests/integration/test_grpc_e2e.c, docs/grpc.m
                                           --tls over TLS (h2 by ALPN), with that PEM pair
   grpc_peer.py call --target HOST:PORT --method /svc.Svc/Echo [--kind unary|server|bidi]
                     [--message TEXT]... [--metadata KEY=VALUE]... [--timeout SECONDS]
+                    [--first]
                                           one call; prints one JSON object: code, details,
-                                          messages received, trailing metadata
+                                          messages received, trailing metadata; with --first
+                                          (a server stream) the call is cancelled once its
+                                          first message came, and "first_ms" says when
 
 Generic handlers, no generated code: messages are raw bytes. The server's methods:
 
@@ -17,6 +20,8 @@ Generic handlers, no generated code: messages are raw bytes. The server's method
   /test.Echo/Server       answers each request with len(message) messages "0".."N-1"...
   /test.Echo/Bidi         echoes each request message as it comes (a ping-pong needs this)
   /test.Echo/Slow         sleeps x-sleep-ms, then echoes
+  /test.Echo/Watch        a server stream: one message "event", then x-sleep-ms of nothing,
+                          then the end (OK, or x-fail's status in the trailers)
 
 A call whose metadata says x-fail: N,CODE,WHERE fails its first N attempts (counted per
 x-request-id) with gRPC status CODE: WHERE "headers" is a Trailers-Only answer, "trailers" one
@@ -69,16 +74,18 @@ def serve(args):
         attempt = rec.attempt(md)
         return md, attempt, (code, where) if attempt <= n else None
 
-    def log(method, md, attempt, requests, answered):
+    def log(method, md, attempt, requests, answered, remaining=None):
         rec.write({"method": method, "metadata": md, "attempt": attempt,
                    "requests": [hashlib.sha256(r).hexdigest() for r in requests],
-                   "sizes": [len(r) for r in requests], "answered": answered})
+                   "sizes": [len(r) for r in requests], "answered": answered,
+                   "time_remaining": remaining})
 
     def unary(request, context, method="/test.Echo/Unary"):
         md, attempt, fail = begin(method, context)
+        remaining = context.time_remaining()
         if method == "/test.Echo/Slow":
             time.sleep(int(md.get("x-sleep-ms", "0")) / 1000.0)
-        log(method, md, attempt, [request], fail[0].name if fail else "OK")
+        log(method, md, attempt, [request], fail[0].name if fail else "OK", remaining)
         if fail:
             context.abort(fail[0], "injected failure %d" % attempt)
         return request
@@ -93,6 +100,14 @@ def serve(args):
             context.abort(fail[0], "injected failure %d" % attempt)
         for i in range(len(request)):
             yield str(i).encode()
+
+    def watch(request, context):
+        md, attempt, fail = begin("/test.Echo/Watch", context)
+        log("/test.Echo/Watch", md, attempt, [request], "OK")
+        yield b"event"
+        time.sleep(int(md.get("x-sleep-ms", "0")) / 1000.0)
+        if fail:
+            context.abort(fail[0], "injected failure %d" % attempt)
 
     def bidi(request_iterator, context):
         md, attempt, fail = begin("/test.Echo/Bidi", context)
@@ -109,6 +124,7 @@ def serve(args):
         "Unary": grpc.unary_unary_rpc_method_handler(unary_of("/test.Echo/Unary")),
         "Slow": grpc.unary_unary_rpc_method_handler(unary_of("/test.Echo/Slow")),
         "Server": grpc.unary_stream_rpc_method_handler(server_stream),
+        "Watch": grpc.unary_stream_rpc_method_handler(watch),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
     })
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
@@ -137,9 +153,14 @@ def call(args):
                 resp, c = fut
                 out["messages"].append(resp.decode(errors="replace"))
             elif args.kind == "server":
+                t0 = time.monotonic()
                 c = ch.unary_stream(args.method)(msgs[0], timeout=args.timeout, metadata=md)
                 for m in c:
                     out["messages"].append(m.decode(errors="replace"))
+                    if args.first:
+                        out["first_ms"] = int((time.monotonic() - t0) * 1000)
+                        c.cancel()
+                        break
             else:
                 # a ping-pong: the next message goes only once the last one's echo came
                 gate = threading.Semaphore(0)
@@ -176,6 +197,7 @@ def main():
     c.add_argument("--message", action="append", default=[])
     c.add_argument("--metadata", action="append", default=[])
     c.add_argument("--timeout", type=float, default=10.0)
+    c.add_argument("--first", action="store_true")
     args = p.parse_args()
     serve(args) if args.cmd == "server" else call(args)
 

@@ -40,6 +40,8 @@ What a request gets comes from its fields:
   x-h2-close-after: 1  once the answer is whole, GOAWAY and close the connection
   x-h2-no-ack: 1     the request's DATA is never acknowledged: its stream's and the connection's
                      windows close (an upstream that reads nothing)
+  x-h2-no-trailers: 1  the answer ends with its last DATA frame, without trailers, even on a
+                       gRPC call or in "trailers"
 
 With --tls CERT KEY, connections are TLS: the server chooses by ALPN from --alpn (its own order
 of preference, comma-separated; default "h2"; "none": no ALPN) and records
@@ -197,6 +199,8 @@ class Conn:
         st.out = memoryview(data)
         grpc = self.field(st, "content-type", "").startswith("application/grpc")
         st.end_after = "trailers" if scenario == "trailers" or grpc else "end"
+        if self.field(st, "x-h2-no-trailers") is not None:
+            st.end_after = "end"
         st.grpc_status = self.field(st, "x-h2-grpc-status", "0") if scenario == "trailers" else "0"
 
     def pump(self):

@@ -249,6 +249,28 @@ Test(config, defaults_merge_field_by_field_into_routes)
     cfg_unref(c);
 }
 
+/* retry.grpc_hold_ms (docs/grpc.md "A status in trailers"): 500 by default, 0 turns holding
+ * off, set in defaults or per route; a bad value is named by its path. */
+Test(config, grpc_hold_ms_defaults_and_bounds)
+{
+    struct cfg *c = load("{\"defaults\": {\"retry\": {\"grpc_hold_ms\": 0}}, \"routes\": ["
+                         "{\"name\": \"a\", \"upstreams\": [\"h2c://h:1\"]},"
+                         "{\"name\": \"b\", \"upstreams\": [\"h2c://h:1\"],"
+                         " \"retry\": {\"grpc_hold_ms\": 2000}}]}");
+    cr_expect_eq(c->routes[0].retry.grpc_hold_ms, 0);
+    cr_expect_eq(c->routes[1].retry.grpc_hold_ms, 2000);
+    cr_expect_eq(c->defaults.retry.grpc_hold_ms, 0);
+    cfg_unref(c);
+    c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"h2c://h:1\"]}]}");
+    cr_expect_eq(c->routes[0].retry.grpc_hold_ms, 500);
+    cfg_unref(c);
+    char *e = load_errors("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"h2c://h:1\"],"
+                          " \"retry\": {\"grpc_hold_ms\": -1}}]}");
+    cr_expect_str_eq(e, "1:81: $.routes[0].retry.grpc_hold_ms: must be an integer from 0 to "
+                        "86400000, got -1\n");
+    free(e);
+}
+
 Test(config, upstreams_are_split_into_scheme_authority_and_base_path)
 {
     struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:81\","

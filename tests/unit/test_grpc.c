@@ -62,6 +62,24 @@ static int64_t to(const char *v)
     return grpc_timeout_parse(v, strlen(v), &ms) < 0 ? -1 : (int64_t)ms;
 }
 
+/* The status a client sees: grpc-status, head first; without one, a non-200 HTTP status as
+ * gRPC maps it; a 200 without one has none. */
+Test(grpc, the_status_a_client_sees)
+{
+    struct hlist head = { 0 }, trailers = { 0 };
+    cr_expect_eq(grpc_status_seen(503, &head, NULL), GRPC_UNAVAILABLE);
+    cr_expect_eq(grpc_status_seen(404, &head, &trailers), GRPC_UNIMPLEMENTED);
+    cr_expect_eq(grpc_status_seen(500, &head, NULL), GRPC_UNKNOWN);
+    cr_expect_eq(grpc_status_seen(200, &head, &trailers), -1);
+    cr_expect_eq(grpc_status_seen(0, &head, NULL), -1, "no response");
+    hlist_add(&trailers, "grpc-status", 11, "8", 1);
+    cr_expect_eq(grpc_status_seen(200, &head, &trailers), GRPC_RESOURCE_EXHAUSTED);
+    hlist_add(&head, "grpc-status", 11, "13", 2);
+    cr_expect_eq(grpc_status_seen(503, &head, &trailers), GRPC_INTERNAL, "the server's own");
+    hlist_free(&head);
+    hlist_free(&trailers);
+}
+
 Test(grpc, timeout_values_in_every_unit_rounded_up_to_milliseconds)
 {
     cr_expect_eq(to("1H"), 3600000);
