@@ -105,6 +105,31 @@ static int on_frame_send(nghttp2_session *sess, const nghttp2_frame *frame, void
     return 0;
 }
 
+static void on_tail(struct loop_timer *t)
+{
+    struct h2conn *c = t->arg;
+    uint64_t now = loop_now(c->hf->loop), next = 0;
+    for (struct h2stream *st = c->streams, *n; st; st = n) {
+        n = st->next;
+        if ((st->flags & (S_LOCAL_END | S_REMOTE_END | S_RESET)) != S_LOCAL_END)
+            continue;
+        if (now - st->local_end_ms >= H2_TAIL_MS)
+            h2c_reset_stream(st, NGHTTP2_NO_ERROR); /* RFC 9113 8.1: it may stop sending */
+        else if (!next || st->local_end_ms + H2_TAIL_MS < next)
+            next = st->local_end_ms + H2_TAIL_MS;
+    }
+    if (next)
+        loop_timer_start(c->hf->loop, t, next, on_tail, c);
+}
+
+void h2c_tail(struct h2conn *c, struct h2stream *st)
+{
+    struct loop *l = c->hf->loop;
+    st->local_end_ms = loop_now(l);
+    if (!c->closing && !loop_timer_armed(&c->tail_t))
+        loop_timer_start(l, &c->tail_t, st->local_end_ms + H2_TAIL_MS, on_tail, c);
+}
+
 /* ---- the connection ---- */
 
 static void conn_close(struct h2conn *c)
@@ -120,6 +145,7 @@ static void conn_close(struct h2conn *c)
     loop_watch_del(hf->loop, &c->watch);
     loop_timer_stop(hf->loop, &c->flush_t);
     loop_timer_stop(hf->loop, &c->idle_t);
+    loop_timer_stop(hf->loop, &c->tail_t);
     close(c->fd);
     free(c->out);
     hlist_free(&c->head.fields);

@@ -46,6 +46,10 @@
  * and what the client still sends is read and dropped for this long, so that the GOAWAY is
  * not lost to a reset (closing with unread bytes resets the connection). */
 #define H2_LINGER_MS 1000
+/* A stream whose answer is whole while its client's upload is not is reset NO_ERROR this long
+ * after our END_STREAM went (RFC 9113 8.1), unless more DATA comes first (reset at once). Not
+ * at once: curl 7.88 takes a reset read together with the answer for a failure. */
+#define H2_TAIL_MS 50
 /* The status the core gives a request whose client went away (nginx's 499). */
 #define CLIENT_CLOSED 499
 
@@ -86,6 +90,7 @@ struct h2stream {
     const struct hlist *head; /* the answer's upstream head (the core's), which the trailers'
                                * filter reads; NULL: none */
     struct front_tag tag;     /* ... and its tag (pointers into the request) */
+    uint64_t local_end_ms;    /* loop ms when our END_STREAM went */
     char *up; /* upload bytes the core has not taken yet (within the stream's window) */
     size_t up_off, up_len, up_cap;
 };
@@ -130,7 +135,8 @@ struct h2conn {
     struct share *share;       /* its streams' share of the upstream slots (proxy/share.h) */
     struct loop_watch watch;
     struct loop_timer flush_t, idle_t;
-    char *out; /* H2_OUT_CAP bytes */
+    struct loop_timer tail_t; /* resets streams answered whole whose upload goes on */
+    char *out;                /* H2_OUT_CAP bytes */
     size_t out_len;
     const uint8_t *pend; /* a frame from nghttp2 that did not fit in 'out' */
     size_t pend_len;
@@ -154,6 +160,9 @@ struct h2front {
 /* Has the connection's work (writing, offering kept uploads, a drain's GOAWAY) done at the end
  * of this loop turn, outside of nghttp2's callbacks and of the core's calls. */
 void h2c_schedule(struct h2conn *c);
+/* Our END_STREAM went on 'st' before the client's: it is reset NO_ERROR H2_TAIL_MS later if
+ * its client has not ended its upload by then. */
+void h2c_tail(struct h2conn *c, struct h2stream *st);
 /* Resets the stream (RST_STREAM 'code'), once. */
 void h2c_reset_stream(struct h2stream *st, uint32_t code);
 

@@ -293,7 +293,8 @@ void h2s_drain_upload(struct h2stream *st)
 
 /* Our END_STREAM went: a stream whose upload is refused is reset, and one whose client has
  * bytes kept too, at the next turn (curl 7.88 takes a reset read together with the answer for
- * a failure). Another whose client still sends is reset as more comes (h2s_on_data). */
+ * a failure). Another whose client has not ended its upload is reset as more comes
+ * (h2s_on_data), or H2_TAIL_MS later (h2c_tail), whichever is first. */
 void h2s_local_end(struct h2stream *st)
 {
     st->flags |= S_LOCAL_END;
@@ -302,6 +303,8 @@ void h2s_local_end(struct h2stream *st)
     } else if (st->up_len && !(st->flags & S_REMOTE_END)) {
         st->flags |= S_ROOM;
         h2c_schedule(st->c);
+    } else if (!(st->flags & S_REMOTE_END)) {
+        h2c_tail(st->c, st);
     }
 }
 

@@ -138,12 +138,35 @@ Test(h2_flow, an_upstreams_early_answer_ends_a_streamed_upload_at_once)
                h2u_url(h2, ""));
     fx_start_b(b, "--workers", "1", NULL);
     char line[512];
+    /* the client sends until its window closes, or (when the answer comes first, as on a slow
+     * machine) until it sees the answer's end */
     flow(line, sizeof(line), "stuck-upload %u /u/up 'x-h2-scenario:early-answer'", px->port);
     cr_expect_eq(field(line, "status"), 200, "%s", line);
     cr_expect_eq(field(line, "ended"), 1, "%s", line);
     cr_expect_eq(field(line, "reset"), 0, "no RST_STREAM NO_ERROR: %s", line);
     cr_expect_lt(field(line, "reset_ms"), 3000, "%s", line);
     cr_expect_eq(h2u_count(h2, "action", "early-answer"), 1);
+}
+
+/* A client that sends a little of its upload, then nothing (its window open), while the answer
+ * comes whole: its stream is reset NO_ERROR soon after the answer's end (50 ms, RFC 9113 8.1),
+ * not left open until it leaves. */
+Test(h2_flow, a_quiet_upload_is_reset_soon_after_a_whole_answer)
+{
+    h2 = h2u_start();
+    fx_upstreams(1);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "u",
+               "\"match\": {\"path_prefix\": \"/u\"}, \"upstreams\": [\"%s\"], "
+               "\"timeout_ms\": 15000, \"retry\": {\"max_retry_body_bytes\": 0, " CFG_FAST "}",
+               h2u_url(h2, ""));
+    fx_start_b(b, "--workers", "1", NULL);
+    char line[512];
+    flow(line, sizeof(line), "stuck-upload %u /u/up 'x-h2-scenario:early-answer' 1000", px->port);
+    cr_expect_eq(field(line, "status"), 200, "%s", line);
+    cr_expect_eq(field(line, "ended"), 1, "%s", line);
+    cr_expect_eq(field(line, "reset"), 0, "no RST_STREAM NO_ERROR: %s", line);
+    cr_expect_lt(field(line, "reset_ms"), 2000, "%s", line);
 }
 
 /* ---- trailers ---- */

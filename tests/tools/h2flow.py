@@ -8,9 +8,10 @@ results ("key value" pairs) on stdout for the test to check:
   call PORT PATH METHOD SIZE FIELDS  one request (a body of SIZE bytes, FIELDS "name:value;..."),
                                      read whole: its status, body bytes, end or reset, and each
                                      trailer as "t:NAME VALUE"
-  stuck-upload PORT PATH FIELDS      a POST whose body is sent until its window stays closed,
-                                     then waits for the answer: how long after the answer's end
-                                     the stream was reset ("reset_ms", -1 if never)
+  stuck-upload PORT PATH FIELDS [N]  a POST whose body is sent until its window stays closed
+                                     (or N bytes of it are, without END_STREAM), then waits for
+                                     the answer: how long after the answer's end the stream was
+                                     reset ("reset_ms", -1 if never)
   cancelled-uploads PORT PATH FIELDS N THEN SIZE
                                      N POSTs to PATH sent until their windows close, then each
                                      reset (CANCEL); then a POST of SIZE bytes to THEN on the
@@ -108,12 +109,17 @@ def fill(s, c, r, sids, quiet=0.5):
     return sent
 
 
-def stuck_upload(port, path, fields):
+def stuck_upload(port, path, fields, limit=None):
     s, c = connect(port)
     r = Result()
     c.send_headers(1, headers(port, path, "POST", fields_of(fields)))
     sendall(s, c, r)
-    sent = fill(s, c, r, [1])
+    if limit is None:
+        sent = fill(s, c, r, [1])
+    else:
+        c.send_data(1, b"u" * limit)
+        sendall(s, c, r)
+        sent = limit
     pump(s, c, r, 10, until=lambda x: 1 in x.ended or 1 in x.reset)
     t_end = time.monotonic()
     pump(s, c, r, 4, until=lambda x: 1 in x.reset)
@@ -231,7 +237,7 @@ def main():
     if a[0] == "call":
         call(port, a[2], a[3], int(a[4]), a[5])
     elif a[0] == "stuck-upload":
-        stuck_upload(port, a[2], a[3])
+        stuck_upload(port, a[2], a[3], int(a[4]) if len(a) > 4 else None)
     elif a[0] == "cancelled-uploads":
         cancelled_uploads(port, a[2], a[3], int(a[4]), a[5], int(a[6]))
     elif a[0] == "many":
