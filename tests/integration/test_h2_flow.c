@@ -40,21 +40,10 @@ TestSuite(h2_flow, .fini = stop, .timeout = 90);
 static void flow(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void flow(char *out, size_t cap, const char *fmt, ...)
 {
-    char *args = NULL, *cmd = NULL;
     va_list ap;
     va_start(ap, fmt);
-    cr_assert_geq(vasprintf(&args, fmt, ap), 0);
+    h2u_vtool(out, cap, FLOW, fmt, ap);
     va_end(ap);
-    cr_assert_geq(asprintf(&cmd, FLOW " %s", args), 0);
-    free(args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    out[0] = '\0';
-    if (!fgets(out, (int)cap, p))
-        out[0] = '\0';
-    int rc = pclose(p);
-    cr_assert_eq(rc, 0, "%.200s exited %d (output: %s)", cmd, rc, out);
-    free(cmd);
 }
 
 static long field(const char *line, const char *key)
@@ -102,21 +91,29 @@ Test(h2_flow, a_saved_response_keeps_its_trailers_and_ends_with_or_without_a_bod
     cr_expect_eq(h2u_count(h2, "request_id", "saved-2"), 1);
 }
 
-/* An upload the answer overtook (here the route's deadline, the upstream reading nothing): the
- * client's window is closed by bytes nobody will take, so the stream is reset NO_ERROR once the
- * answer is whole (RFC 9113 8.1) instead of living until the client leaves. */
-Test(h2_flow, an_upload_held_when_the_answer_is_whole_gets_a_no_error_reset)
+/* A route /u to the scripted HTTP/2 upstream, with 'timeout_ms' and uploads streamed (never
+ * kept), and h2flow.py's stuck-upload POST to it with 'args' (its fields, and how much to send):
+ * the result line in out[cap]. */
+static void stuck_upload(char *out, size_t cap, int timeout_ms, const char *args)
 {
     h2 = h2u_start();
     fx_upstreams(1);
     struct cfgb *b = cfgb_new();
     cfgb_route(b, "u",
                "\"match\": {\"path_prefix\": \"/u\"}, \"upstreams\": [\"%s\"], "
-               "\"timeout_ms\": 3000, \"retry\": {\"max_retry_body_bytes\": 0, " CFG_FAST "}",
-               h2u_url(h2, ""));
+               "\"timeout_ms\": %d, \"retry\": {\"max_retry_body_bytes\": 0, " CFG_FAST "}",
+               h2u_url(h2, ""), timeout_ms);
     fx_start_b(b, "--workers", "1", NULL);
+    flow(out, cap, "stuck-upload %u /u/up %s", px->port, args);
+}
+
+/* An upload the answer overtook (here the route's deadline, the upstream reading nothing): the
+ * client's window is closed by bytes nobody will take, so the stream is reset NO_ERROR once the
+ * answer is whole (RFC 9113 8.1) instead of living until the client leaves. */
+Test(h2_flow, an_upload_held_when_the_answer_is_whole_gets_a_no_error_reset)
+{
     char line[512];
-    flow(line, sizeof(line), "stuck-upload %u /u/up 'x-h2-no-ack:1'", px->port);
+    stuck_upload(line, sizeof(line), 3000, "'x-h2-no-ack:1'");
     cr_expect_eq(field(line, "status"), 504, "%s", line);
     cr_expect_eq(field(line, "ended"), 1, "%s", line);
     cr_expect_gt(field(line, "sent"), 65535, "the upload never filled its window: %s", line);
@@ -129,18 +126,10 @@ Test(h2_flow, an_upload_held_when_the_answer_is_whole_gets_a_no_error_reset)
  * bytes nobody will take, is reset NO_ERROR (issue 26 items 1 and 3 together). */
 Test(h2_flow, an_upstreams_early_answer_ends_a_streamed_upload_at_once)
 {
-    h2 = h2u_start();
-    fx_upstreams(1);
-    struct cfgb *b = cfgb_new();
-    cfgb_route(b, "u",
-               "\"match\": {\"path_prefix\": \"/u\"}, \"upstreams\": [\"%s\"], "
-               "\"timeout_ms\": 15000, \"retry\": {\"max_retry_body_bytes\": 0, " CFG_FAST "}",
-               h2u_url(h2, ""));
-    fx_start_b(b, "--workers", "1", NULL);
     char line[512];
     /* the client sends until its window closes, or (when the answer comes first, as on a slow
      * machine) until it sees the answer's end */
-    flow(line, sizeof(line), "stuck-upload %u /u/up 'x-h2-scenario:early-answer'", px->port);
+    stuck_upload(line, sizeof(line), 15000, "'x-h2-scenario:early-answer'");
     cr_expect_eq(field(line, "status"), 200, "%s", line);
     cr_expect_eq(field(line, "ended"), 1, "%s", line);
     cr_expect_eq(field(line, "reset"), 0, "no RST_STREAM NO_ERROR: %s", line);
@@ -153,16 +142,8 @@ Test(h2_flow, an_upstreams_early_answer_ends_a_streamed_upload_at_once)
  * not left open until it leaves. */
 Test(h2_flow, a_quiet_upload_is_reset_soon_after_a_whole_answer)
 {
-    h2 = h2u_start();
-    fx_upstreams(1);
-    struct cfgb *b = cfgb_new();
-    cfgb_route(b, "u",
-               "\"match\": {\"path_prefix\": \"/u\"}, \"upstreams\": [\"%s\"], "
-               "\"timeout_ms\": 15000, \"retry\": {\"max_retry_body_bytes\": 0, " CFG_FAST "}",
-               h2u_url(h2, ""));
-    fx_start_b(b, "--workers", "1", NULL);
     char line[512];
-    flow(line, sizeof(line), "stuck-upload %u /u/up 'x-h2-scenario:early-answer' 1000", px->port);
+    stuck_upload(line, sizeof(line), 15000, "'x-h2-scenario:early-answer' 1000");
     cr_expect_eq(field(line, "status"), 200, "%s", line);
     cr_expect_eq(field(line, "ended"), 1, "%s", line);
     cr_expect_eq(field(line, "reset"), 0, "no RST_STREAM NO_ERROR: %s", line);

@@ -114,15 +114,11 @@ void h2u_stop_all(void)
     n_running = 0;
 }
 
-void h2u_peer(char *out, size_t cap, const char *fmt, ...)
+void h2u_vtool(char *out, size_t cap, const char *tool, const char *fmt, va_list ap)
 {
     char *args = NULL, *cmd = NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vasprintf(&args, fmt, ap);
-    va_end(ap);
-    cr_assert_geq(n, 0);
-    cr_assert_geq(asprintf(&cmd, H2U_PEER " %s", args), 0);
+    cr_assert_geq(vasprintf(&args, fmt, ap), 0);
+    cr_assert_geq(asprintf(&cmd, "%s %s", tool, args), 0);
     free(args);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
@@ -132,6 +128,14 @@ void h2u_peer(char *out, size_t cap, const char *fmt, ...)
     int rc = pclose(p);
     cr_assert_eq(rc, 0, "%.200s exited %d (output: %s)", cmd, rc, out);
     free(cmd);
+}
+
+void h2u_peer(char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    h2u_vtool(out, cap, H2U_PEER, fmt, ap);
+    va_end(ap);
 }
 
 long h2u_peer_field(const char *line, const char *key)

@@ -13,6 +13,7 @@
 #define RETRYPROXY_TESTS_SUPPORT_H2U_H
 
 #include <jansson.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,9 @@ void h2u_stop_all(void);
  * (its scenarios are described at its top), asserting it exits 0; its result line ("key value"
  * pairs) in out[cap]. */
 void h2u_peer(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The same with another client script, 'tool' (its command line), and a va_list. */
+void h2u_vtool(char *out, size_t cap, const char *tool, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 /* The number after "key " in a result line, -1 if absent or not a number. */
 long h2u_peer_field(const char *line, const char *key);
 
