@@ -483,7 +483,9 @@ Test(scale, a_slow_readers_kernel_send_queue_is_bounded_by_send_buffer_bytes)
 {
     long q = queued_for_slow_reader("\"limits\": {\"send_buffer_bytes\": 65536}");
     cr_expect_gt(q, 0, "nothing queued: the test measures nothing");
-    cr_expect_leq(q, 2 * 65536, "%ld bytes queued for a client that reads nothing", q);
+    /* the kernel lets one write past the limit (it checks the room before queueing it): seen
+     * 147,456 bytes, 16 KiB over, now and then; a 64 KiB write at most */
+    cr_expect_leq(q, 3 * 65536, "%ld bytes queued for a client that reads nothing", q);
 }
 
 Test(scale, without_send_buffer_bytes_the_kernel_queues_megabytes_for_a_slow_reader)
