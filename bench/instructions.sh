@@ -1,0 +1,60 @@
+#!/bin/bash
+# bench/instructions.sh -- instructions per request of the proxy (valgrind's callgrind counts
+# instructions, not time: the same on a quiet or a busy machine), for an A/B of the request path.
+#
+#   bench/instructions.sh BIN h1|h2 [N1 N2]
+#
+# Starts BIN with one worker under callgrind, sends N1 requests (h2load -c4; "h1": HTTP/1.1 to
+# the test upstream over http://, "h2": h2c with 4 streams a connection to nghttpd over h2c://),
+# then again with N2, and prints the difference over N2 - N1 requests, so that start-up and
+# shutdown cancel out. HTTP/2's framing batches differently from run to run: take the median of
+# several runs, alternating the builds.
+set -euo pipefail
+BIN=$1
+MODE=$2
+N1=${3:-1000}
+N2=${4:-3000}
+UPB=${UPB:-build/tests/upstream}
+DIR=$(mktemp -d /tmp/retryproxy-instr-XXXXXX)
+. "$(dirname "$0")/h2lib.sh"
+need valgrind:valgrind h2load:nghttp2-client nghttpd:nghttp2-server
+count() {
+    local n=$1 d up px url lp
+    d=$(mktemp -d "$DIR/run-XXXXXX")
+    if [ "$MODE" = h1 ]; then
+        "$UPB" --port 0 > "$d/up.out" 2>&1 & up=$!
+        PIDS+=("$up")
+        for _ in $(seq 50); do
+            url=$(grep -o ':[0-9]\+' "$d/up.out" | head -1 | tr -d :) && [ -n "$url" ] && break
+            sleep 0.1
+        done
+        url="http://127.0.0.1:$url"
+    else
+        local p
+        p=$(free_port)
+        echo ok > "$d/ok"
+        nghttpd --no-tls -d "$d" "$p" > /dev/null 2>&1 & up=$!
+        PIDS+=("$up")
+        sleep 0.5
+        url="h2c://127.0.0.1:$p"
+    fi
+    lp=$(free_port)
+    printf '{"listen": "127.0.0.1:%s", "log": {"level": "warn"},\n "routes": [{"name": "ok", "upstreams": ["%s"]}]}\n' \
+        "$lp" "$url" > "$d/c.json"
+    valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "$BIN" -c "$d/c.json" --workers 1 \
+        > "$d/px.log" 2>&1 & px=$!
+    PIDS+=("$px")
+    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$lp") 2>/dev/null && break; sleep 0.2; done
+    if [ "$MODE" = h1 ]; then
+        h2load --h1 -c 4 -n "$n" "http://127.0.0.1:$lp/ok" > "$d/h2load.out"
+    else
+        h2load -c 4 -m 4 -n "$n" "http://127.0.0.1:$lp/ok" > "$d/h2load.out"
+    fi
+    grep -q "$n succeeded" "$d/h2load.out" || { cat "$d/h2load.out" >&2; exit 1; }
+    kill -TERM "$px"; wait "$px" || true
+    kill "$up" 2>/dev/null || true
+    grep -m1 '^summary\|^totals' "$d/cg.out" | awk '{print $2}'
+}
+a=$(count "$N1")
+b=$(count "$N2")
+echo "$MODE: $(( (b - a) / (N2 - N1) )) instructions per request ($a for $N1, $b for $N2)"
