@@ -110,6 +110,19 @@ static void wait_unlink(struct upstream *u, struct upstream_wait *wt)
     wt->parked = NULL;
 }
 
+/* Puts 'wt' (out of every list) last in the list of 'head' and 'tail'. */
+static void wait_append(struct upstream_wait **head, struct upstream_wait **tail,
+                        struct upstream_wait *wt)
+{
+    wt->next = NULL;
+    wt->prev = *tail;
+    if (*tail)
+        (*tail)->next = wt;
+    else
+        *head = wt;
+    *tail = wt;
+}
+
 /* Puts 'wt' (out of every list) first in the queue. */
 static void wait_front(struct upstream *u, struct upstream_wait *wt)
 {
@@ -131,12 +144,7 @@ static void on_wake(struct loop_timer *t)
             /* passed over until its share has room (drop_slot puts it back in front) */
             wait_unlink(u, wt);
             wt->parked = s;
-            wt->prev = s->parked_tail;
-            if (s->parked_tail)
-                s->parked_tail->next = wt;
-            else
-                s->parked_head = wt;
-            s->parked_tail = wt;
+            wait_append(&s->parked_head, &s->parked_tail, wt);
             continue;
         }
         /* a connection's share outlives the wait until the transfer holds it */
@@ -670,13 +678,7 @@ void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn 
             share_ref(wt->share[i]);
     wt->go = go;
     wt->queued = true;
-    wt->next = NULL;
-    wt->prev = u->wait_tail;
-    if (u->wait_tail)
-        u->wait_tail->next = wt;
-    else
-        u->wait_head = wt;
-    u->wait_tail = wt;
+    wait_append(&u->wait_head, &u->wait_tail, wt);
     slot_freed(u);
 }
 
