@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "config/cfg.h"
 #include "policy/backoff.h"
@@ -121,7 +122,8 @@ static const char *default_config(void)
  * prints every error to 'out' and returns NULL. */
 static struct cfg *load_or_report(const char **path_io, FILE *out)
 {
-    if (!*path_io)
+    bool given = *path_io != NULL;
+    if (!given)
         *path_io = default_config();
     const char *path = *path_io;
     struct cfg_errs errs;
@@ -132,6 +134,15 @@ static struct cfg *load_or_report(const char **path_io, FILE *out)
         fflush(out);
         fprintf(stderr, "retryproxy: %s: %zu error%s\n", path, errs.n + errs.dropped,
                 errs.n + errs.dropped == 1 ? "" : "s");
+        /* a first run without -c: say how to name the file rather than only that it is not
+         * at the default place */
+        if (!given && access(path, F_OK) != 0) {
+            const char *env = getenv("RETRYPROXY_CONFIG");
+            fprintf(stderr,
+                    "retryproxy: no config file at %s (%s): name one with -c FILE or "
+                    "RETRYPROXY_CONFIG=FILE\n",
+                    path, env && *env ? "from $RETRYPROXY_CONFIG" : "the default");
+        }
     }
     cfg_errs_clear(&errs);
     return c;

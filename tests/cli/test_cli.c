@@ -142,6 +142,35 @@ Test(cli, check_reports_a_missing_file)
     proc_result_free(&r);
 }
 
+/* Issue 27: a first run without -c said only that the default path cannot be opened. */
+Test(cli, missing_config_without_c_says_how_to_name_one)
+{
+    char *env_file[] = { "RETRYPROXY_CONFIG=/nonexistent/rp.json", NULL };
+    struct proc_result r = rp_env(env_file, "check", NULL);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err,
+                     "retryproxy: no config file at /nonexistent/rp.json (from "
+                     "$RETRYPROXY_CONFIG): name one with -c FILE or RETRYPROXY_CONFIG=FILE\n"),
+              "%s", r.err);
+    proc_result_free(&r);
+
+    /* the default path, where this machine has no file there (an empty variable is unset) */
+    char *env_empty[] = { "RETRYPROXY_CONFIG=", NULL };
+    if (access("/etc/retryproxy/config.json", F_OK) != 0) {
+        r = rp_env(env_empty, "--listen", "127.0.0.1:0", NULL);
+        cr_expect_eq(r.status, 1);
+        cr_expect(strstr(r.err, "retryproxy: no config file at /etc/retryproxy/config.json (the "
+                                "default): name one with -c FILE or RETRYPROXY_CONFIG=FILE\n"),
+                  "%s", r.err);
+        proc_result_free(&r);
+    }
+
+    /* a file named with -c is the user's own: no hint */
+    r = rp("check", "-c", "/nonexistent/rp.json");
+    cr_expect_null(strstr(r.err, "no config file"), "%s", r.err);
+    proc_result_free(&r);
+}
+
 Test(cli, check_print_shows_the_effective_config)
 {
     struct proc_result r = rp("check", "-c", VALID "/minimal.json", "--print");
