@@ -137,8 +137,8 @@ static enum MHD_Result get_config(struct admin *a, struct MHD_Connection *c)
     return send_json(c, MHD_HTTP_OK, j, NULL);
 }
 
-/* A whole decimal number in [0, max], or -1. */
-static long long parse_arg(const char *s, unsigned long long max)
+/* A whole decimal number in [0, max] in *out and 0, or -1. */
+static int parse_u64(const char *s, unsigned long long max, unsigned long long *out)
 {
     if (!s || !*s)
         return -1;
@@ -148,7 +148,15 @@ static long long parse_arg(const char *s, unsigned long long max)
             return -1;
         v = v * 10 + (unsigned)(*p - '0');
     }
-    return (long long)v;
+    *out = v;
+    return 0;
+}
+
+/* The same, small enough for a long long, or -1. */
+static long long parse_arg(const char *s, unsigned long long max)
+{
+    unsigned long long v;
+    return parse_u64(s, max, &v) < 0 ? -1 : (long long)v;
 }
 
 static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
@@ -162,18 +170,17 @@ static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
     if (retries == -1)
         return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                           "retries must be a whole number from 0 to 1000", NULL);
-    uint64_t seed;
+    unsigned long long seed;
     if (seed_s) {
-        /* parse without a sign or base, up to 2^63-1 (JSON integers are signed) */
-        long long v = parse_arg(seed_s, (unsigned long long)INT64_MAX);
-        if (v < 0)
+        /* without a sign or base, up to 2^64-1 as `schedule --seed` takes */
+        if (parse_u64(seed_s, UINT64_MAX, &seed) < 0)
             return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                              "seed must be a whole number from 0 to 2^63-1", NULL);
-        seed = (uint64_t)v;
-    } else if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
-        seed = (uint64_t)time(NULL);
+                              "seed must be a whole number from 0 to 2^64-1", NULL);
+    } else {
+        if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
+            seed = (unsigned long long)time(NULL);
+        seed &= INT64_MAX; /* a seed of our own fits any JSON reader's signed integers */
     }
-    seed &= (uint64_t)INT64_MAX;
 
     struct rt *rt = rt_cell_get(&a->px->cell);
     const struct cfg_route *r = cfg_route_by_name(rt->cfg, name);
@@ -192,10 +199,20 @@ static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
             json_array_append_new(delays, json_integer(d[i]));
     }
     free(d);
-    json_t *j = json_pack("{s:s, s:o, s:I}", "route", r->name, "delays_ms", delays, "seed",
-                          (json_int_t)seed);
+    json_t *j = json_pack("{s:s, s:o}", "route", r->name, "delays_ms", delays);
     rt_unref(rt);
-    return send_json(c, MHD_HTTP_OK, j, NULL);
+    /* jansson's integers are signed: the seed, up to 2^64-1, is written after them */
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    size_t len = text ? strlen(text) : 0;
+    char *body = len ? malloc(len + 32) : NULL;
+    if (!body) {
+        free(text);
+        return MHD_NO;
+    }
+    len = (size_t)snprintf(body, len + 32, "%.*s,\"seed\":%llu}\n", (int)(len - 1), text, seed);
+    free(text);
+    return send_text(c, MHD_HTTP_OK, "application/json", body, len, MHD_RESPMEM_MUST_FREE, NULL);
 }
 
 /* One upstream's health as /upstreams shows it, at loop time 'now' and wall time 'wall_ms'. */

@@ -771,6 +771,38 @@ Test(admin, schedule_seed_makes_jitter_repeatable)
     json_decref(j);
 }
 
+/* Issue 27: the CLI took seeds up to 2^64-1, /schedule up to 2^63-1. The largest gives the
+ * delays `schedule --seed` prints for it, and is answered as given. */
+Test(admin, schedule_takes_the_seeds_the_cli_takes)
+{
+    start("\"retry\": {\"max_attempts\": 6, \"backoff\": {\"base_ms\": 100, \"jitter\": "
+          "\"full\"}}");
+    const char *top = "18446744073709551615";
+    struct http_resp r;
+    admin_do("GET", "/schedule?route=r&seed=18446744073709551615", &r);
+    cr_assert_eq(r.status, 200, "%s", r.body ? (char *)r.body : "");
+    char *body = strndup((const char *)r.body, r.body_len);
+    http_free(&r);
+    cr_expect(strstr(body, ",\"seed\":18446744073709551615}\n"), "%s", body);
+    char *argv[] = { (char *)proc_bin(), "schedule",  "-c", px->cfg_path, "--route", "r",
+                     "--seed",           (char *)top, NULL };
+    struct proc_result pr;
+    cr_assert_eq(proc_run(argv, NULL, 10000, &pr), 0);
+    cr_assert_eq(pr.status, 0, "%s", pr.err);
+    /* "100 37 ...\n" against "[100,37,...]" */
+    char want[256];
+    size_t n = 0;
+    for (const char *p = pr.out; *p && *p != '\n' && n + 1 < sizeof(want); p++)
+        want[n++] = *p == ' ' ? ',' : *p;
+    want[n] = '\0';
+    char delays[300];
+    snprintf(delays, sizeof(delays), "\"delays_ms\":[%s]", want);
+    cr_expect(strstr(body, delays), "CLI printed %s, admin answered %s", pr.out, body);
+    proc_result_free(&pr);
+    free(body);
+    json_decref(admin_json("GET", "/schedule?route=r&seed=18446744073709551616", 400));
+}
+
 Test(admin, schedule_rejects_bad_arguments)
 {
     start("");
