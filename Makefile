@@ -7,7 +7,9 @@
 #   make format       rewrite sources in .clang-format style; make format-check only checks
 #
 # Dependencies come from Debian's packages. When pkg-config cannot find them, the build installs
-# them with apt-get if it runs as root, and otherwise prints the one command to run.
+# them with apt-get if it runs as root, and otherwise prints the one command to run. Building and
+# running the proxy (make, make run, make demo-upstream) needs the build libraries only
+# (deps-core); the tests' libraries and tools (deps-test) come with make test and check-tests.
 
 CC ?= cc
 BUILD ?= build
@@ -16,9 +18,11 @@ SAN ?=
 TEST_JOBS ?= 2
 
 PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev pkg-config
+# The suites' own: Criterion, libyaml (tests/cli/test_deploy.c), the openssl command (test
+# certificates).
 TEST_PKGS := criterion yaml-0.1
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libcriterion-dev \
-            pkg-config openssl libyaml-dev
+TEST_APT_PKGS := libcriterion-dev libyaml-dev openssl
 
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
         -Wimplicit-fallthrough
@@ -59,33 +63,39 @@ BIN := $(BUILD)/retryproxy
 .PHONY: all deps test check-tests asan run demo-upstream docs format format-check clean
 all: $(BIN)
 
-deps: deps-core
-
-deps-core:
-	@if ! pkg-config --exists $(PKGS) $(TEST_PKGS) 2>/dev/null || \
-	   { [ -n "$(TEST_PKGS)" ] && ! command -v openssl >/dev/null; }; then \
+# Installs what is missing of 'pkgs' (apt names) when 'cond' (a shell test) says so.
+# $(call apt_deps,COND,PKGS,WHAT)
+apt_deps = if $(1); then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing build dependencies: $(APT_PKGS)"; \
+	    echo "installing $(3): $(2)"; \
 	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get install -y -q $(APT_PKGS) >/dev/null 2>&1 || \
-	      { apt-get update -q >/dev/null && apt-get install -y -q $(APT_PKGS) >/dev/null; } || \
-	      { echo "apt-get could not install: $(APT_PKGS)" >&2; exit 1; }; \
+	    apt-get install -y -q $(2) >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q $(2) >/dev/null; } || \
+	      { echo "apt-get could not install: $(2)" >&2; exit 1; }; \
 	  else \
-	    echo "missing build dependencies; install them with:" >&2; \
-	    echo "  sudo apt-get install -y $(APT_PKGS)" >&2; \
+	    echo "missing $(3); install them with:" >&2; \
+	    echo "  sudo apt-get install -y $(2)" >&2; \
 	    exit 1; \
 	  fi; \
 	fi
 
+deps: deps-core deps-test
+
+deps-core:
+	@$(call apt_deps,! pkg-config --exists $(PKGS) 2>/dev/null,$(APT_PKGS),build dependencies)
+
+# After deps-core: two apt-get installs at once (make -j) fail on dpkg's lock.
+deps-test: deps-core promtool h2tools
+TEST_MISSING = ! pkg-config --exists $(TEST_PKGS) 2>/dev/null || ! command -v openssl >/dev/null
+deps-test-libs: deps-core
+	@$(call apt_deps,$(TEST_MISSING),$(TEST_APT_PKGS),test dependencies)
+
 # promtool (Debian's prometheus package) checks the /metrics output and the shipped alerting
 # rules in the tests. Installed as root; where it cannot be (not root, no apt-get), those checks
 # say they were skipped (tests/cli/test_monitoring fails instead when it could have been).
-ifneq ($(TEST_PKGS),)
-deps: promtool h2tools
-endif
 PROM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	prometheus >/dev/null 2>&1
-.PHONY: deps-core promtool h2tools
+.PHONY: deps-core deps-test deps-test-libs promtool h2tools
 # The HTTP/2 and gRPC tests drive the proxy with curl, nghttp and h2load (nghttp2-client), raw
 # frames from python3-h2 (tests/tools/h2peer.py, the scripted upstream tests/tools/h2_upstream.py)
 # a real gRPC client and server from python3-grpcio (tests/tools/grpc_peer.py), and a real
@@ -95,7 +105,7 @@ PROM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install
 H2_APT_PKGS := curl nghttp2-client python3-h2 python3-grpcio python3-websockets
 H2_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	$(H2_APT_PKGS) >/dev/null 2>&1
-h2tools: deps-core
+h2tools: deps-test-libs
 	@{ command -v h2load >/dev/null && command -v curl >/dev/null && \
 	   /usr/bin/python3 -c 'import h2, grpc, websockets' 2>/dev/null; } || \
 	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
@@ -103,21 +113,28 @@ h2tools: deps-core
 	  { $(H2_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(H2_INSTALL); }; }; } || \
 	  echo "HTTP/2 test tools missing; install them with: sudo apt-get install -y $(H2_APT_PKGS)"
 
-# After h2tools: two apt-get installs at once (make -j) fail on dpkg's lock.
-promtool: deps-core h2tools
+# After h2tools, for dpkg's lock.
+promtool: h2tools
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  echo "installing promtool (prometheus) for the metrics and alerting rules tests" && \
 	  { $(PROM_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(PROM_INSTALL); }; }; } || \
 	  echo "promtool unavailable: the metrics and rules checks will be skipped (as root they fail)"
 
-$(BUILD)/obj/%.o: %.c | deps
+$(BUILD)/obj/%.o: %.c | deps-core
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -c $< -o $@
+
+# The suites' support code but what the tools link (Criterion, libyaml): after the test
+# dependencies.
+TOOL_SUPPORT_OBJ := $(BUILD)/obj/tests/support/tup.o $(BUILD)/obj/tests/support/proc.o
+$(filter-out $(TOOL_SUPPORT_OBJ),$(SUPPORT_OBJ)): $(BUILD)/obj/%.o: %.c | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -c $< -o $@
 
 $(BIN): $(BUILD)/obj/proxy/main.o $(BUILD)/obj/proxy/recv_hook.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS)
 
-$(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps
+$(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(LIB_OBJ) $(SUPPORT_OBJ) $(LDFLAGS_ALL) \
 	  $(PKG_LIBS) $(TEST_LIBS)
@@ -129,21 +146,20 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps
 #   suite's own fakes (proxy/attempt.o left out) and a front end of its own as the client side.
 DECIDE_OBJ := $(filter $(BUILD)/obj/policy/% $(BUILD)/obj/config/%,$(LIB_OBJ)) \
               $(addprefix $(BUILD)/obj/proxy/,decide.o hlist.o headers.o live.o strmap.o)
-$(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_OBJ) | deps
+$(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_OBJ) | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags jansson) -o $@ $< $(DECIDE_OBJ) \
 	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
 
 FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,attempt.o),$(LIB_OBJ))
-$(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) | deps
+$(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(FAKED_OBJ) $(LDFLAGS_ALL) $(PKG_LIBS) \
 	  $(TEST_LIBS)
 
 # Tools are standalone programs: the test upstream and process helpers only, no Criterion (whose
 # sandbox would take over a tool started from inside a test).
-TOOL_SUPPORT_OBJ := $(BUILD)/obj/tests/support/tup.o $(BUILD)/obj/tests/support/proc.o
-$(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) | deps
+$(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) | deps-core
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) $(LDFLAGS_ALL) \
 	  $(PKG_LIBS)
@@ -171,11 +187,15 @@ EXAMPLE_CONFIG := deploy/config.json
 run: $(BIN)
 	$(BIN) -c $(EXAMPLE_CONFIG)
 
-# A test upstream for trying `make run` by hand: on 127.0.0.1:9001, it fails the first two
-# attempts of every request (per X-Request-Id) with 503, then answers 200.
+# Test upstreams for trying `make run` by hand, one for each upstream of $(EXAMPLE_CONFIG): on
+# 127.0.0.1:9001 one that fails the first two attempts of every request (per X-Request-Id) with
+# 503, then answers 200; on 127.0.0.1:9002 one that answers 200 at once (its "listening" line
+# is not shown). The first runs in the background and stops with the second (Ctrl-C).
 DEMO_PLAN ?= fail=2;status=503
 demo-upstream: $(BUILD)/tests/upstream
-	$(BUILD)/tests/upstream --port 9001 --plan '$(DEMO_PLAN)'
+	@$(BUILD)/tests/upstream --port 9001 --plan '$(DEMO_PLAN)' & pid=$$!; \
+	  trap 'kill $$pid 2>/dev/null' EXIT INT TERM; \
+	  $(BUILD)/tests/upstream --port 9002 >/dev/null
 
 # docs/config.md and docs/metrics.md: each page's text up to its marker line, then the reference
 # generated from the table it documents, the schema table or the metrics table (CLI tests fail
