@@ -4,6 +4,7 @@
  */
 #include "proxy/req.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -135,7 +136,18 @@ void edge_begin(struct retry_req *r, const char *method)
         r->target[0] = '\0';
         r->state = RS_BODY;
         set_request_id(r, NULL, 0);
-        edge_error(r, status, code, wire_reason_text(r->refused));
+        const char *text = wire_reason_text(r->refused);
+        char figures[128];
+        if (r->refused == WIRE_HEAD_TOO_LARGE) {
+            /* the limit in force: the one the proxy started with */
+            uint32_t max = w->px->head_max ? w->px->head_max : r->cfg->max_header_bytes;
+            snprintf(figures, sizeof(figures),
+                     "request headers larger than limits.max_header_bytes (%" PRIu32
+                     " bytes) or %d fields",
+                     max, WIRE_FIELDS_MAX);
+            text = figures;
+        }
+        edge_error(r, status, code, text);
         return;
     }
     snprintf(r->method, sizeof(r->method), "%s", method);

@@ -27,6 +27,7 @@ struct proxy {
     /* Upgraded connections open in every worker, against limits.max_tunnels. */
     atomic_uint tunnels;
     unsigned n_workers;
+    uint32_t head_max; /* limits.max_header_bytes as started with (read at start only) */
 };
 
 #endif

@@ -201,6 +201,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     rt_cell_init(&px.cell);
     atomic_init(&px.draining, false);
     px.n_workers = n;
+    px.head_max = cfg->max_header_bytes;
     px.metrics = metrics_new(n);
     px.live = live_new();
     metrics_set_upstreams(px.metrics, live_upstream_rows, px.live);

@@ -91,7 +91,7 @@ static const char *const reason_text[] = {
     [WIRE_NO_HOST] = "an HTTP/1.1 request without Host",
     [WIRE_TWO_HOSTS] = "two Host headers",
     [WIRE_TARGET_TOO_LONG] = "a request line longer than 8 KiB",
-    [WIRE_HEAD_TOO_LARGE] = "request headers larger than 16 KiB or 100 fields",
+    [WIRE_HEAD_TOO_LARGE] = "request headers larger than limits.max_header_bytes or 100 fields",
     [WIRE_HEAD_TIMEOUT] = "the request headers did not arrive within limits.header_timeout_ms",
     [WIRE_BAD_CHUNK] = "malformed chunked framing",
 };

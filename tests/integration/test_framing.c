@@ -414,7 +414,8 @@ static size_t sized_head(char *out, size_t cap, size_t total, int fields)
 }
 
 /* limits.max_header_bytes bounds the whole head (8 KiB by default): a head of exactly that size
- * with 100 fields (Host and 99 more) is forwarded, one byte more is a 431, and libmicrohttpd's
+ * with 100 fields (Host and 99 more) is forwarded, one byte more is a 431 naming the limit, and
+ * libmicrohttpd's
  * per-connection memory, sized from the limit, never refuses a head the check let through. */
 Test(framing, the_head_limit_is_limits_max_header_bytes)
 {
@@ -429,7 +430,13 @@ Test(framing, the_head_limit_is_limits_max_header_bytes)
             char name[64];
             snprintf(name, sizeof(name), "limit %u, head of %zu bytes", limits[k],
                      limits[k] + extra);
+            /* the message names the limit in force (issue 27: "16 KiB" whatever it was) */
+            char msg[128];
+            snprintf(msg, sizeof(msg),
+                     "request headers larger than limits.max_header_bytes (%u bytes) or 100 fields",
+                     limits[k]);
             struct rcase c = { .name = name,
+                               .message = extra ? msg : NULL,
                                .bytes = head,
                                .len = sized_head(head, sizeof(head), limits[k] + extra, 99),
                                .status = extra ? 431 : 200,

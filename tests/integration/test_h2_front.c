@@ -393,6 +393,11 @@ Test(h2_front, oversized_header_list_is_a_431)
     oversized("GET", "/r/big-head", NULL, &r);
     cr_expect_eq(r.status, 431);
     cr_expect_not_null(strstr((const char *)r.body, "headers_too_large"));
+    /* the limit in force, not a fixed figure (issue 27) */
+    cr_expect_not_null(strstr((const char *)r.body, "request headers larger than "
+                                                    "limits.max_header_bytes (4096 bytes) or 100 "
+                                                    "fields"),
+                       "%s", (const char *)r.body);
     cr_expect_eq(tup_count(up), 0);
     http_free(&r);
 }
