@@ -17,6 +17,8 @@ void answer_tag_fields(const struct front_tag *tag,
         add(arg, "X-Request-Id", tag->request_id);
     if (tag->stop)
         add(arg, "X-Retry-Stop", tag->stop);
+    if (tag->allow)
+        add(arg, "Allow", tag->allow);
     if (tag->throttled >= 0) {
         char p[16];
         snprintf(p, sizeof(p), "%.2f", tag->throttled);

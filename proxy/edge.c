@@ -17,6 +17,10 @@
 #include "proxy/tunnel.h"
 #include "proxy/worker.h"
 
+/* The Allow of a 405: the methods of RFC 9110 and 5789 but CONNECT (any other token is
+ * forwarded too). */
+#define EDGE_ALLOW "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH"
+
 static void each_field(void *src, head_field_fn fn, void *arg)
 {
     struct front *f = src;
@@ -69,6 +73,7 @@ static bool plan_upgrade(struct retry_req *r, const struct head_scan *s, bool ha
     char first[64];
     first[0] = '\0';
     if (s->count[HF_UPGRADE] > 1) {
+        r->flags |= RF_BAD_HEAD;
         edge_error(r, 400, "bad_request", "more than one Upgrade field");
         return false;
     }
@@ -175,12 +180,16 @@ void edge_begin(struct retry_req *r, const char *method)
                    "CONNECT is not supported: retryproxy is a reverse proxy");
         return;
     }
+    /* malformed or ambiguous heads close the connection as the framing check's refusals do
+     * (docs/hardening.md); a 404 or 405 leaves it open */
     if (why) {
+        r->flags |= RF_BAD_HEAD;
         edge_error(r, 400, "bad_request", why);
         return;
     }
     char authority[256];
     if (!head_origin_form(&r->target, r->method, authority, sizeof(authority))) {
+        r->flags |= RF_BAD_HEAD;
         edge_error(r, 400, "bad_request", "a request target of no valid form");
         return;
     }
@@ -326,7 +335,7 @@ static struct front_tag tag_of(const struct retry_req *r)
         .request_id = r->request_id[0] ? r->request_id : NULL,
         .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
         /* a head that could not be framed, or draining: no more requests here */
-        .close = r->refused != WIRE_OK || r->upgrade[0] ||
+        .close = r->refused != WIRE_OK || (r->flags & RF_BAD_HEAD) || r->upgrade[0] ||
                  atomic_load_explicit(&r->w->px->draining, memory_order_relaxed),
         .throttled = r->flags & RF_THROTTLED ? r->throttle_p : -1,
     };
@@ -376,6 +385,8 @@ void edge_error(struct retry_req *r, unsigned status, const char *code, const ch
     if (r->flags & RF_GRPC)
         tally_grpc(r, (int)grpc_code_of_error(code, status));
     struct front_tag tag = tag_of(r);
+    if (status == 405) /* CONNECT, the one method not forwarded (RFC 9110 15.5.6) */
+        tag.allow = EDGE_ALLOW;
     r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
     answered(r);
 }

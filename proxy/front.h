@@ -35,6 +35,7 @@ struct front_tag {
     const char *stop;       /* X-Retry-Stop, NULL: none */
     bool close;             /* no more requests on this connection (draining, bad framing) */
     double throttled;       /* X-Retry-Throttled: the rejection probability; < 0: none */
+    const char *allow;      /* Allow, on a 405; NULL: none */
 };
 
 struct front_ops {

@@ -35,6 +35,7 @@ enum {
     RL_DOWN_DONE = 1u << 7,  /* the upstream's body is complete */
     RL_DOWN_FAIL = 1u << 8,  /* ... or broke off: the client must see a truncation */
     RL_WATCHED = 1u << 9,    /* the client's socket is watched (backoff wait) */
+    RL_HELD = 1u << 10,      /* answered at the head of a bodiless request: queued next call */
 };
 
 /* f.answered: an answer is ready ('resp'; NULL: close the connection); f.sent: it was handed
@@ -490,6 +491,14 @@ static bool leave(struct relay *rl, bool can_answer, bool close_now)
     return true;
 }
 
+/* Whether the request has no body (the framing check let through one framing at most). */
+static bool bodiless(struct relay *rl)
+{
+    const char *cl = MHD_lookup_connection_value(rl->conn, MHD_HEADER_KIND, "Content-Length");
+    return !MHD_lookup_connection_value(rl->conn, MHD_HEADER_KIND, "Transfer-Encoding") &&
+           (!cl || strcmp(cl, "0") == 0);
+}
+
 bool relay_access(struct relay *rl, const char *method, const char *upload_data,
                   size_t *upload_data_size)
 {
@@ -502,6 +511,15 @@ bool relay_access(struct relay *rl, const char *method, const char *upload_data,
     if (!(rl->flags & RL_BEGUN)) {
         rl->flags |= RL_BEGUN;
         retry_req_head(r, method);
+        /* An answer queued on this call makes libmicrohttpd 0.9.75 close the connection after
+         * it (it has not read the request's end). With no body to read, the next call comes at
+         * once, and the connection stays open for the next request (a 404 no_route, say). */
+        if (rl->f.answered && bodiless(rl)) {
+            rl->flags |= RL_HELD;
+            can_answer = false;
+        }
+    } else if (rl->flags & RL_HELD) {
+        rl->flags &= ~RL_HELD; /* that call: the answer goes */
     } else if (*upload_data_size) {
         size_t took = retry_req_body(r, upload_data, *upload_data_size);
         if (took == RETRY_BODY_CLOSE) {

@@ -56,6 +56,7 @@ enum {
     RF_GRPC_RETRY = 1u << 12,   /* ... on a route whose retry_on names gRPC statuses */
     RF_GRPC_COUNTED = 1u << 13, /* ... whose status is counted (grpc_status) */
     RF_TRAILERS_OFF = 1u << 14, /* its trailers passed the head's bounds: none is sent */
+    RF_BAD_HEAD = 1u << 15, /* a head refused as malformed or ambiguous: the connection closes */
 };
 
 /* Trial flags (struct trial 'flags'). */

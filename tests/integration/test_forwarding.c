@@ -823,6 +823,36 @@ Test(forwarding, connect_is_405_and_no_route_is_404_json)
     expect_nothing_forwarded();
 }
 
+/* Issue 27: both closed the connection after them, though only framing refusals do
+ * (docs/forwarding.md), and the 405 had no Allow. A request after each on the same connection
+ * is answered. */
+Test(forwarding, connect_405_and_no_route_404_keep_the_connection)
+{
+    start("\"match\": {\"path_prefix\": \"/ok\"}", "", "2");
+    static const char *const first[] = {
+        "CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n",
+        "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n",
+    };
+    static const int status[] = { 405, 404 };
+    char v[128];
+    for (size_t i = 0; i < 2; i++) {
+        struct raw_resp r;
+        int fd = raw_connect();
+        raw_send(fd, first[i]);
+        raw_response(fd, false, T, &r);
+        cr_expect_eq(r.status, status[i], "%s", r.head);
+        cr_expect_eq(header_lines(r.head, "Connection"), 0, "%d with %s", r.status, r.head);
+        if (status[i] == 405)
+            cr_expect_str_eq(raw_header(&r, "Allow", v, sizeof(v)),
+                             "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH");
+        raw_send(fd, "GET /ok/after HTTP/1.1\r\nHost: t\r\n\r\n");
+        raw_response(fd, false, T, &r);
+        cr_expect_eq(r.status, 200, "after the %d: %s", status[i], r.head);
+        close(fd);
+    }
+    cr_expect_eq(tup_count(up), 2);
+}
+
 /* ---- 9. route matching ---- */
 
 /* Which tup got the request with id 'id': 1 (up), 2 (fx_up(1)), 0 neither, -1 both. */

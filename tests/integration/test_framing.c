@@ -326,7 +326,11 @@ static void expect_json_error(const struct rcase *c, const struct answer *a)
     if (c->message)
         cr_expect(strstr(body, c->message) != NULL, "%s: message naming '%s', got %s", c->name,
                   c->message, body + 4);
-    cr_expect(a->closed, "%s: the connection closes after the error", c->name);
+    /* a request that matches no route is well framed: the connection stays open (issue 27) */
+    if (c->status == 404)
+        cr_expect(!a->closed, "%s: the connection stays open after the error", c->name);
+    else
+        cr_expect(a->closed, "%s: the connection closes after the error", c->name);
 }
 
 static void run_case(const struct rcase *c)
