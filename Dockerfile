@@ -1,5 +1,6 @@
-# retryproxy sidecar image: build on Debian 12, run on Debian 12 slim with only the runtime
-# libraries, as an unprivileged user.
+# retryproxy image (a sidecar by default, standalone with -c /etc/retryproxy/standalone.json):
+# build on Debian 12, run on Debian 12 slim with only the runtime libraries, as an unprivileged
+# user.
 FROM debian:12 AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential pkg-config \
@@ -21,7 +22,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home retryproxy
 COPY --from=build /src/build/retryproxy /usr/local/bin/retryproxy
+# Two configs (docs/deploy.md, "Container image"): the default, for a sidecar, on 127.0.0.1;
+# standalone.json on every address, for `docker run -p` (pass -c /etc/retryproxy/standalone.json).
 COPY deploy/config.json /etc/retryproxy/config.json
+COPY deploy/standalone.json /etc/retryproxy/standalone.json
 USER 10001
 EXPOSE 15001 15000
 ENTRYPOINT ["/usr/local/bin/retryproxy"]

@@ -595,3 +595,143 @@ Test(packaging, image_runtime_stage_installs_every_library_the_binary_links, .ti
     free(bin);
     dockerfile_free(&d);
 }
+
+/* ---- the configs the image ships ---- */
+
+/* A line of the runtime stage starting with 'instr' (e.g. "EXPOSE "), from *at on: its text
+ * after 'instr' (up to the line's end) in 'out'; false when there is no more. */
+static bool runtime_line(const struct dockerfile *d, const char *instr, const char **at, char *out,
+                         size_t cap)
+{
+    const char *rt = d->stages[d->nstages - 1];
+    if (!*at)
+        *at = rt;
+    for (const char *p = *at; *p;) {
+        const char *eol = strchrnul(p, '\n');
+        *at = *eol ? eol + 1 : eol;
+        if (strncmp(p, instr, strlen(instr)) == 0) {
+            p += strlen(instr);
+            snprintf(out, cap, "%.*s", (int)(eol - p), p);
+            return true;
+        }
+        p = *at;
+    }
+    return false;
+}
+
+/* `retryproxy check -c FILE --print`: the effective "listen" and "admin" of FILE. */
+static void config_addresses(const char *file, char *listen, char *admin, size_t cap)
+{
+    char *argv[] = { (char *)proc_bin(), "check", "-c", (char *)file, "--print", NULL };
+    struct proc_result r;
+    cr_assert_eq(proc_run(argv, NULL, 10000, &r), 0);
+    cr_assert_eq(r.status, 0, "the image's config %s does not pass check: %s%s", file, r.out,
+                 r.err);
+    /* "listen": "ADDR" as --print writes it (jansson, one member a line or compact) */
+    const char *keys[] = { "\"listen\"", "\"admin\"" };
+    char *outs[] = { listen, admin };
+    for (int k = 0; k < 2; k++) {
+        const char *p = strstr(r.out, keys[k]);
+        cr_assert_not_null(p, "check --print of %s shows no %s", file, keys[k]);
+        p = strchr(p + strlen(keys[k]), '"');
+        cr_assert_not_null(p);
+        snprintf(outs[k], cap, "%.*s", (int)strcspn(p + 1, "\""), p + 1);
+    }
+    proc_result_free(&r);
+}
+
+static unsigned port_of(const char *addr)
+{
+    const char *c = strrchr(addr, ':');
+    return c ? (unsigned)atoi(c + 1) : 0;
+}
+
+/* Issue 27: the one config the image had bound both listeners to 127.0.0.1, so `docker run -p`
+ * reached nothing though the Dockerfile EXPOSEs the ports. Every config the runtime stage
+ * copies passes `check`; the default (CMD's -c) listens on the EXPOSEd ports; and for each
+ * EXPOSEd port a shipped config listens on it on every address (docs/deploy.md, "Container
+ * image"). */
+Test(packaging, image_configs_pass_check_and_one_serves_the_exposed_ports)
+{
+    const char *path = dockerfile_path();
+    struct dockerfile d;
+    dockerfile_load(&d, path);
+
+    unsigned exposed[8];
+    size_t ne = 0;
+    char line[512];
+    const char *at = NULL;
+    while (runtime_line(&d, "EXPOSE ", &at, line, sizeof(line)))
+        for (char *p = line; *p && ne < 8;) {
+            exposed[ne++] = (unsigned)strtoul(p, &p, 10);
+            p += strspn(p, " \t");
+        }
+    cr_assert_gt(ne, 0, "%s: the runtime stage EXPOSEs no port", path);
+
+    at = NULL;
+    cr_assert(runtime_line(&d, "CMD ", &at, line, sizeof(line)), "%s: no CMD", path);
+    const char *c = strstr(line, "\"-c\", \"");
+    cr_assert_not_null(c, "%s: CMD names no -c FILE: %s", path, line);
+    char dflt[256];
+    snprintf(dflt, sizeof(dflt), "%.*s", (int)strcspn(c + 7, "\""), c + 7);
+
+    bool dflt_shipped = false, served[8] = { false };
+    size_t nconf = 0;
+    at = NULL;
+    while (runtime_line(&d, "COPY ", &at, line, sizeof(line))) {
+        char src[256], dst[256];
+        if (strstr(line, "--from=") || sscanf(line, "%255s %255s", src, dst) != 2 ||
+            !strstr(src, ".json"))
+            continue;
+        char listen[128], admin[128];
+        config_addresses(src, listen, admin, sizeof(listen));
+        cr_log_info("%s (%s): listen %s, admin %s", dst, src, listen, admin);
+        nconf++;
+        const char *addrs[] = { listen, admin };
+        for (int k = 0; k < 2; k++) {
+            bool any = strncmp(addrs[k], "0.0.0.0:", 8) == 0 || strncmp(addrs[k], "[::]:", 5) == 0;
+            for (size_t i = 0; i < ne; i++)
+                served[i] |= any && port_of(addrs[k]) == exposed[i];
+        }
+        if (strcmp(dst, dflt) == 0) {
+            dflt_shipped = true;
+            for (int k = 0; k < 2; k++) {
+                bool is_exposed = false;
+                for (size_t i = 0; i < ne; i++)
+                    is_exposed |= port_of(addrs[k]) == exposed[i];
+                cr_expect(is_exposed, "%s: the default config %s listens on %s, not EXPOSEd", path,
+                          src, addrs[k]);
+            }
+        }
+    }
+    cr_expect_gt(nconf, 0, "%s: the runtime stage copies no config", path);
+    cr_expect(dflt_shipped, "%s: CMD's -c %s is no config the runtime stage copies", path, dflt);
+    for (size_t i = 0; i < ne; i++)
+        cr_expect(served[i],
+                  "%s: no config of the image listens on port %u on every address (0.0.0.0): "
+                  "`docker run -p %u:%u` would reach nothing",
+                  path, exposed[i], exposed[i], exposed[i]);
+    dockerfile_free(&d);
+}
+
+/* Issue 27: docs/deploy.md named the image's libraries without libnghttp2 and libssl. Each
+ * package the runtime stage installs is named there. */
+Test(packaging, deploy_md_names_every_package_of_the_image)
+{
+    struct dockerfile d;
+    dockerfile_load(&d, dockerfile_path());
+    char *doc = proc_read_file("docs/deploy.md");
+    const char *sec = strstr(doc, "\n## Container image");
+    cr_assert_not_null(sec, "docs/deploy.md: no \"## Container image\" section");
+    const char *end = strstr(sec + 1, "\n## ");
+    size_t len = end ? (size_t)(end - sec) : strlen(sec);
+    for (size_t i = 0; i < d.nruntime; i++) {
+        char want[160];
+        snprintf(want, sizeof(want), "`%s`", d.runtime[i]);
+        const char *hit = strstr(sec, want);
+        cr_expect(hit && hit < sec + len,
+                  "docs/deploy.md, \"Container image\": the runtime package %s is not named", want);
+    }
+    free(doc);
+    dockerfile_free(&d);
+}
