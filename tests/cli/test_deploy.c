@@ -737,6 +737,68 @@ Test(deploy, k8s_mounted_config_is_valid)
     proc_result_free(&r);
 }
 
+/* A Kubernetes quantity of bytes ("128Mi", "1Gi", "500M", "1048576"), or -1. */
+static long long quantity_bytes(const char *q)
+{
+    if (!q)
+        return -1;
+    char *end;
+    long long n = strtoll(q, &end, 10);
+    static const struct {
+        const char *suffix;
+        long long mult;
+    } units[] = { { "", 1 },     { "Ki", 1LL << 10 }, { "Mi", 1LL << 20 }, { "Gi", 1LL << 30 },
+                  { "k", 1000 }, { "M", 1000000 },    { "G", 1000000000 } };
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+        if (strcmp(end, units[i].suffix) == 0)
+            return n * units[i].mult;
+    return -1;
+}
+
+/* A limit of the config (limits.NAME), else its documented default. */
+static long long cfg_limit(json_t *cfg, const char *name)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "limits.%s", name);
+    json_t *v = json_object_get(json_object_get(cfg, "limits"), name);
+    if (v) {
+        cr_assert(json_is_integer(v), "config: %s is not an integer", key);
+        return json_integer_value(v);
+    }
+    char *d = doc_default(key);
+    long long n = strtoll(d, NULL, 10);
+    free(d);
+    return n;
+}
+
+/* Issue 27: the manifests' 128Mi was below what the defaults let the proxy hold (10,000
+ * connections, 128 MiB of replay bodies). The container's memory limit covers the mounted
+ * config's limits by docs/deploy.md's arithmetic ("Memory"): the process at rest, each client
+ * connection at its most (an HTTP/1.1 slow reader: 140 KiB and libmicrohttpd's twice
+ * limits.max_header_bytes), and every replay byte. */
+Test(deploy, k8s_memory_limit_covers_the_limits_of_the_mounted_config)
+{
+    for (enum variant v = NATIVE; v <= LEGACY; v++) {
+        struct pod p;
+        pod_load(&p, v, NULL);
+        const char *q = y_str(y_path(p.proxy, "resources.limits.memory"));
+        long long limit = quantity_bytes(q);
+        cr_expect_gt(limit, 0, "%s: no memory limit (resources.limits.memory: %s)", p.what,
+                     q ? q : "none");
+        long long conns = cfg_limit(p.config, "max_connections");
+        long long head = cfg_limit(p.config, "max_header_bytes");
+        long long bodies = cfg_limit(p.config, "max_buffered_body_bytes");
+        long long need = (16LL << 20) + conns * ((140LL << 10) + 2 * head) + bodies;
+        cr_expect_leq(need, limit,
+                      "%s: resources.limits.memory %s is below what the config lets the proxy "
+                      "hold: 16 MiB + %lld connections x (140 KiB + 2 x %lld) + %lld = %lld MiB "
+                      "(docs/deploy.md, \"Memory\")",
+                      p.what, q, conns, head, bodies, need >> 20);
+        cr_log_info("%s: %lld MiB of %lld MiB", p.what, need >> 20, limit >> 20);
+        pod_free(&p);
+    }
+}
+
 /* What kustomize makes of each variant (the legacy patch applied, the ConfigMap generated) has
  * the same properties. Where kubectl is not installed, this says so and passes. */
 Test(deploy, k8s_kustomize_renders_both_variants_with_every_property)
