@@ -32,11 +32,6 @@ struct retry_req {
 
 static size_t live;
 
-static struct retry_req *of(struct front *f)
-{
-    return f->req;
-}
-
 struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
                             enum front_proto proto, const char *raw_target, const char *peer,
                             enum wire_reason refused)
@@ -80,7 +75,7 @@ static void count_field(void *arg, const char *k, size_t kl, const char *v, size
     *(size_t *)arg += kl + vl;
 }
 
-static const struct front_tag tag = { 2, "id-1", NULL, false, -1 };
+static const struct front_tag tag = { 2, "id-1", NULL, false, -1, NULL };
 
 /* The answer, by the method's first letter. */
 static void answer(struct retry_req *r)
