@@ -334,7 +334,8 @@ static struct front_tag tag_of(const struct retry_req *r)
         .attempts = r->attempts,
         .request_id = r->request_id[0] ? r->request_id : NULL,
         .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
-        /* a head that could not be framed, or draining: no more requests here */
+        /* a head that could not be framed or was malformed, an upgrade, or draining: no more
+         * requests here */
         .close = r->refused != WIRE_OK || (r->flags & RF_BAD_HEAD) || r->upgrade[0] ||
                  atomic_load_explicit(&r->w->px->draining, memory_order_relaxed),
         .throttled = r->flags & RF_THROTTLED ? r->throttle_p : -1,
