@@ -178,10 +178,10 @@ Test(client_gone, leaving_while_waiting_for_a_slot)
 {
     fx_start_r("\"limits\": {\"max_upstream_requests\": 1}", "\"retry\": {\"max_attempts\": 1}",
                "--workers", "1", NULL);
-    int holder = send_get("holder", "delay=1000");
+    int holder = send_get("holder", "delay=2000");
     fx_wait_upstream("holder", 1);
     int fd = send_get("queued", "");
-    sleep_ms(200); /* it is read and waits for the slot */
+    sleep_ms(600); /* it is read and waits for the slot (room for a loaded machine) */
     leave(fd, CLOSE);
     cr_expect_eq(fx_wait_metric(GONE, 1, PROMPT_MS), 1);
     expect_logged_once("queued", 0);
