@@ -71,7 +71,8 @@ struct front_ops {
     void (*wait_upload)(struct front *f);
     void (*upload_room)(struct front *f);
     /* Look out for the client going away while nothing else would notice (a backoff wait):
-     * retry_req_client_gone() when it does. */
+     * retry_req_client_gone() when it does. (HTTP/1.1 watches every connection for its whole
+     * life, and calls it whenever a request is in flight: proxy/relay.h.) */
     void (*watch)(struct front *f);
     void (*unwatch)(struct front *f);
     /* The request is freed: let go of what the front end's state holds. */

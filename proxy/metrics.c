@@ -241,6 +241,13 @@ void metrics_hedge(struct metrics_route *r, unsigned w)
         bump(&s->hedges, 1);
 }
 
+void metrics_client_gone(struct metrics_route *r, unsigned w)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s)
+        bump(&s->client_gone, 1);
+}
+
 void metrics_retry_after_honored(struct metrics_route *r, unsigned w)
 {
     struct route_slot *s = slot_of(r, w);

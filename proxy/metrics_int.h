@@ -47,6 +47,7 @@ struct route_slot {
     _Atomic uint64_t retry_after_honored;
     _Atomic uint64_t throttled;
     _Atomic uint64_t hedges;
+    _Atomic uint64_t client_gone;
     _Atomic uint64_t protocol[METRICS_PROTO_COUNT];
     _Atomic uint64_t grpc[METRICS_GRPC_COUNT];
     _Atomic uint64_t upgrades[METRICS_UPGRADE_COUNT];
@@ -113,6 +114,7 @@ struct route_totals {
     uint64_t retry_after_honored;
     uint64_t throttled;
     uint64_t hedges;
+    uint64_t client_gone;
     uint64_t protocol[METRICS_PROTO_COUNT];
     uint64_t upgrades[METRICS_UPGRADE_COUNT];
     uint64_t tunnel_bytes[2];

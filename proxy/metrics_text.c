@@ -55,6 +55,7 @@ enum family {
     FAM_RETRY_AFTER,
     FAM_THROTTLED,
     FAM_HEDGES,
+    FAM_CLIENT_GONE,
     FAM_BACKOFF,
     FAM_ATTEMPT_DURATION,
     FAM_REQUEST_DURATION,
@@ -124,6 +125,10 @@ static const struct family_def {
     [FAM_HEDGES] = { "hedges_total", "counter", "route", NULL, 0,
                      "Attempts started while an earlier attempt of the same request ran on "
                      "past per_try_timeout_ms (retry.hedge_on_per_try_timeout)." },
+    [FAM_CLIENT_GONE] = { "client_gone_total", "counter", "route", NULL, 0,
+                          "Requests whose client went away (its connection closed or reset, "
+                          "its stream reset) before their answer started: logged with status "
+                          "0, or 499 during a backoff wait." },
     [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
                       "Backoff waits before retries, in seconds." },
     [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route", NULL, 0,
@@ -207,6 +212,7 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
         any |= add_counts(&t->retry_after_honored, &s->retry_after_honored, 1);
         any |= add_counts(&t->throttled, &s->throttled, 1);
         any |= add_counts(&t->hedges, &s->hedges, 1);
+        any |= add_counts(&t->client_gone, &s->client_gone, 1);
         any |= add_counts(t->protocol, s->protocol, METRICS_PROTO_COUNT);
         any |= add_counts(t->grpc, s->grpc, METRICS_GRPC_COUNT);
         any |= add_counts(t->upgrades, s->upgrades, METRICS_UPGRADE_COUNT);
@@ -507,6 +513,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
                          offsetof(struct route_totals, retry_after_honored));
     render_route_counter(f, sc, FAM_THROTTLED, offsetof(struct route_totals, throttled));
     render_route_counter(f, sc, FAM_HEDGES, offsetof(struct route_totals, hedges));
+    render_route_counter(f, sc, FAM_CLIENT_GONE, offsetof(struct route_totals, client_gone));
     render_hist(f, sc, METRICS_HIST_BACKOFF, FAM_BACKOFF);
     render_hist(f, sc, METRICS_HIST_ATTEMPT, FAM_ATTEMPT_DURATION);
     render_hist(f, sc, METRICS_HIST_REQUEST, FAM_REQUEST_DURATION);

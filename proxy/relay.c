@@ -34,7 +34,7 @@ enum {
     RL_COLLECT = 1u << 6,    /* holding a short body back to answer it in one piece */
     RL_DOWN_DONE = 1u << 7,  /* the upstream's body is complete */
     RL_DOWN_FAIL = 1u << 8,  /* ... or broke off: the client must see a truncation */
-    RL_WATCHED = 1u << 9,    /* the client's socket is watched (backoff wait) */
+    RL_GONE = 1u << 9,       /* the client left (relay_conn): no answer goes out */
     RL_HELD = 1u << 10,      /* answered at the head of a bodiless request: queued next call */
 };
 
@@ -43,6 +43,7 @@ enum {
 struct relay {
     struct front f;
     struct MHD_Connection *conn; /* NULL once libmicrohttpd is done with it */
+    struct relay_conn *rc;       /* its watch, while 'conn' is set (NULL: none) */
     struct loop *loop;
     void (*kick)(void *); /* makes libmicrohttpd run this turn (after a resume) */
     void *kick_arg;
@@ -52,8 +53,7 @@ struct relay {
     struct front_tag tag;      /* what its answer carries */
     struct MHD_Response *resp; /* the answer, until queued */
     struct ring down;          /* body bytes for the client */
-    struct loop_watch client_w;
-    struct tunnel_up *tun_up; /* an upgrade's upstream, until the client has the 101 */
+    struct tunnel_up *tun_up;  /* an upgrade's upstream, until the client has the 101 */
     struct tunnel_conf tun_conf;
 };
 
@@ -65,8 +65,8 @@ static struct relay *of_front(struct front *f)
 }
 
 struct relay *relay_new(struct worker *w, struct loop *l, void (*kick)(void *), void *kick_arg,
-                        struct MHD_Connection *c, const char *raw_target, const char *peer,
-                        enum wire_reason refused)
+                        struct MHD_Connection *c, struct relay_conn *rc, const char *raw_target,
+                        const char *peer, enum wire_reason refused)
 {
     struct front *f =
         retry_req_new(w, &relay_ops, sizeof(struct relay), FRONT_HTTP1, raw_target, peer, refused);
@@ -78,14 +78,17 @@ struct relay *relay_new(struct worker *w, struct loop *l, void (*kick)(void *), 
     rl->kick = kick;
     rl->kick_arg = kick_arg;
     rl->down.max = RELAY_BUFFER;
+    if (rc) {
+        rl->rc = rc;
+        rc->cur = rl;
+        if (rc->left)
+            rl->flags |= RL_GONE; /* its FIN came with the request, or after an earlier one */
+    }
     return rl;
 }
 
-static void relay_unwatch(struct front *f);
-
 static void relay_fini(struct front *f)
 {
-    relay_unwatch(f);
     ring_free(&of_front(f)->down);
     tunnel_up_free(of_front(f)->tun_up); /* the 101 never reached the client */
 }
@@ -138,7 +141,6 @@ static void add_tag(struct MHD_Response *resp, const struct front_tag *tag)
 /* Resumes the suspended connection and has libmicrohttpd look at it this turn. */
 static void resume(struct relay *rl)
 {
-    relay_unwatch(&rl->f); /* libmicrohttpd watches the socket again */
     rl->flags &= ~(RL_SUSPENDED | RL_UPLOAD | RL_READER);
     MHD_resume_connection(rl->conn);
     rl->kick(rl->kick_arg);
@@ -429,6 +431,8 @@ static void on_upgraded(void *cls, struct MHD_Connection *c, void *con_cls, cons
         return;
     }
     *u = (struct upgraded){ urh, rl->kick, rl->kick_arg };
+    if (rl->rc)
+        relay_conn_close(rl->rc); /* the tunnel watches the socket in the same loop */
     struct tunnel_client tc = { sock, extra_in, extra_in_size, close_upgraded, u };
     tunnel_open(rl->loop, &tc, up, &rl->tun_conf);
 }
@@ -474,6 +478,8 @@ static bool leave(struct relay *rl, bool can_answer, bool close_now)
     rl->flags &= ~RL_IN_HANDLER;
     if (close_now)
         return false;
+    if ((rl->flags & (RL_GONE | RL_ENDED)) == (RL_GONE | RL_ENDED) && !rl->f.answered)
+        retry_req_client_gone(rl->f.req); /* it left before the core had the whole request */
     if (rl->f.answered && !rl->f.sent && can_answer) {
         /* Right after the headers (400, 404, 405, 413 by Content-Length) libmicrohttpd then
          * reads none of the body; after the body, the connection may be kept alive. */
@@ -548,40 +554,51 @@ static void relay_upload_room(struct front *f)
         resume(rl);
 }
 
-/* ---- the client going away during a wait ---- */
+/* ---- the client going away ---- */
 
-static void on_client_event(struct loop_watch *cw, uint32_t events)
+/* The client left while the request was in flight (the core may not have it yet, see leave()):
+ * the core cancels what runs for it, then resets it, which closes the connection. */
+static void client_left(struct relay *rl)
+{
+    rl->flags |= RL_GONE;
+    if (!(rl->flags & RL_IN_HANDLER))
+        retry_req_client_gone(rl->f.req);
+}
+
+/* A FIN or a reset: the connection only closes after this, so the watch ends here, once. */
+static void on_conn_event(struct loop_watch *w, uint32_t events)
 {
     (void)events;
-    struct relay *rl = cw->arg;
-    relay_unwatch(&rl->f);
-    retry_req_client_gone(rl->f.req);
+    struct relay_conn *rc = w->arg;
+    rc->left = true;
+    relay_conn_close(rc);
+    if (rc->cur)
+        client_left(rc->cur);
 }
 
+void relay_conn_open(struct relay_conn *rc, struct loop *l, int fd)
+{
+    *rc = (struct relay_conn){ .loop = l };
+    rc->w.fd = -1;
+    loop_watch_add(l, &rc->w, fd, EPOLLRDHUP | EPOLLET, on_conn_event, rc);
+}
+
+void relay_conn_close(struct relay_conn *rc)
+{
+    loop_watch_del(rc->loop, &rc->w);
+}
+
+/* The connection's socket is watched all along (relay_conn): a backoff wait needs nothing more. */
 static void relay_watch(struct front *f)
 {
-    struct relay *rl = of_front(f);
-    if ((rl->flags & RL_WATCHED) || !(rl->flags & RL_SUSPENDED) || !rl->conn)
-        return;
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(rl->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci && loop_watch_add(rl->loop, &rl->client_w, ci->connect_fd, EPOLLRDHUP, on_client_event,
-                             rl) == 0)
-        rl->flags |= RL_WATCHED;
-}
-
-static void relay_unwatch(struct front *f)
-{
-    struct relay *rl = of_front(f);
-    if (!(rl->flags & RL_WATCHED))
-        return;
-    loop_watch_del(rl->loop, &rl->client_w);
-    rl->flags &= ~RL_WATCHED;
+    (void)f;
 }
 
 void relay_completed(struct relay *rl)
 {
-    relay_unwatch(&rl->f);
+    if (rl->rc && rl->rc->cur == rl)
+        rl->rc->cur = NULL;
+    rl->rc = NULL;
     rl->conn = NULL;
     if (rl->resp && !rl->f.sent)
         MHD_destroy_response(rl->resp); /* its reader's reference is released here */
@@ -600,5 +617,5 @@ static const struct front_ops relay_ops = { .fields = relay_fields,
                                             .wait_upload = relay_wait_upload,
                                             .upload_room = relay_upload_room,
                                             .watch = relay_watch,
-                                            .unwatch = relay_unwatch,
+                                            .unwatch = relay_watch,
                                             .fini = relay_fini };

@@ -207,26 +207,34 @@ void retry_req_sending(struct retry_req *r)
     tally_answer(r);
 }
 
-/* A request waiting out a backoff delay has its client side asleep (an HTTP/1.1 connection
- * suspended, and libmicrohttpd does not look at a suspended connection's socket): a client
- * that gives up would go unnoticed until retrying ends, every retry still costing the upstream
- * an attempt (nginx stops too, its "499"). The front end watches for the client going away
- * during the wait. A request whose attempt is running is not watched: that wait is bounded by
- * the per-try timeout and watching every request would cost two epoll_ctl calls each. */
+/* The client went away before its answer started (the front end watches for it: an
+ * HTTP/1.1 connection is suspended while the upstream side has the request, and
+ * libmicrohttpd does not look at a suspended connection's socket). Upstream work for nobody
+ * stops: every attempt is cancelled (its slot, and a retry's budget slots, go back) and any
+ * wait ends, as nginx stops with its "499". During a backoff wait it is a 499 "client-closed"
+ * (counted in requests_total); otherwise nothing is counted as answered and the log says 0,
+ * as for a client gone at any other moment. */
 void retry_req_client_gone(struct retry_req *r)
 {
     struct front *f = r->front;
-    if (r->state != RS_BACKOFF || f->answered)
+    if (f->answered || r->state == RS_HEADERS)
         return;
-    req_cut_wait_short(r);
+    bool waiting = r->state == RS_BACKOFF;
+    if (waiting)
+        req_cut_wait_short(r);
+    loop_timer_stop(r->w->loop, &r->try_timer);
     req_end_retry_in_flight(r);
-    end_attempts(r, METRICS_OUT_CANCELLED); /* those running beside the wait (hedging) */
+    end_attempts(r, METRICS_OUT_CANCELLED); /* the current one, and those beside it (hedging) */
+    r->state = RS_ANSWERED;
+    if (!waiting) {
+        f->ops->reset(f, 0);
+        return;
+    }
     r->stop = RETRY_STOP_CLIENT_CLOSED;
     /* Counted now, as if answered: no response will go out to count it later. */
     f->status = CLIENT_CLOSED_STATUS;
     tally_answer(r);
     f->ops->reset(f, CLIENT_CLOSED_STATUS);
-    r->state = RS_ANSWERED;
 }
 
 /* ---- the head ---- */

@@ -46,6 +46,7 @@ struct client {
     struct client *prev, *next;
     int fd;
     char peer[INET6_ADDRSTRLEN]; /* the client's address, for X-Forwarded-For */
+    struct relay_conn rc;        /* its socket watched for the client leaving */
 };
 
 struct server {
@@ -185,6 +186,7 @@ static void client_open(struct server *s, struct MHD_Connection *c, void **socke
     *socket_context = cl;
     cl->fd = ci->connect_fd; /* its send buffer is sized already (proxy/accept.c) */
     peer_address(c, cl->peer, sizeof(cl->peer));
+    relay_conn_open(&cl->rc, w->loop, cl->fd);
     DLIST_PUSH(s->clients, cl);
 }
 
@@ -194,6 +196,7 @@ static void client_close(struct server *s, void **socket_context)
     if (!cl)
         return;
     wiretab_detach(cl->fd); /* before libmicrohttpd closes the descriptor */
+    relay_conn_close(&cl->rc);
     wire_release(&cl->wire);
     DLIST_UNLINK(s->clients, cl);
     free(cl);
@@ -236,7 +239,8 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
     struct client *cl = ci ? ci->socket_context : NULL;
     enum wire_reason refused = cl ? wire_take_reject(&cl->wire) : WIRE_OK;
     struct worker *w = cls;
-    return relay_new(w, w->loop, w->kick, w->kick_arg, c, uri, cl ? cl->peer : "", refused);
+    return relay_new(w, w->loop, w->kick, w->kick_arg, c, cl ? &cl->rc : NULL, uri,
+                     cl ? cl->peer : "", refused);
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,

@@ -152,11 +152,18 @@ void tally_grpc(struct retry_req *r, int status)
     metrics_grpc(r->m, r->w->id, status);
 }
 
-/* The request is over (answered, or the client went away): its log line. */
+/* The request is over (answered, or the client went away): its log line, and
+ * client_gone_total when no answer of ours started (none made, or the reset of a client that
+ * left: status 0, or 499 during a backoff wait). The same on every client protocol. */
 void tally_done(struct retry_req *r)
 {
     struct worker *w = r->w;
-    if (!log_enabled(CFG_LOG_INFO) || r->state == RS_HEADERS)
+    if (r->state == RS_HEADERS)
+        return;
+    const struct front *f = r->front;
+    if (!f->answered || f->status == 0 || r->stop == RETRY_STOP_CLIENT_CLOSED)
+        metrics_client_gone(r->m, w->id);
+    if (!log_enabled(CFG_LOG_INFO))
         return;
     bool sent = r->front->sent || r->stop == RETRY_STOP_CLIENT_CLOSED;
     struct log_request lr = { .unix_ms = r->start_unix_ms,

@@ -647,6 +647,28 @@ Test(upstream_tool, reset_mid_body, .timeout = 30)
     cr_assert_eq(tup_count(T), 2);
 }
 
+/* stall-mid: half the declared body, then nothing, until the peer closes. */
+Test(upstream_tool, stall_mid_body, .timeout = 30)
+{
+    struct raw *c = raw_new();
+    raw_sends(c, "GET /sm HTTP/1.1\r\nHost: x\r\nX-Test-Plan: fail=1;action=stall-mid;body=2000\r\n"
+                 "X-Request-Id: sm\r\n\r\n");
+    char buf[4096];
+    size_t total = 0;
+    struct pollfd p = { .fd = c->fd, .events = POLLIN };
+    while (total < sizeof buf && poll(&p, 1, 500) == 1) {
+        ssize_t n = recv(c->fd, buf + total, sizeof buf - total, 0);
+        cr_assert_gt(n, 0, "the stalled answer ended");
+        total += (size_t)n;
+    }
+    const char *body = memmem(buf, total, "\r\n\r\n", 4);
+    cr_assert_not_null(body);
+    cr_assert_eq(total - (size_t)(body + 4 - buf), 1000, "received %zu bytes", total);
+    cr_assert_eq(tup_open_connections(T), 1);
+    raw_free(c);
+    cr_assert_eq(tup_wait_open_at_most(T, 0, 5000), 0, "the peer's close was not seen");
+}
+
 Test(upstream_tool, delay_before_answer, .timeout = 30)
 {
     struct resp r;

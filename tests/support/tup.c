@@ -35,7 +35,7 @@
 #define MAX_BODY_PARAM  (UINT64_C(1) << 40)
 #define MAX_DELAY_MS    600000
 
-enum action { ACT_STATUS, ACT_HANG, ACT_RESET, ACT_CLOSE, ACT_RESET_MID };
+enum action { ACT_STATUS, ACT_HANG, ACT_RESET, ACT_CLOSE, ACT_RESET_MID, ACT_STALL_MID };
 
 struct plan {
     uint64_t fail;
@@ -73,7 +73,7 @@ enum body_mode { BM_NONE, BM_CL, BM_CHUNK_SIZE, BM_CHUNK_DATA, BM_CHUNK_CRLF, BM
 
 enum pending { PEND_WRITE, PEND_RESET, PEND_CLOSE };
 
-enum after { AFTER_KEEP, AFTER_CLOSE, AFTER_RST };
+enum after { AFTER_KEEP, AFTER_CLOSE, AFTER_RST, AFTER_HANG };
 
 enum src { SRC_NONE, SRC_BUF, SRC_PATTERN };
 
@@ -361,6 +361,8 @@ static int plan_parse(const char *text, struct plan *p, char *err, size_t errlen
                     p->action = ACT_CLOSE;
                 else if (token_is(vs, ve, "reset-mid"))
                     p->action = ACT_RESET_MID;
+                else if (token_is(vs, ve, "stall-mid"))
+                    p->action = ACT_STALL_MID;
                 else
                     ok = false;
             } else if (token_is(ks, ke, "status") || token_is(ks, ke, "ok")) {
@@ -1409,15 +1411,17 @@ static void request_complete(struct tup *t, struct conn *c)
             pend = PEND_CLOSE;
             break;
         case ACT_RESET_MID:
+        case ACT_STALL_MID:
             a.status = 200;
             a.src = SRC_PATTERN;
             a.len = p->body_set ? p->body : RESET_MID_BODY;
             a.stop = a.len / 2;
-            a.after = AFTER_RST;
+            a.after = p->action == ACT_RESET_MID ? AFTER_RST : AFTER_HANG;
             a.close = false;
             snprintf(what, sizeof what,
-                     "reset-mid after %" PRIu64 " of %" PRIu64 " bytes (fail %u/%" PRIu64 ")",
-                     a.stop, a.len, q->key_attempt, p->fail);
+                     "%s after %" PRIu64 " of %" PRIu64 " bytes (fail %u/%" PRIu64 ")",
+                     p->action == ACT_RESET_MID ? "reset-mid" : "stall-mid", a.stop, a.len,
+                     q->key_attempt, p->fail);
             break;
         }
     } else {
@@ -1643,6 +1647,11 @@ static int response_done(struct tup *t, struct conn *c)
         return 0;
     case AFTER_RST:
         start_rstwait(t, c);
+        return 0;
+    case AFTER_HANG:
+        c->state = ST_HANG; /* until the peer closes */
+        c->in_len = 0;
+        c->scan = 0;
         return 0;
     }
     return 0;

@@ -19,6 +19,7 @@
  *                    close      read the request, then FIN without sending a byte
  *                    reset-mid  answer 200 with Content-Length of the full body= (default
  *                               65536), send half of it, wait until the peer acked it, RST
+ *                    stall-mid  the same, but send nothing more: hang until the peer closes
  *   status=NNN     status of a failing answer (200..599, default 503)
  *   retry-after=V  add "Retry-After: V" to failing status answers (V raw up to the next ';')
  *   header=N:V     add "N: V" to failing status answers (V raw up to the next ';')

@@ -24,7 +24,7 @@ static void usage(FILE *f)
           "  --plan PLAN  plan for requests without X-Test-Plan (default: answer 200 \"ok\")\n"
           "  --help       this text\n"
           "\n"
-          "Directives: fail=N action=status|hang|reset|close|reset-mid status=NNN\n"
+          "Directives: fail=N action=status|hang|reset|close|reset-mid|stall-mid status=NNN\n"
           "  retry-after=VALUE ok=NNN body=N chunked=1 echo=1 delay=MS close-after=1 stale=1\n"
           "Attempts are counted per X-Request-Id. See tests/support/tup.h.\n"
           "\n"

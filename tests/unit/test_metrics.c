@@ -125,6 +125,7 @@ static const struct {
     { "retry_after_honored_total", "counter" },
     { "throttled_total", "counter" },
     { "hedges_total", "counter" },
+    { "client_gone_total", "counter" },
     { "backoff_seconds", "histogram" },
     { "attempt_duration_seconds", "histogram" },
     { "request_duration_seconds", "histogram" },
