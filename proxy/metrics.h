@@ -28,13 +28,9 @@ enum metrics_outcome {
     METRICS_OUT_COUNT
 };
 
-/* Histograms, in seconds: backoff_seconds, attempt_duration_seconds, request_duration_seconds */
-enum metrics_hist {
-    METRICS_HIST_BACKOFF,
-    METRICS_HIST_ATTEMPT,
-    METRICS_HIST_REQUEST,
-    METRICS_HIST_COUNT
-};
+/* A route's histograms, in seconds: backoff_seconds, request_duration_seconds (an upstream's
+ * attempt_duration_seconds goes with metrics_attempt()). */
+enum metrics_hist { METRICS_HIST_BACKOFF, METRICS_HIST_REQUEST, METRICS_HIST_COUNT };
 
 /* retries_denied_total{reason}: the X-Retry-Stop values, in this order. */
 enum metrics_denied {
@@ -54,9 +50,10 @@ enum metrics_denied {
 /* Distinct retry_on tokens counted per route (retries_total{reason}); more share "other". */
 #define METRICS_MAX_REASONS 32
 
-struct metrics;       /* the registry */
-struct metrics_route; /* the series of one route name */
-struct budget_limits; /* policy/budget.h */
+struct metrics;        /* the registry */
+struct metrics_route;  /* the series of one route name */
+struct metrics_target; /* the series of one upstream URL of one route */
+struct budget_limits;  /* policy/budget.h */
 
 /* A registry for 'workers' worker threads (slots 0 .. workers-1). NULL if out of memory. */
 struct metrics *metrics_new(unsigned workers);
@@ -71,13 +68,20 @@ struct metrics_route *metrics_route(struct metrics *m, const char *name);
  * Thread-safe (mutex). */
 unsigned metrics_reason(struct metrics_route *r, const char *token);
 
+/* The series of upstream 'url' (as written in the config) on route 'r', created on first use;
+ * always the same pointer for the same pair, kept for the life of the registry like the
+ * route's. Thread-safe (mutex); for snapshot installation, never per request. NULL only if out
+ * of memory or 'r' is NULL. */
+struct metrics_target *metrics_target(struct metrics_route *r, const char *url);
+
 /* ---- the hot path: 'w' is the calling worker's slot; 'r' may be NULL (then nothing) ---- */
 
 /* requests_total{route, code}: the final status sent to the client (100 to 599; others are
  * counted as 0 and not rendered). */
 void metrics_request(struct metrics_route *r, unsigned w, int code);
-/* attempts_total{route, outcome} */
-void metrics_attempt(struct metrics_route *r, unsigned w, enum metrics_outcome o);
+/* attempts_total{route, upstream, outcome} and attempt_duration_seconds{route, upstream}: an
+ * attempt on upstream 't' ended in 'o' after 'seconds'. */
+void metrics_attempt(struct metrics_target *t, unsigned w, enum metrics_outcome o, double seconds);
 
 /* upgrades_total{route, outcome}: an upgrade the route tunnels, answered with a 101 (a tunnel)
  * or not (the upstream, or retryproxy itself, answered otherwise). */

@@ -40,7 +40,6 @@ struct hist_slot {
  * w+1 starts on a fresh cache line. */
 struct route_slot {
     _Alignas(CACHE_LINE) _Atomic uint64_t codes[CODE_COUNT];
-    _Atomic uint64_t attempts[METRICS_OUT_COUNT];
     _Atomic uint64_t retries[METRICS_MAX_REASONS];
     _Atomic uint64_t retry_success;
     _Atomic uint64_t denied[METRICS_DENIED_COUNT];
@@ -55,6 +54,18 @@ struct route_slot {
 };
 
 _Static_assert(sizeof(struct route_slot) % CACHE_LINE == 0, "route slots share cache lines");
+
+/* One worker's share of one upstream's series on one route, aligned as route_slot. */
+struct target_slot {
+    _Alignas(CACHE_LINE) _Atomic uint64_t attempts[METRICS_OUT_COUNT];
+    struct hist_slot hist; /* attempt_duration_seconds */
+};
+
+struct metrics_target {
+    char *url;
+    unsigned nslots;
+    struct target_slot *slots; /* one per worker, as the route's */
+};
 
 /* Process-wide per-worker gauges, kept apart from the route slots for the same reason. */
 struct worker_slot {
@@ -76,6 +87,9 @@ struct metrics_route {
     /* Under m->lock: the route's budget in the config last installed, once there was one. */
     bool has_budget;
     struct budget_limits budget;
+    /* Under m->lock: its upstreams' series, sorted by URL (the order a scrape prints them). */
+    struct metrics_target **targets;
+    size_t ntargets, tcap;
 };
 
 struct metrics {
@@ -106,7 +120,6 @@ struct metrics {
 /* The totals of one route at scrape time. */
 struct route_totals {
     uint64_t codes[CODE_COUNT];
-    uint64_t attempts[METRICS_OUT_COUNT];
     uint64_t retries[METRICS_MAX_REASONS];
     uint64_t retry_success;
     uint64_t denied[METRICS_DENIED_COUNT];

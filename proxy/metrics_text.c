@@ -104,8 +104,9 @@ static const struct family_def {
                    "other, or none when the call ended without one; a response without one "
                    "whose HTTP status is not 200 counts as gRPC maps it, a 503 as 14); only "
                    "statuses seen are printed." },
-    [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, outcome", outcome_names,
-                       METRICS_OUT_COUNT, "Upstream attempts, by route and outcome." },
+    [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, upstream, outcome", outcome_names,
+                       METRICS_OUT_COUNT,
+                       "Upstream attempts, by route, upstream URL as written and outcome." },
     [FAM_RETRIES] = { "retries_total", "counter", "route, reason", NULL, 0,
                       "Retries started, by route and the retry_on token that fired." },
     [FAM_RETRY_SUCCESS] = { "retry_success_total", "counter", "route", NULL, 0,
@@ -126,8 +127,9 @@ static const struct family_def {
                      "past per_try_timeout_ms (retry.hedge_on_per_try_timeout)." },
     [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
                       "Backoff waits before retries, in seconds." },
-    [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route", NULL, 0,
-                               "Duration of single upstream attempts, in seconds." },
+    [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route, upstream", NULL, 0,
+                               "Duration of single upstream attempts, by route and upstream URL "
+                               "as written, in seconds." },
     [FAM_REQUEST_DURATION] = { "request_duration_seconds", "histogram", "route", NULL, 0,
                                "Duration of whole client requests, retries included, in seconds." },
     [FAM_RELOADS] = { "config_reloads_total", "counter", "result", result_names, 2,
@@ -200,7 +202,6 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
     for (unsigned w = 0; w < r->nslots; w++) {
         const struct route_slot *s = &r->slots[w];
         any |= add_counts(t->codes, s->codes, CODE_COUNT);
-        any |= add_counts(t->attempts, s->attempts, METRICS_OUT_COUNT);
         any |= add_counts(t->retries, s->retries, METRICS_MAX_REASONS);
         any |= add_counts(t->denied, s->denied, METRICS_DENIED_COUNT);
         any |= add_counts(&t->retry_success, &s->retry_success, 1);
@@ -235,12 +236,24 @@ static const char *put_family(FILE *f, enum family fam)
     return d->name;
 }
 
+/* Starts a series line of 'name' (with 'suffix': _bucket...) for route 'route' and, when
+ * 'url' is not NULL, upstream 'url' -- the caller closes the labels. */
+static void put_series(FILE *f, const char *name, const char *suffix, const char *route,
+                       const char *url)
+{
+    fprintf(f, "retryproxy_%s%s{route=\"", name, suffix);
+    put_label(f, route);
+    if (url) {
+        fputs("\",upstream=\"", f);
+        put_label(f, url);
+    }
+    fputc('"', f);
+}
+
 /* Starts a series line: retryproxy_<name>{route="<route>" -- the caller closes the labels. */
 static void put_route_series(FILE *f, const char *name, const struct metrics_route *r)
 {
-    fprintf(f, "retryproxy_%s{route=\"", name);
-    put_label(f, r->name);
-    fputc('"', f);
+    put_series(f, name, "", r->name, NULL);
 }
 
 struct scrape {
@@ -328,26 +341,54 @@ static void render_route_counter(FILE *f, const struct scrape *sc, enum family f
     }
 }
 
+/* One histogram's _bucket, _sum and _count lines from its non-cumulative 'buckets'. */
+static void put_hist(FILE *f, const char *name, const char *route, const char *url,
+                     const uint64_t *buckets, uint64_t sum_us)
+{
+    uint64_t cum = 0;
+    for (size_t b = 0; b < HIST_BUCKETS; b++) {
+        cum += buckets[b];
+        put_series(f, name, "_bucket", route, url);
+        fprintf(f, ",le=\"%s\"} %" PRIu64 "\n", hist_le[b], cum);
+    }
+    /* Exact decimal seconds from integer microseconds: no binary rounding on the way. */
+    put_series(f, name, "_sum", route, url);
+    fprintf(f, "} %" PRIu64 ".%06" PRIu64 "\n", sum_us / 1000000, sum_us % 1000000);
+    put_series(f, name, "_count", route, url);
+    fprintf(f, "} %" PRIu64 "\n", cum);
+}
+
 static void render_hist(FILE *f, const struct scrape *sc, enum metrics_hist h, enum family fam)
 {
     const char *name = put_family(f, fam);
+    for (size_t i = 0; i < sc->n; i++)
+        put_hist(f, name, sc->routes[i]->name, NULL, sc->totals[i].buckets[h],
+                 sc->totals[i].sum_us[h]);
+}
+
+/* attempts_total or attempt_duration_seconds: each route's upstreams, in URL order. */
+static void render_targets(FILE *f, const struct scrape *sc, enum family fam)
+{
+    const char *name = put_family(f, fam);
     for (size_t i = 0; i < sc->n; i++) {
-        const struct route_totals *t = &sc->totals[i];
-        uint64_t cum = 0;
-        for (size_t b = 0; b < HIST_BUCKETS; b++) {
-            cum += t->buckets[h][b];
-            fprintf(f, "retryproxy_%s_bucket{route=\"", name);
-            put_label(f, sc->routes[i]->name);
-            fprintf(f, "\",le=\"%s\"} %" PRIu64 "\n", hist_le[b], cum);
+        const struct metrics_route *r = sc->routes[i];
+        for (size_t k = 0; k < r->ntargets; k++) {
+            const struct metrics_target *t = r->targets[k];
+            uint64_t attempts[METRICS_OUT_COUNT] = { 0 }, buckets[HIST_BUCKETS] = { 0 }, sum = 0;
+            for (unsigned w = 0; w < t->nslots; w++) {
+                add_counts(attempts, t->slots[w].attempts, METRICS_OUT_COUNT);
+                add_counts(buckets, t->slots[w].hist.buckets, HIST_BUCKETS);
+                sum += peek(&t->slots[w].hist.sum_us);
+            }
+            if (fam == FAM_ATTEMPT_DURATION) {
+                put_hist(f, name, r->name, t->url, buckets, sum);
+                continue;
+            }
+            for (size_t o = 0; o < METRICS_OUT_COUNT; o++) {
+                put_series(f, name, "", r->name, t->url);
+                fprintf(f, ",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o], attempts[o]);
+            }
         }
-        /* Exact decimal seconds from integer microseconds: no binary rounding on the way. */
-        fprintf(f, "retryproxy_%s_sum{route=\"", name);
-        put_label(f, sc->routes[i]->name);
-        fprintf(f, "\"} %" PRIu64 ".%06" PRIu64 "\n", t->sum_us[h] / 1000000,
-                t->sum_us[h] % 1000000);
-        fprintf(f, "retryproxy_%s_count{route=\"", name);
-        put_label(f, sc->routes[i]->name);
-        fprintf(f, "\"} %" PRIu64 "\n", cum);
     }
 }
 
@@ -498,7 +539,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_labeled(f, sc, FAM_UPGRADES, "outcome", offsetof(struct route_totals, upgrades));
     render_labeled(f, sc, FAM_TUNNEL_BYTES, "direction",
                    offsetof(struct route_totals, tunnel_bytes));
-    render_labeled(f, sc, FAM_ATTEMPTS, "outcome", offsetof(struct route_totals, attempts));
+    render_targets(f, sc, FAM_ATTEMPTS);
     render_retries(f, sc);
     render_route_counter(f, sc, FAM_RETRY_SUCCESS, offsetof(struct route_totals, retry_success));
     render_labeled(f, sc, FAM_DENIED, "reason", offsetof(struct route_totals, denied));
@@ -508,7 +549,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_route_counter(f, sc, FAM_THROTTLED, offsetof(struct route_totals, throttled));
     render_route_counter(f, sc, FAM_HEDGES, offsetof(struct route_totals, hedges));
     render_hist(f, sc, METRICS_HIST_BACKOFF, FAM_BACKOFF);
-    render_hist(f, sc, METRICS_HIST_ATTEMPT, FAM_ATTEMPT_DURATION);
+    render_targets(f, sc, FAM_ATTEMPT_DURATION);
     render_hist(f, sc, METRICS_HIST_REQUEST, FAM_REQUEST_DURATION);
     render_config(f, m);
     render_budget(f, m, sc, FAM_BUDGET_RATIO);

@@ -154,19 +154,22 @@ Test(metrics, known_scenario_renders_exact_lines)
     struct metrics_route *r = metrics_route(m, "r");
     cr_assert_not_null(r);
     unsigned gw = metrics_reason(r, "gateway-error");
+    struct metrics_target *u = metrics_target(r, "http://u:1");
+    cr_assert_not_null(u);
 
     metrics_request(r, 0, 200);
-    metrics_attempt(r, 0, METRICS_OUT_5XX);
-    metrics_attempt(r, 0, METRICS_OUT_5XX);
-    metrics_attempt(r, 0, METRICS_OUT_2XX);
+    metrics_attempt(u, 0, METRICS_OUT_5XX, 0.01);
+    metrics_attempt(u, 0, METRICS_OUT_5XX, 0.01);
+    metrics_attempt(u, 0, METRICS_OUT_2XX, 0.01);
     metrics_retry(r, 0, gw);
     metrics_retry(r, 0, gw);
     metrics_retry_success(r, 0);
 
     char *t = render(m);
     EXPECT_LINES(t, "retryproxy_requests_total{route=\"r\",code=\"200\"} 1",
-                 "retryproxy_attempts_total{route=\"r\",outcome=\"5xx\"} 2",
-                 "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 1",
+                 "retryproxy_attempts_total{route=\"r\",upstream=\"http://u:1\",outcome=\"5xx\"} 2",
+                 "retryproxy_attempts_total{route=\"r\",upstream=\"http://u:1\",outcome=\"2xx\"} 1",
+                 "retryproxy_attempt_duration_seconds_count{route=\"r\",upstream=\"http://u:1\"} 3",
                  "retryproxy_retries_total{route=\"r\",reason=\"gateway-error\"} 2",
                  "retryproxy_retry_success_total{route=\"r\"} 1",
                  "retryproxy_retry_after_honored_total{route=\"r\"} 0");
@@ -178,7 +181,8 @@ Test(metrics, known_scenario_renders_exact_lines)
     const char *prev = t;
     for (size_t i = 0; i < 8; i++) {
         char series[128];
-        snprintf(series, sizeof(series), "retryproxy_attempts_total{route=\"r\",outcome=\"%s\"}",
+        snprintf(series, sizeof(series),
+                 "retryproxy_attempts_total{route=\"r\",upstream=\"http://u:1\",outcome=\"%s\"}",
                  outcomes[i]);
         const char *at = find_series(t, series);
         cr_expect_not_null(at, "missing %s", series);
@@ -192,15 +196,54 @@ Test(metrics, known_scenario_renders_exact_lines)
     metrics_free(m);
 }
 
+/* attempts_total and attempt_duration_seconds by upstream (its URL as written): one pointer per
+ * URL of a route, kept for the registry's life, series in URL order; the same URL on another
+ * route is another series. */
+Test(metrics, attempts_are_counted_by_upstream)
+{
+    struct metrics *m = metrics_new(2);
+    struct metrics_route *r = metrics_route(m, "r"), *o = metrics_route(m, "o");
+    struct metrics_target *b = metrics_target(r, "http://b:2");
+    struct metrics_target *a = metrics_target(r, "http://a:1/");
+    struct metrics_target *ob = metrics_target(o, "http://b:2");
+    cr_assert(a && b && ob);
+    cr_expect_eq(metrics_target(r, "http://b:2"), b);
+    cr_expect_eq(metrics_target(r, "http://a:1/"), a);
+    cr_expect_neq(ob, b);
+    metrics_attempt(a, 0, METRICS_OUT_2XX, 0.002);
+    metrics_attempt(b, 1, METRICS_OUT_TIMEOUT, 1.5);
+    metrics_attempt(b, 0, METRICS_OUT_TIMEOUT, 0.5);
+    char *t = render(m);
+    EXPECT_LINES(
+        t, "retryproxy_attempts_total{route=\"r\",upstream=\"http://a:1/\",outcome=\"2xx\"} 1",
+        "retryproxy_attempts_total{route=\"r\",upstream=\"http://a:1/\",outcome=\"timeout\"} 0",
+        "retryproxy_attempts_total{route=\"r\",upstream=\"http://b:2\",outcome=\"timeout\"} 2",
+        "retryproxy_attempts_total{route=\"o\",upstream=\"http://b:2\",outcome=\"timeout\"} 0",
+        "retryproxy_attempt_duration_seconds_sum{route=\"r\",upstream=\"http://a:1/\"} 0.002000",
+        "retryproxy_attempt_duration_seconds_count{route=\"r\",upstream=\"http://b:2\"} 2",
+        "retryproxy_attempt_duration_seconds_sum{route=\"r\",upstream=\"http://b:2\"} 2.000000");
+    /* nine outcomes for each of the three pairs, none by route alone */
+    cr_expect_eq(count_lines(t, "retryproxy_attempts_total{"), 27);
+    cr_expect_eq(count_lines(t, "retryproxy_attempts_total{route=\"r\",outcome"), 0);
+    const char *first = find_series(
+        t, "retryproxy_attempts_total{route=\"r\",upstream=\"http://a:1/\",outcome=\"1xx\"}");
+    const char *second = find_series(
+        t, "retryproxy_attempts_total{route=\"r\",upstream=\"http://b:2\",outcome=\"1xx\"}");
+    cr_expect(first && second && first < second, "upstreams not in URL order");
+    free(t);
+    metrics_free(m);
+}
+
 Test(metrics, slots_are_summed_across_workers)
 {
     struct metrics *m = metrics_new(4);
     cr_assert_not_null(m);
     struct metrics_route *r = metrics_route(m, "api");
     unsigned reason = metrics_reason(r, "429");
+    struct metrics_target *u = metrics_target(r, "h2c://api:80");
     for (unsigned w = 0; w < 4; w += 3) { /* workers 0 and 3 */
         metrics_request(r, w, 503);
-        metrics_attempt(r, w, METRICS_OUT_TIMEOUT);
+        metrics_attempt(u, w, METRICS_OUT_TIMEOUT, 1);
         metrics_retry(r, w, reason);
         metrics_retry_success(r, w);
         metrics_denied(r, w, METRICS_DENIED_BUDGET);
@@ -211,16 +254,17 @@ Test(metrics, slots_are_summed_across_workers)
     metrics_request(r, 3, 503);
 
     char *t = render(m);
-    EXPECT_LINES(t, "retryproxy_requests_total{route=\"api\",code=\"503\"} 3",
-                 "retryproxy_attempts_total{route=\"api\",outcome=\"timeout\"} 2",
-                 "retryproxy_retries_total{route=\"api\",reason=\"429\"} 2",
-                 "retryproxy_retry_success_total{route=\"api\"} 2",
-                 "retryproxy_retries_denied_total{route=\"api\",reason=\"budget\"} 2",
-                 "retryproxy_retry_after_honored_total{route=\"api\"} 2",
-                 "retryproxy_backoff_seconds_bucket{route=\"api\",le=\"0.05\"} 2",
-                 "retryproxy_backoff_seconds_sum{route=\"api\"} 0.100000",
-                 "retryproxy_backoff_seconds_count{route=\"api\"} 2",
-                 "retryproxy_connections_active 2");
+    EXPECT_LINES(
+        t, "retryproxy_requests_total{route=\"api\",code=\"503\"} 3",
+        "retryproxy_attempts_total{route=\"api\",upstream=\"h2c://api:80\",outcome=\"timeout\"} 2",
+        "retryproxy_attempt_duration_seconds_sum{route=\"api\",upstream=\"h2c://api:80\"} 2.000000",
+        "retryproxy_retries_total{route=\"api\",reason=\"429\"} 2",
+        "retryproxy_retry_success_total{route=\"api\"} 2",
+        "retryproxy_retries_denied_total{route=\"api\",reason=\"budget\"} 2",
+        "retryproxy_retry_after_honored_total{route=\"api\"} 2",
+        "retryproxy_backoff_seconds_bucket{route=\"api\",le=\"0.05\"} 2",
+        "retryproxy_backoff_seconds_sum{route=\"api\"} 0.100000",
+        "retryproxy_backoff_seconds_count{route=\"api\"} 2", "retryproxy_connections_active 2");
     free(t);
     metrics_free(m);
 }
@@ -278,9 +322,10 @@ static void *writer(void *p)
     /* Looked up here, through the mutex, as a worker would get them from a config snapshot. */
     struct metrics_route *r = metrics_route(m, "hot");
     unsigned gw = metrics_reason(r, "gateway-error");
+    struct metrics_target *u = metrics_target(r, "http://hot");
     for (unsigned i = 0; i < ITERATIONS; i++) {
         metrics_request(r, a->w, 200);
-        metrics_attempt(r, a->w, METRICS_OUT_2XX);
+        metrics_attempt(u, a->w, METRICS_OUT_2XX, 0.002);
         metrics_retry(r, a->w, gw);
         metrics_observe(r, a->w, METRICS_HIST_REQUEST, 0.002);
         metrics_connections_add(m, a->w, 1);
@@ -298,7 +343,7 @@ static void *writer(void *p)
 
 static const char *const watched[] = {
     "retryproxy_requests_total{route=\"hot\",code=\"200\"}",
-    "retryproxy_attempts_total{route=\"hot\",outcome=\"2xx\"}",
+    "retryproxy_attempts_total{route=\"hot\",upstream=\"http://hot\",outcome=\"2xx\"}",
     "retryproxy_retries_total{route=\"hot\",reason=\"gateway-error\"}",
     "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.0025\"}",
     "retryproxy_request_duration_seconds_count{route=\"hot\"}",
@@ -363,7 +408,7 @@ static const char *hammer_run(struct hammer *h)
 
     static const char *const want[] = {
         "retryproxy_requests_total{route=\"hot\",code=\"200\"} 4000000",
-        "retryproxy_attempts_total{route=\"hot\",outcome=\"2xx\"} 4000000",
+        "retryproxy_attempts_total{route=\"hot\",upstream=\"http://hot\",outcome=\"2xx\"} 4000000",
         "retryproxy_retries_total{route=\"hot\",reason=\"gateway-error\"} 4000000",
         "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.001\"} 0",
         "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.0025\"} 4000000",
@@ -400,7 +445,7 @@ Test(metrics, histogram_buckets_are_cumulative)
     struct metrics_route *r = metrics_route(m, "h");
     const double obs[] = { 0.0005, 0.003, 0.2, 100 };
     for (size_t i = 0; i < 4; i++)
-        metrics_observe(r, 0, METRICS_HIST_ATTEMPT, obs[i]);
+        metrics_observe(r, 0, METRICS_HIST_REQUEST, obs[i]);
 
     /* 0.0005 -> le 0.001; 0.003 -> le 0.005; 0.2 -> le 0.25; 100 -> +Inf only. */
     const long long want[16] = { 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 4 };
@@ -409,7 +454,7 @@ Test(metrics, histogram_buckets_are_cumulative)
     for (size_t i = 0; i < 16; i++) {
         char series[128];
         snprintf(series, sizeof(series),
-                 "retryproxy_attempt_duration_seconds_bucket{route=\"h\",le=\"%s\"}", le[i]);
+                 "retryproxy_request_duration_seconds_bucket{route=\"h\",le=\"%s\"}", le[i]);
         const char *at = find_series(t, series);
         cr_expect_not_null(at, "missing %s", series);
         cr_expect(at == NULL || at > prev, "%s out of order", series);
@@ -418,13 +463,13 @@ Test(metrics, histogram_buckets_are_cumulative)
         cr_expect_eq(value_of(t, series), want[i], "%s = %lld, want %lld", series,
                      value_of(t, series), want[i]);
     }
-    expect_line(t, "retryproxy_attempt_duration_seconds_sum{route=\"h\"} 100.203500");
-    expect_line(t, "retryproxy_attempt_duration_seconds_count{route=\"h\"} 4");
-    cr_expect_eq(count_lines(t, "retryproxy_attempt_duration_seconds_bucket{route=\"h\""), 16);
-    /* The other histograms of the route are there, empty. */
+    expect_line(t, "retryproxy_request_duration_seconds_sum{route=\"h\"} 100.203500");
+    expect_line(t, "retryproxy_request_duration_seconds_count{route=\"h\"} 4");
+    cr_expect_eq(count_lines(t, "retryproxy_request_duration_seconds_bucket{route=\"h\""), 16);
+    /* The other histogram of the route is there, empty; no upstream: no attempt series. */
     EXPECT_LINES(t, "retryproxy_backoff_seconds_bucket{route=\"h\",le=\"+Inf\"} 0",
-                 "retryproxy_backoff_seconds_sum{route=\"h\"} 0.000000",
-                 "retryproxy_request_duration_seconds_count{route=\"h\"} 0");
+                 "retryproxy_backoff_seconds_sum{route=\"h\"} 0.000000");
+    cr_expect_eq(count_lines(t, "retryproxy_attempt_duration_seconds_bucket{"), 0);
     free(t);
     metrics_free(m);
 }
@@ -623,7 +668,7 @@ Test(metrics, unmatched_route_renders_once_counted)
     metrics_request(none, 0, 404);
     t = render(m);
     EXPECT_LINES(t, "retryproxy_requests_total{route=\"\",code=\"404\"} 1",
-                 "retryproxy_attempts_total{route=\"\",outcome=\"1xx\"} 0",
+                 "retryproxy_backoff_seconds_count{route=\"\"} 0",
                  "retryproxy_request_duration_seconds_count{route=\"\"} 0");
     /* "" sorts before every other name. */
     const char *e = find_series(t, "retryproxy_retry_success_total{route=\"\"}");
@@ -877,7 +922,9 @@ Test(metrics, bad_arguments_are_ignored)
     struct metrics_route *r = metrics_route(m, "r");
     /* No route: nothing happens. */
     metrics_request(NULL, 0, 200);
-    metrics_attempt(NULL, 0, METRICS_OUT_2XX);
+    metrics_attempt(NULL, 0, METRICS_OUT_2XX, 1);
+    cr_expect_null(metrics_target(NULL, "http://u"));
+    cr_expect_null(metrics_target(r, NULL));
     metrics_retry(NULL, 0, 0);
     metrics_retry_success(NULL, 0);
     metrics_denied(NULL, 0, METRICS_DENIED_BUDGET);
@@ -885,7 +932,10 @@ Test(metrics, bad_arguments_are_ignored)
     metrics_observe(NULL, 0, METRICS_HIST_REQUEST, 1);
     /* A worker index past the registry: not counted, no write out of bounds. */
     metrics_request(r, 2, 200);
-    metrics_attempt(r, 1000, METRICS_OUT_2XX);
+    struct metrics_target *u = metrics_target(r, "http://u");
+    metrics_attempt(u, 2, METRICS_OUT_2XX, 1);
+    metrics_attempt(u, 1000, METRICS_OUT_2XX, 1);
+    metrics_attempt(u, 0, METRICS_OUT_COUNT, 1);
     metrics_connections_add(m, 2, 1);
     const struct budget_limits l = { .max_concurrent_retries = 1, .window_ms = 1 };
     metrics_route_budget(NULL, &l);
@@ -898,7 +948,10 @@ Test(metrics, bad_arguments_are_ignored)
 
     char *t = render(m);
     cr_expect_eq(count_lines(t, "retryproxy_requests_total{"), 0);
-    expect_line(t, "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 0");
+    expect_line(t,
+                "retryproxy_attempts_total{route=\"r\",upstream=\"http://u\",outcome=\"2xx\"} 0");
+    expect_line(t,
+                "retryproxy_attempt_duration_seconds_count{route=\"r\",upstream=\"http://u\"} 0");
     expect_line(t, "retryproxy_connections_active 0");
     cr_expect(!strstr(t, "scope="), "a NULL budget was installed");
     free(t);
@@ -919,11 +972,14 @@ static struct metrics *populated(void)
         unsigned gw = metrics_reason(r, "gateway-error");
         unsigned tm = metrics_reason(r, "429");
         metrics_reason(r, "connect-failure");
+        struct metrics_target *u[2] = { metrics_target(r, "https://b.example/\"q\"\\"),
+                                        metrics_target(r, "http://a.example:8080") };
+        cr_assert(u[0] && u[1]);
         for (unsigned w = 0; w < 3; w++) {
             metrics_request(r, w, 200);
             metrics_request(r, w, 503);
             for (int o = 0; o < METRICS_OUT_COUNT; o++)
-                metrics_attempt(r, w, (enum metrics_outcome)o);
+                metrics_attempt(u[o % 2], w, (enum metrics_outcome)o, 0.0123 * (w + 1));
             metrics_retry(r, w, gw);
             metrics_retry(r, w, tm);
             metrics_retry_success(r, w);
