@@ -22,8 +22,8 @@
 #define CODE_COUNT (CODE_MAX - CODE_MIN + 1)
 /* The last reason slot collects tokens beyond the first METRICS_MAX_REASONS-1 distinct ones. */
 #define REASON_OTHER (METRICS_MAX_REASONS - 1)
-/* 15 finite upper bounds plus the +Inf bucket. */
-#define HIST_BOUNDS  15
+/* 18 finite upper bounds plus the +Inf bucket. */
+#define HIST_BOUNDS  18
 #define HIST_BUCKETS (HIST_BOUNDS + 1)
 /* Sums are kept in integer microseconds; clamp one observation so the conversion stays defined
  * (a billion seconds is already nonsense for a request). */

@@ -13,10 +13,10 @@
 #include "proxy/metrics_int.h"
 
 /* The same bounds as printed in le="..." (fixed text, so every scrape prints them alike). */
-static const char *const hist_le[HIST_BUCKETS] = { "0.001", "0.0025", "0.005", "0.01",
-                                                   "0.025", "0.05",   "0.1",   "0.25",
-                                                   "0.5",   "1",      "2.5",   "5",
-                                                   "10",    "30",     "60",    "+Inf" };
+static const char *const hist_le[HIST_BUCKETS] = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025",
+                                                   "0.005",  "0.01",    "0.025",  "0.05",  "0.1",
+                                                   "0.25",   "0.5",     "1",      "2.5",   "5",
+                                                   "10",     "30",      "60",     "+Inf" };
 
 static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",     "3xx",
                                                               "4xx",   "5xx",     "connect_failure",

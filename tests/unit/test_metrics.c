@@ -105,9 +105,9 @@ static const char *const outcomes[] = { "1xx",   "2xx",     "3xx",
 static const char *const denied[] = { "max-attempts", "budget",        "concurrency",    "deadline",
                                       "retry-after",  "not-retryable", "body-too-large", "draining",
                                       "pushback",     "throttled" };
-static const char *const le[] = { "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05",
-                                  "0.1",   "0.25",   "0.5",   "1",    "2.5",   "5",
-                                  "10",    "30",     "60",    "+Inf" };
+static const char *const le[] = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01",
+                                  "0.025",  "0.05",    "0.1",    "0.25",  "0.5",    "1",     "2.5",
+                                  "5",      "10",      "30",     "60",    "+Inf" };
 
 static const struct {
     const char *name, *type;
@@ -443,15 +443,16 @@ Test(metrics, histogram_buckets_are_cumulative)
 {
     struct metrics *m = metrics_new(1);
     struct metrics_route *r = metrics_route(m, "h");
-    const double obs[] = { 0.0005, 0.003, 0.2, 100 };
-    for (size_t i = 0; i < 4; i++)
+    const double obs[] = { 0.00005, 0.0004, 0.0007, 0.003, 0.2, 100 };
+    for (size_t i = 0; i < 6; i++)
         metrics_observe(r, 0, METRICS_HIST_REQUEST, obs[i]);
 
-    /* 0.0005 -> le 0.001; 0.003 -> le 0.005; 0.2 -> le 0.25; 100 -> +Inf only. */
-    const long long want[16] = { 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 4 };
+    /* 50 us -> le 0.0001 (a loopback attempt); 0.0004 -> le 0.0005; 0.0007 -> le 0.001;
+     * 0.003 -> le 0.005; 0.2 -> le 0.25; 100 -> +Inf only. */
+    const long long want[19] = { 1, 1, 2, 3, 3, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6 };
     char *t = render(m);
     const char *prev = t;
-    for (size_t i = 0; i < 16; i++) {
+    for (size_t i = 0; i < 19; i++) {
         char series[128];
         snprintf(series, sizeof(series),
                  "retryproxy_request_duration_seconds_bucket{route=\"h\",le=\"%s\"}", le[i]);
@@ -463,9 +464,9 @@ Test(metrics, histogram_buckets_are_cumulative)
         cr_expect_eq(value_of(t, series), want[i], "%s = %lld, want %lld", series,
                      value_of(t, series), want[i]);
     }
-    expect_line(t, "retryproxy_request_duration_seconds_sum{route=\"h\"} 100.203500");
-    expect_line(t, "retryproxy_request_duration_seconds_count{route=\"h\"} 4");
-    cr_expect_eq(count_lines(t, "retryproxy_request_duration_seconds_bucket{route=\"h\""), 16);
+    expect_line(t, "retryproxy_request_duration_seconds_sum{route=\"h\"} 100.204150");
+    expect_line(t, "retryproxy_request_duration_seconds_count{route=\"h\"} 6");
+    cr_expect_eq(count_lines(t, "retryproxy_request_duration_seconds_bucket{route=\"h\""), 19);
     /* The other histogram of the route is there, empty; no upstream: no attempt series. */
     EXPECT_LINES(t, "retryproxy_backoff_seconds_bucket{route=\"h\",le=\"+Inf\"} 0",
                  "retryproxy_backoff_seconds_sum{route=\"h\"} 0.000000");
