@@ -372,6 +372,35 @@ void metrics_tunnels_add(struct metrics *m, unsigned w, int delta)
     worker_gauge_add(m, w, offsetof(struct worker_slot, tunnels), delta);
 }
 
+_Atomic int64_t *metrics_upstream_waiting(struct metrics *m, unsigned w)
+{
+    return m && w < m->workers ? &m->wslots[w].upstream_waiting : NULL;
+}
+
+void metrics_connections_limited(struct metrics *m, unsigned w)
+{
+    if (m && w < m->workers)
+        bump(&m->wslots[w].limit_reached, 1);
+}
+
+void metrics_set_body_bytes(struct metrics *m, const atomic_uint_fast64_t *bytes)
+{
+    if (m)
+        m->body_bytes = bytes;
+}
+
+void metrics_limits(struct metrics *m, const uint64_t limits[METRICS_LIMIT_COUNT])
+{
+    if (!m || !limits)
+        return;
+    pthread_mutex_lock(&m->lock);
+    for (size_t i = 0; i < METRICS_LIMIT_COUNT; i++)
+        if (limits[i] != METRICS_LIMIT_KEEP)
+            m->limits[i] = limits[i];
+    m->has_limits = true;
+    pthread_mutex_unlock(&m->lock);
+}
+
 void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix_seconds)
 {
     if (!m)

@@ -9,6 +9,7 @@
 #ifndef RETRYPROXY_PROXY_METRICS_H
 #define RETRYPROXY_PROXY_METRICS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -128,6 +129,25 @@ void metrics_tunnels_add(struct metrics *m, unsigned w, int delta);
  * its HTTP/2 upstream pool keeps (proxy/h2up.h); NULL without metrics. */
 struct h2up_counts;
 struct h2up_counts *metrics_h2up_counts(struct metrics *m, unsigned w);
+/* upstream_requests_waiting: worker 'w''s count of attempts waiting for an upstream transfer
+ * slot (limits.max_upstream_requests and its shares), which its upstream keeps
+ * (upstream_count_waits()); NULL without metrics. */
+_Atomic int64_t *metrics_upstream_waiting(struct metrics *m, unsigned w);
+/* connections_limit_reached_total: worker 'w' stopped accepting, its share of
+ * limits.max_connections being open. */
+void metrics_connections_limited(struct metrics *m, unsigned w);
+/* buffered_body_bytes: read from '*bytes' at each scrape. Set once at start. */
+void metrics_set_body_bytes(struct metrics *m, const atomic_uint_fast64_t *bytes);
+/* limit{limit}: the limits.* settings in effect, set for every snapshot published (nothing is
+ * shown before the first); METRICS_LIMIT_KEEP leaves that limit as it was. Thread-safe (mutex). */
+enum metrics_limit {
+    METRICS_LIMIT_CONNECTIONS,
+    METRICS_LIMIT_UPSTREAM_REQUESTS,
+    METRICS_LIMIT_BUFFERED_BODY_BYTES,
+    METRICS_LIMIT_COUNT
+};
+#define METRICS_LIMIT_KEEP UINT64_MAX
+void metrics_limits(struct metrics *m, const uint64_t limits[METRICS_LIMIT_COUNT]);
 /* config_reloads_total{result}, config_generation, config_last_reload_successful (1 after a
  * success, 0 after a failure; 0 before the first load) and, on success,
  * config_last_reload_success_timestamp_seconds ('unix_seconds'). The initial load counts as a

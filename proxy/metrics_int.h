@@ -71,6 +71,8 @@ struct metrics_target {
 struct worker_slot {
     _Alignas(CACHE_LINE) _Atomic int64_t connections;
     _Atomic int64_t tunnels;
+    _Atomic int64_t upstream_waiting;
+    _Atomic uint64_t limit_reached;
     struct h2up_counts h2up; /* the worker's HTTP/2 upstream connections */
 };
 
@@ -112,6 +114,9 @@ struct metrics {
     bool draining; /* for good, once set */
     bool has_budget;
     struct budget_limits budget; /* the process-wide one, once installed */
+    bool has_limits;
+    uint64_t limits[METRICS_LIMIT_COUNT];   /* the ones installed last, once there were some */
+    const atomic_uint_fast64_t *body_bytes; /* set once at start; NULL: not shown */
     /* Set once at start: the upstreams' health rows (metrics_set_upstreams()). */
     size_t (*upstreams_fn)(void *arg, struct metrics_upstream **rows);
     void *upstreams_arg;

@@ -11,6 +11,8 @@
 
 #include "proxy/escape.h"
 #include "proxy/metrics_int.h"
+#include "proxy/procstat.h"
+#include "proxy/version.h"
 
 /* The same bounds as printed in le="..." (fixed text, so every scrape prints them alike). */
 static const char *const hist_le[HIST_BUCKETS] = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025",
@@ -36,6 +38,11 @@ static const char *const grpc_names[METRICS_GRPC_COUNT] = { "0",  "1",  "2",    
                                                             "15", "16", "other", "none" };
 /* budget_*{scope}: the top-level budget, or a route's (then with its route label). */
 static const char *const scope_names[] = { "process", "route" };
+static const char *const limit_names[METRICS_LIMIT_COUNT] = {
+    [METRICS_LIMIT_CONNECTIONS] = "max_connections",
+    [METRICS_LIMIT_UPSTREAM_REQUESTS] = "max_upstream_requests",
+    [METRICS_LIMIT_BUFFERED_BODY_BYTES] = "max_buffered_body_bytes"
+};
 static const char *const h2up_result_names[H2UP_OPENED_COUNT] = {
     [H2UP_OPENED_H2] = "h2", [H2UP_OPENED_HTTP1] = "http1", [H2UP_OPENED_FAILED] = "failed"
 };
@@ -72,6 +79,16 @@ enum family {
     FAM_H2UP_OPEN,
     FAM_H2UP_OPENED,
     FAM_DRAINING,
+    FAM_UPSTREAM_WAITING,
+    FAM_LIMIT_REACHED,
+    FAM_BODY_BYTES,
+    FAM_LIMIT,
+    FAM_BUILD_INFO,
+    FAM_PROC_CPU,
+    FAM_PROC_RSS,
+    FAM_PROC_OPEN_FDS,
+    FAM_PROC_MAX_FDS,
+    FAM_PROC_START,
     FAM_COUNT
 };
 
@@ -84,6 +101,7 @@ static const struct family_def {
     const char *const *values;
     size_t n_values;
     const char *help;
+    bool bare; /* a standard name, without the retryproxy_ prefix (process_*) */
 } families[FAM_COUNT] = {
     [FAM_REQUESTS] = { "requests_total", "counter", "route, code", NULL, 0,
                        "Requests answered, by route and final status code sent to the client." },
@@ -172,6 +190,33 @@ static const struct family_def {
     [FAM_DRAINING] = { "draining", "gauge", "", NULL, 0,
                        "1 from the moment the proxy starts draining (SIGTERM, SIGINT) until it "
                        "exits, else 0." },
+    [FAM_UPSTREAM_WAITING] = { "upstream_requests_waiting", "gauge", "", NULL, 0,
+                               "Upstream attempts waiting for a transfer slot now "
+                               "(limits.max_upstream_requests, or an origin's or a connection's "
+                               "share of it)." },
+    [FAM_LIMIT_REACHED] = { "connections_limit_reached_total", "counter", "", NULL, 0,
+                            "Times a worker stopped accepting because its share of "
+                            "limits.max_connections was open: new clients wait in the listen "
+                            "backlog until a connection closes (the kernel refuses them once it "
+                            "is full)." },
+    [FAM_BODY_BYTES] = { "buffered_body_bytes", "gauge", "", NULL, 0,
+                         "Request-body bytes held for replay now, against "
+                         "limits.max_buffered_body_bytes." },
+    [FAM_LIMIT] = { "limit", "gauge", "limit", limit_names, METRICS_LIMIT_COUNT,
+                    "The limits.* settings in effect (max_connections as read at start)." },
+    [FAM_BUILD_INFO] = { "build_info", "gauge", "version", NULL, 0,
+                         "Always 1; version is what retryproxy --version prints." },
+    [FAM_PROC_CPU] = { "process_cpu_seconds_total", "counter", "", NULL, 0,
+                       "Total user and system CPU time spent in seconds.", true },
+    [FAM_PROC_RSS] = { "process_resident_memory_bytes", "gauge", "", NULL, 0,
+                       "Resident memory size in bytes.", true },
+    [FAM_PROC_OPEN_FDS] = { "process_open_fds", "gauge", "", NULL, 0,
+                            "Number of open file descriptors.", true },
+    [FAM_PROC_MAX_FDS] = { "process_max_fds", "gauge", "", NULL, 0,
+                           "Maximum number of open file descriptors (the soft RLIMIT_NOFILE).",
+                           true },
+    [FAM_PROC_START] = { "process_start_time_seconds", "gauge", "", NULL, 0,
+                         "Start time of the process since unix epoch in seconds.", true },
 };
 
 /* Routes in name order, as a scrape prints them. */
@@ -231,7 +276,8 @@ static void put_label(FILE *f, const char *s)
 static const char *put_family(FILE *f, enum family fam)
 {
     const struct family_def *d = &families[fam];
-    fprintf(f, "# HELP retryproxy_%s %s\n# TYPE retryproxy_%s %s\n", d->name, d->help, d->name,
+    const char *prefix = d->bare ? "" : "retryproxy_";
+    fprintf(f, "# HELP %s%s %s\n# TYPE %s%s %s\n", prefix, d->name, d->help, prefix, d->name,
             d->type);
     return d->name;
 }
@@ -506,6 +552,58 @@ static void render_process(FILE *f, struct metrics *m)
     fprintf(f, "retryproxy_%s %d\n", name, m->draining ? 1 : 0);
 }
 
+/* The limits and what is held against them; build_info. */
+static void render_limits(FILE *f, struct metrics *m)
+{
+    int64_t waiting = 0;
+    uint64_t reached = 0;
+    for (unsigned w = 0; w < m->workers; w++) {
+        waiting += atomic_load_explicit(&m->wslots[w].upstream_waiting, memory_order_relaxed);
+        reached += peek(&m->wslots[w].limit_reached);
+    }
+    const char *name = put_family(f, FAM_UPSTREAM_WAITING);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, waiting);
+    name = put_family(f, FAM_LIMIT_REACHED);
+    fprintf(f, "retryproxy_%s %" PRIu64 "\n", name, reached);
+    name = put_family(f, FAM_BODY_BYTES);
+    if (m->body_bytes)
+        fprintf(f, "retryproxy_%s %" PRIu64 "\n", name,
+                (uint64_t)atomic_load_explicit(m->body_bytes, memory_order_relaxed));
+    name = put_family(f, FAM_LIMIT);
+    for (size_t i = 0; m->has_limits && i < METRICS_LIMIT_COUNT; i++)
+        fprintf(f, "retryproxy_%s{limit=\"%s\"} %" PRIu64 "\n", name, limit_names[i], m->limits[i]);
+    name = put_family(f, FAM_BUILD_INFO);
+    fprintf(f, "retryproxy_%s{version=\"%s\"} 1\n", name, RETRYPROXY_VERSION);
+}
+
+/* process_*: Prometheus' standard process series, read from /proc now. */
+static void render_proc(FILE *f)
+{
+    struct procstat p;
+    procstat_read(&p);
+    const char *name = put_family(f, FAM_PROC_CPU);
+    if (p.ok) {
+        fprintf(f, "%s ", name);
+        put_double(f, p.cpu_seconds);
+        fputc('\n', f);
+    }
+    name = put_family(f, FAM_PROC_RSS);
+    if (p.ok)
+        fprintf(f, "%s %" PRIu64 "\n", name, p.resident_bytes);
+    name = put_family(f, FAM_PROC_OPEN_FDS);
+    if (p.open_fds >= 0)
+        fprintf(f, "%s %" PRId64 "\n", name, p.open_fds);
+    name = put_family(f, FAM_PROC_MAX_FDS);
+    if (p.max_fds >= 0)
+        fprintf(f, "%s %" PRId64 "\n", name, p.max_fds);
+    name = put_family(f, FAM_PROC_START);
+    if (p.ok) {
+        fprintf(f, "%s ", name);
+        put_double(f, p.start_time_seconds);
+        fputc('\n', f);
+    }
+}
+
 static int by_route_url(const void *a, const void *b)
 {
     const struct metrics_upstream *x = a, *y = b;
@@ -557,6 +655,8 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_budget(f, m, sc, FAM_BUDGET_CONCURRENT);
     render_upstreams(f, sc);
     render_process(f, m);
+    render_limits(f, m);
+    render_proc(f);
 }
 
 char *metrics_render(struct metrics *m, size_t *len)
@@ -644,7 +744,7 @@ void metrics_write_reference(FILE *out)
     fputs("| metric | type | labels | meaning |\n|---|---|---|---|\n", out);
     for (size_t i = 0; i < FAM_COUNT; i++) {
         const struct family_def *d = &families[i];
-        fprintf(out, "| `retryproxy_%s` | %s | ", d->name, d->type);
+        fprintf(out, "| `%s%s` | %s | ", d->bare ? "" : "retryproxy_", d->name, d->type);
         put_doc_labels(out, d);
         fprintf(out, " | %s |\n", d->help);
     }

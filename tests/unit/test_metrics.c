@@ -15,6 +15,7 @@
 #include "policy/budget.h"
 #include "proxy/live.h"
 #include "proxy/metrics.h"
+#include "proxy/version.h"
 
 /* ---- helpers over the rendered text ---- */
 
@@ -142,6 +143,17 @@ static const struct {
     { "upstream_h2_connections", "gauge" },
     { "upstream_h2_connections_total", "counter" },
     { "draining", "gauge" },
+    { "upstream_requests_waiting", "gauge" },
+    { "connections_limit_reached_total", "counter" },
+    { "buffered_body_bytes", "gauge" },
+    { "limit", "gauge" },
+    { "build_info", "gauge" },
+    /* Prometheus' standard names, without the prefix */
+    { "process_cpu_seconds_total", "counter" },
+    { "process_resident_memory_bytes", "gauge" },
+    { "process_open_fds", "gauge" },
+    { "process_max_fds", "gauge" },
+    { "process_start_time_seconds", "gauge" },
 };
 #define NFAMILIES (sizeof(families) / sizeof(families[0]))
 
@@ -705,8 +717,9 @@ Test(metrics, empty_registry_has_every_family)
     const char *prev = t;
     for (size_t i = 0; i < NFAMILIES; i++) {
         char help[128], type[128];
-        snprintf(help, sizeof(help), "# HELP retryproxy_%s ", families[i].name);
-        snprintf(type, sizeof(type), "# TYPE retryproxy_%s %s", families[i].name, families[i].type);
+        const char *prefix = strncmp(families[i].name, "process_", 8) ? "retryproxy_" : "";
+        snprintf(help, sizeof(help), "# HELP %s%s ", prefix, families[i].name);
+        snprintf(type, sizeof(type), "# TYPE %s%s %s", prefix, families[i].name, families[i].type);
         cr_expect_eq(count_lines(t, help), 1, "no single %s", help);
         expect_line(t, type);
         /* In the order of the contract's table, HELP right before TYPE. */
@@ -724,7 +737,12 @@ Test(metrics, empty_registry_has_every_family)
                  "retryproxy_config_generation 0",
                  "retryproxy_config_last_reload_success_timestamp_seconds 0.000",
                  "retryproxy_config_last_reload_successful 0", "retryproxy_connections_active 0",
-                 "retryproxy_draining 0");
+                 "retryproxy_draining 0", "retryproxy_upstream_requests_waiting 0",
+                 "retryproxy_connections_limit_reached_total 0");
+    /* the version is the one --version prints; no limit nor held bytes before they are set */
+    cr_expect_eq(count_lines(t, "retryproxy_build_info{version=\"" RETRYPROXY_VERSION "\"} 1"), 1);
+    cr_expect_eq(count_lines(t, "retryproxy_limit{"), 0);
+    cr_expect_eq(count_lines(t, "retryproxy_buffered_body_bytes "), 0);
     cr_expect(!strstr(t, "route="), "an empty registry has no route series");
     cr_expect(!strstr(t, "scope="), "no budget is shown before one is installed");
     free(t);
@@ -1191,5 +1209,33 @@ Test(metrics, many_route_names_register_in_linear_time)
     cr_expect(a == NULL || b == NULL || a < b, "routes printed in name order");
     free(text);
     live_free(l);
+    metrics_free(m);
+}
+
+/* limit{limit}: what was installed last, METRICS_LIMIT_KEEP leaving one as it was (a reload
+ * does not change max_connections); the waiting gauge and the limit counter sum the workers. */
+Test(metrics, limits_and_what_is_held_against_them)
+{
+    struct metrics *m = metrics_new(2);
+    const uint64_t first[METRICS_LIMIT_COUNT] = { 10, 20, 0 };
+    const uint64_t next[METRICS_LIMIT_COUNT] = { METRICS_LIMIT_KEEP, 25, 4096 };
+    metrics_limits(m, first);
+    metrics_limits(m, next);
+    atomic_store(metrics_upstream_waiting(m, 0), 2);
+    atomic_store(metrics_upstream_waiting(m, 1), 3);
+    cr_expect_null(metrics_upstream_waiting(m, 2));
+    metrics_connections_limited(m, 1);
+    metrics_connections_limited(m, 0);
+    metrics_connections_limited(m, 7); /* no such worker: not counted */
+    atomic_uint_fast64_t held = 777;
+    metrics_set_body_bytes(m, &held);
+    char *t = render(m);
+    EXPECT_LINES(t, "retryproxy_limit{limit=\"max_connections\"} 10",
+                 "retryproxy_limit{limit=\"max_upstream_requests\"} 25",
+                 "retryproxy_limit{limit=\"max_buffered_body_bytes\"} 4096",
+                 "retryproxy_upstream_requests_waiting 5",
+                 "retryproxy_connections_limit_reached_total 2",
+                 "retryproxy_buffered_body_bytes 777");
+    free(t);
     metrics_free(m);
 }
