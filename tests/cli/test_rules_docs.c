@@ -1,10 +1,13 @@
 /* Every recording rule and alert of deploy/prometheus/retryproxy-rules.yml is named, in
  * backquotes, by each page that lists them: docs/operations.md, deploy/prometheus/README.md and
  * docs/metrics.md. A rule added to the file and to none of the pages fails here (the gRPC alert
- * and its two rules once went out that way). Run from the repository root (make test does).
+ * and its two rules once went out that way). And every series the rules read is drawn on the
+ * Grafana dashboard, so that an alert has a panel to look at. Run from the repository root
+ * (make test does).
  */
 #include <criterion/criterion.h>
 
+#include <ctype.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +15,8 @@
 
 #include "tests/support/proc.h"
 
-#define RULES "deploy/prometheus/retryproxy-rules.yml"
+#define RULES     "deploy/prometheus/retryproxy-rules.yml"
+#define DASHBOARD "deploy/grafana/retryproxy-dashboard.json"
 
 static const char *const pages[] = { "docs/operations.md", "deploy/prometheus/README.md",
                                      "docs/metrics.md" };
@@ -73,4 +77,25 @@ Test(rules_docs, every_rule_and_alert_is_named_in_each_page)
         }
         free(doc);
     }
+}
+
+Test(rules_docs, every_series_the_rules_read_is_on_the_dashboard)
+{
+    char *rules = proc_read_file(RULES);
+    char *dash = proc_read_file(DASHBOARD);
+    cr_assert(rules[0] && dash[0], "cannot read " RULES " or " DASHBOARD);
+    size_t names = 0;
+    for (const char *p = strstr(rules, "retryproxy_"); p; p = strstr(p + 1, "retryproxy_")) {
+        if (p > rules && (p[-1] == '_' || p[-1] == ':' || isalnum((unsigned char)p[-1])))
+            continue; /* inside a longer name */
+        size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz0123456789_");
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)n, p);
+        names++;
+        cr_expect(strstr(dash, name), DASHBOARD " has no panel reading %s, which " RULES " reads",
+                  name);
+    }
+    cr_assert_geq(names, 8, RULES ": only %zu series names read", names);
+    free(rules);
+    free(dash);
 }
