@@ -152,10 +152,11 @@ $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_O
 	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
 
 FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,attempt.o),$(LIB_OBJ))
-$(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) | deps-test
+$(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) \
+                                     $(BUILD)/obj/tests/support/promtext.o | deps-test
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(FAKED_OBJ) $(LDFLAGS_ALL) $(PKG_LIBS) \
-	  $(TEST_LIBS)
+	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(FAKED_OBJ) $(BUILD)/obj/tests/support/promtext.o \
+	  $(LDFLAGS_ALL) $(PKG_LIBS) $(TEST_LIBS)
 
 # Tools are standalone programs: the test upstream and process helpers only, no Criterion (whose
 # sandbox would take over a tool started from inside a test).

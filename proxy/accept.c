@@ -196,6 +196,8 @@ static void on_listen(struct loop_watch *w, uint32_t events)
             /* the backlog holds the rest until a connection closes (accept_closed) */
             loop_watch_del(a->loop, &a->watch);
             a->listening = false;
+            if (a->ops->limited)
+                a->ops->limited(a->arg);
             return;
         }
         struct sockaddr_storage sa;

@@ -42,6 +42,8 @@ struct accept_ops {
     /* A connection was accepted (+1) or closed before it was handed over (-1): the
      * connections gauge. */
     void (*count)(void *arg, int delta);
+    /* Accepting stopped: the limit's connections are open (NULL: not told). */
+    void (*limited)(void *arg);
     /* A connection whose protocol is known: 'fd' (non-blocking, its bytes unread) is the
      * owner's from now on; 'peer' is the client's address as text. */
     void (*take)(void *arg, enum accept_proto proto, int fd, const struct sockaddr *sa,

@@ -20,8 +20,9 @@
 #include "proxy/metrics.h"
 #include "proxy/serve.h"
 #include "proxy/simulate.h"
+#include "proxy/version.h"
 
-#define VERSION        "0.1.0"
+#define VERSION        RETRYPROXY_VERSION
 #define DEFAULT_CONFIG "/etc/retryproxy/config.json"
 #define EXIT_CONFIG    1
 #define EXIT_USAGE     2

@@ -17,8 +17,10 @@
 
 #include "proxy/metrics_int.h"
 
-static const double hist_bounds[HIST_BOUNDS] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                 0.5,   1,      2.5,   5,    10,    30,   60 };
+/* From 0.1 ms: a loopback sidecar's attempts take well under a millisecond. */
+static const double hist_bounds[HIST_BOUNDS] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                 0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                                 1,      2.5,     5,      10,    30,     60 };
 
 static void *alloc_lines(size_t n, size_t size)
 {
@@ -48,12 +50,24 @@ struct metrics *metrics_new(unsigned workers)
     return m;
 }
 
+static void target_free(struct metrics_target *t)
+{
+    if (!t)
+        return;
+    free(t->slots);
+    free(t->url);
+    free(t);
+}
+
 static void route_free(struct metrics_route *r)
 {
     if (!r)
         return;
     for (unsigned i = 0; i < r->nreasons; i++)
         free(r->reasons[i]);
+    for (size_t i = 0; i < r->ntargets; i++)
+        target_free(r->targets[i]);
+    free(r->targets);
     free(r->slots);
     free(r->name);
     free(r);
@@ -147,6 +161,52 @@ unsigned metrics_reason(struct metrics_route *r, const char *token)
     return idx;
 }
 
+struct metrics_target *metrics_target(struct metrics_route *r, const char *url)
+{
+    if (!r || !url)
+        return NULL;
+    pthread_mutex_lock(&r->m->lock);
+    /* kept sorted by URL: found by bisection, printed in order */
+    size_t lo = 0, hi = r->ntargets;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(r->targets[mid]->url, url) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    struct metrics_target *t = NULL;
+    if (lo < r->ntargets && strcmp(r->targets[lo]->url, url) == 0) {
+        t = r->targets[lo];
+        goto out;
+    }
+    if (r->ntargets == r->tcap) {
+        size_t cap = r->tcap ? r->tcap * 2 : 4;
+        struct metrics_target **grown = realloc(r->targets, cap * sizeof(*grown));
+        if (!grown)
+            goto out;
+        r->targets = grown;
+        r->tcap = cap;
+    }
+    t = calloc(1, sizeof(*t));
+    if (t) {
+        t->url = strdup(url);
+        t->nslots = r->nslots;
+        t->slots = alloc_lines(r->nslots, sizeof(struct target_slot));
+    }
+    if (!t || !t->url || !t->slots) {
+        target_free(t);
+        t = NULL;
+        goto out;
+    }
+    memmove(&r->targets[lo + 1], &r->targets[lo], (r->ntargets - lo) * sizeof(*r->targets));
+    r->targets[lo] = t;
+    r->ntargets++;
+out:
+    pthread_mutex_unlock(&r->m->lock);
+    return t;
+}
+
 /* ---- the hot path ---- */
 
 /* The slot of worker w, or NULL when there is none to write (no route, bad worker index). */
@@ -199,11 +259,28 @@ void metrics_grpc(struct metrics_route *r, unsigned w, int status)
              1);
 }
 
-void metrics_attempt(struct metrics_route *r, unsigned w, enum metrics_outcome o)
+/* One observation of 'seconds' into 'hs'. */
+static void hist_add(struct hist_slot *hs, double seconds)
 {
-    struct route_slot *s = slot_of(r, w);
-    if (s && (unsigned)o < METRICS_OUT_COUNT)
-        bump(&s->attempts[o], 1);
+    /* Durations come from a monotonic clock; a negative or NaN one is a caller bug, and zero is
+     * the least wrong place for it. */
+    if (!(seconds > 0))
+        seconds = 0;
+    unsigned b = 0;
+    while (b < HIST_BOUNDS && seconds > hist_bounds[b])
+        b++;
+    double clamped = seconds < HIST_MAX_SECONDS ? seconds : HIST_MAX_SECONDS;
+    bump(&hs->buckets[b], 1);
+    bump(&hs->sum_us, (uint64_t)llround(clamped * 1e6));
+}
+
+void metrics_attempt(struct metrics_target *t, unsigned w, enum metrics_outcome o, double seconds)
+{
+    if (!t || w >= t->nslots || (unsigned)o >= METRICS_OUT_COUNT)
+        return;
+    struct target_slot *s = &t->slots[w];
+    bump(&s->attempts[o], 1);
+    hist_add(&s->hist, seconds);
 }
 
 void metrics_retry(struct metrics_route *r, unsigned w, unsigned reason)
@@ -258,19 +335,8 @@ void metrics_retry_after_honored(struct metrics_route *r, unsigned w)
 void metrics_observe(struct metrics_route *r, unsigned w, enum metrics_hist h, double seconds)
 {
     struct route_slot *s = slot_of(r, w);
-    if (!s || (unsigned)h >= METRICS_HIST_COUNT)
-        return;
-    /* Durations come from a monotonic clock; a negative or NaN one is a caller bug, and zero is
-     * the least wrong place for it. */
-    if (!(seconds > 0))
-        seconds = 0;
-    unsigned b = 0;
-    while (b < HIST_BOUNDS && seconds > hist_bounds[b])
-        b++;
-    double clamped = seconds < HIST_MAX_SECONDS ? seconds : HIST_MAX_SECONDS;
-    struct hist_slot *hs = &s->hist[h];
-    bump(&hs->buckets[b], 1);
-    bump(&hs->sum_us, (uint64_t)llround(clamped * 1e6));
+    if (s && (unsigned)h < METRICS_HIST_COUNT)
+        hist_add(&s->hist[h], seconds);
 }
 
 /* ---- process-wide series ---- */
@@ -311,6 +377,35 @@ void metrics_connections_add(struct metrics *m, unsigned w, int delta)
 void metrics_tunnels_add(struct metrics *m, unsigned w, int delta)
 {
     worker_gauge_add(m, w, offsetof(struct worker_slot, tunnels), delta);
+}
+
+_Atomic int64_t *metrics_upstream_waiting(struct metrics *m, unsigned w)
+{
+    return m && w < m->workers ? &m->wslots[w].upstream_waiting : NULL;
+}
+
+void metrics_connections_limited(struct metrics *m, unsigned w)
+{
+    if (m && w < m->workers)
+        bump(&m->wslots[w].limit_reached, 1);
+}
+
+void metrics_set_body_bytes(struct metrics *m, const atomic_uint_fast64_t *bytes)
+{
+    if (m)
+        m->body_bytes = bytes;
+}
+
+void metrics_limits(struct metrics *m, const uint64_t limits[METRICS_LIMIT_COUNT])
+{
+    if (!m || !limits)
+        return;
+    pthread_mutex_lock(&m->lock);
+    for (size_t i = 0; i < METRICS_LIMIT_COUNT; i++)
+        if (limits[i] != METRICS_LIMIT_KEEP)
+            m->limits[i] = limits[i];
+    m->has_limits = true;
+    pthread_mutex_unlock(&m->lock);
 }
 
 void metrics_reload(struct metrics *m, bool ok, uint64_t generation, double unix_seconds)

@@ -9,6 +9,7 @@
 #ifndef RETRYPROXY_PROXY_METRICS_H
 #define RETRYPROXY_PROXY_METRICS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,13 +29,9 @@ enum metrics_outcome {
     METRICS_OUT_COUNT
 };
 
-/* Histograms, in seconds: backoff_seconds, attempt_duration_seconds, request_duration_seconds */
-enum metrics_hist {
-    METRICS_HIST_BACKOFF,
-    METRICS_HIST_ATTEMPT,
-    METRICS_HIST_REQUEST,
-    METRICS_HIST_COUNT
-};
+/* A route's histograms, in seconds: backoff_seconds, request_duration_seconds (an upstream's
+ * attempt_duration_seconds goes with metrics_attempt()). */
+enum metrics_hist { METRICS_HIST_BACKOFF, METRICS_HIST_REQUEST, METRICS_HIST_COUNT };
 
 /* retries_denied_total{reason}: the X-Retry-Stop values, in this order. */
 enum metrics_denied {
@@ -54,9 +51,10 @@ enum metrics_denied {
 /* Distinct retry_on tokens counted per route (retries_total{reason}); more share "other". */
 #define METRICS_MAX_REASONS 32
 
-struct metrics;       /* the registry */
-struct metrics_route; /* the series of one route name */
-struct budget_limits; /* policy/budget.h */
+struct metrics;        /* the registry */
+struct metrics_route;  /* the series of one route name */
+struct metrics_target; /* the series of one upstream URL of one route */
+struct budget_limits;  /* policy/budget.h */
 
 /* A registry for 'workers' worker threads (slots 0 .. workers-1). NULL if out of memory. */
 struct metrics *metrics_new(unsigned workers);
@@ -71,13 +69,20 @@ struct metrics_route *metrics_route(struct metrics *m, const char *name);
  * Thread-safe (mutex). */
 unsigned metrics_reason(struct metrics_route *r, const char *token);
 
+/* The series of upstream 'url' (as written in the config) on route 'r', created on first use;
+ * always the same pointer for the same pair, kept for the life of the registry like the
+ * route's. Thread-safe (mutex); for snapshot installation, never per request. NULL only if out
+ * of memory or 'r' is NULL. */
+struct metrics_target *metrics_target(struct metrics_route *r, const char *url);
+
 /* ---- the hot path: 'w' is the calling worker's slot; 'r' may be NULL (then nothing) ---- */
 
 /* requests_total{route, code}: the final status sent to the client (100 to 599; others are
  * counted as 0 and not rendered). */
 void metrics_request(struct metrics_route *r, unsigned w, int code);
-/* attempts_total{route, outcome} */
-void metrics_attempt(struct metrics_route *r, unsigned w, enum metrics_outcome o);
+/* attempts_total{route, upstream, outcome} and attempt_duration_seconds{route, upstream}: an
+ * attempt on upstream 't' ended in 'o' after 'seconds'. */
+void metrics_attempt(struct metrics_target *t, unsigned w, enum metrics_outcome o, double seconds);
 
 /* upgrades_total{route, outcome}: an upgrade the route tunnels, answered with a 101 (a tunnel)
  * or not (the upstream, or retryproxy itself, answered otherwise). */
@@ -126,6 +131,25 @@ void metrics_tunnels_add(struct metrics *m, unsigned w, int delta);
  * its HTTP/2 upstream pool keeps (proxy/h2up.h); NULL without metrics. */
 struct h2up_counts;
 struct h2up_counts *metrics_h2up_counts(struct metrics *m, unsigned w);
+/* upstream_requests_waiting: worker 'w''s count of attempts waiting for an upstream transfer
+ * slot (limits.max_upstream_requests and its shares), which its upstream keeps
+ * (upstream_count_waits()); NULL without metrics. */
+_Atomic int64_t *metrics_upstream_waiting(struct metrics *m, unsigned w);
+/* connections_limit_reached_total: worker 'w' stopped accepting, its share of
+ * limits.max_connections being open. */
+void metrics_connections_limited(struct metrics *m, unsigned w);
+/* buffered_body_bytes: read from '*bytes' at each scrape. Set once at start. */
+void metrics_set_body_bytes(struct metrics *m, const atomic_uint_fast64_t *bytes);
+/* limit{limit}: the limits.* settings in effect, set for every snapshot published (nothing is
+ * shown before the first); METRICS_LIMIT_KEEP leaves that limit as it was. Thread-safe (mutex). */
+enum metrics_limit {
+    METRICS_LIMIT_CONNECTIONS,
+    METRICS_LIMIT_UPSTREAM_REQUESTS,
+    METRICS_LIMIT_BUFFERED_BODY_BYTES,
+    METRICS_LIMIT_COUNT
+};
+#define METRICS_LIMIT_KEEP UINT64_MAX
+void metrics_limits(struct metrics *m, const uint64_t limits[METRICS_LIMIT_COUNT]);
 /* config_reloads_total{result}, config_generation, config_last_reload_successful (1 after a
  * success, 0 after a failure; 0 before the first load) and, on success,
  * config_last_reload_success_timestamp_seconds ('unix_seconds'). The initial load counts as a

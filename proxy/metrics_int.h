@@ -22,8 +22,8 @@
 #define CODE_COUNT (CODE_MAX - CODE_MIN + 1)
 /* The last reason slot collects tokens beyond the first METRICS_MAX_REASONS-1 distinct ones. */
 #define REASON_OTHER (METRICS_MAX_REASONS - 1)
-/* 15 finite upper bounds plus the +Inf bucket. */
-#define HIST_BOUNDS  15
+/* 18 finite upper bounds plus the +Inf bucket. */
+#define HIST_BOUNDS  18
 #define HIST_BUCKETS (HIST_BOUNDS + 1)
 /* Sums are kept in integer microseconds; clamp one observation so the conversion stays defined
  * (a billion seconds is already nonsense for a request). */
@@ -40,7 +40,6 @@ struct hist_slot {
  * w+1 starts on a fresh cache line. */
 struct route_slot {
     _Alignas(CACHE_LINE) _Atomic uint64_t codes[CODE_COUNT];
-    _Atomic uint64_t attempts[METRICS_OUT_COUNT];
     _Atomic uint64_t retries[METRICS_MAX_REASONS];
     _Atomic uint64_t retry_success;
     _Atomic uint64_t denied[METRICS_DENIED_COUNT];
@@ -57,10 +56,24 @@ struct route_slot {
 
 _Static_assert(sizeof(struct route_slot) % CACHE_LINE == 0, "route slots share cache lines");
 
+/* One worker's share of one upstream's series on one route, aligned as route_slot. */
+struct target_slot {
+    _Alignas(CACHE_LINE) _Atomic uint64_t attempts[METRICS_OUT_COUNT];
+    struct hist_slot hist; /* attempt_duration_seconds */
+};
+
+struct metrics_target {
+    char *url;
+    unsigned nslots;
+    struct target_slot *slots; /* one per worker, as the route's */
+};
+
 /* Process-wide per-worker gauges, kept apart from the route slots for the same reason. */
 struct worker_slot {
     _Alignas(CACHE_LINE) _Atomic int64_t connections;
     _Atomic int64_t tunnels;
+    _Atomic int64_t upstream_waiting;
+    _Atomic uint64_t limit_reached;
     struct h2up_counts h2up; /* the worker's HTTP/2 upstream connections */
 };
 
@@ -77,6 +90,9 @@ struct metrics_route {
     /* Under m->lock: the route's budget in the config last installed, once there was one. */
     bool has_budget;
     struct budget_limits budget;
+    /* Under m->lock: its upstreams' series, sorted by URL (the order a scrape prints them). */
+    struct metrics_target **targets;
+    size_t ntargets, tcap;
 };
 
 struct metrics {
@@ -99,6 +115,9 @@ struct metrics {
     bool draining; /* for good, once set */
     bool has_budget;
     struct budget_limits budget; /* the process-wide one, once installed */
+    bool has_limits;
+    uint64_t limits[METRICS_LIMIT_COUNT];   /* the ones installed last, once there were some */
+    const atomic_uint_fast64_t *body_bytes; /* set once at start; NULL: not shown */
     /* Set once at start: the upstreams' health rows (metrics_set_upstreams()). */
     size_t (*upstreams_fn)(void *arg, struct metrics_upstream **rows);
     void *upstreams_arg;
@@ -107,7 +126,6 @@ struct metrics {
 /* The totals of one route at scrape time. */
 struct route_totals {
     uint64_t codes[CODE_COUNT];
-    uint64_t attempts[METRICS_OUT_COUNT];
     uint64_t retries[METRICS_MAX_REASONS];
     uint64_t retry_success;
     uint64_t denied[METRICS_DENIED_COUNT];

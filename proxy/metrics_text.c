@@ -11,12 +11,14 @@
 
 #include "proxy/escape.h"
 #include "proxy/metrics_int.h"
+#include "proxy/procstat.h"
+#include "proxy/version.h"
 
 /* The same bounds as printed in le="..." (fixed text, so every scrape prints them alike). */
-static const char *const hist_le[HIST_BUCKETS] = { "0.001", "0.0025", "0.005", "0.01",
-                                                   "0.025", "0.05",   "0.1",   "0.25",
-                                                   "0.5",   "1",      "2.5",   "5",
-                                                   "10",    "30",     "60",    "+Inf" };
+static const char *const hist_le[HIST_BUCKETS] = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025",
+                                                   "0.005",  "0.01",    "0.025",  "0.05",  "0.1",
+                                                   "0.25",   "0.5",     "1",      "2.5",   "5",
+                                                   "10",     "30",      "60",     "+Inf" };
 
 static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",     "3xx",
                                                               "4xx",   "5xx",     "connect_failure",
@@ -36,6 +38,11 @@ static const char *const grpc_names[METRICS_GRPC_COUNT] = { "0",  "1",  "2",    
                                                             "15", "16", "other", "none" };
 /* budget_*{scope}: the top-level budget, or a route's (then with its route label). */
 static const char *const scope_names[] = { "process", "route" };
+static const char *const limit_names[METRICS_LIMIT_COUNT] = {
+    [METRICS_LIMIT_CONNECTIONS] = "max_connections",
+    [METRICS_LIMIT_UPSTREAM_REQUESTS] = "max_upstream_requests",
+    [METRICS_LIMIT_BUFFERED_BODY_BYTES] = "max_buffered_body_bytes"
+};
 static const char *const h2up_result_names[H2UP_OPENED_COUNT] = {
     [H2UP_OPENED_H2] = "h2", [H2UP_OPENED_HTTP1] = "http1", [H2UP_OPENED_FAILED] = "failed"
 };
@@ -73,6 +80,16 @@ enum family {
     FAM_H2UP_OPEN,
     FAM_H2UP_OPENED,
     FAM_DRAINING,
+    FAM_UPSTREAM_WAITING,
+    FAM_LIMIT_REACHED,
+    FAM_BODY_BYTES,
+    FAM_LIMIT,
+    FAM_BUILD_INFO,
+    FAM_PROC_CPU,
+    FAM_PROC_RSS,
+    FAM_PROC_OPEN_FDS,
+    FAM_PROC_MAX_FDS,
+    FAM_PROC_START,
     FAM_COUNT
 };
 
@@ -85,6 +102,7 @@ static const struct family_def {
     const char *const *values;
     size_t n_values;
     const char *help;
+    bool bare; /* a standard name, without the retryproxy_ prefix (process_*) */
 } families[FAM_COUNT] = {
     [FAM_REQUESTS] = { "requests_total", "counter", "route, code", NULL, 0,
                        "Requests answered, by route and final status code sent to the client." },
@@ -105,8 +123,9 @@ static const struct family_def {
                    "other, or none when the call ended without one; a response without one "
                    "whose HTTP status is not 200 counts as gRPC maps it, a 503 as 14); only "
                    "statuses seen are printed." },
-    [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, outcome", outcome_names,
-                       METRICS_OUT_COUNT, "Upstream attempts, by route and outcome." },
+    [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, upstream, outcome", outcome_names,
+                       METRICS_OUT_COUNT,
+                       "Upstream attempts, by route, upstream URL as written and outcome." },
     [FAM_RETRIES] = { "retries_total", "counter", "route, reason", NULL, 0,
                       "Retries started, by route and the retry_on token that fired." },
     [FAM_RETRY_SUCCESS] = { "retry_success_total", "counter", "route", NULL, 0,
@@ -131,8 +150,9 @@ static const struct family_def {
                           "0, or 499 during a backoff wait." },
     [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
                       "Backoff waits before retries, in seconds." },
-    [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route", NULL, 0,
-                               "Duration of single upstream attempts, in seconds." },
+    [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route, upstream", NULL, 0,
+                               "Duration of single upstream attempts, by route and upstream URL "
+                               "as written, in seconds." },
     [FAM_REQUEST_DURATION] = { "request_duration_seconds", "histogram", "route", NULL, 0,
                                "Duration of whole client requests, retries included, in seconds." },
     [FAM_RELOADS] = { "config_reloads_total", "counter", "result", result_names, 2,
@@ -175,6 +195,33 @@ static const struct family_def {
     [FAM_DRAINING] = { "draining", "gauge", "", NULL, 0,
                        "1 from the moment the proxy starts draining (SIGTERM, SIGINT) until it "
                        "exits, else 0." },
+    [FAM_UPSTREAM_WAITING] = { "upstream_requests_waiting", "gauge", "", NULL, 0,
+                               "Upstream attempts waiting for a transfer slot now "
+                               "(limits.max_upstream_requests, or an origin's or a connection's "
+                               "share of it)." },
+    [FAM_LIMIT_REACHED] = { "connections_limit_reached_total", "counter", "", NULL, 0,
+                            "Times a worker stopped accepting because its share of "
+                            "limits.max_connections was open: new clients wait in the listen "
+                            "backlog until a connection closes (the kernel refuses them once it "
+                            "is full)." },
+    [FAM_BODY_BYTES] = { "buffered_body_bytes", "gauge", "", NULL, 0,
+                         "Request-body bytes held for replay now, against "
+                         "limits.max_buffered_body_bytes." },
+    [FAM_LIMIT] = { "limit", "gauge", "limit", limit_names, METRICS_LIMIT_COUNT,
+                    "The limits.* settings in effect (max_connections as read at start)." },
+    [FAM_BUILD_INFO] = { "build_info", "gauge", "version", NULL, 0,
+                         "Always 1; version is what retryproxy --version prints." },
+    [FAM_PROC_CPU] = { "process_cpu_seconds_total", "counter", "", NULL, 0,
+                       "Total user and system CPU time spent in seconds.", true },
+    [FAM_PROC_RSS] = { "process_resident_memory_bytes", "gauge", "", NULL, 0,
+                       "Resident memory size in bytes.", true },
+    [FAM_PROC_OPEN_FDS] = { "process_open_fds", "gauge", "", NULL, 0,
+                            "Number of open file descriptors.", true },
+    [FAM_PROC_MAX_FDS] = { "process_max_fds", "gauge", "", NULL, 0,
+                           "Maximum number of open file descriptors (the soft RLIMIT_NOFILE).",
+                           true },
+    [FAM_PROC_START] = { "process_start_time_seconds", "gauge", "", NULL, 0,
+                         "Start time of the process since unix epoch in seconds.", true },
 };
 
 /* Routes in name order, as a scrape prints them. */
@@ -205,7 +252,6 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
     for (unsigned w = 0; w < r->nslots; w++) {
         const struct route_slot *s = &r->slots[w];
         any |= add_counts(t->codes, s->codes, CODE_COUNT);
-        any |= add_counts(t->attempts, s->attempts, METRICS_OUT_COUNT);
         any |= add_counts(t->retries, s->retries, METRICS_MAX_REASONS);
         any |= add_counts(t->denied, s->denied, METRICS_DENIED_COUNT);
         any |= add_counts(&t->retry_success, &s->retry_success, 1);
@@ -236,17 +282,30 @@ static void put_label(FILE *f, const char *s)
 static const char *put_family(FILE *f, enum family fam)
 {
     const struct family_def *d = &families[fam];
-    fprintf(f, "# HELP retryproxy_%s %s\n# TYPE retryproxy_%s %s\n", d->name, d->help, d->name,
+    const char *prefix = d->bare ? "" : "retryproxy_";
+    fprintf(f, "# HELP %s%s %s\n# TYPE %s%s %s\n", prefix, d->name, d->help, prefix, d->name,
             d->type);
     return d->name;
+}
+
+/* Starts a series line of 'name' (with 'suffix': _bucket...) for route 'route' and, when
+ * 'url' is not NULL, upstream 'url' -- the caller closes the labels. */
+static void put_series(FILE *f, const char *name, const char *suffix, const char *route,
+                       const char *url)
+{
+    fprintf(f, "retryproxy_%s%s{route=\"", name, suffix);
+    put_label(f, route);
+    if (url) {
+        fputs("\",upstream=\"", f);
+        put_label(f, url);
+    }
+    fputc('"', f);
 }
 
 /* Starts a series line: retryproxy_<name>{route="<route>" -- the caller closes the labels. */
 static void put_route_series(FILE *f, const char *name, const struct metrics_route *r)
 {
-    fprintf(f, "retryproxy_%s{route=\"", name);
-    put_label(f, r->name);
-    fputc('"', f);
+    put_series(f, name, "", r->name, NULL);
 }
 
 struct scrape {
@@ -334,26 +393,54 @@ static void render_route_counter(FILE *f, const struct scrape *sc, enum family f
     }
 }
 
+/* One histogram's _bucket, _sum and _count lines from its non-cumulative 'buckets'. */
+static void put_hist(FILE *f, const char *name, const char *route, const char *url,
+                     const uint64_t *buckets, uint64_t sum_us)
+{
+    uint64_t cum = 0;
+    for (size_t b = 0; b < HIST_BUCKETS; b++) {
+        cum += buckets[b];
+        put_series(f, name, "_bucket", route, url);
+        fprintf(f, ",le=\"%s\"} %" PRIu64 "\n", hist_le[b], cum);
+    }
+    /* Exact decimal seconds from integer microseconds: no binary rounding on the way. */
+    put_series(f, name, "_sum", route, url);
+    fprintf(f, "} %" PRIu64 ".%06" PRIu64 "\n", sum_us / 1000000, sum_us % 1000000);
+    put_series(f, name, "_count", route, url);
+    fprintf(f, "} %" PRIu64 "\n", cum);
+}
+
 static void render_hist(FILE *f, const struct scrape *sc, enum metrics_hist h, enum family fam)
 {
     const char *name = put_family(f, fam);
+    for (size_t i = 0; i < sc->n; i++)
+        put_hist(f, name, sc->routes[i]->name, NULL, sc->totals[i].buckets[h],
+                 sc->totals[i].sum_us[h]);
+}
+
+/* attempts_total or attempt_duration_seconds: each route's upstreams, in URL order. */
+static void render_targets(FILE *f, const struct scrape *sc, enum family fam)
+{
+    const char *name = put_family(f, fam);
     for (size_t i = 0; i < sc->n; i++) {
-        const struct route_totals *t = &sc->totals[i];
-        uint64_t cum = 0;
-        for (size_t b = 0; b < HIST_BUCKETS; b++) {
-            cum += t->buckets[h][b];
-            fprintf(f, "retryproxy_%s_bucket{route=\"", name);
-            put_label(f, sc->routes[i]->name);
-            fprintf(f, "\",le=\"%s\"} %" PRIu64 "\n", hist_le[b], cum);
+        const struct metrics_route *r = sc->routes[i];
+        for (size_t k = 0; k < r->ntargets; k++) {
+            const struct metrics_target *t = r->targets[k];
+            uint64_t attempts[METRICS_OUT_COUNT] = { 0 }, buckets[HIST_BUCKETS] = { 0 }, sum = 0;
+            for (unsigned w = 0; w < t->nslots; w++) {
+                add_counts(attempts, t->slots[w].attempts, METRICS_OUT_COUNT);
+                add_counts(buckets, t->slots[w].hist.buckets, HIST_BUCKETS);
+                sum += peek(&t->slots[w].hist.sum_us);
+            }
+            if (fam == FAM_ATTEMPT_DURATION) {
+                put_hist(f, name, r->name, t->url, buckets, sum);
+                continue;
+            }
+            for (size_t o = 0; o < METRICS_OUT_COUNT; o++) {
+                put_series(f, name, "", r->name, t->url);
+                fprintf(f, ",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o], attempts[o]);
+            }
         }
-        /* Exact decimal seconds from integer microseconds: no binary rounding on the way. */
-        fprintf(f, "retryproxy_%s_sum{route=\"", name);
-        put_label(f, sc->routes[i]->name);
-        fprintf(f, "\"} %" PRIu64 ".%06" PRIu64 "\n", t->sum_us[h] / 1000000,
-                t->sum_us[h] % 1000000);
-        fprintf(f, "retryproxy_%s_count{route=\"", name);
-        put_label(f, sc->routes[i]->name);
-        fprintf(f, "\"} %" PRIu64 "\n", cum);
     }
 }
 
@@ -471,6 +558,58 @@ static void render_process(FILE *f, struct metrics *m)
     fprintf(f, "retryproxy_%s %d\n", name, m->draining ? 1 : 0);
 }
 
+/* The limits and what is held against them; build_info. */
+static void render_limits(FILE *f, struct metrics *m)
+{
+    int64_t waiting = 0;
+    uint64_t reached = 0;
+    for (unsigned w = 0; w < m->workers; w++) {
+        waiting += atomic_load_explicit(&m->wslots[w].upstream_waiting, memory_order_relaxed);
+        reached += peek(&m->wslots[w].limit_reached);
+    }
+    const char *name = put_family(f, FAM_UPSTREAM_WAITING);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, waiting);
+    name = put_family(f, FAM_LIMIT_REACHED);
+    fprintf(f, "retryproxy_%s %" PRIu64 "\n", name, reached);
+    name = put_family(f, FAM_BODY_BYTES);
+    if (m->body_bytes)
+        fprintf(f, "retryproxy_%s %" PRIu64 "\n", name,
+                (uint64_t)atomic_load_explicit(m->body_bytes, memory_order_relaxed));
+    name = put_family(f, FAM_LIMIT);
+    for (size_t i = 0; m->has_limits && i < METRICS_LIMIT_COUNT; i++)
+        fprintf(f, "retryproxy_%s{limit=\"%s\"} %" PRIu64 "\n", name, limit_names[i], m->limits[i]);
+    name = put_family(f, FAM_BUILD_INFO);
+    fprintf(f, "retryproxy_%s{version=\"%s\"} 1\n", name, RETRYPROXY_VERSION);
+}
+
+/* process_*: Prometheus' standard process series, read from /proc now. */
+static void render_proc(FILE *f)
+{
+    struct procstat p;
+    procstat_read(&p);
+    const char *name = put_family(f, FAM_PROC_CPU);
+    if (p.ok) {
+        fprintf(f, "%s ", name);
+        put_double(f, p.cpu_seconds);
+        fputc('\n', f);
+    }
+    name = put_family(f, FAM_PROC_RSS);
+    if (p.ok)
+        fprintf(f, "%s %" PRIu64 "\n", name, p.resident_bytes);
+    name = put_family(f, FAM_PROC_OPEN_FDS);
+    if (p.open_fds >= 0)
+        fprintf(f, "%s %" PRId64 "\n", name, p.open_fds);
+    name = put_family(f, FAM_PROC_MAX_FDS);
+    if (p.max_fds >= 0)
+        fprintf(f, "%s %" PRId64 "\n", name, p.max_fds);
+    name = put_family(f, FAM_PROC_START);
+    if (p.ok) {
+        fprintf(f, "%s ", name);
+        put_double(f, p.start_time_seconds);
+        fputc('\n', f);
+    }
+}
+
 static int by_route_url(const void *a, const void *b)
 {
     const struct metrics_upstream *x = a, *y = b;
@@ -504,7 +643,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_labeled(f, sc, FAM_UPGRADES, "outcome", offsetof(struct route_totals, upgrades));
     render_labeled(f, sc, FAM_TUNNEL_BYTES, "direction",
                    offsetof(struct route_totals, tunnel_bytes));
-    render_labeled(f, sc, FAM_ATTEMPTS, "outcome", offsetof(struct route_totals, attempts));
+    render_targets(f, sc, FAM_ATTEMPTS);
     render_retries(f, sc);
     render_route_counter(f, sc, FAM_RETRY_SUCCESS, offsetof(struct route_totals, retry_success));
     render_labeled(f, sc, FAM_DENIED, "reason", offsetof(struct route_totals, denied));
@@ -515,7 +654,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_route_counter(f, sc, FAM_HEDGES, offsetof(struct route_totals, hedges));
     render_route_counter(f, sc, FAM_CLIENT_GONE, offsetof(struct route_totals, client_gone));
     render_hist(f, sc, METRICS_HIST_BACKOFF, FAM_BACKOFF);
-    render_hist(f, sc, METRICS_HIST_ATTEMPT, FAM_ATTEMPT_DURATION);
+    render_targets(f, sc, FAM_ATTEMPT_DURATION);
     render_hist(f, sc, METRICS_HIST_REQUEST, FAM_REQUEST_DURATION);
     render_config(f, m);
     render_budget(f, m, sc, FAM_BUDGET_RATIO);
@@ -523,6 +662,8 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_budget(f, m, sc, FAM_BUDGET_CONCURRENT);
     render_upstreams(f, sc);
     render_process(f, m);
+    render_limits(f, m);
+    render_proc(f);
 }
 
 char *metrics_render(struct metrics *m, size_t *len)
@@ -610,7 +751,7 @@ void metrics_write_reference(FILE *out)
     fputs("| metric | type | labels | meaning |\n|---|---|---|---|\n", out);
     for (size_t i = 0; i < FAM_COUNT; i++) {
         const struct family_def *d = &families[i];
-        fprintf(out, "| `retryproxy_%s` | %s | ", d->name, d->type);
+        fprintf(out, "| `%s%s` | %s | ", d->bare ? "" : "retryproxy_", d->name, d->type);
         put_doc_labels(out, d);
         fprintf(out, " | %s |\n", d->help);
     }

@@ -97,6 +97,13 @@ static int publish(struct reload *rl, struct cfg *c)
     budget_set_window(&rl->px->budget, c->budget.window_ms);
     /* Nothing can fail from here on: the settings shown are those of the config served. */
     metrics_process_budget(rl->px->metrics, &c->budget);
+    const uint64_t limits[METRICS_LIMIT_COUNT] = {
+        /* read at start only: a reload leaves the one in effect */
+        [METRICS_LIMIT_CONNECTIONS] = rl->generation ? METRICS_LIMIT_KEEP : c->max_connections,
+        [METRICS_LIMIT_UPSTREAM_REQUESTS] = c->max_upstream_requests,
+        [METRICS_LIMIT_BUFFERED_BODY_BYTES] = c->max_buffered_body_bytes
+    };
+    metrics_limits(rl->px->metrics, limits);
     for (size_t i = 0; i < c->n_routes; i++)
         metrics_route_budget(rt->routes[i].metrics, &c->routes[i].budget);
     rl->generation++;

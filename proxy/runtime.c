@@ -21,6 +21,7 @@ static void rt_free(struct rt *rt)
                     upstream_url_free(x->urls[k]);
             free(x->urls);
             free(x->health);
+            free(x->targets);
         }
     free(rt->routes);
     cfg_unref(rt->cfg);
@@ -48,12 +49,14 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struc
         x->metrics = metrics_route(m, r->name);
         x->live = live_route(lv, r->name, r->budget.window_ms);
         x->urls = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->urls));
-        if (!reasons || !x->metrics || !x->live || !x->urls)
+        x->targets = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->targets));
+        if (!reasons || !x->metrics || !x->live || !x->urls || !x->targets)
             goto fail;
         throttle_set_window(&x->live->throttle, r->throttle.window_ms);
         for (size_t k = 0; k < r->n_upstreams; k++)
             if (!(x->urls[k] =
-                      upstream_url_new(r->upstreams[k].origin, &r->tls, r->n_upgrades > 0)))
+                      upstream_url_new(r->upstreams[k].origin, &r->tls, r->n_upgrades > 0)) ||
+                !(x->targets[k] = metrics_target(x->metrics, r->upstreams[k].url)))
                 goto fail;
         if (r->ejection.health.consecutive_failures > 0) {
             x->health = calloc(r->n_upstreams, sizeof(*x->health));

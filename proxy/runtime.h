@@ -23,10 +23,11 @@
 
 struct rt_route {
     struct metrics_route *metrics;
-    struct live_route *live;       /* its budget and route-scoped backoff, kept across reloads */
-    const unsigned *reasons;       /* the metrics reason slot of each retry_on condition */
-    struct upstream_url **urls;    /* each upstream's origin, parsed once (proxy/upstream.h) */
-    struct live_upstream **health; /* each upstream's, kept by URL; NULL: ejection is off */
+    struct live_route *live;         /* its budget and route-scoped backoff, kept across reloads */
+    const unsigned *reasons;         /* the metrics reason slot of each retry_on condition */
+    struct upstream_url **urls;      /* each upstream's origin, parsed once (proxy/upstream.h) */
+    struct live_upstream **health;   /* each upstream's, kept by URL; NULL: ejection is off */
+    struct metrics_target **targets; /* each upstream's series, resolved once per snapshot */
 };
 
 struct rt {

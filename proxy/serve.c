@@ -205,6 +205,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     px.metrics = metrics_new(n);
     px.live = live_new();
     metrics_set_upstreams(px.metrics, live_upstream_rows, px.live);
+    metrics_set_body_bytes(px.metrics, &px.body_bytes);
     budget_init(&px.budget, cfg->budget.window_ms);
     atomic_init(&px.drain_deadline_ms, 0);
     struct reload_pins pins = { .listen = o->listen,

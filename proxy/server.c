@@ -300,6 +300,12 @@ static void acc_count(void *arg, int delta)
     metrics_connections_add(w->px->metrics, w->id, delta);
 }
 
+static void acc_limited(void *arg)
+{
+    struct worker *w = ((struct server *)arg)->w;
+    metrics_connections_limited(w->px->metrics, w->id);
+}
+
 static void acc_take(void *arg, enum accept_proto proto, int fd, const struct sockaddr *sa,
                      socklen_t sa_len, const char *peer)
 {
@@ -327,9 +333,11 @@ static void h2_closed(void *arg)
         accept_closed(s->acc);
 }
 
-static const struct accept_ops accept_ops = {
-    .open = acc_open, .limits = acc_limits, .count = acc_count, .take = acc_take
-};
+static const struct accept_ops accept_ops = { .open = acc_open,
+                                              .limits = acc_limits,
+                                              .count = acc_count,
+                                              .limited = acc_limited,
+                                              .take = acc_take };
 
 static struct server *server_start(struct worker *w, int listen_fd, const struct cfg *c)
 {

@@ -51,8 +51,8 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
         return false;
     t->flags |= TF_COUNTED;
     struct worker *w = r->w;
-    metrics_attempt(r->m, w->id, o);
-    metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT,
+    /* the upstream's series by its index in the route, found when the snapshot was made */
+    metrics_attempt(r->rtr->targets[t->upstream - r->route->upstreams], w->id, o,
                     (double)(loop_now(w->loop) - t->start_ms) / 1000.0);
     return true;
 }

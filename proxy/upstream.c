@@ -62,6 +62,7 @@ struct upstream {
     struct strmap origins;         /* origin -> struct origin_share, made on first use */
     struct h2up *h2; /* h2c upstreams' sessions (proxy/h2up.h), made when first needed */
     struct h2up_counts *h2_counts; /* ... and where they count (the worker's metrics) */
+    _Atomic int64_t *waiting;      /* owners waiting for a slot (the worker's metrics) */
 };
 
 /* A parsed upstream origin: curl's URL handle, or an HTTP/2 origin of proxy/h2up.h (h2c, or
@@ -658,6 +659,21 @@ void upstream_set_cap(struct upstream *u, size_t cap)
     slot_freed(u);
 }
 
+void upstream_count_waits(struct upstream *u, _Atomic int64_t *gauge)
+{
+    u->waiting = gauge;
+}
+
+/* The waiting gauge moves by 'delta': a relaxed load and store, this thread being its only
+ * writer. */
+static void count_wait(struct upstream *u, int delta)
+{
+    if (u->waiting)
+        atomic_store_explicit(u->waiting,
+                              atomic_load_explicit(u->waiting, memory_order_relaxed) + delta,
+                              memory_order_relaxed);
+}
+
 void upstream_release_slot(struct upstream *u, struct upstream_xfer *x)
 {
     drop_slot(u, x);
@@ -678,6 +694,7 @@ void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn 
             share_ref(wt->share[i]);
     wt->go = go;
     wt->queued = true;
+    count_wait(u, 1);
     wait_append(&u->wait_head, &u->wait_tail, wt);
     slot_freed(u);
 }
@@ -688,6 +705,7 @@ void upstream_unwait(struct upstream *u, struct upstream_wait *wt)
         return;
     wait_unlink(u, wt);
     wt->queued = false;
+    count_wait(u, -1);
     for (int i = 0; i < 2; i++)
         share_unref(wt->share[i]);
 }

@@ -112,6 +112,9 @@ size_t upstream_active(const struct upstream *u);
  * number of requests; the others wait their turn in order. A transfer holds its slot from its
  * start until it ends or upstream_release_slot(). */
 void upstream_set_cap(struct upstream *u, size_t cap);
+/* Where 'u' counts the owners waiting for a slot (+1 on upstream_wait(), -1 when they stop
+ * waiting); NULL: nowhere. Only the loop's thread writes it. */
+void upstream_count_waits(struct upstream *u, _Atomic int64_t *gauge);
 /* Of those slots, the attempts to one origin hold at most 'origin_pct' percent, those of one
  * client connection at most 'conn_pct' (rounded up, at least one): a slow upstream, or a client
  * with many streams, leaves the rest to the others (Envoy's per-cluster and per-connection

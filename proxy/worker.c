@@ -97,6 +97,8 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
         goto fail;
     loop_set_idle(w->loop, on_idle, w);
     w->up = upstream_new(w->loop, metrics_h2up_counts(w->px->metrics, w->id));
+    if (w->up)
+        upstream_count_waits(w->up, metrics_upstream_waiting(w->px->metrics, w->id));
     if (!w->up)
         goto fail;
     set_upstream_cap(w);

@@ -32,7 +32,9 @@
 #define EXAMPLE    "deploy/prometheus/prometheus-example.yml"
 #define DASHBOARD  "deploy/grafana/retryproxy-dashboard.json"
 #define OPERATIONS "docs/operations.md"
-#define RUNBOOK    "docs/operations.md#"
+/* Where every runbook_url points: absolute (Alertmanager cannot follow a relative link), under
+ * the placeholder base deploy/prometheus/README.md tells operators to replace. */
+#define RUNBOOK "https://retryproxy.example/docs/operations.md#"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -41,6 +43,7 @@ static const char *const target_labels[] = { "job", "instance" };
 /* The sections of docs/operations.md the alerts' runbook_url point at: each is used. */
 static const char *const runbook_anchors[] = { "retry-storm",       "retries-denied",
                                                "upstream-failures", "grpc-failures",
+                                               "upstream-ejected",  "panic-mode",
                                                "reload-failures",   "draining" };
 static const char *const severities[] = { "info", "warning", "critical" };
 
@@ -48,7 +51,7 @@ TestSuite(monitoring, .fini = fx_stop, .timeout = 60);
 
 /* ================================ what the proxy exports ================================ */
 
-#define MAX_NAMES  48 /* series names (a histogram has three) */
+#define MAX_NAMES  64 /* series names (a histogram has three) */
 #define MAX_LABELS 6  /* labels of one series name */
 #define MAX_VALUES 32 /* values of one label */
 
@@ -434,9 +437,10 @@ static bool is_recorded(const char *name)
  * reason (the config's retry_on tokens). */
 static bool values_enumerated(const char *metric, const char *label)
 {
-    /* grpc_status: only the statuses seen are shown (docs/metrics.md) */
+    /* grpc_status: only the statuses seen are shown (docs/metrics.md); upstream: the config's
+     * URLs */
     if (strcmp(label, "route") == 0 || strcmp(label, "code") == 0 ||
-        strcmp(label, "grpc_status") == 0)
+        strcmp(label, "grpc_status") == 0 || strcmp(label, "upstream") == 0)
         return false;
     return !(strcmp(metric, "retryproxy_retries_total") == 0 && strcmp(label, "reason") == 0);
 }
@@ -964,6 +968,9 @@ Test(monitoring, every_alert_has_a_severity_a_runbook_and_a_unit_test)
         cr_expect(summary && summary[0], RULES ":%d: %s has no summary", f.s[i].line, name);
         cr_expect(description && description[0], RULES ":%d: %s has no description", f.s[i].line,
                   name);
+        cr_expect(runbook && strstr(runbook, "://"),
+                  RULES ":%d: %s: runbook_url %s is relative: an alert receiver cannot follow it",
+                  f.s[i].line, name, runbook ? runbook : "missing");
         const char *anchor = runbook && strncmp(runbook, RUNBOOK, strlen(RUNBOOK)) == 0
                                  ? runbook + strlen(RUNBOOK)
                                  : NULL;

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "tests/support/fixture.h"
+#include "tests/support/promtext.h"
 
 #define T 20000 /* ms: upper bound for any single request in these tests */
 /* Log lines are flushed once per event-loop turn and metrics settle soon after a response:
@@ -204,81 +205,14 @@ static char *scrape(void)
     return text;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Label pairs 'name="value",...' (no braces, n bytes) sorted and joined into 'out', so that
- * label order does not matter (it does not in the format). False if malformed. */
-static bool canon_labels(const char *s, size_t n, char *out, size_t cap)
-{
-    char pairs[16][256];
-    char *ptrs[16];
-    size_t np = 0;
-    size_t i = 0;
-    while (i < n) {
-        size_t start = i;
-        while (i < n && s[i] != '=')
-            i++;
-        if (i + 1 >= n || s[i + 1] != '"')
-            return false;
-        for (i += 2; i < n && s[i] != '"'; i++)
-            if (s[i] == '\\')
-                i++;
-        if (i >= n || np == 16 || i + 1 - start >= sizeof(pairs[0]))
-            return false;
-        i++;
-        snprintf(pairs[np], sizeof(pairs[0]), "%.*s", (int)(i - start), s + start);
-        ptrs[np] = pairs[np];
-        np++;
-        if (i < n && s[i] == ',')
-            i++;
-    }
-    qsort(ptrs, np, sizeof(ptrs[0]), cmp_str);
-    size_t len = 0;
-    out[0] = '\0';
-    for (size_t k = 0; k < np; k++)
-        len +=
-            (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s", k ? "," : "", ptrs[k]);
-    return len < cap;
-}
-
-/* The value of series name{labels} ('labels' as in canon_labels, "" for none), NAN if the
- * exposition has no such series. */
+/* The value of series name{labels} ("" for none) as prom_sum() reads it: label order does not
+ * matter (it does not in the format), labels left out are summed over; NAN if none matches. */
 static double metric(const char *text, const char *name, const char *labels)
 {
-    char want[1024], got[1024];
-    cr_assert(canon_labels(labels, strlen(labels), want, sizeof(want)), "bad labels %s", labels);
-    size_t nl = strlen(name);
-    for (const char *line = text; *line;) {
-        const char *end = strchr(line, '\n');
-        size_t len = end ? (size_t)(end - line) : strlen(line);
-        if (line[0] != '#' && len > nl && strncmp(line, name, nl) == 0 &&
-            (line[nl] == '{' || line[nl] == ' ')) {
-            const char *v = line + nl;
-            got[0] = '\0';
-            if (*v == '{') {
-                /* the closing brace is the first one outside a quoted value */
-                const char *q = v + 1;
-                bool in = false;
-                for (; q < line + len && (in || *q != '}'); q++) {
-                    if (in && *q == '\\')
-                        q++;
-                    else if (*q == '"')
-                        in = !in;
-                }
-                if (q < line + len && canon_labels(v + 1, (size_t)(q - v - 1), got, sizeof(got)))
-                    v = q + 1;
-                else
-                    got[0] = '\x01'; /* malformed: matches nothing */
-            }
-            if (strcmp(got, want) == 0 && *v == ' ')
-                return strtod(v + 1, NULL);
-        }
-        line = end ? end + 1 : line + len;
-    }
-    return NAN;
+    char series[1024];
+    snprintf(series, sizeof(series), "%s%s%s%s", name, *labels ? "{" : "", labels,
+             *labels ? "}" : "");
+    return prom_sum(text, series);
 }
 
 static void expect_metric(const char *text, const char *name, const char *labels, double want)

@@ -314,3 +314,34 @@ Test(ejection, a_reload_keeps_an_ejection)
     cr_expect_eq(tup_count(fx_up(0)), 1, "still ejected after the reload");
     cr_expect_eq(upstream_metric("upstream_ejections_total", u0), 1);
 }
+
+/* attempts_total and attempt_duration_seconds carry the upstream (its URL as written), with or
+ * without ejection: the failing one is told from the healthy one on /metrics (docs/metrics.md). */
+Test(ejection, attempts_are_counted_by_upstream)
+{
+    fx_upstreams(2);
+    always_503(0);
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "r", "\"upstreams\": [\"%s\", \"%s\"], \"retry\": {\"max_attempts\": 1}",
+               fx_up_url(0), fx_up_url(1));
+    /* one worker: its turn alternates exactly (each worker keeps its own) */
+    fx_start_b(b, "--workers", "1", NULL);
+    cr_expect_eq(get_n("a", 6), 3);
+    char series[256];
+    snprintf(series, sizeof(series),
+             "retryproxy_attempts_total{route=\"r\",upstream=\"%s\",outcome=\"5xx\"}",
+             fx_up_url(0));
+    cr_expect_eq(fx_metric(series), 3, "%s", series);
+    snprintf(series, sizeof(series),
+             "retryproxy_attempts_total{route=\"r\",upstream=\"%s\",outcome=\"2xx\"}",
+             fx_up_url(1));
+    cr_expect_eq(fx_metric(series), 3, "%s", series);
+    snprintf(series, sizeof(series),
+             "retryproxy_attempts_total{route=\"r\",upstream=\"%s\",outcome=\"2xx\"}",
+             fx_up_url(0));
+    cr_expect_eq(fx_metric(series), 0, "%s", series);
+    for (size_t i = 0; i < 2; i++)
+        cr_expect_eq(upstream_metric("attempt_duration_seconds_count", fx_up_url(i)), 3);
+    /* the route's total is still there for a sum by (route) */
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\"}"), 6);
+}

@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/support/promtext.h"
+
 struct px *px;
 struct tup *up;
 struct http_call fx_calls[FX_CALLS];
@@ -248,14 +250,7 @@ void fx_wait_upstream(const char *id, size_t n)
 
 double metric_in(const char *text, const char *series)
 {
-    size_t n = strlen(series);
-    for (const char *line = text; line && *line;) {
-        if (strncmp(line, series, n) == 0 && line[n] == ' ')
-            return strtod(line + n + 1, NULL);
-        const char *nl = strchr(line, '\n');
-        line = nl ? nl + 1 : NULL;
-    }
-    return NAN;
+    return prom_sum(text, series);
 }
 
 int fx_scrape_metric(const char *series, double *v)

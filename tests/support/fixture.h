@@ -103,8 +103,8 @@ void fx_wait_upstream(const char *id, size_t n);
 
 /* ---- the admin API ---- */
 
-/* The value of one series ("name{labels}" exactly as rendered, or a bare name) in a /metrics
- * text, NAN if absent. */
+/* The value of one series ("name{labels}", or a bare name) in a /metrics text, NAN if absent:
+ * the sum of the samples carrying those labels (prom_sum(), tests/support/promtext.h). */
 double metric_in(const char *text, const char *series);
 /* One scrape of /metrics: 0 and the series' value (NAN if absent) in *v, or -1 when the scrape
  * failed. Never asserts (a sampler thread may call it). */

@@ -15,6 +15,7 @@
 #include "policy/budget.h"
 #include "proxy/live.h"
 #include "proxy/metrics.h"
+#include "proxy/version.h"
 
 /* ---- helpers over the rendered text ---- */
 
@@ -105,9 +106,9 @@ static const char *const outcomes[] = { "1xx",   "2xx",     "3xx",
 static const char *const denied[] = { "max-attempts", "budget",        "concurrency",    "deadline",
                                       "retry-after",  "not-retryable", "body-too-large", "draining",
                                       "pushback",     "throttled" };
-static const char *const le[] = { "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05",
-                                  "0.1",   "0.25",   "0.5",   "1",    "2.5",   "5",
-                                  "10",    "30",     "60",    "+Inf" };
+static const char *const le[] = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01",
+                                  "0.025",  "0.05",    "0.1",    "0.25",  "0.5",    "1",     "2.5",
+                                  "5",      "10",      "30",     "60",    "+Inf" };
 
 static const struct {
     const char *name, *type;
@@ -143,6 +144,17 @@ static const struct {
     { "upstream_h2_connections", "gauge" },
     { "upstream_h2_connections_total", "counter" },
     { "draining", "gauge" },
+    { "upstream_requests_waiting", "gauge" },
+    { "connections_limit_reached_total", "counter" },
+    { "buffered_body_bytes", "gauge" },
+    { "limit", "gauge" },
+    { "build_info", "gauge" },
+    /* Prometheus' standard names, without the prefix */
+    { "process_cpu_seconds_total", "counter" },
+    { "process_resident_memory_bytes", "gauge" },
+    { "process_open_fds", "gauge" },
+    { "process_max_fds", "gauge" },
+    { "process_start_time_seconds", "gauge" },
 };
 #define NFAMILIES (sizeof(families) / sizeof(families[0]))
 
@@ -155,19 +167,22 @@ Test(metrics, known_scenario_renders_exact_lines)
     struct metrics_route *r = metrics_route(m, "r");
     cr_assert_not_null(r);
     unsigned gw = metrics_reason(r, "gateway-error");
+    struct metrics_target *u = metrics_target(r, "http://u:1");
+    cr_assert_not_null(u);
 
     metrics_request(r, 0, 200);
-    metrics_attempt(r, 0, METRICS_OUT_5XX);
-    metrics_attempt(r, 0, METRICS_OUT_5XX);
-    metrics_attempt(r, 0, METRICS_OUT_2XX);
+    metrics_attempt(u, 0, METRICS_OUT_5XX, 0.01);
+    metrics_attempt(u, 0, METRICS_OUT_5XX, 0.01);
+    metrics_attempt(u, 0, METRICS_OUT_2XX, 0.01);
     metrics_retry(r, 0, gw);
     metrics_retry(r, 0, gw);
     metrics_retry_success(r, 0);
 
     char *t = render(m);
     EXPECT_LINES(t, "retryproxy_requests_total{route=\"r\",code=\"200\"} 1",
-                 "retryproxy_attempts_total{route=\"r\",outcome=\"5xx\"} 2",
-                 "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 1",
+                 "retryproxy_attempts_total{route=\"r\",upstream=\"http://u:1\",outcome=\"5xx\"} 2",
+                 "retryproxy_attempts_total{route=\"r\",upstream=\"http://u:1\",outcome=\"2xx\"} 1",
+                 "retryproxy_attempt_duration_seconds_count{route=\"r\",upstream=\"http://u:1\"} 3",
                  "retryproxy_retries_total{route=\"r\",reason=\"gateway-error\"} 2",
                  "retryproxy_retry_success_total{route=\"r\"} 1",
                  "retryproxy_retry_after_honored_total{route=\"r\"} 0");
@@ -179,7 +194,8 @@ Test(metrics, known_scenario_renders_exact_lines)
     const char *prev = t;
     for (size_t i = 0; i < 8; i++) {
         char series[128];
-        snprintf(series, sizeof(series), "retryproxy_attempts_total{route=\"r\",outcome=\"%s\"}",
+        snprintf(series, sizeof(series),
+                 "retryproxy_attempts_total{route=\"r\",upstream=\"http://u:1\",outcome=\"%s\"}",
                  outcomes[i]);
         const char *at = find_series(t, series);
         cr_expect_not_null(at, "missing %s", series);
@@ -193,15 +209,54 @@ Test(metrics, known_scenario_renders_exact_lines)
     metrics_free(m);
 }
 
+/* attempts_total and attempt_duration_seconds by upstream (its URL as written): one pointer per
+ * URL of a route, kept for the registry's life, series in URL order; the same URL on another
+ * route is another series. */
+Test(metrics, attempts_are_counted_by_upstream)
+{
+    struct metrics *m = metrics_new(2);
+    struct metrics_route *r = metrics_route(m, "r"), *o = metrics_route(m, "o");
+    struct metrics_target *b = metrics_target(r, "http://b:2");
+    struct metrics_target *a = metrics_target(r, "http://a:1/");
+    struct metrics_target *ob = metrics_target(o, "http://b:2");
+    cr_assert(a && b && ob);
+    cr_expect_eq(metrics_target(r, "http://b:2"), b);
+    cr_expect_eq(metrics_target(r, "http://a:1/"), a);
+    cr_expect_neq(ob, b);
+    metrics_attempt(a, 0, METRICS_OUT_2XX, 0.002);
+    metrics_attempt(b, 1, METRICS_OUT_TIMEOUT, 1.5);
+    metrics_attempt(b, 0, METRICS_OUT_TIMEOUT, 0.5);
+    char *t = render(m);
+    EXPECT_LINES(
+        t, "retryproxy_attempts_total{route=\"r\",upstream=\"http://a:1/\",outcome=\"2xx\"} 1",
+        "retryproxy_attempts_total{route=\"r\",upstream=\"http://a:1/\",outcome=\"timeout\"} 0",
+        "retryproxy_attempts_total{route=\"r\",upstream=\"http://b:2\",outcome=\"timeout\"} 2",
+        "retryproxy_attempts_total{route=\"o\",upstream=\"http://b:2\",outcome=\"timeout\"} 0",
+        "retryproxy_attempt_duration_seconds_sum{route=\"r\",upstream=\"http://a:1/\"} 0.002000",
+        "retryproxy_attempt_duration_seconds_count{route=\"r\",upstream=\"http://b:2\"} 2",
+        "retryproxy_attempt_duration_seconds_sum{route=\"r\",upstream=\"http://b:2\"} 2.000000");
+    /* nine outcomes for each of the three pairs, none by route alone */
+    cr_expect_eq(count_lines(t, "retryproxy_attempts_total{"), 27);
+    cr_expect_eq(count_lines(t, "retryproxy_attempts_total{route=\"r\",outcome"), 0);
+    const char *first = find_series(
+        t, "retryproxy_attempts_total{route=\"r\",upstream=\"http://a:1/\",outcome=\"1xx\"}");
+    const char *second = find_series(
+        t, "retryproxy_attempts_total{route=\"r\",upstream=\"http://b:2\",outcome=\"1xx\"}");
+    cr_expect(first && second && first < second, "upstreams not in URL order");
+    free(t);
+    metrics_free(m);
+}
+
 Test(metrics, slots_are_summed_across_workers)
 {
     struct metrics *m = metrics_new(4);
     cr_assert_not_null(m);
     struct metrics_route *r = metrics_route(m, "api");
     unsigned reason = metrics_reason(r, "429");
+    struct metrics_target *u = metrics_target(r, "h2c://api:80");
     for (unsigned w = 0; w < 4; w += 3) { /* workers 0 and 3 */
         metrics_request(r, w, 503);
-        metrics_attempt(r, w, METRICS_OUT_TIMEOUT);
+        metrics_attempt(u, w, METRICS_OUT_TIMEOUT, 1);
         metrics_retry(r, w, reason);
         metrics_retry_success(r, w);
         metrics_denied(r, w, METRICS_DENIED_BUDGET);
@@ -212,16 +267,17 @@ Test(metrics, slots_are_summed_across_workers)
     metrics_request(r, 3, 503);
 
     char *t = render(m);
-    EXPECT_LINES(t, "retryproxy_requests_total{route=\"api\",code=\"503\"} 3",
-                 "retryproxy_attempts_total{route=\"api\",outcome=\"timeout\"} 2",
-                 "retryproxy_retries_total{route=\"api\",reason=\"429\"} 2",
-                 "retryproxy_retry_success_total{route=\"api\"} 2",
-                 "retryproxy_retries_denied_total{route=\"api\",reason=\"budget\"} 2",
-                 "retryproxy_retry_after_honored_total{route=\"api\"} 2",
-                 "retryproxy_backoff_seconds_bucket{route=\"api\",le=\"0.05\"} 2",
-                 "retryproxy_backoff_seconds_sum{route=\"api\"} 0.100000",
-                 "retryproxy_backoff_seconds_count{route=\"api\"} 2",
-                 "retryproxy_connections_active 2");
+    EXPECT_LINES(
+        t, "retryproxy_requests_total{route=\"api\",code=\"503\"} 3",
+        "retryproxy_attempts_total{route=\"api\",upstream=\"h2c://api:80\",outcome=\"timeout\"} 2",
+        "retryproxy_attempt_duration_seconds_sum{route=\"api\",upstream=\"h2c://api:80\"} 2.000000",
+        "retryproxy_retries_total{route=\"api\",reason=\"429\"} 2",
+        "retryproxy_retry_success_total{route=\"api\"} 2",
+        "retryproxy_retries_denied_total{route=\"api\",reason=\"budget\"} 2",
+        "retryproxy_retry_after_honored_total{route=\"api\"} 2",
+        "retryproxy_backoff_seconds_bucket{route=\"api\",le=\"0.05\"} 2",
+        "retryproxy_backoff_seconds_sum{route=\"api\"} 0.100000",
+        "retryproxy_backoff_seconds_count{route=\"api\"} 2", "retryproxy_connections_active 2");
     free(t);
     metrics_free(m);
 }
@@ -279,9 +335,10 @@ static void *writer(void *p)
     /* Looked up here, through the mutex, as a worker would get them from a config snapshot. */
     struct metrics_route *r = metrics_route(m, "hot");
     unsigned gw = metrics_reason(r, "gateway-error");
+    struct metrics_target *u = metrics_target(r, "http://hot");
     for (unsigned i = 0; i < ITERATIONS; i++) {
         metrics_request(r, a->w, 200);
-        metrics_attempt(r, a->w, METRICS_OUT_2XX);
+        metrics_attempt(u, a->w, METRICS_OUT_2XX, 0.002);
         metrics_retry(r, a->w, gw);
         metrics_observe(r, a->w, METRICS_HIST_REQUEST, 0.002);
         metrics_connections_add(m, a->w, 1);
@@ -299,7 +356,7 @@ static void *writer(void *p)
 
 static const char *const watched[] = {
     "retryproxy_requests_total{route=\"hot\",code=\"200\"}",
-    "retryproxy_attempts_total{route=\"hot\",outcome=\"2xx\"}",
+    "retryproxy_attempts_total{route=\"hot\",upstream=\"http://hot\",outcome=\"2xx\"}",
     "retryproxy_retries_total{route=\"hot\",reason=\"gateway-error\"}",
     "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.0025\"}",
     "retryproxy_request_duration_seconds_count{route=\"hot\"}",
@@ -364,7 +421,7 @@ static const char *hammer_run(struct hammer *h)
 
     static const char *const want[] = {
         "retryproxy_requests_total{route=\"hot\",code=\"200\"} 4000000",
-        "retryproxy_attempts_total{route=\"hot\",outcome=\"2xx\"} 4000000",
+        "retryproxy_attempts_total{route=\"hot\",upstream=\"http://hot\",outcome=\"2xx\"} 4000000",
         "retryproxy_retries_total{route=\"hot\",reason=\"gateway-error\"} 4000000",
         "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.001\"} 0",
         "retryproxy_request_duration_seconds_bucket{route=\"hot\",le=\"0.0025\"} 4000000",
@@ -399,18 +456,19 @@ Test(metrics, histogram_buckets_are_cumulative)
 {
     struct metrics *m = metrics_new(1);
     struct metrics_route *r = metrics_route(m, "h");
-    const double obs[] = { 0.0005, 0.003, 0.2, 100 };
-    for (size_t i = 0; i < 4; i++)
-        metrics_observe(r, 0, METRICS_HIST_ATTEMPT, obs[i]);
+    const double obs[] = { 0.00005, 0.0004, 0.0007, 0.003, 0.2, 100 };
+    for (size_t i = 0; i < 6; i++)
+        metrics_observe(r, 0, METRICS_HIST_REQUEST, obs[i]);
 
-    /* 0.0005 -> le 0.001; 0.003 -> le 0.005; 0.2 -> le 0.25; 100 -> +Inf only. */
-    const long long want[16] = { 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 4 };
+    /* 50 us -> le 0.0001 (a loopback attempt); 0.0004 -> le 0.0005; 0.0007 -> le 0.001;
+     * 0.003 -> le 0.005; 0.2 -> le 0.25; 100 -> +Inf only. */
+    const long long want[19] = { 1, 1, 2, 3, 3, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6 };
     char *t = render(m);
     const char *prev = t;
-    for (size_t i = 0; i < 16; i++) {
+    for (size_t i = 0; i < 19; i++) {
         char series[128];
         snprintf(series, sizeof(series),
-                 "retryproxy_attempt_duration_seconds_bucket{route=\"h\",le=\"%s\"}", le[i]);
+                 "retryproxy_request_duration_seconds_bucket{route=\"h\",le=\"%s\"}", le[i]);
         const char *at = find_series(t, series);
         cr_expect_not_null(at, "missing %s", series);
         cr_expect(at == NULL || at > prev, "%s out of order", series);
@@ -419,13 +477,13 @@ Test(metrics, histogram_buckets_are_cumulative)
         cr_expect_eq(value_of(t, series), want[i], "%s = %lld, want %lld", series,
                      value_of(t, series), want[i]);
     }
-    expect_line(t, "retryproxy_attempt_duration_seconds_sum{route=\"h\"} 100.203500");
-    expect_line(t, "retryproxy_attempt_duration_seconds_count{route=\"h\"} 4");
-    cr_expect_eq(count_lines(t, "retryproxy_attempt_duration_seconds_bucket{route=\"h\""), 16);
-    /* The other histograms of the route are there, empty. */
+    expect_line(t, "retryproxy_request_duration_seconds_sum{route=\"h\"} 100.204150");
+    expect_line(t, "retryproxy_request_duration_seconds_count{route=\"h\"} 6");
+    cr_expect_eq(count_lines(t, "retryproxy_request_duration_seconds_bucket{route=\"h\""), 19);
+    /* The other histogram of the route is there, empty; no upstream: no attempt series. */
     EXPECT_LINES(t, "retryproxy_backoff_seconds_bucket{route=\"h\",le=\"+Inf\"} 0",
-                 "retryproxy_backoff_seconds_sum{route=\"h\"} 0.000000",
-                 "retryproxy_request_duration_seconds_count{route=\"h\"} 0");
+                 "retryproxy_backoff_seconds_sum{route=\"h\"} 0.000000");
+    cr_expect_eq(count_lines(t, "retryproxy_attempt_duration_seconds_bucket{"), 0);
     free(t);
     metrics_free(m);
 }
@@ -624,7 +682,7 @@ Test(metrics, unmatched_route_renders_once_counted)
     metrics_request(none, 0, 404);
     t = render(m);
     EXPECT_LINES(t, "retryproxy_requests_total{route=\"\",code=\"404\"} 1",
-                 "retryproxy_attempts_total{route=\"\",outcome=\"1xx\"} 0",
+                 "retryproxy_backoff_seconds_count{route=\"\"} 0",
                  "retryproxy_request_duration_seconds_count{route=\"\"} 0");
     /* "" sorts before every other name. */
     const char *e = find_series(t, "retryproxy_retry_success_total{route=\"\"}");
@@ -660,8 +718,9 @@ Test(metrics, empty_registry_has_every_family)
     const char *prev = t;
     for (size_t i = 0; i < NFAMILIES; i++) {
         char help[128], type[128];
-        snprintf(help, sizeof(help), "# HELP retryproxy_%s ", families[i].name);
-        snprintf(type, sizeof(type), "# TYPE retryproxy_%s %s", families[i].name, families[i].type);
+        const char *prefix = strncmp(families[i].name, "process_", 8) ? "retryproxy_" : "";
+        snprintf(help, sizeof(help), "# HELP %s%s ", prefix, families[i].name);
+        snprintf(type, sizeof(type), "# TYPE %s%s %s", prefix, families[i].name, families[i].type);
         cr_expect_eq(count_lines(t, help), 1, "no single %s", help);
         expect_line(t, type);
         /* In the order of the contract's table, HELP right before TYPE. */
@@ -679,7 +738,12 @@ Test(metrics, empty_registry_has_every_family)
                  "retryproxy_config_generation 0",
                  "retryproxy_config_last_reload_success_timestamp_seconds 0.000",
                  "retryproxy_config_last_reload_successful 0", "retryproxy_connections_active 0",
-                 "retryproxy_draining 0");
+                 "retryproxy_draining 0", "retryproxy_upstream_requests_waiting 0",
+                 "retryproxy_connections_limit_reached_total 0");
+    /* the version is the one --version prints; no limit nor held bytes before they are set */
+    cr_expect_eq(count_lines(t, "retryproxy_build_info{version=\"" RETRYPROXY_VERSION "\"} 1"), 1);
+    cr_expect_eq(count_lines(t, "retryproxy_limit{"), 0);
+    cr_expect_eq(count_lines(t, "retryproxy_buffered_body_bytes "), 0);
     cr_expect(!strstr(t, "route="), "an empty registry has no route series");
     cr_expect(!strstr(t, "scope="), "no budget is shown before one is installed");
     free(t);
@@ -878,7 +942,9 @@ Test(metrics, bad_arguments_are_ignored)
     struct metrics_route *r = metrics_route(m, "r");
     /* No route: nothing happens. */
     metrics_request(NULL, 0, 200);
-    metrics_attempt(NULL, 0, METRICS_OUT_2XX);
+    metrics_attempt(NULL, 0, METRICS_OUT_2XX, 1);
+    cr_expect_null(metrics_target(NULL, "http://u"));
+    cr_expect_null(metrics_target(r, NULL));
     metrics_retry(NULL, 0, 0);
     metrics_retry_success(NULL, 0);
     metrics_denied(NULL, 0, METRICS_DENIED_BUDGET);
@@ -886,7 +952,10 @@ Test(metrics, bad_arguments_are_ignored)
     metrics_observe(NULL, 0, METRICS_HIST_REQUEST, 1);
     /* A worker index past the registry: not counted, no write out of bounds. */
     metrics_request(r, 2, 200);
-    metrics_attempt(r, 1000, METRICS_OUT_2XX);
+    struct metrics_target *u = metrics_target(r, "http://u");
+    metrics_attempt(u, 2, METRICS_OUT_2XX, 1);
+    metrics_attempt(u, 1000, METRICS_OUT_2XX, 1);
+    metrics_attempt(u, 0, METRICS_OUT_COUNT, 1);
     metrics_connections_add(m, 2, 1);
     const struct budget_limits l = { .max_concurrent_retries = 1, .window_ms = 1 };
     metrics_route_budget(NULL, &l);
@@ -899,7 +968,10 @@ Test(metrics, bad_arguments_are_ignored)
 
     char *t = render(m);
     cr_expect_eq(count_lines(t, "retryproxy_requests_total{"), 0);
-    expect_line(t, "retryproxy_attempts_total{route=\"r\",outcome=\"2xx\"} 0");
+    expect_line(t,
+                "retryproxy_attempts_total{route=\"r\",upstream=\"http://u\",outcome=\"2xx\"} 0");
+    expect_line(t,
+                "retryproxy_attempt_duration_seconds_count{route=\"r\",upstream=\"http://u\"} 0");
     expect_line(t, "retryproxy_connections_active 0");
     cr_expect(!strstr(t, "scope="), "a NULL budget was installed");
     free(t);
@@ -920,11 +992,14 @@ static struct metrics *populated(void)
         unsigned gw = metrics_reason(r, "gateway-error");
         unsigned tm = metrics_reason(r, "429");
         metrics_reason(r, "connect-failure");
+        struct metrics_target *u[2] = { metrics_target(r, "https://b.example/\"q\"\\"),
+                                        metrics_target(r, "http://a.example:8080") };
+        cr_assert(u[0] && u[1]);
         for (unsigned w = 0; w < 3; w++) {
             metrics_request(r, w, 200);
             metrics_request(r, w, 503);
             for (int o = 0; o < METRICS_OUT_COUNT; o++)
-                metrics_attempt(r, w, (enum metrics_outcome)o);
+                metrics_attempt(u[o % 2], w, (enum metrics_outcome)o, 0.0123 * (w + 1));
             metrics_retry(r, w, gw);
             metrics_retry(r, w, tm);
             metrics_retry_success(r, w);
@@ -1135,5 +1210,33 @@ Test(metrics, many_route_names_register_in_linear_time)
     cr_expect(a == NULL || b == NULL || a < b, "routes printed in name order");
     free(text);
     live_free(l);
+    metrics_free(m);
+}
+
+/* limit{limit}: what was installed last, METRICS_LIMIT_KEEP leaving one as it was (a reload
+ * does not change max_connections); the waiting gauge and the limit counter sum the workers. */
+Test(metrics, limits_and_what_is_held_against_them)
+{
+    struct metrics *m = metrics_new(2);
+    const uint64_t first[METRICS_LIMIT_COUNT] = { 10, 20, 0 };
+    const uint64_t next[METRICS_LIMIT_COUNT] = { METRICS_LIMIT_KEEP, 25, 4096 };
+    metrics_limits(m, first);
+    metrics_limits(m, next);
+    atomic_store(metrics_upstream_waiting(m, 0), 2);
+    atomic_store(metrics_upstream_waiting(m, 1), 3);
+    cr_expect_null(metrics_upstream_waiting(m, 2));
+    metrics_connections_limited(m, 1);
+    metrics_connections_limited(m, 0);
+    metrics_connections_limited(m, 7); /* no such worker: not counted */
+    atomic_uint_fast64_t held = 777;
+    metrics_set_body_bytes(m, &held);
+    char *t = render(m);
+    EXPECT_LINES(t, "retryproxy_limit{limit=\"max_connections\"} 10",
+                 "retryproxy_limit{limit=\"max_upstream_requests\"} 25",
+                 "retryproxy_limit{limit=\"max_buffered_body_bytes\"} 4096",
+                 "retryproxy_upstream_requests_waiting 5",
+                 "retryproxy_connections_limit_reached_total 2",
+                 "retryproxy_buffered_body_bytes 777");
+    free(t);
     metrics_free(m);
 }

@@ -11,6 +11,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "proxy/log.h"
 #include "proxy/retry.h"
 #include "proxy/worker.h"
+#include "tests/support/promtext.h"
 
 /* ---- the fakes ---- */
 
@@ -585,12 +587,10 @@ static double metric(const char *series)
     size_t len;
     char *text = metrics_render(px.metrics, &len);
     cr_assert_not_null(text);
-    char want[256];
-    snprintf(want, sizeof(want), "\n%s ", series);
-    const char *at = strstr(text, want);
-    double v = at ? strtod(at + strlen(want), NULL) : 0;
+    /* summed over the route's two upstreams; 0 when no series matches */
+    double v = prom_sum(text, series);
     free(text);
-    return v;
+    return isnan(v) ? 0 : v;
 }
 
 /* Launch 'k' sends a response head now; its body follows with launch_body_ends(). */
