@@ -123,10 +123,7 @@ enum cfg_http2 {
     CFG_HTTP2_REQUIRED, /* h2 only: a server that does not choose it is a connect failure */
 };
 struct cfg_tls {
-    const char *ca_file;     /* PEM certificates to trust; NULL: the system's store */
-    const char *cert_file;   /* the client certificate shown (mutual TLS); NULL: none */
-    const char *key_file;    /* ... its key (set with cert_file, or neither) */
-    const char *server_name; /* SNI and the name verified; NULL: the URL's host */
+    const char *ca_file; /* PEM certificates to trust; NULL: the system's store */
     enum cfg_http2 http2;
 };
 

@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <float.h>
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -412,39 +411,6 @@ static const char *check_ca_file(const char *s, size_t len)
     if (access(s, R_OK) != 0)
         return "cannot be read (no such file, or no permission)";
     return NULL;
-}
-
-/* A readable PEM file holding 'marker' (a certificate's or a key's armour line). The pair is
- * loaded, and checked to match, when a connection first needs it (proxy/tls.h). */
-static const char *check_pem(const char *s, size_t len, const char *marker, const char *what)
-{
-    if (len == 0 || memchr(s, '\0', len))
-        return what;
-    FILE *f = fopen(s, "r");
-    if (!f)
-        return "cannot be read (no such file, or no permission)";
-    char buf[4096];
-    bool found = false;
-    while (!found && fgets(buf, sizeof(buf), f))
-        found = strstr(buf, marker) != NULL;
-    fclose(f);
-    return found ? NULL : what;
-}
-
-static const char *check_cert_file(const char *s, size_t len)
-{
-    return check_pem(s, len, "-----BEGIN CERTIFICATE-----",
-                     "must name a PEM file of the client's certificate (its chain may follow)");
-}
-
-static const char *check_key_file(const char *s, size_t len)
-{
-    return check_pem(s, len, "PRIVATE KEY-----", "must name a PEM file of a private key");
-}
-
-static const char *check_server_name(const char *s, size_t len)
-{
-    return valid_hostname(s, len) ? NULL : "must be a host name (letters, digits, '-' and '.')";
 }
 
 /* ---- custom fields ---- */
@@ -1232,33 +1198,16 @@ static const struct field throttle_fields[] = {
 };
 static const struct schema throttle_schema = SCHEMA(throttle_fields, check_throttle);
 
-static void check_tls(struct walk *w, const struct ctx *x, void *dst)
-{
-    const struct cfg_tls *t = dst;
-    if (!t->cert_file != !t->key_file)
-        rule_error(w, x, t->cert_file ? "key_file" : "cert_file",
-                   t->cert_file ? "cert_file" : "key_file",
-                   "cert_file and key_file go together: a client certificate needs its key");
-}
-
 static const struct field tls_fields[] = {
     STRING_FIELD("ca_file", struct cfg_tls, ca_file, F_NULLABLE, check_ca_file, "null",
                  "a file of PEM certificates that https upstreams' certificates are verified "
                  "against, instead of the system's store (null: the system's store)"),
-    STRING_FIELD("cert_file", struct cfg_tls, cert_file, F_NULLABLE, check_cert_file, "null",
-                 "a PEM file of the certificate (and its chain) shown to https upstreams that "
-                 "ask for one: mutual TLS (null: none; needs key_file)"),
-    STRING_FIELD("key_file", struct cfg_tls, key_file, F_NULLABLE, check_key_file, "null",
-                 "the PEM private key of cert_file (null: none)"),
-    STRING_FIELD("server_name", struct cfg_tls, server_name, F_NULLABLE, check_server_name, "null",
-                 "the name sent in SNI and verified against https upstreams' certificates, in "
-                 "place of the URL's host (null: the URL's host); Host stays the URL's"),
     ENUM_FIELD("http2", struct cfg_tls, http2, http2_names, "\"auto\"",
                "auto: offer h2 and http/1.1 by ALPN and speak what the upstream chooses; off: "
                "HTTP/1.1 only; required: h2 only, an upstream that does not choose it is a "
                "connect failure (docs/http2.md)"),
 };
-static const struct schema tls_schema = SCHEMA(tls_fields, check_tls);
+static const struct schema tls_schema = SCHEMA(tls_fields, NULL);
 
 /* match's keys land directly in struct cfg_route. */
 static const struct field match_fields[] = {
@@ -1313,8 +1262,7 @@ static const struct field route_fields[] = {
     OBJ_FIELD("throttle", struct cfg_route, throttle, throttle_schema, 0,
               "client-side throttling: fewer attempts to an upstream that keeps failing"),
     OBJ_FIELD("tls", struct cfg_route, tls, tls_schema, 0,
-              "how https upstreams are reached: the certificates trusted, the client certificate "
-              "shown, the name verified, and HTTP/2 by ALPN"),
+              "how https upstreams are reached: the certificates trusted, and HTTP/2 by ALPN"),
     LIST_FIELD("upgrades", struct cfg_route, upgrades, n_upgrades, upgrade_list, 0, NULL,
                "[\"websocket\"]",
                "HTTP/1.1 upgrade tokens tunnelled to the upstream once it answers 101 (any case; "

@@ -278,22 +278,6 @@ static const char *upstream_target(struct attempt *a, const char *base_path, con
 static int launch_h2(struct attempt *a, const struct origin *o, const char *target,
                      const struct attempt_req *req, uint64_t connect_timeout_ms);
 
-/* The request's fields, with the authority configured as Host ahead of them where libcurl's
- * URL names tls.server_name instead (and the client's Host is not kept): a node of the
- * attempt's own links to the request's list, which is not copied. */
-static struct curl_slist *with_host(struct attempt *a, const struct upstream_url *url,
-                                    struct curl_slist *fields)
-{
-    const char *host = upstream_url_host_field(url);
-    if (!host)
-        return fields;
-    for (const struct curl_slist *l = fields; l; l = l->next)
-        if (strncasecmp(l->data, "Host:", 5) == 0)
-            return fields;
-    a->host_field = (struct curl_slist){ (char *)host, fields };
-    return &a->host_field;
-}
-
 /* The request through libcurl (HTTP/1.1). */
 static int launch_h1(struct attempt *a, const struct upstream_url *url, const char *base_path,
                      const struct attempt_req *req, uint64_t connect_timeout_ms)
@@ -332,7 +316,7 @@ static int launch_h1(struct attempt *a, const struct upstream_url *url, const ch
             a->xfer.spent = true;
         }
     }
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, with_host(a, url, req->headers));
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, req->headers);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, a);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);

@@ -106,7 +106,8 @@ void h2c_free(struct conn *c)
     if (h->counts)
         count(&h->counts->open, -1);
     free(c->key);
-    tls_peer_clear(&c->peer);
+    free(c->host);
+    free(c->ca_file);
     free(c->out.p);
     loop_defer_free(h->loop, c); /* its watch may have an event pending in this turn */
 }
@@ -234,8 +235,8 @@ static void tls_failed(struct conn *c, const char *why)
     uint64_t now = loop_now(h->loop);
     if (!h->tls_logged || now - h->tls_logged >= TLS_LOG_EVERY_MS) {
         h->tls_logged = now;
-        log_event(CFG_LOG_WARN, "upstream TLS failed; its requests were not sent", "host",
-                  c->peer.name, "error", why, NULL);
+        log_event(CFG_LOG_WARN, "upstream TLS failed; its requests were not sent", "host", c->host,
+                  "error", why, NULL);
     }
     h2c_fail(c);
 }
@@ -282,14 +283,13 @@ static void connected(struct conn *c)
         return;
     }
     c->tcp = true;
-    if (!c->peer.name) {
+    if (!c->host) {
         opened(c);
         return;
     }
-    const char *why = NULL;
-    if (!(c->tls = tls_new(&c->h->tls, c->fd, &c->peer, c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2,
-                           &why))) {
-        tls_failed(c, why);
+    if (!(c->tls = tls_new(&c->h->tls, c->fd, c->host, c->ca_file,
+                           c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2))) {
+        tls_failed(c, "cannot set up TLS (out of memory, or tls.ca_file unreadable)");
         return;
     }
     handshake(c);
@@ -396,7 +396,7 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
         goto fail;
     if (o->tls) { /* an https origin: TLS first, ALPN must choose h2 */
         c->h1_too = o->h1_too;
-        if (tls_peer_copy(&c->peer, &o->peer) < 0)
+        if (!(c->host = strdup(o->host)) || (o->ca_file && !(c->ca_file = strdup(o->ca_file))))
             goto fail;
     }
     /* Only a stream's own window closes while its owner is paused (on_data). */
@@ -439,7 +439,8 @@ fail:
     if (cb)
         nghttp2_session_callbacks_del(cb);
     free(c->key);
-    tls_peer_clear(&c->peer);
+    free(c->host);
+    free(c->ca_file);
     free(c);
     return NULL;
 }

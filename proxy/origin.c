@@ -37,9 +37,7 @@ struct origin *origin_new(const char *authority, const struct origin_tls *tls)
     if (tls) {
         o->tls = true;
         o->h1_too = tls->h1_too;
-        struct tls_peer p = { (char *)(tls->server_name ? tls->server_name : host),
-                              (char *)tls->ca_file, (char *)tls->cert_file, (char *)tls->key_file };
-        if (tls_peer_copy(&o->peer, &p) < 0)
+        if (tls->ca_file && !(o->ca_file = strdup(tls->ca_file)))
             goto fail;
     }
     /* Resolved once, with the snapshot (not in a worker: a lookup blocks). */
@@ -55,15 +53,9 @@ struct origin *origin_new(const char *authority, const struct origin_tls *tls)
         freeaddrinfo(res);
     /* the address too: after a reload that resolved the name anew, connections to the old
      * address take no new stream */
-    /* and how it is reached: the same address trusting other certificates, showing another
-     * client certificate or verified under another name is another origin */
-    const struct tls_peer *p = &o->peer;
-    if (asprintf(&o->key, "%s:%s@%s%s%s%s%s%s%s%s%s%s%s", host, port, addr, tls ? "/tls" : "",
-                 tls && tls->h1_too ? "+h1" : "", p->ca_file ? " ca=" : "",
-                 p->ca_file ? p->ca_file : "", p->cert_file ? " cert=" : "",
-                 p->cert_file ? p->cert_file : "", p->key_file ? " key=" : "",
-                 p->key_file ? p->key_file : "", tls && tls->server_name ? " sni=" : "",
-                 tls && tls->server_name ? tls->server_name : "") < 0) {
+    /* and how it is reached: the same address trusting other certificates is another origin */
+    if (asprintf(&o->key, "%s:%s@%s%s%s%s", host, port, addr, tls ? "/tls" : "",
+                 tls && tls->h1_too ? "+h1" : "", o->ca_file ? o->ca_file : "") < 0) {
         o->key = NULL;
         goto fail;
     }
@@ -79,7 +71,7 @@ void origin_free(struct origin *o)
         return;
     free(o->authority);
     free(o->host);
-    tls_peer_clear(&o->peer);
+    free(o->ca_file);
     free(o->key);
     free(o);
 }

@@ -8,26 +8,21 @@
 #include <stdbool.h>
 #include <sys/socket.h>
 
-#include "proxy/tls.h"
-
 struct origin {
     char *authority; /* as given */
     char *host;      /* its name or address (no brackets): TLS verifies the certificate for it */
     char *key;       /* "host:port@address": a new address after a reload is a new origin */
     struct sockaddr_storage addr;
-    socklen_t addr_len;   /* 0: the name did not resolve */
-    bool tls;             /* an https origin: TLS, HTTP/2 chosen by ALPN (proxy/tls.h) */
-    bool h1_too;          /* ... offering http/1.1 too (routes[].tls.http2 "auto") */
-    struct tls_peer peer; /* ... who it is to TLS (tls.server_name, else 'host') and the files */
+    socklen_t addr_len; /* 0: the name did not resolve */
+    bool tls;           /* an https origin: TLS, HTTP/2 chosen by ALPN (proxy/tls.h) */
+    bool h1_too;        /* ... offering http/1.1 too (routes[].tls.http2 "auto") */
+    char *ca_file;      /* ... trusting these certificates; NULL: the system's store */
 };
 
 /* How an https origin is reached (routes[].tls, docs/config.md). */
 struct origin_tls {
-    const char *ca_file;     /* NULL: the system's store */
-    bool h1_too;             /* http/1.1 offered too */
-    const char *cert_file;   /* the client certificate shown (NULL: none) */
-    const char *key_file;    /* ... its key */
-    const char *server_name; /* verified and sent in SNI in place of the host (NULL: the host) */
+    const char *ca_file; /* NULL: the system's store */
+    bool h1_too;         /* http/1.1 offered too */
 };
 
 /* "host:port" ("[v6]:port" too) resolved now; the port is 80 when absent, 443 with 'tls' (an

@@ -16,12 +16,12 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
-/* Contexts kept per worker: one per set of files named by a route (and the system store's). */
+/* Contexts kept per worker: one per CA file named by a route (and the system store's). */
 #define CTXS_MAX 16
 
 struct ctx_entry {
-    struct tls_peer files; /* its ca_file, cert_file and key_file (name unused) */
-    time_t mtime;          /* the files' latest when loaded: one rewritten is loaded again */
+    char *ca_file; /* NULL: the system's store */
+    time_t mtime;  /* the file's when loaded: a file rewritten in place is loaded again */
     SSL_CTX *ctx;
 };
 
@@ -46,39 +46,12 @@ void tls_ctxs_free(struct tls_ctxs *c)
         return;
     for (size_t i = 0; i < c->n; i++) {
         SSL_CTX_free(c->e[i].ctx);
-        tls_peer_clear(&c->e[i].files);
+        free(c->e[i].ca_file);
     }
     free(c);
 }
 
-static int dup_or_null(char **dst, const char *s)
-{
-    *dst = s ? strdup(s) : NULL;
-    return s && !*dst ? -1 : 0;
-}
-
-int tls_peer_copy(struct tls_peer *dst, const struct tls_peer *src)
-{
-    *dst = (struct tls_peer){ 0 };
-    if (dup_or_null(&dst->name, src->name) < 0 || dup_or_null(&dst->ca_file, src->ca_file) < 0 ||
-        dup_or_null(&dst->cert_file, src->cert_file) < 0 ||
-        dup_or_null(&dst->key_file, src->key_file) < 0) {
-        tls_peer_clear(dst);
-        return -1;
-    }
-    return 0;
-}
-
-void tls_peer_clear(struct tls_peer *p)
-{
-    free(p->name);
-    free(p->ca_file);
-    free(p->cert_file);
-    free(p->key_file);
-    *p = (struct tls_peer){ 0 };
-}
-
-static SSL_CTX *ctx_make(const struct tls_peer *f, const char **why)
+static SSL_CTX *ctx_make(const char *ca_file)
 {
     SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
     if (!ctx)
@@ -89,21 +62,13 @@ static SSL_CTX *ctx_make(const struct tls_peer *f, const char **why)
     /* a write may take part of a buffer, and be retried from a copy of the rest (h2up's) */
     SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
                               SSL_MODE_RELEASE_BUFFERS);
-    if ((f->ca_file ? SSL_CTX_load_verify_locations(ctx, f->ca_file, NULL)
-                    : SSL_CTX_set_default_verify_paths(ctx)) != 1) {
-        *why = "tls.ca_file cannot be loaded";
-        goto fail;
-    }
-    if (f->cert_file && (SSL_CTX_use_certificate_chain_file(ctx, f->cert_file) != 1 ||
-                         SSL_CTX_use_PrivateKey_file(ctx, f->key_file, SSL_FILETYPE_PEM) != 1 ||
-                         SSL_CTX_check_private_key(ctx) != 1)) {
-        *why = "tls.cert_file and tls.key_file cannot be loaded, or do not match";
-        goto fail;
+    int ok = ca_file ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL)
+                     : SSL_CTX_set_default_verify_paths(ctx);
+    if (ok != 1) {
+        SSL_CTX_free(ctx);
+        return NULL;
     }
     return ctx;
-fail:
-    SSL_CTX_free(ctx);
-    return NULL;
 }
 
 static time_t mtime_of(const char *path)
@@ -112,48 +77,35 @@ static time_t mtime_of(const char *path)
     return path && stat(path, &st) == 0 ? st.st_mtime : 0;
 }
 
-static bool same(const char *a, const char *b)
+static SSL_CTX *ctx_for(struct tls_ctxs **cs, const char *ca_file)
 {
-    return a ? b && strcmp(a, b) == 0 : !b;
-}
-
-static SSL_CTX *ctx_for(struct tls_ctxs **cs, const struct tls_peer *f, const char **why)
-{
-    *why = "out of memory";
     if (!*cs && !(*cs = calloc(1, sizeof(**cs))))
         return NULL;
     struct tls_ctxs *c = *cs;
-    time_t mtime = mtime_of(f->ca_file), t;
-    if ((t = mtime_of(f->cert_file)) > mtime)
-        mtime = t;
-    if ((t = mtime_of(f->key_file)) > mtime)
-        mtime = t;
+    time_t mtime = mtime_of(ca_file);
     struct ctx_entry *e = NULL;
     for (size_t i = 0; i < c->n && !e; i++)
-        if (same(c->e[i].files.ca_file, f->ca_file) &&
-            same(c->e[i].files.cert_file, f->cert_file) &&
-            same(c->e[i].files.key_file, f->key_file))
+        if (ca_file ? c->e[i].ca_file && strcmp(c->e[i].ca_file, ca_file) == 0 : !c->e[i].ca_file)
             e = &c->e[i];
     if (e && e->mtime == mtime)
         return e->ctx;
-    SSL_CTX *ctx = ctx_make(f, why);
+    SSL_CTX *ctx = ctx_make(ca_file);
     if (!ctx)
         return NULL;
     if (!e) {
-        struct tls_peer copy;
-        struct tls_peer files = { NULL, f->ca_file, f->cert_file, f->key_file };
-        if (tls_peer_copy(&copy, &files) < 0) {
+        char *copy = ca_file ? strdup(ca_file) : NULL;
+        if (ca_file && !copy) {
             SSL_CTX_free(ctx);
             return NULL;
         }
         if (c->n == CTXS_MAX) { /* the oldest goes: connections hold their own references */
             SSL_CTX_free(c->e[0].ctx);
-            tls_peer_clear(&c->e[0].files);
+            free(c->e[0].ca_file);
             memmove(&c->e[0], &c->e[1], sizeof(c->e[0]) * (CTXS_MAX - 1));
             c->n--;
         }
         e = &c->e[c->n++];
-        e->files = copy;
+        e->ca_file = copy;
     } else {
         SSL_CTX_free(e->ctx); /* SSL objects made from it keep their own reference */
     }
@@ -162,18 +114,14 @@ static SSL_CTX *ctx_for(struct tls_ctxs **cs, const struct tls_peer *f, const ch
     return ctx;
 }
 
-struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const struct tls_peer *peer, enum tls_alpn alpn,
-                    const char **why)
+struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const char *host, const char *ca_file,
+                    enum tls_alpn alpn)
 {
     ERR_clear_error();
-    const char *host = peer->name;
-    SSL_CTX *ctx = ctx_for(ctxs, peer, why);
+    SSL_CTX *ctx = ctx_for(ctxs, ca_file);
     struct tls *t = ctx ? calloc(1, sizeof(*t)) : NULL;
-    if (!t) {
-        ERR_clear_error();
+    if (!t)
         return NULL;
-    }
-    *why = "out of memory";
     if (!(t->ssl = SSL_new(ctx)) || SSL_set_fd(t->ssl, fd) != 1)
         goto fail;
     SSL_set_connect_state(t->ssl);

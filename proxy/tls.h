@@ -4,8 +4,7 @@
  *
  * Certificates are verified as libcurl verifies them for the same upstream: the chain against
  * the route's tls.ca_file or else the system's store, and the name (or IP address) the URL
- * gave, or tls.server_name in its place. The server name goes in SNI unless it is an address.
- * With tls.cert_file and tls.key_file the client shows that certificate (mutual TLS).
+ * gave. The server name goes in SNI unless it is an address.
  */
 #ifndef RETRYPROXY_PROXY_TLS_H
 #define RETRYPROXY_PROXY_TLS_H
@@ -25,21 +24,8 @@ enum tls_want {
     TLS_FAILED,     /* the handshake failed (see tls_error) */
 };
 
-/* A worker's configured contexts, one per set of files (CA, client certificate and key), made
- * when first needed. Accepts NULL. */
+/* A worker's configured contexts, one per CA file, made when first needed. Accepts NULL. */
 void tls_ctxs_free(struct tls_ctxs *c);
-
-/* Who an https upstream is to TLS and how it is trusted (routes[].tls, docs/config.md). */
-struct tls_peer {
-    char *name;      /* verified against the certificate, and sent in SNI unless an address */
-    char *ca_file;   /* PEM certificates trusted; NULL: the system's store */
-    char *cert_file; /* the client's certificate chain (PEM); NULL: none is shown */
-    char *key_file;  /* ... and its private key */
-};
-
-/* Copies 'src' into 'dst' (its own strings): 0, or -1 out of memory ('dst' then clear). */
-int tls_peer_copy(struct tls_peer *dst, const struct tls_peer *src);
-void tls_peer_clear(struct tls_peer *p); /* frees the strings; accepts a cleared one */
 
 /* What a client offers by ALPN. */
 enum tls_alpn {
@@ -48,12 +34,11 @@ enum tls_alpn {
     TLS_ALPN_H1,    /* "http/1.1" alone (an upgrade's tunnel, docs/upgrades.md) */
 };
 
-/* A client on connected socket 'fd' to 'peer' (its name a host name or an IP address, without
- * brackets), offering 'alpn'. '*ctxs' is the worker's context cache (made on first use). NULL
- * when out of memory or a file cannot be loaded (the config checked them when it was read:
- * changed since), with why in 'why' (for the log). */
-struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const struct tls_peer *peer, enum tls_alpn alpn,
-                    const char **why);
+/* A client on connected socket 'fd' to 'host' (a name or an IP address, without brackets),
+ * trusting 'ca_file' (NULL: the system's store), offering 'alpn'. '*ctxs' is the worker's
+ * context cache (made on first use). NULL when out of memory or the CA file cannot be read. */
+struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const char *host, const char *ca_file,
+                    enum tls_alpn alpn);
 void tls_free(struct tls *t); /* accepts NULL; sends no close_notify */
 
 enum tls_want tls_handshake(struct tls *t);

@@ -41,7 +41,7 @@ struct tunnel_up {
     int fd;
     struct tls *tls;
     struct tls_ctxs **ctxs;
-    struct tls_peer peer; /* an https origin's; name NULL: cleartext */
+    char *host, *ca_file;
     struct loop_watch w;
     struct loop_timer timer;
     char *out; /* the request head */
@@ -92,7 +92,9 @@ static void release(struct tunnel_up *u, bool close_fd)
     }
     free(u->out);
     u->out = NULL;
-    tls_peer_clear(&u->peer);
+    free(u->host);
+    free(u->ca_file);
+    u->host = u->ca_file = NULL;
 }
 
 void tunnel_up_free(struct tunnel_up *u)
@@ -505,14 +507,13 @@ static void connected(struct tunnel_up *u)
         finish(u, TUNNEL_UP_UNSENT);
         return;
     }
-    if (!u->peer.name) {
+    if (!u->host) {
         loop_timer_stop(u->loop, &u->timer);
         u->state = TU_SENDING;
         send_head(u);
         return;
     }
-    const char *why;
-    if (!(u->tls = tls_new(u->ctxs, u->fd, &u->peer, TLS_ALPN_H1, &why))) {
+    if (!(u->tls = tls_new(u->ctxs, u->fd, u->host, u->ca_file, TLS_ALPN_H1))) {
         finish(u, TUNNEL_UP_UNSENT);
         return;
     }
@@ -571,7 +572,8 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     u->no_body = req->no_body;
     u->bytes_sent = req->bytes_sent;
     u->in.max = IN_MAX;
-    if (!build_head(u, req) || (o->tls && tls_peer_copy(&u->peer, &o->peer) < 0))
+    if (!build_head(u, req) || (o->tls && (!(u->host = strdup(o->host)) ||
+                                           (o->ca_file && !(u->ca_file = strdup(o->ca_file))))))
         goto fail;
     u->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (u->fd < 0)

@@ -73,12 +73,6 @@ struct upstream_url {
     struct origin *tun; /* http or https: where an upgrade's tunnel connects (docs/upgrades.md) */
     bool https;
     char *cainfo, *capath; /* what libcurl verifies an https upstream's certificate against */
-    char *cert, *key;      /* the client certificate libcurl shows, and its key (NULL: none) */
-    /* tls.server_name: libcurl sends in SNI and verifies the URL's host, so the URL names the
-     * server name and the connection goes to the real host:port (CURLOPT_CONNECT_TO, which
-     * libcurl's connection reuse tells apart); Host stays the authority configured. */
-    struct curl_slist *connect_to;
-    char *host_field; /* "Host: authority" */
 };
 
 /* An origin's share, under its own copy of the name. */
@@ -528,34 +522,6 @@ static struct origin *origin_of(const char *origin, const struct origin_tls *ot)
     return o;
 }
 
-/* tls.server_name for libcurl (struct upstream_url). */
-static int curl_server_name(struct upstream_url *url, const char *origin, const char *name)
-{
-    char *host = NULL, *port = NULL, *to = NULL;
-    const char *auth = strstr(origin, "://") + 3;
-    int ret = -1;
-    if (curl_url_get(url->curl, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
-        curl_url_get(url->curl, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
-        asprintf(&to, "%s:%s:%s:%s", name, port, host, port) < 0 ||
-        asprintf(&url->host_field, "Host: %.*s", (int)strcspn(auth, "/"), auth) < 0) {
-        to = url->host_field = NULL;
-        goto out;
-    }
-    struct curl_slist *l = curl_slist_append(NULL, to);
-    if (!l || curl_url_set(url->curl, CURLUPART_HOST, name, 0) != CURLUE_OK ||
-        curl_url_set(url->curl, CURLUPART_PORT, port, 0) != CURLUE_OK) {
-        curl_slist_free_all(l);
-        goto out;
-    }
-    url->connect_to = l;
-    ret = 0;
-out:
-    curl_free(host);
-    curl_free(port);
-    free(to);
-    return ret;
-}
-
 struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels)
 {
     struct upstream_url *url = calloc(1, sizeof(*url));
@@ -563,8 +529,7 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
         return NULL;
     if (strncmp(origin, "h2c://", 6) == 0 ||
         (strncmp(origin, "https://", 8) == 0 && tls->http2 != CFG_HTTP2_OFF)) {
-        struct origin_tls ot = { tls->ca_file, tls->http2 == CFG_HTTP2_AUTO, tls->cert_file,
-                                 tls->key_file, tls->server_name };
+        struct origin_tls ot = { tls->ca_file, tls->http2 == CFG_HTTP2_AUTO };
         if (!(url->h2 = origin_of(origin, &ot)))
             goto fail;
         if (!url->h2->tls || !url->h2->h1_too)
@@ -573,8 +538,7 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
     if (tunnels && strncmp(origin, "h2c://", 6) != 0) {
         /* resolved now, as h2's origins are: a worker never looks a name up (a route whose
          * upgrades is [] resolves nothing here) */
-        struct origin_tls ot = { tls->ca_file, true, tls->cert_file, tls->key_file,
-                                 tls->server_name };
+        struct origin_tls ot = { tls->ca_file, true };
         /* an https origin offering http/1.1 too is the same one h2 has: resolved once */
         url->tun = url->h2 ? url->h2 : origin_of(origin, &ot);
         if (!url->tun)
@@ -586,11 +550,6 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
     if ((url->https = strncmp(origin, "https://", 8) == 0)) {
         if (tls->ca_file ? !(url->cainfo = strdup(tls->ca_file))
                          : curl_ca_defaults(&url->cainfo, &url->capath) < 0)
-            goto fail;
-        if (tls->cert_file &&
-            (!(url->cert = strdup(tls->cert_file)) || !(url->key = strdup(tls->key_file))))
-            goto fail;
-        if (tls->server_name && curl_server_name(url, origin, tls->server_name) < 0)
             goto fail;
     }
     return url;
@@ -609,10 +568,6 @@ void upstream_url_free(struct upstream_url *url)
     origin_free(url->h2);
     free(url->cainfo);
     free(url->capath);
-    free(url->cert);
-    free(url->key);
-    curl_slist_free_all(url->connect_to);
-    free(url->host_field);
     free(url);
 }
 
@@ -623,18 +578,7 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
     if (url->https) { /* a route's own tls.ca_file replaces the system's store */
         curl_easy_setopt(e, CURLOPT_CAINFO, url->cainfo);
         curl_easy_setopt(e, CURLOPT_CAPATH, url->capath);
-        if (url->cert) { /* mutual TLS (tls.cert_file) */
-            curl_easy_setopt(e, CURLOPT_SSLCERT, url->cert);
-            curl_easy_setopt(e, CURLOPT_SSLKEY, url->key);
-        }
-        if (url->connect_to)
-            curl_easy_setopt(e, CURLOPT_CONNECT_TO, url->connect_to);
     }
-}
-
-const char *upstream_url_host_field(const struct upstream_url *url)
-{
-    return url->host_field;
 }
 
 const struct origin *upstream_url_h2(const struct upstream_url *url)

@@ -49,12 +49,8 @@ of preference, comma-separated; default "h2"; "none": no ALPN) and records
 h2 is spoken to in HTTP/1.1: each request is recorded as {"conn": N, "event": "http1", "method",
 "path", "headers", "body_len"} and answered 200 "h1\n" (keep-alive).
 
-With --client-ca FILE too, a client must show a certificate FILE trusts (mutual TLS); the tls
-record then says its subject's common name ("client") and the name the client sent in SNI
-("sni", null: none).
-
-Usage: h2_upstream.py RECORD_FILE [--tls CERT KEY] [--alpn LIST] [--client-ca FILE]. Stops on
-SIGTERM or when stdin closes.
+Usage: h2_upstream.py RECORD_FILE [--tls CERT KEY] [--alpn LIST]. Stops on SIGTERM or when stdin
+closes.
 """
 import hashlib
 import json
@@ -404,12 +400,7 @@ def serve_tls(ctx, sock, out, cid):
         sock.close()
         return
     alpn = sock.selected_alpn_protocol()
-    rec = {"conn": cid, "event": "tls", "alpn": alpn}
-    peer = sock.getpeercert()
-    if peer:
-        rec["client"] = dict(x[0] for x in peer["subject"]).get("commonName")
-    rec["sni"] = getattr(sock, "sni_name", None)
-    record(out, rec)
+    record(out, {"conn": cid, "event": "tls", "alpn": alpn})
     if alpn == "h2":
         Conn(sock, out, cid).serve()
     else:
@@ -427,14 +418,6 @@ def main():
         alpn = args[args.index("--alpn") + 1] if "--alpn" in args else "h2"
         if alpn != "none":
             ctx.set_alpn_protocols(alpn.split(","))
-        if "--client-ca" in args:
-            ctx.verify_mode = ssl.CERT_REQUIRED
-            ctx.load_verify_locations(args[args.index("--client-ca") + 1])
-
-        def on_sni(s, name, c):
-            s.sni_name = name
-
-        ctx.sni_callback = on_sni
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", 0))

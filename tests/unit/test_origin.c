@@ -61,44 +61,19 @@ Test(origin, free_accepts_null)
  * reached in its key, so that connections trusting other certificates are not shared. */
 Test(origin, an_https_origin_defaults_to_443_and_keys_its_trust)
 {
-    struct origin_tls system = { .h1_too = true }, own = { .ca_file = "/etc/ca.pem" };
+    struct origin_tls system = { NULL, true }, own = { "/etc/ca.pem", false };
     struct origin *a = origin_new("[::1]", &system), *b = origin_new("[::1]", &own);
     cr_assert(a && b);
     cr_expect_eq(port_of(a), 443);
     cr_expect_str_eq(a->host, "::1");
-    cr_expect(a->tls && a->h1_too && !a->peer.ca_file);
-    cr_expect_str_eq(a->peer.name, "::1");
+    cr_expect(a->tls && a->h1_too && !a->ca_file);
     cr_expect(b->tls && !b->h1_too);
-    cr_expect_str_eq(b->peer.ca_file, "/etc/ca.pem");
+    cr_expect_str_eq(b->ca_file, "/etc/ca.pem");
     cr_expect_str_neq(a->key, b->key);
     struct origin *c = origin_new("[::1]:443", NULL);
     cr_assert_not_null(c);
     cr_expect_not(c->tls);
     cr_expect_str_neq(a->key, c->key, "cleartext and TLS share no connection");
-    origin_free(a);
-    origin_free(b);
-    origin_free(c);
-}
-
-/* A client certificate or another name to verify makes another origin: connections showing
- * one certificate, or verified under one name, are not shared with others. */
-Test(origin, client_certificates_and_server_names_key_their_origins)
-{
-    struct origin_tls plain = { .h1_too = true },
-                      cert = { .h1_too = true, .cert_file = "/c.pem", .key_file = "/c.key" },
-                      named = { .h1_too = true, .server_name = "svc.test" };
-    struct origin *a = origin_new("127.0.0.1:8443", &plain),
-                  *b = origin_new("127.0.0.1:8443", &cert),
-                  *c = origin_new("127.0.0.1:8443", &named);
-    cr_assert(a && b && c);
-    cr_expect_str_neq(a->key, b->key);
-    cr_expect_str_neq(a->key, c->key);
-    cr_expect_str_neq(b->key, c->key);
-    cr_expect_str_eq(b->peer.cert_file, "/c.pem");
-    cr_expect_str_eq(b->peer.key_file, "/c.key");
-    cr_expect_str_eq(b->peer.name, "127.0.0.1");
-    cr_expect_str_eq(c->peer.name, "svc.test");
-    cr_expect_str_eq(c->host, "127.0.0.1");
     origin_free(a);
     origin_free(b);
     origin_free(c);
