@@ -205,3 +205,51 @@ Test(upstream_tls, server_name_is_sent_and_verified_instead_of_the_url_host)
     cr_expect_eq(http1_paths("/h1bad/b") + http1_paths("/h1url/b"), 0);
     cr_expect_eq(h2u_count(srv, "path", "/h2bad/b"), 0);
 }
+
+/* The config of routes "h1" (libcurl) and "h2" presenting the certificate 'pem' with the key
+ * 'key', trusting 'ca', written to fx_cfg_path. */
+static void write_config(const char *ca, const char *pem, const char *key)
+{
+    struct cfgb *b = cfgb_new();
+    char with[512];
+    snprintf(with, sizeof(with), "\"cert_file\": \"%s\", \"key_file\": \"%s\"", pem, key);
+    route(b, "h1", "off", ca, with);
+    route(b, "h2", "required", ca, with);
+    char *text = cfgb_text(b);
+    cfg_write_renamed(fx_cfg_path, text);
+    free(text);
+}
+
+/* A reload reads the files anew: one naming a key that does not exist is refused and the
+ * running config goes on presenting its certificate; one naming a new certificate in other
+ * files is taken, and new connections present it. */
+Test(upstream_tls, a_reload_takes_new_files_and_refuses_missing_ones)
+{
+    struct pair s = cert("srv", "IP:127.0.0.1"), c = cert("cli", "DNS:client.test"),
+                c2 = cert("cli2", "DNS:renewed.test");
+    char trusted[160], cmd[512];
+    snprintf(trusted, sizeof(trusted), "%s/clients.pem", dir);
+    snprintf(cmd, sizeof(cmd), "cat %s %s > %s", c.pem, c2.pem, trusted);
+    cr_assert_eq(fx_sh(cmd), 0);
+    srv = h2u_start_mtls(s.pem, s.key, "h2,http/1.1", trusted);
+    fx_config_dir("uptls");
+    write_config(s.pem, c.pem, c.key);
+    const char *args[] = { "-c",          fx_cfg_path, "--listen", "127.0.0.1:0", "--admin",
+                           "127.0.0.1:0", "--workers", "1",        NULL };
+    fx_start_argv(args);
+    cr_expect_eq(get("/h1/a", NULL), 200);
+    cr_expect_eq(get("/h2/a", NULL), 200);
+    cr_expect_eq(tls_records("client_name", "client.test"), 2);
+    char missing[160];
+    snprintf(missing, sizeof(missing), "%s/missing.key", dir);
+    write_config(s.pem, c.pem, missing);
+    cr_assert_eq(fx_wait_metric("retryproxy_config_last_reload_successful", 0, 10000), 0,
+                 "a missing key_file was not refused");
+    cr_expect_eq(get("/h1/b", NULL), 200, "the running config goes on");
+    cr_expect_eq(get("/h2/b", NULL), 200);
+    write_config(s.pem, c2.pem, c2.key);
+    cr_assert_eq(fx_wait_metric("retryproxy_config_last_reload_successful", 1, 10000), 1);
+    cr_expect_eq(get("/h1/c", NULL), 200);
+    cr_expect_eq(get("/h2/c", NULL), 200);
+    cr_expect_eq(tls_records("client_name", "renewed.test"), 2);
+}

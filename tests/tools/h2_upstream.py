@@ -48,8 +48,8 @@ of preference, comma-separated; default "h2"; "none": no ALPN) and records
 {"conn": N, "event": "tls", "alpn": "h2"} (null: none chosen). A connection that did not choose
 h2 is spoken to in HTTP/1.1: each request is recorded as {"conn": N, "event": "http1", "method",
 "path", "headers", "body_len"} and answered 200 "h1\n" (keep-alive). The "tls" record has the
-name the client sent in SNI ("sni", null: none) and whether it presented a certificate
-("client_cert"). With --client-ca FILE a client certificate is required, verified against the
+name the client sent in SNI ("sni", null: none), whether it presented a certificate
+("client_cert") and the first DNS name of that certificate ("client_name", null: none). With --client-ca FILE a client certificate is required, verified against the
 PEM certificates in FILE; a handshake without one is recorded {"conn": N, "event": "tls",
 "error": "..."} and nothing more is read.
 
@@ -404,8 +404,10 @@ def serve_tls(ctx, sock, out, cid):
         sock.close()
         return
     alpn = sock.selected_alpn_protocol()
+    peer = sock.getpeercert() or {}
+    names = [v for k, v in peer.get("subjectAltName", ()) if k == "DNS"]
     record(out, {"conn": cid, "event": "tls", "alpn": alpn, "sni": getattr(sock, "sni", None),
-                 "client_cert": bool(sock.getpeercert())})
+                 "client_cert": bool(peer), "client_name": names[0] if names else None})
     if alpn == "h2":
         Conn(sock, out, cid).serve()
     else:
