@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* A PEM file larger than this is not one (a chain of ten certificates is some 20 KiB). */
 #define PEM_MAX (1 << 20)
@@ -10,8 +11,14 @@
 /* The file's text, NUL-terminated; NULL with 'why' set when it cannot be read. */
 static char *slurp(const char *path, const char **why)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    struct stat st;
+    FILE *f = NULL;
+    /* a FIFO or a device would hold the load up (opening a FIFO waits for a writer) */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        *why = "is not a regular file";
+        return NULL;
+    }
+    if (!(f = fopen(path, "r"))) {
         *why = "cannot be read (no such file, or no permission)";
         return NULL;
     }
