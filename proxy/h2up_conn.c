@@ -288,7 +288,7 @@ static void connected(struct conn *c)
     }
     if (!(c->tls =
               tls_new(&c->h->tls, c->fd, &c->tconf, c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2))) {
-        tls_failed(c, "cannot set up TLS (out of memory, or a file of tls unreadable)");
+        tls_failed(c, "cannot set up TLS (out of memory, or a file of tls does not load)");
         return;
     }
     handshake(c);
