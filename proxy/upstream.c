@@ -619,7 +619,9 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
     if (url->https) { /* a route's own tls.ca_file replaces the system's store */
         curl_easy_setopt(e, CURLOPT_CAINFO, url->cainfo);
         curl_easy_setopt(e, CURLOPT_CAPATH, url->capath);
-        /* sent when the server asks; NULL clears a pooled handle's (no key: in the cert) */
+        /* sent when the server asks; NULL clears a pooled handle's (no key: in the cert).
+         * libcurl's connection and session caches compare the certificate's file, so no
+         * connection made with one is used without it, or with another */
         curl_easy_setopt(e, CURLOPT_SSLCERT, url->sslcert);
         curl_easy_setopt(e, CURLOPT_SSLKEY, url->sslkey);
     }
