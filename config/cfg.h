@@ -123,7 +123,10 @@ enum cfg_http2 {
     CFG_HTTP2_REQUIRED, /* h2 only: a server that does not choose it is a connect failure */
 };
 struct cfg_tls {
-    const char *ca_file; /* PEM certificates to trust; NULL: the system's store */
+    const char *ca_file;     /* PEM certificates to trust; NULL: the system's store */
+    const char *cert_file;   /* the proxy's client certificate chain (PEM); NULL: none */
+    const char *key_file;    /* its private key (PEM); NULL: cert_file holds it too */
+    const char *server_name; /* sent in SNI and verified, instead of the URL's host; NULL */
     enum cfg_http2 http2;
 };
 

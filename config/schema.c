@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config/pem.h"
 #include "config/strhash.h"
 
 /* Durations are integer milliseconds up to one day (docs/config.md). */
@@ -410,6 +411,36 @@ static const char *check_ca_file(const char *s, size_t len)
         return "must name a file of PEM certificates";
     if (access(s, R_OK) != 0)
         return "cannot be read (no such file, or no permission)";
+    return NULL;
+}
+
+static const char *check_cert_file(const char *s, size_t len)
+{
+    if (len == 0 || memchr(s, '\0', len))
+        return "must name a file holding a PEM certificate";
+    return pem_check_certs(s);
+}
+
+static const char *check_key_file(const char *s, size_t len)
+{
+    if (len == 0 || memchr(s, '\0', len))
+        return "must name a file holding a PEM private key";
+    return pem_check_key(s);
+}
+
+/* A DNS name: SNI carries no address (an address URL is verified against the certificate's
+ * IP entries already). */
+static const char *check_server_name(const char *s, size_t len)
+{
+    unsigned char ip[16];
+    if (len == 0 || len > 253 || memchr(s, '\0', len))
+        return "must be a host name of 1 to 253 characters";
+    for (size_t i = 0; i < len; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '-' || s[i] == '.' || s[i] == '_'))
+            return "must be a host name (letters, digits, '-', '_' and '.'; no port)";
+    if (inet_pton(AF_INET, s, ip) == 1)
+        return "must be a host name, not an address: SNI carries names only";
     return NULL;
 }
 
@@ -968,6 +999,18 @@ static void check_retry(struct walk *w, const struct ctx *x, void *dst)
                    "passed per_try_timeout_ms");
 }
 
+/* A client certificate needs its key: in key_file, or in cert_file itself. */
+static void check_tls(struct walk *w, const struct ctx *x, void *dst)
+{
+    const struct cfg_tls *t = dst;
+    if (t->key_file && !t->cert_file)
+        rule_error(w, x, "key_file", "cert_file",
+                   "needs cert_file: the key is of a client certificate");
+    else if (t->cert_file && !t->key_file && !pem_has_key(t->cert_file))
+        rule_error(w, x, "cert_file", "key_file",
+                   "holds no private key: name the key's file in key_file");
+}
+
 static void check_route(struct walk *w, const struct ctx *x, void *dst)
 {
     const struct cfg_route *r = dst;
@@ -1202,12 +1245,21 @@ static const struct field tls_fields[] = {
     STRING_FIELD("ca_file", struct cfg_tls, ca_file, F_NULLABLE, check_ca_file, "null",
                  "a file of PEM certificates that https upstreams' certificates are verified "
                  "against, instead of the system's store (null: the system's store)"),
+    STRING_FIELD("cert_file", struct cfg_tls, cert_file, F_NULLABLE, check_cert_file, "null",
+                 "a PEM file of the client certificate (and its chain) the proxy presents to "
+                 "https upstreams that ask for one, mutual TLS (null: none)"),
+    STRING_FIELD("key_file", struct cfg_tls, key_file, F_NULLABLE, check_key_file, "null",
+                 "a PEM file of cert_file's private key, unencrypted (null: cert_file holds it)"),
+    STRING_FIELD("server_name", struct cfg_tls, server_name, F_NULLABLE, check_server_name, "null",
+                 "the name sent in SNI and verified against the upstream's certificate, "
+                 "instead of the URL's host; connections still go to the URL's host, and Host "
+                 "is unchanged (null: the URL's host)"),
     ENUM_FIELD("http2", struct cfg_tls, http2, http2_names, "\"auto\"",
                "auto: offer h2 and http/1.1 by ALPN and speak what the upstream chooses; off: "
                "HTTP/1.1 only; required: h2 only, an upstream that does not choose it is a "
                "connect failure (docs/http2.md)"),
 };
-static const struct schema tls_schema = SCHEMA(tls_fields, NULL);
+static const struct schema tls_schema = SCHEMA(tls_fields, check_tls);
 
 /* match's keys land directly in struct cfg_route. */
 static const struct field match_fields[] = {
@@ -1262,7 +1314,8 @@ static const struct field route_fields[] = {
     OBJ_FIELD("throttle", struct cfg_route, throttle, throttle_schema, 0,
               "client-side throttling: fewer attempts to an upstream that keeps failing"),
     OBJ_FIELD("tls", struct cfg_route, tls, tls_schema, 0,
-              "how https upstreams are reached: the certificates trusted, and HTTP/2 by ALPN"),
+              "how https upstreams are reached: the certificates trusted, the client "
+              "certificate, the name verified, and HTTP/2 by ALPN"),
     LIST_FIELD("upgrades", struct cfg_route, upgrades, n_upgrades, upgrade_list, 0, NULL,
                "[\"websocket\"]",
                "HTTP/1.1 upgrade tokens tunnelled to the upstream once it answers 101 (any case; "

@@ -278,6 +278,21 @@ static const char *upstream_target(struct attempt *a, const char *base_path, con
 static int launch_h2(struct attempt *a, const struct origin *o, const char *target,
                      const struct attempt_req *req, uint64_t connect_timeout_ms);
 
+/* 'fields', led by the Host the upstream's URL no longer gives libcurl (tls.server_name) unless
+ * they hold one (preserve_host). The node is the attempt's: the list is the request's. */
+static struct curl_slist *with_host(struct attempt *a, const struct upstream_url *url,
+                                    struct curl_slist *fields)
+{
+    const char *host = upstream_url_host_field(url);
+    if (!host)
+        return fields;
+    for (const struct curl_slist *f = fields; f; f = f->next)
+        if (strncasecmp(f->data, "Host:", 5) == 0)
+            return fields;
+    a->host_field = (struct curl_slist){ .data = (char *)host, .next = fields };
+    return &a->host_field;
+}
+
 /* The request through libcurl (HTTP/1.1). */
 static int launch_h1(struct attempt *a, const struct upstream_url *url, const char *base_path,
                      const struct attempt_req *req, uint64_t connect_timeout_ms)
@@ -316,7 +331,7 @@ static int launch_h1(struct attempt *a, const struct upstream_url *url, const ch
             a->xfer.spent = true;
         }
     }
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, req->headers);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, with_host(a, url, req->headers));
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, a);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);

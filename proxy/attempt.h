@@ -73,11 +73,12 @@ struct attempt {
     void *arg; /* the owner's */
     struct upstream *up;
     struct upstream_xfer xfer;
-    struct h2up_stream *h2;    /* an h2c upstream's running stream, instead of xfer.easy */
-    struct tunnel_up *tun;     /* an upgrade's handshake, instead of xfer.easy */
-    const char *upgrade;       /* ... the token it asks for (the request's, which outlives it) */
-    struct upstream_wait slot; /* queued for a transfer slot */
-    char *target_buf;          /* the upstream's base path + the target */
+    struct h2up_stream *h2;       /* an h2c upstream's running stream, instead of xfer.easy */
+    struct tunnel_up *tun;        /* an upgrade's handshake, instead of xfer.easy */
+    const char *upgrade;          /* ... the token it asks for (the request's, which outlives it) */
+    struct upstream_wait slot;    /* queued for a transfer slot */
+    char *target_buf;             /* the upstream's base path + the target */
+    struct curl_slist host_field; /* put before the request's fields (tls.server_name) */
     const struct hlist *req_trailers; /* attempt_req.trailers, for a chunked upload */
     const char *up_buf;               /* a buffered body going chunked: what is left of it */
     size_t up_len;

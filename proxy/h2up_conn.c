@@ -106,8 +106,7 @@ void h2c_free(struct conn *c)
     if (h->counts)
         count(&h->counts->open, -1);
     free(c->key);
-    free(c->host);
-    free(c->ca_file);
+    tls_conf_clear(&c->tconf);
     free(c->out.p);
     loop_defer_free(h->loop, c); /* its watch may have an event pending in this turn */
 }
@@ -235,8 +234,8 @@ static void tls_failed(struct conn *c, const char *why)
     uint64_t now = loop_now(h->loop);
     if (!h->tls_logged || now - h->tls_logged >= TLS_LOG_EVERY_MS) {
         h->tls_logged = now;
-        log_event(CFG_LOG_WARN, "upstream TLS failed; its requests were not sent", "host", c->host,
-                  "error", why, NULL);
+        log_event(CFG_LOG_WARN, "upstream TLS failed; its requests were not sent", "host",
+                  c->tconf.name, "error", why, NULL);
     }
     h2c_fail(c);
 }
@@ -283,13 +282,13 @@ static void connected(struct conn *c)
         return;
     }
     c->tcp = true;
-    if (!c->host) {
+    if (!c->tconf.name) {
         opened(c);
         return;
     }
-    if (!(c->tls = tls_new(&c->h->tls, c->fd, c->host, c->ca_file,
-                           c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2))) {
-        tls_failed(c, "cannot set up TLS (out of memory, or tls.ca_file unreadable)");
+    if (!(c->tls =
+              tls_new(&c->h->tls, c->fd, &c->tconf, c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2))) {
+        tls_failed(c, "cannot set up TLS (out of memory, or a file of tls does not load)");
         return;
     }
     handshake(c);
@@ -396,7 +395,7 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
         goto fail;
     if (o->tls) { /* an https origin: TLS first, ALPN must choose h2 */
         c->h1_too = o->h1_too;
-        if (!(c->host = strdup(o->host)) || (o->ca_file && !(c->ca_file = strdup(o->ca_file))))
+        if (tls_conf_copy(&c->tconf, &o->tls_conf) < 0)
             goto fail;
     }
     /* Only a stream's own window closes while its owner is paused (on_data). */
@@ -439,8 +438,7 @@ fail:
     if (cb)
         nghttp2_session_callbacks_del(cb);
     free(c->key);
-    free(c->host);
-    free(c->ca_file);
+    tls_conf_clear(&c->tconf);
     free(c);
     return NULL;
 }

@@ -12,6 +12,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "proxy/h2up.h"
+#include "proxy/tls.h"
 
 struct origin;
 struct tls;
@@ -59,14 +60,13 @@ struct conn {
     nghttp2_session *s;
     struct h2up_stream *streams; /* every stream not yet freed */
     size_t nstreams;
-    struct bytes out; /* serialized frames the socket did not take yet */
-    struct tls *tls;  /* an https origin's, once TCP connected */
-    char *host;       /* an https origin's name or address (for TLS); NULL: h2c */
-    char *ca_file;    /* what certificates are verified against; NULL: the system's store */
-    bool h1_too;      /* http/1.1 is offered too: a server that chooses it is H2UP_FALLBACK */
-    bool tcp;         /* the TCP connection is made */
-    bool open;        /* ... and carries HTTP/2 (TLS done, h2 chosen) */
-    bool fell_back;   /* the server chose http/1.1 */
+    struct bytes out;      /* serialized frames the socket did not take yet */
+    struct tls *tls;       /* an https origin's, once TCP connected */
+    struct tls_conf tconf; /* an https origin's (proxy/tls.h); its name NULL: h2c */
+    bool h1_too;           /* http/1.1 is offered too: a server that chooses it is H2UP_FALLBACK */
+    bool tcp;              /* the TCP connection is made */
+    bool open;             /* ... and carries HTTP/2 (TLS done, h2 chosen) */
+    bool fell_back;        /* the server chose http/1.1 */
     bool goaway, dead;
 };
 

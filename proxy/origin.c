@@ -37,7 +37,9 @@ struct origin *origin_new(const char *authority, const struct origin_tls *tls)
     if (tls) {
         o->tls = true;
         o->h1_too = tls->h1_too;
-        if (tls->ca_file && !(o->ca_file = strdup(tls->ca_file)))
+        struct tls_conf tc = { (char *)tls->ca_file, (char *)tls->cert_file, (char *)tls->key_file,
+                               (char *)(tls->server_name ? tls->server_name : host) };
+        if (tls_conf_copy(&o->tls_conf, &tc) < 0)
             goto fail;
     }
     /* Resolved once, with the snapshot (not in a worker: a lookup blocks). */
@@ -53,9 +55,14 @@ struct origin *origin_new(const char *authority, const struct origin_tls *tls)
         freeaddrinfo(res);
     /* the address too: after a reload that resolved the name anew, connections to the old
      * address take no new stream */
-    /* and how it is reached: the same address trusting other certificates is another origin */
-    if (asprintf(&o->key, "%s:%s@%s%s%s%s", host, port, addr, tls ? "/tls" : "",
-                 tls && tls->h1_too ? "+h1" : "", o->ca_file ? o->ca_file : "") < 0) {
+    /* and how it is reached: the same address trusting other certificates, presenting
+     * another client certificate or verifying another name is another origin */
+    const struct tls_conf *tc = &o->tls_conf;
+    if (asprintf(&o->key, "%s:%s@%s%s%s%s%s%s%s%s%s%s%s", host, port, addr, tls ? "/tls" : "",
+                 tls && tls->h1_too ? "+h1" : "", tc->ca_file ? "\n" : "",
+                 tc->ca_file ? tc->ca_file : "", tc->cert_file ? "\ncert " : "",
+                 tc->cert_file ? tc->cert_file : "", tc->key_file ? "\nkey " : "",
+                 tc->key_file ? tc->key_file : "", tls ? "\nname " : "", tls ? tc->name : "") < 0) {
         o->key = NULL;
         goto fail;
     }
@@ -71,7 +78,7 @@ void origin_free(struct origin *o)
         return;
     free(o->authority);
     free(o->host);
-    free(o->ca_file);
+    tls_conf_clear(&o->tls_conf);
     free(o->key);
     free(o);
 }

@@ -16,12 +16,12 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
-/* Contexts kept per worker: one per CA file named by a route (and the system store's). */
+/* Contexts kept per worker: one per set of files routes name (and the system store's). */
 #define CTXS_MAX 16
 
 struct ctx_entry {
-    char *ca_file; /* NULL: the system's store */
-    time_t mtime;  /* the file's when loaded: a file rewritten in place is loaded again */
+    struct tls_conf files; /* the name left NULL */
+    time_t mtime;          /* the files' latest when loaded: one rewritten is loaded again */
     SSL_CTX *ctx;
 };
 
@@ -46,13 +46,40 @@ void tls_ctxs_free(struct tls_ctxs *c)
         return;
     for (size_t i = 0; i < c->n; i++) {
         SSL_CTX_free(c->e[i].ctx);
-        free(c->e[i].ca_file);
+        tls_conf_clear(&c->e[i].files);
     }
     free(c);
 }
 
-static SSL_CTX *ctx_make(const char *ca_file)
+static int dup_or_null(char **dst, const char *s)
 {
+    return s && !(*dst = strdup(s)) ? -1 : 0;
+}
+
+int tls_conf_copy(struct tls_conf *dst, const struct tls_conf *src)
+{
+    *dst = (struct tls_conf){ 0 };
+    if (dup_or_null(&dst->ca_file, src->ca_file) < 0 ||
+        dup_or_null(&dst->cert_file, src->cert_file) < 0 ||
+        dup_or_null(&dst->key_file, src->key_file) < 0 || dup_or_null(&dst->name, src->name) < 0) {
+        tls_conf_clear(dst);
+        return -1;
+    }
+    return 0;
+}
+
+void tls_conf_clear(struct tls_conf *c)
+{
+    free(c->ca_file);
+    free(c->cert_file);
+    free(c->key_file);
+    free(c->name);
+    *c = (struct tls_conf){ 0 };
+}
+
+static SSL_CTX *ctx_make(const struct tls_conf *f)
+{
+    const char *ca_file = f->ca_file;
     SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
     if (!ctx)
         return NULL;
@@ -64,6 +91,12 @@ static SSL_CTX *ctx_make(const char *ca_file)
                               SSL_MODE_RELEASE_BUFFERS);
     int ok = ca_file ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL)
                      : SSL_CTX_set_default_verify_paths(ctx);
+    /* the client certificate, sent only to a server that asks for one; its chain too */
+    if (ok == 1 && f->cert_file)
+        ok = SSL_CTX_use_certificate_chain_file(ctx, f->cert_file) == 1 &&
+             SSL_CTX_use_PrivateKey_file(ctx, f->key_file ? f->key_file : f->cert_file,
+                                         SSL_FILETYPE_PEM) == 1 &&
+             SSL_CTX_check_private_key(ctx) == 1;
     if (ok != 1) {
         SSL_CTX_free(ctx);
         return NULL;
@@ -77,35 +110,50 @@ static time_t mtime_of(const char *path)
     return path && stat(path, &st) == 0 ? st.st_mtime : 0;
 }
 
-static SSL_CTX *ctx_for(struct tls_ctxs **cs, const char *ca_file)
+static time_t latest(time_t a, time_t b)
+{
+    return a > b ? a : b;
+}
+
+static bool same(const char *a, const char *b)
+{
+    return a ? b && strcmp(a, b) == 0 : !b;
+}
+
+static SSL_CTX *ctx_for(struct tls_ctxs **cs, const struct tls_conf *f)
 {
     if (!*cs && !(*cs = calloc(1, sizeof(**cs))))
         return NULL;
     struct tls_ctxs *c = *cs;
-    time_t mtime = mtime_of(ca_file);
+    time_t mtime =
+        latest(mtime_of(f->ca_file), latest(mtime_of(f->cert_file), mtime_of(f->key_file)));
     struct ctx_entry *e = NULL;
     for (size_t i = 0; i < c->n && !e; i++)
-        if (ca_file ? c->e[i].ca_file && strcmp(c->e[i].ca_file, ca_file) == 0 : !c->e[i].ca_file)
+        if (same(c->e[i].files.ca_file, f->ca_file) &&
+            same(c->e[i].files.cert_file, f->cert_file) &&
+            same(c->e[i].files.key_file, f->key_file))
             e = &c->e[i];
     if (e && e->mtime == mtime)
         return e->ctx;
-    SSL_CTX *ctx = ctx_make(ca_file);
+    SSL_CTX *ctx = ctx_make(f);
     if (!ctx)
         return NULL;
     if (!e) {
-        char *copy = ca_file ? strdup(ca_file) : NULL;
-        if (ca_file && !copy) {
+        struct tls_conf copy;
+        if (tls_conf_copy(&copy, f) < 0) {
             SSL_CTX_free(ctx);
             return NULL;
         }
+        free(copy.name); /* the context serves every name */
+        copy.name = NULL;
         if (c->n == CTXS_MAX) { /* the oldest goes: connections hold their own references */
             SSL_CTX_free(c->e[0].ctx);
-            free(c->e[0].ca_file);
+            tls_conf_clear(&c->e[0].files);
             memmove(&c->e[0], &c->e[1], sizeof(c->e[0]) * (CTXS_MAX - 1));
             c->n--;
         }
         e = &c->e[c->n++];
-        e->ca_file = copy;
+        e->files = copy;
     } else {
         SSL_CTX_free(e->ctx); /* SSL objects made from it keep their own reference */
     }
@@ -114,11 +162,11 @@ static SSL_CTX *ctx_for(struct tls_ctxs **cs, const char *ca_file)
     return ctx;
 }
 
-struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const char *host, const char *ca_file,
-                    enum tls_alpn alpn)
+struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const struct tls_conf *conf, enum tls_alpn alpn)
 {
     ERR_clear_error();
-    SSL_CTX *ctx = ctx_for(ctxs, ca_file);
+    const char *host = conf->name;
+    SSL_CTX *ctx = ctx_for(ctxs, conf);
     struct tls *t = ctx ? calloc(1, sizeof(*t)) : NULL;
     if (!t)
         return NULL;

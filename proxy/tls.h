@@ -4,7 +4,8 @@
  *
  * Certificates are verified as libcurl verifies them for the same upstream: the chain against
  * the route's tls.ca_file or else the system's store, and the name (or IP address) the URL
- * gave. The server name goes in SNI unless it is an address.
+ * gave, or tls.server_name. The server name goes in SNI unless it is an address. A route's
+ * tls.cert_file is presented to a server that asks for a client certificate.
  */
 #ifndef RETRYPROXY_PROXY_TLS_H
 #define RETRYPROXY_PROXY_TLS_H
@@ -24,8 +25,21 @@ enum tls_want {
     TLS_FAILED,     /* the handshake failed (see tls_error) */
 };
 
-/* A worker's configured contexts, one per CA file, made when first needed. Accepts NULL. */
+/* A worker's configured contexts, one per set of files, made when first needed. Accepts
+ * NULL. */
 void tls_ctxs_free(struct tls_ctxs *c);
+
+/* How a client connects (routes[].tls, docs/config.md): its own copies of the strings. */
+struct tls_conf {
+    char *ca_file;   /* the certificates trusted; NULL: the system's store */
+    char *cert_file; /* the client certificate presented when asked; NULL: none */
+    char *key_file;  /* its private key; NULL: in cert_file */
+    char *name;      /* sent in SNI (unless an address) and verified: tls.server_name or the
+                        URL's host */
+};
+/* 'dst' gets copies of 'src''s strings; -1 out of memory ('dst' left empty). */
+int tls_conf_copy(struct tls_conf *dst, const struct tls_conf *src);
+void tls_conf_clear(struct tls_conf *c); /* frees the strings */
 
 /* What a client offers by ALPN. */
 enum tls_alpn {
@@ -34,10 +48,11 @@ enum tls_alpn {
     TLS_ALPN_H1,    /* "http/1.1" alone (an upgrade's tunnel, docs/upgrades.md) */
 };
 
-/* A client on connected socket 'fd' to 'host' (a name or an IP address, without brackets),
- * trusting 'ca_file' (NULL: the system's store), offering 'alpn'. '*ctxs' is the worker's
- * context cache (made on first use). NULL when out of memory or the CA file cannot be read. */
-struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const char *host, const char *ca_file,
+/* A client on connected socket 'fd' as 'conf' says (its name: a host name or an IP address,
+ * without brackets), offering 'alpn'. '*ctxs' is the worker's context cache (made on first
+ * use). NULL when out of memory or a file cannot be loaded (the config checked them, but they
+ * may have changed since). */
+struct tls *tls_new(struct tls_ctxs **ctxs, int fd, const struct tls_conf *conf,
                     enum tls_alpn alpn);
 void tls_free(struct tls *t); /* accepts NULL; sends no close_notify */
 

@@ -41,7 +41,7 @@ struct tunnel_up {
     int fd;
     struct tls *tls;
     struct tls_ctxs **ctxs;
-    char *host, *ca_file;
+    struct tls_conf tconf; /* an https origin's; its name NULL: cleartext */
     struct loop_watch w;
     struct loop_timer timer;
     char *out; /* the request head */
@@ -92,9 +92,7 @@ static void release(struct tunnel_up *u, bool close_fd)
     }
     free(u->out);
     u->out = NULL;
-    free(u->host);
-    free(u->ca_file);
-    u->host = u->ca_file = NULL;
+    tls_conf_clear(&u->tconf);
 }
 
 void tunnel_up_free(struct tunnel_up *u)
@@ -507,13 +505,13 @@ static void connected(struct tunnel_up *u)
         finish(u, TUNNEL_UP_UNSENT);
         return;
     }
-    if (!u->host) {
+    if (!u->tconf.name) {
         loop_timer_stop(u->loop, &u->timer);
         u->state = TU_SENDING;
         send_head(u);
         return;
     }
-    if (!(u->tls = tls_new(u->ctxs, u->fd, u->host, u->ca_file, TLS_ALPN_H1))) {
+    if (!(u->tls = tls_new(u->ctxs, u->fd, &u->tconf, TLS_ALPN_H1))) {
         finish(u, TUNNEL_UP_UNSENT);
         return;
     }
@@ -572,8 +570,7 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     u->no_body = req->no_body;
     u->bytes_sent = req->bytes_sent;
     u->in.max = IN_MAX;
-    if (!build_head(u, req) || (o->tls && (!(u->host = strdup(o->host)) ||
-                                           (o->ca_file && !(u->ca_file = strdup(o->ca_file))))))
+    if (!build_head(u, req) || (o->tls && tls_conf_copy(&u->tconf, &o->tls_conf) < 0))
         goto fail;
     u->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (u->fd < 0)

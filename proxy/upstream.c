@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -72,7 +73,10 @@ struct upstream_url {
     struct origin *h2;  /* h2c, or https tried in HTTP/2 first (routes[].tls.http2) */
     struct origin *tun; /* http or https: where an upgrade's tunnel connects (docs/upgrades.md) */
     bool https;
-    char *cainfo, *capath; /* what libcurl verifies an https upstream's certificate against */
+    char *cainfo, *capath;  /* what libcurl verifies an https upstream's certificate against */
+    char *sslcert, *sslkey; /* the client certificate (tls.cert_file, key_file) */
+    struct curl_slist *connect_to; /* with tls.server_name: where connections really go */
+    char *host_field;              /* ... and the Host the URL no longer gives */
 };
 
 /* An origin's share, under its own copy of the name. */
@@ -522,6 +526,33 @@ static struct origin *origin_of(const char *origin, const struct origin_tls *ot)
     return o;
 }
 
+/* libcurl (7.88) sends in SNI and verifies the URL's host, and has no option to name another:
+ * the URL is given tls.server_name for host, CURLOPT_CONNECT_TO sends its connections to the
+ * host and port 'origin' has, and the Host field, which libcurl would take from the URL, is
+ * given as 'origin' has it. libcurl keeps connections made through CONNECT_TO apart from
+ * others (its cache compares the host connected to as well as the URL's). */
+static int server_name(struct upstream_url *url, const char *origin, const char *name)
+{
+    char *host = NULL, *port = NULL, *ct = NULL;
+    const char *auth = strstr(origin, "://") + 3;
+    int len = (int)strcspn(auth, "/");
+    int rc = -1;
+    if (curl_url_get(url->curl, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+        curl_url_get(url->curl, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
+        asprintf(&ct, "::%s:%s", host, port) < 0 ||
+        asprintf(&url->host_field, "Host: %.*s", len, auth) < 0)
+        goto out;
+    if (curl_url_set(url->curl, CURLUPART_HOST, name, 0) != CURLUE_OK ||
+        !(url->connect_to = curl_slist_append(NULL, ct)))
+        goto out;
+    rc = 0;
+out:
+    curl_free(host);
+    curl_free(port);
+    free(ct);
+    return rc;
+}
+
 struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels)
 {
     struct upstream_url *url = calloc(1, sizeof(*url));
@@ -529,7 +560,8 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
         return NULL;
     if (strncmp(origin, "h2c://", 6) == 0 ||
         (strncmp(origin, "https://", 8) == 0 && tls->http2 != CFG_HTTP2_OFF)) {
-        struct origin_tls ot = { tls->ca_file, tls->http2 == CFG_HTTP2_AUTO };
+        struct origin_tls ot = { tls->ca_file, tls->cert_file, tls->key_file, tls->server_name,
+                                 tls->http2 == CFG_HTTP2_AUTO };
         if (!(url->h2 = origin_of(origin, &ot)))
             goto fail;
         if (!url->h2->tls || !url->h2->h1_too)
@@ -538,7 +570,8 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
     if (tunnels && strncmp(origin, "h2c://", 6) != 0) {
         /* resolved now, as h2's origins are: a worker never looks a name up (a route whose
          * upgrades is [] resolves nothing here) */
-        struct origin_tls ot = { tls->ca_file, true };
+        struct origin_tls ot = { tls->ca_file, tls->cert_file, tls->key_file, tls->server_name,
+                                 true };
         /* an https origin offering http/1.1 too is the same one h2 has: resolved once */
         url->tun = url->h2 ? url->h2 : origin_of(origin, &ot);
         if (!url->tun)
@@ -550,6 +583,11 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
     if ((url->https = strncmp(origin, "https://", 8) == 0)) {
         if (tls->ca_file ? !(url->cainfo = strdup(tls->ca_file))
                          : curl_ca_defaults(&url->cainfo, &url->capath) < 0)
+            goto fail;
+        if ((tls->cert_file && !(url->sslcert = strdup(tls->cert_file))) ||
+            (tls->key_file && !(url->sslkey = strdup(tls->key_file))))
+            goto fail;
+        if (tls->server_name && server_name(url, origin, tls->server_name) < 0)
             goto fail;
     }
     return url;
@@ -568,6 +606,10 @@ void upstream_url_free(struct upstream_url *url)
     origin_free(url->h2);
     free(url->cainfo);
     free(url->capath);
+    free(url->sslcert);
+    free(url->sslkey);
+    free(url->host_field);
+    curl_slist_free_all(url->connect_to);
     free(url);
 }
 
@@ -578,7 +620,19 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
     if (url->https) { /* a route's own tls.ca_file replaces the system's store */
         curl_easy_setopt(e, CURLOPT_CAINFO, url->cainfo);
         curl_easy_setopt(e, CURLOPT_CAPATH, url->capath);
+        /* sent when the server asks; NULL clears a pooled handle's (no key: in the cert).
+         * libcurl's connection and session caches compare the certificate's file, so no
+         * connection made with one is used without it, or with another */
+        curl_easy_setopt(e, CURLOPT_SSLCERT, url->sslcert);
+        curl_easy_setopt(e, CURLOPT_SSLKEY, url->sslkey);
     }
+    /* every time: a pooled handle must not keep another route's */
+    curl_easy_setopt(e, CURLOPT_CONNECT_TO, url->connect_to);
+}
+
+const char *upstream_url_host_field(const struct upstream_url *url)
+{
+    return url->host_field;
 }
 
 const struct origin *upstream_url_h2(const struct upstream_url *url)

@@ -86,6 +86,9 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
 void upstream_url_free(struct upstream_url *url); /* accepts NULL */
 /* Points 'e' at 'url' (one upstream_url_h1() allows). */
 void upstream_easy_url(CURL *e, const struct upstream_url *url);
+/* The Host field libcurl must be given for 'url' ("Host: authority"), unless the request's
+ * fields hold one (preserve_host): NULL when the URL it has says the same. */
+const char *upstream_url_host_field(const struct upstream_url *url);
 /* An h2c origin, or an https one tried in HTTP/2 first (routes[].tls.http2 "auto" or
  * "required"), goes through proxy/h2up.h: its origin there, or NULL when libcurl has it. */
 struct origin;

@@ -181,6 +181,41 @@ Test(upgrades, an_https_upstream_is_tunnelled_over_tls)
     fx_sh(cmd);
 }
 
+/* An https upstream that requires a client certificate and whose certificate names another
+ * host than the URL's: the route's tls.cert_file and tls.server_name serve the tunnel's own TLS
+ * connection as they serve libcurl's and h2's; without the certificate nothing is tunnelled. */
+Test(upgrades, an_https_upstream_gets_the_client_certificate_and_server_name)
+{
+    char dir[] = "/tmp/retryproxy-wsmtls-XXXXXX", srv[64], srvkey[64], cli[64], clikey[64];
+    char extra[400];
+    cr_assert_not_null(mkdtemp(dir));
+    fx_make_cert(dir, "srv", "DNS:ws.test");
+    fx_make_cert(dir, "cli", "DNS:client.test");
+    snprintf(srv, sizeof(srv), "%s/srv.pem", dir);
+    snprintf(srvkey, sizeof(srvkey), "%s/srv.key", dir);
+    snprintf(cli, sizeof(cli), "%s/cli.pem", dir);
+    snprintf(clikey, sizeof(clikey), "%s/cli.key", dir);
+    struct wsu *u = wsu_start_mtls(srv, srvkey, cli);
+    snprintf(extra, sizeof(extra),
+             "\"tls\": {\"ca_file\": \"%s\", \"server_name\": \"ws.test\", \"cert_file\": "
+             "\"%s\", \"key_file\": \"%s\"}",
+             srv, cli, clikey);
+    start_ws(u, extra, "");
+    expect_ok(wsu_client(ws_url("/mtls"), "text"), "text over mutual TLS");
+    cr_expect_eq(wsu_count(u, "handshake", "/mtls"), 1);
+    fx_stop();
+    snprintf(extra, sizeof(extra), "\"tls\": {\"ca_file\": \"%s\", \"server_name\": \"ws.test\"}",
+             srv);
+    start_ws(u, extra, "");
+    json_t *res = wsu_client(ws_url("/none"), "text");
+    cr_expect(!json_is_true(json_object_get(res, "ok")), "tunnelled without a certificate");
+    json_decref(res);
+    cr_expect_eq(wsu_count(u, "handshake", "/none"), 0);
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    fx_sh(cmd);
+}
+
 /* The route's timeout_ms bounds the handshake, limits.connection_timeout_ms an idle HTTP
  * connection: neither ends a tunnel (limits.tunnel_idle_timeout_ms does). */
 Test(upgrades, a_tunnel_outlives_timeout_ms_and_connection_timeout_ms)

@@ -34,6 +34,12 @@ struct h2u *h2u_start(void)
 
 struct h2u *h2u_start_tls(const char *cert, const char *key, const char *alpn)
 {
+    return h2u_start_mtls(cert, key, alpn, NULL);
+}
+
+struct h2u *h2u_start_mtls(const char *cert, const char *key, const char *alpn,
+                           const char *client_ca)
+{
     cr_assert_lt(n_running, H2U_MAX, "too many h2 upstreams");
     struct h2u *u = &running[n_running];
     snprintf(u->record, sizeof(u->record), "/tmp/retryproxy-h2u-%d-%zu.jsonl", (int)getpid(),
@@ -48,6 +54,8 @@ struct h2u *h2u_start_tls(const char *cert, const char *key, const char *alpn)
                      (char *)key,
                      "--alpn",
                      (char *)(alpn ? alpn : "h2"),
+                     client_ca ? "--client-ca" : NULL,
+                     (char *)client_ca,
                      NULL };
     char buf[32];
     u->pid = proc_helper_start(argv, &u->in, buf, sizeof(buf), 10000);

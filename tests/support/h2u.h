@@ -25,6 +25,9 @@ struct h2u *h2u_start(void);
  * 'alpn' ("h2", "http/1.1,h2", "none"; NULL: "h2"); connections that do not choose h2 are
  * answered in HTTP/1.1 (see the script). */
 struct h2u *h2u_start_tls(const char *cert, const char *key, const char *alpn);
+/* ... requiring a client certificate that the PEM certificates in 'client_ca' verify. */
+struct h2u *h2u_start_mtls(const char *cert, const char *key, const char *alpn,
+                           const char *client_ca);
 uint16_t h2u_port(const struct h2u *u);
 /* "h2c://127.0.0.1:PORT" (https:// for a TLS one) + base, in a static buffer. */
 const char *h2u_url(const struct h2u *u, const char *base);

@@ -23,7 +23,7 @@ struct wsu {
 static struct wsu running[WSU_MAX];
 static size_t n_running;
 
-static struct wsu *start(int refuse, const char *cert, const char *key)
+static struct wsu *start(int refuse, const char *cert, const char *key, const char *client_ca)
 {
     cr_assert_lt(n_running, WSU_MAX, "too many WebSocket upstreams");
     struct wsu *u = &running[n_running];
@@ -33,7 +33,7 @@ static struct wsu *start(int refuse, const char *cert, const char *key)
     char status[16];
     snprintf(status, sizeof(status), "%d", refuse);
     u->tls = cert != NULL;
-    char *argv[8] = { "/usr/bin/python3", "tests/tools/ws_peer.py", "server", u->record };
+    char *argv[10] = { "/usr/bin/python3", "tests/tools/ws_peer.py", "server", u->record };
     if (refuse) {
         argv[4] = "--refuse";
         argv[5] = status;
@@ -41,6 +41,10 @@ static struct wsu *start(int refuse, const char *cert, const char *key)
         argv[4] = "--tls";
         argv[5] = (char *)cert;
         argv[6] = (char *)key;
+        if (client_ca) {
+            argv[7] = "--client-ca";
+            argv[8] = (char *)client_ca;
+        }
     }
     char buf[32];
     u->pid = proc_helper_start(argv, &u->in, buf, sizeof(buf), 10000);
@@ -53,12 +57,17 @@ static struct wsu *start(int refuse, const char *cert, const char *key)
 
 struct wsu *wsu_start(int refuse)
 {
-    return start(refuse, NULL, NULL);
+    return start(refuse, NULL, NULL, NULL);
 }
 
 struct wsu *wsu_start_tls(const char *cert, const char *key)
 {
-    return start(0, cert, key);
+    return start(0, cert, key, NULL);
+}
+
+struct wsu *wsu_start_mtls(const char *cert, const char *key, const char *client_ca)
+{
+    return start(0, cert, key, client_ca);
 }
 
 uint16_t wsu_port(const struct wsu *u)

@@ -21,6 +21,8 @@ struct wsu;
 struct wsu *wsu_start(int refuse);
 /* One speaking TLS with certificate 'cert' and key 'key' (PEM files). */
 struct wsu *wsu_start_tls(const char *cert, const char *key);
+/* ... requiring a client certificate that the PEM certificates in 'client_ca' verify. */
+struct wsu *wsu_start_mtls(const char *cert, const char *key, const char *client_ca);
 uint16_t wsu_port(const struct wsu *u);
 /* "http://127.0.0.1:PORT" (https:// for a TLS one), in a static buffer. */
 const char *wsu_url(const struct wsu *u);

@@ -47,10 +47,14 @@ With --tls CERT KEY, connections are TLS: the server chooses by ALPN from --alpn
 of preference, comma-separated; default "h2"; "none": no ALPN) and records
 {"conn": N, "event": "tls", "alpn": "h2"} (null: none chosen). A connection that did not choose
 h2 is spoken to in HTTP/1.1: each request is recorded as {"conn": N, "event": "http1", "method",
-"path", "headers", "body_len"} and answered 200 "h1\n" (keep-alive).
+"path", "headers", "body_len"} and answered 200 "h1\n" (keep-alive). The "tls" record has the
+name the client sent in SNI ("sni", null: none), whether it presented a certificate
+("client_cert") and the first DNS name of that certificate ("client_name", null: none). With --client-ca FILE a client certificate is required, verified against the
+PEM certificates in FILE; a handshake without one is recorded {"conn": N, "event": "tls",
+"error": "..."} and nothing more is read.
 
-Usage: h2_upstream.py RECORD_FILE [--tls CERT KEY] [--alpn LIST]. Stops on SIGTERM or when stdin
-closes.
+Usage: h2_upstream.py RECORD_FILE [--tls CERT KEY] [--alpn LIST] [--client-ca FILE]. Stops on
+SIGTERM or when stdin closes.
 """
 import hashlib
 import json
@@ -400,7 +404,10 @@ def serve_tls(ctx, sock, out, cid):
         sock.close()
         return
     alpn = sock.selected_alpn_protocol()
-    record(out, {"conn": cid, "event": "tls", "alpn": alpn})
+    peer = sock.getpeercert() or {}
+    names = [v for k, v in peer.get("subjectAltName", ()) if k == "DNS"]
+    record(out, {"conn": cid, "event": "tls", "alpn": alpn, "sni": getattr(sock, "sni", None),
+                 "client_cert": bool(peer), "client_name": names[0] if names else None})
     if alpn == "h2":
         Conn(sock, out, cid).serve()
     else:
@@ -418,6 +425,14 @@ def main():
         alpn = args[args.index("--alpn") + 1] if "--alpn" in args else "h2"
         if alpn != "none":
             ctx.set_alpn_protocols(alpn.split(","))
+        if "--client-ca" in args:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(args[args.index("--client-ca") + 1])
+
+        def on_sni(sock, name, _ctx):
+            sock.sni = name
+
+        ctx.sni_callback = on_sni
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", 0))

@@ -2,14 +2,16 @@
 """ws_peer -- a WebSocket upstream and client for the upgrade tests (docs/upgrades.md), with
 Debian's python3-websockets (10.4, asyncio). Run with /usr/bin/python3.
 
-  ws_peer.py server RECORD_FILE [--refuse STATUS] [--tls CERT KEY]
+  ws_peer.py server RECORD_FILE [--refuse STATUS] [--tls CERT KEY [--client-ca FILE]]
       Listens on 127.0.0.1 on a port the kernel picks and prints "PORT\\n" once it accepts.
       Each handshake is recorded as one JSON line {"event": "handshake", "path", "headers"}
       (flushed at once), each connection's end as {"event": "closed", "path", "code",
       "at_ms"} (CLOCK_MONOTONIC milliseconds). With --refuse, every handshake is answered
       STATUS with the body "refused\\n" instead. Otherwise every message is echoed back, except
       "close-me", which the server answers by closing with code 4001. With --tls, connections
-      are TLS with that certificate and key (PEM files). Stops when stdin closes.
+      are TLS with that certificate and key (PEM files); with --client-ca too, a client
+      certificate that the PEM certificates in FILE verify is required. Stops when stdin
+      closes.
 
   ws_peer.py client URL SCENARIO
       Runs one scenario against URL and prints one JSON line: {"ok": bool, ...}. Scenarios:
@@ -38,7 +40,7 @@ def now_ms():
     return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000)
 
 
-def serve(record, refuse, tls):
+def serve(record, refuse, tls, client_ca):
     out = open(record, "a")
 
     def log(obj):
@@ -67,6 +69,9 @@ def serve(record, refuse, tls):
         if tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(tls[0], tls[1])
+            if client_ca:
+                ctx.verify_mode = ssl.CERT_REQUIRED
+                ctx.load_verify_locations(client_ca)
         server = await websockets.serve(handler, "127.0.0.1", 0, process_request=process_request,
                                         max_size=4 * 1024 * 1024, ping_interval=None, ssl=ctx)
         port = server.sockets[0].getsockname()[1]
@@ -132,16 +137,18 @@ async def client(url, scenario):
 
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "server":
-        args, refuse, tls = sys.argv[3:], 0, None
+        args, refuse, tls, client_ca = sys.argv[3:], 0, None, None
         while args:
             if args[0] == "--refuse" and len(args) >= 2:
                 refuse, args = int(args[1]), args[2:]
             elif args[0] == "--tls" and len(args) >= 3:
                 tls, args = (args[1], args[2]), args[3:]
+            elif args[0] == "--client-ca" and len(args) >= 2:
+                client_ca, args = args[1], args[2:]
             else:
                 sys.stderr.write(__doc__)
                 sys.exit(2)
-        serve(sys.argv[2], refuse, tls)
+        serve(sys.argv[2], refuse, tls, client_ca)
         return
     if len(sys.argv) == 4 and sys.argv[1] == "client":
         try:

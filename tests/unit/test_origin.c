@@ -61,14 +61,14 @@ Test(origin, free_accepts_null)
  * reached in its key, so that connections trusting other certificates are not shared. */
 Test(origin, an_https_origin_defaults_to_443_and_keys_its_trust)
 {
-    struct origin_tls system = { NULL, true }, own = { "/etc/ca.pem", false };
+    struct origin_tls system = { .h1_too = true }, own = { .ca_file = "/etc/ca.pem" };
     struct origin *a = origin_new("[::1]", &system), *b = origin_new("[::1]", &own);
     cr_assert(a && b);
     cr_expect_eq(port_of(a), 443);
     cr_expect_str_eq(a->host, "::1");
-    cr_expect(a->tls && a->h1_too && !a->ca_file);
+    cr_expect(a->tls && a->h1_too && !a->tls_conf.ca_file);
     cr_expect(b->tls && !b->h1_too);
-    cr_expect_str_eq(b->ca_file, "/etc/ca.pem");
+    cr_expect_str_eq(b->tls_conf.ca_file, "/etc/ca.pem");
     cr_expect_str_neq(a->key, b->key);
     struct origin *c = origin_new("[::1]:443", NULL);
     cr_assert_not_null(c);
@@ -77,4 +77,28 @@ Test(origin, an_https_origin_defaults_to_443_and_keys_its_trust)
     origin_free(a);
     origin_free(b);
     origin_free(c);
+}
+
+/* A client certificate, its key or another verified name makes another origin: an h2
+ * connection presenting one certificate (or expecting one name) is never given another's
+ * streams. The name verified is server_name when set, else the host. */
+Test(origin, client_certificates_and_server_names_key_their_origin)
+{
+    struct origin_tls none = { .h1_too = true }, cert = { .cert_file = "/c.pem", .h1_too = true },
+                      key = { .cert_file = "/c.pem", .key_file = "/k.pem", .h1_too = true },
+                      named = { .server_name = "svc.test", .h1_too = true };
+    struct origin *o[4] = { origin_new("127.0.0.1:8443", &none),
+                            origin_new("127.0.0.1:8443", &cert), origin_new("127.0.0.1:8443", &key),
+                            origin_new("127.0.0.1:8443", &named) };
+    for (int i = 0; i < 4; i++)
+        cr_assert_not_null(o[i]);
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 4; j++)
+            cr_expect_str_neq(o[i]->key, o[j]->key, "%d and %d", i, j);
+    cr_expect_str_eq(o[0]->tls_conf.name, "127.0.0.1");
+    cr_expect_str_eq(o[3]->tls_conf.name, "svc.test");
+    cr_expect_str_eq(o[3]->host, "127.0.0.1", "connections still go to the URL's host");
+    cr_expect_str_eq(o[2]->tls_conf.key_file, "/k.pem");
+    for (int i = 0; i < 4; i++)
+        origin_free(o[i]);
 }
