@@ -76,7 +76,8 @@ struct trial {
     unsigned flags;
     uint32_t number; /* its X-Retry-Attempt */
     size_t sent;     /* bytes of the kept request body its upload has read */
-    uint64_t start_ms;
+    /* loop_clock_us() when it started (queued for a slot, or sent) and was counted (TF_COUNTED) */
+    uint64_t start_us, end_us;
     const struct cfg_upstream *upstream;
     struct attempt att;
     struct head_attempt fields; /* its own X-Retry-Attempt and deadline header */
@@ -94,7 +95,7 @@ struct retry_req {
     const struct cfg_route *route;
     const struct rt_route *rtr; /* the matched route's bindings */
     struct metrics_route *m;    /* its metrics series (route "" until matched) */
-    uint64_t start_ms;          /* loop clock when the request line arrived */
+    uint64_t start_us;          /* loop_clock_us() when the request line arrived */
     int64_t start_unix_ms;
     uint64_t wait_start_ms; /* when the current backoff wait began */
     uint64_t deadline_ms;

@@ -86,7 +86,7 @@ struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_
     r->rt = rt_ref(w->rt);
     r->cfg = r->rt->cfg;
     r->m = r->rt->no_route;
-    r->start_ms = loop_now(w->loop);
+    r->start_us = loop_clock_us(w->loop);
     r->start_unix_ms = (int64_t)req_wall_ms();
     struct intake_pool pool = { &w->px->body_bytes, r->cfg->max_buffered_body_bytes,
                                 &w->body_freed };
@@ -336,6 +336,7 @@ void req_start_attempt(struct retry_req *r)
     t->sent = 0; /* its upload reads from the start */
     t->number = r->attempts;
     t->upstream = &rt->upstreams[i];
+    t->start_us = loop_clock_us(l); /* its duration includes a wait for a slot (metrics.md) */
     if (!attempt_queue(&t->att, t->upstream->origin, r->front->share))
         req_attempt_ops.go(&t->att); /* else it starts when a slot frees */
 }
@@ -350,7 +351,6 @@ static void attempt_go(struct attempt *a)
     const struct cfg_upstream *u = t->upstream;
     uint64_t now = loop_now(l);
     t->flags |= TF_LAUNCHED;
-    t->start_ms = now;
     struct attempt_req req = { .method = r->method,
                                .target = r->target,
                                .body_buf = r->body.body,

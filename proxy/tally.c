@@ -51,10 +51,18 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
         return false;
     t->flags |= TF_COUNTED;
     struct worker *w = r->w;
+    t->end_us = loop_clock_us(w->loop);
     metrics_attempt(r->m, w->id, o);
-    metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT,
-                    (double)(loop_now(w->loop) - t->start_ms) / 1000.0);
+    metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT, (double)(t->end_us - t->start_us) / 1e6);
     return true;
+}
+
+/* How long attempt 't' ran, in ms: to its end once counted, else (a hedge, a line before the
+ * count) to now. */
+static double trial_ms(const struct retry_req *r, const struct trial *t)
+{
+    uint64_t end = (t->flags & TF_COUNTED) ? t->end_us : loop_clock_us(r->w->loop);
+    return (double)(end - t->start_us) / 1000.0;
 }
 
 /* The debug log line of attempt 't' (docs/logs.md), its outcome given as text. */
@@ -67,7 +75,7 @@ void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcom
                              .attempt = t->number,
                              .upstream = t->upstream ? t->upstream->url : NULL,
                              .outcome = outcome,
-                             .duration_ms = (double)(loop_now(r->w->loop) - t->start_ms),
+                             .duration_ms = trial_ms(r, t),
                              .decision = decision,
                              .delay_ms = delay_ms };
     log_attempt(r->w->log, &a);
@@ -140,7 +148,7 @@ void tally_answer(struct retry_req *r)
     if ((r->flags & RF_SUCCEEDED) && r->cur->number > 1)
         metrics_retry_success(r->m, w->id);
     metrics_observe(r->m, w->id, METRICS_HIST_REQUEST,
-                    (double)(loop_now(w->loop) - r->start_ms) / 1000.0);
+                    (double)(loop_clock_us(w->loop) - r->start_us) / 1e6);
 }
 
 void tally_grpc(struct retry_req *r, int status)
@@ -168,7 +176,8 @@ void tally_done(struct retry_req *r)
                               .attempts = r->attempts,
                               .delays = r->delays,
                               .n_delays = r->n_delays,
-                              .duration_ms = (double)(loop_now(w->loop) - r->start_ms),
+                              .duration_ms =
+                                  (double)(loop_clock_us(w->loop) - r->start_us) / 1000.0,
                               .upstream = r->cur->upstream ? r->cur->upstream->url : NULL,
                               .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
                               .request_id = r->request_id[0] ? r->request_id : NULL,
