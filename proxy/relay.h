@@ -26,7 +26,7 @@ struct relay;
  * out of memory. */
 struct relay *relay_new(struct worker *w, struct loop *l, void (*kick)(void *), void *kick_arg,
                         struct MHD_Connection *c, const char *raw_target, const char *peer,
-                        enum wire_reason refused);
+                        unsigned peer_port, enum wire_reason refused);
 
 /* libmicrohttpd's access handler for the request (see MHD_AccessHandlerCallback): false where
  * it wants MHD_NO (close the connection). */

@@ -116,6 +116,12 @@ struct retry_req {
     size_t head_fields;
     uint64_t discarded; /* body bytes dropped after the answer was made */
 
+    /* for the log only: the client's port, the body bytes taken from it (dropped ones too),
+     * its User-Agent (NULL: none, or not logging when the head came) */
+    unsigned peer_port;
+    uint64_t body_received;
+    char *user_agent;
+
     /* retrying */
     uint32_t attempts, max_attempts;
     uint32_t timeout_ms; /* the route's, lowered by X-Retry-Timeout-Ms */

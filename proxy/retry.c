@@ -68,7 +68,7 @@ static struct trial *of_attempt(struct attempt *a)
 
 struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
                             enum front_proto proto, const char *raw_target, const char *peer,
-                            enum wire_reason refused)
+                            unsigned peer_port, enum wire_reason refused)
 {
     struct retry_req *r = calloc(1, FRONT_OFFSET + front_size);
     if (!r)
@@ -80,6 +80,7 @@ struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_
     }
     r->w = w;
     r->peer = peer;
+    r->peer_port = peer_port;
     r->refused = refused;
     r->refs = 1;
     worker_refresh(w);
@@ -120,6 +121,7 @@ static void req_free(struct retry_req *r)
     intake_fini(&r->body);
     hlist_free(&r->trailers);
     free(r->target);
+    free(r->user_agent);
     hlist_free(&r->saved.h);
     hlist_free(&r->saved.trailers);
     free(r->saved.body);
@@ -150,6 +152,7 @@ void retry_req_head(struct retry_req *r, const char *method)
 size_t retry_req_body(struct retry_req *r, const char *data, size_t n)
 {
     size_t took = take_body(r, data, n);
+    r->body_received += took;
     if (r->flags & RF_CLOSE_NOW)
         return RETRY_BODY_CLOSE;
     if (took < n && !r->front->answered)

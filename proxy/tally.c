@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "proxy/log.h"
 #include "proxy/runtime.h"
@@ -160,6 +161,24 @@ void tally_grpc(struct retry_req *r, int status)
     metrics_grpc(r->m, r->w->id, status);
 }
 
+/* The target the last attempt sent (proxy/attempt.c): the upstream's base path, then the
+ * request's ("*" alone); malloc'd in *joined when both are there. NULL: no attempt. */
+static const char *upstream_path(const struct retry_req *r, char **joined)
+{
+    const struct cfg_upstream *u = r->cur->upstream;
+    *joined = NULL;
+    if (!u)
+        return NULL;
+    if (!u->base_path[0] || strcmp(r->target, "*") == 0)
+        return r->target;
+    size_t bl = strlen(u->base_path), tl = strlen(r->target);
+    if ((*joined = malloc(bl + tl + 1)) == NULL)
+        return NULL;
+    memcpy(*joined, u->base_path, bl);
+    memcpy(*joined + bl, r->target, tl + 1);
+    return *joined;
+}
+
 /* The request is over (answered, or the client went away): its log line. */
 void tally_done(struct retry_req *r)
 {
@@ -167,6 +186,7 @@ void tally_done(struct retry_req *r)
     if (!log_enabled(CFG_LOG_INFO) || r->state == RS_HEADERS)
         return;
     bool sent = r->front->sent || r->stop == RETRY_STOP_CLIENT_CLOSED;
+    char *joined;
     struct log_request lr = { .unix_ms = r->start_unix_ms,
                               .route = r->route ? r->route->name : NULL,
                               .method = r->method,
@@ -179,10 +199,17 @@ void tally_done(struct retry_req *r)
                               .duration_ms =
                                   (double)(loop_clock_us(w->loop) - r->start_us) / 1000.0,
                               .upstream = r->cur->upstream ? r->cur->upstream->url : NULL,
+                              .upstream_path = upstream_path(r, &joined),
                               .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
                               .request_id = r->request_id[0] ? r->request_id : NULL,
                               .protocol = r->front->proto == FRONT_HTTP2 ? "HTTP/2" : "HTTP/1.1",
                               .grpc = r->flags & RF_GRPC,
-                              .grpc_status = r->grpc_status };
+                              .grpc_status = r->grpc_status,
+                              .client_addr = r->peer && r->peer[0] ? r->peer : NULL,
+                              .client_port = r->peer_port,
+                              .user_agent = r->user_agent,
+                              .bytes_from_client = r->body_received,
+                              .bytes_to_client = r->front->body_sent };
     log_request(w->log, &lr);
+    free(joined);
 }

@@ -1,5 +1,7 @@
 /* The request line as an operator reads it (docs/logs.md): durations to a tenth of a
- * millisecond and histogram sums to the microsecond (docs/metrics.md).
+ * millisecond and histogram sums to the microsecond (docs/metrics.md), the target as received
+ * and as forwarded, and what an access log carries besides: the client's address and port, its
+ * User-Agent, and the body bytes each way, over HTTP/1.1, HTTP/2 and gRPC.
  *
  * Each test reads the proxy's stdout and checks the request line against what the client sent
  * and got and what the test upstream received.
@@ -141,4 +143,168 @@ Test(access_log, loopback_durations_sum_to_the_microsecond)
     bool whole_att = fabs(att * 1000 - round(att * 1000)) < 1e-6;
     bool whole_req = fabs(req * 1000 - round(req * 1000)) < 1e-6;
     cr_expect(!(whole_att && whole_req), "sums of whole milliseconds: %.6f, %.6f", att, req);
+}
+
+/* ---- the target (docs/logs.md) ---- */
+
+Test(access_log, path_as_received_upstream_path_as_forwarded)
+{
+    start("info");
+    char url[128];
+    const char *h1[] = { "X-Request-Id: based", NULL };
+    struct http_resp r;
+    http_do("GET", px_url(px, "/base/x?q=1", url, sizeof(url)), h1, NULL, 0, T, &r);
+    cr_assert_eq(r.status, 200);
+    http_free(&r);
+    json_t *l = logged("based");
+    cr_expect_str_eq(json_str(l, "path"), "/base/x?q=1");
+    cr_expect_str_eq(json_str(l, "upstream_path"), "/up/base/x?q=1");
+    cr_expect_str_eq(tup_get(up, 0)->target, "/up/base/x?q=1", "the upstream got another");
+    json_decref(l);
+
+    const char *h2[] = { "X-Request-Id: plain", NULL };
+    http_do("GET", px_url(px, "/r/y", url, sizeof(url)), h2, NULL, 0, T, &r);
+    cr_assert_eq(r.status, 200);
+    http_free(&r);
+    l = logged("plain");
+    cr_expect_str_eq(json_str(l, "path"), "/r/y");
+    cr_expect_str_eq(json_str(l, "upstream_path"), "/r/y");
+    json_decref(l);
+
+    const char *h3[] = { "X-Request-Id: nowhere", NULL };
+    http_do("GET", px_url(px, "/none", url, sizeof(url)), h3, NULL, 0, T, &r);
+    cr_assert_eq(r.status, 404);
+    http_free(&r);
+    l = logged("nowhere");
+    cr_expect(json_is_null(json_object_get(l, "upstream_path")), "no attempt, yet a target");
+    json_decref(l);
+}
+
+/* ---- the client, its agent, the bytes (docs/logs.md) ---- */
+
+/* A User-Agent a JSON writer must escape: quote, backslash, and a multibyte character. */
+#define HOSTILE_UA "agent \"q\" \\b caf\xc3\xa9/1.0"
+
+static unsigned local_port(int fd)
+{
+    struct sockaddr_in sa;
+    socklen_t len = sizeof(sa);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    return ntohs(sa.sin_port);
+}
+
+/* Over HTTP/1.1: the client's address and port (as its socket has them), its agent, the body
+ * it sent and the body it got, streamed (larger than the relay's buffer). */
+Test(access_log, http1_client_agent_and_bytes)
+{
+    start("info");
+    int fd = fx_hold(raw_dial(px->port));
+    unsigned port = local_port(fd);
+    const char req[] = "POST /r/up HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: " HOSTILE_UA "\r\n"
+                       "X-Request-Id: h1-bytes\r\nX-Test-Plan: body=70000\r\n"
+                       "Content-Length: 11\r\nConnection: close\r\n\r\nhello world";
+    cr_assert(raw_send_all(fd, req, sizeof(req) - 1));
+    static char resp[128 * 1024];
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof(resp) && (n = raw_recv(fd, resp + got, sizeof(resp) - got, T)) > 0)
+        got += (size_t)n;
+    char *body = memmem(resp, got, "\r\n\r\n", 4);
+    cr_assert(body && strncmp(resp, "HTTP/1.1 200", 12) == 0, "%.60s", resp);
+    cr_expect_eq(got - (size_t)(body + 4 - resp), 70000);
+
+    json_t *l = logged("h1-bytes");
+    cr_expect_str_eq(json_str(l, "client_addr"), "127.0.0.1");
+    cr_expect_eq(num(l, "client_port"), port);
+    cr_expect_str_eq(json_str(l, "user_agent"), HOSTILE_UA);
+    cr_expect_eq(num(l, "bytes_from_client"), 11);
+    cr_expect_eq(num(l, "bytes_to_client"), 70000);
+    cr_expect_str_eq(json_str(l, "protocol"), "HTTP/1.1");
+    json_decref(l);
+}
+
+/* 'method' 'path' with request id 'id', a User-Agent and 'body'; asserts 'status'; returns
+ * the body bytes the client got. */
+static size_t call(bool h2, const char *path, const char *id, const char *ua, const char *plan,
+                   const char *body, long status)
+{
+    char url[128], idh[64], uah[128], planh[64];
+    snprintf(idh, sizeof(idh), "X-Request-Id: %s", id);
+    snprintf(uah, sizeof(uah), "User-Agent: %s", ua);
+    snprintf(planh, sizeof(planh), "X-Test-Plan: %s", plan);
+    const char *h[] = { idh, uah, planh, NULL };
+    struct http_resp r;
+    (h2 ? http_do_h2 : http_do)(body ? "POST" : "GET", px_url(px, path, url, sizeof(url)), h, body,
+                                body ? strlen(body) : 0, T, &r);
+    cr_assert_eq(r.rc, 0, "curl error %d on %s", r.rc, path);
+    cr_assert_eq(r.status, status, "%s: %ld", path, r.status);
+    size_t n = r.body_len;
+    http_free(&r);
+    return n;
+}
+
+/* The line of 'id': from 127.0.0.1, agent 'ua', 'in' body bytes received (at most 'in' when
+ * 'in_at_most': an answer made before the body was read), 'out' sent. */
+static void expect_line(const char *id, const char *ua, const char *proto, size_t in,
+                        bool in_at_most, size_t out)
+{
+    json_t *l = logged(id);
+    cr_expect_str_eq(json_str(l, "client_addr"), "127.0.0.1", "%s", id);
+    double port = num(l, "client_port");
+    cr_expect(port > 0 && port < 65536, "%s: client_port %g", id, port);
+    cr_expect_str_eq(json_str(l, "user_agent"), ua, "%s", id);
+    cr_expect_str_eq(json_str(l, "protocol"), proto, "%s", id);
+    double from = num(l, "bytes_from_client");
+    cr_expect(in_at_most ? from <= in : from == in, "%s: %g from the client, %zu sent", id, from,
+              in);
+    cr_expect_eq(num(l, "bytes_to_client"), out, "%s: %g to the client, %zu got", id,
+                 num(l, "bytes_to_client"), out);
+    json_decref(l);
+}
+
+/* Short answers (taken whole), long ones (streamed), and retryproxy's own errors, over both
+ * protocols. */
+Test(access_log, bytes_each_way_over_both_protocols)
+{
+    start("info");
+    for (int h2 = 0; h2 < 2; h2++) {
+        const char *proto = h2 ? "HTTP/2" : "HTTP/1.1";
+        char id[32];
+        snprintf(id, sizeof(id), "short-%d", h2);
+        size_t n = call(h2, "/r/s", id, "ua-short/1", "body=100", "0123456789", 200);
+        cr_expect_eq(n, 100);
+        expect_line(id, "ua-short/1", proto, 10, false, n);
+
+        snprintf(id, sizeof(id), "long-%d", h2);
+        n = call(h2, "/r/l", id, "ua-long/2", "body=300000", NULL, 200);
+        cr_expect_eq(n, 300000);
+        expect_line(id, "ua-long/2", proto, 0, false, n);
+
+        snprintf(id, sizeof(id), "own-%d", h2);
+        n = call(h2, "/none", id, HOSTILE_UA, "body=1", "abc", 404);
+        cr_expect_gt(n, 0);
+        /* HTTP/1.1 reads no body after an answer made at the head; HTTP/2 drops what comes */
+        expect_line(id, HOSTILE_UA, proto, 3, true, n);
+    }
+}
+
+/* A gRPC call (docs/grpc.md): its messages are the body both ways. */
+Test(access_log, grpc_call_is_logged_with_its_bytes)
+{
+    start("info");
+    char url[128];
+    /* one message of 3 bytes: the flag, the length (big-endian), the bytes */
+    static const char msg[8] = { 0, 0, 0, 0, 3, 'a', 'b', 'c' };
+    const char *h[] = { "Content-Type: application/grpc", "TE: trailers",
+                        "User-Agent: grpc-c/1.0",         "X-Request-Id: grpc-bytes",
+                        "X-Test-Plan: body=42",           NULL };
+    struct http_resp r;
+    http_do_h2("POST", px_url(px, "/r/svc/M", url, sizeof(url)), h, msg, sizeof(msg), T, &r);
+    cr_assert_eq(r.rc, 0);
+    size_t n = r.body_len;
+    http_free(&r);
+    json_t *l = logged("grpc-bytes");
+    cr_expect(json_object_get(l, "grpc_status") != NULL, "not logged as a gRPC call");
+    json_decref(l);
+    expect_line("grpc-bytes", "grpc-c/1.0", "HTTP/2", sizeof(msg), false, n);
 }
