@@ -76,8 +76,8 @@ struct trial {
     unsigned flags;
     uint32_t number; /* its X-Retry-Attempt */
     size_t sent;     /* bytes of the kept request body its upload has read */
-    /* loop_clock_us() when it started (queued for a slot, or sent) and was counted (TF_COUNTED) */
-    uint64_t start_us, end_us;
+    /* loop_clock_us() when it started: queued for a slot, or sent */
+    uint64_t start_us;
     const struct cfg_upstream *upstream;
     struct attempt att;
     struct head_attempt fields; /* its own X-Retry-Attempt and deadline header */
@@ -88,6 +88,8 @@ struct retry_req {
     struct worker *w;
     enum req_state state;
     unsigned flags;
+    /* the client's port, for the log (in the hole before 'peer') */
+    unsigned peer_port;
     unsigned refs;    /* the connection, a running transfer, the body reader */
     const char *peer; /* the client's address, while the connection is open */
     struct rt *rt;    /* the snapshot it started with (one reference) */
@@ -116,10 +118,7 @@ struct retry_req {
     size_t head_fields;
     uint64_t discarded; /* body bytes dropped after the answer was made */
 
-    /* for the log only: the client's port, the body bytes taken from it (dropped ones too),
-     * its User-Agent (NULL: none, or not logging when the head came) */
-    unsigned peer_port;
-    uint64_t body_received;
+    /* its User-Agent, for the log (NULL: none, or not logging when the head came) */
     char *user_agent;
 
     /* retrying */

@@ -152,7 +152,6 @@ void retry_req_head(struct retry_req *r, const char *method)
 size_t retry_req_body(struct retry_req *r, const char *data, size_t n)
 {
     size_t took = take_body(r, data, n);
-    r->body_received += took;
     if (r->flags & RF_CLOSE_NOW)
         return RETRY_BODY_CLOSE;
     if (took < n && !r->front->answered)

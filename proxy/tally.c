@@ -52,18 +52,10 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
         return false;
     t->flags |= TF_COUNTED;
     struct worker *w = r->w;
-    t->end_us = loop_clock_us(w->loop);
     metrics_attempt(r->m, w->id, o);
-    metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT, (double)(t->end_us - t->start_us) / 1e6);
+    metrics_observe(r->m, w->id, METRICS_HIST_ATTEMPT,
+                    (double)(loop_clock_us(w->loop) - t->start_us) / 1e6);
     return true;
-}
-
-/* How long attempt 't' ran, in ms: to its end once counted, else (a hedge, a line before the
- * count) to now. */
-static double trial_ms(const struct retry_req *r, const struct trial *t)
-{
-    uint64_t end = (t->flags & TF_COUNTED) ? t->end_us : loop_clock_us(r->w->loop);
-    return (double)(end - t->start_us) / 1000.0;
 }
 
 /* The debug log line of attempt 't' (docs/logs.md), its outcome given as text. */
@@ -76,7 +68,8 @@ void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcom
                              .attempt = t->number,
                              .upstream = t->upstream ? t->upstream->url : NULL,
                              .outcome = outcome,
-                             .duration_ms = trial_ms(r, t),
+                             .duration_ms =
+                                 (double)(loop_clock_us(r->w->loop) - t->start_us) / 1000.0,
                              .decision = decision,
                              .delay_ms = delay_ms };
     log_attempt(r->w->log, &a);
@@ -208,7 +201,7 @@ void tally_done(struct retry_req *r)
                               .client_addr = r->peer && r->peer[0] ? r->peer : NULL,
                               .client_port = r->peer_port,
                               .user_agent = r->user_agent,
-                              .bytes_from_client = r->body_received,
+                              .bytes_from_client = r->body.total + r->discarded, /* all it took */
                               .bytes_to_client = r->front->body_sent };
     log_request(w->log, &lr);
     free(joined);
