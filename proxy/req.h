@@ -130,6 +130,7 @@ struct retry_req {
     enum retry_outcome last_outcome;
     enum retry_stop stop;
     uint32_t pending_delay;
+    int grpc_status;               /* RF_GRPC_COUNTED: the status the call ended with, -1: none */
     struct retry_verdict settling; /* RF_SETTLE: the verdict, counted once the body is read */
     double throttle_p;             /* RF_THROTTLED: the probability it was rejected with */
     struct trial *cur;             /* the current attempt: running, waited for, or the last one */
@@ -155,7 +156,6 @@ struct retry_req {
         struct grpc_frames frames;
     } held;
 
-    int grpc_status;     /* RF_GRPC_COUNTED: the status the call ended with, -1: none */
     struct front *front; /* the client side: its state follows in the same allocation */
 };
 
