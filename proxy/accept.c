@@ -85,6 +85,15 @@ void accept_peer_text(const struct sockaddr *sa, char *out, size_t cap)
                   (socklen_t)cap);
 }
 
+unsigned accept_peer_port(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return ntohs(((const struct sockaddr_in *)(const void *)sa)->sin_port);
+    if (sa->sa_family == AF_INET6)
+        return ntohs(((const struct sockaddr_in6 *)(const void *)sa)->sin6_port);
+    return 0;
+}
+
 static void resume_listening(struct acceptor *a);
 static void pause_accepting(struct acceptor *a, int err);
 static void on_sniff_timeout(struct loop_timer *t);

@@ -70,6 +70,8 @@ void accept_free(struct acceptor *a);
 
 /* The address of 'sa' (IPv4 or IPv6) as text in out[cap], "" for any other family. */
 void accept_peer_text(const struct sockaddr *sa, char *out, size_t cap);
+/* Its port, 0 for any other family. */
+unsigned accept_peer_port(const struct sockaddr *sa);
 
 /* The HTTP/2 connection preface (RFC 9113 3.4). */
 #define ACCEPT_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -167,6 +167,8 @@ void edge_begin(struct retry_req *r, const char *method)
     const char *why =
         head_refusal(&s, underscores == CFG_UNDERSCORES_REJECT, why_buf, sizeof(why_buf));
     set_request_id(r, why ? NULL : s.value[HF_REQUEST_ID], s.value_len[HF_REQUEST_ID]);
+    if (s.value[HF_USER_AGENT] && log_enabled(CFG_LOG_INFO)) /* the log's only */
+        r->user_agent = strndup(s.value[HF_USER_AGENT], s.value_len[HF_USER_AGENT]);
     r->head_size = s.field_bytes + 32 * s.n_fields;
     r->head_fields = s.n_fields;
     /* a gRPC call (docs/grpc.md): its errors, these first ones included, are gRPC statuses */

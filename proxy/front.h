@@ -96,6 +96,8 @@ struct front {
     /* Its connection's share of the upstream slots (an HTTP/2 stream's, while its connection
      * is open; proxy/share.h), or NULL. */
     struct share *share;
+    /* Response body bytes handed to the client's protocol (the log), counted by the front end. */
+    uint64_t body_sent;
 };
 
 #endif

@@ -301,7 +301,8 @@ static void on_idle(struct loop_timer *t)
                      on_idle, c);
 }
 
-int h2front_open(struct h2front *hf, int fd, const char *peer, const struct h2front_limits *lim)
+int h2front_open(struct h2front *hf, int fd, const char *peer, unsigned peer_port,
+                 const struct h2front_limits *lim)
 {
     struct loop *l = hf->loop;
     struct h2conn *c = calloc(1, sizeof(*c));
@@ -317,6 +318,7 @@ int h2front_open(struct h2front *hf, int fd, const char *peer, const struct h2fr
     c->fd = fd;
     c->lim = *lim;
     snprintf(c->peer, sizeof(c->peer), "%s", peer);
+    c->peer_port = peer_port;
     c->resets = H2_RESET_BURST;
     c->reset_ms = c->last_io = loop_now(l);
     h2guard_init(&c->guard, c->last_io);

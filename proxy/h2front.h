@@ -30,8 +30,9 @@ struct h2front_limits {
 struct h2front *h2front_new(struct worker *w, struct loop *l, void (*closed)(void *arg), void *arg);
 
 /* Serves HTTP/2 on 'fd' (non-blocking, the preface unread; h2front's from now on, closed on
- * failure too) from the client 'peer' (its address as text). 0, or -1. */
-int h2front_open(struct h2front *h, int fd, const char *peer, const struct h2front_limits *lim);
+ * failure too) from the client 'peer' (its address as text) and 'peer_port'. 0, or -1. */
+int h2front_open(struct h2front *h, int fd, const char *peer, unsigned peer_port,
+                 const struct h2front_limits *lim);
 
 /* Connections open. */
 unsigned h2front_count(const struct h2front *h);

@@ -141,6 +141,7 @@ struct h2conn {
     const uint8_t *pend; /* a frame from nghttp2 that did not fit in 'out' */
     size_t pend_len;
     char peer[48];
+    unsigned peer_port;
 };
 
 struct h2front {

@@ -141,7 +141,7 @@ static void start_request(struct h2conn *c, const nghttp2_frame *frame)
         hlist_add(&h->fields, "transfer-encoding", 17, "chunked", 7) < 0)
         h->refused = WIRE_HEAD_TOO_LARGE;
     struct front *f = retry_req_new(hf->w, &h2_ops, sizeof(struct h2stream), FRONT_HTTP2,
-                                    h->path ? h->path : "", c->peer, h->refused);
+                                    h->path ? h->path : "", c->peer, c->peer_port, h->refused);
     if (!f) {
         nghttp2_submit_rst_stream(c->sess, NGHTTP2_FLAG_NONE, h->id, NGHTTP2_REFUSED_STREAM);
         return;
@@ -601,6 +601,7 @@ static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t
         if (n)
             memcpy(buf, st->body + st->body_off, n);
         st->body_off += n;
+        st->f.body_sent += n;
         if (st->body_off == st->body_len)
             end_body(st, data_flags); /* with the trailers of a saved response */
         return (ssize_t)n;
@@ -608,6 +609,7 @@ static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t
     if (st->down.len) {
         size_t was = st->down.len;
         size_t n = ring_get(&st->down, (char *)buf, length);
+        st->f.body_sent += n;
         count_down(c, st, was);
         if (st->down.len == 0 && (st->flags & S_DOWN_DONE))
             end_body(st, data_flags);

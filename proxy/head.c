@@ -27,6 +27,7 @@ static const struct {
     [HF_CONTENT_TYPE] = { "Content-Type", 12 },
     [HF_GRPC_TIMEOUT] = { "grpc-timeout", 12 },
     [HF_UPGRADE] = { "Upgrade", 7 },
+    [HF_USER_AGENT] = { "User-Agent", 10 },
 };
 
 static void scan_field(void *arg, const char *k, size_t k_len, const char *v, size_t v_len)

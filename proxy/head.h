@@ -30,6 +30,7 @@ enum head_field {
     HF_CONTENT_TYPE,
     HF_GRPC_TIMEOUT, /* grpc-timeout (docs/grpc.md) */
     HF_UPGRADE,      /* Upgrade (docs/upgrades.md) */
+    HF_USER_AGENT,   /* for the log */
     HF_COUNT
 };
 

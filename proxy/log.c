@@ -17,9 +17,10 @@
 
 /* Used only to render again a line that would not fit in an empty buffer: the most bytes of
  * escaped output per string ("..." mark included) and the most delays listed. With the fixed
- * parts of any line (a few hundred bytes) they add up to well under LOG_BUF_SIZE, so the second
- * rendering always fits: request 40 KiB + 5 x 2 KiB + 256 x 11 B; attempt 5 x 2 KiB. */
-#define TRUNC_PATH   (40 * 1024)
+ * parts of any line (a few hundred bytes) they add up to under LOG_BUF_SIZE, so the second
+ * rendering always fits: request 2 x 20 KiB (path, upstream_path) + 8 x 2 KiB + 256 x 11 B;
+ * attempt 5 x 2 KiB. */
+#define TRUNC_PATH   (20 * 1024)
 #define TRUNC_STR    (2 * 1024)
 #define TRUNC_DELAYS 256
 /* Room an event line keeps for its truncation mark and closing brace. */
@@ -432,10 +433,19 @@ static void render_request(struct sink *s, const struct log_request *r, bool jso
         put(s, "]", 1);
     field_duration(s, json, "duration_ms", " ", r->duration_ms);
     field_str(s, json, "upstream", " upstream=", r->upstream, lim);
+    field_str(s, json, "upstream_path", " upstream_path=", r->upstream_path, lim_path);
     field_str(s, json, "stop", " stop=", r->stop, lim);
     field_str(s, json, "request_id", " id=", r->request_id, lim);
     if (r->protocol)
         field_str(s, json, "protocol", " proto=", r->protocol, lim);
+    field_str(s, json, "client_addr", " client=", r->client_addr, lim);
+    if (r->client_port)
+        field_u64(s, json, "client_port", " client_port=", r->client_port);
+    else
+        field_str(s, json, "client_port", " client_port=", NULL, lim);
+    field_str(s, json, "user_agent", " ua=", r->user_agent, lim);
+    field_u64(s, json, "bytes_from_client", " bytes_in=", r->bytes_from_client);
+    field_u64(s, json, "bytes_to_client", " bytes_out=", r->bytes_to_client);
     if (r->grpc && r->grpc_status >= 0)
         field_u64(s, json, "grpc_status", " grpc=", (uint64_t)r->grpc_status);
     else if (r->grpc)

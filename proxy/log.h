@@ -35,8 +35,8 @@ void log_buf_free(struct log_buf *b); /* flushes first; accepts NULL */
 /* Writes what is buffered (whole lines). Cheap when empty. */
 void log_flush(struct log_buf *b);
 
-/* One finished request (level info). Strings may be NULL (rendered as null / "-"); 'path' and
- * 'request_id' are escaped as needed. */
+/* One finished request (level info). Strings may be NULL (rendered as null / "-"); every
+ * string is escaped as needed. */
 struct log_request {
     int64_t unix_ms;   /* when it started (wall clock) */
     const char *route; /* NULL: no route matched */
@@ -53,6 +53,14 @@ struct log_request {
     const char *protocol; /* the client's: "HTTP/1.1", "HTTP/2" (NULL: not written) */
     bool grpc;            /* a gRPC call: its status is written ... */
     int grpc_status;      /* ... this one, or null when -1 (it ended without one) */
+
+    /* what an access log carries besides */
+    const char *upstream_path; /* the target the last attempt sent: its base path, then 'path' */
+    const char *client_addr;   /* the client's address as text */
+    unsigned client_port;      /* 0: unknown */
+    const char *user_agent;
+    uint64_t bytes_from_client; /* request body bytes received */
+    uint64_t bytes_to_client;   /* response body bytes sent */
 };
 void log_request(struct log_buf *b, const struct log_request *r);
 

@@ -53,6 +53,15 @@ uint64_t loop_update_now(struct loop *l)
     return l->now_ms;
 }
 
+uint64_t loop_clock_us(const struct loop *l)
+{
+    if (l->clock != monotonic_ms)
+        return l->clock(l->clock_arg) * 1000;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
 void loop_set_clock(struct loop *l, uint64_t (*clock)(void *arg), void *arg)
 {
     l->clock = clock ? clock : monotonic_ms;

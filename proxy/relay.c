@@ -52,6 +52,7 @@ struct relay {
     const struct hlist *head;  /* its fields (the core keeps them until the request ends) */
     struct front_tag tag;      /* what its answer carries */
     struct MHD_Response *resp; /* the answer, until queued */
+    size_t resp_len;           /* ... its body when in one piece (read_body() counts the rest) */
     struct ring down;          /* body bytes for the client */
     struct tunnel_up *tun_up;  /* an upgrade's upstream, until the client has the 101 */
     struct tunnel_conf tun_conf;
@@ -66,10 +67,10 @@ static struct relay *of_front(struct front *f)
 
 struct relay *relay_new(struct worker *w, struct loop *l, void (*kick)(void *), void *kick_arg,
                         struct MHD_Connection *c, struct relay_conn *rc, const char *raw_target,
-                        const char *peer, enum wire_reason refused)
+                        const char *peer, unsigned peer_port, enum wire_reason refused)
 {
-    struct front *f =
-        retry_req_new(w, &relay_ops, sizeof(struct relay), FRONT_HTTP1, raw_target, peer, refused);
+    struct front *f = retry_req_new(w, &relay_ops, sizeof(struct relay), FRONT_HTTP1, raw_target,
+                                    peer, peer_port, refused);
     if (!f)
         return NULL;
     struct relay *rl = of_front(f);
@@ -199,6 +200,7 @@ static void relay_error(struct front *f, unsigned status, const char *code, cons
     char *body = answer_error_body(code, route, tag->attempts, message, &n);
     struct MHD_Response *resp =
         body ? MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE) : NULL;
+    rl->resp_len = n;
     if (!resp)
         free(body);
     if (resp) {
@@ -273,6 +275,7 @@ static void relay_saved(struct front *f, int status, const struct hlist *h, cons
     else
         resp =
             MHD_create_response_from_buffer(len, body ? (void *)body : "", MHD_RESPMEM_MUST_COPY);
+    rl->resp_len = len;
     if (resp)
         copy_fields(resp, h, tag);
     answer(rl, resp, (unsigned)status);
@@ -301,6 +304,7 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
     struct relay *rl = cls;
     if (rl->down.len) {
         size_t n = ring_get(&rl->down, buf, max);
+        rl->f.body_sent += n;
         if (ring_space(&rl->down) >= UPSTREAM_WRITE_MAX)
             retry_req_room(rl->f.req);
         return (ssize_t)n;
@@ -350,6 +354,7 @@ static void answer_collected(struct relay *rl)
     } else {
         resp = MHD_create_response_from_buffer(rl->down.len, (void *)"", MHD_RESPMEM_PERSISTENT);
     }
+    rl->resp_len = rl->down.len;
     rl->down.len = 0;
     if (resp)
         copy_fields(resp, rl->head, &rl->tag);
@@ -487,6 +492,8 @@ static bool leave(struct relay *rl, bool can_answer, bool close_now)
         if (!rl->resp)
             return false;
         retry_req_sending(rl->f.req);
+        if (!head_only(rl, (int)rl->f.status) && answer_status_has_body((int)rl->f.status))
+            rl->f.body_sent += rl->resp_len; /* libmicrohttpd writes it all, or closes */
         enum MHD_Result ret = MHD_queue_response(rl->conn, rl->f.status, rl->resp);
         MHD_destroy_response(rl->resp);
         rl->resp = NULL;

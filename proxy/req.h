@@ -77,7 +77,8 @@ struct trial {
     unsigned flags;
     uint32_t number; /* its X-Retry-Attempt */
     size_t sent;     /* bytes of the kept request body its upload has read */
-    uint64_t start_ms;
+    /* loop_clock_us() when it started: queued for a slot, or sent */
+    uint64_t start_us;
     const struct cfg_upstream *upstream;
     struct attempt att;
     struct head_attempt fields; /* its own X-Retry-Attempt and deadline header */
@@ -88,6 +89,8 @@ struct retry_req {
     struct worker *w;
     enum req_state state;
     unsigned flags;
+    /* the client's port, for the log (in the hole before 'peer') */
+    unsigned peer_port;
     unsigned refs;    /* the connection, a running transfer, the body reader */
     const char *peer; /* the client's address, while the connection is open */
     struct rt *rt;    /* the snapshot it started with (one reference) */
@@ -95,7 +98,7 @@ struct retry_req {
     const struct cfg_route *route;
     const struct rt_route *rtr; /* the matched route's bindings */
     struct metrics_route *m;    /* its metrics series (route "" until matched) */
-    uint64_t start_ms;          /* loop clock when the request line arrived */
+    uint64_t start_us;          /* loop_clock_us() when the request line arrived */
     int64_t start_unix_ms;
     uint64_t wait_start_ms; /* when the current backoff wait began */
     uint64_t deadline_ms;
@@ -116,6 +119,9 @@ struct retry_req {
     size_t head_fields;
     uint64_t discarded; /* body bytes dropped after the answer was made */
 
+    /* its User-Agent, for the log (NULL: none, or not logging when the head came) */
+    char *user_agent;
+
     /* retrying */
     uint32_t attempts, max_attempts;
     uint32_t timeout_ms; /* the route's, lowered by X-Retry-Timeout-Ms */
@@ -125,6 +131,7 @@ struct retry_req {
     enum retry_outcome last_outcome;
     enum retry_stop stop;
     uint32_t pending_delay;
+    int grpc_status;               /* RF_GRPC_COUNTED: the status the call ended with, -1: none */
     struct retry_verdict settling; /* RF_SETTLE: the verdict, counted once the body is read */
     double throttle_p;             /* RF_THROTTLED: the probability it was rejected with */
     struct trial *cur;             /* the current attempt: running, waited for, or the last one */
@@ -150,7 +157,6 @@ struct retry_req {
         struct grpc_frames frames;
     } held;
 
-    int grpc_status;     /* RF_GRPC_COUNTED: the status the call ended with, -1: none */
     struct front *front; /* the client side: its state follows in the same allocation */
 };
 

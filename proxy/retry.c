@@ -68,7 +68,7 @@ static struct trial *of_attempt(struct attempt *a)
 
 struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
                             enum front_proto proto, const char *raw_target, const char *peer,
-                            enum wire_reason refused)
+                            unsigned peer_port, enum wire_reason refused)
 {
     struct retry_req *r = calloc(1, FRONT_OFFSET + front_size);
     if (!r)
@@ -80,13 +80,14 @@ struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_
     }
     r->w = w;
     r->peer = peer;
+    r->peer_port = peer_port;
     r->refused = refused;
     r->refs = 1;
     worker_refresh(w);
     r->rt = rt_ref(w->rt);
     r->cfg = r->rt->cfg;
     r->m = r->rt->no_route;
-    r->start_ms = loop_now(w->loop);
+    r->start_us = loop_clock_us(w->loop);
     r->start_unix_ms = (int64_t)req_wall_ms();
     struct intake_pool pool = { &w->px->body_bytes, r->cfg->max_buffered_body_bytes,
                                 &w->body_freed };
@@ -120,6 +121,7 @@ static void req_free(struct retry_req *r)
     intake_fini(&r->body);
     hlist_free(&r->trailers);
     free(r->target);
+    free(r->user_agent);
     hlist_free(&r->saved.h);
     hlist_free(&r->saved.trailers);
     free(r->saved.body);
@@ -344,6 +346,7 @@ void req_start_attempt(struct retry_req *r)
     t->sent = 0; /* its upload reads from the start */
     t->number = r->attempts;
     t->upstream = &rt->upstreams[i];
+    t->start_us = loop_clock_us(l); /* its duration includes a wait for a slot (metrics.md) */
     if (!attempt_queue(&t->att, t->upstream->origin, r->front->share))
         req_attempt_ops.go(&t->att); /* else it starts when a slot frees */
 }
@@ -358,7 +361,6 @@ static void attempt_go(struct attempt *a)
     const struct cfg_upstream *u = t->upstream;
     uint64_t now = loop_now(l);
     t->flags |= TF_LAUNCHED;
-    t->start_ms = now;
     struct attempt_req req = { .method = r->method,
                                .target = r->target,
                                .body_buf = r->body.body,

@@ -26,10 +26,11 @@ struct retry_req;
  * the framing check refused the head this one stands in for: it is answered with that error
  * and the connection closed. Returns the front end's state, 'front_size' bytes (a struct
  * front first, zeroed but for its ops, req, proto) in the request's allocation, or NULL if out
- * of memory. The client side holds a reference until retry_req_completed(). */
+ * of memory. The client side holds a reference until retry_req_completed(). 'peer_port' is
+ * the client's port (0 if unknown), for the log. */
 struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
                             enum front_proto proto, const char *raw_target, const char *peer,
-                            enum wire_reason refused);
+                            unsigned peer_port, enum wire_reason refused);
 
 /* The head is complete: its fields through ops->fields, no body byte read yet. An answer may
  * be made at once (400, 404, 405, 413). */

@@ -47,6 +47,7 @@ struct client {
     int fd;
     char peer[INET6_ADDRSTRLEN]; /* the client's address, for X-Forwarded-For */
     struct relay_conn rc;        /* its socket watched for the client leaving */
+    unsigned port;               /* and its port (the log) */
 };
 
 struct server {
@@ -157,14 +158,16 @@ static void on_sweep(struct loop_timer *t)
     loop_timer_start(l, &s->sweep, now + SWEEP_MS, on_sweep, s);
 }
 
-/* The client's address as text, once per connection. */
-static void peer_address(struct MHD_Connection *c, char *out, size_t cap)
+/* The client's address as text, and its port, once per connection. */
+static void peer_address(struct MHD_Connection *c, struct client *cl)
 {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    out[0] = '\0';
-    if (ci && ci->client_addr)
-        accept_peer_text(ci->client_addr, out, cap);
+    cl->peer[0] = '\0';
+    if (ci && ci->client_addr) {
+        accept_peer_text(ci->client_addr, cl->peer, sizeof(cl->peer));
+        cl->port = accept_peer_port(ci->client_addr);
+    }
 }
 
 static void client_open(struct server *s, struct MHD_Connection *c, void **socket_context)
@@ -185,7 +188,7 @@ static void client_open(struct server *s, struct MHD_Connection *c, void **socke
     }
     *socket_context = cl;
     cl->fd = ci->connect_fd; /* its send buffer is sized already (proxy/accept.c) */
-    peer_address(c, cl->peer, sizeof(cl->peer));
+    peer_address(c, cl);
     relay_conn_open(&cl->rc, w->loop, cl->fd);
     DLIST_PUSH(s->clients, cl);
 }
@@ -240,7 +243,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
     enum wire_reason refused = cl ? wire_take_reject(&cl->wire) : WIRE_OK;
     struct worker *w = cls;
     return relay_new(w, w->loop, w->kick, w->kick_arg, c, cl ? &cl->rc : NULL, uri,
-                     cl ? cl->peer : "", refused);
+                     cl ? cl->peer : "", cl ? cl->port : 0, refused);
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
@@ -321,7 +324,7 @@ static void acc_take(void *arg, enum accept_proto proto, int fd, const struct so
     const struct cfg *c = w->rt->cfg;
     struct h2front_limits lim = { c->max_header_bytes, c->connection_timeout_ms };
     acc_count(s, 1);
-    if (h2front_open(s->h2, fd, peer, &lim) < 0)
+    if (h2front_open(s->h2, fd, peer, accept_peer_port(sa), &lim) < 0)
         h2_closed(s);
 }
 

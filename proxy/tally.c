@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "proxy/log.h"
 #include "proxy/runtime.h"
@@ -53,7 +54,7 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
     struct worker *w = r->w;
     /* the upstream's series by its index in the route, found when the snapshot was made */
     metrics_attempt(r->rtr->targets[t->upstream - r->route->upstreams], w->id, o,
-                    (double)(loop_now(w->loop) - t->start_ms) / 1000.0);
+                    (double)(loop_clock_us(w->loop) - t->start_us) / 1e6);
     return true;
 }
 
@@ -67,7 +68,8 @@ void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcom
                              .attempt = t->number,
                              .upstream = t->upstream ? t->upstream->url : NULL,
                              .outcome = outcome,
-                             .duration_ms = (double)(loop_now(r->w->loop) - t->start_ms),
+                             .duration_ms =
+                                 (double)(loop_clock_us(r->w->loop) - t->start_us) / 1000.0,
                              .decision = decision,
                              .delay_ms = delay_ms };
     log_attempt(r->w->log, &a);
@@ -140,7 +142,7 @@ void tally_answer(struct retry_req *r)
     if ((r->flags & RF_SUCCEEDED) && r->cur->number > 1)
         metrics_retry_success(r->m, w->id);
     metrics_observe(r->m, w->id, METRICS_HIST_REQUEST,
-                    (double)(loop_now(w->loop) - r->start_ms) / 1000.0);
+                    (double)(loop_clock_us(w->loop) - r->start_us) / 1e6);
 }
 
 void tally_grpc(struct retry_req *r, int status)
@@ -150,6 +152,24 @@ void tally_grpc(struct retry_req *r, int status)
     r->flags |= RF_GRPC_COUNTED;
     r->grpc_status = status;
     metrics_grpc(r->m, r->w->id, status);
+}
+
+/* The target the last attempt sent (proxy/attempt.c): the upstream's base path, then the
+ * request's ("*" alone); malloc'd in *joined when both are there. NULL: no attempt. */
+static const char *upstream_path(const struct retry_req *r, char **joined)
+{
+    const struct cfg_upstream *u = r->cur->upstream;
+    *joined = NULL;
+    if (!u)
+        return NULL;
+    if (!u->base_path[0] || strcmp(r->target, "*") == 0)
+        return r->target;
+    size_t bl = strlen(u->base_path), tl = strlen(r->target);
+    if ((*joined = malloc(bl + tl + 1)) == NULL)
+        return NULL;
+    memcpy(*joined, u->base_path, bl);
+    memcpy(*joined + bl, r->target, tl + 1);
+    return *joined;
 }
 
 /* The request is over (answered, or the client went away): its log line, and
@@ -166,6 +186,7 @@ void tally_done(struct retry_req *r)
     if (!log_enabled(CFG_LOG_INFO))
         return;
     bool sent = r->front->sent || r->stop == RETRY_STOP_CLIENT_CLOSED;
+    char *joined;
     struct log_request lr = { .unix_ms = r->start_unix_ms,
                               .route = r->route ? r->route->name : NULL,
                               .method = r->method,
@@ -175,12 +196,20 @@ void tally_done(struct retry_req *r)
                               .attempts = r->attempts,
                               .delays = r->delays,
                               .n_delays = r->n_delays,
-                              .duration_ms = (double)(loop_now(w->loop) - r->start_ms),
+                              .duration_ms =
+                                  (double)(loop_clock_us(w->loop) - r->start_us) / 1000.0,
                               .upstream = r->cur->upstream ? r->cur->upstream->url : NULL,
+                              .upstream_path = upstream_path(r, &joined),
                               .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
                               .request_id = r->request_id[0] ? r->request_id : NULL,
                               .protocol = r->front->proto == FRONT_HTTP2 ? "HTTP/2" : "HTTP/1.1",
                               .grpc = r->flags & RF_GRPC,
-                              .grpc_status = r->grpc_status };
+                              .grpc_status = r->grpc_status,
+                              .client_addr = r->peer && r->peer[0] ? r->peer : NULL,
+                              .client_port = r->peer_port,
+                              .user_agent = r->user_agent,
+                              .bytes_from_client = r->body.total + r->discarded, /* all it took */
+                              .bytes_to_client = r->front->body_sent };
     log_request(w->log, &lr);
+    free(joined);
 }

@@ -34,11 +34,12 @@ static size_t live;
 
 struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
                             enum front_proto proto, const char *raw_target, const char *peer,
-                            enum wire_reason refused)
+                            unsigned peer_port, enum wire_reason refused)
 {
     (void)w;
     (void)raw_target;
     (void)peer;
+    (void)peer_port;
     (void)refused;
     struct retry_req *r = calloc(1, sizeof(*r));
     struct front *f = calloc(1, front_size);
@@ -251,7 +252,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct h2front_limits lim = { 4096, 60000 };
     if (write(sv[1], "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24) != 24)
         abort();
-    FUZZ_CHECK(h2front_open(hf, sv[0], "192.0.2.1", &lim) == 0, "h2front_open");
+    FUZZ_CHECK(h2front_open(hf, sv[0], "192.0.2.1", 40000, &lim) == 0, "h2front_open");
     size_t frame_left = 0, off = 0;
     for (int turns = 0; turns < 200 && !closed; turns++) {
         if (off < size) {

@@ -136,8 +136,14 @@ static struct log_request sample_request(void)
                                  .n_delays = 2,
                                  .duration_ms = 312.5,
                                  .upstream = "http://127.0.0.1:9001",
+                                 .upstream_path = "/base/orders/1?x=2",
                                  .stop = NULL,
-                                 .request_id = "abc" };
+                                 .request_id = "abc",
+                                 .client_addr = "10.1.2.3",
+                                 .client_port = 50412,
+                                 .user_agent = "curl/8.5.0",
+                                 .bytes_from_client = 12,
+                                 .bytes_to_client = 3456 };
 }
 
 static struct log_attempt sample_attempt(void)
@@ -202,7 +208,10 @@ Test(log, request_json_exact)
                        "\"route\":\"orders\",\"method\":\"GET\",\"path\":\"/orders/1?x=2\","
                        "\"status\":200,\"attempts\":3,\"delays_ms\":[100,200],"
                        "\"duration_ms\":312.5,\"upstream\":\"http://127.0.0.1:9001\","
-                       "\"stop\":null,\"request_id\":\"abc\"}\n");
+                       "\"upstream_path\":\"/base/orders/1?x=2\",\"stop\":null,"
+                       "\"request_id\":\"abc\",\"client_addr\":\"10.1.2.3\",\"client_port\":50412,"
+                       "\"user_agent\":\"curl/8.5.0\",\"bytes_from_client\":12,"
+                       "\"bytes_to_client\":3456}\n");
 }
 
 Test(log, request_json_null_fields)
@@ -211,7 +220,9 @@ Test(log, request_json_null_fields)
     expect_request(&r, "{\"time\":\"" T_STR "\",\"level\":\"info\",\"msg\":\"request\","
                        "\"route\":null,\"method\":null,\"path\":null,\"status\":404,"
                        "\"attempts\":0,\"delays_ms\":[],\"duration_ms\":0.0,\"upstream\":null,"
-                       "\"stop\":null,\"request_id\":null}\n");
+                       "\"upstream_path\":null,\"stop\":null,\"request_id\":null,"
+                       "\"client_addr\":null,\"client_port\":null,\"user_agent\":null,"
+                       "\"bytes_from_client\":0,\"bytes_to_client\":0}\n");
 }
 
 Test(log, request_json_stop_and_empty_strings)
@@ -506,8 +517,9 @@ Test(log, text_request_line)
     log_configure(CFG_LOG_INFO, CFG_LOG_TEXT);
     struct log_request r = sample_request();
     expect_request(&r, T_STR " INFO  request route=orders GET /orders/1?x=2 -> 200 attempts=3 "
-                             "delays=100,200 312.5ms upstream=http://127.0.0.1:9001 stop=- "
-                             "id=abc\n");
+                             "delays=100,200 312.5ms upstream=http://127.0.0.1:9001 "
+                             "upstream_path=/base/orders/1?x=2 stop=- id=abc client=10.1.2.3 "
+                             "client_port=50412 ua=curl/8.5.0 bytes_in=12 bytes_out=3456\n");
 }
 
 Test(log, text_request_nulls_and_quoting)
@@ -515,7 +527,8 @@ Test(log, text_request_nulls_and_quoting)
     log_configure(CFG_LOG_INFO, CFG_LOG_TEXT);
     struct log_request r = { .unix_ms = T_MS, .status = 502, .attempts = 1, .duration_ms = 0.25 };
     expect_request(&r, T_STR " INFO  request route=- - - -> 502 attempts=1 delays=- 0.3ms "
-                             "upstream=- stop=- id=-\n");
+                             "upstream=- upstream_path=- stop=- id=- client=- client_port=- "
+                             "ua=- bytes_in=0 bytes_out=0\n");
 
     /* A value that could be mistaken for another field, or for NULL, is quoted. */
     r = sample_request();
@@ -523,10 +536,14 @@ Test(log, text_request_nulls_and_quoting)
     r.stop = "-";
     r.request_id = "a b";
     r.path = "/a b\n\"c\"\\\x01\x7f\xff";
+    r.user_agent = "Mozilla/5.0 (X11; \"x\")";
+    r.client_addr = "::1";
     expect_request(&r,
                    T_STR " INFO  request route=\"\" GET \"/a b\\n\\\"c\\\"\\\\\\x01\\x7f\\xff\" "
                          "-> 200 attempts=3 delays=100,200 312.5ms "
-                         "upstream=http://127.0.0.1:9001 stop=\"-\" id=\"a b\"\n");
+                         "upstream=http://127.0.0.1:9001 upstream_path=/base/orders/1?x=2 "
+                         "stop=\"-\" id=\"a b\" client=::1 client_port=50412 "
+                         "ua=\"Mozilla/5.0 (X11; \\\"x\\\")\" bytes_in=12 bytes_out=3456\n");
 }
 
 Test(log, text_attempt_line)
@@ -597,7 +614,7 @@ Test(log, json_hostile_paths_round_trip)
         json_t *j = parse(line);
         cr_expect_str_eq(json_string_value(json_object_get(j, "path")), paths[i], "case %zu", i);
         cr_expect_eq(json_integer_value(json_object_get(j, "status")), 200, "case %zu", i);
-        cr_expect_eq(json_object_size(j), 13, "case %zu", i);
+        cr_expect_eq(json_object_size(j), 19, "case %zu", i);
         json_decref(j);
         free(line);
     }
@@ -720,8 +737,15 @@ Test(log, every_field_over_long_still_one_valid_line)
                              .n_delays = 100000,
                              .duration_ms = 1.0,
                              .upstream = big,
+                             .upstream_path = big,
                              .stop = big,
-                             .request_id = big };
+                             .request_id = big,
+                             .protocol = big,
+                             .client_addr = big,
+                             .client_port = 65535,
+                             .user_agent = big,
+                             .bytes_from_client = INT64_MAX,
+                             .bytes_to_client = INT64_MAX };
     for (int text = 0; text < 2; text++) {
         log_configure(CFG_LOG_DEBUG, text ? CFG_LOG_TEXT : CFG_LOG_JSON);
         char *line = request_output(&r);
@@ -1199,6 +1223,44 @@ Test(log, closed_pipe_and_bad_fd_drop_lines)
     struct lines l = read_lines();
     cr_expect_eq(l.n, 1);
     free_lines(&l);
+}
+
+/* ---- docs/logs.md ---- */
+
+/* Every field a request line can carry (a gRPC call's, every member set) has its row in the
+ * table of docs/logs.md, "| `name`" first in a cell, so that the page and the code stay
+ * together. */
+Test(log, every_request_field_is_documented)
+{
+    FILE *f = fopen("docs/logs.md", "r");
+    cr_assert(f, "docs/logs.md: %s (run from the repository's top directory)", strerror(errno));
+    static char doc[64 * 1024];
+    size_t n = fread(doc, 1, sizeof(doc) - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+    const char *table = strstr(doc, "### The request line");
+    const char *end = table ? strstr(table, "### The attempt line") : NULL;
+    cr_assert(table && end, "no request line section in docs/logs.md");
+
+    struct log_request r = sample_request();
+    r.protocol = "HTTP/2";
+    r.grpc = true;
+    r.grpc_status = 0;
+    char *line = request_output(&r);
+    json_t *j = parse(line);
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v)
+    {
+        if (strcmp(key, "level") == 0 || strcmp(key, "msg") == 0)
+            continue; /* every line's, in the section above */
+        char cell[64];
+        snprintf(cell, sizeof(cell), "`%s`", key);
+        const char *at = strstr(table, cell);
+        cr_expect(at && at < end, "docs/logs.md has no row for the request field %s", key);
+    }
+    json_decref(j);
+    free(line);
 }
 
 #ifdef LOG_TEST_MAIN

@@ -298,8 +298,8 @@ static void start(const char *route_json)
 /* A request without a body: its head, then the end of its (empty) body starts attempt 1. */
 static void open_request(const char *method)
 {
-    client.f =
-        retry_req_new(&w, &fake_ops, sizeof(struct front), FRONT_HTTP1, "/x", "127.0.0.1", WIRE_OK);
+    client.f = retry_req_new(&w, &fake_ops, sizeof(struct front), FRONT_HTTP1, "/x", "127.0.0.1",
+                             40000, WIRE_OK);
     cr_assert_not_null(client.f);
     req = client.f->req;
     retry_req_head(req, method);
@@ -1170,8 +1170,8 @@ static void trailer(const char *k, const char *v)
 /* A GET whose head is in: its trailers follow, then its end. */
 static void open_head(void)
 {
-    client.f =
-        retry_req_new(&w, &fake_ops, sizeof(struct front), FRONT_HTTP1, "/x", "127.0.0.1", WIRE_OK);
+    client.f = retry_req_new(&w, &fake_ops, sizeof(struct front), FRONT_HTTP1, "/x", "127.0.0.1",
+                             40000, WIRE_OK);
     cr_assert_not_null(client.f);
     req = client.f->req;
     retry_req_head(req, "GET");
