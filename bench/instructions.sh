@@ -41,7 +41,7 @@ count() {
     lp=$(free_port)
     printf '{"listen": "127.0.0.1:%s", "log": {"level": "warn"},\n "routes": [{"name": "ok", "upstreams": ["%s"]}]}\n' \
         "$lp" "$url" > "$d/c.json"
-    valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "$BIN" -c "$d/c.json" --workers 1 \
+    valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "$BIN" -c "$d/c.json" --workers 1 --admin 127.0.0.1:0 \
         > "$d/px.log" 2>&1 & px=$!
     PIDS+=("$px")
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$lp") 2>/dev/null && break; sleep 0.2; done

@@ -31,9 +31,9 @@ struct tunnel_up;
 /* What every answer carries besides its own fields (docs/forwarding.md). */
 struct front_tag {
     uint32_t attempts;      /* X-Retry-Attempts */
+    bool close;             /* no more requests on this connection (draining, bad framing) */
     const char *request_id; /* X-Request-Id, in place of the upstream's; NULL: none */
     const char *stop;       /* X-Retry-Stop, NULL: none */
-    bool close;             /* no more requests on this connection (draining, bad framing) */
     double throttled;       /* X-Retry-Throttled: the rejection probability; < 0: none */
     const char *allow;      /* Allow, on a 405; NULL: none */
 };

@@ -35,10 +35,10 @@ struct upstream_xfer {
     struct shard *shard; /* the multi handle it runs on (upstream.c) */
     upstream_done_fn done;
     void *arg;
-    bool slot; /* it holds one of the cap's slots (upstream_set_cap) */
     /* The shares its slot counts in (set before it starts; NULL: none): its origin's and its
      * client connection's (proxy/share.h). */
     struct share *share[2];
+    bool slot; /* it holds one of the cap's slots (upstream_set_cap) */
     /* Set by the owner before upstream_start(): the handle is freed when the transfer ends,
      * not pooled. libcurl 7.88 keeps the state of a chunked upload's trailers (after
      * CURLOPT_TRAILERFUNCTION) through curl_easy_reset(): the next chunked upload on that

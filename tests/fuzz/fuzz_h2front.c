@@ -76,7 +76,7 @@ static void count_field(void *arg, const char *k, size_t kl, const char *v, size
     *(size_t *)arg += kl + vl;
 }
 
-static const struct front_tag tag = { 2, "id-1", NULL, false, -1, NULL };
+static const struct front_tag tag = { .attempts = 2, .request_id = "id-1", .throttled = -1 };
 
 /* The answer, by the method's first letter. */
 static void answer(struct retry_req *r)
