@@ -27,26 +27,6 @@ void attempt_fini(struct attempt *a)
     hlist_free(&a->trailers);
 }
 
-size_t attempt_pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng)
-{
-    size_t start;
-    if (rr) {
-        start = *rr % n;
-        *rr = (uint32_t)(start + 1);
-    } else {
-        start = (size_t)rng_between(rng, 0, n - 1);
-    }
-    const uint64_t avoid[] = { tried | ejected, ejected, tried };
-    for (size_t p = 0; p < sizeof(avoid) / sizeof(avoid[0]); p++) {
-        for (size_t k = 0; k < n && k < 64; k++) {
-            size_t i = (start + k) % n;
-            if (i >= 64 || !(avoid[p] & (1ULL << i)))
-                return i;
-        }
-    }
-    return start;
-}
-
 static void on_slot(struct upstream_wait *wt)
 {
     struct attempt *a = (struct attempt *)(void *)((char *)wt - offsetof(struct attempt, slot));

@@ -105,12 +105,6 @@ void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_o
 /* Frees the buffers; the attempt must not be running (attempt_cancel()). */
 void attempt_fini(struct attempt *a);
 
-/* Which of 'n' upstreams the next attempt goes to: round-robin from *rr (advanced), else from
- * a random one when 'rr' is NULL. Preferred, in this order: one neither 'tried' nor 'ejected'
- * (bits), one not ejected, one not tried (every upstream ejected: all are used again, Envoy's
- * panic mode), the one in turn. */
-size_t attempt_pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng);
-
 /* Resets the per-attempt state. True when no transfer slot is free, or the shares of the
  * attempt's 'origin' (cfg_upstream.origin) or client connection 'conn' (NULL: none) are used
  * up (upstream_set_shares): the attempt is queued and ops->go() is called once one frees;

@@ -31,6 +31,7 @@
 
 #include "policy/retry_after.h"
 #include "proxy/attempt.h"
+#include "proxy/choose.h"
 #include "proxy/decide.h"
 #include "proxy/dlist.h"
 #include "proxy/eject.h"
@@ -337,8 +338,7 @@ void req_start_attempt(struct retry_req *r)
     r->attempts++;
     r->state = RS_ATTEMPT;
     uint32_t *rr = r->rt == w->rt ? &w->rr[rt - r->cfg->routes] : NULL;
-    size_t i = attempt_pick(r->tried, eject_mask(r->rtr, rt->n_upstreams, now), rt->n_upstreams, rr,
-                            &w->rng);
+    size_t i = choose_upstream(r->rtr, rt->n_upstreams, r->tried, now, rr, &w->rng);
     if (i < 64)
         r->tried |= 1ULL << i;
     struct trial *t = r->cur;

@@ -74,17 +74,6 @@ void attempt_fini(struct attempt *a)
     hlist_free(&a->trailers);
 }
 
-size_t attempt_pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng)
-{
-    (void)ejected;
-    (void)rr;
-    (void)rng;
-    for (size_t i = 0; i < n; i++)
-        if (!(tried & (1ULL << i)))
-            return i;
-    return 0;
-}
-
 bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
 {
     (void)origin;
