@@ -7,6 +7,7 @@
 
 #include <curl/curl.h>
 
+#include "proxy/head.h"
 #include "proxy/headers.h"
 #include "proxy/origin.h"
 
@@ -239,20 +240,11 @@ static void on_done(struct upstream_xfer *x, CURLcode rc)
                                               : ATTEMPT_BROKEN);
 }
 
-/* The target the upstream sees: its base path, then the request's (an asterisk alone). */
+/* head_upstream_target(), kept in the attempt until it is launched again or ends. */
 static const char *upstream_target(struct attempt *a, const char *base_path, const char *target)
 {
     free(a->target_buf);
-    a->target_buf = NULL;
-    if (!*base_path || strcmp(target, "*") == 0)
-        return target;
-    size_t bl = strlen(base_path), tl = strlen(target);
-    a->target_buf = malloc(bl + tl + 1);
-    if (!a->target_buf)
-        return target;
-    memcpy(a->target_buf, base_path, bl);
-    memcpy(a->target_buf + bl, target, tl + 1);
-    return a->target_buf;
+    return head_upstream_target(base_path, target, &a->target_buf);
 }
 
 static int launch_h2(struct attempt *a, const struct origin *o, const char *target,

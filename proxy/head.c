@@ -346,3 +346,16 @@ void head_up_free(struct head_up *h)
     h->block = NULL;
     h->list = NULL;
 }
+
+const char *head_upstream_target(const char *base_path, const char *target, char **buf)
+{
+    *buf = NULL;
+    if (!*base_path || strcmp(target, "*") == 0)
+        return target;
+    size_t bl = strlen(base_path), tl = strlen(target);
+    if (!(*buf = malloc(bl + tl + 1)))
+        return target;
+    memcpy(*buf, base_path, bl);
+    memcpy(*buf + bl, target, tl + 1);
+    return *buf;
+}

@@ -73,6 +73,11 @@ const struct cfg_route *head_route(const struct cfg *c, const char *host, size_t
  * else (a 400). */
 bool head_origin_form(char **target, const char *method, char *authority, size_t cap);
 
+/* The target the upstream sees: its 'base_path', then the request's 'target' (an asterisk
+ * alone goes alone). Malloc'd in *buf when both are there, else *buf is NULL ('target' itself
+ * out of memory too). */
+const char *head_upstream_target(const char *base_path, const char *target, char **buf);
+
 /* The header list every attempt sends: the client's fields but hop-by-hop ones and those the
  * proxy owns, X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, Host when preserved, curl's
  * own additions removed. Each attempt puts its own X-Retry-Attempt and the route's deadline

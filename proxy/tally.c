@@ -5,8 +5,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "proxy/head.h"
 #include "proxy/log.h"
 #include "proxy/runtime.h"
 #include "proxy/worker.h"
@@ -154,22 +154,13 @@ void tally_grpc(struct retry_req *r, int status)
     metrics_grpc(r->m, r->w->id, status);
 }
 
-/* The target the last attempt sent (proxy/attempt.c): the upstream's base path, then the
- * request's ("*" alone); malloc'd in *joined when both are there. NULL: no attempt. */
+/* The target the last attempt sent (head_upstream_target, malloc'd in *joined when joined). NULL:
+ * no attempt. */
 static const char *upstream_path(const struct retry_req *r, char **joined)
 {
     const struct cfg_upstream *u = r->cur->upstream;
     *joined = NULL;
-    if (!u)
-        return NULL;
-    if (!u->base_path[0] || strcmp(r->target, "*") == 0)
-        return r->target;
-    size_t bl = strlen(u->base_path), tl = strlen(r->target);
-    if ((*joined = malloc(bl + tl + 1)) == NULL)
-        return NULL;
-    memcpy(*joined, u->base_path, bl);
-    memcpy(*joined + bl, r->target, tl + 1);
-    return *joined;
+    return u ? head_upstream_target(u->base_path, r->target, joined) : NULL;
 }
 
 /* The request is over (answered, or the client went away): its log line, and
