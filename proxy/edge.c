@@ -14,7 +14,6 @@
 #include "proxy/log.h"
 #include "proxy/proxy.h"
 #include "proxy/runtime.h"
-#include "proxy/tunnel.h"
 #include "proxy/worker.h"
 
 /* The Allow of a 405: the methods of RFC 9110 and 5789 but CONNECT (any other token is
@@ -123,8 +122,8 @@ static bool plan_upgrade(struct retry_req *r, const struct head_scan *s, bool ha
 void edge_begin(struct retry_req *r, const char *method)
 {
     struct worker *w = r->w;
-    if (r->refused != WIRE_OK) {
-        /* A head the framing check refused (proxy/wire.h): its error, and the connection
+    if (r->refused != REFUSE_NONE) {
+        /* A head its client protocol refused (proxy/refusal.h): its error, and the connection
          * closes, as what follows on it cannot be framed. The log shows no method or path:
          * they were not read. */
         static const struct {
@@ -133,7 +132,7 @@ void edge_begin(struct retry_req *r, const char *method)
         } codes[] = { { 400, "bad_request" },     { 408, "request_timeout" },
                       { 414, "uri_too_long" },    { 431, "headers_too_large" },
                       { 501, "not_implemented" }, { 505, "version_not_supported" } };
-        unsigned status = wire_reason_status(r->refused);
+        unsigned status = refusal_status(r->refused);
         const char *code = "bad_request";
         for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
             if (codes[i].status == status)
@@ -141,15 +140,15 @@ void edge_begin(struct retry_req *r, const char *method)
         r->target[0] = '\0';
         r->state = RS_BODY;
         set_request_id(r, NULL, 0);
-        const char *text = wire_reason_text(r->refused);
+        const char *text = refusal_text(r->refused);
         char figures[128];
-        if (r->refused == WIRE_HEAD_TOO_LARGE) {
+        if (r->refused == REFUSE_HEAD_TOO_LARGE) {
             /* the limit in force: the one the proxy started with */
             uint32_t max = w->px->head_max ? w->px->head_max : r->cfg->max_header_bytes;
             snprintf(figures, sizeof(figures),
                      "request headers larger than limits.max_header_bytes (%" PRIu32
                      " bytes) or %d fields",
-                     max, WIRE_FIELDS_MAX);
+                     max, REQ_FIELDS_MAX);
             text = figures;
         }
         edge_error(r, status, code, text);
@@ -310,7 +309,7 @@ void edge_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, 
     if (!hdr_name_valid_n(k, kl) || !hdr_value_valid_n(v, vl))
         why = "a trailer field with a forbidden character";
     else if (r->head_size > r->cfg->max_header_bytes ||
-             r->head_fields + r->trailers.count >= WIRE_FIELDS_MAX)
+             r->head_fields + r->trailers.count >= REQ_FIELDS_MAX)
         why = "the head and trailers are larger than limits.max_header_bytes or 100 fields";
     else if (hlist_add(&r->trailers, k, kl, v, vl) < 0)
         why = "out of memory";
@@ -338,7 +337,7 @@ static struct front_tag tag_of(const struct retry_req *r)
         .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
         /* a head that could not be framed or was malformed, an upgrade, or draining: no more
          * requests here */
-        .close = r->refused != WIRE_OK || (r->flags & RF_BAD_HEAD) || r->upgrade[0] ||
+        .close = r->refused != REFUSE_NONE || (r->flags & RF_BAD_HEAD) || r->upgrade[0] ||
                  atomic_load_explicit(&r->w->px->draining, memory_order_relaxed),
         .throttled = r->flags & RF_THROTTLED ? r->throttle_p : -1,
     };
@@ -364,14 +363,14 @@ void edge_stream(struct retry_req *r)
         /* an upgrade the upstream agreed to (proxy/attempt.c): committed, and a tunnel once
          * the client has it; an upgrade refused is answered as it came, and the connection
          * closed (tag.close), so no byte sent after it is read as a request */
-        struct tunnel_conf conf = { r->cfg->tunnel_idle_timeout_ms,
-                                    &r->w->px->tunnels,
-                                    &r->w->tunnels,
-                                    r->w->px->metrics,
-                                    r->m,
-                                    r->w->id,
-                                    r->route ? r->route->name : "",
-                                    r->request_id };
+        struct front_tunnel conf = { r->cfg->tunnel_idle_timeout_ms,
+                                     &r->w->px->tunnels,
+                                     &r->w->tunnels,
+                                     r->w->px->metrics,
+                                     r->m,
+                                     r->w->id,
+                                     r->route ? r->route->name : "",
+                                     r->request_id };
         tag.close = false;
         /* timeout_ms covered the handshake; the tunnel has its idle limit instead */
         loop_timer_stop(r->w->loop, &r->deadline_timer);

@@ -14,6 +14,7 @@
 #ifndef RETRYPROXY_PROXY_FRONT_H
 #define RETRYPROXY_PROXY_FRONT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,7 +23,9 @@
 
 struct front;
 struct retry_req;
-struct tunnel_conf;
+struct metrics;
+struct metrics_route;
+struct tunnel;
 struct tunnel_up;
 
 /* front_ops.body(): no room, offer the bytes again after retry_req_room(). */
@@ -36,6 +39,20 @@ struct front_tag {
     const char *stop;       /* X-Retry-Stop, NULL: none */
     double throttled;       /* X-Retry-Throttled: the rejection probability; < 0: none */
     const char *allow;      /* Allow, on a 405; NULL: none */
+};
+
+/* What an upgrade's tunnel (docs/upgrades.md) is opened with from the core, besides its two
+ * ends: its limits, where it is counted and the names it is seen by. */
+struct front_tunnel {
+    uint32_t idle_ms;     /* limits.tunnel_idle_timeout_ms (0: none) */
+    atomic_uint *count;   /* tunnels open in the process (limits.max_tunnels), kept up to date */
+    struct tunnel **open; /* the worker's open tunnels (closed at once when it stops) */
+    /* What it is seen by (docs/upgrades.md "Seen by operators"): the route's series and the
+     * worker's gauges (NULL: none), and the names its closing log line carries (copied). */
+    struct metrics *metrics;
+    struct metrics_route *route_metrics;
+    unsigned worker;
+    const char *route, *request_id;
 };
 
 struct front_ops {
@@ -56,9 +73,9 @@ struct front_ops {
                      const struct front_tag *tag);
     /* An upgrade's 101 (docs/upgrades.md; HTTP/1.1 front ends only), its head 'h' as the
      * upstream sent it: once the client has it, bytes go both ways between the client and 'up'
-     * (proxy/tunnel.h), which is the front end's to free from now on. end() follows. */
+     * (opened with 'conf'), which is the front end's to free from now on. end() follows. */
     void (*upgrade)(struct front *f, const struct hlist *h, const struct front_tag *tag,
-                    struct tunnel_up *up, const struct tunnel_conf *conf);
+                    struct tunnel_up *up, const struct front_tunnel *conf);
     /* Body bytes of that response: 'n' taken, FRONT_FULL, or 0 when no client takes them. */
     size_t (*body)(struct front *f, const char *p, size_t n);
     /* The body is complete, with its trailers (NULL: none), or broke off ('failed': the

@@ -17,7 +17,7 @@
 #include "proxy/hlist.h"
 #include "proxy/ring.h"
 #include "proxy/share.h"
-#include "proxy/wire.h"
+#include "proxy/refusal.h"
 
 /* What one connection may hold (docs/hardening.md, "HTTP/2"). */
 #define H2_MAX_STREAMS   100           /* SETTINGS_MAX_CONCURRENT_STREAMS */
@@ -100,7 +100,7 @@ struct h2stream {
 struct h2head {
     int32_t id;
     struct hlist fields;
-    char method[WIRE_METHOD_MAX + 1];
+    char method[REQ_METHOD_MAX + 1];
     char *path;
     char *cookie; /* the cookie fields joined with "; " (RFC 9113 8.2.3), forwarded as one */
     size_t cookie_len;
@@ -110,7 +110,7 @@ struct h2head {
     bool length;    /* a content-length came */
     bool grpc;      /* a gRPC content-type came, seen even past the bounds: a refused call's
                      * error is a gRPC status too */
-    enum wire_reason refused;
+    enum refusal refused;
 };
 
 struct h2conn {

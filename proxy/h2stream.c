@@ -44,7 +44,7 @@ static bool name_is(const uint8_t *n, size_t nl, const char *lit)
 }
 
 /* A request field (names are lowercase: nghttp2 checked them). Bounded as an HTTP/1.1 head is
- * (limits.max_header_bytes, WIRE_FIELDS_MAX): past the bounds the rest is not kept and the
+ * (limits.max_header_bytes, REQ_FIELDS_MAX): past the bounds the rest is not kept and the
  * request is answered 431 (or 414, 501) like one. A field of the request's trailing HEADERS
  * goes to the core as a trailer, which bounds them and leaves out the pseudo-header and
  * connection-specific ones (docs/http2.md). */
@@ -71,24 +71,24 @@ int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8
         h->grpc = true;
     h->bytes += nl + vl + 32;
     if (h->bytes > c->lim.max_header_bytes && !h->refused)
-        h->refused = WIRE_HEAD_TOO_LARGE;
+        h->refused = REFUSE_HEAD_TOO_LARGE;
     if (h->refused)
         return 0;
     const char *k = (const char *)name, *v = (const char *)value;
     if (nl && k[0] == ':') {
         if (name_is(name, nl, ":method")) {
-            if (vl > WIRE_METHOD_MAX)
-                h->refused = WIRE_METHOD_TOO_LONG;
+            if (vl > REQ_METHOD_MAX)
+                h->refused = REFUSE_METHOD_TOO_LONG;
             else
                 memcpy(h->method, v, vl), h->method[vl] = '\0';
         } else if (name_is(name, nl, ":path")) {
-            if (vl > WIRE_LINE_MAX || !(h->path = strndup(v, vl)))
-                h->refused = WIRE_TARGET_TOO_LONG;
+            if (vl > REQ_LINE_MAX || !(h->path = strndup(v, vl)))
+                h->refused = REFUSE_TARGET_TOO_LONG;
         } else if (name_is(name, nl, ":authority")) {
             /* the Host of HTTP/1.1 (RFC 9113 8.3.1) */
             h->authority = true;
             if (hlist_add(&h->fields, "host", 4, v, vl) < 0)
-                h->refused = WIRE_HEAD_TOO_LARGE;
+                h->refused = REFUSE_HEAD_TOO_LARGE;
         }
         return 0; /* pseudo-header fields never go upstream as fields */
     }
@@ -99,7 +99,7 @@ int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8
          * one (RFC 9113 8.2.3): joined here, added as the head ends */
         char *j = realloc(h->cookie, h->cookie_len + 2 + vl + 1);
         if (!j) {
-            h->refused = WIRE_HEAD_TOO_LARGE;
+            h->refused = REFUSE_HEAD_TOO_LARGE;
             return 0;
         }
         if (h->cookie_len)
@@ -112,8 +112,8 @@ int h2s_on_header(nghttp2_session *sess, const nghttp2_frame *frame, const uint8
     }
     if (name_is(name, nl, "content-length"))
         h->length = true;
-    if (++h->n > WIRE_FIELDS_MAX || hlist_add(&h->fields, k, nl, v, vl) < 0)
-        h->refused = WIRE_HEAD_TOO_LARGE;
+    if (++h->n > REQ_FIELDS_MAX || hlist_add(&h->fields, k, nl, v, vl) < 0)
+        h->refused = REFUSE_HEAD_TOO_LARGE;
     return 0;
 }
 
@@ -136,10 +136,10 @@ static void start_request(struct h2conn *c, const nghttp2_frame *frame)
      * is hop-by-hop: it never reaches the upstream as it is). */
     if (h->cookie && !h->refused &&
         hlist_add(&h->fields, "cookie", 6, h->cookie, h->cookie_len) < 0)
-        h->refused = WIRE_HEAD_TOO_LARGE;
+        h->refused = REFUSE_HEAD_TOO_LARGE;
     if (!end && !h->length && !h->refused &&
         hlist_add(&h->fields, "transfer-encoding", 17, "chunked", 7) < 0)
-        h->refused = WIRE_HEAD_TOO_LARGE;
+        h->refused = REFUSE_HEAD_TOO_LARGE;
     struct front *f = retry_req_new(hf->w, &h2_ops, sizeof(struct h2stream), FRONT_HTTP2,
                                     h->path ? h->path : "", c->peer, c->peer_port, h->refused);
     if (!f) {

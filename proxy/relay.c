@@ -55,7 +55,7 @@ struct relay {
     size_t resp_len;           /* ... its body when in one piece (read_body() counts the rest) */
     struct ring down;          /* body bytes for the client */
     struct tunnel_up *tun_up;  /* an upgrade's upstream, until the client has the 101 */
-    struct tunnel_conf tun_conf;
+    struct front_tunnel tun_conf;
 };
 
 static const struct front_ops relay_ops;
@@ -67,7 +67,7 @@ static struct relay *of_front(struct front *f)
 
 struct relay *relay_new(struct worker *w, struct loop *l, void (*kick)(void *), void *kick_arg,
                         struct MHD_Connection *c, struct relay_conn *rc, const char *raw_target,
-                        const char *peer, unsigned peer_port, enum wire_reason refused)
+                        const char *peer, unsigned peer_port, enum refusal refused)
 {
     struct front *f = retry_req_new(w, &relay_ops, sizeof(struct relay), FRONT_HTTP1, raw_target,
                                     peer, peer_port, refused);
@@ -445,7 +445,7 @@ static void on_upgraded(void *cls, struct MHD_Connection *c, void *con_cls, cons
 /* The 101 with the upstream's fields: Upgrade as it came (a hop-by-hop field the answer must
  * carry), the others as for any response; libmicrohttpd adds Connection: Upgrade. */
 static void relay_upgrade(struct front *f, const struct hlist *h, const struct front_tag *tag,
-                          struct tunnel_up *up, const struct tunnel_conf *conf)
+                          struct tunnel_up *up, const struct front_tunnel *conf)
 {
     struct relay *rl = of_front(f);
     rl->tun_up = up;

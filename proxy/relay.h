@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #include "proxy/loop.h"
-#include "proxy/wire.h"
+#include "proxy/refusal.h"
 
 struct MHD_Connection;
 struct worker;
@@ -44,7 +44,7 @@ void relay_conn_close(struct relay_conn *rc);
  * the connection's watch (NULL: none). NULL if out of memory. */
 struct relay *relay_new(struct worker *w, struct loop *l, void (*kick)(void *), void *kick_arg,
                         struct MHD_Connection *c, struct relay_conn *rc, const char *raw_target,
-                        const char *peer, unsigned peer_port, enum wire_reason refused);
+                        const char *peer, unsigned peer_port, enum refusal refused);
 
 /* libmicrohttpd's access handler for the request (see MHD_AccessHandlerCallback): false where
  * it wants MHD_NO (close the connection). */

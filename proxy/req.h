@@ -21,7 +21,7 @@
 #include "proxy/intake.h"
 #include "proxy/loop.h"
 #include "proxy/metrics.h"
-#include "proxy/wire.h"
+#include "proxy/refusal.h"
 
 /* What the log and requests_total say of a request whose client left before its answer
  * (nginx's "client closed request"); nothing is sent. */
@@ -112,7 +112,7 @@ struct retry_req {
     /* the request as received */
     char *target;
     uint32_t method_bit;
-    char method[WIRE_METHOD_MAX + 1]; /* the framing check refuses longer ones */
+    char method[REQ_METHOD_MAX + 1]; /* the framing check refuses longer ones */
     char upgrade[72]; /* the protocol an upgrade asks for, the route tunnelling it; "": none */
     char request_id[HEAD_REQUEST_ID_MAX + 1];
     struct head_up up;     /* the header list every attempt sends */
@@ -127,9 +127,9 @@ struct retry_req {
 
     /* retrying */
     uint32_t attempts, max_attempts;
-    uint32_t timeout_ms;      /* the route's, lowered by X-Retry-Timeout-Ms */
-    enum wire_reason refused; /* the head was refused: answer its error (here: a hole) */
-    uint64_t tried;           /* upstreams tried, as bits */
+    uint32_t timeout_ms;  /* the route's, lowered by X-Retry-Timeout-Ms */
+    enum refusal refused; /* the head was refused: answer its error (here: a hole) */
+    uint64_t tried;       /* upstreams tried, as bits */
     struct backoff_seq seq;
     struct decide_req dr;
     enum retry_outcome last_outcome;

@@ -69,7 +69,7 @@ static struct trial *of_attempt(struct attempt *a)
 
 struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
                             enum front_proto proto, const char *raw_target, const char *peer,
-                            unsigned peer_port, enum wire_reason refused)
+                            unsigned peer_port, enum refusal refused)
 {
     struct retry_req *r = calloc(1, FRONT_OFFSET + front_size);
     if (!r)

@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 #include "proxy/front.h"
-#include "proxy/wire.h"
+#include "proxy/refusal.h"
 
 struct worker;
 struct retry_req;
@@ -22,7 +22,7 @@ struct retry_req;
 
 /* A request whose request line has arrived ('raw_target' as sent) on a connection from 'peer'
  * (the client's address as text, "" if unknown; it must stay valid while the connection is
- * open), in the client protocol 'proto', answered through 'ops'. 'refused' is not WIRE_OK when
+ * open), in the client protocol 'proto', answered through 'ops'. 'refused' is not REFUSE_NONE when
  * the framing check refused the head this one stands in for: it is answered with that error
  * and the connection closed. Returns the front end's state, 'front_size' bytes (a struct
  * front first, zeroed but for its ops, req, proto) in the request's allocation, or NULL if out
@@ -30,7 +30,7 @@ struct retry_req;
  * the client's port (0 if unknown), for the log. */
 struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
                             enum front_proto proto, const char *raw_target, const char *peer,
-                            unsigned peer_port, enum wire_reason refused);
+                            unsigned peer_port, enum refusal refused);
 
 /* The head is complete: its fields through ops->fields, no body byte read yet. An answer may
  * be made at once (400, 404, 405, 413). */

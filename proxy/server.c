@@ -143,16 +143,15 @@ static void on_sweep(struct loop_timer *t)
         }
     /* glibc keeps freed heap memory for reuse; after a burst (of connections, of requests
      * waiting, of buffered uploads) it is returned to the system */
-    size_t alive =
-        s->conns + (s->h2 ? h2front_count(s->h2) : 0) + (s->acc ? accept_pending(s->acc) : 0) +
-        atomic_load_explicit(&s->w->requests, memory_order_relaxed) + upstream_active(s->w->up);
+    size_t alive = s->conns + (s->h2 ? h2front_count(s->h2) : 0) +
+                   (s->acc ? accept_pending(s->acc) : 0) + worker_load(s->w);
     if (alive > s->busiest)
         s->busiest = alive;
     if (s->w->body_freed >= TRIM_BYTES || s->busiest - alive >= TRIM_DROP ||
         (s->busiest >= TRIM_LOW && alive <= s->busiest / 4)) {
         s->w->body_freed = 0;
         s->busiest = alive;
-        upstream_trim(s->w->up);
+        worker_trim(s->w);
         heap_trim();
     }
     loop_timer_start(l, &s->sweep, now + SWEEP_MS, on_sweep, s);
@@ -240,7 +239,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     struct client *cl = ci ? ci->socket_context : NULL;
-    enum wire_reason refused = cl ? wire_take_reject(&cl->wire) : WIRE_OK;
+    enum refusal refused = cl ? wire_take_reject(&cl->wire) : REFUSE_NONE;
     struct worker *w = cls;
     return relay_new(w, w->loop, w->kick, w->kick_arg, c, cl ? &cl->rc : NULL, uri,
                      cl ? cl->peer : "", cl ? cl->port : 0, refused);

@@ -246,7 +246,7 @@ static void on_idle(struct loop_timer *tm)
 }
 
 int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up *up,
-                const struct tunnel_conf *conf)
+                const struct front_tunnel *conf)
 {
     struct tunnel *t = calloc(1, sizeof(*t));
     if (!t) {

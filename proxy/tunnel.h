@@ -17,28 +17,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proxy/front.h"
+
 /* Bytes buffered each way at most. */
 #define TUNNEL_BUFFER (64 * 1024)
 
 struct loop;
-struct metrics;
-struct metrics_route;
 struct tunnel_up;
 
-/* What a tunnel is opened with, besides its two ends. */
 struct tunnel;
-
-struct tunnel_conf {
-    uint32_t idle_ms;     /* limits.tunnel_idle_timeout_ms (0: none) */
-    atomic_uint *count;   /* tunnels open in the process (limits.max_tunnels), kept up to date */
-    struct tunnel **open; /* the worker's open tunnels (tunnel_close_all) */
-    /* What it is seen by (docs/upgrades.md "Seen by operators"): the route's series and the
-     * worker's gauges (NULL: none), and the names its closing log line carries (copied). */
-    struct metrics *metrics;
-    struct metrics_route *route_metrics;
-    unsigned worker;
-    const char *route, *request_id;
-};
 
 /* The client's end: its socket, the bytes already read past the request, and how it is given
  * back once the tunnel ends (the front end closes it: libmicrohttpd owns the socket). */
@@ -53,7 +40,7 @@ struct tunnel_client {
 /* Opens a tunnel between 'c' and 'up' (which it owns from now on, whatever the result). 0, or
  * -1 out of memory: then both ends are closed already. */
 int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up *up,
-                const struct tunnel_conf *conf);
+                const struct front_tunnel *conf);
 
 /* Closes every tunnel of the list (the drain time has ended, or the worker stops). */
 void tunnel_close_all(struct tunnel **open);

@@ -50,60 +50,6 @@ enum field { F_OTHER, F_CL, F_TE, F_HOST };
 #define FL_VAL_OVERFLOW 0x01 /* the framing value did not fit w->val */
 #define FL_TE_BAD       0x02 /* a Transfer-Encoding element is not a token */
 
-unsigned wire_reason_status(enum wire_reason r)
-{
-    switch (r) {
-    case WIRE_METHOD_TOO_LONG:
-    case WIRE_UNSUPPORTED_CODING:
-        return 501;
-    case WIRE_BAD_VERSION:
-        return 505;
-    case WIRE_TARGET_TOO_LONG:
-        return 414;
-    case WIRE_HEAD_TOO_LARGE:
-        return 431;
-    case WIRE_HEAD_TIMEOUT:
-        return 408;
-    default:
-        return 400;
-    }
-}
-
-/* The short text for each refusal, as the 4xx/5xx answer body gives it. */
-static const char *const reason_text[] = {
-    [WIRE_OK] = "",
-    [WIRE_BAD_REQUEST_LINE] = "a malformed request line",
-    [WIRE_BAD_METHOD] = "a method that is not a token",
-    [WIRE_METHOD_TOO_LONG] = "a method longer than 32 bytes",
-    [WIRE_BAD_TARGET] = "a control character or space in the request target",
-    [WIRE_BAD_VERSION] = "an HTTP version other than 1.0 and 1.1",
-    [WIRE_BARE_CR] = "a CR not followed by LF",
-    [WIRE_BAD_FIELD_NAME] = "a header name that is not a token",
-    [WIRE_SPACE_BEFORE_COLON] = "whitespace between a header name and its colon",
-    [WIRE_BAD_FIELD_VALUE] = "a header with a forbidden character",
-    [WIRE_OBS_FOLD] = "an obsolete folded header line",
-    [WIRE_BAD_CONTENT_LENGTH] = "an invalid Content-Length",
-    [WIRE_TWO_CONTENT_LENGTHS] = "two Content-Length headers",
-    [WIRE_CL_AND_TE] = "both Content-Length and Transfer-Encoding",
-    [WIRE_BAD_TRANSFER_ENCODING] = "a Transfer-Encoding other than one final chunked",
-    [WIRE_UNSUPPORTED_CODING] = "a transfer coding other than chunked",
-    [WIRE_TE_IN_HTTP10] = "Transfer-Encoding in an HTTP/1.0 request",
-    [WIRE_NO_HOST] = "an HTTP/1.1 request without Host",
-    [WIRE_TWO_HOSTS] = "two Host headers",
-    [WIRE_TARGET_TOO_LONG] = "a request line longer than 8 KiB",
-    [WIRE_HEAD_TOO_LARGE] = "request headers larger than limits.max_header_bytes or 100 fields",
-    [WIRE_HEAD_TIMEOUT] = "the request headers did not arrive within limits.header_timeout_ms",
-    [WIRE_BAD_CHUNK] = "malformed chunked framing",
-};
-_Static_assert(sizeof reason_text / sizeof reason_text[0] == WIRE_REASON_COUNT,
-               "a text for every enum wire_reason value");
-
-const char *wire_reason_text(enum wire_reason r)
-{
-    const char *text = (unsigned)r < WIRE_REASON_COUNT ? reason_text[r] : NULL;
-    return text ? text : "";
-}
-
 void wire_init(struct wire *w, uint32_t head_timeout_ms, uint32_t head_max)
 {
     memset(w, 0, sizeof(*w));
@@ -184,7 +130,7 @@ static const char *trimmed(struct wire *w, size_t *n)
 }
 
 /* A field line ended: checks the framing fields. */
-static enum wire_reason end_field(struct wire *w)
+static enum refusal end_field(struct wire *w)
 {
     size_t n;
     const char *v;
@@ -200,11 +146,11 @@ static enum wire_reason end_field(struct wire *w)
         /* Digits only: libmicrohttpd reads the value with its trailing whitespace, so "5 "
          * would not mean 5 to it; no sign, no list, at most 18 digits. */
         if ((w->flags & FL_VAL_OVERFLOW) || n == 0 || n > 18)
-            return WIRE_BAD_CONTENT_LENGTH;
+            return REFUSE_BAD_CONTENT_LENGTH;
         uint64_t cl = 0;
         for (size_t i = 0; i < n; i++) {
             if (v[i] < '0' || v[i] > '9')
-                return WIRE_BAD_CONTENT_LENGTH;
+                return REFUSE_BAD_CONTENT_LENGTH;
             cl = cl * 10 + (uint64_t)(v[i] - '0');
         }
         w->cl = cl;
@@ -259,7 +205,7 @@ static enum wire_reason end_field(struct wire *w)
     case F_OTHER:
         break;
     }
-    return WIRE_OK;
+    return REFUSE_NONE;
 }
 
 /* A chunk-size line begins. */
@@ -271,27 +217,27 @@ static void chunk_size_start(struct wire *w)
 }
 
 /* The head is complete: is its framing unambiguous? Sets up the body. */
-static enum wire_reason end_head(struct wire *w)
+static enum refusal end_head(struct wire *w)
 {
     if (w->version == 11 && w->n_host == 0)
-        return WIRE_NO_HOST;
+        return REFUSE_NO_HOST;
     if (w->n_host > 1)
-        return WIRE_TWO_HOSTS;
+        return REFUSE_TWO_HOSTS;
     if (w->n_cl && w->n_te_fields)
-        return WIRE_CL_AND_TE;
+        return REFUSE_CL_AND_TE;
     if (w->n_cl > 1)
-        return WIRE_TWO_CONTENT_LENGTHS;
+        return REFUSE_TWO_CONTENT_LENGTHS;
     if (w->n_te_fields) {
         if (w->version == 10)
-            return WIRE_TE_IN_HTTP10;
+            return REFUSE_TE_IN_HTTP10;
         if (w->flags & FL_TE_BAD)
-            return WIRE_BAD_TRANSFER_ENCODING;
+            return REFUSE_BAD_TRANSFER_ENCODING;
         /* RFC 9112 6.1: chunked exactly once and last; one field line, so that no two
          * recipients can disagree on which line counts */
         if (w->n_te_fields > 1 || w->te_chunked != 1 || !w->te_last_chunked)
-            return WIRE_BAD_TRANSFER_ENCODING;
+            return REFUSE_BAD_TRANSFER_ENCODING;
         if (w->te_codings > 1)
-            return WIRE_UNSUPPORTED_CODING;
+            return REFUSE_UNSUPPORTED_CODING;
         w->st = S_CHUNK_SIZE;
         chunk_size_start(w);
     } else if (w->n_cl && w->cl > 0) {
@@ -303,7 +249,7 @@ static enum wire_reason end_head(struct wire *w)
     w->heads_out++;
     w->head = 0;
     w->blank = 0;
-    return WIRE_OK;
+    return REFUSE_NONE;
 }
 
 static void head_reset(struct wire *w)
@@ -324,15 +270,15 @@ static bool in_head_state(uint8_t st)
     return st <= S_END_CR;
 }
 
-/* A head or one of its lines grown past its bound, or WIRE_OK. */
-static enum wire_reason over_limit(const struct wire *w)
+/* A head or one of its lines grown past its bound, or REFUSE_NONE. */
+static enum refusal over_limit(const struct wire *w)
 {
-    uint32_t line_max = w->head_max < WIRE_LINE_MAX ? w->head_max : WIRE_LINE_MAX;
+    uint32_t line_max = w->head_max < REQ_LINE_MAX ? w->head_max : REQ_LINE_MAX;
     if (w->st <= S_RL_CR && w->line > line_max)
-        return WIRE_TARGET_TOO_LONG;
+        return REFUSE_TARGET_TOO_LONG;
     if (w->head > w->head_max || w->line > line_max)
-        return WIRE_HEAD_TOO_LARGE;
-    return WIRE_OK;
+        return REFUSE_HEAD_TOO_LARGE;
+    return REFUSE_NONE;
 }
 
 /* The class of bytes that may be taken in bulk in the current state, or 0: the rest of a
@@ -370,11 +316,11 @@ static const struct body_step {
 
 struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
 {
-    struct wire_scan sc = { n, WIRE_OK };
+    struct wire_scan sc = { n, REFUSE_NONE };
     /* where the head (or the lone CR) still open began: before these bytes, or not at all */
     size_t head_at = w->head > 0 || w->st == S_LEAD_CR ? 0 : (size_t)-1;
     size_t i = 0;
-    enum wire_reason bad = WIRE_OK;
+    enum refusal bad = REFUSE_NONE;
 
     while (i < n) {
         /* body bytes pass in bulk */
@@ -405,7 +351,7 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
                 w->head += (uint32_t)(j - i);
                 w->line += (uint32_t)(j - i);
                 i = j;
-                if ((bad = over_limit(w)) != WIRE_OK)
+                if ((bad = over_limit(w)) != REFUSE_NONE)
                     goto refuse;
                 continue;
             }
@@ -418,7 +364,7 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
             if (w->st == S_LEAD_CR) {
                 /* head_at is the CR: it goes on only with its LF */
                 if (c != '\n') {
-                    bad = WIRE_BARE_CR;
+                    bad = REFUSE_BARE_CR;
                     goto refuse;
                 }
                 w->st = S_START;
@@ -428,7 +374,7 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
             if (c == '\r' || c == '\n') {
                 if (++w->blank > 8) {
                     head_at = i - 1;
-                    bad = WIRE_BAD_REQUEST_LINE;
+                    bad = REFUSE_BAD_REQUEST_LINE;
                     goto refuse;
                 }
                 if (c == '\r') {
@@ -445,7 +391,7 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
             }
             w->head++;
             w->line++;
-            if ((bad = over_limit(w)) != WIRE_OK)
+            if ((bad = over_limit(w)) != REFUSE_NONE)
                 goto refuse;
         } else if (w->st >= S_TRAILER_START) {
             if (++w->line > TRAILER_MAX)
@@ -458,7 +404,7 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
         switch ((enum st)w->st) {
         case S_START:
             if (!is_tchar(c)) {
-                bad = WIRE_BAD_REQUEST_LINE;
+                bad = REFUSE_BAD_REQUEST_LINE;
                 goto refuse;
             }
             w->st = S_METHOD;
@@ -470,10 +416,10 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
             if (c == ' ') {
                 w->st = S_TARGET0;
             } else if (!is_tchar(c)) {
-                bad = WIRE_BAD_METHOD;
+                bad = REFUSE_BAD_METHOD;
                 goto refuse;
-            } else if (++w->tok > WIRE_METHOD_MAX) {
-                bad = WIRE_METHOD_TOO_LONG;
+            } else if (++w->tok > REQ_METHOD_MAX) {
+                bad = REFUSE_METHOD_TOO_LONG;
                 goto refuse;
             }
             break;
@@ -485,7 +431,8 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
             } else if (is_target_byte(c)) {
                 w->st = S_TARGET;
             } else {
-                bad = c == ' ' || c == '\r' || c == '\n' ? WIRE_BAD_REQUEST_LINE : WIRE_BAD_TARGET;
+                bad = c == ' ' || c == '\r' || c == '\n' ? REFUSE_BAD_REQUEST_LINE
+                                                         : REFUSE_BAD_TARGET;
                 goto refuse;
             }
             break;
@@ -495,7 +442,7 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
                 bool ok =
                     form[w->tok] == 'd' ? (c >= '0' && c <= '9') : c == (unsigned char)form[w->tok];
                 if (!ok) {
-                    bad = WIRE_BAD_REQUEST_LINE;
+                    bad = REFUSE_BAD_REQUEST_LINE;
                     goto refuse;
                 }
                 if (w->tok == 5)
@@ -506,11 +453,11 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
                 break;
             }
             if (c != '\r' && c != '\n') {
-                bad = WIRE_BAD_REQUEST_LINE;
+                bad = REFUSE_BAD_REQUEST_LINE;
                 goto refuse;
             }
             if (w->version != 10 && w->version != 11) {
-                bad = WIRE_BAD_VERSION;
+                bad = REFUSE_BAD_VERSION;
                 goto refuse;
             }
             if (c == '\r') {
@@ -524,10 +471,10 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
         case S_VALUE_CR:
         case S_END_CR:
             if (c != '\n') {
-                bad = WIRE_BARE_CR;
+                bad = REFUSE_BARE_CR;
                 goto refuse;
             }
-            if (w->st == S_VALUE_CR && (bad = end_field(w)) != WIRE_OK)
+            if (w->st == S_VALUE_CR && (bad = end_field(w)) != REFUSE_NONE)
                 goto refuse;
             if (w->st == S_END_CR)
                 goto head_done;
@@ -541,18 +488,18 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
                 goto head_done;
             } else if (c == ' ' || c == '\t') {
                 /* RFC 9112 5.2: obs-fold; whitespace before the first field is no better */
-                bad = w->fields ? WIRE_OBS_FOLD : WIRE_BAD_FIELD_NAME;
+                bad = w->fields ? REFUSE_OBS_FOLD : REFUSE_BAD_FIELD_NAME;
                 goto refuse;
             } else if (is_tchar(c)) {
-                if (++w->fields > WIRE_FIELDS_MAX) {
-                    bad = WIRE_HEAD_TOO_LARGE;
+                if (++w->fields > REQ_FIELDS_MAX) {
+                    bad = REFUSE_HEAD_TOO_LARGE;
                     goto refuse;
                 }
                 w->st = S_NAME;
                 w->tok = 1;
                 w->name[0] = lower(c);
             } else {
-                bad = WIRE_BAD_FIELD_NAME;
+                bad = REFUSE_BAD_FIELD_NAME;
                 goto refuse;
             }
             break;
@@ -572,11 +519,11 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
                 w->flags &= (uint8_t)~FL_VAL_OVERFLOW;
                 w->st = S_VALUE;
             } else if (c == ' ' || c == '\t') {
-                bad = WIRE_SPACE_BEFORE_COLON;
+                bad = REFUSE_SPACE_BEFORE_COLON;
                 goto refuse;
             } else {
                 /* tchar were taken in bulk above: this byte is not one */
-                bad = WIRE_BAD_FIELD_NAME;
+                bad = REFUSE_BAD_FIELD_NAME;
                 goto refuse;
             }
             break;
@@ -584,12 +531,12 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
             if (c == '\r') {
                 w->st = S_VALUE_CR;
             } else if (c == '\n') {
-                if ((bad = end_field(w)) != WIRE_OK)
+                if ((bad = end_field(w)) != REFUSE_NONE)
                     goto refuse;
                 w->st = S_FIELD_START;
                 w->line = 0;
             } else if (!is_value_byte(c)) {
-                bad = WIRE_BAD_FIELD_VALUE;
+                bad = REFUSE_BAD_FIELD_VALUE;
                 goto refuse;
             } else if (w->field == F_CL || w->field == F_TE) {
                 if (w->vlen < sizeof(w->val))
@@ -653,7 +600,7 @@ struct wire_scan wire_parse(struct wire *w, const char *p, size_t n)
         continue;
 
     head_done:
-        if ((bad = end_head(w)) != WIRE_OK)
+        if ((bad = end_head(w)) != REFUSE_NONE)
             goto refuse;
         head_at = (size_t)-1;
         w->line = 0;
@@ -667,7 +614,7 @@ refuse:
     return sc;
 broken:
     sc.safe = 0;
-    sc.reason = WIRE_BAD_CHUNK;
+    sc.reason = REFUSE_BAD_CHUNK;
     return sc;
 }
 

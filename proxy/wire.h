@@ -28,47 +28,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "proxy/refusal.h"
+
 /* A head (request line, fields, blank line) above the connection's head_max bytes
  * (limits.max_header_bytes, WIRE_HEAD_DEFAULT unless configured) is a 431; a request line above
- * WIRE_LINE_MAX (or head_max if lower) a 414. The server sizes libmicrohttpd's per-connection
+ * REQ_LINE_MAX (or head_max if lower) a 414. The server sizes libmicrohttpd's per-connection
  * pool from head_max so that libmicrohttpd never has to refuse a head itself. */
 #define WIRE_HEAD_DEFAULT (8 * 1024)
-#define WIRE_LINE_MAX     (8 * 1024)
-#define WIRE_FIELDS_MAX   100
-/* Longest method forwarded; a longer one is a 501. */
-#define WIRE_METHOD_MAX 32
-
-/* Why a head was refused (the JSON error's message, see wire_reason_text). */
-enum wire_reason {
-    WIRE_OK = 0,
-    WIRE_BAD_REQUEST_LINE,
-    WIRE_BAD_METHOD,
-    WIRE_METHOD_TOO_LONG,
-    WIRE_BAD_TARGET,
-    WIRE_BAD_VERSION,
-    WIRE_BARE_CR,
-    WIRE_BAD_FIELD_NAME,
-    WIRE_SPACE_BEFORE_COLON,
-    WIRE_BAD_FIELD_VALUE,
-    WIRE_OBS_FOLD,
-    WIRE_BAD_CONTENT_LENGTH,
-    WIRE_TWO_CONTENT_LENGTHS,
-    WIRE_CL_AND_TE,
-    WIRE_BAD_TRANSFER_ENCODING,
-    WIRE_UNSUPPORTED_CODING,
-    WIRE_TE_IN_HTTP10,
-    WIRE_NO_HOST,
-    WIRE_TWO_HOSTS,
-    WIRE_TARGET_TOO_LONG,
-    WIRE_HEAD_TOO_LARGE,
-    WIRE_HEAD_TIMEOUT,
-    WIRE_BAD_CHUNK,    /* mid-body: the connection is closed */
-    WIRE_REASON_COUNT, /* not a reason: how many there are */
-};
-
-/* The HTTP status and the short text for a refused head. */
-unsigned wire_reason_status(enum wire_reason r);
-const char *wire_reason_text(enum wire_reason r);
 
 /* Reads up to 'len' bytes of the connection into 'buf' (recv semantics: >0 bytes, 0 end of
  * stream, -1 with errno). */
@@ -94,7 +60,7 @@ struct wire {
     char name[20]; /* the current field name, lowercased, while it may be a framing one */
     uint64_t cl;   /* body bytes declared */
     uint64_t left; /* body or chunk bytes still to pass */
-    enum wire_reason reason;
+    enum refusal reason;
 
     /* buffers of a connection whose head is split across reads, or refused */
     char *stash; /* the incomplete head so far */
@@ -106,13 +72,13 @@ struct wire {
     uint32_t head_max; /* bytes a head may have */
 
     /* the refusal handed to the access handler */
-    bool expired;              /* the worker's sweep found the held head past its deadline */
-    bool dead;                 /* refused: nothing more is read */
-    bool closing;              /* broken mid-body: every read fails */
-    uint32_t heads_out;        /* heads handed to libmicrohttpd, the stand-in included */
-    uint32_t heads_in;         /* heads the access handler has seen */
-    uint32_t reject_head;      /* 1-based index of the stand-in head; 0: none */
-    enum wire_reason rejected; /* why */
+    bool expired;          /* the worker's sweep found the held head past its deadline */
+    bool dead;             /* refused: nothing more is read */
+    bool closing;          /* broken mid-body: every read fails */
+    uint32_t heads_out;    /* heads handed to libmicrohttpd, the stand-in included */
+    uint32_t heads_in;     /* heads the access handler has seen */
+    uint32_t reject_head;  /* 1-based index of the stand-in head; 0: none */
+    enum refusal rejected; /* why */
 };
 
 void wire_init(struct wire *w, uint32_t head_timeout_ms, uint32_t head_max);
@@ -134,8 +100,8 @@ bool wire_head_expired(const struct wire *w, uint64_t now_ms);
 bool wire_holding(const struct wire *w);
 
 /* Called once per request head that libmicrohttpd parsed on this connection, in order. Returns
- * the reason when that head is the stand-in for a refused one, else WIRE_OK. */
-enum wire_reason wire_take_reject(struct wire *w);
+ * the reason when that head is the stand-in for a refused one, else REFUSE_NONE. */
+enum refusal wire_take_reject(struct wire *w);
 
 /* The checker over a whole byte string, for tests and the fuzzer: feeds 'data' in pieces of
  * the given sizes (cycled; NULL: all at once) and collects what libmicrohttpd would receive

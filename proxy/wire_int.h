@@ -10,8 +10,8 @@
 
 /* What the parser found in a run of bytes. */
 struct wire_scan {
-    size_t safe;             /* bytes before the head still open (or refused) */
-    enum wire_reason reason; /* WIRE_OK, a refusal, or WIRE_BAD_CHUNK (close) */
+    size_t safe;         /* bytes before the head still open (or refused) */
+    enum refusal reason; /* REFUSE_NONE, a refusal, or REFUSE_BAD_CHUNK (close) */
 };
 
 /* Runs the parser over p[0..n). */

@@ -55,7 +55,7 @@ static void drop_stash(struct wire *w)
 }
 
 /* A refused head: the stand-in takes its place and nothing more is read. */
-static ssize_t refuse(struct wire *w, enum wire_reason why, char *buf, size_t len, size_t out)
+static ssize_t refuse(struct wire *w, enum refusal why, char *buf, size_t len, size_t out)
 {
     drop_stash(w);
     w->dead = true;
@@ -74,7 +74,7 @@ static ssize_t broken(struct wire *w)
 {
     drop_stash(w);
     w->closing = true;
-    w->rejected = WIRE_BAD_CHUNK;
+    w->rejected = REFUSE_BAD_CHUNK;
     errno = ECONNRESET;
     return -1;
 }
@@ -116,7 +116,7 @@ ssize_t wire_recv(struct wire *w, void *vbuf, size_t len, wire_read_fn read, voi
     if (w->dead)
         return nothing_yet(out);
     if (wire_holding(w) && (w->expired || wire_head_expired(w, now_ms)))
-        return refuse(w, WIRE_HEAD_TIMEOUT, buf, len, out);
+        return refuse(w, REFUSE_HEAD_TIMEOUT, buf, len, out);
 
     for (;;) {
         if (!w->stash_len) {
@@ -128,9 +128,9 @@ ssize_t wire_recv(struct wire *w, void *vbuf, size_t len, wire_read_fn read, voi
             if (got <= 0)
                 return out ? (ssize_t)out : got;
             struct wire_scan sc = wire_parse(w, buf + out, (size_t)got);
-            if (sc.reason == WIRE_BAD_CHUNK)
+            if (sc.reason == REFUSE_BAD_CHUNK)
                 return broken(w);
-            if (sc.reason != WIRE_OK)
+            if (sc.reason != REFUSE_NONE)
                 return refuse(w, sc.reason, buf, len, out + sc.safe);
             if (sc.safe < (size_t)got) {
                 /* a head began and is not complete: hold it back */
@@ -154,9 +154,9 @@ ssize_t wire_recv(struct wire *w, void *vbuf, size_t len, wire_read_fn read, voi
             return out ? (ssize_t)out : got;
         size_t old = w->stash_len;
         struct wire_scan sc = wire_parse(w, w->stash + old, (size_t)got);
-        if (sc.reason == WIRE_BAD_CHUNK)
+        if (sc.reason == REFUSE_BAD_CHUNK)
             return broken(w);
-        if (sc.reason != WIRE_OK) {
+        if (sc.reason != REFUSE_NONE) {
             /* the refused head is the held one, or one after it in these bytes */
             size_t keep = sc.safe ? old + sc.safe : 0;
             if (keep && q_append(w, w->stash, keep) < 0)
@@ -184,12 +184,12 @@ ssize_t wire_recv(struct wire *w, void *vbuf, size_t len, wire_read_fn read, voi
     }
 }
 
-enum wire_reason wire_take_reject(struct wire *w)
+enum refusal wire_take_reject(struct wire *w)
 {
     w->heads_in++;
     if (w->reject_head && w->heads_in == w->reject_head)
         return w->rejected;
-    return WIRE_OK;
+    return REFUSE_NONE;
 }
 
 /* ---- a whole byte string through the checker ---- */

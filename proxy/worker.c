@@ -139,6 +139,16 @@ void worker_wake(struct worker *w)
     }
 }
 
+size_t worker_load(const struct worker *w)
+{
+    return atomic_load_explicit(&w->requests, memory_order_relaxed) + upstream_active(w->up);
+}
+
+void worker_trim(struct worker *w)
+{
+    upstream_trim(w->up);
+}
+
 void worker_drain(struct worker *w, bool expire)
 {
     atomic_store(&w->drain, true);

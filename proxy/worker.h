@@ -77,6 +77,12 @@ void worker_wake(struct worker *w);
  * positions start over for the new routes. */
 void worker_refresh(struct worker *w);
 
+/* What the worker holds beyond its client connections: requests alive and upstream transfers
+ * running (proxy/server.c's memory trim watches it fall after a burst). */
+size_t worker_load(const struct worker *w);
+/* A burst is over: the upstream side frees what it kept for it (idle transfer handles). */
+void worker_trim(struct worker *w);
+
 /* Draining (from any thread): stop accepting connections; with 'expire', also answer every
  * request still waiting on the upstream side now. */
 void worker_drain(struct worker *w, bool expire);

@@ -9,7 +9,7 @@
  *     stand-in that replaces it is well formed);
  *   - when nothing is refused or reset, every byte is handed over unchanged.
  */
-/* fuzz-link: proxy/wire.c proxy/wire_recv.c */
+/* fuzz-link: proxy/wire.c proxy/wire_recv.c proxy/refusal.c */
 #define FUZZ_NAME "fuzz_framing"
 #include <string.h>
 
@@ -42,17 +42,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    "handed over %zu bytes whole, %zu cut", na, nb);
         FUZZ_CHECK(a.heads_out == b.heads_out, "heads %u whole, %u cut", a.heads_out, b.heads_out);
     }
-    if (!closed_a && a.rejected == WIRE_OK)
+    if (!closed_a && a.rejected == REFUSE_NONE)
         FUZZ_CHECK(na <= n && memcmp(out_whole, s, na) == 0, "bytes changed on the way");
-    if (!closed_a && a.rejected != WIRE_OK)
+    if (!closed_a && a.rejected != REFUSE_NONE)
         FUZZ_CHECK(na >= wire_standin_len && memcmp(out_whole + na - wire_standin_len, wire_standin,
                                                     wire_standin_len) == 0,
                    "a refusal ends with the stand-in");
 
     wire_init(&c, 0, WIRE_HEAD_DEFAULT);
     size_t nc = wire_run(out_whole, na, NULL, 0, out_again, OUT_MAX, &closed_c, &c);
-    FUZZ_CHECK(!closed_c && c.rejected == WIRE_OK, "handed-over bytes are not clean: %s",
-               wire_reason_text(c.rejected));
+    FUZZ_CHECK(!closed_c && c.rejected == REFUSE_NONE, "handed-over bytes are not clean: %s",
+               refusal_text(c.rejected));
     FUZZ_CHECK(nc == na && memcmp(out_again, out_whole, na) == 0, "clean bytes pass unchanged");
 
     wire_release(&a);

@@ -34,7 +34,7 @@ static size_t live;
 
 struct front *retry_req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
                             enum front_proto proto, const char *raw_target, const char *peer,
-                            unsigned peer_port, enum wire_reason refused)
+                            unsigned peer_port, enum refusal refused)
 {
     (void)w;
     (void)raw_target;

@@ -288,7 +288,7 @@ static void start(const char *route_json)
 static void open_request(const char *method)
 {
     client.f = retry_req_new(&w, &fake_ops, sizeof(struct front), FRONT_HTTP1, "/x", "127.0.0.1",
-                             40000, WIRE_OK);
+                             40000, REFUSE_NONE);
     cr_assert_not_null(client.f);
     req = client.f->req;
     retry_req_head(req, method);
@@ -1160,7 +1160,7 @@ static void trailer(const char *k, const char *v)
 static void open_head(void)
 {
     client.f = retry_req_new(&w, &fake_ops, sizeof(struct front), FRONT_HTTP1, "/x", "127.0.0.1",
-                             40000, WIRE_OK);
+                             40000, REFUSE_NONE);
     cr_assert_not_null(client.f);
     req = client.f->req;
     retry_req_head(req, "GET");

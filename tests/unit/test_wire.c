@@ -37,7 +37,7 @@ Test(wire, clean_streams_pass_unchanged_however_they_are_cut)
         for (size_t piece = 0; piece <= 9; piece++) {
             struct run r;
             run(clean[i], n, piece, &r);
-            cr_expect(!r.closed && r.w.rejected == WIRE_OK, "case %zu piece %zu", i, piece);
+            cr_expect(!r.closed && r.w.rejected == REFUSE_NONE, "case %zu piece %zu", i, piece);
             cr_expect(r.len == n && memcmp(out, clean[i], n) == 0, "case %zu piece %zu: %zu of %zu",
                       i, piece, r.len, n);
             wire_release(&r.w);
@@ -47,26 +47,26 @@ Test(wire, clean_streams_pass_unchanged_however_they_are_cut)
 
 static const struct {
     const char *s;
-    enum wire_reason why;
+    enum refusal why;
 } bad[] = {
-    { "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n 0\r\n\r\n", WIRE_OBS_FOLD },
+    { "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n 0\r\n\r\n", REFUSE_OBS_FOLD },
     { "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: "
       "identity\r\n\r\n",
-      WIRE_BAD_TRANSFER_ENCODING },
+      REFUSE_BAD_TRANSFER_ENCODING },
     { "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-      WIRE_UNSUPPORTED_CODING },
+      REFUSE_UNSUPPORTED_CODING },
     { "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
-      WIRE_CL_AND_TE },
-    { "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", WIRE_TWO_HOSTS },
-    { "GET / HTTP/1.1\r\n\r\n", WIRE_NO_HOST },
-    { "GET /a\tb HTTP/1.1\r\nHost: a\r\n\r\n", WIRE_BAD_TARGET },
-    { "GET / HTTP/1.1\r\nHost: a\rX: 1\r\n\r\n", WIRE_BARE_CR },
-    { "GET / HTTP/2.0\r\nHost: a\r\n\r\n", WIRE_BAD_VERSION },
-    { "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFG / HTTP/1.1\r\n", WIRE_METHOD_TOO_LONG },
-    { "GET / HTTP/1.1\r\nHost : a\r\n\r\n", WIRE_SPACE_BEFORE_COLON },
+      REFUSE_CL_AND_TE },
+    { "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", REFUSE_TWO_HOSTS },
+    { "GET / HTTP/1.1\r\n\r\n", REFUSE_NO_HOST },
+    { "GET /a\tb HTTP/1.1\r\nHost: a\r\n\r\n", REFUSE_BAD_TARGET },
+    { "GET / HTTP/1.1\r\nHost: a\rX: 1\r\n\r\n", REFUSE_BARE_CR },
+    { "GET / HTTP/2.0\r\nHost: a\r\n\r\n", REFUSE_BAD_VERSION },
+    { "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFG / HTTP/1.1\r\n", REFUSE_METHOD_TOO_LONG },
+    { "GET / HTTP/1.1\r\nHost : a\r\n\r\n", REFUSE_SPACE_BEFORE_COLON },
     /* a lone CR between requests is refused with what follows, never handed over alone */
-    { "\rGET / HTTP/1.1\r\nHost: a\r\n\r\n", WIRE_BARE_CR },
-    { "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5 \r\n\r\n", WIRE_BAD_CONTENT_LENGTH },
+    { "\rGET / HTTP/1.1\r\nHost: a\r\n\r\n", REFUSE_BARE_CR },
+    { "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5 \r\n\r\n", REFUSE_BAD_CONTENT_LENGTH },
 };
 
 Test(wire, a_refused_head_becomes_the_stand_in_after_what_came_before)
@@ -80,13 +80,13 @@ Test(wire, a_refused_head_becomes_the_stand_in_after_what_came_before)
             struct run r;
             run(in, (size_t)n, piece, &r);
             cr_expect_eq(r.w.rejected, bad[i].why, "case %zu piece %zu: %s", i, piece,
-                         wire_reason_text(r.w.rejected));
+                         refusal_text(r.w.rejected));
             size_t gl = sizeof(good) - 1;
             cr_expect(r.len == gl + wire_standin_len && memcmp(out, good, gl) == 0 &&
                           memcmp(out + gl, wire_standin, wire_standin_len) == 0,
                       "case %zu piece %zu: handed over %zu bytes", i, piece, r.len);
             /* the access handler sees the good head, then the stand-in */
-            cr_expect_eq(wire_take_reject(&r.w), WIRE_OK);
+            cr_expect_eq(wire_take_reject(&r.w), REFUSE_NONE);
             cr_expect_eq(wire_take_reject(&r.w), bad[i].why);
             wire_release(&r.w);
         }
@@ -101,7 +101,7 @@ Test(wire, broken_chunked_framing_resets_the_connection)
         struct run r;
         run(s, sizeof(s) - 1, piece, &r);
         cr_expect(r.closed, "piece %zu", piece);
-        cr_expect_eq(r.w.rejected, WIRE_BAD_CHUNK);
+        cr_expect_eq(r.w.rejected, REFUSE_BAD_CHUNK);
         wire_release(&r.w);
     }
 }
@@ -141,8 +141,8 @@ Test(wire, a_head_held_past_the_deadline_is_refused_with_408)
     ssize_t got = wire_recv(&w, buf, sizeof(buf), sock_read, &k, 6000);
     cr_expect_eq((size_t)got, wire_standin_len);
     cr_expect(memcmp(buf, wire_standin, wire_standin_len) == 0);
-    cr_expect_eq(wire_take_reject(&w), WIRE_HEAD_TIMEOUT);
-    cr_expect_eq(wire_reason_status(WIRE_HEAD_TIMEOUT), 408);
+    cr_expect_eq(wire_take_reject(&w), REFUSE_HEAD_TIMEOUT);
+    cr_expect_eq(refusal_status(REFUSE_HEAD_TIMEOUT), 408);
     /* nothing more is read */
     cr_expect_eq(wire_recv(&w, buf, sizeof(buf), sock_read, &k, 7000), -1);
     cr_expect_eq(errno, EAGAIN);
@@ -185,9 +185,9 @@ Test(wire, empty_lines_between_requests_are_passed_on_not_held)
         "\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
     struct run r;
     run(many, sizeof(many) - 1, 0, &r);
-    cr_expect_eq(r.w.rejected, WIRE_BAD_REQUEST_LINE);
+    cr_expect_eq(r.w.rejected, REFUSE_BAD_REQUEST_LINE);
     wire_release(&r.w);
     run(many + 2, sizeof(many) - 3, 0, &r);
-    cr_expect_eq(r.w.rejected, WIRE_OK, "eight empty lines are tolerated");
+    cr_expect_eq(r.w.rejected, REFUSE_NONE, "eight empty lines are tolerated");
     wire_release(&r.w);
 }
