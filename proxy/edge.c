@@ -1,6 +1,7 @@
 /* edge -- a request's two ends with its client (proxy/req.h): its head taken in (checked,
  * routed, its limits and policy set) and its answer given (the upstream's response streamed, a
  * saved one, or an error of retryproxy's own), through the front end (proxy/front.h).
+ * Part of the request's one state machine with retry.c, keep.c and race.c (proxy/req.h).
  */
 #include "proxy/req.h"
 

@@ -1,3 +1,8 @@
+/* h2front -- the HTTP/2 front end's connections (proxy/h2front.h): a libnghttp2 server session
+ * per client connection in the worker's loop, its bytes, flow control and limits. The streams
+ * are proxy/h2stream.c's; the two are one state machine, a connection's and its streams' (they
+ * call each other through proxy/h2int.h).
+ */
 #include "proxy/h2front.h"
 
 #include <errno.h>

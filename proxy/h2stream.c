@@ -1,6 +1,7 @@
 /* h2stream -- the streams of the HTTP/2 front end (proxy/h2int.h): a stream's head and body
  * become a request of the core (proxy/retry.h), and the core's answer becomes its response
- * (struct front_ops). docs/http2.md says what a stream carries. */
+ * (struct front_ops). docs/http2.md says what a stream carries. h2front.c and h2stream.c are one
+ * state machine, a connection's and its streams' (they call each other through proxy/h2int.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

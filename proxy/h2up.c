@@ -5,6 +5,9 @@
  * session; its end is decided once (h2up_end_stream) and reported from h2c_settle(), outside
  * libnghttp2. A cancelled stream loses its owner at once and is freed when the session is
  * done with it (or with its connection).
+ *
+ * h2up.c and h2up_conn.c are one state machine, a connection's and its streams' (they call each
+ * other through proxy/h2up_int.h).
  */
 #include "proxy/h2up_int.h"
 

@@ -11,6 +11,8 @@
  * An https origin whose server chose http/1.1 (or nothing) by ALPN: the connection's streams
  * end H2UP_FALLBACK, nothing sent, and the origin is remembered for H2UP_H1_MEMO_MS so that
  * its next requests go to libcurl at once (docs/http2.md "https upstreams").
+ *
+ * One state machine with proxy/h2up.c (the streams): they call each other (proxy/h2up_int.h).
  */
 #include "proxy/h2up_int.h"
 

@@ -8,6 +8,8 @@
  *   fits HOLD_MAX, and for retry.grpc_hold_ms from its first byte, and retried like any other
  *   when that status is one retry_on names. A second message, more bytes, or the hold's time
  *   up, and it streams: nothing is retried once a byte has gone to the client.
+ *
+ * Part of the request's one state machine with retry.c, edge.c and race.c (proxy/req.h).
  */
 #include "proxy/req.h"
 

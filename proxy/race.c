@@ -1,6 +1,7 @@
 /* race -- attempts running beside the current one (proxy/req.h; hedging, docs/config.md
  * "retry.hedge_on_per_try_timeout"): the hedge decided at a per-try timeout, the laggards kept
  * in r->others, the first good response winning, and the losers cancelled.
+ * Part of the request's one state machine with retry.c, edge.c and keep.c (proxy/req.h).
  */
 #include "proxy/req.h"
 

@@ -20,6 +20,9 @@
  * from any of them: a laggard's becomes the current attempt and streams, and every other
  * attempt is cancelled. When retrying stops with laggards still running, the request waits
  * for them (LAG) instead of answering.
+ *
+ * retry.c, edge.c, keep.c and race.c are one state machine, split by concern (proxy/req.h): they
+ * call each other, and nothing outside the core calls them but through proxy/retry.h.
  */
 #include "proxy/retry.h"
 
