@@ -53,28 +53,37 @@ static void add(struct pairs *ps, unsigned status, const char *code, size_t len)
     ps->n++;
 }
 
-/* Every `NNN, "code"` of the .c files of proxy/. */
-static void source_pairs(struct pairs *ps)
+/* Every `NNN, "code"` of the .c files under 'dir' (proxy/ and its part folders). */
+static void dir_pairs(struct pairs *ps, const regex_t *re, const char *dir)
 {
-    regex_t re;
-    cr_assert_eq(regcomp(&re, "([1-5][0-9][0-9]),[[:space:]]*\"([a-z_]+)\"", REG_EXTENDED), 0);
-    DIR *d = opendir("proxy");
-    cr_assert_not_null(d, "no proxy/ here: run from the repository root");
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "no %s/ here: run from the repository root", dir);
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         size_t nl = strlen(e->d_name);
+        char path[300];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (e->d_type == DT_DIR && e->d_name[0] != '.') {
+            dir_pairs(ps, re, path);
+            continue;
+        }
         if (nl < 3 || strcmp(e->d_name + nl - 2, ".c") != 0)
             continue;
-        char path[300];
-        snprintf(path, sizeof(path), "proxy/%s", e->d_name);
         char *text = proc_read_file(path);
         regmatch_t m[3];
-        for (const char *p = text; regexec(&re, p, 3, m, 0) == 0; p += m[0].rm_eo)
+        for (const char *p = text; regexec(re, p, 3, m, 0) == 0; p += m[0].rm_eo)
             add(ps, (unsigned)atoi(p + m[1].rm_so), p + m[2].rm_so,
                 (size_t)(m[2].rm_eo - m[2].rm_so));
         free(text);
     }
     closedir(d);
+}
+
+static void source_pairs(struct pairs *ps)
+{
+    regex_t re;
+    cr_assert_eq(regcomp(&re, "([1-5][0-9][0-9]),[[:space:]]*\"([a-z_]+)\"", REG_EXTENDED), 0);
+    dir_pairs(ps, &re, "proxy");
     regfree(&re);
 }
 
