@@ -2,7 +2,8 @@
  *
  * One table describes every key: its type, bounds, default, whether it may appear in
  * "defaults", and what it means. Parsing, default filling, validation messages, the effective
- * config dump and the Markdown reference are all driven by it.
+ * config dump and the Markdown reference are all driven by it. The table is config/schema.c,
+ * the walker config/schema_walk.c, the checks of single values config/schema_values.c.
  */
 #ifndef RETRYPROXY_CONFIG_SCHEMA_H
 #define RETRYPROXY_CONFIG_SCHEMA_H

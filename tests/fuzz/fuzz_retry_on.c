@@ -2,8 +2,8 @@
  * "connect-failure", "unavailable", "grpc:1-4", ...) through the config loader, against a
  * reference grammar.
  *
- * The parser is internal to config/schema.c, so each input becomes a small valid config whose
- * only variable part is the retry_on list. Input: one flag byte (bit 0: the list goes in
+ * The parser is internal to config/schema_values.c, so each input becomes a small valid config
+ * whose only variable part is the retry_on list. Input: one flag byte (bit 0: the list goes in
  * "defaults" and two routes inherit it, else it is the route's own), then the entries,
  * separated by '\n' (at most 24). Each entry's bytes become one JSON string: printable ASCII
  * as it is, every other byte b as the character U+00bb (a NUL as U+0100), so an entry may
