@@ -4,7 +4,6 @@
  * failure, logged once with the origin and the reason. */
 #include <criterion/criterion.h>
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -66,20 +65,6 @@ static void on_io(void *arg, uint32_t events)
 
 static const struct connector_ops ops = { .up = on_up, .failed = on_failed, .io = on_io };
 
-/* A listener on 127.0.0.1 (its port in *port). */
-static int listener(uint16_t *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET };
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sa);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    cr_assert_eq(listen(fd, 8), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    *port = ntohs(sa.sin_port);
-    return fd;
-}
-
 static struct origin *origin_at(uint16_t port, const struct origin_tls *tls)
 {
     char a[32];
@@ -98,7 +83,7 @@ Test(connect, plain_tcp_is_up_with_nodelay_and_reads)
 {
     struct loop *l = loop_new();
     uint16_t port;
-    int lfd = listener(&port);
+    int lfd = fx_listen(&port);
     struct origin *o = origin_at(port, NULL);
     struct user u = { .read_max = sizeof(u.got) };
     cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 5000, &ops, &u), 0);
@@ -127,8 +112,7 @@ Test(connect, plain_tcp_is_up_with_nodelay_and_reads)
 Test(connect, a_refused_connect_fails_with_its_reason)
 {
     struct loop *l = loop_new();
-    uint16_t port;
-    close(listener(&port)); /* nobody listens there now */
+    uint16_t port = fx_closed_port();
     struct origin *o = origin_at(port, NULL);
     struct user u = { .read_max = 1 };
     cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 5000, &ops, &u), 0);
@@ -147,7 +131,7 @@ Test(connect, the_connect_timeout_is_a_timer_unless_0)
 {
     struct loop *l = loop_new();
     uint16_t port;
-    int lfd = listener(&port);
+    int lfd = fx_listen(&port);
     struct origin *o = origin_at(port, NULL);
     struct user u = { .read_max = 1 }, v = { .read_max = 1 };
     cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 0, &ops, &u), 0);
@@ -230,7 +214,7 @@ Test(connect, tls_bytes_held_by_openssl_come_without_a_socket_event, .fini = rem
     struct tls_ctxs *ctxs = NULL;
     struct server s = { .send = 16000 };
     uint16_t port;
-    s.lfd = listener(&port);
+    s.lfd = fx_listen(&port);
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, serve, &s), 0);
     struct origin *o = origin_at(port, &(struct origin_tls){ .ca_file = cert_path("pem") });
@@ -262,7 +246,7 @@ Test(connect, a_tls_failure_is_logged_once_with_the_origin_and_the_reason, .fini
     struct tls_ctxs *ctxs = NULL;
     struct server s = { .send = 0 };
     uint16_t port;
-    s.lfd = listener(&port);
+    s.lfd = fx_listen(&port);
     struct origin *o = origin_at(port, &(struct origin_tls){ .ca_file = NULL });
     for (int i = 0; i < 2; i++) {
         pthread_t th;
