@@ -99,7 +99,7 @@ static void went_up(struct connector *k, bool h2)
     k->ops->up(k->arg, h2);
 }
 
-/* One step of the TLS handshake; at its end, ALPN: an offer of h2 alone wants h2. */
+/* One step of the TLS handshake. */
 static void handshake(struct connector *k)
 {
     switch (tls_handshake(k->tls)) {
@@ -117,12 +117,12 @@ static void handshake(struct connector *k)
     case TLS_DONE:
         break;
     }
-    bool h2 = tls_is_h2(k->tls);
-    if (!h2 && k->alpn == TLS_ALPN_H2) {
-        tls_failed(k, "the server did not choose h2 by ALPN (tls.http2 is \"required\")");
-        return;
-    }
-    went_up(k, h2);
+    went_up(k, tls_is_h2(k->tls));
+}
+
+void connector_refuse(struct connector *k, const char *why)
+{
+    tls_failed(k, why);
 }
 
 static void connected(struct connector *k)

@@ -57,6 +57,8 @@ struct connector {
 int connector_start(struct connector *k, struct loop *l, struct tls_ctxs **ctxs,
                     const struct origin *o, enum tls_alpn alpn, uint64_t timeout_ms,
                     const struct connector_ops *ops, void *arg);
+/* From 'up': the protocol ALPN chose will not do. Logged as a TLS failure, then 'failed'. */
+void connector_refuse(struct connector *k, const char *why);
 /* Closes the connection (no close_notify) and frees what 'k' holds; again is harmless. A
  * connector never started must be zeroed with fd and w.fd -1 (connector_init). */
 void connector_close(struct connector *k);

@@ -190,6 +190,11 @@ bool h2up_prefers_h1(struct h2up *h, const struct origin *o)
 static void on_up(void *arg, bool h2)
 {
     struct conn *c = arg;
+    if (!h2 && c->k.tls && !c->h1_too) {
+        /* on_failed ends the connection */
+        connector_refuse(&c->k, "the server did not choose h2 by ALPN (tls.http2 is \"required\")");
+        return;
+    }
     if (h2 || !c->k.tls) {
         opened(c);
     } else {
