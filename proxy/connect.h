@@ -9,7 +9,9 @@
  * after 'up' 'io' for the events it asked for with connector_watch(). Bytes TLS has decrypted
  * but not handed over come with no socket event: connector_recv() leaves them to an 'io'
  * (EPOLLIN) in the loop's next turn. A TLS failure is logged here, the same for every user (at
- * most one line a second per worker, naming the origin and OpenSSL's reason).
+ * most one line a second per worker, naming the origin and OpenSSL's reason); a refused or
+ * timed-out connect is not (its attempt is a connect failure in the metrics and in the
+ * debug-level "attempt" line, docs/logs.md).
  */
 #ifndef RETRYPROXY_PROXY_CONNECT_H
 #define RETRYPROXY_PROXY_CONNECT_H
