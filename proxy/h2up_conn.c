@@ -1,9 +1,10 @@
-/* h2up_conn -- the connections of proxy/h2up.h: sockets, TLS, timers, and which origin gets
- * which connection (the streams and the session's callbacks are proxy/h2up.c's).
+/* h2up_conn -- the connections of proxy/h2up.h: their sessions over proxy/connect.h's sockets
+ * and TLS, timers, and which origin gets which connection (the streams and the session's
+ * callbacks are proxy/h2up.c's).
  *
- * A connection's life: CONNECTING (non-blocking connect, bounded by the first stream's connect
- * timeout; its streams are submitted to the session at once and go out when it is open), for
- * an https origin HANDSHAKING (TLS, within the same timeout; ALPN must choose h2), OPEN (bytes
+ * A connection's life: CONNECTING (proxy/connect.h: bounded by the first stream's connect
+ * timeout; its streams are submitted to the session at once and go out when it is open; for
+ * an https origin TLS within the same timeout, and ALPN must choose h2), OPEN (bytes
  * in through nghttp2_session_mem_recv, out through nghttp2_session_mem_send into a bounded
  * buffer, EPOLLOUT while the socket is full), then GOAWAY received (no new stream) or idle
  * past H2UP_IDLE_MS, and closed once no stream is left.
@@ -16,18 +17,12 @@
  */
 #include "proxy/h2up_int.h"
 
-#include <errno.h>
 #include <stdatomic.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
+#include "proxy/connect.h"
 #include "proxy/dlist.h"
-#include "proxy/log.h"
 #include "proxy/origin.h"
-#include "proxy/tls.h"
 
 /* Bytes of serialized frames held for a full socket before the session is asked for more. */
 #define OUT_SOFT_MAX (64 * 1024)
@@ -36,29 +31,8 @@
 #define CONN_WINDOW (16 * 1024 * 1024)
 /* Reads per socket event, so one busy connection cannot starve the loop. */
 #define READS_PER_EVENT 16
-/* At most one TLS failure is logged per worker in this time (a broken upstream fails every
- * connection). */
-#define TLS_LOG_EVERY_MS 1000
 
-static void on_io(struct loop_watch *w, uint32_t events);
 static void on_timer(struct loop_timer *t);
-
-/* ---- the socket, plain or TLS ---- */
-
-static ssize_t conn_send(struct conn *c, const void *p, size_t n)
-{
-    return c->tls ? tls_send(c->tls, p, n) : send(c->fd, p, n, MSG_NOSIGNAL);
-}
-
-static ssize_t conn_recv(struct conn *c, void *p, size_t n)
-{
-    return c->tls ? tls_recv(c->tls, p, n) : recv(c->fd, p, n, 0);
-}
-
-static bool again(void)
-{
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-}
 
 /* ---- life and death ---- */
 
@@ -88,11 +62,7 @@ void h2c_fail(struct conn *c)
     }
     nghttp2_session_del(c->s);
     c->s = NULL;
-    tls_free(c->tls);
-    c->tls = NULL;
-    loop_watch_del(c->h->loop, &c->w);
-    close(c->fd);
-    c->fd = -1;
+    connector_close(&c->k);
     loop_timer_stop(c->h->loop, &c->timer);
 }
 
@@ -108,16 +78,8 @@ void h2c_free(struct conn *c)
     if (h->counts)
         count(&h->counts->open, -1);
     free(c->key);
-    tls_conf_clear(&c->tconf);
     free(c->out.p);
     loop_defer_free(h->loop, c); /* its watch may have an event pending in this turn */
-}
-
-static int watch_for(struct conn *c, uint32_t ev)
-{
-    if (c->w.events == ev)
-        return 0;
-    return loop_watch_mod(c->h->loop, &c->w, ev);
 }
 
 /* Sends what the session has, until it has nothing or the socket is full (then EPOLLOUT);
@@ -128,9 +90,9 @@ static void flush(struct conn *c)
         return;
     for (;;) {
         if (c->out.len) {
-            ssize_t n = conn_send(c, c->out.p, c->out.len);
+            ssize_t n = connector_send(&c->k, c->out.p, c->out.len);
             if (n < 0) {
-                if (again())
+                if (connector_again())
                     break;
                 h2c_fail(c);
                 return;
@@ -148,9 +110,9 @@ static void flush(struct conn *c)
         if (n == 0)
             break;
         /* what TLS did not take is offered again from c->out, the same bytes (tls.h) */
-        ssize_t sent = conn_send(c, d, (size_t)n);
+        ssize_t sent = connector_send(&c->k, d, (size_t)n);
         if (sent < 0) {
-            if (!again()) {
+            if (!connector_again()) {
                 h2c_fail(c);
                 return;
             }
@@ -167,7 +129,7 @@ static void flush(struct conn *c)
         h2c_fail(c); /* both sides are done (a GOAWAY) */
         return;
     }
-    if (watch_for(c, EPOLLIN | (c->out.len ? EPOLLOUT : 0)) < 0)
+    if (connector_watch(&c->k, EPOLLIN | (c->out.len ? EPOLLOUT : 0)) < 0)
         h2c_fail(c);
 }
 
@@ -175,17 +137,14 @@ static void conn_read(struct conn *c)
 {
     uint8_t buf[16 * 1024];
     for (int i = 0; i < READS_PER_EVENT && !c->dead; i++) {
-        ssize_t n = conn_recv(c, buf, sizeof(buf));
-        if (n < 0 && again())
+        ssize_t n = connector_recv(&c->k, buf, sizeof(buf));
+        if (n < 0 && connector_again())
             return;
         if (n <= 0 || nghttp2_session_mem_recv(c->s, buf, (size_t)n) < 0) {
             h2c_fail(c);
             return;
         }
     }
-    /* TLS may hold decrypted bytes the socket will not signal again */
-    if (!c->dead && c->tls && tls_pending(c->tls))
-        h2c_kick(c);
 }
 
 /* The connection can carry HTTP/2 now. */
@@ -193,7 +152,6 @@ static void opened(struct conn *c)
 {
     c->open = true;
     count_opened(c, H2UP_OPENED_H2);
-    loop_timer_stop(c->h->loop, &c->timer);
 }
 
 /* Remembers that origin 'key' answers in http/1.1, for H2UP_H1_MEMO_MS. */
@@ -230,88 +188,49 @@ bool h2up_prefers_h1(struct h2up *h, const struct origin *o)
     return false;
 }
 
-static void tls_failed(struct conn *c, const char *why)
+/* Connected: h2 chosen by ALPN (or h2c), or an https server that chose http/1.1. */
+static void on_up(void *arg, bool h2)
 {
-    struct h2up *h = c->h;
-    uint64_t now = loop_now(h->loop);
-    if (!h->tls_logged || now - h->tls_logged >= TLS_LOG_EVERY_MS) {
-        h->tls_logged = now;
-        log_event(CFG_LOG_WARN, "upstream TLS failed; its requests were not sent", "host",
-                  c->tconf.name, "error", why, NULL);
+    struct conn *c = arg;
+    if (!h2 && c->k.tls && !c->h1_too) {
+        /* on_failed ends the connection */
+        connector_refuse(&c->k, "the server did not choose h2 by ALPN (tls.http2 is \"required\")");
+        return;
     }
-    h2c_fail(c);
-}
-
-/* One step of the TLS handshake; at its end, ALPN says whether the connection goes on. */
-static void handshake(struct conn *c)
-{
-    switch (tls_handshake(c->tls)) {
-    case TLS_WANT_READ:
-        if (watch_for(c, EPOLLIN) < 0)
-            h2c_fail(c);
-        return;
-    case TLS_WANT_WRITE:
-        if (watch_for(c, EPOLLOUT) < 0)
-            h2c_fail(c);
-        return;
-    case TLS_FAILED:
-        tls_failed(c, tls_error(c->tls));
-        return;
-    case TLS_DONE:
-        break;
-    }
-    if (tls_is_h2(c->tls)) {
+    if (h2 || !c->k.tls) {
         opened(c);
-        return;
-    }
-    if (!c->h1_too) {
-        tls_failed(c, "the server did not choose h2 by ALPN (tls.http2 is \"required\")");
-        return;
-    }
-    memo_h1(c->h, c->key);
-    c->fell_back = true;
-    for (struct h2up_stream *s = c->streams; s; s = s->next)
-        h2up_end_stream(s, H2UP_FALLBACK, 0); /* none went out: flush() waits for open */
-    h2c_fail(c);
-}
-
-static void connected(struct conn *c)
-{
-    int err = 0;
-    socklen_t len = sizeof(err);
-    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
+    } else {
+        memo_h1(c->h, c->key);
+        c->fell_back = true;
+        for (struct h2up_stream *s = c->streams; s; s = s->next)
+            h2up_end_stream(s, H2UP_FALLBACK, 0); /* none went out: flush() waits for open */
         h2c_fail(c);
-        return;
-    }
-    c->tcp = true;
-    if (!c->tconf.name) {
-        opened(c);
-        return;
-    }
-    if (!(c->tls =
-              tls_new(&c->h->tls, c->fd, &c->tconf, c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2))) {
-        tls_failed(c, "cannot set up TLS (out of memory, or a file of tls does not load)");
-        return;
-    }
-    handshake(c);
-}
-
-static void on_io(struct loop_watch *w, uint32_t events)
-{
-    struct conn *c = w->arg;
-    if (!c->tcp) {
-        if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
-            connected(c);
-    } else if (!c->open) {
-        handshake(c);
-    } else if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
-        conn_read(c);
     }
     flush(c);
     h2c_settle(c);
 }
 
-/* The connect timeout (TCP and TLS), or the idle one. */
+/* Not connected (proxy/connect.c logged a TLS failure). */
+static void on_failed(void *arg, const char *why)
+{
+    struct conn *c = arg;
+    (void)why;
+    h2c_fail(c);
+    h2c_settle(c);
+}
+
+static void on_io(void *arg, uint32_t events)
+{
+    struct conn *c = arg;
+    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+        conn_read(c);
+    flush(c);
+    h2c_settle(c);
+}
+
+static const struct connector_ops conn_ops = { .up = on_up, .failed = on_failed, .io = on_io };
+
+/* The idle timeout. */
 static void on_timer(struct loop_timer *t)
 {
     struct conn *c = t->arg;
@@ -324,8 +243,6 @@ static void on_timer(struct loop_timer *t)
 static void on_kick(struct loop_timer *t)
 {
     struct conn *c = t->arg;
-    if (c->open && c->tls && tls_pending(c->tls))
-        conn_read(c);
     flush(c);
     h2c_settle(c);
 }
@@ -389,17 +306,12 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
     if (!c)
         return NULL;
     c->h = h;
-    c->fd = -1;
-    c->w.fd = -1; /* no watch until the socket has one */
+    connector_init(&c->k);
     nghttp2_session_callbacks *cb = h2up_callbacks();
     nghttp2_option *opt = NULL;
     if (!cb || nghttp2_option_new(&opt) != 0 || !(c->key = strdup(o->key)))
         goto fail;
-    if (o->tls) { /* an https origin: TLS first, ALPN must choose h2 */
-        c->h1_too = o->h1_too;
-        if (tls_conf_copy(&c->tconf, &o->tls_conf) < 0)
-            goto fail;
-    }
+    c->h1_too = o->tls && o->h1_too; /* an https origin: TLS first, ALPN must choose h2 */
     /* Only a stream's own window closes while its owner is paused (on_data). */
     nghttp2_option_set_no_auto_window_update(opt, 1);
     nghttp2_option_set_peer_max_concurrent_streams(opt, H2UP_MAX_STREAMS);
@@ -414,17 +326,9 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
     if (nghttp2_submit_settings(c->s, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0])) != 0 ||
         nghttp2_session_set_local_window_size(c->s, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW) != 0)
         goto fail;
-    c->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (c->fd < 0)
+    if (connector_start(&c->k, h->loop, &h->tls, o, c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2,
+                        timeout_ms, &conn_ops, c) < 0)
         goto fail;
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(c->fd, (const struct sockaddr *)&o->addr, o->addr_len) < 0 && errno != EINPROGRESS)
-        goto fail;
-    if (loop_watch_add(h->loop, &c->w, c->fd, EPOLLOUT, on_io, c) < 0)
-        goto fail;
-    loop_timer_start(h->loop, &c->timer, loop_now(h->loop) + (timeout_ms ? timeout_ms : 1),
-                     on_timer, c);
     nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cb);
     DLIST_PUSH(h->conns, c);
@@ -433,14 +337,11 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
         count(&h->counts->open, 1);
     return c;
 fail:
-    if (c->fd >= 0)
-        close(c->fd);
     nghttp2_session_del(c->s);
     nghttp2_option_del(opt);
     if (cb)
         nghttp2_session_callbacks_del(cb);
     free(c->key);
-    tls_conf_clear(&c->tconf);
     free(c);
     return NULL;
 }

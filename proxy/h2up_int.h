@@ -1,6 +1,6 @@
 /* h2up_int -- what the two halves of proxy/h2up.h share: proxy/h2up.c (streams, the session's
- * callbacks, the API) and proxy/h2up_conn.c (connections: sockets, TLS, timers). Private to
- * them. */
+ * callbacks, the API) and proxy/h2up_conn.c (connections: their sessions over proxy/connect.h,
+ * timers). Private to them. */
 #ifndef RETRYPROXY_PROXY_H2UP_INT_H
 #define RETRYPROXY_PROXY_H2UP_INT_H
 
@@ -11,11 +11,10 @@
 
 #include <nghttp2/nghttp2.h>
 
+#include "proxy/connect.h"
 #include "proxy/h2up.h"
-#include "proxy/tls.h"
 
 struct origin;
-struct tls;
 struct tls_ctxs;
 
 /* A growable byte buffer. */
@@ -53,20 +52,16 @@ struct conn {
     struct conn *prev, *next;
     struct h2up *h;
     char *key;
-    int fd;
-    struct loop_watch w;
-    struct loop_timer timer; /* the connect timeout, then the idle timeout */
+    struct connector k;      /* the socket and TLS (proxy/connect.h) */
+    struct loop_timer timer; /* the idle timeout */
     struct loop_timer kick;  /* work submitted from outside an event of this connection */
     nghttp2_session *s;
     struct h2up_stream *streams; /* every stream not yet freed */
     size_t nstreams;
-    struct bytes out;      /* serialized frames the socket did not take yet */
-    struct tls *tls;       /* an https origin's, once TCP connected */
-    struct tls_conf tconf; /* an https origin's (proxy/tls.h); its name NULL: h2c */
-    bool h1_too;           /* http/1.1 is offered too: a server that chooses it is H2UP_FALLBACK */
-    bool tcp;              /* the TCP connection is made */
-    bool open;             /* ... and carries HTTP/2 (TLS done, h2 chosen) */
-    bool fell_back;        /* the server chose http/1.1 */
+    struct bytes out; /* serialized frames the socket did not take yet */
+    bool h1_too;      /* http/1.1 is offered too: a server that chooses it is H2UP_FALLBACK */
+    bool open;        /* connected, and carries HTTP/2 (TLS done, h2 chosen) */
+    bool fell_back;   /* the server chose http/1.1 */
     bool goaway, dead;
 };
 
@@ -80,7 +75,6 @@ struct h2up {
     size_t nconns;
     struct tls_ctxs *tls;       /* proxy/tls.h, made when first needed */
     struct h2up_counts *counts; /* NULL: none kept */
-    uint64_t tls_logged;        /* when a TLS failure was last logged */
     struct {
         char *key; /* an origin's key; NULL: a free slot */
         uint64_t until;

@@ -1,35 +1,32 @@
 /* tunnel_up -- an upgrade's attempt on its own connection (proxy/tunnel_up.h).
  *
- *   CONNECTING --> TLS (https) --> SENDING --> HEAD --101 taken over--> handed to the tunnel
- *                                                |
- *                                                +--another final status--> BODY --> done
+ *   CONNECTING (and TLS) --> SENDING --> HEAD --101 taken over--> handed to the tunnel
+ *                                          |
+ *                                          +--another final status--> BODY --> done
  *
  * Every failure before a byte of the request went is UNSENT (a connect failure to the retry
- * policy); after it, BROKEN (a reset). The connect timeout bounds CONNECTING and TLS; the
- * owner's timers bound the rest.
+ * policy); after it, BROKEN (a reset). CONNECTING is proxy/connect.h's, within the connect
+ * timeout; the owner's timers bound the rest.
  */
 #include "proxy/tunnel_up.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
+#include "proxy/connect.h"
 #include "proxy/headers.h"
 #include "proxy/loop.h"
 #include "proxy/origin.h"
 #include "proxy/ring.h"
-#include "proxy/tls.h"
 
 /* The most of a response head (and what is read past it) held at once. */
 #define IN_MAX (64 * 1024)
 /* A chunk-size line longer than this is malformed (its extensions are not read). */
 #define CHUNK_LINE_MAX 1024
 
-enum tu_state { TU_CONNECTING, TU_TLS, TU_SENDING, TU_HEAD, TU_BODY, TU_HANDED };
+enum tu_state { TU_CONNECTING, TU_SENDING, TU_HEAD, TU_BODY, TU_HANDED };
 enum tu_framing { TF_NONE, TF_LENGTH, TF_CHUNKED, TF_CLOSE };
 enum tu_chunk { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER };
 
@@ -38,13 +35,8 @@ struct tunnel_up {
     const struct tunnel_up_ops *ops;
     void *arg;
     enum tu_state state;
-    int fd;
-    struct tls *tls;
-    struct tls_ctxs **ctxs;
-    struct tls_conf tconf; /* an https origin's; its name NULL: cleartext */
-    struct loop_watch w;
-    struct loop_timer timer;
-    char *out; /* the request head */
+    struct connector k; /* the socket and TLS (proxy/connect.h) */
+    char *out;          /* the request head */
     size_t out_len, out_off;
     uint64_t *bytes_sent;
     struct ring in;
@@ -59,47 +51,14 @@ struct tunnel_up {
     uint64_t left; /* TF_LENGTH, CH_DATA: bytes of the body (chunk) still to come */
 };
 
-static void on_io(struct loop_watch *w, uint32_t events);
-static void step(struct tunnel_up *u);
-
-static bool again(void)
-{
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-}
-
-static ssize_t up_send(struct tunnel_up *u, const void *p, size_t n)
-{
-    return u->tls ? tls_send(u->tls, p, n) : send(u->fd, p, n, MSG_NOSIGNAL);
-}
-
-static ssize_t up_recv(struct tunnel_up *u, void *p, size_t n)
-{
-    return u->tls ? tls_recv(u->tls, p, n) : recv(u->fd, p, n, 0);
-}
-
 /* ---- life and death ---- */
-
-static void release(struct tunnel_up *u, bool close_fd)
-{
-    loop_watch_del(u->loop, &u->w);
-    loop_timer_stop(u->loop, &u->timer);
-    if (close_fd) {
-        tls_free(u->tls);
-        u->tls = NULL;
-        if (u->fd >= 0)
-            close(u->fd);
-        u->fd = -1;
-    }
-    free(u->out);
-    u->out = NULL;
-    tls_conf_clear(&u->tconf);
-}
 
 void tunnel_up_free(struct tunnel_up *u)
 {
     if (!u)
         return;
-    release(u, true);
+    connector_close(&u->k);
+    free(u->out);
     ring_free(&u->in);
     loop_defer_free(u->loop, u); /* its watch may have an event pending in this turn */
 }
@@ -118,13 +77,6 @@ static void finish(struct tunnel_up *u, enum tunnel_up_end end)
         end = TUNNEL_UP_UNSENT;
     tunnel_up_free(u);
     ops->done(arg, end);
-}
-
-static int watch_for(struct tunnel_up *u, uint32_t ev)
-{
-    if (u->w.events == ev)
-        return 0;
-    return loop_watch_mod(u->loop, &u->w, ev);
 }
 
 /* ---- the request ---- */
@@ -252,8 +204,7 @@ static bool head_line(struct tunnel_up *u, const char *b, size_t len)
         /* the 101 was taken: the rest of the buffer is the tunnel's */
         const struct tunnel_up_ops *ops = u->ops;
         void *arg = u->arg;
-        loop_watch_del(u->loop, &u->w);
-        loop_timer_stop(u->loop, &u->timer);
+        connector_unwatch(&u->k);
         ops->done(arg, TUNNEL_UP_COMPLETE);
         return false;
     }
@@ -419,8 +370,8 @@ static void read_some(struct tunnel_up *u)
     for (int i = 0; i < 16 && !u->eof && !u->paused && ring_space(&u->in); i++) {
         char buf[16 * 1024];
         size_t room = ring_space(&u->in) < sizeof(buf) ? ring_space(&u->in) : sizeof(buf);
-        ssize_t n = up_recv(u, buf, room);
-        if (n < 0 && again())
+        ssize_t n = connector_recv(&u->k, buf, room);
+        if (n < 0 && connector_again())
             break;
         if (n < 0) {
             finish(u, TUNNEL_UP_BROKEN);
@@ -437,7 +388,7 @@ static void read_some(struct tunnel_up *u)
     }
     if (!consume(u))
         return;
-    if (watch_for(u, u->paused || u->eof ? 0 : EPOLLIN) < 0)
+    if (connector_watch(&u->k, u->paused || u->eof ? 0 : EPOLLIN) < 0)
         finish(u, TUNNEL_UP_BROKEN);
 }
 
@@ -454,9 +405,9 @@ void tunnel_up_resume(struct tunnel_up *u)
 static void send_head(struct tunnel_up *u)
 {
     while (u->out_off < u->out_len) {
-        ssize_t n = up_send(u, u->out + u->out_off, u->out_len - u->out_off);
-        if (n < 0 && again()) {
-            if (watch_for(u, EPOLLOUT) < 0)
+        ssize_t n = connector_send(&u->k, u->out + u->out_off, u->out_len - u->out_off);
+        if (n < 0 && connector_again()) {
+            if (connector_watch(&u->k, EPOLLOUT) < 0)
                 finish(u, TUNNEL_UP_BROKEN);
             return;
         }
@@ -475,59 +426,26 @@ static void send_head(struct tunnel_up *u)
     read_some(u);
 }
 
-static void handshake(struct tunnel_up *u)
+static void on_up(void *arg, bool h2)
 {
-    switch (tls_handshake(u->tls)) {
-    case TLS_WANT_READ:
-        if (watch_for(u, EPOLLIN) < 0)
-            finish(u, TUNNEL_UP_UNSENT);
-        return;
-    case TLS_WANT_WRITE:
-        if (watch_for(u, EPOLLOUT) < 0)
-            finish(u, TUNNEL_UP_UNSENT);
-        return;
-    case TLS_FAILED:
-        finish(u, TUNNEL_UP_UNSENT);
-        return;
-    case TLS_DONE:
-        break;
-    }
-    loop_timer_stop(u->loop, &u->timer);
+    struct tunnel_up *u = arg;
+    (void)h2; /* http/1.1 was the only offer */
     u->state = TU_SENDING;
     send_head(u);
 }
 
-static void connected(struct tunnel_up *u)
+/* Not connected (proxy/connect.c logged a TLS failure). */
+static void on_failed(void *arg, const char *why)
 {
-    int err = 0;
-    socklen_t len = sizeof(err);
-    if (getsockopt(u->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
-        finish(u, TUNNEL_UP_UNSENT);
-        return;
-    }
-    if (!u->tconf.name) {
-        loop_timer_stop(u->loop, &u->timer);
-        u->state = TU_SENDING;
-        send_head(u);
-        return;
-    }
-    if (!(u->tls = tls_new(u->ctxs, u->fd, &u->tconf, TLS_ALPN_H1))) {
-        finish(u, TUNNEL_UP_UNSENT);
-        return;
-    }
-    u->state = TU_TLS;
-    handshake(u);
+    (void)why;
+    finish(arg, TUNNEL_UP_UNSENT);
 }
 
-static void step(struct tunnel_up *u)
+static void on_io(void *arg, uint32_t events)
 {
+    struct tunnel_up *u = arg;
+    (void)events;
     switch (u->state) {
-    case TU_CONNECTING:
-        connected(u);
-        break;
-    case TU_TLS:
-        handshake(u);
-        break;
     case TU_SENDING:
         send_head(u);
         break;
@@ -535,21 +453,13 @@ static void step(struct tunnel_up *u)
     case TU_BODY:
         read_some(u);
         break;
+    case TU_CONNECTING:
     case TU_HANDED:
         break;
     }
 }
 
-static void on_io(struct loop_watch *w, uint32_t events)
-{
-    (void)events;
-    step(w->arg);
-}
-
-static void on_connect_timeout(struct loop_timer *t)
-{
-    finish(t->arg, TUNNEL_UP_UNSENT);
-}
+static const struct connector_ops tu_ops = { .up = on_up, .failed = on_failed, .io = on_io };
 
 struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
                                   const struct tunnel_up_req *req, const struct tunnel_up_ops *ops,
@@ -564,29 +474,17 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     u->loop = l;
     u->ops = ops;
     u->arg = arg;
-    u->ctxs = tls;
-    u->fd = -1;
-    u->w.fd = -1; /* no watch yet: a failure before it must not delete fd 0 from the loop */
+    connector_init(&u->k);
     u->no_body = req->no_body;
     u->bytes_sent = req->bytes_sent;
     u->in.max = IN_MAX;
-    if (!build_head(u, req) || (o->tls && tls_conf_copy(&u->tconf, &o->tls_conf) < 0))
-        goto fail;
-    u->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (u->fd < 0)
-        goto fail;
-    if (connect(u->fd, (const struct sockaddr *)&o->addr, o->addr_len) < 0 && errno != EINPROGRESS)
-        goto fail;
-    if (loop_watch_add(l, &u->w, u->fd, EPOLLOUT, on_io, u) < 0)
-        goto fail;
-    if (req->connect_timeout_ms)
-        loop_timer_start(l, &u->timer, loop_now(l) + req->connect_timeout_ms, on_connect_timeout,
-                         u);
+    if (!build_head(u, req) ||
+        connector_start(&u->k, l, tls, o, TLS_ALPN_H1, req->connect_timeout_ms, &tu_ops, u) < 0) {
+        free(u->out);
+        free(u);
+        return NULL;
+    }
     return u;
-fail:
-    release(u, true);
-    free(u);
-    return NULL;
 }
 
 /* ---- the handover ---- */
@@ -598,12 +496,12 @@ void tunnel_up_handover(struct tunnel_up *u)
 
 int tunnel_up_fd(const struct tunnel_up *u)
 {
-    return u->fd;
+    return u->k.fd;
 }
 
 struct tls *tunnel_up_tls(const struct tunnel_up *u)
 {
-    return u->tls;
+    return u->k.tls;
 }
 
 const char *tunnel_up_rest(const struct tunnel_up *u, size_t *len)

@@ -1,7 +1,7 @@
 /* tunnel_up -- the upstream side of an upgrade's attempt (docs/upgrades.md): libcurl cannot
  * carry an HTTP/1.1 upgrade (Debian 12's 7.88 waits on for a final response after a 101), so
- * this connects by itself in the worker's loop, as proxy/h2up_conn.c does: a non-blocking
- * connect, TLS offering only "http/1.1" by ALPN for an https origin (proxy/tls.h), the request
+ * this connects by itself in the worker's loop through proxy/connect.h, as the HTTP/2 sessions
+ * do: TLS offering only "http/1.1" by ALPN for an https origin (proxy/tls.h), the request
  * head written from proxy/head.c's list with Connection and Upgrade put back, and the response
  * head handed to the owner line by line for its strict checks (proxy/attempt.c's, the ones
  * every response head passes).

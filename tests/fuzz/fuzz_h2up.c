@@ -13,7 +13,8 @@
  *   - everything is freed (ASan finds no leak or bad access), and no connection is counted open
  *     once the pool is gone.
  */
-/* fuzz-link: proxy/h2up.c proxy/h2up_conn.c proxy/loop.c proxy/hlist.c proxy/tls.c */
+/* fuzz-link: proxy/h2up.c proxy/h2up_conn.c proxy/connect.c proxy/loop.c proxy/hlist.c */
+/* fuzz-link: proxy/tls.c */
 /* fuzz-link: proxy/log.c proxy/origin.c */
 #define FUZZ_NAME "fuzz_h2up"
 #include <errno.h>

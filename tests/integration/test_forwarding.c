@@ -980,21 +980,8 @@ Test(forwarding, sequential_requests_reuse_one_upstream_connection)
         cr_expect_eq(tup_get(up, i)->conn_index, i + 1, "request %zu", i);
 }
 
-/* A bare upstream in the test itself, for what tup does not do: close an idle kept-alive
- * connection on its own (as servers do when their keep-alive timeout ends). */
-static int bare_listen(uint16_t *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    cr_assert_geq(fd, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET };
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sa);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    cr_assert_eq(listen(fd, 8), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-    *port = ntohs(sa.sin_port);
-    return fd;
-}
+/* A bare upstream in the test itself (on fx_listen), for what tup does not do: close an idle
+ * kept-alive connection on its own (as servers do when their keep-alive timeout ends). */
 
 /* Accepts one connection (within 10 s), reads one request head and answers 200 "ok",
  * keeping the connection open; returns it. */
@@ -1027,7 +1014,7 @@ static int bare_answer(int lfd)
 Test(forwarding, idle_upstream_connection_closed_by_the_upstream_costs_nothing)
 {
     uint16_t port;
-    int lfd = bare_listen(&port);
+    int lfd = fx_listen(&port);
     char url[128];
     struct cfgb *cb = cfgb_new();
     cfgb_route(cb, "r", "\"upstreams\": [\"http://127.0.0.1:%u\"]", port);

@@ -245,6 +245,16 @@ Test(h2_tls, untrusted_or_misnamed_certificates_are_connect_failures)
     cr_expect_eq(h2u_count(srv, "path", "/base/x"), 0);
     cr_expect_eq(count_events("http1", "path", "/base/x"), 0);
     cr_expect_eq(fx_metric("retryproxy_upstream_h2_connections_total{result=\"failed\"}"), 1);
+    /* logged as a tunnel's is (proxy/connect.c): the upstream, the name, OpenSSL's reason */
+    char authority[32];
+    snprintf(authority, sizeof(authority), "127.0.0.1:%u", h2u_port(srv));
+    json_t *line =
+        fx_logged("upstream TLS failed; its requests were not sent", "upstream", authority);
+    cr_expect_not_null(line, "no TLS failure logged for %s", authority);
+    cr_expect_str_eq(json_str(line, "host"), "127.0.0.1");
+    const char *error = json_str(line, "error");
+    cr_expect(error && strstr(error, "certificate verify failed"), "error: %s", error);
+    json_decref(line);
     fx_stop();
     h2u_stop_all();
     /* trusted, but made out to elsewhere.test, not 127.0.0.1 */

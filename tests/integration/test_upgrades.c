@@ -216,6 +216,35 @@ Test(upgrades, an_https_upstream_gets_the_client_certificate_and_server_name)
     fx_sh(cmd);
 }
 
+/* A tunnel's TLS handshake that fails (a certificate no store trusts) is a connect failure,
+ * logged as the HTTP/2 side logs one (proxy/connect.c): the upstream, the name verified and
+ * OpenSSL's reason. */
+Test(upgrades, a_failed_tls_handshake_is_logged_naming_the_upstream_and_the_reason)
+{
+    char dir[] = "/tmp/retryproxy-wsbad-XXXXXX", cert[64], key[64], authority[32], buf[4096];
+    cr_assert_not_null(mkdtemp(dir));
+    fx_make_cert(dir, "up", "IP:127.0.0.1");
+    snprintf(cert, sizeof(cert), "%s/up.pem", dir);
+    snprintf(key, sizeof(key), "%s/up.key", dir);
+    struct wsu *u = wsu_start_tls(cert, key);
+    start_ws(u, "\"max_attempts\": 1", ""); /* no ca_file: the system's store */
+    ask(HANDSHAKE("/bad", ""), strlen(HANDSHAKE("/bad", "")), buf, sizeof(buf));
+    cr_expect(!strncmp(buf, "HTTP/1.1 502", 12), "got:\n%s", buf);
+    snprintf(authority, sizeof(authority), "127.0.0.1:%u", wsu_port(u));
+    json_t *line =
+        fx_logged("upstream TLS failed; its requests were not sent", "upstream", authority);
+    cr_expect_not_null(line, "no TLS failure logged for %s", authority);
+    cr_expect_str_eq(json_str(line, "level"), "warn");
+    cr_expect_str_eq(json_str(line, "host"), "127.0.0.1");
+    const char *error = json_str(line, "error");
+    cr_expect(error && strstr(error, "certificate verify failed"), "error: %s", error);
+    json_decref(line);
+    cr_expect_eq(wsu_count(u, "handshake", "/bad"), 0);
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    fx_sh(cmd);
+}
+
 /* The route's timeout_ms bounds the handshake, limits.connection_timeout_ms an idle HTTP
  * connection: neither ends a tunnel (limits.tunnel_idle_timeout_ms does). */
 Test(upgrades, a_tunnel_outlives_timeout_ms_and_connection_timeout_ms)

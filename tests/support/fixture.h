@@ -88,6 +88,8 @@ bool fx_under_asan(void);
 bool fx_under_sanitizer(void);
 /* A 127.0.0.1 port nothing listens on (bound, then closed). */
 uint16_t fx_closed_port(void);
+/* A listening socket on 127.0.0.1 (blocking), its port in *port: a bare peer of the test's. */
+int fx_listen(uint16_t *port);
 /* A config of route "r" whose upstreams are fx_closed_port() and then upstream 0 (started if
  * need be), with max_attempts 2 and CFG_FAST: a connect failure, then its retry. */
 struct cfgb *fx_cfg_closed_then_up(void);
