@@ -7,6 +7,7 @@
 
 #include <curl/curl.h>
 
+#include "proxy/h1resp.h"
 #include "proxy/head.h"
 #include "proxy/headers.h"
 #include "proxy/origin.h"
@@ -43,7 +44,6 @@ bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
     a->unprocessed = false;
     a->status = 0;
     a->bad_head = false;
-    a->head_done = false;
     a->upload_paused = a->body_paused = false;
     hlist_clear(&a->head);
     hlist_clear(&a->trailers);
@@ -67,98 +67,18 @@ static bool status_ok(int status)
     return status >= 100 && status <= 599;
 }
 
-/* The status line: "HTTP/x.y NNN ...". */
-static size_t status_line(struct attempt *a, const char *b, size_t len)
-{
-    const char *sp = memchr(b, ' ', len);
-    if (!sp || (size_t)(sp - b) + 4 > len || sp[1] < '0' || sp[1] > '9' || sp[2] < '0' ||
-        sp[2] > '9' || sp[3] < '0' || sp[3] > '9')
-        return 0; /* not an HTTP status line: abort, seen as a reset */
-    int status = (sp[1] - '0') * 100 + (sp[2] - '0') * 10 + (sp[3] - '0');
-    if (!status_ok(status))
-        return 0;
-    a->status = status;
-    hlist_clear(&a->head);
-    return len;
-}
-
-/* A 101 agrees to the upgrade asked for when its Upgrade names that protocol (any case, the
- * version too if the request gave one) and its Connection names "upgrade" (RFC 9110 7.8):
- * anything else is no switch this proxy asked for, a malformed answer. */
-static bool upgrade_agreed(const struct attempt *a)
-{
-    const char *vals[2];
-    size_t lens[2];
-    if (hlist_values(&a->head, "Upgrade", vals, lens, 2) != 1 ||
-        !hlist_connection_names(&a->head, "upgrade"))
-        return false;
-    size_t vl = lens[0];
-    const char *v = hdr_trim(vals[0], &vl);
-    size_t want = strlen(a->upgrade);
-    bool versioned = strchr(a->upgrade, '/') != NULL;
-    if (!versioned && memchr(v, '/', vl))
-        vl = (size_t)((const char *)memchr(v, '/', vl) - v);
-    return vl == want && strncasecmp(v, a->upgrade, want) == 0;
-}
-
-/* The blank line after the fields. An interim 1xx head is dropped: the real one follows. A
- * head whose body cannot be framed (docs/hardening.md#responses) is refused here, before the
- * owner relays a byte of it: two lengths, or a Transfer-Encoding other than one "chunked"
- * unless no body can follow (a response to HEAD, a 204, a 304: RFC 9112 6.3). */
-static size_t head_end(struct attempt *a, size_t len)
-{
-    if (a->status < 200) {
-        if (a->status == 101 && a->tun)
-            return upgrade_agreed(a) ? (a->head_done = true, a->ops->head(a), len) : bad_head(a);
-        a->status = 0; /* interim (a 101 too, to a request that asked for no upgrade) */
-        return len;
-    }
-    bool bodiless = a->no_body || a->status == 204 || a->status == 304;
-    if (!hlist_length_unambiguous(&a->head) || (!bodiless && !hlist_transfer_coding_ok(&a->head)))
-        return bad_head(a);
-    a->head_done = true;
-    a->ops->head(a);
-    return len;
-}
-
-/* "name: value", or an obs-fold continuing the previous value (RFC 9112 5.2: a proxy replaces
- * it by a space before anything reads the value), into the head or, after the body, 'into'
- * the trailers. */
-static size_t field_line(struct attempt *a, struct hlist *into, const char *b, size_t len)
-{
-    size_t end = len;
-    while (end > 0 && (b[end - 1] == '\r' || b[end - 1] == '\n'))
-        end--;
-    bool fold = b[0] == ' ' || b[0] == '\t';
-    const char *colon = fold ? NULL : memchr(b, ':', end);
-    if (!fold && (!colon || !hdr_name_valid_n(b, (size_t)(colon - b))))
-        return bad_head(a); /* not a field line */
-    const char *v = fold ? b : colon + 1;
-    size_t vl = (size_t)(b + end - v);
-    v = hdr_trim(v, &vl);
-    if (!hdr_value_valid_n(v, vl))
-        return bad_head(a);
-    if (fold)
-        return hlist_extend_last(into, v, vl) < 0 ? bad_head(a) : len;
-    if (hlist_add(into, b, (size_t)(colon - b), v, vl) < 0)
-        return 0; /* too many or too large: abort, seen as a reset */
-    return len;
-}
-
+/* A line of the response head, or after the body a trailer field, through proxy/h1resp.h. */
 static size_t on_header(char *b, size_t size, size_t n, void *ud)
 {
     struct attempt *a = ud;
     size_t len = size * n;
-    if (a->head_done) /* trailers, after the body (HTTP/1.1 chunked, HTTP/2) */
-        return len <= 2 && (b[0] == '\r' || b[0] == '\n') ? len
-                                                          : field_line(a, &a->trailers, b, len);
-    if (len >= 5 && memcmp(b, "HTTP/", 5) == 0)
-        return status_line(a, b, len);
-    if (a->status == 0)
-        return bad_head(a); /* a field before any status line */
-    if (len <= 2 && (b[0] == '\r' || b[0] == '\n'))
-        return head_end(a, len);
-    return field_line(a, &a->head, b, len);
+    enum h1resp_step st = h1resp_line(&a->resp, &a->head, &a->trailers, b, len);
+    a->status = a->resp.status;
+    if (st == H1RESP_ABORT)
+        return a->resp.bad ? bad_head(a) : 0;
+    if (st == H1RESP_HEAD)
+        a->ops->head(a);
+    return len;
 }
 
 /* What the owner's callback returned, in curl's terms: ATTEMPT_PAUSE pauses that direction
@@ -274,8 +194,9 @@ static int launch_h1(struct attempt *a, const struct upstream_url *url, const ch
         return -1;
     upstream_easy_url(e, url);
     curl_easy_setopt(e, CURLOPT_REQUEST_TARGET, upstream_target(a, base_path, req->target));
-    a->no_body = strcmp(req->method, "HEAD") == 0;
-    if (a->no_body)
+    bool head = strcmp(req->method, "HEAD") == 0;
+    h1resp_start(&a->resp, NULL, head);
+    if (head)
         curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
     else if (strcmp(req->method, "GET") != 0 || req->body != ATTEMPT_BODY_NONE)
         curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
@@ -322,7 +243,6 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
                    const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
     a->h1.url = NULL;
-    a->upgrade = req->upgrade;
     if (req->upgrade)
         return launch_tun(a, url, upstream_target(a, base_path, req->target), req,
                           connect_timeout_ms);
@@ -406,7 +326,6 @@ static bool h2_head(void *arg, int status)
     if (!status_ok(status))
         return bad_head(a);
     a->status = status;
-    a->head_done = true;
     a->ops->head(a);
     return true;
 }
@@ -527,7 +446,6 @@ static int launch_h2(struct attempt *a, const struct origin *o, const char *targ
                           .trailers = req->trailers };
     if (r.buf == NULL && req->body == ATTEMPT_BODY_BUFFER)
         r.buf = "";
-    a->no_body = strcmp(req->method, "HEAD") == 0;
     a->h2 = h2up_start(h, o, &r, connect_timeout_ms, &h2_ops, a, &a->head, &a->trailers);
     free(authority);
     free(buf);
@@ -539,9 +457,11 @@ static int launch_h2(struct attempt *a, const struct origin *o, const char *targ
 
 /* ---- an upgrade's handshake (proxy/tunnel_up.h) ---- */
 
-static size_t tun_line(void *arg, const char *b, size_t len)
+static void tun_head(void *arg, int status)
 {
-    return on_header((char *)b, 1, len, arg);
+    struct attempt *a = arg;
+    a->status = status;
+    a->ops->head(a);
 }
 
 static size_t tun_body(void *arg, const char *p, size_t n)
@@ -555,6 +475,7 @@ static void tun_done(void *arg, enum tunnel_up_end end)
 {
     struct attempt *a = arg;
     a->sends = end == TUNNEL_UP_UNSENT ? 0 : 1;
+    a->bad_head = end == TUNNEL_UP_BAD_HEAD;
     a->tun = NULL;
     upstream_release_slot(a->up, &a->xfer);
     a->ops->done(a, end == TUNNEL_UP_COMPLETE  ? ATTEMPT_COMPLETE
@@ -562,7 +483,7 @@ static void tun_done(void *arg, enum tunnel_up_end end)
                                                : ATTEMPT_BROKEN);
 }
 
-static const struct tunnel_up_ops tun_ops = { .line = tun_line,
+static const struct tunnel_up_ops tun_ops = { .head = tun_head,
                                               .body = tun_body,
                                               .done = tun_done };
 
@@ -575,9 +496,9 @@ static int launch_tun(struct attempt *a, const struct upstream_url *url, const c
                                .target = target,
                                .headers = req->headers,
                                .upgrade = req->upgrade,
+                               .head = &a->head,
                                .no_body = strcmp(req->method, "HEAD") == 0,
                                .connect_timeout_ms = connect_timeout_ms };
-    a->no_body = r.no_body;
     if (!h || !(a->tun = tunnel_up_start(h2up_loop(h), h2up_tls_ctxs(h), &r, &tun_ops, a)))
         return -1;
     upstream_take_slot(a->up, &a->xfer);

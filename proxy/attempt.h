@@ -1,6 +1,6 @@
-/* attempt -- one upstream attempt of a request: the choice of upstream, the curl transfer's
- * setup, its callbacks (the response head parsed into a header list, body bytes, the upload
- * pulled from the owner), its slot under limits.max_upstream_requests, and its cancel. With
+/* attempt -- one upstream attempt of a request: the curl transfer's setup, its callbacks (the
+ * response head parsed into a header list by proxy/h1resp.h, body bytes, the upload pulled
+ * from the owner), its slot under limits.max_upstream_requests, and its cancel. With
  * upstream.c, the only part that calls libcurl. An h2c upstream's attempt is a stream of
  * proxy/h2up.h instead, reported through the same struct attempt_ops (docs/http2.md).
  *
@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "policy/rng.h"
+#include "proxy/h1resp.h"
 #include "proxy/h2up.h"
 #include "proxy/hlist.h"
 #include "proxy/tunnel_up.h"
@@ -73,12 +74,11 @@ struct attempt {
     void *arg; /* the owner's */
     struct upstream *up;
     struct upstream_xfer xfer;
-    struct h2up_stream *h2;       /* an h2c upstream's running stream, instead of xfer.easy */
-    struct tunnel_up *tun;        /* an upgrade's handshake, instead of xfer.easy */
-    const char *upgrade;          /* ... the token it asks for (the request's, which outlives it) */
-    struct upstream_wait slot;    /* queued for a transfer slot */
-    char *target_buf;             /* the upstream's base path + the target */
-    struct curl_slist host_field; /* put before the request's fields (tls.server_name) */
+    struct h2up_stream *h2;           /* an h2c upstream's running stream, instead of xfer.easy */
+    struct tunnel_up *tun;            /* an upgrade's handshake, instead of xfer.easy */
+    struct upstream_wait slot;        /* queued for a transfer slot */
+    char *target_buf;                 /* the upstream's base path + the target */
+    struct curl_slist host_field;     /* put before the request's fields (tls.server_name) */
     const struct hlist *req_trailers; /* attempt_req.trailers, for a chunked upload */
     const char *up_buf;               /* a buffered body going chunked: what is left of it */
     size_t up_len;
@@ -86,10 +86,9 @@ struct attempt {
     int status;            /* the response's, once its status line came */
     struct hlist head;     /* the response's header fields */
     struct hlist trailers; /* and its trailer fields, once the body is complete */
-    bool head_done;        /* the head was reported: later field lines are trailers */
+    struct h1resp resp;    /* libcurl's response head, parsed (proxy/h1resp.h) */
     bool bad_head;         /* the response head was malformed or ambiguous */
     bool unprocessed;      /* the upstream refused it unprocessed (HTTP/2 REFUSED_STREAM, GOAWAY) */
-    bool no_body;          /* a HEAD request: no response body follows, whatever its head */
     bool upload_paused, body_paused;
     /* An https attempt tried in HTTP/2 first: what it needs to go through libcurl instead if
      * the server chooses http/1.1 by ALPN (H2UP_FALLBACK; the request outlives the attempt). */

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "proxy/h1resp.h"
 #include "proxy/headers.h"
 #include "proxy/loop.h"
 #include "proxy/origin.h"
@@ -48,13 +49,10 @@ struct tunnel_up {
     size_t out_len, out_off;
     uint64_t *bytes_sent;
     struct ring in;
-    int status;       /* of the head being read */
-    bool head_start;  /* the next line is a status line */
-    bool no_body;     /* a HEAD request */
-    bool paused, eof; /* the owner has no room; the upstream closed */
+    struct h1resp resp; /* the response head's parser */
+    struct hlist *head; /* ... and its fields (the owner's) */
+    bool paused, eof;   /* the owner has no room; the upstream closed */
     enum tu_framing framing;
-    bool chunked_seen; /* Transfer-Encoding in the head (the owner's checks made it "chunked") */
-    int64_t length;    /* Content-Length in the head, -1: none */
     enum tu_chunk chunk;
     uint64_t left; /* TF_LENGTH, CH_DATA: bytes of the body (chunk) still to come */
 };
@@ -191,33 +189,21 @@ bool tunnel_up_sent(const struct tunnel_up *u)
 
 /* ---- the response ---- */
 
-/* Case-insensitive "Name:" at the start of a field line; its trimmed value in *v, *vl. */
-static bool field_is(const char *b, size_t len, const char *name, const char **v, size_t *vl)
-{
-    size_t nl = strlen(name);
-    if (len <= nl || b[nl] != ':' || strncasecmp(b, name, nl) != 0)
-        return false;
-    size_t n = len - nl - 1;
-    while (n && (b[nl + n] == '\r' || b[nl + n] == '\n'))
-        n--;
-    *vl = n;
-    *v = hdr_trim(b + nl + 1, vl);
-    return true;
-}
-
-/* What a final head says of its body: none, chunked, a length, or to the close (the owner's
- * checks refused every ambiguous head before the empty line). */
+/* What a final head says of its body: none, chunked, a length, or to the close (the parser
+ * refused every ambiguous head: one length at most, "chunked" the only transfer coding). */
 static void frame(struct tunnel_up *u)
 {
-    if (u->no_body || u->status == 204 || u->status == 304)
+    int status = u->resp.status;
+    int64_t length = hlist_content_length(u->head);
+    if (u->resp.no_body || status == 204 || status == 304)
         u->framing = TF_NONE;
-    else if (u->chunked_seen)
+    else if (hlist_get(u->head, "Transfer-Encoding"))
         u->framing = TF_CHUNKED;
-    else if (u->length >= 0)
-        u->framing = u->length ? TF_LENGTH : TF_NONE;
+    else if (length >= 0)
+        u->framing = length ? TF_LENGTH : TF_NONE;
     else
         u->framing = TF_CLOSE;
-    u->left = u->length > 0 ? (uint64_t)u->length : 0;
+    u->left = length > 0 ? (uint64_t)length : 0;
     u->chunk = CH_SIZE;
 }
 
@@ -225,29 +211,15 @@ static void frame(struct tunnel_up *u)
  * over (finished, or handed over). */
 static bool head_line(struct tunnel_up *u, const char *b, size_t len)
 {
-    if (u->head_start) {
-        u->head_start = false;
-        u->chunked_seen = false;
-        u->length = -1;
-        /* "HTTP/1.x NNN": the owner checks the line; the number is wanted here too */
-        const char *sp = memchr(b, ' ', len);
-        u->status = sp && (size_t)(sp - b) + 4 <= len ? (int)strtol(sp + 1, NULL, 10) : 0;
-    } else {
-        const char *v;
-        size_t vl;
-        if (field_is(b, len, "Transfer-Encoding", &v, &vl))
-            u->chunked_seen = true;
-        else if (field_is(b, len, "Content-Length", &v, &vl))
-            u->length = hdr_value_uint(v, vl);
-    }
-    bool blank = b[0] == '\r' || b[0] == '\n';
-    if (u->ops->line(u->arg, b, len) == 0) {
-        finish(u, TUNNEL_UP_BROKEN);
+    enum h1resp_step st = h1resp_line(&u->resp, u->head, u->head, b, len);
+    if (st == H1RESP_ABORT) {
+        finish(u, u->resp.bad ? TUNNEL_UP_BAD_HEAD : TUNNEL_UP_BROKEN);
         return false;
     }
     ring_drop(&u->in, len);
-    if (!blank)
-        return true;
+    if (st == H1RESP_MORE)
+        return true; /* a line of the head, or the end of an interim one */
+    u->ops->head(u->arg, u->resp.status);
     if (u->state == TU_HANDED) {
         /* the 101 was taken: the rest of the buffer is the tunnel's */
         const struct tunnel_up_ops *ops = u->ops;
@@ -257,13 +229,10 @@ static bool head_line(struct tunnel_up *u, const char *b, size_t len)
         ops->done(arg, TUNNEL_UP_COMPLETE);
         return false;
     }
-    if (u->status == 101 || u->status < 100) {
+    if (u->resp.status == 101) {
         finish(u, TUNNEL_UP_BROKEN); /* a 101 the owner did not take */
         return false;
     }
-    u->head_start = true;
-    if (u->status < 200)
-        return true; /* interim: the real head follows */
     frame(u);
     u->state = TU_BODY;
     return true;
@@ -471,7 +440,6 @@ static void send_head(struct tunnel_up *u)
     free(u->out);
     u->out = NULL;
     u->state = TU_HEAD;
-    u->head_start = true;
     read_some(u);
 }
 
@@ -567,7 +535,8 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     u->ctxs = tls;
     u->fd = -1;
     u->w.fd = -1; /* no watch yet: a failure before it must not delete fd 0 from the loop */
-    u->no_body = req->no_body;
+    h1resp_start(&u->resp, req->upgrade, req->no_body);
+    u->head = req->head;
     u->bytes_sent = req->bytes_sent;
     u->in.max = IN_MAX;
     if (!build_head(u, req) || (o->tls && tls_conf_copy(&u->tconf, &o->tls_conf) < 0))

@@ -80,7 +80,7 @@ bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
     (void)conn;
     a->sends = 0;
     a->status = 0;
-    a->head_done = a->bad_head = false;
+    a->bad_head = false;
     hlist_clear(&a->head);
     hlist_clear(&a->trailers);
     return false;
@@ -359,7 +359,6 @@ static void launch_answers(unsigned k, int status, const char *retry_after)
     a->status = status;
     if (retry_after)
         hlist_add(&a->head, "Retry-After", 11, retry_after, strlen(retry_after));
-    a->head_done = true;
     a->ops->head(a);
     if (!up.running[k])
         return; /* the state machine let go of it */
@@ -589,7 +588,6 @@ static void launch_head(unsigned k, int status)
     struct attempt *a = up.launched[k];
     a->sends = 1;
     a->status = status;
-    a->head_done = true;
     a->ops->head(a);
 }
 
