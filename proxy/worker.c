@@ -8,6 +8,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "proxy/upstream.h"
+
 /* This worker's share of limits.max_upstream_requests, and how it is shared out. */
 static void set_upstream_cap(struct worker *w)
 {

@@ -4,7 +4,8 @@
 #include <curl/curl.h>
 #include <string.h>
 
-#include "proxy/attempt.h"
+#include "proxy/attempt_int.h"
+#include "proxy/h2up.h"
 
 /* The values point into the list: each test's lists are freed by its .fini. */
 static struct curl_slist *lists[4];

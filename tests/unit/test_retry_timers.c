@@ -10,6 +10,7 @@
  * of the clock.
  */
 #include <criterion/criterion.h>
+#include <curl/curl.h> /* the request fields each launch sends (proxy/head.h) */
 
 #include <math.h>
 #include <stdio.h>
@@ -62,8 +63,8 @@ static uint64_t fake_clock(void *arg)
 
 void attempt_init(struct attempt *a, struct upstream *u, const struct attempt_ops *ops, void *arg)
 {
+    (void)u;
     memset(a, 0, sizeof(*a));
-    a->up = u;
     a->ops = ops;
     a->arg = arg;
 }
@@ -78,7 +79,7 @@ bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
 {
     (void)origin;
     (void)conn;
-    a->sends = 0;
+    a->sent = false;
     a->status = 0;
     a->bad_head = false;
     hlist_clear(&a->head);
@@ -99,7 +100,6 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
     up.running[up.launches] = true;
     up.launched_at[up.launches++] = now_ms;
     up.a = a;
-    a->xfer.easy = (CURL *)a; /* running */
     return 0;
 }
 
@@ -113,12 +113,19 @@ static unsigned launch_of(const struct attempt *a)
     return 0;
 }
 
+bool attempt_running(const struct attempt *a)
+{
+    for (unsigned i = up.launches; i-- > 0;)
+        if (up.launched[i] == a && up.running[i])
+            return true;
+    return false;
+}
+
 bool attempt_cancel(struct attempt *a)
 {
-    if (!a->xfer.easy)
+    if (!attempt_running(a))
         return false;
     up.running[launch_of(a)] = false;
-    a->xfer.easy = NULL;
     up.cancels++;
     return true;
 }
@@ -345,8 +352,7 @@ static void launch_fails(unsigned k, bool sent)
 {
     cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
     struct attempt *a = up.launched[k];
-    a->sends = sent;
-    a->xfer.easy = NULL;
+    a->sent = sent;
     up.running[k] = false;
     a->ops->done(a, ATTEMPT_BROKEN);
 }
@@ -355,14 +361,13 @@ static void launch_answers(unsigned k, int status, const char *retry_after)
 {
     cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
     struct attempt *a = up.launched[k];
-    a->sends = 1;
+    a->sent = true;
     a->status = status;
     if (retry_after)
         hlist_add(&a->head, "Retry-After", 11, retry_after, strlen(retry_after));
     a->ops->head(a);
     if (!up.running[k])
         return; /* the state machine let go of it */
-    a->xfer.easy = NULL;
     up.running[k] = false;
     a->ops->done(a, ATTEMPT_COMPLETE);
 }
@@ -586,7 +591,7 @@ static void launch_head(unsigned k, int status)
 {
     cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
     struct attempt *a = up.launched[k];
-    a->sends = 1;
+    a->sent = true;
     a->status = status;
     a->ops->head(a);
 }
@@ -596,7 +601,6 @@ static void launch_body_ends(unsigned k)
     cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
     struct attempt *a = up.launched[k];
     cr_assert_eq(a->ops->body(a, "busy", 4), 4);
-    a->xfer.easy = NULL;
     up.running[k] = false;
     a->ops->done(a, ATTEMPT_COMPLETE);
 }
@@ -1007,7 +1011,6 @@ static void grpc_ends(unsigned k, int status)
     char v[16];
     snprintf(v, sizeof(v), "%d", status);
     hlist_add(&a->trailers, "grpc-status", 11, v, strlen(v));
-    a->xfer.easy = NULL;
     up.running[k] = false;
     a->ops->done(a, ATTEMPT_COMPLETE);
 }
