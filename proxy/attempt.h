@@ -6,12 +6,12 @@
  * https origin tried in HTTP/2 first goes through libcurl if its server chooses http/1.1) and
  * holds what they share: the slot under limits.max_upstream_requests and the upstream target.
  *
- * In, from the core: queue for a slot, launch with the request head (method, target, fields),
- * its body and trailers, cancel, commit, and flow control both ways. Out, through struct
- * attempt_ops, each called from the loop: a slot is free, the response head (status and fields
- * in an hlist) once complete and well formed, body bytes, upload requests, and the end:
- * complete, refused, or broken with what the retry rules read (sent or not, unprocessed, a
- * malformed head). Trailers are in a->trailers at the end.
+ * In, from the core: queue for a slot, launch with the request head (method, target, fields as
+ * an hlist, each transport turning them into its library's format), its body and trailers, cancel,
+ * commit, and flow control both ways. Out, through struct attempt_ops, each called from the loop: a
+ * slot is free, the response head (status and fields in an hlist) once complete and well formed,
+ * body bytes, upload requests, and the end: complete, refused, or broken with what the retry rules
+ * read (sent or not, unprocessed, a malformed head). Trailers are in a->trailers at the end.
  *
  * The owner embeds a struct attempt; the transports' state lives in it as bytes (their types
  * are in proxy/attempt_int.h, which the core does not include).
@@ -26,7 +26,6 @@
 #include "proxy/hlist.h"
 
 struct attempt;
-struct curl_slist; /* proxy/head.c's list (its shape only: the core calls no libcurl) */
 struct share;
 struct tunnel_up;
 struct upstream;
@@ -63,7 +62,9 @@ struct attempt_ops {
 struct attempt_req {
     const char *method;
     const char *target;         /* origin-form */
-    struct curl_slist *headers; /* every field, built by proxy/head.c */
+    const struct hlist *fields; /* the request's fields, built by proxy/head.c */
+    const struct hfield *own;   /* and this attempt's own (X-Retry-Attempt...), sent first */
+    size_t n_own;
     enum { ATTEMPT_BODY_NONE, ATTEMPT_BODY_BUFFER, ATTEMPT_BODY_STREAM } body;
     const char *body_buf; /* ATTEMPT_BODY_BUFFER: the whole body */
     size_t body_len;
@@ -79,7 +80,7 @@ struct attempt_req {
 
 /* The dispatcher's and the running transport's state: bytes here, their types in
  * proxy/attempt_int.h, which only the transports include. */
-#define ATTEMPT_STATE_BYTES 296
+#define ATTEMPT_STATE_BYTES 312
 
 struct attempt {
     const struct attempt_ops *ops;

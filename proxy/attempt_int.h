@@ -85,6 +85,14 @@ bool attempt_fallback_h1(struct attempt *a);
 /* proxy/h1up.c: libcurl, HTTP/1.1. */
 int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
                 const struct attempt_req *req, uint64_t connect_timeout_ms);
+/* The request's fields in libcurl's terms, built per attempt in one allocation (*block: the
+ * nodes, then their text; freed when the transfer ends): "Name: value", or "Name;" for an
+ * empty value (libcurl reads "Name:" as a removal). Led by 'host_field' ("Host: authority",
+ * what the upstream's URL no longer gives libcurl, tls.server_name; NULL: none) unless the
+ * fields hold a Host (preserve_host), then the attempt's own fields; libcurl's own additions
+ * removed after them. NULL for no field at all (or out of memory). (proxy/h1up.c) */
+struct curl_slist;
+struct curl_slist *h1up_fields(const char *host_field, const struct attempt_req *req, void **block);
 /* proxy/h2up_attempt.c: a stream of the worker's HTTP/2 sessions to 'o'. */
 struct h2up;
 struct origin;
@@ -96,14 +104,15 @@ int tunnel_up_attempt_launch(struct attempt *a, struct h2up *h, const struct ups
                              const char *target, const struct attempt_req *req,
                              uint64_t connect_timeout_ms);
 
-/* The fields of proxy/head.c's list as HTTP/2 fields for an h2c upstream (RFC 9113 8.2) into
- * 'f' (at most 'max'), their names lowercased into 'names' (room for every name of the list):
- * connection-specific fields (Connection, Keep-Alive, Proxy-Connection, Transfer-Encoding,
- * Upgrade) and Host are left out, TE unless it is "trailers", and, as curl would, "Name:"
- * alone (a removal) and an empty value. Host's value goes to *host (it becomes :authority).
- * Returns how many; the values point into the list. (proxy/h2up_attempt.c) */
+/* An attempt's own fields, then proxy/head.c's list, as HTTP/2 fields for an h2c upstream (RFC
+ * 9113 8.2) into 'f' (at most 'max'), their names lowercased into 'names' (room for every
+ * name): connection-specific fields (Connection, Keep-Alive, Proxy-Connection,
+ * Transfer-Encoding, Upgrade) and Host are left out, TE unless it is "trailers", and, as
+ * libcurl would, an empty value. Host's value goes to *host (it becomes :authority). Returns
+ * how many; the values point into the lists. (proxy/h2up_attempt.c) */
 struct h2up_field;
-size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_t max, char *names,
-                         const char **host, size_t *host_len);
+size_t attempt_h2_fields(const struct hfield *own, size_t n_own, const struct hlist *l,
+                         struct h2up_field *f, size_t max, char *names, const char **host,
+                         size_t *host_len);
 
 #endif

@@ -13,11 +13,12 @@
 
 #include "proxy/attempt_int.h"
 #include "proxy/h1resp.h"
+#include "proxy/headers.h"
 
 /* Its state, in the attempt (attempt_priv 't'). */
 struct h1up {
     struct h1resp resp;               /* the response head's parser */
-    struct curl_slist host_field;     /* put before the request's fields (tls.server_name) */
+    void *fields;                     /* the request's fields as libcurl takes them (fields()) */
     const struct hlist *req_trailers; /* attempt_req.trailers, for a chunked upload */
     const char *up_buf;               /* a buffered body going chunked: what is left of it */
     size_t up_len;
@@ -119,11 +120,19 @@ static int on_prereq(void *ud, char *ip, char *local_ip, int port, int local_por
     return ++h1(ud)->sends > 1 ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
 }
 
+/* The transfer is over: its list is read no more. */
+static void drop_fields(struct h1up *s)
+{
+    free(s->fields);
+    s->fields = NULL;
+}
+
 static void on_done(struct upstream_xfer *x, CURLcode rc)
 {
     struct attempt *a = x->arg;
     struct h1up *s = h1(a);
     s->upload_paused = s->body_paused = false;
+    drop_fields(s);
     a->sent = s->sends > 0;
     attempt_running_as(a, NULL);
     a->ops->done(a, rc == CURLE_OK            ? ATTEMPT_COMPLETE
@@ -131,25 +140,74 @@ static void on_done(struct upstream_xfer *x, CURLcode rc)
                                               : ATTEMPT_BROKEN);
 }
 
-/* 'fields', led by the Host the upstream's URL no longer gives libcurl (tls.server_name) unless
- * they hold one (preserve_host). The node is the attempt's: the list is the request's. */
-static struct curl_slist *with_host(struct h1up *s, const struct upstream_url *url,
-                                    struct curl_slist *fields)
+/* libcurl's own additions that a proxy must not make (docs/forwarding.md: no field is added)
+ * are removed: Accept: *\/\* where the request has none, and for a request that has a body, an
+ * empty one included (Content-Length: 0 is given to curl as an empty buffer), Expect:
+ * 100-continue for a large upload and a form Content-Type. A request without a body gets
+ * neither from libcurl, and is spared two entries it would scan. */
+struct curl_slist *h1up_fields(const char *host_field, const struct attempt_req *req, void **block)
 {
-    const char *host = upstream_url_host_field(url);
-    if (!host)
-        return fields;
-    for (const struct curl_slist *f = fields; f; f = f->next)
-        if (strncasecmp(f->data, "Host:", 5) == 0)
-            return fields;
-    s->host_field = (struct curl_slist){ .data = (char *)host, .next = fields };
-    return &s->host_field;
+    const struct hlist *l = req->fields;
+    size_t max = l->count + req->n_own + 4, cap = l->len + l->count + 32;
+    for (size_t i = 0; i < req->n_own; i++)
+        cap += req->own[i].name_len + req->own[i].value_len + 3;
+    struct curl_slist *nodes = *block = malloc(max * sizeof(*nodes) + cap);
+    if (!nodes)
+        return NULL;
+    char *o = (char *)(nodes + max);
+    size_t n = 1; /* nodes[0]: Host, if it goes */
+    bool host = false, accept = false, type = false;
+    for (size_t i = 0; i < req->n_own; i++) {
+        const struct hfield *f = &req->own[i];
+        nodes[n++].data = o;
+        memcpy(o, f->name, f->name_len);
+        memcpy(o + f->name_len, ": ", 2);
+        memcpy(o + f->name_len + 2, f->value, f->value_len);
+        o += f->name_len + 2 + f->value_len;
+        *o++ = '\0';
+    }
+    size_t pos = 0;
+    const char *k, *v;
+    while (hlist_next(l, &pos, &k, &v)) {
+        size_t kl = strlen(k), vl = (size_t)(l->buf + pos - 1 - v);
+        host |= HDR_NAME_IS(k, kl, "Host");
+        accept |= HDR_NAME_IS(k, kl, "Accept");
+        type |= HDR_NAME_IS(k, kl, "Content-Type");
+        nodes[n++].data = o;
+        memcpy(o, k, kl);
+        o += kl;
+        if (vl) {
+            memcpy(o, ": ", 2);
+            memcpy(o + 2, v, vl + 1);
+            o += vl + 3;
+        } else {
+            memcpy(o, ";", 2);
+            o += 2;
+        }
+    }
+    static const char removals[] = "Accept:\0Expect:\0Content-Type:";
+    if (!accept)
+        nodes[n++].data = (char *)removals;
+    if (req->body != ATTEMPT_BODY_NONE) {
+        nodes[n++].data = (char *)removals + 8;
+        if (!type)
+            nodes[n++].data = (char *)removals + 16;
+    }
+    if (host)
+        host_field = NULL;
+    size_t first = host_field ? 0 : 1;
+    nodes[0].data = (char *)host_field;
+    for (size_t i = first; i + 1 < n; i++)
+        nodes[i].next = &nodes[i + 1];
+    nodes[n - 1].next = NULL;
+    return n > first ? nodes + first : NULL;
 }
 
 static void h1_cancel(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);
     upstream_cancel(p->up, &p->xfer);
+    drop_fields(h1(a));
 }
 
 static void resume(struct attempt *a, bool *paused)
@@ -216,7 +274,8 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *b
             p->xfer.spent = true;
         }
     }
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, with_host(s, url, req->headers));
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER,
+                     h1up_fields(upstream_url_host_field(url), req, &s->fields));
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, a);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
@@ -225,8 +284,10 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *b
     curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
     p->xfer.easy = e;
-    if (upstream_start(p->up, &p->xfer, on_done, a) < 0)
+    if (upstream_start(p->up, &p->xfer, on_done, a) < 0) {
+        drop_fields(s);
         return -1;
+    }
     attempt_running_as(a, &h1_transport);
     return 0;
 }

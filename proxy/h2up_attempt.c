@@ -6,8 +6,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include <curl/curl.h> /* struct curl_slist, the list's shape (no call into libcurl) */
-
 #include "proxy/attempt_int.h"
 #include "proxy/h2up.h"
 #include "proxy/headers.h"
@@ -108,39 +106,56 @@ static bool connection_specific(const char *k, size_t kl)
            HDR_NAME_IS(k, kl, "Upgrade") || HDR_NAME_IS(k, kl, "Host");
 }
 
-size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_t max, char *names,
-                         const char **host, size_t *host_len)
+/* Where attempt_h2_fields() writes. */
+struct h2conv {
+    struct h2up_field *f;
+    size_t n, max;
+    char *names;
+    const char **host;
+    size_t *host_len;
+};
+
+static void h2_field(struct h2conv *c, const char *k, size_t kl, const char *v, size_t vl)
 {
-    size_t n = 0;
-    for (; l && n < max; l = l->next) {
-        const char *d = l->data, *colon = strchr(d, ':');
-        if (!colon)
-            continue;
-        size_t kl = (size_t)(colon - d), vl = strlen(colon + 1);
-        const char *v = hdr_trim(colon + 1, &vl);
-        if (!vl)
-            continue;
-        if (HDR_NAME_IS(d, kl, "Host")) {
-            *host = v;
-            *host_len = vl;
-        }
-        if (connection_specific(d, kl) ||
-            (HDR_NAME_IS(d, kl, "TE") && !(vl == 8 && strncasecmp(v, "trailers", 8) == 0)))
-            continue;
-        hdr_lower(names, d, kl);
-        f[n++] = (struct h2up_field){ names, v, kl, vl };
-        names += kl;
+    v = hdr_trim(v, &vl);
+    if (!vl || c->n == c->max)
+        return;
+    if (HDR_NAME_IS(k, kl, "Host")) {
+        *c->host = v;
+        *c->host_len = vl;
     }
-    return n;
+    if (connection_specific(k, kl) ||
+        (HDR_NAME_IS(k, kl, "TE") && !(vl == 8 && strncasecmp(v, "trailers", 8) == 0)))
+        return;
+    hdr_lower(c->names, k, kl);
+    c->f[c->n++] = (struct h2up_field){ c->names, v, kl, vl };
+    c->names += kl;
+}
+
+size_t attempt_h2_fields(const struct hfield *own, size_t n_own, const struct hlist *l,
+                         struct h2up_field *f, size_t max, char *names, const char **host,
+                         size_t *host_len)
+{
+    struct h2conv c = { f, 0, max, names, host, host_len };
+    for (size_t i = 0; i < n_own; i++)
+        h2_field(&c, own[i].name, own[i].name_len, own[i].value, own[i].value_len);
+    size_t pos = 0;
+    const char *k, *v;
+    while (l && hlist_next(l, &pos, &k, &v)) {
+        size_t kl = strlen(k);
+        h2_field(&c, k, kl, v, (size_t)(l->buf + pos - 1 - v));
+    }
+    return c.n;
 }
 
 int h2up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *o,
                         const char *target, const struct attempt_req *req,
                         uint64_t connect_timeout_ms)
 {
-    size_t count = 1, bytes = 0;
-    for (const struct curl_slist *l = req->headers; l; l = l->next, count++)
-        bytes += strlen(l->data);
+    /* room for every field and a content-length, and every name (the list's bytes hold them) */
+    size_t count = req->n_own + req->fields->count + 1, bytes = req->fields->len;
+    for (size_t i = 0; i < req->n_own; i++)
+        bytes += req->own[i].name_len;
     char *buf = malloc(count * sizeof(struct h2up_field) + bytes + 1);
     if (!h || !buf) {
         free(buf);
@@ -149,8 +164,8 @@ int h2up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *
     struct h2up_field *f = (struct h2up_field *)(void *)buf;
     const char *host = NULL;
     size_t host_len = 0;
-    size_t n =
-        attempt_h2_fields(req->headers, f, count - 1, buf + count * sizeof(*f), &host, &host_len);
+    size_t n = attempt_h2_fields(req->own, req->n_own, req->fields, f, count - 1,
+                                 buf + count * sizeof(*f), &host, &host_len);
     /* the body's length, which curl would have sent as Content-Length */
     char cl[24];
     int64_t len = req->body == ATTEMPT_BODY_BUFFER   ? (int64_t)req->body_len

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "proxy/h1resp.h"
+#include "proxy/hlist.h"
 #include "proxy/headers.h"
 #include "proxy/loop.h"
 #include "proxy/origin.h"
@@ -146,29 +147,26 @@ static bool put(char **b, size_t *len, size_t *cap, const char *p, size_t n)
 
 #define PUTS(s) put(&b, &len, &cap, s, strlen(s))
 
-/* The head as libcurl would write it from the same list: "Name: value" as it is, "Name;" as
- * an empty value, "Name:" alone (a removal of one of curl's own) left out; Host from the
- * origin unless the list has it (preserve_host); Connection and Upgrade put back. */
+/* The head as libcurl would write it from the same fields, the attempt's own first; Host from
+ * the origin unless the request has it (preserve_host); Connection and Upgrade put back. */
 static bool build_head(struct tunnel_up *u, const struct tunnel_up_req *req)
 {
     char *b = NULL;
     size_t len = 0, cap = 0;
     bool ok = PUTS(req->method) && PUTS(" ") && PUTS(req->target) && PUTS(" HTTP/1.1\r\n");
     bool host = false;
-    for (const struct curl_slist *l = req->headers; ok && l; l = l->next) {
-        const char *d = l->data, *colon = strchr(d, ':');
-        if (!colon) {
-            size_t n = strlen(d);
-            if (n && d[n - 1] == ';')
-                ok = put(&b, &len, &cap, d, n - 1) && PUTS(":\r\n");
-            continue;
-        }
-        size_t vl = strlen(colon + 1);
-        hdr_trim(colon + 1, &vl);
-        if (!vl)
-            continue;
-        host |= HDR_NAME_IS(d, (size_t)(colon - d), "Host");
-        ok = PUTS(d) && PUTS("\r\n");
+    for (size_t i = 0; ok && i < req->n_own; i++)
+        ok = put(&b, &len, &cap, req->own[i].name, req->own[i].name_len) && PUTS(": ") &&
+             put(&b, &len, &cap, req->own[i].value, req->own[i].value_len) && PUTS("\r\n");
+    size_t pos = 0;
+    const char *k, *v;
+    while (ok && hlist_next(req->fields, &pos, &k, &v)) {
+        size_t vl = strlen(v);
+        hdr_trim(v, &vl);
+        if (*v && !vl)
+            continue; /* blanks alone, which libcurl leaves out too */
+        host |= hdr_name_eq(k, "Host");
+        ok = PUTS(k) && PUTS(*v ? ": " : ":") && PUTS(v) && PUTS("\r\n");
     }
     if (ok && !host)
         ok = PUTS("Host: ") && PUTS(req->o->authority) && PUTS("\r\n");

@@ -2,7 +2,7 @@
  * carry an HTTP/1.1 upgrade (Debian 12's 7.88 waits on for a final response after a 101), so
  * this connects by itself in the worker's loop, as proxy/h2up_conn.c does: a non-blocking
  * connect, TLS offering only "http/1.1" by ALPN for an https origin (proxy/tls.h), the request
- * head written from proxy/head.c's list with Connection and Upgrade put back, and the response
+ * head written from proxy/head.c's fields with Connection and Upgrade put back, and the response
  * head read by proxy/h1resp.h, with the checks every HTTP/1.1 response head passes.
  *
  * A 101 the owner accepts (tunnel_up_handover() from inside its 'head' callback) ends the
@@ -17,8 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <curl/curl.h> /* struct curl_slist, the list's shape (no call into libcurl) */
-
+struct hfield;
 struct hlist;
 struct loop;
 struct origin;
@@ -51,12 +50,14 @@ struct tunnel_up_ops {
 struct tunnel_up_req {
     const struct origin *o;
     const char *method;
-    const char *target; /* origin-form, the upstream's base path in front */
-    const struct curl_slist *headers;
-    const char *upgrade; /* the token asked for (the client's, with its version if any; it
-                          * outlives the attempt) */
-    struct hlist *head;  /* the response head's fields go here (the owner's, cleared) */
-    bool no_body;        /* a HEAD request */
+    const char *target;       /* origin-form, the upstream's base path in front */
+    const struct hfield *own; /* the attempt's own fields, sent first */
+    size_t n_own;
+    const struct hlist *fields; /* the request's (proxy/head.c) */
+    const char *upgrade;        /* the token asked for (the client's, with its version if any; it
+                                 * outlives the attempt) */
+    struct hlist *head;         /* the response head's fields go here (the owner's, cleared) */
+    bool no_body;               /* a HEAD request */
     uint64_t connect_timeout_ms;
     uint64_t *bytes_sent; /* NULL: not counted */
 };
