@@ -23,7 +23,7 @@ void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_o
 void attempt_fini(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);
-    upstream_unwait(p->up, &p->slot);
+    slots_unwait(upstream_slots(p->up), &p->slot);
     free(p->target_buf);
     p->target_buf = NULL;
     hlist_free(&a->head);
@@ -41,18 +41,19 @@ static void on_slot(struct upstream_wait *wt)
 bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
 {
     struct attempt_priv *p = attempt_priv(a);
-    upstream_unwait(p->up, &p->slot); /* its shares are replaced */
-    p->slot.share[0] = p->xfer.share[0] = upstream_origin_share(p->up, origin);
-    p->slot.share[1] = p->xfer.share[1] = conn;
+    slots_unwait(upstream_slots(p->up), &p->slot); /* its shares are replaced */
+    struct slots *sl = upstream_slots(p->up);
+    p->slot.share[0] = p->xfer.hold.share[0] = slots_origin_share(sl, origin);
+    p->slot.share[1] = p->xfer.hold.share[1] = conn;
     a->sent = false;
     a->unprocessed = false;
     a->status = 0;
     a->bad_head = false;
     hlist_clear(&a->head);
     hlist_clear(&a->trailers);
-    if (!upstream_full(p->up, p->slot.share))
+    if (!slots_full(sl, p->slot.share))
         return false;
-    upstream_wait(p->up, &p->slot, on_slot);
+    slots_wait(sl, &p->slot, on_slot);
     return true;
 }
 
@@ -112,7 +113,7 @@ bool attempt_running(const struct attempt *a)
 bool attempt_cancel(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);
-    upstream_unwait(p->up, &p->slot);
+    slots_unwait(upstream_slots(p->up), &p->slot);
     const struct attempt_transport *tx = p->tx;
     if (!tx)
         return false;

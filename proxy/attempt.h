@@ -80,7 +80,7 @@ struct attempt_req {
 
 /* The dispatcher's and the running transport's state: bytes here, their types in
  * proxy/attempt_int.h, which only the transports include. */
-#define ATTEMPT_STATE_BYTES 312
+#define ATTEMPT_STATE_BYTES 320
 
 struct attempt {
     const struct attempt_ops *ops;
@@ -100,7 +100,7 @@ void attempt_fini(struct attempt *a);
 
 /* Resets the per-attempt state. True when no transfer slot is free, or the shares of the
  * attempt's 'origin' (cfg_upstream.origin) or client connection 'conn' (NULL: none) are used
- * up (upstream_set_shares): the attempt is queued and ops->go() is called once one frees;
+ * up (slots_set_shares): the attempt is queued and ops->go() is called once one frees;
  * false: launch it now. */
 bool attempt_queue(struct attempt *a, const char *origin, struct share *conn);
 

@@ -66,12 +66,12 @@ static inline void attempt_running_as(struct attempt *a, const struct attempt_tr
 static inline void attempt_take_slot(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);
-    upstream_take_slot(p->up, &p->xfer);
+    slots_take(upstream_slots(p->up), &p->xfer.hold);
 }
 static inline void attempt_release_slot(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);
-    upstream_release_slot(p->up, &p->xfer);
+    slots_release(upstream_slots(p->up), &p->xfer.hold);
 }
 
 /* head_upstream_target(), kept in the attempt until it is launched again or ends. */
