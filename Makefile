@@ -143,7 +143,8 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps-test
 # - test_retry_decide: the decision (proxy/decide.c) with neither libmicrohttpd nor libcurl
 #   linked, which shows that it needs neither;
 # - test_retry_timers: the request state machine with the upstream attempt replaced by the
-#   suite's own fakes (proxy/attempt.o left out) and a front end of its own as the client side.
+#   suite's own fakes of proxy/attempt.h (the dispatcher and its three transports left out) and
+#   a front end of its own as the client side.
 DECIDE_OBJ := $(filter $(BUILD)/obj/policy/% $(BUILD)/obj/config/%,$(LIB_OBJ)) \
               $(addprefix $(BUILD)/obj/proxy/,decide.o hlist.o headers.o live.o strmap.o)
 $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_OBJ) | deps-test
@@ -151,7 +152,8 @@ $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_O
 	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags jansson) -o $@ $< $(DECIDE_OBJ) \
 	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
 
-FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,attempt.o),$(LIB_OBJ))
+FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,attempt.o h1up.o h2up_attempt.o \
+                 tunnel_up_attempt.o),$(LIB_OBJ))
 $(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) \
                                      $(BUILD)/obj/tests/support/promtext.o | deps-test
 	@mkdir -p $(dir $@)

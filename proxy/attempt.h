@@ -1,12 +1,20 @@
-/* attempt -- one upstream attempt of a request: the choice of upstream, the curl transfer's
- * setup, its callbacks (the response head parsed into a header list, body bytes, the upload
- * pulled from the owner), its slot under limits.max_upstream_requests, and its cancel. With
- * upstream.c, the only part that calls libcurl. An h2c upstream's attempt is a stream of
- * proxy/h2up.h instead, reported through the same struct attempt_ops (docs/http2.md).
+/* attempt -- one upstream attempt of a request, as the request core (proxy/retry.h) sees it:
+ * the interface every upstream transport implements, the upstream counterpart of proxy/front.h
+ * (HAProxy's muxes behind one interface). Three are behind it: HTTP/1.1 through libcurl
+ * (proxy/h1up.c), HTTP/2 through libnghttp2 (proxy/h2up_attempt.c, h2c and h2 over TLS) and an
+ * upgrade's connection (proxy/tunnel_up_attempt.c). proxy/attempt.c chooses among them (an
+ * https origin tried in HTTP/2 first goes through libcurl if its server chooses http/1.1) and
+ * holds what they share: the slot under limits.max_upstream_requests and the upstream target.
  *
- * The owner embeds a struct attempt and learns what happens through struct attempt_ops, each
- * called from the loop (curl's callbacks run inside the multi-socket calls of upstream.c):
- * the head once complete and well formed, body bytes, upload requests, and the end.
+ * In, from the core: queue for a slot, launch with the request head (method, target, fields as
+ * an hlist, each transport turning them into its library's format), its body and trailers, cancel,
+ * commit, and flow control both ways. Out, through struct attempt_ops, each called from the loop: a
+ * slot is free, the response head (status and fields in an hlist) once complete and well formed,
+ * body bytes, upload requests, and the end: complete, refused, or broken with what the retry rules
+ * read (sent or not, unprocessed, a malformed head). Trailers are in a->trailers at the end.
+ *
+ * The owner embeds a struct attempt; the transports' state lives in it as bytes (their types
+ * are in proxy/attempt_int.h, which the core does not include).
  */
 #ifndef RETRYPROXY_PROXY_ATTEMPT_H
 #define RETRYPROXY_PROXY_ATTEMPT_H
@@ -15,13 +23,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "policy/rng.h"
-#include "proxy/h2up.h"
 #include "proxy/hlist.h"
-#include "proxy/tunnel_up.h"
-#include "proxy/upstream.h"
 
 struct attempt;
+struct share;
+struct tunnel_up;
+struct upstream;
+struct upstream_url;
 
 /* Returned by a body or upload callback: no bytes now, the attempt pauses that direction
  * until attempt_resume_body() / attempt_resume_upload(). */
@@ -54,7 +62,9 @@ struct attempt_ops {
 struct attempt_req {
     const char *method;
     const char *target;         /* origin-form */
-    struct curl_slist *headers; /* every field, built by proxy/head.c */
+    const struct hlist *fields; /* the request's fields, built by proxy/head.c */
+    const struct hfield *own;   /* and this attempt's own (X-Retry-Attempt...), sent first */
+    size_t n_own;
     enum { ATTEMPT_BODY_NONE, ATTEMPT_BODY_BUFFER, ATTEMPT_BODY_STREAM } body;
     const char *body_buf; /* ATTEMPT_BODY_BUFFER: the whole body */
     size_t body_len;
@@ -64,41 +74,24 @@ struct attempt_req {
      * them goes chunked; a streamed one with a Content-Length goes without them. */
     const struct hlist *trailers;
     /* An upgrade's handshake (docs/upgrades.md): the token asked for, NULL for none. It goes
-     * through proxy/tunnel_up.h, never libcurl; a 101 agreeing to it is its final head. */
+     * through the upgrade connector, never libcurl; a 101 agreeing to it is its final head. */
     const char *upgrade;
 };
 
+/* The dispatcher's and the running transport's state: bytes here, their types in
+ * proxy/attempt_int.h, which only the transports include. */
+#define ATTEMPT_STATE_BYTES 320
+
 struct attempt {
     const struct attempt_ops *ops;
-    void *arg; /* the owner's */
-    struct upstream *up;
-    struct upstream_xfer xfer;
-    struct h2up_stream *h2;       /* an h2c upstream's running stream, instead of xfer.easy */
-    struct tunnel_up *tun;        /* an upgrade's handshake, instead of xfer.easy */
-    const char *upgrade;          /* ... the token it asks for (the request's, which outlives it) */
-    struct upstream_wait slot;    /* queued for a transfer slot */
-    char *target_buf;             /* the upstream's base path + the target */
-    struct curl_slist host_field; /* put before the request's fields (tls.server_name) */
-    const struct hlist *req_trailers; /* attempt_req.trailers, for a chunked upload */
-    const char *up_buf;               /* a buffered body going chunked: what is left of it */
-    size_t up_len;
-    unsigned sends;        /* times curl was about to send this attempt's request */
-    int status;            /* the response's, once its status line came */
-    struct hlist head;     /* the response's header fields */
-    struct hlist trailers; /* and its trailer fields, once the body is complete */
-    bool head_done;        /* the head was reported: later field lines are trailers */
+    void *arg;             /* the owner's */
+    int status;            /* the response's, once its head came */
+    bool sent;             /* at its end: whether any of the request went out (attempt_sent) */
     bool bad_head;         /* the response head was malformed or ambiguous */
     bool unprocessed;      /* the upstream refused it unprocessed (HTTP/2 REFUSED_STREAM, GOAWAY) */
-    bool no_body;          /* a HEAD request: no response body follows, whatever its head */
-    bool upload_paused, body_paused;
-    /* An https attempt tried in HTTP/2 first: what it needs to go through libcurl instead if
-     * the server chooses http/1.1 by ALPN (H2UP_FALLBACK; the request outlives the attempt). */
-    struct {
-        const struct upstream_url *url;
-        const char *base_path;
-        struct attempt_req req;
-        uint64_t connect_timeout_ms;
-    } h1;
+    struct hlist head;     /* the response's header fields */
+    struct hlist trailers; /* and its trailer fields, once the body is complete */
+    _Alignas(8) unsigned char state[ATTEMPT_STATE_BYTES];
 };
 
 void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_ops *ops, void *arg);
@@ -107,7 +100,7 @@ void attempt_fini(struct attempt *a);
 
 /* Resets the per-attempt state. True when no transfer slot is free, or the shares of the
  * attempt's 'origin' (cfg_upstream.origin) or client connection 'conn' (NULL: none) are used
- * up (upstream_set_shares): the attempt is queued and ops->go() is called once one frees;
+ * up (slots_set_shares): the attempt is queued and ops->go() is called once one frees;
  * false: launch it now. */
 bool attempt_queue(struct attempt *a, const char *origin, struct share *conn);
 
@@ -116,19 +109,17 @@ bool attempt_queue(struct attempt *a, const char *origin, struct share *conn);
 int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms);
 
-/* Whether any of the request went out (curl was about to send it, the stream's HEADERS went):
- * if not, nothing reached the upstream, whatever the error. False for an h2c stream the
- * upstream refused (REFUSED_STREAM, or a GOAWAY below it): it reached no application. */
+/* Once it ended (ops->done): whether any of the request went out (curl was about to send it,
+ * the stream's HEADERS went): if not, nothing reached the upstream, whatever the error. False
+ * for an HTTP/2 stream the upstream refused (REFUSED_STREAM, or a GOAWAY below it): it reached
+ * no application. */
 static inline bool attempt_sent(const struct attempt *a)
 {
-    return a->h2 ? h2up_sent(a->h2) : a->tun ? tunnel_up_sent(a->tun) : a->sends > 0;
+    return a->sent;
 }
 
 /* Whether its transfer runs (started, not yet ended or cancelled). */
-static inline bool attempt_running(const struct attempt *a)
-{
-    return a->xfer.easy != NULL || a->h2 != NULL || a->tun != NULL;
-}
+bool attempt_running(const struct attempt *a);
 
 /* The upgrade's 101 was agreed to (ops->head reported it): its connection, handed over from
  * inside that callback, is the caller's from now on (proxy/tunnel_up.h); the attempt then
@@ -142,15 +133,6 @@ bool attempt_cancel(struct attempt *a);
 /* Its response is the answer and streams to the client: the transfer gives its slot under
  * limits.max_upstream_requests back and runs on at the client's pace. */
 void attempt_commit(struct attempt *a);
-
-/* The fields of proxy/head.c's list as HTTP/2 fields for an h2c upstream (RFC 9113 8.2) into
- * 'f' (at most 'max'), their names lowercased into 'names' (room for every name of the list):
- * connection-specific fields (Connection, Keep-Alive, Proxy-Connection, Transfer-Encoding,
- * Upgrade) and Host are left out, TE unless it is "trailers", and, as curl would, "Name:"
- * alone (a removal) and an empty value. Host's value goes to *host (it becomes :authority).
- * Returns how many; the values point into the list. */
-size_t attempt_h2_fields(const struct curl_slist *l, struct h2up_field *f, size_t max, char *names,
-                         const char **host, size_t *host_len);
 
 /* The owner has room for body bytes again / upload bytes are there. */
 void attempt_resume_body(struct attempt *a);

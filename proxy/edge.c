@@ -361,7 +361,7 @@ void edge_stream(struct retry_req *r)
     r->state = RS_STREAM;
     struct front_tag tag = tag_of(r);
     if (r->cur->att.status == 101) {
-        /* an upgrade the upstream agreed to (proxy/attempt.c): committed, and a tunnel once
+        /* an upgrade the upstream agreed to (proxy/h1resp.c): committed, and a tunnel once
          * the client has it; an upgrade refused is answered as it came, and the connection
          * closed (tag.close), so no byte sent after it is read as a request */
         struct front_tunnel conf = { r->cfg->tunnel_idle_timeout_ms,

@@ -155,48 +155,29 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
     return true;
 }
 
-/* The header lines every attempt sends, built once per request in one allocation: the list
- * nodes first, then the text they point into. Sized from the scan, so it never grows. */
-struct hbuild {
-    struct curl_slist *nodes;
-    size_t n, max;
-    char *text;
-    size_t used, cap;
-};
-
-/* Appends "name: value", or "name;" for an empty value (curl reads "name:" as "remove
- * name"), or the bare 'name' when 'v' is NULL (a removal such as "Accept:"). */
-static void hb_add(struct hbuild *b, const char *k, size_t kl, const char *v, size_t vl)
+/* The fields every attempt sends, built once per request into one allocation sized from the
+ * scan, so it never grows (and no bound of hlist_add() applies: the head passed its own). */
+static void hb_add(struct hlist *b, const char *k, size_t kl, const char *v, size_t vl)
 {
-    size_t need = kl + (v ? vl + 2 : 0) + 1;
-    if (b->n == b->max || b->used + need > b->cap)
+    size_t need = kl + vl + 2;
+    if (b->len + need > b->cap)
         return; /* cannot happen: sized from the scan; the header is left out */
-    char *o = b->text + b->used;
+    char *o = b->buf + b->len;
     memcpy(o, k, kl);
-    if (v && vl) {
-        memcpy(o + kl, ": ", 2);
-        memcpy(o + kl + 2, v, vl);
-        o[kl + 2 + vl] = '\0';
-    } else if (v) {
-        memcpy(o + kl, ";", 2);
-    } else {
-        o[kl] = '\0';
-    }
-    b->used += need;
-    struct curl_slist *node = &b->nodes[b->n++];
-    node->data = o;
-    node->next = NULL;
-    if (b->n > 1)
-        b->nodes[b->n - 2].next = node;
+    o[kl] = '\0';
+    memcpy(o + kl + 1, v, vl);
+    o[kl + 1 + vl] = '\0';
+    b->len += need;
+    b->count++;
 }
 
-static void hb_field(struct hbuild *b, const char *k, const char *v)
+static void hb_field(struct hlist *b, const char *k, const char *v)
 {
     hb_add(b, k, strlen(k), v, strlen(v));
 }
 
 struct fwd {
-    struct hbuild *b;
+    struct hlist *b;
     const struct head_scan *s;
     const char *deadline_header; /* the route's, sent by the proxy: never the client's */
     bool drop_underscored;       /* limits.headers_with_underscores is "drop" */
@@ -259,92 +240,63 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
 {
     size_t peer_len = strlen(peer);
     /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
-     * peer), X-Forwarded-Proto, X-Request-Id, TE (gRPC), Host, and up to three removals */
-    size_t max = s->n_fields + 8;
+     * peer), X-Forwarded-Proto, X-Request-Id, TE (gRPC), Host */
     size_t xff_cap = s->xff_len + peer_len + 3;
-    size_t cap = s->field_bytes + 3 * s->n_fields + sizeof("X-Forwarded-For: ") + xff_cap +
-                 sizeof("X-Forwarded-Proto: http") + sizeof("TE: trailers") +
-                 sizeof("X-Request-Id: ") + HEAD_REQUEST_ID_MAX + s->value_len[HF_HOST] +
-                 sizeof("Host: ") + sizeof("Expect:Accept:Content-Type:") + 8;
-    char *block = malloc(max * sizeof(struct curl_slist) + cap + xff_cap);
+    size_t cap = s->field_bytes + 2 * s->n_fields + sizeof("X-Forwarded-For") + xff_cap +
+                 sizeof("X-Forwarded-Proto\0http") + sizeof("TE\0trailers") +
+                 sizeof("X-Request-Id") + HEAD_REQUEST_ID_MAX + 1 + s->value_len[HF_HOST] +
+                 sizeof("Host") + 1;
+    char *block = malloc(cap + xff_cap);
     if (!block)
         return -1;
-    struct hbuild b = { .nodes = (struct curl_slist *)(void *)block,
-                        .max = max,
-                        .text = block + max * sizeof(struct curl_slist),
-                        .cap = cap };
-    struct fwd f = { .b = &b,
+    struct hlist *b = &h->fields;
+    *b = (struct hlist){ .buf = block, .cap = cap };
+    struct fwd f = { .b = b,
                      .s = s,
                      .deadline_header = deadline_header,
                      .drop_underscored = drop_underscored,
                      .grpc = grpc,
-                     .xff = b.text + cap,
+                     .xff = block + cap,
                      .xff_cap = xff_cap };
     each(src, forward_field, &f);
     if (peer_len)
         xff_append(&f, peer, peer_len);
     if (f.xff_len)
-        hb_add(&b, "X-Forwarded-For", 15, f.xff, f.xff_len);
-    hb_field(&b, "X-Forwarded-Proto", "http");
-    hb_field(&b, "X-Request-Id", request_id);
+        hb_add(b, "X-Forwarded-For", 15, f.xff, f.xff_len);
+    hb_field(b, "X-Forwarded-Proto", "http");
+    hb_field(b, "X-Request-Id", request_id);
     /* a gRPC server wants to hear that its client takes trailers (gRPC's PROTOCOL-HTTP2.md);
      * TE is hop-by-hop, so the client's never goes on: the proxy says it for itself */
     if (grpc)
-        hb_field(&b, "TE", "trailers");
+        hb_field(b, "TE", "trailers");
     if (preserve_host && s->value[HF_HOST])
-        hb_add(&b, "Host", 4, s->value[HF_HOST], s->value_len[HF_HOST]);
-    /* curl's own additions that a proxy must not make (docs/forwarding.md: no field is
-     * added): Accept: *\/\* where the client sent none, and for a request that has a body,
-     * an empty one included (Content-Length: 0 is given to curl as an empty buffer),
-     * Expect: 100-continue for a large upload and a form Content-Type. A request without a
-     * body gets neither from curl, and is spared two entries curl would scan. */
-    if (!s->value[HF_ACCEPT])
-        hb_add(&b, "Accept:", 7, NULL, 0);
-    if (s->count[HF_TRANSFER_ENCODING] || s->value[HF_CONTENT_LENGTH]) {
-        hb_add(&b, "Expect:", 7, NULL, 0);
-        if (!s->value[HF_CONTENT_TYPE])
-            hb_add(&b, "Content-Type:", 13, NULL, 0);
-    }
-    h->block = block;
-    h->list = b.n ? b.nodes : NULL;
+        hb_add(b, "Host", 4, s->value[HF_HOST], s->value_len[HF_HOST]);
     h->deadline_name = deadline_header;
     h->deadline_name_len = deadline_header ? strlen(deadline_header) : 0;
-    if (h->deadline_name_len > sizeof(((struct head_attempt *)0)->deadline_hdr) - 24)
-        h->deadline_name_len = 0; /* cannot happen: the schema bounds the name to 64 bytes */
     h->grpc_timeout = grpc;
     return 0;
 }
 
-struct curl_slist *head_up_attempt(const struct head_up *h, struct head_attempt *t,
-                                   uint32_t attempt, uint64_t wait_ms)
+size_t head_up_attempt(const struct head_up *h, struct head_attempt *t, uint32_t attempt,
+                       uint64_t wait_ms)
 {
-    memcpy(t->attempt_hdr, "X-Retry-Attempt: ", 17);
-    hdr_utoa(attempt, t->attempt_hdr + 17);
-    t->attempt_node.data = t->attempt_hdr;
-    t->attempt_node.next = h->list;
-    if (h->deadline_name_len) {
-        memcpy(t->deadline_hdr, h->deadline_name, h->deadline_name_len);
-        memcpy(t->deadline_hdr + h->deadline_name_len, ": ", 2);
-        hdr_utoa(wait_ms, t->deadline_hdr + h->deadline_name_len + 2);
-        t->deadline_node.data = t->deadline_hdr;
-        t->deadline_node.next = t->attempt_node.next;
-        t->attempt_node.next = &t->deadline_node;
-    }
-    if (h->grpc_timeout) {
-        memcpy(t->grpc_hdr, "grpc-timeout: ", 14);
-        grpc_timeout_format(wait_ms, t->grpc_hdr + 14);
-        t->grpc_node.data = t->grpc_hdr;
-        t->grpc_node.next = t->attempt_node.next;
-        t->attempt_node.next = &t->grpc_node;
-    }
-    return &t->attempt_node;
+    size_t n = 0;
+    t->own[n++] = (struct hfield){ "X-Retry-Attempt", t->attempt_val, 15,
+                                   (size_t)(hdr_utoa(attempt, t->attempt_val) - t->attempt_val) };
+    if (h->grpc_timeout)
+        t->own[n++] = (struct hfield){ "grpc-timeout", t->grpc_val, 12,
+                                       grpc_timeout_format(wait_ms, t->grpc_val) };
+    if (h->deadline_name_len)
+        t->own[n++] =
+            (struct hfield){ h->deadline_name, t->deadline_val, h->deadline_name_len,
+                             (size_t)(hdr_utoa(wait_ms, t->deadline_val) - t->deadline_val) };
+    return n;
 }
 
 void head_up_free(struct head_up *h)
 {
-    free(h->block);
-    h->block = NULL;
-    h->list = NULL;
+    free(h->fields.buf);
+    memset(&h->fields, 0, sizeof(h->fields));
 }
 
 const char *head_upstream_target(const char *base_path, const char *target, char **buf)

@@ -10,9 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <curl/curl.h> /* struct curl_slist, the list's shape (no call into libcurl) */
-
 #include "config/cfg.h"
+#include "proxy/hlist.h"
 
 /* X-Request-Id values longer than this are replaced by a fresh id. */
 #define HEAD_REQUEST_ID_MAX 128
@@ -78,25 +77,24 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
  * out of memory too). */
 const char *head_upstream_target(const char *base_path, const char *target, char **buf);
 
-/* The header list every attempt sends: the client's fields but hop-by-hop ones and those the
- * proxy owns, X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, Host when preserved, curl's
- * own additions removed. Each attempt puts its own X-Retry-Attempt and the route's deadline
- * header, if it has one, in front of it (struct head_attempt): attempts of one request may run at
- * once (hedging), and curl reads an attempt's list only when it sends the request. */
+/* The fields every attempt sends: the client's but hop-by-hop ones and those the proxy owns,
+ * X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, TE on a gRPC call, Host when preserved.
+ * Each attempt sends its own X-Retry-Attempt (and the route's deadline header, grpc-timeout)
+ * before them (struct head_attempt): attempts of one request may run at once (hedging). A
+ * transport turns both into its library's format (proxy/attempt.h). */
 struct head_up {
-    struct curl_slist *list;   /* NULL: no field */
-    char *block;               /* one allocation: the nodes, then their text */
+    struct hlist fields;       /* in one allocation sized from the scan */
     const char *deadline_name; /* the route's (its snapshot outlives the request); NULL: none */
     size_t deadline_name_len;  /* at most 64 bytes (config/schema.c) */
     bool grpc_timeout;         /* a gRPC call: each attempt carries its own grpc-timeout */
 };
 
-/* One attempt's own fields, ahead of the shared list. */
+/* One attempt's own fields. */
 struct head_attempt {
-    struct curl_slist attempt_node, deadline_node, grpc_node;
-    char attempt_hdr[40];
-    char deadline_hdr[96]; /* the name, ": ", the value */
-    char grpc_hdr[32];     /* "grpc-timeout: " and the value */
+    struct hfield own[3]; /* X-Retry-Attempt, then grpc-timeout, the deadline header */
+    char attempt_val[12];
+    char grpc_val[16];
+    char deadline_val[24];
 };
 
 /* Builds it. 'peer' is the client's address ("" if unknown); 'deadline_header' the route's
@@ -106,11 +104,11 @@ struct head_attempt {
 int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn each, void *src,
                   const char *peer, const char *request_id, bool preserve_host,
                   const char *deadline_header, bool drop_underscored, bool grpc);
-/* The list attempt number 'attempt' sends, its own fields in 't' (which must live as long as
- * the attempt's transfer): X-Retry-Attempt, and the deadline header's value 'wait_ms', how long
+/* The fields of attempt number 'attempt' into t->own (which must live as long as the attempt's
+ * transfer), how many: X-Retry-Attempt, and the deadline header's value 'wait_ms', how long
  * the proxy will wait for this attempt's answer (on a gRPC call, grpc-timeout too). */
-struct curl_slist *head_up_attempt(const struct head_up *h, struct head_attempt *t,
-                                   uint32_t attempt, uint64_t wait_ms);
+size_t head_up_attempt(const struct head_up *h, struct head_attempt *t, uint32_t attempt,
+                       uint64_t wait_ms);
 void head_up_free(struct head_up *h);
 
 /* Whether a request trailer field named 'k' (NUL-terminated at 'kl', as libmicrohttpd and

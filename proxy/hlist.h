@@ -15,6 +15,13 @@ struct hlist {
     size_t len, cap, count;
 };
 
+/* One field by reference, neither part NUL-terminated: an attempt's own fields, sent beside a
+ * list (proxy/head.h). */
+struct hfield {
+    const char *name, *value;
+    size_t name_len, value_len;
+};
+
 void hlist_clear(struct hlist *h); /* keeps the buffer */
 void hlist_free(struct hlist *h);
 /* Adds a field. 0, or -1 past the bounds or out of memory. */

@@ -133,7 +133,7 @@ struct h2up_counts;
 struct h2up_counts *metrics_h2up_counts(struct metrics *m, unsigned w);
 /* upstream_requests_waiting: worker 'w''s count of attempts waiting for an upstream transfer
  * slot (limits.max_upstream_requests and its shares), which its upstream keeps
- * (upstream_count_waits()); NULL without metrics. */
+ * (slots_count_waits()); NULL without metrics. */
 _Atomic int64_t *metrics_upstream_waiting(struct metrics *m, unsigned w);
 /* connections_limit_reached_total: worker 'w' stopped accepting, its share of
  * limits.max_connections being open. */

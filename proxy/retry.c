@@ -376,7 +376,9 @@ static void attempt_go(struct attempt *a)
                                              : ATTEMPT_BODY_NONE;
     uint64_t left = r->deadline_ms > now ? r->deadline_ms - now : 1;
     /* how long this attempt's answer is waited for (grpc-timeout, the deadline header) */
-    req.headers = head_up_attempt(&r->up, &t->fields, t->number, race_attempt_wait(r, left));
+    req.fields = &r->up.fields;
+    req.own = t->fields.own;
+    req.n_own = head_up_attempt(&r->up, &t->fields, t->number, race_attempt_wait(r, left));
     uint64_t connect =
         rt->connect_timeout_ms && rt->connect_timeout_ms < left ? rt->connect_timeout_ms : left;
     if (attempt_launch(a, r->rtr->urls[u - rt->upstreams], u->base_path, &req, connect) < 0) {

@@ -2,9 +2,10 @@
  * through and what moves it from one to the next (docs/forwarding.md, docs/config.md "retry").
  *
  * The work itself is done by parts, each with one job: proxy/head.c reads the request head,
- * proxy/intake.c holds its body, proxy/attempt.c runs an upstream attempt (libcurl),
- * proxy/decide.c decides whether to retry (pure). The client side is a front end behind
- * proxy/front.h (proxy/relay.c: HTTP/1.1), which knows no more of the core than this header.
+ * proxy/intake.c holds its body, an upstream attempt runs behind proxy/attempt.h (libcurl,
+ * HTTP/2 or an upgrade's connection), proxy/decide.c decides whether to retry (pure). The client
+ * side is a front end behind proxy/front.h (proxy/relay.c: HTTP/1.1), which knows no more of the
+ * core than this header.
  */
 #ifndef RETRYPROXY_PROXY_RETRY_H
 #define RETRYPROXY_PROXY_RETRY_H

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <sys/time.h>
 
+#include "proxy/upstream.h"
+
 static int64_t unix_ms(void)
 {
     struct timeval tv;

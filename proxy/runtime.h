@@ -19,7 +19,8 @@
 #include "config/cfg.h"
 #include "proxy/live.h"
 #include "proxy/metrics.h"
-#include "proxy/upstream.h"
+
+struct upstream_url; /* proxy/upstream.h */
 
 struct rt_route {
     struct metrics_route *metrics;

@@ -19,6 +19,7 @@
 #include "proxy/relay.h"
 #include "proxy/retry.h"
 #include "proxy/tunnel.h"
+#include "proxy/upstream.h"
 #include "proxy/wire.h"
 #include "proxy/wiretab.h"
 #include "proxy/worker.h"

@@ -1,7 +1,7 @@
-/* share -- a part of a worker's upstream attempt slots (proxy/upstream.h, upstream_set_cap)
+/* share -- a part of a worker's upstream attempt slots (proxy/slots.h)
  * that one party may hold at once: the attempts to one upstream origin, or those of one client
  * connection's HTTP/2 streams (limits.upstream_share_percent, connection_share_percent;
- * docs/hardening.md). Counted here, enforced by proxy/upstream.c. A connection's share is
+ * docs/hardening.md). Counted here, enforced by proxy/slots.c. A connection's share is
  * reference-counted: attempts holding or waiting for a slot through it may outlive the
  * connection. No library: the HTTP/2 front end makes one per connection without libcurl.
  */

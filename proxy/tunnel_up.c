@@ -16,6 +16,8 @@
 #include <sys/epoll.h>
 
 #include "proxy/connect.h"
+#include "proxy/h1resp.h"
+#include "proxy/hlist.h"
 #include "proxy/headers.h"
 #include "proxy/loop.h"
 #include "proxy/origin.h"
@@ -40,13 +42,10 @@ struct tunnel_up {
     size_t out_len, out_off;
     uint64_t *bytes_sent;
     struct ring in;
-    int status;       /* of the head being read */
-    bool head_start;  /* the next line is a status line */
-    bool no_body;     /* a HEAD request */
-    bool paused, eof; /* the owner has no room; the upstream closed */
+    struct h1resp resp; /* the response head's parser */
+    struct hlist *head; /* ... and its fields (the owner's) */
+    bool paused, eof;   /* the owner has no room; the upstream closed */
     enum tu_framing framing;
-    bool chunked_seen; /* Transfer-Encoding in the head (the owner's checks made it "chunked") */
-    int64_t length;    /* Content-Length in the head, -1: none */
     enum tu_chunk chunk;
     uint64_t left; /* TF_LENGTH, CH_DATA: bytes of the body (chunk) still to come */
 };
@@ -100,29 +99,26 @@ static bool put(char **b, size_t *len, size_t *cap, const char *p, size_t n)
 
 #define PUTS(s) put(&b, &len, &cap, s, strlen(s))
 
-/* The head as libcurl would write it from the same list: "Name: value" as it is, "Name;" as
- * an empty value, "Name:" alone (a removal of one of curl's own) left out; Host from the
- * origin unless the list has it (preserve_host); Connection and Upgrade put back. */
+/* The head as libcurl would write it from the same fields, the attempt's own first; Host from
+ * the origin unless the request has it (preserve_host); Connection and Upgrade put back. */
 static bool build_head(struct tunnel_up *u, const struct tunnel_up_req *req)
 {
     char *b = NULL;
     size_t len = 0, cap = 0;
     bool ok = PUTS(req->method) && PUTS(" ") && PUTS(req->target) && PUTS(" HTTP/1.1\r\n");
     bool host = false;
-    for (const struct curl_slist *l = req->headers; ok && l; l = l->next) {
-        const char *d = l->data, *colon = strchr(d, ':');
-        if (!colon) {
-            size_t n = strlen(d);
-            if (n && d[n - 1] == ';')
-                ok = put(&b, &len, &cap, d, n - 1) && PUTS(":\r\n");
-            continue;
-        }
-        size_t vl = strlen(colon + 1);
-        hdr_trim(colon + 1, &vl);
-        if (!vl)
-            continue;
-        host |= HDR_NAME_IS(d, (size_t)(colon - d), "Host");
-        ok = PUTS(d) && PUTS("\r\n");
+    for (size_t i = 0; ok && i < req->n_own; i++)
+        ok = put(&b, &len, &cap, req->own[i].name, req->own[i].name_len) && PUTS(": ") &&
+             put(&b, &len, &cap, req->own[i].value, req->own[i].value_len) && PUTS("\r\n");
+    size_t pos = 0;
+    const char *k, *v;
+    while (ok && hlist_next(req->fields, &pos, &k, &v)) {
+        size_t vl = strlen(v);
+        hdr_trim(v, &vl);
+        if (*v && !vl)
+            continue; /* blanks alone, which libcurl leaves out too */
+        host |= hdr_name_eq(k, "Host");
+        ok = PUTS(k) && PUTS(*v ? ": " : ":") && PUTS(v) && PUTS("\r\n");
     }
     if (ok && !host)
         ok = PUTS("Host: ") && PUTS(req->o->authority) && PUTS("\r\n");
@@ -143,33 +139,21 @@ bool tunnel_up_sent(const struct tunnel_up *u)
 
 /* ---- the response ---- */
 
-/* Case-insensitive "Name:" at the start of a field line; its trimmed value in *v, *vl. */
-static bool field_is(const char *b, size_t len, const char *name, const char **v, size_t *vl)
-{
-    size_t nl = strlen(name);
-    if (len <= nl || b[nl] != ':' || strncasecmp(b, name, nl) != 0)
-        return false;
-    size_t n = len - nl - 1;
-    while (n && (b[nl + n] == '\r' || b[nl + n] == '\n'))
-        n--;
-    *vl = n;
-    *v = hdr_trim(b + nl + 1, vl);
-    return true;
-}
-
-/* What a final head says of its body: none, chunked, a length, or to the close (the owner's
- * checks refused every ambiguous head before the empty line). */
+/* What a final head says of its body: none, chunked, a length, or to the close (the parser
+ * refused every ambiguous head: one length at most, "chunked" the only transfer coding). */
 static void frame(struct tunnel_up *u)
 {
-    if (u->no_body || u->status == 204 || u->status == 304)
+    int status = u->resp.status;
+    int64_t length = hlist_content_length(u->head);
+    if (u->resp.no_body || status == 204 || status == 304)
         u->framing = TF_NONE;
-    else if (u->chunked_seen)
+    else if (hlist_get(u->head, "Transfer-Encoding"))
         u->framing = TF_CHUNKED;
-    else if (u->length >= 0)
-        u->framing = u->length ? TF_LENGTH : TF_NONE;
+    else if (length >= 0)
+        u->framing = length ? TF_LENGTH : TF_NONE;
     else
         u->framing = TF_CLOSE;
-    u->left = u->length > 0 ? (uint64_t)u->length : 0;
+    u->left = length > 0 ? (uint64_t)length : 0;
     u->chunk = CH_SIZE;
 }
 
@@ -177,29 +161,15 @@ static void frame(struct tunnel_up *u)
  * over (finished, or handed over). */
 static bool head_line(struct tunnel_up *u, const char *b, size_t len)
 {
-    if (u->head_start) {
-        u->head_start = false;
-        u->chunked_seen = false;
-        u->length = -1;
-        /* "HTTP/1.x NNN": the owner checks the line; the number is wanted here too */
-        const char *sp = memchr(b, ' ', len);
-        u->status = sp && (size_t)(sp - b) + 4 <= len ? (int)strtol(sp + 1, NULL, 10) : 0;
-    } else {
-        const char *v;
-        size_t vl;
-        if (field_is(b, len, "Transfer-Encoding", &v, &vl))
-            u->chunked_seen = true;
-        else if (field_is(b, len, "Content-Length", &v, &vl))
-            u->length = hdr_value_uint(v, vl);
-    }
-    bool blank = b[0] == '\r' || b[0] == '\n';
-    if (u->ops->line(u->arg, b, len) == 0) {
-        finish(u, TUNNEL_UP_BROKEN);
+    enum h1resp_step st = h1resp_line(&u->resp, u->head, u->head, b, len);
+    if (st == H1RESP_ABORT) {
+        finish(u, u->resp.bad ? TUNNEL_UP_BAD_HEAD : TUNNEL_UP_BROKEN);
         return false;
     }
     ring_drop(&u->in, len);
-    if (!blank)
-        return true;
+    if (st == H1RESP_MORE)
+        return true; /* a line of the head, or the end of an interim one */
+    u->ops->head(u->arg, u->resp.status);
     if (u->state == TU_HANDED) {
         /* the 101 was taken: the rest of the buffer is the tunnel's */
         const struct tunnel_up_ops *ops = u->ops;
@@ -208,13 +178,10 @@ static bool head_line(struct tunnel_up *u, const char *b, size_t len)
         ops->done(arg, TUNNEL_UP_COMPLETE);
         return false;
     }
-    if (u->status == 101 || u->status < 100) {
+    if (u->resp.status == 101) {
         finish(u, TUNNEL_UP_BROKEN); /* a 101 the owner did not take */
         return false;
     }
-    u->head_start = true;
-    if (u->status < 200)
-        return true; /* interim: the real head follows */
     frame(u);
     u->state = TU_BODY;
     return true;
@@ -422,7 +389,6 @@ static void send_head(struct tunnel_up *u)
     free(u->out);
     u->out = NULL;
     u->state = TU_HEAD;
-    u->head_start = true;
     read_some(u);
 }
 
@@ -475,7 +441,8 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     u->ops = ops;
     u->arg = arg;
     connector_init(&u->k);
-    u->no_body = req->no_body;
+    h1resp_start(&u->resp, req->upgrade, req->no_body);
+    u->head = req->head;
     u->bytes_sent = req->bytes_sent;
     u->in.max = IN_MAX;
     if (!build_head(u, req) ||

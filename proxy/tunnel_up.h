@@ -2,11 +2,10 @@
  * carry an HTTP/1.1 upgrade (Debian 12's 7.88 waits on for a final response after a 101), so
  * this connects by itself in the worker's loop through proxy/connect.h, as the HTTP/2 sessions
  * do: TLS offering only "http/1.1" by ALPN for an https origin (proxy/tls.h), the request
- * head written from proxy/head.c's list with Connection and Upgrade put back, and the response
- * head handed to the owner line by line for its strict checks (proxy/attempt.c's, the ones
- * every response head passes).
+ * head written from proxy/head.c's fields with Connection and Upgrade put back, and the response
+ * head read by proxy/h1resp.h, with the checks every HTTP/1.1 response head passes.
  *
- * A 101 the owner accepts (tunnel_up_handover() from inside its 'line' callback) ends the
+ * A 101 the owner accepts (tunnel_up_handover() from inside its 'head' callback) ends the
  * attempt complete, and the connection, with the bytes read past the head, becomes the
  * tunnel's (proxy/tunnel.h). Any other final answer is read by its framing (Content-Length,
  * chunked, or to the close), its body handed over as it comes, and the connection closed.
@@ -18,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <curl/curl.h> /* struct curl_slist, the list's shape (no call into libcurl) */
-
+struct hfield;
+struct hlist;
 struct loop;
 struct origin;
 struct tls;
@@ -32,14 +31,15 @@ struct tunnel_up;
 enum tunnel_up_end {
     TUNNEL_UP_COMPLETE, /* a whole answer (or the 101 taken over) */
     TUNNEL_UP_STOPPED,  /* the body callback took no bytes */
-    TUNNEL_UP_BROKEN,   /* a reset, a malformed head or body, after the request went */
+    TUNNEL_UP_BROKEN,   /* a reset, a malformed body, after the request went */
     TUNNEL_UP_UNSENT,   /* the connection or TLS failed: nothing reached the upstream */
+    TUNNEL_UP_BAD_HEAD, /* a malformed or ambiguous response head (broken, a 502 of its own) */
 };
 
 struct tunnel_up_ops {
-    /* One line of the response head, its line end included (an empty line ends a head;
-     * interim 1xx heads other than 101 come too). 0: malformed, the attempt ends broken. */
-    size_t (*line)(void *arg, const char *b, size_t len);
+    /* The final response head is in: its 'status' and the fields in tunnel_up_req.head (a
+     * 101 is the agreement to the upgrade; interim 1xx heads are dropped). */
+    void (*head)(void *arg, int status);
     /* Body bytes of an answer other than 101: how many were taken, 0 to stop, or
      * TUNNEL_UP_PAUSE. */
     size_t (*body)(void *arg, const char *p, size_t n);
@@ -50,10 +50,14 @@ struct tunnel_up_ops {
 struct tunnel_up_req {
     const struct origin *o;
     const char *method;
-    const char *target; /* origin-form, the upstream's base path in front */
-    const struct curl_slist *headers;
-    const char *upgrade; /* the token asked for (the client's, with its version if any) */
-    bool no_body;        /* a HEAD request */
+    const char *target;       /* origin-form, the upstream's base path in front */
+    const struct hfield *own; /* the attempt's own fields, sent first */
+    size_t n_own;
+    const struct hlist *fields; /* the request's (proxy/head.c) */
+    const char *upgrade;        /* the token asked for (the client's, with its version if any; it
+                                 * outlives the attempt) */
+    struct hlist *head;         /* the response head's fields go here (the owner's, cleared) */
+    bool no_body;               /* a HEAD request */
     uint64_t connect_timeout_ms;
     uint64_t *bytes_sent; /* NULL: not counted */
 };

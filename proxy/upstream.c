@@ -9,10 +9,9 @@
 #include <unistd.h>
 
 #include "config/cfg.h"
-#include "proxy/dlist.h"
 #include "proxy/h2up.h"
 #include "proxy/origin.h"
-#include "proxy/strmap.h"
+#include "proxy/slots.h"
 
 /* Idle easy handles kept for reuse; more are freed. Each holds some kilobytes (its buffers):
  * after a burst, upstream_trim() keeps POOL_KEEP. */
@@ -52,18 +51,11 @@ struct upstream {
     CURL *pool[POOL_MAX];
     size_t npool;
     size_t active;
-    size_t held;                  /* transfers holding a slot (at most 'cap' unless it fell) */
     struct upstream_sock **socks; /* by fd; NULL where curl has no socket */
     size_t nsocks;
-    size_t cap;                      /* transfers at once; 0: no limit */
-    struct upstream_wait *wait_head; /* owners waiting for a slot, oldest first */
-    struct upstream_wait *wait_tail;
-    struct loop_timer wake;        /* hands free slots to waiting owners */
-    unsigned origin_pct, conn_pct; /* the shares, percent of 'cap' (upstream_set_shares) */
-    struct strmap origins;         /* origin -> struct origin_share, made on first use */
-    struct h2up *h2; /* h2c upstreams' sessions (proxy/h2up.h), made when first needed */
+    struct slots *slots; /* every transport's attempt slots (proxy/slots.h) */
+    struct h2up *h2;     /* h2c upstreams' sessions (proxy/h2up.h), made when first needed */
     struct h2up_counts *h2_counts; /* ... and where they count (the worker's metrics) */
-    _Atomic int64_t *waiting;      /* owners waiting for a slot (the worker's metrics) */
 };
 
 /* A parsed upstream origin: curl's URL handle, or an HTTP/2 origin of proxy/h2up.h (h2c, or
@@ -78,134 +70,6 @@ struct upstream_url {
     struct curl_slist *connect_to; /* with tls.server_name: where connections really go */
     char *host_field;              /* ... and the Host the URL no longer gives */
 };
-
-/* An origin's share, under its own copy of the name. */
-struct origin_share {
-    struct share share;
-    char name[];
-};
-
-static bool has_slot(const struct upstream *u)
-{
-    return !u->cap || u->held < u->cap;
-}
-
-/* Whether 's' (NULL: none) holds all it may. */
-static bool used_up(const struct upstream *u, const struct share *s)
-{
-    if (!s || !u->cap)
-        return false;
-    size_t limit = (u->cap * (s->conn ? u->conn_pct : u->origin_pct) + 99) / 100;
-    return s->held >= (limit ? limit : 1);
-}
-
-static struct share *blocking(const struct upstream *u, struct share *const share[2])
-{
-    return used_up(u, share[0]) ? share[0] : used_up(u, share[1]) ? share[1] : NULL;
-}
-
-static void wait_unlink(struct upstream *u, struct upstream_wait *wt)
-{
-    struct upstream_wait **head = wt->parked ? &wt->parked->parked_head : &u->wait_head,
-                         **tail = wt->parked ? &wt->parked->parked_tail : &u->wait_tail;
-    if (*tail == wt)
-        *tail = wt->prev;
-    DLIST_UNLINK(*head, wt);
-    wt->prev = wt->next = NULL;
-    wt->parked = NULL;
-}
-
-/* Puts 'wt' (out of every list) last in the list of 'head' and 'tail'. */
-static void wait_append(struct upstream_wait **head, struct upstream_wait **tail,
-                        struct upstream_wait *wt)
-{
-    wt->next = NULL;
-    wt->prev = *tail;
-    if (*tail)
-        (*tail)->next = wt;
-    else
-        *head = wt;
-    *tail = wt;
-}
-
-/* Puts 'wt' (out of every list) first in the queue. */
-static void wait_front(struct upstream *u, struct upstream_wait *wt)
-{
-    wt->next = u->wait_head;
-    if (u->wait_head)
-        u->wait_head->prev = wt;
-    else
-        u->wait_tail = wt;
-    u->wait_head = wt;
-}
-
-static void on_wake(struct loop_timer *t)
-{
-    struct upstream *u = t->arg;
-    while (u->wait_head && has_slot(u)) {
-        struct upstream_wait *wt = u->wait_head;
-        struct share *s = blocking(u, wt->share);
-        if (s) {
-            /* passed over until its share has room (drop_slot puts it back in front) */
-            wait_unlink(u, wt);
-            wt->parked = s;
-            wait_append(&s->parked_head, &s->parked_tail, wt);
-            continue;
-        }
-        /* a connection's share outlives the wait until the transfer holds it */
-        struct share *keep[2] = { wt->share[0], wt->share[1] };
-        for (int i = 0; i < 2; i++)
-            if (keep[i])
-                share_ref(keep[i]);
-        upstream_unwait(u, wt);
-        wt->go(wt);
-        for (int i = 0; i < 2; i++)
-            share_unref(keep[i]);
-    }
-}
-
-/* A slot was freed: waiting owners get it in the next turn, never from inside curl or from
- * the middle of their own code. */
-static void slot_freed(struct upstream *u)
-{
-    if (u->wait_head && has_slot(u))
-        loop_timer_start(u->loop, &u->wake, loop_now(u->loop), on_wake, u);
-}
-
-/* 'x' has ended or runs on outside the cap: its slot, if it held one, is free (handed on in
- * the next turn, by slot_freed()). */
-static void drop_slot(struct upstream *u, struct upstream_xfer *x)
-{
-    if (!x->slot)
-        return;
-    x->slot = false;
-    u->held--;
-    for (int i = 0; i < 2; i++) {
-        struct share *s = x->share[i];
-        if (!s)
-            continue;
-        s->held--;
-        struct upstream_wait *wt = s->parked_head;
-        if (wt && !used_up(u, s)) {
-            /* the first passed over for this share waits in front again */
-            wait_unlink(u, wt);
-            wait_front(u, wt);
-        }
-        x->share[i] = NULL; /* a transfer started again without queueing counts in none */
-        share_unref(s);
-    }
-}
-
-static void take_slot(struct upstream *u, struct upstream_xfer *x)
-{
-    x->slot = true;
-    u->held++;
-    for (int i = 0; i < 2; i++)
-        if (x->share[i]) {
-            x->share[i]->held++;
-            share_ref(x->share[i]);
-        }
-}
 
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it (a
  * 'spent' one always: struct upstream_xfer). */
@@ -238,13 +102,13 @@ static void check_done(struct shard *sh)
         u->active--;
         bool spent = x && x->spent;
         if (x) {
-            drop_slot(u, x);
+            slots_drop(u->slots, &x->hold);
             x->easy = NULL;
             x->done(x, rc);
         }
         pool_put(u, easy, spent);
     }
-    slot_freed(u);
+    slots_hand_on(u->slots);
 }
 
 static void on_sock_event(struct loop_watch *w, uint32_t events)
@@ -388,6 +252,10 @@ struct upstream *upstream_new(struct loop *l, struct h2up_counts *h2_counts)
         return NULL;
     u->loop = l;
     u->h2_counts = h2_counts;
+    if (!(u->slots = slots_new(l))) {
+        free(u);
+        return NULL;
+    }
     for (size_t i = 0; i < SHARDS; i++) {
         struct shard *sh = &u->shards[i];
         sh->u = u;
@@ -410,7 +278,6 @@ void upstream_free(struct upstream *u)
     if (!u)
         return;
     /* Running transfers were cancelled by their requests when the worker tore them down. */
-    loop_timer_stop(u->loop, &u->wake);
     h2up_free(u->h2);
     for (size_t i = 0; i < SHARDS; i++) {
         loop_timer_stop(u->loop, &u->shards[i].timer);
@@ -426,9 +293,7 @@ void upstream_free(struct upstream *u)
             free(u->socks[i]);
         }
     free(u->socks);
-    for (size_t i = 0; i < u->origins.cap; i++)
-        free(u->origins.slots[i].val);
-    strmap_free(&u->origins);
+    slots_free(u->slots);
     free(u);
 }
 
@@ -481,7 +346,7 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
     }
     sh->active++;
     u->active++;
-    take_slot(u, x);
+    slots_take(u->slots, &x->hold);
     return 0;
 }
 
@@ -493,10 +358,10 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
     curl_multi_remove_handle(sh->multi, x->easy);
     sh->active--;
     u->active--;
-    drop_slot(u, x);
+    slots_drop(u->slots, &x->hold);
     pool_put(u, x->easy, x->spent);
     x->easy = NULL;
-    slot_freed(u);
+    slots_hand_on(u->slots);
 }
 
 /* libcurl's own CA bundle and directory, which a pooled handle is given back after serving a
@@ -657,45 +522,6 @@ struct h2up *upstream_h2(struct upstream *u)
     return u->h2;
 }
 
-void upstream_take_slot(struct upstream *u, struct upstream_xfer *x)
-{
-    if (!x->slot)
-        take_slot(u, x);
-}
-
-void upstream_set_shares(struct upstream *u, unsigned origin_pct, unsigned conn_pct)
-{
-    u->origin_pct = origin_pct;
-    u->conn_pct = conn_pct;
-    /* a larger share may let a passed-over owner go: back in front, looked at again */
-    for (size_t i = 0; i < u->origins.cap; i++) {
-        struct origin_share *o = u->origins.slots[i].val;
-        while (o && o->share.parked_head && !used_up(u, &o->share)) {
-            struct upstream_wait *wt = o->share.parked_tail;
-            wait_unlink(u, wt);
-            wait_front(u, wt);
-        }
-    }
-    slot_freed(u);
-}
-
-struct share *upstream_origin_share(struct upstream *u, const char *origin)
-{
-    struct origin_share *o = strmap_get(&u->origins, origin);
-    if (o)
-        return &o->share;
-    size_t n = strlen(origin) + 1;
-    if (!(o = calloc(1, sizeof(*o) + n)))
-        return NULL;
-    memcpy(o->name, origin, n);
-    o->share.refs = 1; /* the map's: never freed before the worker */
-    if (strmap_put(&u->origins, o->name, o) < 0) {
-        free(o);
-        return NULL;
-    }
-    return &o->share;
-}
-
 void upstream_trim(struct upstream *u)
 {
     while (u->npool > POOL_KEEP)
@@ -707,59 +533,7 @@ size_t upstream_active(const struct upstream *u)
     return u->active;
 }
 
-void upstream_set_cap(struct upstream *u, size_t cap)
+struct slots *upstream_slots(struct upstream *u)
 {
-    u->cap = cap;
-    slot_freed(u);
-}
-
-void upstream_count_waits(struct upstream *u, _Atomic int64_t *gauge)
-{
-    u->waiting = gauge;
-}
-
-/* The waiting gauge moves by 'delta': a relaxed load and store, this thread being its only
- * writer. */
-static void count_wait(struct upstream *u, int delta)
-{
-    if (u->waiting)
-        atomic_store_explicit(u->waiting,
-                              atomic_load_explicit(u->waiting, memory_order_relaxed) + delta,
-                              memory_order_relaxed);
-}
-
-void upstream_release_slot(struct upstream *u, struct upstream_xfer *x)
-{
-    drop_slot(u, x);
-    slot_freed(u);
-}
-
-bool upstream_full(const struct upstream *u, struct share *const share[2])
-{
-    return u->wait_head || !has_slot(u) || blocking(u, share);
-}
-
-void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn go)
-{
-    if (wt->queued)
-        return;
-    for (int i = 0; i < 2; i++)
-        if (wt->share[i])
-            share_ref(wt->share[i]);
-    wt->go = go;
-    wt->queued = true;
-    count_wait(u, 1);
-    wait_append(&u->wait_head, &u->wait_tail, wt);
-    slot_freed(u);
-}
-
-void upstream_unwait(struct upstream *u, struct upstream_wait *wt)
-{
-    if (!wt->queued)
-        return;
-    wait_unlink(u, wt);
-    wt->queued = false;
-    count_wait(u, -1);
-    for (int i = 0; i < 2; i++)
-        share_unref(wt->share[i]);
+    return u->slots;
 }

@@ -15,7 +15,7 @@
 #include <curl/curl.h>
 
 #include "proxy/loop.h"
-#include "proxy/share.h"
+#include "proxy/slots.h"
 
 /* Idle upstream connections a worker keeps at most, over all its multi handles
  * (CURLMOPT_MAXCONNECTS): the soak's descriptor check allows this many (tests/tools/soak.c).
@@ -35,26 +35,14 @@ struct upstream_xfer {
     struct shard *shard; /* the multi handle it runs on (upstream.c) */
     upstream_done_fn done;
     void *arg;
-    /* The shares its slot counts in (set before it starts; NULL: none): its origin's and its
-     * client connection's (proxy/share.h). */
-    struct share *share[2];
-    bool slot; /* it holds one of the cap's slots (upstream_set_cap) */
+    /* Its slot (proxy/slots.h): held from its start until it ends or is released; the shares
+     * it counts in are set before it starts. */
+    struct slot_hold hold;
     /* Set by the owner before upstream_start(): the handle is freed when the transfer ends,
      * not pooled. libcurl 7.88 keeps the state of a chunked upload's trailers (after
      * CURLOPT_TRAILERFUNCTION) through curl_easy_reset(): the next chunked upload on that
      * handle would write its chunk header before its buffer. */
     bool spent;
-};
-
-/* An owner waiting for a transfer slot (see upstream_set_cap). */
-struct upstream_wait;
-typedef void (*upstream_go_fn)(struct upstream_wait *wt);
-struct upstream_wait {
-    struct upstream_wait *prev, *next;
-    upstream_go_fn go;
-    bool queued;
-    struct share *share[2]; /* what its slot will count in (upstream_xfer) */
-    struct share *parked;   /* queued on this share's list: it is used up */
 };
 
 /* A multi handle driven by 'l', or NULL; its HTTP/2 sessions count into 'h2_counts' (NULL:
@@ -110,38 +98,7 @@ void upstream_trim(struct upstream *u);
 /* Transfers running now. */
 size_t upstream_active(const struct upstream *u);
 
-/* At most 'cap' transfers hold a slot at once (0: no limit). Each costs an easy handle, its
- * buffers and an upstream socket, so a burst of attempts is bounded by this rather than by the
- * number of requests; the others wait their turn in order. A transfer holds its slot from its
- * start until it ends or upstream_release_slot(). */
-void upstream_set_cap(struct upstream *u, size_t cap);
-/* Where 'u' counts the owners waiting for a slot (+1 on upstream_wait(), -1 when they stop
- * waiting); NULL: nowhere. Only the loop's thread writes it. */
-void upstream_count_waits(struct upstream *u, _Atomic int64_t *gauge);
-/* Of those slots, the attempts to one origin hold at most 'origin_pct' percent, those of one
- * client connection at most 'conn_pct' (rounded up, at least one): a slow upstream, or a client
- * with many streams, leaves the rest to the others (Envoy's per-cluster and per-connection
- * circuit breakers). An attempt whose share is used up waits its turn, as one past the cap
- * does, and is passed over meanwhile. */
-void upstream_set_shares(struct upstream *u, unsigned origin_pct, unsigned conn_pct);
-/* The worker's share for the origin 'origin' (cfg_upstream.origin), made on first use; NULL
- * out of memory. */
-struct share *upstream_origin_share(struct upstream *u, const char *origin);
-/* 'x' takes a slot without a curl transfer (an h2c stream): upstream_release_slot() gives it
- * back. The caller checked upstream_full() (attempt_queue). */
-void upstream_take_slot(struct upstream *u, struct upstream_xfer *x);
-/* The running transfer 'x' gives its slot back and runs on outside the cap: its response is
- * committed to a client and streams at that client's pace, which the cap must not wait on
- * (docs/hardening.md, "Slow readers"). A no-op when it holds none. */
-void upstream_release_slot(struct upstream *u, struct upstream_xfer *x);
-/* True when a transfer counted in 'share' (two, either NULL) started now would pass the cap
- * or a share, or others already wait. */
-bool upstream_full(const struct upstream *u, struct share *const share[2]);
-/* Queues 'wt' (its 'share' set): its 'go' is called from the loop, in arrival order, once a
- * slot is free and its shares have room (a transfer must then be started from it, counted in
- * the same shares, or the slot passes to the next). */
-void upstream_wait(struct upstream *u, struct upstream_wait *wt, upstream_go_fn go);
-/* Leaves the queue (a no-op when 'wt' is not in it). */
-void upstream_unwait(struct upstream *u, struct upstream_wait *wt);
+/* The worker's attempt slots (limits.max_upstream_requests), which its transfers hold too. */
+struct slots *upstream_slots(struct upstream *u);
 
 #endif

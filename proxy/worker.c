@@ -8,14 +8,17 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "proxy/upstream.h"
+
 /* This worker's share of limits.max_upstream_requests, and how it is shared out. */
 static void set_upstream_cap(struct worker *w)
 {
     unsigned n = w->px->n_workers ? w->px->n_workers : 1;
     if (w->up && w->rt) {
         const struct cfg *cfg = w->rt->cfg;
-        upstream_set_shares(w->up, cfg->upstream_share_percent, cfg->connection_share_percent);
-        upstream_set_cap(w->up, (cfg->max_upstream_requests + n - 1) / n);
+        struct slots *s = upstream_slots(w->up);
+        slots_set_shares(s, cfg->upstream_share_percent, cfg->connection_share_percent);
+        slots_set_cap(s, (cfg->max_upstream_requests + n - 1) / n);
     }
 }
 
@@ -98,7 +101,7 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
     loop_set_idle(w->loop, on_idle, w);
     w->up = upstream_new(w->loop, metrics_h2up_counts(w->px->metrics, w->id));
     if (w->up)
-        upstream_count_waits(w->up, metrics_upstream_waiting(w->px->metrics, w->id));
+        slots_count_waits(upstream_slots(w->up), metrics_upstream_waiting(w->px->metrics, w->id));
     if (!w->up)
         goto fail;
     set_upstream_cap(w);

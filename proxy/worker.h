@@ -14,7 +14,8 @@
 #include "proxy/loop.h"
 #include "proxy/proxy.h"
 #include "proxy/runtime.h"
-#include "proxy/upstream.h"
+
+struct upstream; /* proxy/upstream.h */
 
 struct worker;
 struct retry_req;

@@ -40,7 +40,7 @@ struct owner {
 
 static struct owner owners[STREAMS];
 
-/* Refuses a status outside 100-599, as proxy/attempt.c does. */
+/* Refuses a status outside 100-599, as proxy/h2up_attempt.c does. */
 static bool on_head(void *arg, int status)
 {
     struct owner *o = arg;

@@ -1,19 +1,19 @@
-/* attempt_h2_fields: the header list proxy/head.c builds, as the fields of an HTTP/2 request to
- * an h2c upstream (docs/http2.md; RFC 9113 8.2). */
+/* attempt_h2_fields: an attempt's own fields and the list proxy/head.c builds, as the fields of
+ * an HTTP/2 request to an h2c upstream (docs/http2.md; RFC 9113 8.2). */
 #include <criterion/criterion.h>
-#include <curl/curl.h>
 #include <string.h>
 
-#include "proxy/attempt.h"
+#include "proxy/attempt_int.h"
+#include "proxy/h2up.h"
 
-/* The values point into the list: each test's lists are freed by its .fini. */
-static struct curl_slist *lists[4];
+/* The values point into the lists: each test's lists are freed by its .fini. */
+static struct hlist lists[4];
 static size_t n_lists;
 
 static void free_lists(void)
 {
     while (n_lists)
-        curl_slist_free_all(lists[--n_lists]);
+        hlist_free(&lists[--n_lists]);
 }
 
 TestSuite(h2_fields, .fini = free_lists);
@@ -26,17 +26,35 @@ struct conv {
     size_t host_len, n;
 };
 
-/* Fills 'c' (its names point into it: not to be copied). */
+/* Fills 'c' (its names point into it: not to be copied) from "Name: value" lines, the first
+ * 'n_own' of them the attempt's own. */
+static const struct conv *convert_own(struct conv *c, const char *const *lines, size_t n_own,
+                                      size_t max)
+{
+    cr_assert_lt(n_lists, 4);
+    struct hlist *l = &lists[n_lists++];
+    struct hfield own[4];
+    size_t i = 0;
+    for (; lines[i]; i++) {
+        const char *colon = strchr(lines[i], ':');
+        cr_assert_not_null(colon);
+        const char *v = colon[1] == ' ' ? colon + 2 : colon + 1;
+        if (i < n_own) {
+            cr_assert_lt(i, 4);
+            own[i] = (struct hfield){ lines[i], v, (size_t)(colon - lines[i]), strlen(v) };
+        } else {
+            cr_assert_eq(hlist_add(l, lines[i], (size_t)(colon - lines[i]), v, strlen(v)), 0);
+        }
+    }
+    c->host = NULL;
+    c->n = attempt_h2_fields(own, n_own < i ? n_own : i, l, c->f, max, c->names, &c->host,
+                             &c->host_len);
+    return c;
+}
+
 static const struct conv *convert(struct conv *c, const char *const *lines, size_t max)
 {
-    struct curl_slist *l = NULL;
-    for (size_t i = 0; lines[i]; i++)
-        l = curl_slist_append(l, lines[i]);
-    cr_assert_lt(n_lists, 4);
-    lists[n_lists++] = l;
-    c->host = NULL;
-    c->n = attempt_h2_fields(l, c->f, max, c->names, &c->host, &c->host_len);
-    return c;
+    return convert_own(c, lines, 0, max);
 }
 
 static bool has(const struct conv *c, const char *name, const char *value)
@@ -103,14 +121,25 @@ Test(h2_fields, te_goes_only_as_trailers)
     cr_expect(has(&c, "te", "Trailers"));
 }
 
-Test(h2_fields, removals_and_empty_values_are_left_out_as_curl_does)
+Test(h2_fields, empty_values_are_left_out_as_curl_does)
 {
-    const char *lines[] = { "Accept:", "Expect:", "X-Empty: ", "X-Set: v", NULL };
+    const char *lines[] = { "Accept:", "X-Empty:  ", "X-Set: v", NULL };
     struct conv c;
     convert(&c, lines, 8);
     cr_expect_eq(c.n, 1);
     cr_expect(has(&c, "x-set", "v"));
     cr_expect_not(named(&c, "accept"));
+}
+
+Test(h2_fields, the_attempts_own_fields_go_first)
+{
+    const char *lines[] = { "X-Retry-Attempt: 2", "grpc-timeout: 5m", "X-A: b", NULL };
+    struct conv c;
+    convert_own(&c, lines, 2, 8);
+    cr_assert_eq(c.n, 3);
+    cr_expect_eq(memcmp(c.f[0].name, "x-retry-attempt", 15), 0);
+    cr_expect_eq(memcmp(c.f[1].name, "grpc-timeout", 12), 0);
+    cr_expect(has(&c, "x-a", "b"));
 }
 
 Test(h2_fields, at_most_max_fields)

@@ -32,8 +32,9 @@ static struct {
     unsigned launches;
     uint64_t launched_at[LAUNCHES];
     struct attempt *launched[LAUNCHES];
-    const struct curl_slist *headers[LAUNCHES]; /* the list each launch sends */
-    const struct hlist *trailers[LAUNCHES];     /* and the trailers it sends after the body */
+    const struct hlist *fields[LAUNCHES];   /* the request's fields each launch sends */
+    char first[LAUNCHES][64];               /* and its own first field, "Name: value" */
+    const struct hlist *trailers[LAUNCHES]; /* and the trailers it sends after the body */
     bool running[LAUNCHES];
     unsigned cancels;
 } up;
@@ -62,8 +63,8 @@ static uint64_t fake_clock(void *arg)
 
 void attempt_init(struct attempt *a, struct upstream *u, const struct attempt_ops *ops, void *arg)
 {
+    (void)u;
     memset(a, 0, sizeof(*a));
-    a->up = u;
     a->ops = ops;
     a->arg = arg;
 }
@@ -78,9 +79,9 @@ bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
 {
     (void)origin;
     (void)conn;
-    a->sends = 0;
+    a->sent = false;
     a->status = 0;
-    a->head_done = a->bad_head = false;
+    a->bad_head = false;
     hlist_clear(&a->head);
     hlist_clear(&a->trailers);
     return false;
@@ -94,12 +95,14 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
     (void)connect_timeout_ms;
     cr_assert(up.launches < LAUNCHES);
     up.launched[up.launches] = a;
-    up.headers[up.launches] = req->headers;
+    up.fields[up.launches] = req->fields;
+    cr_assert_gt(req->n_own, 0);
+    snprintf(up.first[up.launches], sizeof(up.first[0]), "%.*s: %.*s", (int)req->own[0].name_len,
+             req->own[0].name, (int)req->own[0].value_len, req->own[0].value);
     up.trailers[up.launches] = req->trailers;
     up.running[up.launches] = true;
     up.launched_at[up.launches++] = now_ms;
     up.a = a;
-    a->xfer.easy = (CURL *)a; /* running */
     return 0;
 }
 
@@ -113,12 +116,19 @@ static unsigned launch_of(const struct attempt *a)
     return 0;
 }
 
+bool attempt_running(const struct attempt *a)
+{
+    for (unsigned i = up.launches; i-- > 0;)
+        if (up.launched[i] == a && up.running[i])
+            return true;
+    return false;
+}
+
 bool attempt_cancel(struct attempt *a)
 {
-    if (!a->xfer.easy)
+    if (!attempt_running(a))
         return false;
     up.running[launch_of(a)] = false;
-    a->xfer.easy = NULL;
     up.cancels++;
     return true;
 }
@@ -345,8 +355,7 @@ static void launch_fails(unsigned k, bool sent)
 {
     cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
     struct attempt *a = up.launched[k];
-    a->sends = sent;
-    a->xfer.easy = NULL;
+    a->sent = sent;
     up.running[k] = false;
     a->ops->done(a, ATTEMPT_BROKEN);
 }
@@ -355,15 +364,13 @@ static void launch_answers(unsigned k, int status, const char *retry_after)
 {
     cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
     struct attempt *a = up.launched[k];
-    a->sends = 1;
+    a->sent = true;
     a->status = status;
     if (retry_after)
         hlist_add(&a->head, "Retry-After", 11, retry_after, strlen(retry_after));
-    a->head_done = true;
     a->ops->head(a);
     if (!up.running[k])
         return; /* the state machine let go of it */
-    a->xfer.easy = NULL;
     up.running[k] = false;
     a->ops->done(a, ATTEMPT_COMPLETE);
 }
@@ -587,9 +594,8 @@ static void launch_head(unsigned k, int status)
 {
     cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
     struct attempt *a = up.launched[k];
-    a->sends = 1;
+    a->sent = true;
     a->status = status;
-    a->head_done = true;
     a->ops->head(a);
 }
 
@@ -598,7 +604,6 @@ static void launch_body_ends(unsigned k)
     cr_assert(k < up.launches && up.running[k], "launch %u is not running", k);
     struct attempt *a = up.launched[k];
     cr_assert_eq(a->ops->body(a, "busy", 4), 4);
-    a->xfer.easy = NULL;
     up.running[k] = false;
     a->ops->done(a, ATTEMPT_COMPLETE);
 }
@@ -691,9 +696,9 @@ Test(retry_timers, a_hedge_starts_beside_the_slow_attempt_and_the_first_good_ans
     cr_assert_eq(up.launches, 2);
     cr_assert(running(0) && running(1), "two attempts should run at once");
     /* each sends its own number, however long the first took to send */
-    cr_assert_str_eq(up.headers[0]->data, "X-Retry-Attempt: 1");
-    cr_assert_str_eq(up.headers[1]->data, "X-Retry-Attempt: 2");
-    cr_assert_eq(up.headers[0]->next, up.headers[1]->next, "the rest of the list is shared");
+    cr_assert_str_eq(up.first[0], "X-Retry-Attempt: 1");
+    cr_assert_str_eq(up.first[1], "X-Retry-Attempt: 2");
+    cr_assert_eq(up.fields[0], up.fields[1], "the request's fields are shared");
     at(150);
     launch_answers(1, 200, NULL);
     cr_assert_eq(client.status, 200);
@@ -807,7 +812,7 @@ Test(retry_timers, a_slow_attempt_failing_leaves_the_hedge_running)
     at(220);
     cr_assert_eq(up.launches, 3);
     cr_assert(running(1) && running(2));
-    cr_assert_str_eq(up.headers[2]->data, "X-Retry-Attempt: 3");
+    cr_assert_str_eq(up.first[2], "X-Retry-Attempt: 3");
     launch_answers(2, 200, NULL);
     cr_assert_eq(client.status, 200);
     cr_assert_eq(client.attempts, 3);
@@ -1009,7 +1014,6 @@ static void grpc_ends(unsigned k, int status)
     char v[16];
     snprintf(v, sizeof(v), "%d", status);
     hlist_add(&a->trailers, "grpc-status", 11, v, strlen(v));
-    a->xfer.easy = NULL;
     up.running[k] = false;
     a->ops->done(a, ATTEMPT_COMPLETE);
 }
