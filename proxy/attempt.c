@@ -57,11 +57,28 @@ bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
     return true;
 }
 
-const char *attempt_target(struct attempt *a, const char *base_path, const char *target)
+/* head_upstream_target(), kept in the attempt until it is launched again or ends. */
+static const char *attempt_target(struct attempt *a, const char *base_path, const char *target)
 {
     struct attempt_priv *p = attempt_priv(a);
     free(p->target_buf);
     return head_upstream_target(base_path, target, &p->target_buf);
+}
+
+/* An https attempt's HTTP/2 connection found its server choosing http/1.1 by ALPN
+ * (attempt_priv.fallback_h1): the same attempt goes through libcurl. */
+static bool fallback_h1(struct attempt *a)
+{
+    struct attempt_priv *p = attempt_priv(a);
+    const struct upstream_url *url = p->h1.url;
+    p->h1.url = NULL;
+    p->fallback_h1 = NULL;
+    if (!url || h1up_launch(a, url, attempt_target(a, p->h1.base_path, p->h1.req.target),
+                            &p->h1.req, p->h1.connect_timeout_ms) < 0)
+        return false;
+    if (p->h1.req.body == ATTEMPT_BODY_STREAM)
+        attempt_commit(a); /* as its owner did after the first launch */
+    return true;
 }
 
 int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
@@ -69,6 +86,7 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
 {
     struct attempt_priv *p = attempt_priv(a);
     p->h1.url = NULL;
+    p->fallback_h1 = NULL;
     if (req->upgrade)
         return tunnel_up_attempt_launch(a, upstream_h2(p->up), url,
                                         attempt_target(a, base_path, req->target), req,
@@ -85,24 +103,13 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
             p->h1.base_path = base_path;
             p->h1.req = *req;
             p->h1.connect_timeout_ms = connect_timeout_ms;
+            p->fallback_h1 = fallback_h1;
         }
     }
     if (o)
         return h2up_attempt_launch(a, h, o, attempt_target(a, base_path, req->target), req,
                                    connect_timeout_ms);
-    return h1up_launch(a, url, base_path, req, connect_timeout_ms);
-}
-
-bool attempt_fallback_h1(struct attempt *a)
-{
-    struct attempt_priv *p = attempt_priv(a);
-    const struct upstream_url *url = p->h1.url;
-    p->h1.url = NULL;
-    if (!url || h1up_launch(a, url, p->h1.base_path, &p->h1.req, p->h1.connect_timeout_ms) < 0)
-        return false;
-    if (p->h1.req.body == ATTEMPT_BODY_STREAM)
-        attempt_commit(a); /* as its owner did after the first launch */
-    return true;
+    return h1up_launch(a, url, attempt_target(a, base_path, req->target), req, connect_timeout_ms);
 }
 
 bool attempt_running(const struct attempt *a)

@@ -80,7 +80,7 @@ struct attempt_req {
 
 /* The dispatcher's and the running transport's state: bytes here, their types in
  * proxy/attempt_int.h, which only the transports include. */
-#define ATTEMPT_STATE_BYTES 320
+#define ATTEMPT_STATE_BYTES 328
 
 struct attempt {
     const struct attempt_ops *ops;

@@ -42,6 +42,10 @@ struct attempt_priv {
         struct attempt_req req;
         uint64_t connect_timeout_ms;
     } h1;
+    /* Set by proxy/attempt.c with h1 (NULL: none), called by the HTTP/2 transport when the
+     * server chose http/1.1 by ALPN: the same attempt goes through libcurl. True if it did;
+     * false: it ends unsent. A pointer, so that the transport never calls its dispatcher. */
+    bool (*fallback_h1)(struct attempt *a);
     _Alignas(8) unsigned char t[ATTEMPT_TX_BYTES];
 };
 
@@ -74,16 +78,9 @@ static inline void attempt_release_slot(struct attempt *a)
     slots_release(upstream_slots(p->up), &p->xfer.hold);
 }
 
-/* head_upstream_target(), kept in the attempt until it is launched again or ends. */
-const char *attempt_target(struct attempt *a, const char *base_path, const char *target);
-
-/* An https attempt's HTTP/2 connection found its server choosing http/1.1 by ALPN: the same
- * attempt goes through libcurl. True if it did; false: it ends unsent. (proxy/attempt.c) */
-bool attempt_fallback_h1(struct attempt *a);
-
 /* The transports' launches: 0, or -1 if it could not start (ops->done not called). */
 /* proxy/h1up.c: libcurl, HTTP/1.1. */
-int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *target,
                 const struct attempt_req *req, uint64_t connect_timeout_ms);
 /* The request's fields in libcurl's terms, built per attempt in one allocation (*block: the
  * nodes, then their text; freed when the transfer ends): "Name: value", or "Name;" for an

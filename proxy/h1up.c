@@ -233,7 +233,7 @@ static const struct attempt_transport h1_transport = { .cancel = h1_cancel,
                                                        .resume_body = h1_resume_body,
                                                        .resume_upload = h1_resume_upload };
 
-int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *target,
                 const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
     struct attempt_priv *p = attempt_priv(a);
@@ -243,7 +243,7 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *b
         return -1;
     memset(s, 0, sizeof(*s));
     upstream_easy_url(e, url);
-    curl_easy_setopt(e, CURLOPT_REQUEST_TARGET, attempt_target(a, base_path, req->target));
+    curl_easy_setopt(e, CURLOPT_REQUEST_TARGET, target);
     bool head = strcmp(req->method, "HEAD") == 0;
     h1resp_start(&s->resp, NULL, head);
     if (head)

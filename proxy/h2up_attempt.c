@@ -63,7 +63,8 @@ static void h2_done(void *arg, enum h2up_end end, uint32_t error)
     attempt_release_slot(a);
     if (end == H2UP_FALLBACK) {
         /* the server chose http/1.1 by ALPN: the same attempt, through libcurl */
-        if (attempt_fallback_h1(a))
+        bool (*fallback)(struct attempt *) = attempt_priv(a)->fallback_h1;
+        if (fallback && fallback(a))
             return;
         end = H2UP_UNSENT;
     }

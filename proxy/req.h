@@ -85,7 +85,7 @@ struct trial {
 };
 
 /* Its size matters: with an HTTP/2 stream's state after it (retry_req_new) an allocation
- * stays at 2,008 bytes, below the 2,048 past which glibc's calloc clears it with rep stosb
+ * stays at 2,016 bytes, below the 2,048 past which glibc's calloc clears it with rep stosb
  * (about 2,000 instructions a request more, bench/instructions.sh h2). Fill holes before
  * adding words; `gdb -batch -ex 'ptype /o struct retry_req' build/retryproxy` shows them. */
 struct retry_req {
