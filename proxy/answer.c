@@ -26,23 +26,6 @@ void answer_tag_fields(const struct front_tag *tag,
     }
 }
 
-bool answer_drops(const struct hlist *h, bool has_connection, const char *n,
-                  const struct front_tag *tag)
-{
-    size_t nl = strlen(n);
-    return hdr_is_hop_by_hop(n) || HDR_NAME_IS(n, nl, "Content-Length") ||
-           HDR_NAME_IS(n, nl, "X-Retry-Attempts") || HDR_NAME_IS(n, nl, "X-Retry-Stop") ||
-           (tag->request_id && HDR_NAME_IS(n, nl, "X-Request-Id")) ||
-           (has_connection && hlist_connection_names(h, n));
-}
-
-bool answer_trailer_drops(const struct hlist *head, const struct hlist *trailers, const char *name,
-                          const struct front_tag *tag)
-{
-    return answer_drops(trailers, true, name, tag) ||
-           (head && hlist_get(head, "Connection") && hlist_connection_names(head, name));
-}
-
 char *answer_error_body(const char *code, const char *route, unsigned attempts, const char *message,
                         size_t *len)
 {

@@ -1,7 +1,7 @@
 /* answer -- what every front end's answers share (docs/forwarding.md, "What the client gets"):
- * the fields that tag an answer (X-Retry-Attempts, X-Request-Id, ...), which upstream response
- * fields are not relayed, and the JSON body of retryproxy's own errors. Protocol-free: each
- * front end (proxy/relay.c, proxy/h2front.c) writes them its own way.
+ * the fields that tag an answer (X-Retry-Attempts, X-Request-Id, ...) and the JSON body of
+ * retryproxy's own errors (which upstream fields are not relayed is proxy/fields.h's).
+ * Protocol-free: each front end (proxy/relay.c, proxy/h2front.c) writes them its own way.
  */
 #ifndef RETRYPROXY_PROXY_ANSWER_H
 #define RETRYPROXY_PROXY_ANSWER_H
@@ -16,20 +16,6 @@
  * spells them ("X-Retry-Attempts"); Connection: close is the caller's. */
 void answer_tag_fields(const struct front_tag *tag,
                        void (*add)(void *arg, const char *name, const char *value), void *arg);
-
-/* Whether the upstream response field 'name' of 'h' stays out of the answer: hop-by-hop
- * fields and any named in a Connection field, Content-Length (the front end frames the body),
- * and the proxy's own (X-Retry-*, X-Request-Id when the tag carries one). 'has_connection':
- * whether 'h' has a Connection field (asked once per response). */
-bool answer_drops(const struct hlist *h, bool has_connection, const char *name,
-                  const struct front_tag *tag);
-
-/* The same filter for the response's trailers (an HTTP/1.1 upstream's chunked trailers may
- * carry anything): whether the trailer field 'name' of 'trailers' stays out, by answer_drops()
- * on the trailers themselves, or because the head 'head' (NULL: none) names it in its Connection
- * field. */
-bool answer_trailer_drops(const struct hlist *head, const struct hlist *trailers, const char *name,
-                          const struct front_tag *tag);
 
 /* Whether a response of 'status' may have a body: 1xx, 204 and 304 never do (RFC 9110 6.4.1). */
 bool answer_status_has_body(int status);

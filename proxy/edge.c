@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "proxy/fields.h"
 #include "proxy/grpc.h"
 #include "proxy/headers.h"
 #include "proxy/log.h"
@@ -171,6 +172,8 @@ void edge_begin(struct retry_req *r, const char *method)
         r->user_agent = strndup(s.value[HF_USER_AGENT], s.value_len[HF_USER_AGENT]);
     r->head_size = s.field_bytes + 32 * s.n_fields;
     r->head_fields = s.n_fields;
+    if (s.n_connection)
+        r->flags |= RF_CONNECTION; /* what it names stays out of the trailers too */
     /* a gRPC call (docs/grpc.md): its errors, these first ones included, are gRPC statuses */
     if (s.value[HF_CONTENT_TYPE] &&
         grpc_is_content_type(s.value[HF_CONTENT_TYPE], s.value_len[HF_CONTENT_TYPE])) {
@@ -300,10 +303,21 @@ void edge_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, 
 {
     if (r->flags & RF_TRAILERS_OFF)
         return;
-    const char *deadline = r->route ? r->route->deadline_header : NULL;
-    if (!head_trailer_kept(k, kl, deadline, r->flags & RF_GRPC) ||
-        (memchr(k, '_', kl) && r->cfg->headers_with_underscores != CFG_UNDERSCORES_ALLOW))
-        return; /* left out, as from the head */
+    /* left out as from the head, by the same filter: the head's Connection values are read
+     * again from the front end, which keeps the head until the request ends (rare: a head that
+     * has one) */
+    struct head_scan s;
+    struct fields_up up = { .deadline_header = r->route ? r->route->deadline_header : NULL,
+                            .drop_underscored =
+                                r->cfg->headers_with_underscores != CFG_UNDERSCORES_ALLOW,
+                            .grpc = r->flags & RF_GRPC };
+    if (r->flags & RF_CONNECTION) {
+        head_scan(&s, each_field, r->front);
+        up.connection = s.connection;
+        up.n_connection = s.n_connection;
+    }
+    if (fields_up_drops(&up, k, kl))
+        return;
     const char *why = NULL;
     size_t at = r->trailers.len;
     r->head_size += kl + vl + 32;

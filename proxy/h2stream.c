@@ -8,6 +8,7 @@
 
 #include "proxy/answer.h"
 #include "proxy/dlist.h"
+#include "proxy/fields.h"
 #include "proxy/grpc.h"
 #include "proxy/h2int.h"
 #include "proxy/headers.h"
@@ -341,11 +342,14 @@ struct nvs {
     size_t used, text_cap;
 };
 
+/* Adds a field to a HEADERS frame of the answer: never one HTTP/2 forbids (the filter of the
+ * way down has left those of the upstream out; this holds for every field, the proxy's too). */
 static void nv_add(void *arg, const char *name, const char *value)
 {
     struct nvs *a = arg;
     size_t nl = strlen(name), vl = strlen(value);
-    if (a->n == a->cap || a->used + nl + vl > a->text_cap)
+    if (a->n == a->cap || a->used + nl + vl > a->text_cap ||
+        fields_h2_connection_specific(name, nl, value, vl))
         return;
     char *lc = a->text + a->used;
     hdr_lower(lc, name, nl);
@@ -365,7 +369,7 @@ static void fail(struct h2stream *st)
 }
 
 /* Submits the answer's HEADERS (and its body through read_data when 'has_body'). Fields: the
- * upstream's 'h' (NULL: none) but those answer_drops() names, then 'ctype' and 'length' (< 0:
+ * upstream's 'h' (NULL: none) but those fields_down_drops() names, then 'ctype' and 'length' (< 0:
  * none), then the tag's. */
 static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
                    const struct front_tag *tag, const char *ctype, int64_t length, bool has_body)
@@ -390,11 +394,12 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     snprintf(sbuf, sizeof(sbuf), "%03u", status % 1000);
     nv_add(&a, ":status", sbuf);
     if (h) {
-        bool has_connection = hlist_get(h, "Connection") != NULL;
+        struct fields_down d = { .named = { hlist_get(h, "Connection") ? h : NULL },
+                                 .own_request_id = tag->request_id != NULL };
         size_t pos = 0;
         const char *n, *v;
         while (hlist_next(h, &pos, &n, &v))
-            if (!answer_drops(h, has_connection, n, tag))
+            if (!fields_down_drops(&d, n, strlen(n)))
                 nv_add(&a, n, v);
     }
     if (ctype)
@@ -446,15 +451,23 @@ static void h2_error(struct front *f, unsigned status, const char *code, const c
     submit(st, status, NULL, tag, "application/json", (int64_t)n, !f->is_head);
 }
 
-/* The upstream's trailers but those the answer's filter leaves out (answer_trailer_drops():
- * the same as for the head), for end_body(). */
+/* The upstream's trailers but those the head's filter leaves out, for end_body(): those the
+ * head's Connection names too, and those a Connection among the trailers names. */
 static void copy_trailers(struct h2stream *st, const struct hlist *trailers)
 {
+    if (!trailers)
+        return;
+    const struct hlist *h = st->head;
+    struct fields_down d = { .named = { h && hlist_get(h, "Connection") ? h : NULL,
+                                        hlist_get(trailers, "Connection") ? trailers : NULL },
+                             .own_request_id = st->tag.request_id != NULL };
     size_t pos = 0;
     const char *n, *v;
-    while (trailers && hlist_next(trailers, &pos, &n, &v))
-        if (!answer_trailer_drops(st->head, trailers, n, &st->tag))
-            hlist_add(&st->trailers, n, strlen(n), v, strlen(v));
+    while (hlist_next(trailers, &pos, &n, &v)) {
+        size_t nl = strlen(n);
+        if (!fields_down_drops(&d, n, nl))
+            hlist_add(&st->trailers, n, nl, v, strlen(v));
+    }
 }
 
 static void h2_saved(struct front *f, int status, const struct hlist *h, const char *body,

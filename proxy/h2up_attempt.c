@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "proxy/attempt_int.h"
+#include "proxy/fields.h"
 #include "proxy/h2up.h"
 #include "proxy/headers.h"
 #include "proxy/origin.h"
@@ -98,15 +99,6 @@ static const struct attempt_transport h2_transport = { .cancel = h2_cancel,
                                                        .resume_body = h2_resume_body,
                                                        .resume_upload = h2_resume_upload };
 
-/* Fields a connection carries in HTTP/1.1 and HTTP/2 forbids (RFC 9113 8.2.2); Host becomes
- * :authority. */
-static bool connection_specific(const char *k, size_t kl)
-{
-    return HDR_NAME_IS(k, kl, "Connection") || HDR_NAME_IS(k, kl, "Keep-Alive") ||
-           HDR_NAME_IS(k, kl, "Proxy-Connection") || HDR_NAME_IS(k, kl, "Transfer-Encoding") ||
-           HDR_NAME_IS(k, kl, "Upgrade") || HDR_NAME_IS(k, kl, "Host");
-}
-
 /* Where attempt_h2_fields() writes. */
 struct h2conv {
     struct h2up_field *f;
@@ -125,8 +117,9 @@ static void h2_field(struct h2conv *c, const char *k, size_t kl, const char *v, 
         *c->host = v;
         *c->host_len = vl;
     }
-    if (connection_specific(k, kl) ||
-        (HDR_NAME_IS(k, kl, "TE") && !(vl == 8 && strncasecmp(v, "trailers", 8) == 0)))
+    /* HTTP/2 forbids what a connection carries in HTTP/1.1 (proxy/fields.h); Host becomes
+     * :authority */
+    if (HDR_NAME_IS(k, kl, "Host") || fields_h2_connection_specific(k, kl, v, vl))
         return;
     hdr_lower(c->names, k, kl);
     c->f[c->n++] = (struct h2up_field){ c->names, v, kl, vl };

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "proxy/fields.h"
 #include "proxy/grpc.h"
 #include "proxy/headers.h"
 
@@ -178,39 +179,10 @@ static void hb_field(struct hlist *b, const char *k, const char *v)
 
 struct fwd {
     struct hlist *b;
-    const struct head_scan *s;
-    const char *deadline_header; /* the route's, sent by the proxy: never the client's */
-    bool drop_underscored;       /* limits.headers_with_underscores is "drop" */
-    bool grpc;                   /* a gRPC call: grpc-timeout is the proxy's to send */
-    char *xff;                   /* the X-Forwarded-For values joined, the peer's address to come */
+    struct fields_up up; /* what stays out (proxy/fields.h) */
+    char *xff;           /* the X-Forwarded-For values joined, the peer's address to come */
     size_t xff_len, xff_cap;
 };
-
-/* Hop-by-hop fields, the framing and routing ones, and those the proxy sets itself: never a
- * client's, in the head or in the trailers. */
-static bool proxy_owned(const char *k, size_t kl, const char *deadline_header, bool grpc)
-{
-    return hdr_is_hop_by_hop(k) || HDR_NAME_IS(k, kl, "Host") ||
-           HDR_NAME_IS(k, kl, "Content-Length") || HDR_NAME_IS(k, kl, "Expect") ||
-           HDR_NAME_IS(k, kl, "X-Retry-Max-Attempts") || HDR_NAME_IS(k, kl, "X-Retry-Attempt") ||
-           HDR_NAME_IS(k, kl, "X-Forwarded-For") || HDR_NAME_IS(k, kl, "X-Forwarded-Proto") ||
-           HDR_NAME_IS(k, kl, "X-Request-Id") || HDR_NAME_IS(k, kl, "X-Retry-Timeout-Ms") ||
-           (deadline_header && hdr_name_eq(k, deadline_header)) ||
-           (grpc && HDR_NAME_IS(k, kl, "grpc-timeout"));
-}
-
-bool head_trailer_kept(const char *k, size_t kl, const char *deadline_header, bool grpc)
-{
-    return kl > 0 && k[0] != ':' && !proxy_owned(k, kl, deadline_header, grpc);
-}
-
-static bool dropped_on_the_way_up(const char *k, size_t kl, const struct fwd *f)
-{
-    if (proxy_owned(k, kl, f->deadline_header, f->grpc) ||
-        (f->drop_underscored && memchr(k, '_', kl)))
-        return true;
-    return head_connection_names(f->s, k);
-}
 
 /* Adds 'v' to the X-Forwarded-For value being built, after ", " unless it is the first. */
 static void xff_append(struct fwd *f, const char *v, size_t vl)
@@ -230,7 +202,7 @@ static void forward_field(void *arg, const char *k, size_t kl, const char *v, si
     struct fwd *f = arg;
     if (HDR_NAME_IS(k, kl, "X-Forwarded-For"))
         xff_append(f, v, vl);
-    else if (!dropped_on_the_way_up(k, kl, f))
+    else if (!fields_up_drops(&f->up, k, kl))
         hb_add(f->b, k, kl, v, vl);
 }
 
@@ -252,10 +224,11 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     struct hlist *b = &h->fields;
     *b = (struct hlist){ .buf = block, .cap = cap };
     struct fwd f = { .b = b,
-                     .s = s,
-                     .deadline_header = deadline_header,
-                     .drop_underscored = drop_underscored,
-                     .grpc = grpc,
+                     .up = { .deadline_header = deadline_header,
+                             .drop_underscored = drop_underscored,
+                             .grpc = grpc,
+                             .connection = s->connection,
+                             .n_connection = s->n_connection },
                      .xff = block + cap,
                      .xff_cap = xff_cap };
     each(src, forward_field, &f);

@@ -111,11 +111,4 @@ size_t head_up_attempt(const struct head_up *h, struct head_attempt *t, uint32_t
                        uint64_t wait_ms);
 void head_up_free(struct head_up *h);
 
-/* Whether a request trailer field named 'k' (NUL-terminated at 'kl', as libmicrohttpd and
- * libnghttp2 give names) goes upstream (docs/forwarding.md, "Request trailers"): not a
- * pseudo-header field, a hop-by-hop one, one of framing or routing (Content-Length, Host,
- * Expect), nor one the proxy sets itself (X-Retry-*, X-Forwarded-*, X-Request-Id, the route's
- * 'deadline_header', and on a 'grpc' call grpc-timeout), as in the head. */
-bool head_trailer_kept(const char *k, size_t kl, const char *deadline_header, bool grpc);
-
 #endif

@@ -11,25 +11,6 @@ bool hdr_name_eq(const char *a, const char *b)
     return strcasecmp(a, b) == 0;
 }
 
-bool hdr_is_hop_by_hop(const char *name)
-{
-    /* by length first: most names match none, and are told so by one comparison */
-    switch (strlen(name)) {
-    case 2:
-        return strcasecmp(name, "TE") == 0;
-    case 7:
-        return strcasecmp(name, "Trailer") == 0 || strcasecmp(name, "Upgrade") == 0;
-    case 10:
-        return strcasecmp(name, "Connection") == 0 || strcasecmp(name, "Keep-Alive") == 0;
-    case 16:
-        return strcasecmp(name, "Proxy-Connection") == 0;
-    case 17:
-        return strcasecmp(name, "Transfer-Encoding") == 0;
-    default:
-        return false;
-    }
-}
-
 bool hdr_token_listed(const char *list, const char *name)
 {
     size_t nl = strlen(name);

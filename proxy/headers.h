@@ -12,9 +12,6 @@
 /* Header names compare case-insensitively (ASCII). */
 bool hdr_name_eq(const char *a, const char *b);
 
-/* Connection, Keep-Alive, Proxy-Connection, TE, Trailer, Transfer-Encoding, Upgrade: they
- * describe one hop and are never forwarded, in either direction. */
-bool hdr_is_hop_by_hop(const char *name);
 /* Whether the name 'k' of length 'kl' is the string literal 'lit', in any case: the length
  * decides most comparisons. */
 #define HDR_NAME_IS(k, kl, lit)                                                                    \

@@ -8,6 +8,7 @@
 #include <microhttpd.h>
 
 #include "proxy/answer.h"
+#include "proxy/fields.h"
 #include "proxy/retry.h"
 #include "proxy/ring.h"
 #include "proxy/tunnel.h"
@@ -217,11 +218,12 @@ static void relay_error(struct front *f, unsigned status, const char *code, cons
 static void copy_fields(struct MHD_Response *resp, const struct hlist *h,
                         const struct front_tag *tag)
 {
-    bool has_connection = hlist_get(h, "Connection") != NULL;
+    struct fields_down d = { .named = { hlist_get(h, "Connection") ? h : NULL },
+                             .own_request_id = tag->request_id != NULL };
     size_t pos = 0;
     const char *n, *v;
     while (hlist_next(h, &pos, &n, &v))
-        if (!answer_drops(h, has_connection, n, tag))
+        if (!fields_down_drops(&d, n, strlen(n)))
             MHD_add_response_header(resp, n, v);
     add_tag(resp, tag);
 }

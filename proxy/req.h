@@ -56,7 +56,8 @@ enum {
     RF_GRPC_RETRY = 1u << 12,   /* ... on a route whose retry_on names gRPC statuses */
     RF_GRPC_COUNTED = 1u << 13, /* ... whose status is counted (grpc_status) */
     RF_TRAILERS_OFF = 1u << 14, /* its trailers passed the head's bounds: none is sent */
-    RF_BAD_HEAD = 1u << 15, /* a head refused as malformed or ambiguous: the connection closes */
+    RF_BAD_HEAD = 1u << 15,   /* a head refused as malformed or ambiguous: the connection closes */
+    RF_CONNECTION = 1u << 16, /* its head has a Connection field (edge_trailer) */
 };
 
 /* Trial flags (struct trial 'flags'). */

@@ -11,7 +11,7 @@
  *   - no core call comes for a request after it was completed.
  */
 /* fuzz-link: proxy/h2front.c proxy/h2stream.c proxy/loop.c proxy/hlist.c proxy/ring.c */
-/* fuzz-link: proxy/answer.c proxy/grpc.c proxy/h2guard.c proxy/share.c */
+/* fuzz-link: proxy/answer.c proxy/grpc.c proxy/h2guard.c proxy/share.c proxy/fields.c */
 #define FUZZ_NAME "fuzz_h2front"
 #include <string.h>
 #include <sys/socket.h>

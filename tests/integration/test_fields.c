@@ -370,3 +370,23 @@ Test(fields, headers_with_underscores_changes_on_reload)
     cr_expect_eq(a.status, 200, "under allow: %d", a.status);
     cr_expect_str_eq(tup_req_header(record("reload-2"), "X_Forwarded_Proto"), "https");
 }
+
+/* A field the head's Connection names is the client's hop's, in the head and in the trailers
+ * alike (docs/forwarding.md, "Which fields cross"): the trailer X-Hop stays out as the head's
+ * would, beside the trailers that go. */
+Test(fields, a_field_the_heads_connection_names_stays_out_of_the_trailers_too)
+{
+    underscores_start(NULL);
+    struct answer a;
+    exchange("PUT /t HTTP/1.1\r\nHost: a\r\nConnection: X-Hop, close\r\n" ID(
+                 "conn-trl") "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Hop: 1\r\n"
+                             "X-Checksum: abc\r\nX-Other: 2\r\n\r\n",
+             &a);
+    cr_expect_eq(a.status, 200, "%d: %s", a.status, a.buf);
+    const struct tup_req *q = record("conn-trl");
+    cr_expect_eq(q->body_len, 5);
+    cr_expect_str_eq(tup_req_trailer(q, "X-Checksum"), "abc");
+    cr_expect_str_eq(tup_req_trailer(q, "X-Other"), "2");
+    cr_expect_null(tup_req_trailer(q, "X-Hop"), "the trailer the head's Connection names went up");
+    cr_expect_eq(q->n_trailers, 2, "%zu trailers", q->n_trailers);
+}

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "proxy/fields.h"
 #include "proxy/head.h"
 #include "proxy/headers.h"
 #include "proxy/hlist.h"
@@ -13,10 +14,10 @@ Test(headers, hop_by_hop_names_in_any_case)
     static const char *const hop[] = { "Connection", "keep-alive",        "PROXY-CONNECTION", "te",
                                        "Trailer",    "transfer-encoding", "Upgrade" };
     for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        cr_expect(hdr_is_hop_by_hop(hop[i]), "%s", hop[i]);
-    cr_expect_not(hdr_is_hop_by_hop("Content-Length"));
-    cr_expect_not(hdr_is_hop_by_hop("Trailers"));
-    cr_expect_not(hdr_is_hop_by_hop("X-Connection"));
+        cr_expect(fields_hop_by_hop(hop[i], strlen(hop[i])), "%s", hop[i]);
+    cr_expect_not(fields_hop_by_hop("Content-Length", strlen("Content-Length")));
+    cr_expect_not(fields_hop_by_hop("Trailers", strlen("Trailers")));
+    cr_expect_not(fields_hop_by_hop("X-Connection", strlen("X-Connection")));
 }
 
 Test(headers, connection_tokens_are_found_whatever_the_spacing)
@@ -119,11 +120,11 @@ Test(headers, name_bytes_are_exactly_rfc9110_tchar)
         "Keep-Alive", "proxy-connection", "Transfer-Encoding"
     };
     for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        cr_expect(hdr_is_hop_by_hop(hop[i]), "%s", hop[i]);
+        cr_expect(fields_hop_by_hop(hop[i], strlen(hop[i])), "%s", hop[i]);
     static const char *const not_hop[] = { "",         "T",    "TEE",       "Trailers",
                                            "Upgrade2", "Host", "Connectio", "Transfer-Encodings" };
     for (size_t i = 0; i < sizeof(not_hop) / sizeof(not_hop[0]); i++)
-        cr_expect_not(hdr_is_hop_by_hop(not_hop[i]), "%s", not_hop[i]);
+        cr_expect_not(fields_hop_by_hop(not_hop[i], strlen(not_hop[i])), "%s", not_hop[i]);
 }
 
 Test(headers, match_host_lowercases_and_drops_the_port_unless_asked)
@@ -262,21 +263,4 @@ Test(headers, host_values_are_uri_host_and_an_optional_port)
     /* only the n bytes given are read */
     cr_expect(hdr_host_valid("a:80 junk", 4));
     cr_expect(!hdr_host_valid("[::1]", 4));
-}
-
-/* Request trailers leave out what the head does (docs/forwarding.md, "Request trailers"). */
-Test(headers, trailer_names_the_proxy_owns_are_not_forwarded)
-{
-    static const char *const out[] = {
-        ":path",          "Connection", "TE",     "Trailer",         "Transfer-Encoding",
-        "Content-Length", "Host",       "Expect", "X-Retry-Attempt", "X-Forwarded-For",
-        "X-Request-Id",   "x-deadline"
-    };
-    for (size_t i = 0; i < sizeof(out) / sizeof(out[0]); i++)
-        cr_expect_not(head_trailer_kept(out[i], strlen(out[i]), "X-Deadline", false), "%s", out[i]);
-    cr_expect_not(head_trailer_kept("grpc-timeout", 12, NULL, true));
-    cr_expect(head_trailer_kept("grpc-timeout", 12, NULL, false));
-    cr_expect(head_trailer_kept("x-checksum", 10, NULL, true));
-    cr_expect(head_trailer_kept("x-sig-bin", 9, NULL, true));
-    cr_expect_not(head_trailer_kept("", 0, NULL, false));
 }
