@@ -85,7 +85,7 @@ const char *head_upstream_target(const char *base_path, const char *target, char
 struct head_up {
     struct hlist fields;       /* in one allocation sized from the scan */
     const char *deadline_name; /* the route's (its snapshot outlives the request); NULL: none */
-    size_t deadline_name_len;  /* at most 64 bytes (config/schema.c) */
+    size_t deadline_name_len;  /* at most 64 bytes (config/schema_values.c) */
     bool grpc_timeout;         /* a gRPC call: each attempt carries its own grpc-timeout */
 };
 

@@ -380,7 +380,7 @@ static int curl_ca_defaults(char **cainfo, char **capath)
     return (info && !*cainfo) || (path && !*capath) ? -1 : 0;
 }
 
-/* The origin of "scheme://host:port/" (config/schema.c wrote it so), resolved now; 'ot' for
+/* The origin of "scheme://host:port/" (config/schema_values.c wrote it so), resolved now; 'ot' for
  * https. */
 static struct origin *origin_of(const char *origin, const struct origin_tls *ot)
 {
