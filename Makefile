@@ -40,9 +40,9 @@ TEST_LIBS = $(shell pkg-config --libs $(TEST_PKGS))
 
 POLICY_SRC := $(wildcard policy/*.c)
 CONFIG_SRC := $(wildcard config/*.c)
-# main.c and recv_hook.c (recv() for the binary only, see proxy/wiretab.h) are not linked
+# main.c and recv_hook.c (recv() for the binary only, see proxy/http1/wiretab.h) are not linked
 # into test programs.
-PROXY_SRC := $(filter-out proxy/main.c proxy/recv_hook.c,$(wildcard proxy/*.c))
+PROXY_SRC := $(filter-out proxy/main.c proxy/http1/recv_hook.c,$(wildcard proxy/*.c proxy/*/*.c))
 LIB_SRC := $(POLICY_SRC) $(CONFIG_SRC) $(PROXY_SRC)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -131,7 +131,7 @@ $(filter-out $(TOOL_SUPPORT_OBJ),$(SUPPORT_OBJ)): $(BUILD)/obj/%.o: %.c | deps-t
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -c $< -o $@
 
-$(BIN): $(BUILD)/obj/proxy/main.o $(BUILD)/obj/proxy/recv_hook.o $(LIB_OBJ)
+$(BIN): $(BUILD)/obj/proxy/main.o $(BUILD)/obj/proxy/http1/recv_hook.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(PKG_LIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps-test
@@ -140,20 +140,19 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps-test
 	  $(PKG_LIBS) $(TEST_LIBS)
 
 # Two unit suites link less than the whole library, on purpose:
-# - test_retry_decide: the decision (proxy/decide.c) with neither libmicrohttpd nor libcurl
+# - test_retry_decide: the decision (proxy/core/decide.c) with neither libmicrohttpd nor libcurl
 #   linked, which shows that it needs neither;
 # - test_retry_timers: the request state machine with the upstream attempt replaced by the
-#   suite's own fakes of proxy/attempt.h (the dispatcher and its three transports left out) and
+#   suite's own fakes of proxy/upstream/attempt.h (the dispatcher and its three transports left out) and
 #   a front end of its own as the client side.
 DECIDE_OBJ := $(filter $(BUILD)/obj/policy/% $(BUILD)/obj/config/%,$(LIB_OBJ)) \
-              $(addprefix $(BUILD)/obj/proxy/,decide.o hlist.o headers.o live.o strmap.o)
+              $(addprefix $(BUILD)/obj/proxy/,core/decide.o http/hlist.o http/headers.o core/live.o base/strmap.o)
 $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_OBJ) | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags jansson) -o $@ $< $(DECIDE_OBJ) \
 	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
 
-FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,attempt.o h1up.o h2up_attempt.o \
-                 tunnel_up_attempt.o),$(LIB_OBJ))
+FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,upstream/attempt.o upstream/h1up.o upstream/h2up_attempt.o \ upstream/tunnel_up_attempt.o),$(LIB_OBJ))
 $(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) \
                                      $(BUILD)/obj/tests/support/promtext.o | deps-test
 	@mkdir -p $(dir $@)

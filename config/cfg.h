@@ -80,7 +80,7 @@ struct cfg_retry_cond {
 enum cfg_upstream_proto {
     CFG_PROTO_HTTP,  /* http://: HTTP/1.1 through libcurl */
     CFG_PROTO_HTTPS, /* https://: HTTP/1.1 over TLS through libcurl */
-    CFG_PROTO_H2C,   /* h2c://: HTTP/2 over cleartext, prior knowledge (proxy/h2up.h) */
+    CFG_PROTO_H2C,   /* h2c://: HTTP/2 over cleartext, prior knowledge (proxy/upstream/h2up.h) */
 };
 
 struct cfg_upstream {
@@ -142,7 +142,7 @@ struct cfg_route {
     uint32_t match_methods;        /* enum cfg_method bits; 0 matches every method */
     const struct cfg_upstream *upstreams;
     size_t n_upstreams;
-    struct cfg_ejection ejection; /* upstream health, kept per upstream URL in proxy/live.h */
+    struct cfg_ejection ejection; /* upstream health, kept per upstream URL in proxy/core/live.h */
     bool preserve_host;
     uint32_t timeout_ms;
     uint32_t per_try_timeout_ms; /* 0: only the overall timeout */

@@ -1,6 +1,6 @@
 /* pem -- what the files routes[].tls names hold, checked when the config is loaded: readable,
  * with PEM blocks of the right kind. Nothing is decoded here (OpenSSL is called from
- * proxy/tls.c alone); the proxy reads the files again for each new upstream connection. */
+ * proxy/upstream/tls.c alone); the proxy reads the files again for each new upstream connection. */
 #ifndef RETRYPROXY_CONFIG_PEM_H
 #define RETRYPROXY_CONFIG_PEM_H
 

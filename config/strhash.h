@@ -1,5 +1,5 @@
 /* strhash -- the string hash of the project's hash tables (FNV-1a, 64 bits): the config
- * loader's path table and duplicate checks, and proxy/strmap.c. */
+ * loader's path table and duplicate checks, and proxy/base/strmap.c. */
 #ifndef RETRYPROXY_CONFIG_STRHASH_H
 #define RETRYPROXY_CONFIG_STRHASH_H
 

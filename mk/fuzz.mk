@@ -6,9 +6,9 @@
 #
 # Every tests/fuzz/fuzz_*.c is a target: adding a file is all it takes. Objects are compiled with
 # clang under -fsanitize=fuzzer-no-link,address,undefined into build-fuzz/ (never build/ or
-# build-asan/). A target links policy/, config/ and proxy/headers.c; one that needs more names
+# build-asan/). A target links policy/, config/ and proxy/http/headers.c; one that needs more names
 # the sources in its own file, on a line of its own such as
-#     /* fuzz-link: proxy/framing.c proxy/log.c */
+#     /* fuzz-link: proxy/http1/wire.c proxy/telemetry/log.c */
 # Each run works on a temporary copy of tests/fuzz/corpus/NAME/ (the tree is never written) and
 # uses tests/fuzz/NAME.dict when it exists. A crash, leak, timeout or failed invariant fails
 # the run; the input that caused it is kept under build-fuzz/crashes/ and its path printed.
@@ -35,7 +35,7 @@ FUZZ_LIBS = $(shell pkg-config --libs $(PKGS)) -lm -lpthread
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_NAMES := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=%)
 FUZZ_BIN := $(FUZZ_NAMES:%=$(FUZZ_DIR)/fuzz_%)
-FUZZ_BASE_SRC := $(wildcard policy/*.c config/*.c) proxy/headers.c
+FUZZ_BASE_SRC := $(wildcard policy/*.c config/*.c) proxy/http/headers.c
 FUZZ_BASE_OBJ := $(FUZZ_BASE_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 # The sources a target's "fuzz-link:" lines name.
 fuzz_link_src = $(filter %.c,$(shell sed -n 's|.*fuzz-link:\(.*\)\*/.*|\1|p' $(1) 2>/dev/null))

@@ -8,7 +8,7 @@
  *           at once (EV_ATTEMPT now), or the client is done
  *   EV_END: retry allowed --> EV_ATTEMPT after the delay
  *
- * A retry is decided in the proxy's order (proxy/decide.c): retry_on, max_attempts, the
+ * A retry is decided in the proxy's order (proxy/core/decide.c): retry_on, max_attempts, the
  * backoff delay (Retry-After instead, when the failure carries one and it is honoured), the
  * deadline, then the budgets: a concurrency slot in the process-wide budget and the route's,
  * then both ratios. A taken retry holds its slots until its attempt ends; a refused one moves
@@ -256,7 +256,7 @@ static void attempt_ended(struct sim *s, uint32_t id, uint64_t now)
     push(s, now + delay, id, EV_ATTEMPT);
 }
 
-/* The proxy's decision (proxy/decide.c: retry_decide, then admit) for a failed attempt. On
+/* The proxy's decision (proxy/core/decide.c: retry_decide, then admit) for a failed attempt. On
  * SIM_STOP_NONE the retry is taken: the sequence has moved and the slots are held. */
 static enum sim_stop decide_retry(struct sim *s, struct client *c, uint64_t now, uint32_t *delay_ms)
 {

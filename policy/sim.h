@@ -4,7 +4,7 @@
  *
  * The model, in simulated whole milliseconds, all clients starting at 0:
  *  - each client sends its requests one after the other, the next as soon as one ends;
- *  - a request's attempts follow the route's rules as the proxy applies them (proxy/decide.c):
+ *  - a request's attempts follow the route's rules as the proxy applies them (proxy/core/decide.c):
  *    max_attempts, the deadline timeout_ms after the first attempt, Retry-After, the backoff
  *    sequence, then the process-wide budget and the route's (concurrency, then ratio);
  *  - the upstream answers each call after latency_ms; a call fails (a 503) when it starts inside

@@ -17,9 +17,9 @@
 #include "config/cfg.h"
 #include "policy/backoff.h"
 #include "policy/rng.h"
-#include "proxy/metrics.h"
+#include "proxy/telemetry/metrics.h"
 #include "proxy/serve.h"
-#include "proxy/simulate.h"
+#include "proxy/ops/simulate.h"
 #include "proxy/version.h"
 
 #define VERSION        RETRYPROXY_VERSION

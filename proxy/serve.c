@@ -15,16 +15,16 @@
 
 #include <curl/curl.h>
 
-#include "proxy/admin.h"
+#include "proxy/ops/admin.h"
 #include "proxy/listen.h"
-#include "proxy/log.h"
-#include "proxy/loop.h"
-#include "proxy/metrics.h"
-#include "proxy/proxy.h"
-#include "proxy/reload.h"
-#include "proxy/server.h"
-#include "proxy/wiretab.h"
-#include "proxy/worker.h"
+#include "proxy/telemetry/log.h"
+#include "proxy/base/loop.h"
+#include "proxy/telemetry/metrics.h"
+#include "proxy/core/proxy.h"
+#include "proxy/ops/reload.h"
+#include "proxy/http1/server.h"
+#include "proxy/http1/wiretab.h"
+#include "proxy/core/worker.h"
 
 #define EXIT_STARTUP 1
 #define EXIT_BIND    3

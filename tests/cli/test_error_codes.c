@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/grpc.h"
+#include "proxy/http/grpc.h"
 #include "tests/support/proc.h"
 
 #define MAX_PAIRS 64
@@ -126,7 +126,7 @@ Test(error_codes, forwarding_md_lists_every_error_code_with_its_status)
 {
     struct pairs src = { 0 }, doc_pairs = { 0 };
     source_pairs(&src);
-    cr_assert_geq(src.n, 15, "only %zu error codes found in proxy/*.c", src.n);
+    cr_assert_geq(src.n, 15, "only %zu error codes found in proxy/", src.n);
     cr_assert(has(&src, 404, "no_route"));
 
     char *doc = proc_read_file("docs/forwarding.md");

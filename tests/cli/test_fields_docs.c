@@ -1,6 +1,6 @@
 /* docs/forwarding.md, "Which fields cross", names in its two tables the fields the filters of
- * proxy/fields.c leave out: the way up's table every name the way up drops, the way down's every
- * name the way down drops, and no other field name (a name in backquotes that starts with a
+ * proxy/http/fields.c leave out: the way up's table every name the way up drops, the way down's
+ * every name the way down drops, and no other field name (a name in backquotes that starts with a
  * capital letter). A name added to the code and not to the page, or the other way, fails here.
  * Run from the repository root (make test does).
  */
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "proxy/fields.h"
+#include "proxy/http/fields.h"
 #include "tests/support/proc.h"
 
 #define PAGE "docs/forwarding.md"

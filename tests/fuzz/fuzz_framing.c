@@ -1,4 +1,4 @@
-/* The request framing check (proxy/wire.h) fed raw bytes, as a client would send them.
+/* The request framing check (proxy/http1/wire.h) fed raw bytes, as a client would send them.
  *
  * The first input byte chooses how the bytes are cut into reads; the rest is the stream.
  * Invariants:
@@ -9,11 +9,11 @@
  *     stand-in that replaces it is well formed);
  *   - when nothing is refused or reset, every byte is handed over unchanged.
  */
-/* fuzz-link: proxy/wire.c proxy/wire_recv.c proxy/refusal.c */
+/* fuzz-link: proxy/http1/wire.c proxy/http1/wire_recv.c proxy/http/refusal.c */
 #define FUZZ_NAME "fuzz_framing"
 #include <string.h>
 
-#include "proxy/wire.h"
+#include "proxy/http1/wire.h"
 #include "tests/fuzz/fuzz.h"
 
 #define OUT_MAX (1 << 17)

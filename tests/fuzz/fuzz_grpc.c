@@ -1,4 +1,4 @@
-/* fuzz_grpc: the gRPC field parsers of proxy/grpc.h against references written differently.
+/* fuzz_grpc: the gRPC field parsers of proxy/http/grpc.h against references written differently.
  *
  * Input: one byte choosing how the rest is cut, then bytes read as a grpc-timeout value, a
  * grpc-status value and a gRPC message stream. The timeout and status are compared with
@@ -11,9 +11,9 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "proxy/grpc.h"
+#include "proxy/http/grpc.h"
 
-/* fuzz-link: proxy/grpc.c proxy/hlist.c */
+/* fuzz-link: proxy/http/grpc.c proxy/http/hlist.c */
 
 /* A grpc-timeout by sscanf: 1 to 8 digits then one unit letter, nothing else. */
 static int ref_timeout(const char *v, size_t n, uint64_t *ms)

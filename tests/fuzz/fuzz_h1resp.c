@@ -1,5 +1,5 @@
-/* fuzz_h1resp: the HTTP/1.1 response head parser (proxy/h1resp.h), line by line as libcurl's
- * header callback and proxy/tunnel_up.c hand it lines.
+/* fuzz_h1resp: the HTTP/1.1 response head parser (proxy/upstream/h1resp.h), line by line as
+ * libcurl's header callback and proxy/upstream/tunnel_up.c hand it lines.
  *
  * Invariants: it never reads past a line; a complete head has a status from 101 to 599 (101
  * only when an upgrade was asked for), one Content-Length value at most, and a transfer coding
@@ -16,10 +16,10 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "proxy/h1resp.h"
-#include "proxy/headers.h"
+#include "proxy/upstream/h1resp.h"
+#include "proxy/http/headers.h"
 
-/* fuzz-link: proxy/h1resp.c proxy/hlist.c */
+/* fuzz-link: proxy/upstream/h1resp.c proxy/http/hlist.c */
 
 static void check_list(const struct hlist *h)
 {

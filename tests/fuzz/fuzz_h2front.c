@@ -1,4 +1,4 @@
-/* The HTTP/2 front end (proxy/h2front.h) fed bytes as a client would send them, after the
+/* The HTTP/2 front end (proxy/http2/h2front.h) fed bytes as a client would send them, after the
  * connection preface, over a socket pair in a loop of its own. The request core is a fake one
  * (the retry_req_* calls below): by the request's method it answers at once with an error,
  * streams a response with trailers, keeps a whole one, resets the stream, or takes the upload
@@ -10,15 +10,17 @@
  *     is left when the connection has gone (and ASan finds no leak or bad access);
  *   - no core call comes for a request after it was completed.
  */
-/* fuzz-link: proxy/h2front.c proxy/h2stream.c proxy/loop.c proxy/hlist.c proxy/ring.c */
-/* fuzz-link: proxy/answer.c proxy/grpc.c proxy/h2guard.c proxy/share.c proxy/fields.c */
+/* fuzz-link: proxy/http2/h2front.c proxy/http2/h2stream.c proxy/base/loop.c proxy/http/hlist.c
+ * proxy/base/ring.c */
+/* fuzz-link: proxy/http/answer.c proxy/http/grpc.c proxy/http2/h2guard.c proxy/upstream/share.c
+ * proxy/http/fields.c */
 #define FUZZ_NAME "fuzz_h2front"
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "proxy/h2front.h"
-#include "proxy/retry.h"
+#include "proxy/http2/h2front.h"
+#include "proxy/core/retry.h"
 #include "tests/fuzz/fuzz.h"
 
 struct retry_req {
@@ -152,7 +154,7 @@ size_t retry_req_body(struct retry_req *r, const char *data, size_t n)
 void retry_req_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, size_t vl)
 {
     FUZZ_CHECK(r->headed && !r->completed, "trailer before the head or after completion");
-    /* proxy/retry.h: the core reads the name as a string */
+    /* proxy/core/retry.h: the core reads the name as a string */
     FUZZ_CHECK(strlen(k) == kl && strlen(v) == vl, "a trailer not NUL-terminated at its length");
 }
 

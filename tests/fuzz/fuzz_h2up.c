@@ -1,5 +1,5 @@
-/* The HTTP/2 upstream sessions (proxy/h2up.h) fed bytes as an upstream server would send them,
- * after its SETTINGS, over a Unix socket the pool connects to (an origin's address may be any
+/* The HTTP/2 upstream sessions (proxy/upstream/h2up.h) fed bytes as an upstream server would send
+ * them, after its SETTINGS, over a Unix socket the pool connects to (an origin's address may be any
  * stream socket), in a loop of its own. Three streams run on the connection: a GET, a POST with
  * a kept body, and a POST whose upload comes in pieces with a pause between; their owners take
  * body bytes, pause, or stop as the input's first byte says, so that every h2up_ops call, the
@@ -13,9 +13,10 @@
  *   - everything is freed (ASan finds no leak or bad access), and no connection is counted open
  *     once the pool is gone.
  */
-/* fuzz-link: proxy/h2up.c proxy/h2up_conn.c proxy/connect.c proxy/loop.c proxy/hlist.c */
-/* fuzz-link: proxy/tls.c */
-/* fuzz-link: proxy/log.c proxy/origin.c */
+/* fuzz-link: proxy/upstream/h2up.c proxy/upstream/h2up_conn.c proxy/upstream/connect.c
+ * proxy/base/loop.c proxy/http/hlist.c */
+/* fuzz-link: proxy/upstream/tls.c */
+/* fuzz-link: proxy/telemetry/log.c proxy/upstream/origin.c */
 #define FUZZ_NAME "fuzz_h2up"
 #include <errno.h>
 #include <string.h>
@@ -23,8 +24,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "proxy/h2up.h"
-#include "proxy/origin.h"
+#include "proxy/upstream/h2up.h"
+#include "proxy/upstream/origin.h"
 #include "tests/fuzz/fuzz.h"
 
 #define STREAMS 3
@@ -40,7 +41,7 @@ struct owner {
 
 static struct owner owners[STREAMS];
 
-/* Refuses a status outside 100-599, as proxy/h2up_attempt.c does. */
+/* Refuses a status outside 100-599, as proxy/upstream/h2up_attempt.c does. */
 static bool on_head(void *arg, int status)
 {
     struct owner *o = arg;

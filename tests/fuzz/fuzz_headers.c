@@ -1,4 +1,4 @@
-/* fuzz_headers: the header rules of proxy/headers.h against simple reference models.
+/* fuzz_headers: the header rules of proxy/http/headers.h against simple reference models.
  *
  * hdr_name_valid(_n), hdr_value_valid, fields_hop_by_hop, hdr_name_eq, hdr_token_listed and
  * hdr_parse_uint each agree with a plain model written here; hdr_match_host's output is the
@@ -19,11 +19,11 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "proxy/fields.h"
-#include "proxy/headers.h"
-#include "proxy/hlist.h"
+#include "proxy/http/fields.h"
+#include "proxy/http/headers.h"
+#include "proxy/http/hlist.h"
 
-/* fuzz-link: proxy/hlist.c proxy/fields.c */
+/* fuzz-link: proxy/http/hlist.c proxy/http/fields.c */
 
 static char lc(char c)
 {

@@ -17,11 +17,11 @@
  * tokens. Otherwise there is exactly one error per bad entry, at that entry's JSON path, with
  * a well-formed message, and no other error.
  *
- * Then retry_match() (proxy/decide.c, which links without libmicrohttpd and libcurl) must pick,
- * for every status from 100 to 599 and every other outcome, the first condition in file order
+ * Then retry_match() (proxy/core/decide.c, which links without libmicrohttpd and libcurl) must
+ * pick, for every status from 100 to 599 and every other outcome, the first condition in file order
  * that names it, or none.
  */
-/* fuzz-link: proxy/decide.c proxy/hlist.c proxy/live.c proxy/strmap.c */
+/* fuzz-link: proxy/core/decide.c proxy/http/hlist.c proxy/core/live.c proxy/base/strmap.c */
 #define FUZZ_NAME "fuzz_retry_on"
 #include "tests/fuzz/fuzz.h"
 
@@ -32,7 +32,7 @@
 
 #include "config/cfg.h"
 #include "config/errors.h"
-#include "proxy/decide.h"
+#include "proxy/core/decide.h"
 
 #define MAX_ENTRIES 24
 

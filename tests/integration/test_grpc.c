@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/grpc.h"
+#include "proxy/http/grpc.h"
 #include "tests/support/fixture.h"
 
 #define T 10000 /* ms: upper bound for any single request in these tests */

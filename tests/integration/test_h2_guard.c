@@ -1,4 +1,4 @@
-/* What an HTTP/2 client may send that libnghttp2 does not bound by itself (proxy/h2guard.c,
+/* What an HTTP/2 client may send that libnghttp2 does not bound by itself (proxy/http2/h2guard.c,
  * docs/hardening.md "HTTP/2"): frames that carry nothing (CVE-2019-9518), an HPACK bomb, a
  * HEADERS on a lower stream id never used (RFC 9113 5.1.1). The frames are built by hand by
  * tests/tools/h2guard_peer.py, which prints one line of results.

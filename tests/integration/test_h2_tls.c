@@ -245,7 +245,8 @@ Test(h2_tls, untrusted_or_misnamed_certificates_are_connect_failures)
     cr_expect_eq(h2u_count(srv, "path", "/base/x"), 0);
     cr_expect_eq(count_events("http1", "path", "/base/x"), 0);
     cr_expect_eq(fx_metric("retryproxy_upstream_h2_connections_total{result=\"failed\"}"), 1);
-    /* logged as a tunnel's is (proxy/connect.c): the upstream, the name, OpenSSL's reason */
+    /* logged as a tunnel's is (proxy/upstream/connect.c): the upstream, the name, OpenSSL's reason
+     */
     char authority[32];
     snprintf(authority, sizeof(authority), "127.0.0.1:%u", h2u_port(srv));
     json_t *line =

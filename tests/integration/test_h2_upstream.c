@@ -10,7 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "proxy/grpc.h"
+#include "proxy/http/grpc.h"
 #include "tests/support/fixture.h"
 #include "tests/support/h2u.h"
 

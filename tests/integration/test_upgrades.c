@@ -217,8 +217,8 @@ Test(upgrades, an_https_upstream_gets_the_client_certificate_and_server_name)
 }
 
 /* A tunnel's TLS handshake that fails (a certificate no store trusts) is a connect failure,
- * logged as the HTTP/2 side logs one (proxy/connect.c): the upstream, the name verified and
- * OpenSSL's reason. */
+ * logged as the HTTP/2 side logs one (proxy/upstream/connect.c): the upstream, the name verified
+ * and OpenSSL's reason. */
 Test(upgrades, a_failed_tls_handshake_is_logged_naming_the_upstream_and_the_reason)
 {
     char dir[] = "/tmp/retryproxy-wsbad-XXXXXX", cert[64], key[64], authority[32], buf[4096];

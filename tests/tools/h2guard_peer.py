@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """h2guard_peer -- HTTP/2 clients that send what libnghttp2 does not bound by itself, frames
-built by hand, for tests/integration/test_h2_guard.c (proxy/h2guard.c).
+built by hand, for tests/integration/test_h2_guard.c (proxy/http2/h2guard.c).
 
 Run with Debian's /usr/bin/python3 (python3-hpack). One scenario per run; it prints one line of
 results ("key value" pairs) on stdout:

@@ -61,7 +61,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proxy/upstream.h"
+#include "proxy/upstream/upstream.h"
 #include "tests/support/proc.h"
 
 extern char **environ;
@@ -915,7 +915,7 @@ int main(int argc, char **argv)
      * grace period. Those sockets are libcurl's connection caches: it notices that an upstream
      * closed an idle kept-alive connection only when a transfer on the same multi handle
      * starts (it then prunes every dead one, at most once a second), and a worker uses its
-     * later multi handles only under load (proxy/upstream.c), so some stay until the next
+     * later multi handles only under load (proxy/upstream/upstream.c), so some stay until the next
      * load. They may not outnumber the cache's bound, nor the connections the upstream still
      * had open when the load ended: the proxy holds no socket the upstream closed before
      * (a reset). While waiting, one request goes through every 250 ms, on a connection of its

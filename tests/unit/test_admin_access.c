@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "proxy/admin.h"
+#include "proxy/ops/admin.h"
 
 TestSuite(admin_access);
 

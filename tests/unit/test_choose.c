@@ -3,7 +3,7 @@
  * (every upstream ejected: panic mode) one not tried. */
 #include <criterion/criterion.h>
 
-#include "proxy/choose.h"
+#include "proxy/core/choose.h"
 
 #define B(i) (1ULL << (i))
 

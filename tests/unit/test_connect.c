@@ -1,5 +1,5 @@
-/* connect: one connection to an origin in a loop (proxy/connect.h), against listeners of the
- * test's own on 127.0.0.1: plain TCP with TCP_NODELAY, a refused connect, the connect timeout,
+/* connect: one connection to an origin in a loop (proxy/upstream/connect.h), against listeners of
+ * the test's own on 127.0.0.1: plain TCP with TCP_NODELAY, a refused connect, the connect timeout,
  * TLS whose decrypted bytes no socket event announces (the pending-TLS kick), and a TLS
  * failure, logged once with the origin and the reason. */
 #include <criterion/criterion.h>
@@ -16,11 +16,11 @@
 
 #include <openssl/ssl.h>
 
-#include "proxy/connect.h"
-#include "proxy/log.h"
-#include "proxy/loop.h"
-#include "proxy/origin.h"
-#include "proxy/tls.h"
+#include "proxy/upstream/connect.h"
+#include "proxy/telemetry/log.h"
+#include "proxy/base/loop.h"
+#include "proxy/upstream/origin.h"
+#include "proxy/upstream/tls.h"
 #include "tests/support/fixture.h"
 
 /* What the connector told its user. */

@@ -1,4 +1,4 @@
-/* The filters of proxy/fields.h, one per direction, for heads and trailers alike: each row is
+/* The filters of proxy/http/fields.h, one per direction, for heads and trailers alike: each row is
  * tried on a head (the way up through head_up_build(), the list every attempt sends) and on a
  * trailer section, and must come out the same. */
 #include <criterion/criterion.h>
@@ -6,9 +6,9 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "proxy/fields.h"
-#include "proxy/head.h"
-#include "proxy/hlist.h"
+#include "proxy/http/fields.h"
+#include "proxy/http/head.h"
+#include "proxy/http/hlist.h"
 
 /* ---- the way up ---- */
 

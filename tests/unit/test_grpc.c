@@ -1,11 +1,11 @@
-/* proxy/grpc.c: what retryproxy reads and writes of gRPC (docs/grpc.md): the content type, the
+/* proxy/http/grpc.c: what retryproxy reads and writes of gRPC (docs/grpc.md): the content type, the
  * grpc-status and grpc-timeout values, and the statuses of retryproxy's own errors. */
 #include <criterion/criterion.h>
 
 #include <string.h>
 
-#include "proxy/grpc.h"
-#include "proxy/hlist.h"
+#include "proxy/http/grpc.h"
+#include "proxy/http/hlist.h"
 
 static bool ct(const char *v)
 {

@@ -1,9 +1,9 @@
 /* h1resp: an HTTP/1.1 response head, line by line, with the checks every upstream response head
- * passes (proxy/h1resp.h; docs/hardening.md#responses). */
+ * passes (proxy/upstream/h1resp.h; docs/hardening.md#responses). */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "proxy/h1resp.h"
+#include "proxy/upstream/h1resp.h"
 
 static struct h1resp p;
 static struct hlist head, trailers;

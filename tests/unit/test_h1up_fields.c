@@ -1,12 +1,12 @@
-/* h1up_fields: an attempt's own fields and the list proxy/head.c builds, as the header list
- * libcurl sends (proxy/h1up.c; docs/forwarding.md: no field added that the client did not send
- * but the proxy's own). */
+/* h1up_fields: an attempt's own fields and the list proxy/http/head.c builds, as the header list
+ * libcurl sends (proxy/upstream/h1up.c; docs/forwarding.md: no field added that the client did not
+ * send but the proxy's own). */
 #include <criterion/criterion.h>
 #include <curl/curl.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/attempt_int.h"
+#include "proxy/upstream/attempt_int.h"
 
 static struct hlist fields;
 static void *block;

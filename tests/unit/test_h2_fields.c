@@ -1,10 +1,10 @@
-/* attempt_h2_fields: an attempt's own fields and the list proxy/head.c builds, as the fields of
- * an HTTP/2 request to an h2c upstream (docs/http2.md; RFC 9113 8.2). */
+/* attempt_h2_fields: an attempt's own fields and the list proxy/http/head.c builds, as the fields
+ * of an HTTP/2 request to an h2c upstream (docs/http2.md; RFC 9113 8.2). */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "proxy/attempt_int.h"
-#include "proxy/h2up.h"
+#include "proxy/upstream/attempt_int.h"
+#include "proxy/upstream/h2up.h"
 
 /* The values point into the lists: each test's lists are freed by its .fini. */
 static struct hlist lists[4];

@@ -1,11 +1,11 @@
-/* proxy/h2guard.c: the frame header scanner ahead of the HTTP/2 session, and the header block
+/* proxy/http2/h2guard.c: the frame header scanner ahead of the HTTP/2 session, and the header block
  * bound. The scanner must find the same frames however the bytes are cut into reads, and
  * stop at the frame that used the bucket up. */
 #include <criterion/criterion.h>
 
 #include <string.h>
 
-#include "proxy/h2guard.h"
+#include "proxy/http2/h2guard.h"
 
 static const char PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 

@@ -4,10 +4,10 @@
 
 #include <string.h>
 
-#include "proxy/fields.h"
-#include "proxy/head.h"
-#include "proxy/headers.h"
-#include "proxy/hlist.h"
+#include "proxy/http/fields.h"
+#include "proxy/http/head.h"
+#include "proxy/http/headers.h"
+#include "proxy/http/hlist.h"
 
 Test(headers, hop_by_hop_names_in_any_case)
 {

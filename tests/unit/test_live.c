@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 
 #include "policy/rng.h"
-#include "proxy/live.h"
+#include "proxy/core/live.h"
 
 static const struct backoff_spec exp100 = { .policy = BACKOFF_EXPONENTIAL,
                                             .jitter = JITTER_NONE,

@@ -16,7 +16,7 @@
 
 #include <jansson.h>
 
-#include "proxy/log.h"
+#include "proxy/telemetry/log.h"
 
 /* log.c's worker buffer: the bound on every line and every write. */
 #define BUF_SIZE (64 * 1024)
@@ -1266,7 +1266,7 @@ Test(log, every_request_field_is_documented)
 #ifdef LOG_TEST_MAIN
 /* The thread scenarios on their own, for ThreadSanitizer, where Criterion cannot run:
  *   gcc -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=thread -DLOG_TEST_MAIN -I. \
- *       tests/unit/test_log.c proxy/log.c -lcriterion -ljansson -lpthread
+ *       tests/unit/test_log.c proxy/telemetry/log.c -lcriterion -ljansson -lpthread
  * This main() takes the place of Criterion's, so none of the Test()s above run. */
 int main(void)
 {

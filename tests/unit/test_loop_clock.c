@@ -1,10 +1,10 @@
-/* loop_clock_us (proxy/loop.h): the microsecond clock the reported durations are read from,
+/* loop_clock_us (proxy/base/loop.h): the microsecond clock the reported durations are read from,
  * beside the loop's cached milliseconds that its timers keep to (issue 27 item 2). */
 #include <criterion/criterion.h>
 
 #include <time.h>
 
-#include "proxy/loop.h"
+#include "proxy/base/loop.h"
 
 static void sleep_us(long us)
 {

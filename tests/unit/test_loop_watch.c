@@ -1,7 +1,7 @@
-/* loop_watch: a watch that was never added is never taken off the epoll set (proxy/loop.h),
+/* loop_watch: a watch that was never added is never taken off the epoll set (proxy/base/loop.h),
  * and an upgrade's connector that fails before it has a socket leaves the other watches of its
- * loop alone (proxy/tunnel_up.c, issue 26 item 17). fd 0 matters: with stdin closed it is the
- * first descriptor a worker gets, a live socket's. */
+ * loop alone (proxy/upstream/tunnel_up.c, issue 26 item 17). fd 0 matters: with stdin closed it is
+ * the first descriptor a worker gets, a live socket's. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -10,9 +10,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "proxy/loop.h"
-#include "proxy/origin.h"
-#include "proxy/tunnel_up.h"
+#include "proxy/base/loop.h"
+#include "proxy/upstream/origin.h"
+#include "proxy/upstream/tunnel_up.h"
 
 static void on_event(struct loop_watch *w, uint32_t events)
 {

@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "policy/budget.h"
-#include "proxy/live.h"
-#include "proxy/metrics.h"
+#include "proxy/core/live.h"
+#include "proxy/telemetry/metrics.h"
 #include "proxy/version.h"
 
 /* ---- helpers over the rendered text ---- */
@@ -1129,7 +1129,7 @@ Test(metrics, exposition_passes_promtool)
 #ifdef METRICS_TEST_MAIN
 /* The concurrency scenario on its own, for ThreadSanitizer, where Criterion cannot run:
  *   gcc -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=thread -DMETRICS_TEST_MAIN -I. \
- *       tests/unit/test_metrics.c proxy/metrics.c -lcriterion -lpthread -lm
+ *       tests/unit/test_metrics.c proxy/telemetry/metrics.c -lcriterion -lpthread -lm
  * This main() takes the place of Criterion's, so none of the Test()s above run. */
 int main(void)
 {

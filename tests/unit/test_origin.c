@@ -1,8 +1,8 @@
-/* origin: an HTTP/2 upstream's host and port, resolved once (proxy/origin.h). */
+/* origin: an HTTP/2 upstream's host and port, resolved once (proxy/upstream/origin.h). */
 #include <criterion/criterion.h>
 #include <netinet/in.h>
 
-#include "proxy/origin.h"
+#include "proxy/upstream/origin.h"
 
 static uint16_t port_of(const struct origin *o)
 {

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "config/cfg.h"
-#include "proxy/decide.h"
+#include "proxy/core/decide.h"
 
 static struct cfg *cfg;
 static const struct cfg_retry *policy;

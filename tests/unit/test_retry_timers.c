@@ -1,9 +1,9 @@
-/* The request state machine's timers (proxy/retry.c) on a fake clock: backoff waits, the
+/* The request state machine's timers (proxy/core/retry.c) on a fake clock: backoff waits, the
  * per-try timeout, the deadline, Retry-After and the drain deadline fire at exactly their
  * millisecond, with no network and no wall-clock slack.
  *
- * This suite is linked without proxy/attempt.o: the fakes below stand in for the upstream
- * attempt and the client side (a front end of its own, proxy/front.h), record what the state
+ * This suite is linked without proxy/upstream/attempt.o: the fakes below stand in for the upstream
+ * attempt and the client side (a front end of its own, proxy/core/front.h), record what the state
  * machine asked of them, and let each test say how an attempt ends. With hedging several attempts
  * run at once: each launch is numbered from 0, and the tests name the one that answers. The loop is
  * the real one, its clock the test's (loop_set_clock), turned with loop_turn(l, 0) after each move
@@ -16,11 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/attempt.h"
-#include "proxy/grpc.h"
-#include "proxy/log.h"
-#include "proxy/retry.h"
-#include "proxy/worker.h"
+#include "proxy/upstream/attempt.h"
+#include "proxy/http/grpc.h"
+#include "proxy/telemetry/log.h"
+#include "proxy/core/retry.h"
+#include "proxy/core/worker.h"
 #include "tests/support/promtext.h"
 
 /* ---- the fakes ---- */
@@ -979,7 +979,7 @@ Test(retry_timers, random_races_keep_every_count_and_free_everything)
     }
 }
 
-/* ---- a gRPC status in trailers (proxy/keep.c, docs/grpc.md) ---- */
+/* ---- a gRPC status in trailers (proxy/core/keep.c, docs/grpc.md) ---- */
 
 #define GRPC_ROUTE                                                                                 \
     "\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"unavailable\"], " CFG_FAST_FIXED "}"

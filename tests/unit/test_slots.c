@@ -1,10 +1,11 @@
-/* slots: a worker's upstream attempt slots (proxy/slots.h): the cap, the queue in arrival order,
- * handing a freed slot on in the next turn of the loop, and the origin and connection shares. */
+/* slots: a worker's upstream attempt slots (proxy/upstream/slots.h): the cap, the queue in arrival
+ * order, handing a freed slot on in the next turn of the loop, and the origin and connection
+ * shares. */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "proxy/loop.h"
-#include "proxy/slots.h"
+#include "proxy/base/loop.h"
+#include "proxy/upstream/slots.h"
 
 static struct loop *l;
 static struct slots *s;
@@ -41,7 +42,7 @@ static void teardown(void)
 
 TestSuite(slots, .init = setup, .fini = teardown);
 
-/* Takes a slot at once if it may, else queues: as proxy/attempt.c does. */
+/* Takes a slot at once if it may, else queues: as proxy/upstream/attempt.c does. */
 static void ask(struct owner *o, struct share *origin, struct share *conn)
 {
     memset(o, 0, sizeof(*o));

@@ -1,10 +1,10 @@
-/* The request framing check (proxy/wire.h) on raw bytes, without a socket. */
+/* The request framing check (proxy/http1/wire.h) on raw bytes, without a socket. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "proxy/wire.h"
+#include "proxy/http1/wire.h"
 
 static char out[1 << 16];
 

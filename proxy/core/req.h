@@ -1,0 +1,269 @@
+/* req -- the request core's own header: a request's state and the calls between the core's
+ * parts. retry.c has the states and their transitions (the state diagram is at its top),
+ * edge.c the request's two ends with its client (the head taken in, the answer given), race.c
+ * the attempts that run beside the current one (hedging), tally.c the metrics and log lines.
+ * Nothing outside these four includes it: the rest of the program sees proxy/core/retry.h, and a
+ * front end proxy/core/front.h.
+ */
+#ifndef RETRYPROXY_PROXY_REQ_H
+#define RETRYPROXY_PROXY_REQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "proxy/upstream/attempt.h"
+#include "proxy/core/decide.h"
+#include "proxy/core/front.h"
+#include "proxy/http/grpc.h"
+#include "proxy/http/head.h"
+#include "proxy/core/intake.h"
+#include "proxy/base/loop.h"
+#include "proxy/telemetry/metrics.h"
+#include "proxy/http/refusal.h"
+
+/* What the log and requests_total say of a request whose client left before its answer
+ * (nginx's "client closed request"); nothing is sent. */
+#define CLIENT_CLOSED_STATUS 499
+
+enum req_state {
+    RS_HEADERS,  /* before the first access-handler call */
+    RS_BODY,     /* reading a request body that will be buffered whole */
+    RS_ATTEMPT,  /* an attempt in flight, before its response head */
+    RS_DRAIN,    /* reading a retryable response's body before the wait */
+    RS_HOLD,     /* holding a gRPC response back until its trailers tell its status */
+    RS_BACKOFF,  /* waiting out a delay */
+    RS_STREAM,   /* the upstream's response is going to the client */
+    RS_ANSWERED, /* a complete answer of our own (or a saved one) is ready */
+    RS_LAG,      /* retrying has stopped, but earlier attempts run on (hedging): wait for them */
+};
+
+/* Request flags (struct retry_req 'flags'). */
+enum {
+    RF_RETRYABLE = 1u << 0,     /* its method may go twice (retry.methods, Idempotency-Key) */
+    RF_BODY_DONE = 1u << 1,     /* the client's body is complete (or there is none) */
+    RF_OVER_LIMIT = 1u << 2,    /* the body passed limits.max_body_bytes: answered 413 */
+    RF_CLOSE_NOW = 1u << 3,     /* give the connection up: too much body left to discard */
+    RF_IN_FLIGHT = 1u << 4,     /* a retry holds budget slots until its attempt ends */
+    RF_SUCCEEDED = 1u << 5,     /* the last attempt ended in nothing retry_on names */
+    RF_SAVED = 1u << 6,         /* 'saved' holds the last retryable response's head ... */
+    RF_SAVED_WHOLE = 1u << 7,   /* ... and its whole body */
+    RF_THROTTLED = 1u << 8,     /* client-side throttling rejected an attempt (throttle_p) */
+    RF_LAG = 1u << 9,           /* the response in DRAIN ends retrying: LAG once it is read */
+    RF_SETTLE = 1u << 10,       /* the retry decided on the response in DRAIN: req_settle() it */
+    RF_GRPC = 1u << 11,         /* a gRPC call (Content-Type application/grpc, docs/grpc.md) */
+    RF_GRPC_RETRY = 1u << 12,   /* ... on a route whose retry_on names gRPC statuses */
+    RF_GRPC_COUNTED = 1u << 13, /* ... whose status is counted (grpc_status) */
+    RF_TRAILERS_OFF = 1u << 14, /* its trailers passed the head's bounds: none is sent */
+    RF_BAD_HEAD = 1u << 15,   /* a head refused as malformed or ambiguous: the connection closes */
+    RF_CONNECTION = 1u << 16, /* its head has a Connection field (edge_trailer) */
+};
+
+/* Trial flags (struct trial 'flags'). */
+enum {
+    TF_LAUNCHED = 1u << 0, /* its attempt went (or failed to): attempts_total counts it once ... */
+    TF_COUNTED = 1u << 1,  /* ... and has */
+    TF_RECORDED = 1u << 2, /* its outcome went to upstream health (a hedge records the timeout) */
+    TF_SLOT = 1u << 3,     /* a laggard holding the budget slots of the retry it was */
+    TF_LOST = 1u << 4,     /* out of the race: cancelled in the next turn, never inside curl */
+};
+
+/* A trial: one upstream attempt and what the request keeps of it. The request embeds one,
+ * reused by each attempt in turn; hedging gives the next attempt a trial of its own while a
+ * laggard runs on in r->others. */
+struct trial {
+    struct trial *prev, *next; /* r->others, while not the current attempt */
+    struct retry_req *r;
+    unsigned flags;
+    uint32_t number; /* its X-Retry-Attempt */
+    size_t sent;     /* bytes of the kept request body its upload has read */
+    /* loop_clock_us() when it started: queued for a slot, or sent */
+    uint64_t start_us;
+    const struct cfg_upstream *upstream;
+    struct attempt att;
+    struct head_attempt fields; /* its own X-Retry-Attempt and deadline header */
+};
+
+/* Its size matters: with an HTTP/2 stream's state after it (retry_req_new) an allocation
+ * stays at 2,016 bytes, below the 2,048 past which glibc's calloc clears it with rep stosb
+ * (about 2,000 instructions a request more, bench/instructions.sh h2). Fill holes before
+ * adding words; `gdb -batch -ex 'ptype /o struct retry_req' build/retryproxy` shows them. */
+struct retry_req {
+    struct retry_req *prev, *next; /* the worker's requests */
+    struct worker *w;
+    enum req_state state;
+    unsigned flags;
+    /* the client's port, for the log (in the hole before 'peer') */
+    unsigned peer_port;
+    unsigned refs;    /* the connection, a running transfer, the body reader */
+    const char *peer; /* the client's address, while the connection is open */
+    struct rt *rt;    /* the snapshot it started with (one reference) */
+    struct cfg *cfg;  /* rt->cfg */
+    const struct cfg_route *route;
+    const struct rt_route *rtr; /* the matched route's bindings */
+    struct metrics_route *m;    /* its metrics series (route "" until matched) */
+    uint64_t start_us;          /* loop_clock_us() when the request line arrived */
+    int64_t start_unix_ms;
+    uint64_t wait_start_ms; /* when the current backoff wait began */
+    uint64_t deadline_ms;
+    uint32_t *delays; /* the waits taken, for the log */
+    size_t n_delays;
+
+    /* the request as received */
+    char *target;
+    uint32_t method_bit;
+    char method[REQ_METHOD_MAX + 1]; /* the framing check refuses longer ones */
+    char upgrade[72]; /* the protocol an upgrade asks for, the route tunnelling it; "": none */
+    char request_id[HEAD_REQUEST_ID_MAX + 1];
+    struct head_up up;     /* the header list every attempt sends */
+    struct intake body;    /* the request body */
+    struct hlist trailers; /* its trailer fields (lowercase names), sent by every attempt */
+    size_t head_size;      /* the head's fields as the bounds count them (edge_trailer) */
+    size_t head_fields;
+    uint64_t discarded; /* body bytes dropped after the answer was made */
+
+    /* its User-Agent, for the log (NULL: none, or not logging when the head came) */
+    char *user_agent;
+
+    /* retrying */
+    uint32_t attempts, max_attempts;
+    uint32_t timeout_ms;  /* the route's, lowered by X-Retry-Timeout-Ms */
+    enum refusal refused; /* the head was refused: answer its error (here: a hole) */
+    uint64_t tried;       /* upstreams tried, as bits */
+    struct backoff_seq seq;
+    struct decide_req dr;
+    enum retry_outcome last_outcome;
+    enum retry_stop stop;
+    uint32_t pending_delay;
+    int grpc_status;               /* RF_GRPC_COUNTED: the status the call ended with, -1: none */
+    struct retry_verdict settling; /* RF_SETTLE: the verdict, counted once the body is read */
+    double throttle_p;             /* RF_THROTTLED: the probability it was rejected with */
+    struct trial *cur;             /* the current attempt: running, waited for, or the last one */
+    struct trial *others; /* attempts running beside it (hedging), and lost ones to cancel */
+    struct trial first;
+    /* try_timer: the current attempt's per-try timeout until its head, then (RS_HOLD) the
+     * hold's bound, retry.grpc_hold_ms (keep.c) */
+    struct loop_timer try_timer, deadline_timer, backoff_timer;
+    struct loop_timer reap_timer; /* cancels the lost ones in the next turn */
+
+    /* the last retryable response, returned as it is if retrying stops */
+    struct {
+        int status;
+        struct hlist h;
+        char *body;
+        size_t len;
+        struct hlist trailers;
+    } saved;
+    /* RS_HOLD: the response's body so far, and its messages */
+    struct {
+        char *body;
+        size_t len;
+        struct grpc_frames frames;
+    } held;
+
+    struct front *front; /* the client side: its state follows in the same allocation */
+};
+
+static inline uint64_t req_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- retry.c: the states ---- */
+
+/* What each attempt tells the core. */
+extern const struct attempt_ops req_attempt_ops;
+/* The next attempt goes (round-robin over the route's upstreams). */
+void req_start_attempt(struct retry_req *r);
+/* Ends the transfer of 't' without its end being reported (retry.c says when). */
+bool req_stop_transfer(struct retry_req *r, struct trial *t);
+/* What is known of the current attempt, ended in 'o', and the verdict on it. */
+void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
+               struct retry_verdict *v);
+/* A retry's budget slots: taken by a retry the decision made, given back when its attempt
+ * ends ('bit' of '*flags' says they are held). */
+void req_hold_slots(struct retry_req *r);
+void req_give_slots_back(struct retry_req *r, unsigned *flags, unsigned bit);
+void req_end_retry_in_flight(struct retry_req *r);
+/* Applies the decision for the attempt that just ended in 'o'; true when a retry was
+ * scheduled (its wait in r->pending_delay). */
+bool req_decide(struct retry_req *r, enum retry_outcome o);
+/* The retry decided on the response whose body was read: true to wait and retry. */
+bool req_settle(struct retry_req *r);
+/* An attempt ended without a response head (or one that counts as none). */
+void req_attempt_failed(struct retry_req *r, enum retry_outcome o);
+/* The gRPC status of attempt 'a''s response on a gRPC call (its headers', or its trailers'
+ * once in), -1 if none or not a gRPC call. */
+int req_grpc_status(const struct retry_req *r, const struct attempt *a);
+/* The backoff wait before the next attempt (r->pending_delay), and its end before its time. */
+void req_wait_then_retry(struct retry_req *r);
+void req_cut_wait_short(struct retry_req *r);
+
+/* ---- edge.c: the head taken in, the answer given ---- */
+
+/* The head is complete: checked, routed, planned; or answered at once (400, 404, 405, 413). */
+void edge_begin(struct retry_req *r, const char *method);
+/* A trailer field of the request (retry_req_trailer). */
+void edge_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, size_t vl);
+/* A retryable response was kept whole: retrying that stops returns it. */
+bool edge_saved_whole(const struct retry_req *r);
+/* The current attempt's response is the answer and streams. */
+void edge_stream(struct retry_req *r);
+/* An error of retryproxy's own; the saved response; the answer once retrying is over. */
+void edge_error(struct retry_req *r, unsigned status, const char *code, const char *message);
+void edge_saved(struct retry_req *r);
+void edge_final(struct retry_req *r);
+
+/* ---- keep.c: responses kept rather than streamed ---- */
+
+/* A gRPC response head without a status: held back until its trailers (RS_HOLD)? */
+bool keep_hold(struct retry_req *r, const struct attempt *a);
+/* The current attempt's response head, decided: it streams, or it is kept (RS_DRAIN). */
+void keep_head(struct retry_req *r, struct attempt *a);
+/* Body bytes of a response in RS_DRAIN or RS_HOLD: as attempt_ops.body. */
+size_t keep_body(struct retry_req *r, struct attempt *a, const char *p, size_t n);
+/* The transfer of a response in RS_DRAIN or RS_HOLD ended. */
+void keep_done(struct retry_req *r, struct attempt *a, enum attempt_end end);
+
+/* ---- race.c: attempts running beside the current one (hedging) ---- */
+
+void race_trial_init(struct retry_req *r, struct trial *t);
+void race_trial_free(struct retry_req *r, struct trial *t);
+/* The current attempt passed its per-try timeout: hedge it (false where hedging does not
+ * apply, and the timeout ends the attempt). */
+bool race_hedge(struct retry_req *r);
+/* How long the attempt starting now, with 'left' ms before the deadline, will be waited for:
+ * the per-try timeout, or 'left' if it is shorter or the attempt may be hedged. */
+uint64_t race_attempt_wait(const struct retry_req *r, uint64_t left);
+/* Whether an attempt other than 'except' (may be NULL) runs on beside the current one. */
+bool race_others_running(const struct retry_req *r, const struct trial *except);
+/* Every attempt beside the current one is out of the race, counted as 'o'. */
+void race_lose_others(struct retry_req *r, enum metrics_outcome o);
+/* Ends the lost attempts' transfers now. */
+void race_reap(struct retry_req *r);
+/* Retrying has stopped: answer now, or wait for the attempts still running. */
+void race_wait(struct retry_req *r);
+/* A response head for, or the end of, 't', an attempt running beside the current one. */
+void race_other_head(struct retry_req *r, struct trial *t);
+void race_other_done(struct retry_req *r, struct trial *t);
+
+/* ---- tally.c: metrics and log lines ---- */
+
+enum metrics_outcome tally_outcome(enum retry_outcome o, int status);
+void tally_stop(struct retry_req *r, enum retry_stop stop);
+bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
+void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcome,
+                  const char *decision, uint32_t delay_ms);
+void tally_log(struct retry_req *r, const struct trial *t, enum retry_outcome o,
+               const char *decision, uint32_t delay_ms);
+void tally_verdict(struct retry_req *r, const struct trial *t, enum retry_outcome o,
+                   const struct retry_verdict *v, bool hedging);
+void tally_answer(struct retry_req *r);
+void tally_done(struct retry_req *r);
+/* A gRPC call ended with 'status' (-1: none): counted once, the first time. */
+void tally_grpc(struct retry_req *r, int status);
+
+#endif

@@ -1,0 +1,206 @@
+/* tally -- what a request leaves behind (proxy/core/req.h): its attempts, retries, denials and
+ * answer in the metrics (docs/metrics.md), and its log lines (docs/logs.md).
+ */
+#include "proxy/core/req.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "proxy/http/head.h"
+#include "proxy/telemetry/log.h"
+#include "proxy/core/runtime.h"
+#include "proxy/core/worker.h"
+
+enum metrics_outcome tally_outcome(enum retry_outcome o, int status)
+{
+    switch (o) {
+    case RETRY_OUT_CONNECT_FAILURE:
+        return METRICS_OUT_CONNECT_FAILURE;
+    case RETRY_OUT_RESET:
+        return METRICS_OUT_RESET;
+    case RETRY_OUT_TIMEOUT:
+        return METRICS_OUT_TIMEOUT;
+    case RETRY_OUT_STATUS:
+        break;
+    }
+    return status >= 500   ? METRICS_OUT_5XX
+           : status >= 400 ? METRICS_OUT_4XX
+           : status >= 300 ? METRICS_OUT_3XX
+           : status >= 200 ? METRICS_OUT_2XX
+                           : METRICS_OUT_1XX;
+}
+
+_Static_assert(RETRY_STOP_DRAINING - 1 == METRICS_DENIED_DRAINING &&
+                   RETRY_STOP_MAX_ATTEMPTS - 1 == METRICS_DENIED_MAX_ATTEMPTS &&
+                   RETRY_STOP_PUSHBACK - 1 == METRICS_DENIED_PUSHBACK &&
+                   RETRY_STOP_THROTTLED - 1 == METRICS_DENIED_THROTTLED &&
+                   RETRY_STOP_CLIENT_CLOSED - 1 == METRICS_DENIED_COUNT,
+               "retries_denied_total reasons follow enum retry_stop");
+
+/* Counts a stop: a retry that retry_on asked for but that was not made. */
+void tally_stop(struct retry_req *r, enum retry_stop stop)
+{
+    if (stop != RETRY_STOP_NONE)
+        metrics_denied(r->m, r->w->id, (enum metrics_denied)(stop - 1));
+}
+
+/* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went: true if
+ * it was counted now. */
+bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
+{
+    if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) != TF_LAUNCHED)
+        return false;
+    t->flags |= TF_COUNTED;
+    struct worker *w = r->w;
+    /* the upstream's series by its index in the route, found when the snapshot was made */
+    metrics_attempt(r->rtr->targets[t->upstream - r->route->upstreams], w->id, o,
+                    (double)(loop_clock_us(w->loop) - t->start_us) / 1e6);
+    return true;
+}
+
+/* The debug log line of attempt 't' (docs/logs.md), its outcome given as text. */
+void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcome,
+                  const char *decision, uint32_t delay_ms)
+{
+    struct log_attempt a = { .unix_ms = (int64_t)req_wall_ms(),
+                             .route = r->route->name,
+                             .request_id = r->request_id,
+                             .attempt = t->number,
+                             .upstream = t->upstream ? t->upstream->url : NULL,
+                             .outcome = outcome,
+                             .duration_ms =
+                                 (double)(loop_clock_us(r->w->loop) - t->start_us) / 1000.0,
+                             .decision = decision,
+                             .delay_ms = delay_ms };
+    log_attempt(r->w->log, &a);
+}
+
+/* The same with the outcome 'o' ended in (the response's status for a response). */
+void tally_log(struct retry_req *r, const struct trial *t, enum retry_outcome o,
+               const char *decision, uint32_t delay_ms)
+{
+    if (!log_enabled(CFG_LOG_DEBUG))
+        return;
+    char outcome[16];
+    if (o == RETRY_OUT_STATUS)
+        snprintf(outcome, sizeof(outcome), "%d", t->att.status);
+    else
+        snprintf(outcome, sizeof(outcome), "%s",
+                 o == RETRY_OUT_CONNECT_FAILURE ? "connect-failure"
+                 : o == RETRY_OUT_RESET         ? "reset"
+                                                : "timeout");
+    tally_log_as(r, t, outcome, decision, delay_ms);
+}
+
+/* The metrics and the debug log line of a verdict on attempt 't' (ended in 'o', or past its
+ * per-try timeout when 'hedging'). */
+void tally_verdict(struct retry_req *r, const struct trial *t, enum retry_outcome o,
+                   const struct retry_verdict *v, bool hedging)
+{
+    struct worker *w = r->w;
+    bool retry = v->fired && v->stop == RETRY_STOP_NONE;
+    if (retry) {
+        size_t k = (size_t)(v->fired - r->route->retry.on);
+        metrics_retry(r->m, w->id, r->rtr->reasons[k]);
+        metrics_observe(r->m, w->id, METRICS_HIST_BACKOFF, v->delay_ms / 1000.0);
+        if (v->retry_after_used)
+            metrics_retry_after_honored(r->m, w->id);
+        uint32_t *d = realloc(r->delays, (r->n_delays + 1) * sizeof(*d));
+        if (d) {
+            d[r->n_delays++] = v->delay_ms;
+            r->delays = d;
+        }
+    } else if (v->fired) {
+        tally_stop(r, v->stop);
+    }
+    if (!log_enabled(CFG_LOG_DEBUG))
+        return;
+    /* hedging: "hedge" starts the next attempt beside this one; "run-on:REASON" lets this one
+     * run on alone */
+    char decision[48];
+    snprintf(decision, sizeof(decision), "%s%s",
+             retry      ? (hedging ? "hedge" : "retry")
+             : v->fired ? (hedging ? "run-on:" : "stop:")
+                        : "final",
+             !retry && v->fired ? retry_stop_name(v->stop) : "");
+    tally_log(r, t, o, decision, retry ? v->delay_ms : 0);
+}
+
+/* The answer is about to go out: the request's metrics are counted now, before a byte of it
+ * leaves (docs/metrics.md: a client that has its response sees it counted). Its duration runs
+ * to this point, the moment the response starts. */
+void tally_answer(struct retry_req *r)
+{
+    struct worker *w = r->w;
+    metrics_request(r->m, w->id, (int)r->front->status);
+    metrics_protocol(r->m, w->id, r->front->proto == FRONT_HTTP2 ? METRICS_HTTP2 : METRICS_HTTP1);
+    if (r->upgrade[0]) /* an upgrade the route tunnels (docs/upgrades.md) */
+        metrics_upgrade(r->m, w->id,
+                        r->front->status == 101 ? METRICS_UPGRADE_TUNNELLED
+                                                : METRICS_UPGRADE_REFUSED);
+    /* a retry's success: with hedging, the first attempt may answer after a retry went */
+    if ((r->flags & RF_SUCCEEDED) && r->cur->number > 1)
+        metrics_retry_success(r->m, w->id);
+    metrics_observe(r->m, w->id, METRICS_HIST_REQUEST,
+                    (double)(loop_clock_us(w->loop) - r->start_us) / 1e6);
+}
+
+void tally_grpc(struct retry_req *r, int status)
+{
+    if ((r->flags & (RF_GRPC | RF_GRPC_COUNTED)) != RF_GRPC)
+        return;
+    r->flags |= RF_GRPC_COUNTED;
+    r->grpc_status = status;
+    metrics_grpc(r->m, r->w->id, status);
+}
+
+/* The target the last attempt sent (head_upstream_target, malloc'd in *joined when joined). NULL:
+ * no attempt. */
+static const char *upstream_path(const struct retry_req *r, char **joined)
+{
+    const struct cfg_upstream *u = r->cur->upstream;
+    *joined = NULL;
+    return u ? head_upstream_target(u->base_path, r->target, joined) : NULL;
+}
+
+/* The request is over (answered, or the client went away): its log line, and
+ * client_gone_total when no answer of ours started (none made, or the reset of a client that
+ * left: status 0, or 499 during a backoff wait). The same on every client protocol. */
+void tally_done(struct retry_req *r)
+{
+    struct worker *w = r->w;
+    if (r->state == RS_HEADERS)
+        return;
+    const struct front *f = r->front;
+    if (!f->answered || f->status == 0 || r->stop == RETRY_STOP_CLIENT_CLOSED)
+        metrics_client_gone(r->m, w->id);
+    if (!log_enabled(CFG_LOG_INFO))
+        return;
+    bool sent = r->front->sent || r->stop == RETRY_STOP_CLIENT_CLOSED;
+    char *joined;
+    struct log_request lr = { .unix_ms = r->start_unix_ms,
+                              .route = r->route ? r->route->name : NULL,
+                              .method = r->method,
+                              .path = r->target,
+                              /* 499: libmicrohttpd may find the socket closed first */
+                              .status = sent ? (int)r->front->status : 0,
+                              .attempts = r->attempts,
+                              .delays = r->delays,
+                              .n_delays = r->n_delays,
+                              .duration_ms =
+                                  (double)(loop_clock_us(w->loop) - r->start_us) / 1000.0,
+                              .upstream = r->cur->upstream ? r->cur->upstream->url : NULL,
+                              .upstream_path = upstream_path(r, &joined),
+                              .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
+                              .request_id = r->request_id[0] ? r->request_id : NULL,
+                              .protocol = r->front->proto == FRONT_HTTP2 ? "HTTP/2" : "HTTP/1.1",
+                              .grpc = r->flags & RF_GRPC,
+                              .grpc_status = r->grpc_status,
+                              .client_addr = r->peer && r->peer[0] ? r->peer : NULL,
+                              .client_port = r->peer_port,
+                              .user_agent = r->user_agent,
+                              .bytes_from_client = r->body.total + r->discarded, /* all it took */
+                              .bytes_to_client = r->front->body_sent };
+    log_request(w->log, &lr);
+    free(joined);
+}

@@ -1,0 +1,54 @@
+/* hlist -- a response's header fields as they arrived, in one buffer of "name\0value\0"
+ * pairs, bounded in bytes and count like a client's request head. */
+#ifndef RETRYPROXY_PROXY_HLIST_H
+#define RETRYPROXY_PROXY_HLIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HLIST_MAX_BYTES (64 * 1024)
+#define HLIST_MAX_COUNT 200
+
+struct hlist {
+    char *buf;
+    size_t len, cap, count;
+};
+
+/* One field by reference, neither part NUL-terminated: an attempt's own fields, sent beside a
+ * list (proxy/http/head.h). */
+struct hfield {
+    const char *name, *value;
+    size_t name_len, value_len;
+};
+
+void hlist_clear(struct hlist *h); /* keeps the buffer */
+void hlist_free(struct hlist *h);
+/* Adds a field. 0, or -1 past the bounds or out of memory. */
+int hlist_add(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl);
+/* Appends " " and v[0..vl) to the value of the last field (an unfolded continuation line).
+ * 0, or -1 without a last field, past the bounds or out of memory. */
+int hlist_extend_last(struct hlist *h, const char *v, size_t vl);
+/* Iterates: *pos starts at 0; false at the end. */
+bool hlist_next(const struct hlist *h, size_t *pos, const char **name, const char **value);
+/* The first value of 'name' (any case), or NULL. */
+const char *hlist_get(const struct hlist *h, const char *name);
+/* How many fields 'name' has; the first 'max' of their values go to vals/lens. */
+size_t hlist_values(const struct hlist *h, const char *name, const char **vals, size_t *lens,
+                    size_t max);
+/* Content-Length as a number; -1 when absent or invalid. */
+int64_t hlist_content_length(const struct hlist *h);
+/* Whether every Content-Length field holds the same decimal number (or there is none):
+ * RFC 9112 6.3, differing values make the framing unknowable. */
+bool hlist_length_unambiguous(const struct hlist *h);
+/* Whether the Transfer-Encoding fields, all of them together, are absent or name exactly one
+ * transfer coding, "chunked" (any case; empty list elements ignored, but a field naming none
+ * is no framing). RFC 9112 6.1/6.3: any
+ * other list leaves a body the proxy cannot frame and pass on whole: "chunked, gzip" is
+ * delimited by the close and not chunked, "gzip, chunked" would have to be decoded twice,
+ * "chunkedchunked" or a coding with parameters is no coding libcurl decodes. */
+bool hlist_transfer_coding_ok(const struct hlist *h);
+/* Whether 'name' is listed in a Connection field. */
+bool hlist_connection_names(const struct hlist *h, const char *name);
+
+#endif

@@ -1,0 +1,762 @@
+/* metrics_text -- the registry (proxy/telemetry/metrics_int.h) in Prometheus' text format 0.0.4,
+ * and the table of docs/metrics.md: both from one row per family.
+ */
+#include "proxy/telemetry/metrics.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/base/escape.h"
+#include "proxy/telemetry/metrics_int.h"
+#include "proxy/telemetry/procstat.h"
+#include "proxy/version.h"
+
+/* The same bounds as printed in le="..." (fixed text, so every scrape prints them alike). */
+static const char *const hist_le[HIST_BUCKETS] = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025",
+                                                   "0.005",  "0.01",    "0.025",  "0.05",  "0.1",
+                                                   "0.25",   "0.5",     "1",      "2.5",   "5",
+                                                   "10",     "30",      "60",     "+Inf" };
+
+static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",     "3xx",
+                                                              "4xx",   "5xx",     "connect_failure",
+                                                              "reset", "timeout", "cancelled" };
+static const char *const denied_names[METRICS_DENIED_COUNT] = {
+    "max-attempts",  "budget",         "concurrency", "deadline", "retry-after",
+    "not-retryable", "body-too-large", "draining",    "pushback", "throttled"
+};
+
+static const char *const result_names[] = { "success", "failure" };
+static const char *const protocol_names[METRICS_PROTO_COUNT] = { "http1", "http2" };
+static const char *const upgrade_names[METRICS_UPGRADE_COUNT] = { "tunnelled", "refused" };
+static const char *const direction_names[2] = { "from_client", "from_upstream" };
+static const char *const grpc_names[METRICS_GRPC_COUNT] = { "0",  "1",  "2",     "3",   "4",
+                                                            "5",  "6",  "7",     "8",   "9",
+                                                            "10", "11", "12",    "13",  "14",
+                                                            "15", "16", "other", "none" };
+/* budget_*{scope}: the top-level budget, or a route's (then with its route label). */
+static const char *const scope_names[] = { "process", "route" };
+static const char *const limit_names[METRICS_LIMIT_COUNT] = {
+    [METRICS_LIMIT_CONNECTIONS] = "max_connections",
+    [METRICS_LIMIT_UPSTREAM_REQUESTS] = "max_upstream_requests",
+    [METRICS_LIMIT_BUFFERED_BODY_BYTES] = "max_buffered_body_bytes"
+};
+static const char *const h2up_result_names[H2UP_OPENED_COUNT] = {
+    [H2UP_OPENED_H2] = "h2", [H2UP_OPENED_HTTP1] = "http1", [H2UP_OPENED_FAILED] = "failed"
+};
+
+/* Every family, in the order a scrape prints them. */
+enum family {
+    FAM_REQUESTS,
+    FAM_PROTOCOL,
+    FAM_GRPC,
+    FAM_UPGRADES,
+    FAM_TUNNEL_BYTES,
+    FAM_ATTEMPTS,
+    FAM_RETRIES,
+    FAM_RETRY_SUCCESS,
+    FAM_DENIED,
+    FAM_IN_FLIGHT,
+    FAM_RETRY_AFTER,
+    FAM_THROTTLED,
+    FAM_HEDGES,
+    FAM_CLIENT_GONE,
+    FAM_BACKOFF,
+    FAM_ATTEMPT_DURATION,
+    FAM_REQUEST_DURATION,
+    FAM_RELOADS,
+    FAM_GENERATION,
+    FAM_LAST_SUCCESS,
+    FAM_LAST_OK,
+    FAM_BUDGET_RATIO,
+    FAM_BUDGET_MIN_RPS,
+    FAM_BUDGET_CONCURRENT,
+    FAM_UPSTREAM_EJECTIONS,
+    FAM_UPSTREAM_EJECTED,
+    FAM_CONNECTIONS,
+    FAM_TUNNELS_OPEN,
+    FAM_H2UP_OPEN,
+    FAM_H2UP_OPENED,
+    FAM_DRAINING,
+    FAM_UPSTREAM_WAITING,
+    FAM_LIMIT_REACHED,
+    FAM_BODY_BYTES,
+    FAM_LIMIT,
+    FAM_BUILD_INFO,
+    FAM_PROC_CPU,
+    FAM_PROC_RSS,
+    FAM_PROC_OPEN_FDS,
+    FAM_PROC_MAX_FDS,
+    FAM_PROC_START,
+    FAM_COUNT
+};
+
+/* One row per family: the # HELP and # TYPE lines of a scrape and the table of
+ * docs/metrics.md (metrics_write_reference()) both come from here. */
+static const struct family_def {
+    const char *name;   /* after the retryproxy_ prefix */
+    const char *type;   /* counter, gauge or histogram */
+    const char *labels; /* "" for none; the last one may have a fixed set of values: */
+    const char *const *values;
+    size_t n_values;
+    const char *help;
+    bool bare; /* a standard name, without the retryproxy_ prefix (process_*) */
+} families[FAM_COUNT] = {
+    [FAM_REQUESTS] = { "requests_total", "counter", "route, code", NULL, 0,
+                       "Requests answered, by route and final status code sent to the client." },
+    [FAM_PROTOCOL] = { "requests_by_protocol_total", "counter", "route, protocol", protocol_names,
+                       METRICS_PROTO_COUNT,
+                       "Requests answered, by route and the protocol the client spoke." },
+    [FAM_UPGRADES] = { "upgrades_total", "counter", "route, outcome", upgrade_names,
+                       METRICS_UPGRADE_COUNT,
+                       "Upgrades (WebSocket...) the route tunnels, by outcome: tunnelled (the "
+                       "upstream's 101 reached the client), refused (anything else answered "
+                       "them)." },
+    [FAM_TUNNEL_BYTES] = { "tunnel_bytes_total", "counter", "route, direction", direction_names, 2,
+                           "Bytes carried by upgraded connections, from the client to the "
+                           "upstream and from the upstream to the client." },
+    [FAM_GRPC] = { "grpc_responses_total", "counter", "route, grpc_status", grpc_names,
+                   METRICS_GRPC_COUNT,
+                   "gRPC calls answered, by route and the grpc-status they ended with (0 to 16, "
+                   "other, or none when the call ended without one; a response without one "
+                   "whose HTTP status is not 200 counts as gRPC maps it, a 503 as 14); only "
+                   "statuses seen are printed." },
+    [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, upstream, outcome", outcome_names,
+                       METRICS_OUT_COUNT,
+                       "Upstream attempts, by route, upstream URL as written and outcome." },
+    [FAM_RETRIES] = { "retries_total", "counter", "route, reason", NULL, 0,
+                      "Retries started, by route and the retry_on token that fired." },
+    [FAM_RETRY_SUCCESS] = { "retry_success_total", "counter", "route", NULL, 0,
+                            "Requests a retry answered with success (an attempt after the "
+                            "first)." },
+    [FAM_DENIED] = { "retries_denied_total", "counter", "route, reason", denied_names,
+                     METRICS_DENIED_COUNT,
+                     "Retries not made, by route and the reason (as X-Retry-Stop)." },
+    [FAM_IN_FLIGHT] = { "retries_in_flight", "gauge", "", NULL, 0,
+                        "Retries decided and not yet finished, backoff waits included." },
+    [FAM_RETRY_AFTER] = { "retry_after_honored_total", "counter", "route", NULL, 0,
+                          "Retries whose wait followed an upstream Retry-After." },
+    [FAM_THROTTLED] = { "throttled_total", "counter", "route", NULL, 0,
+                        "Attempts client-side throttling rejected, by route: first attempts "
+                        "answered 503, retries not made." },
+    [FAM_HEDGES] = { "hedges_total", "counter", "route", NULL, 0,
+                     "Attempts started while an earlier attempt of the same request ran on "
+                     "past per_try_timeout_ms (retry.hedge_on_per_try_timeout)." },
+    [FAM_CLIENT_GONE] = { "client_gone_total", "counter", "route", NULL, 0,
+                          "Requests whose client went away (its connection closed or reset, "
+                          "its stream reset) before their answer started: logged with status "
+                          "0, or 499 during a backoff wait." },
+    [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
+                      "Backoff waits before retries, in seconds." },
+    [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route, upstream", NULL, 0,
+                               "Duration of single upstream attempts, by route and upstream URL "
+                               "as written, in seconds." },
+    [FAM_REQUEST_DURATION] = { "request_duration_seconds", "histogram", "route", NULL, 0,
+                               "Duration of whole client requests, retries included, in seconds." },
+    [FAM_RELOADS] = { "config_reloads_total", "counter", "result", result_names, 2,
+                      "Configuration loads, by result; the initial load counts as a success." },
+    [FAM_GENERATION] = { "config_generation", "gauge", "", NULL, 0,
+                         "Generation of the configuration in effect." },
+    [FAM_LAST_SUCCESS] = { "config_last_reload_success_timestamp_seconds", "gauge", "", NULL, 0,
+                           "Unix time of the last successful configuration load." },
+    [FAM_LAST_OK] = { "config_last_reload_successful", "gauge", "", NULL, 0,
+                      "1 if the last configuration load succeeded, 0 if the file was refused." },
+    [FAM_BUDGET_RATIO] = { "budget_retry_ratio", "gauge", "route, scope", scope_names, 2,
+                           "The retry budget's retry_ratio in effect, process-wide or by route." },
+    [FAM_BUDGET_MIN_RPS] = { "budget_min_retries_per_second", "gauge", "route, scope", scope_names,
+                             2,
+                             "The retry budget's min_retries_per_second in effect, process-wide "
+                             "or by route." },
+    [FAM_BUDGET_CONCURRENT] = { "budget_max_concurrent_retries", "gauge", "route, scope",
+                                scope_names, 2,
+                                "The retry budget's max_concurrent_retries in effect, process-wide "
+                                "or by route; +Inf for no cap." },
+    [FAM_UPSTREAM_EJECTIONS] = { "upstream_ejections_total", "counter", "route, upstream", NULL, 0,
+                                 "Times an upstream was ejected from its route's rotation "
+                                 "(routes[].ejection), by route and upstream URL as written." },
+    [FAM_UPSTREAM_EJECTED] = { "upstream_ejected", "gauge", "route, upstream", NULL, 0,
+                               "1 while the upstream is ejected from its route's rotation, "
+                               "else 0." },
+    [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
+                          "Client connections currently open." },
+    [FAM_TUNNELS_OPEN] = { "tunnels_open", "gauge", "", NULL, 0,
+                           "Upgraded connections (tunnels) open now." },
+    [FAM_H2UP_OPEN] = { "upstream_h2_connections", "gauge", "", NULL, 0,
+                        "HTTP/2 connections to upstreams open now (h2c, and https ones where the "
+                        "server chose h2), connecting ones included." },
+    [FAM_H2UP_OPENED] = { "upstream_h2_connections_total", "counter", "result", h2up_result_names,
+                          H2UP_OPENED_COUNT,
+                          "HTTP/2 upstream connections tried, by result: h2 (it carried HTTP/2), "
+                          "http1 (an https server chose http/1.1 by ALPN: its requests went "
+                          "through libcurl), failed (TCP, TLS or certificate failure, timeout, "
+                          "or tls.http2 required and no h2)." },
+    [FAM_DRAINING] = { "draining", "gauge", "", NULL, 0,
+                       "1 from the moment the proxy starts draining (SIGTERM, SIGINT) until it "
+                       "exits, else 0." },
+    [FAM_UPSTREAM_WAITING] = { "upstream_requests_waiting", "gauge", "", NULL, 0,
+                               "Upstream attempts waiting for a transfer slot now "
+                               "(limits.max_upstream_requests, or an origin's or a connection's "
+                               "share of it)." },
+    [FAM_LIMIT_REACHED] = { "connections_limit_reached_total", "counter", "", NULL, 0,
+                            "Times a worker stopped accepting because its share of "
+                            "limits.max_connections was open: new clients wait in the listen "
+                            "backlog until a connection closes (the kernel refuses them once it "
+                            "is full)." },
+    [FAM_BODY_BYTES] = { "buffered_body_bytes", "gauge", "", NULL, 0,
+                         "Request-body bytes held for replay now, against "
+                         "limits.max_buffered_body_bytes." },
+    [FAM_LIMIT] = { "limit", "gauge", "limit", limit_names, METRICS_LIMIT_COUNT,
+                    "The limits.* settings in effect (max_connections as read at start)." },
+    [FAM_BUILD_INFO] = { "build_info", "gauge", "version", NULL, 0,
+                         "Always 1; version is what retryproxy --version prints." },
+    [FAM_PROC_CPU] = { "process_cpu_seconds_total", "counter", "", NULL, 0,
+                       "Total user and system CPU time spent in seconds.", true },
+    [FAM_PROC_RSS] = { "process_resident_memory_bytes", "gauge", "", NULL, 0,
+                       "Resident memory size in bytes.", true },
+    [FAM_PROC_OPEN_FDS] = { "process_open_fds", "gauge", "", NULL, 0,
+                            "Number of open file descriptors.", true },
+    [FAM_PROC_MAX_FDS] = { "process_max_fds", "gauge", "", NULL, 0,
+                           "Maximum number of open file descriptors (the soft RLIMIT_NOFILE).",
+                           true },
+    [FAM_PROC_START] = { "process_start_time_seconds", "gauge", "", NULL, 0,
+                         "Start time of the process since unix epoch in seconds.", true },
+};
+
+/* Routes in name order, as a scrape prints them. */
+static int by_name(const void *a, const void *b)
+{
+    return strcmp((*(struct metrics_route *const *)a)->name,
+                  (*(struct metrics_route *const *)b)->name);
+}
+
+/* ---- rendering ---- */
+
+/* Adds n slot counters into totals; returns their bitwise OR (nonzero: something counted). */
+static uint64_t add_counts(uint64_t *totals, const _Atomic uint64_t *slot, size_t n)
+{
+    uint64_t any = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = peek(&slot[i]);
+        totals[i] += v;
+        any |= v;
+    }
+    return any;
+}
+
+static void route_sum(const struct metrics_route *r, struct route_totals *t)
+{
+    memset(t, 0, sizeof(*t));
+    uint64_t any = 0;
+    for (unsigned w = 0; w < r->nslots; w++) {
+        const struct route_slot *s = &r->slots[w];
+        any |= add_counts(t->codes, s->codes, CODE_COUNT);
+        any |= add_counts(t->retries, s->retries, METRICS_MAX_REASONS);
+        any |= add_counts(t->denied, s->denied, METRICS_DENIED_COUNT);
+        any |= add_counts(&t->retry_success, &s->retry_success, 1);
+        any |= add_counts(&t->retry_after_honored, &s->retry_after_honored, 1);
+        any |= add_counts(&t->throttled, &s->throttled, 1);
+        any |= add_counts(&t->hedges, &s->hedges, 1);
+        any |= add_counts(&t->client_gone, &s->client_gone, 1);
+        any |= add_counts(t->protocol, s->protocol, METRICS_PROTO_COUNT);
+        any |= add_counts(t->grpc, s->grpc, METRICS_GRPC_COUNT);
+        any |= add_counts(t->upgrades, s->upgrades, METRICS_UPGRADE_COUNT);
+        any |= add_counts(t->tunnel_bytes, s->tunnel_bytes, 2);
+        for (size_t h = 0; h < METRICS_HIST_COUNT; h++) {
+            any |= add_counts(t->buckets[h], s->hist[h].buckets, HIST_BUCKETS);
+            t->sum_us[h] += peek(&s->hist[h].sum_us);
+        }
+    }
+    t->any = any != 0;
+}
+
+/* A label value per text format 0.0.4: backslash, double quote and newline are escaped. */
+static void put_label(FILE *f, const char *s)
+{
+    static const char *const escaped[] = { "\\\\", "\\\"", "\\n" };
+    escape_fputs(f, s, "\\\"\n", escaped);
+}
+
+/* The # HELP and # TYPE lines of family 'fam'; returns its name (after the prefix). */
+static const char *put_family(FILE *f, enum family fam)
+{
+    const struct family_def *d = &families[fam];
+    const char *prefix = d->bare ? "" : "retryproxy_";
+    fprintf(f, "# HELP %s%s %s\n# TYPE %s%s %s\n", prefix, d->name, d->help, prefix, d->name,
+            d->type);
+    return d->name;
+}
+
+/* Starts a series line of 'name' (with 'suffix': _bucket...) for route 'route' and, when
+ * 'url' is not NULL, upstream 'url' -- the caller closes the labels. */
+static void put_series(FILE *f, const char *name, const char *suffix, const char *route,
+                       const char *url)
+{
+    fprintf(f, "retryproxy_%s%s{route=\"", name, suffix);
+    put_label(f, route);
+    if (url) {
+        fputs("\",upstream=\"", f);
+        put_label(f, url);
+    }
+    fputc('"', f);
+}
+
+/* Starts a series line: retryproxy_<name>{route="<route>" -- the caller closes the labels. */
+static void put_route_series(FILE *f, const char *name, const struct metrics_route *r)
+{
+    put_series(f, name, "", r->name, NULL);
+}
+
+struct scrape {
+    struct metrics_route **routes; /* the routes to print, in name order */
+    struct route_totals *totals;
+    size_t n;
+    struct metrics_upstream *ups; /* the upstreams' health, by route and then URL */
+    size_t n_ups;
+};
+
+static void render_requests(FILE *f, const struct scrape *sc)
+{
+    const char *name = put_family(f, FAM_REQUESTS);
+    for (size_t i = 0; i < sc->n; i++) {
+        for (size_t c = 0; c < CODE_COUNT; c++) {
+            if (!sc->totals[i].codes[c])
+                continue;
+            put_route_series(f, name, sc->routes[i]);
+            fprintf(f, ",code=\"%zu\"} %" PRIu64 "\n", c + CODE_MIN, sc->totals[i].codes[c]);
+        }
+    }
+}
+
+/* A route family with one label of fixed values: the counts at 'field' of each route's
+ * totals, one per value (the family's table row names the label and its values). */
+static void render_labeled(FILE *f, const struct scrape *sc, enum family fam, const char *label,
+                           size_t field)
+{
+    const char *name = put_family(f, fam);
+    for (size_t i = 0; i < sc->n; i++) {
+        const uint64_t *v = (const uint64_t *)(const void *)((const char *)&sc->totals[i] + field);
+        for (size_t k = 0; k < families[fam].n_values; k++) {
+            put_route_series(f, name, sc->routes[i]);
+            fprintf(f, ",%s=\"%s\"} %" PRIu64 "\n", label, families[fam].values[k], v[k]);
+        }
+    }
+}
+
+/* Only the statuses seen: most routes carry no gRPC at all. */
+static void render_grpc(FILE *f, const struct scrape *sc)
+{
+    const char *name = put_family(f, FAM_GRPC);
+    for (size_t i = 0; i < sc->n; i++) {
+        for (size_t g = 0; g < METRICS_GRPC_COUNT; g++) {
+            if (!sc->totals[i].grpc[g])
+                continue;
+            put_route_series(f, name, sc->routes[i]);
+            fprintf(f, ",grpc_status=\"%s\"} %" PRIu64 "\n", grpc_names[g], sc->totals[i].grpc[g]);
+        }
+    }
+}
+
+static void render_retries(FILE *f, const struct scrape *sc)
+{
+    const char *name = put_family(f, FAM_RETRIES);
+    for (size_t i = 0; i < sc->n; i++) {
+        const struct metrics_route *r = sc->routes[i];
+        const struct route_totals *t = &sc->totals[i];
+        for (unsigned k = 0; k < r->nreasons; k++) {
+            put_route_series(f, name, r);
+            fputs(",reason=\"", f);
+            put_label(f, r->reasons[k]);
+            fprintf(f, "\"} %" PRIu64 "\n", t->retries[k]);
+        }
+        /* Slots with no name (an index the route never handed out) are folded into "other"
+         * rather than dropped, so the family total stays right. */
+        uint64_t other = 0;
+        for (unsigned k = r->nreasons; k < METRICS_MAX_REASONS; k++)
+            other += t->retries[k];
+        if (r->other_used || other) {
+            put_route_series(f, name, r);
+            fprintf(f, ",reason=\"other\"} %" PRIu64 "\n", other);
+        }
+    }
+}
+
+static void render_route_counter(FILE *f, const struct scrape *sc, enum family fam, size_t field)
+{
+    const char *name = put_family(f, fam);
+    for (size_t i = 0; i < sc->n; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)&sc->totals[i] + field, sizeof(v));
+        put_route_series(f, name, sc->routes[i]);
+        fprintf(f, "} %" PRIu64 "\n", v);
+    }
+}
+
+/* One histogram's _bucket, _sum and _count lines from its non-cumulative 'buckets'. */
+static void put_hist(FILE *f, const char *name, const char *route, const char *url,
+                     const uint64_t *buckets, uint64_t sum_us)
+{
+    uint64_t cum = 0;
+    for (size_t b = 0; b < HIST_BUCKETS; b++) {
+        cum += buckets[b];
+        put_series(f, name, "_bucket", route, url);
+        fprintf(f, ",le=\"%s\"} %" PRIu64 "\n", hist_le[b], cum);
+    }
+    /* Exact decimal seconds from integer microseconds: no binary rounding on the way. */
+    put_series(f, name, "_sum", route, url);
+    fprintf(f, "} %" PRIu64 ".%06" PRIu64 "\n", sum_us / 1000000, sum_us % 1000000);
+    put_series(f, name, "_count", route, url);
+    fprintf(f, "} %" PRIu64 "\n", cum);
+}
+
+static void render_hist(FILE *f, const struct scrape *sc, enum metrics_hist h, enum family fam)
+{
+    const char *name = put_family(f, fam);
+    for (size_t i = 0; i < sc->n; i++)
+        put_hist(f, name, sc->routes[i]->name, NULL, sc->totals[i].buckets[h],
+                 sc->totals[i].sum_us[h]);
+}
+
+/* attempts_total or attempt_duration_seconds: each route's upstreams, in URL order. */
+static void render_targets(FILE *f, const struct scrape *sc, enum family fam)
+{
+    const char *name = put_family(f, fam);
+    for (size_t i = 0; i < sc->n; i++) {
+        const struct metrics_route *r = sc->routes[i];
+        for (size_t k = 0; k < r->ntargets; k++) {
+            const struct metrics_target *t = r->targets[k];
+            uint64_t attempts[METRICS_OUT_COUNT] = { 0 }, buckets[HIST_BUCKETS] = { 0 }, sum = 0;
+            for (unsigned w = 0; w < t->nslots; w++) {
+                add_counts(attempts, t->slots[w].attempts, METRICS_OUT_COUNT);
+                add_counts(buckets, t->slots[w].hist.buckets, HIST_BUCKETS);
+                sum += peek(&t->slots[w].hist.sum_us);
+            }
+            if (fam == FAM_ATTEMPT_DURATION) {
+                put_hist(f, name, r->name, t->url, buckets, sum);
+                continue;
+            }
+            for (size_t o = 0; o < METRICS_OUT_COUNT; o++) {
+                put_series(f, name, "", r->name, t->url);
+                fprintf(f, ",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o], attempts[o]);
+            }
+        }
+    }
+}
+
+static void render_in_flight(FILE *f, const struct metrics *m)
+{
+    const char *name = put_family(f, FAM_IN_FLIGHT);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, metrics_retries_in_flight(m));
+}
+
+/* A gauge's value: a whole number as one, else the shortest decimal that reads back as 'v'
+ * (0.2, not 0.20000000000000001); +Inf, -Inf, NaN. */
+static void put_double(FILE *f, double v)
+{
+    if (isnan(v)) {
+        fputs("NaN", f);
+        return;
+    }
+    if (isinf(v)) {
+        fputs(v > 0 ? "+Inf" : "-Inf", f);
+        return;
+    }
+    /* Whole numbers as such: %g alone would write 10 as 1e+01. */
+    if (fabs(v) < 1e15 && v == trunc(v)) {
+        fprintf(f, "%.0f", v);
+        return;
+    }
+    char buf[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof(buf), "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    fputs(buf, f);
+}
+
+/* The value of budget family 'fam' in 'l'. */
+static double budget_value(enum family fam, const struct budget_limits *l)
+{
+    switch (fam) {
+    case FAM_BUDGET_RATIO:
+        return l->retry_ratio;
+    case FAM_BUDGET_MIN_RPS:
+        return l->min_retries_per_second;
+    default:
+        return l->max_concurrent_retries < 0 ? INFINITY : (double)l->max_concurrent_retries;
+    }
+}
+
+/* One budget family: the process-wide budget, then each route's in name order. */
+static void render_budget(FILE *f, const struct metrics *m, const struct scrape *sc,
+                          enum family fam)
+{
+    const char *name = put_family(f, fam);
+    if (m->has_budget) {
+        fprintf(f, "retryproxy_%s{scope=\"%s\"} ", name, scope_names[0]);
+        put_double(f, budget_value(fam, &m->budget));
+        fputc('\n', f);
+    }
+    for (size_t i = 0; i < sc->n; i++) {
+        const struct metrics_route *r = sc->routes[i];
+        if (!r->has_budget)
+            continue;
+        put_route_series(f, name, r);
+        fprintf(f, ",scope=\"%s\"} ", scope_names[1]);
+        put_double(f, budget_value(fam, &r->budget));
+        fputc('\n', f);
+    }
+}
+
+static void render_config(FILE *f, struct metrics *m)
+{
+    const char *name = put_family(f, FAM_RELOADS);
+    const uint64_t reloads[2] = { m->reloads_ok, m->reloads_failed }; /* as result_names */
+    for (size_t i = 0; i < 2; i++)
+        fprintf(f, "retryproxy_%s{result=\"%s\"} %" PRIu64 "\n", name, result_names[i], reloads[i]);
+
+    name = put_family(f, FAM_GENERATION);
+    fprintf(f, "retryproxy_%s %" PRIu64 "\n", name, m->generation);
+
+    name = put_family(f, FAM_LAST_SUCCESS);
+    fprintf(f, "retryproxy_%s %.3f\n", name, m->last_success);
+
+    name = put_family(f, FAM_LAST_OK);
+    fprintf(f, "retryproxy_%s %d\n", name, m->last_ok ? 1 : 0);
+}
+
+static void render_process(FILE *f, struct metrics *m)
+{
+    int64_t conns = 0;
+    for (unsigned w = 0; w < m->workers; w++)
+        conns += atomic_load_explicit(&m->wslots[w].connections, memory_order_relaxed);
+    const char *name = put_family(f, FAM_CONNECTIONS);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, conns);
+
+    int64_t h2open = 0, h2opened[H2UP_OPENED_COUNT] = { 0 };
+    for (unsigned w = 0; w < m->workers; w++) {
+        const struct h2up_counts *c = &m->wslots[w].h2up;
+        h2open += atomic_load_explicit(&c->open, memory_order_relaxed);
+        for (int k = 0; k < H2UP_OPENED_COUNT; k++)
+            h2opened[k] += atomic_load_explicit(&c->opened[k], memory_order_relaxed);
+    }
+    int64_t tunnels = 0;
+    for (unsigned w = 0; w < m->workers; w++)
+        tunnels += atomic_load_explicit(&m->wslots[w].tunnels, memory_order_relaxed);
+    name = put_family(f, FAM_TUNNELS_OPEN);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, tunnels);
+    name = put_family(f, FAM_H2UP_OPEN);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, h2open);
+    name = put_family(f, FAM_H2UP_OPENED);
+    for (int k = 0; k < H2UP_OPENED_COUNT; k++)
+        fprintf(f, "retryproxy_%s{result=\"%s\"} %" PRId64 "\n", name, h2up_result_names[k],
+                h2opened[k]);
+
+    name = put_family(f, FAM_DRAINING);
+    fprintf(f, "retryproxy_%s %d\n", name, m->draining ? 1 : 0);
+}
+
+/* The limits and what is held against them; build_info. */
+static void render_limits(FILE *f, struct metrics *m)
+{
+    int64_t waiting = 0;
+    uint64_t reached = 0;
+    for (unsigned w = 0; w < m->workers; w++) {
+        waiting += atomic_load_explicit(&m->wslots[w].upstream_waiting, memory_order_relaxed);
+        reached += peek(&m->wslots[w].limit_reached);
+    }
+    const char *name = put_family(f, FAM_UPSTREAM_WAITING);
+    fprintf(f, "retryproxy_%s %" PRId64 "\n", name, waiting);
+    name = put_family(f, FAM_LIMIT_REACHED);
+    fprintf(f, "retryproxy_%s %" PRIu64 "\n", name, reached);
+    name = put_family(f, FAM_BODY_BYTES);
+    if (m->body_bytes)
+        fprintf(f, "retryproxy_%s %" PRIu64 "\n", name,
+                (uint64_t)atomic_load_explicit(m->body_bytes, memory_order_relaxed));
+    name = put_family(f, FAM_LIMIT);
+    for (size_t i = 0; m->has_limits && i < METRICS_LIMIT_COUNT; i++)
+        fprintf(f, "retryproxy_%s{limit=\"%s\"} %" PRIu64 "\n", name, limit_names[i], m->limits[i]);
+    name = put_family(f, FAM_BUILD_INFO);
+    fprintf(f, "retryproxy_%s{version=\"%s\"} 1\n", name, RETRYPROXY_VERSION);
+}
+
+/* process_*: Prometheus' standard process series, read from /proc now. */
+static void render_proc(FILE *f)
+{
+    struct procstat p;
+    procstat_read(&p);
+    const char *name = put_family(f, FAM_PROC_CPU);
+    if (p.ok) {
+        fprintf(f, "%s ", name);
+        put_double(f, p.cpu_seconds);
+        fputc('\n', f);
+    }
+    name = put_family(f, FAM_PROC_RSS);
+    if (p.ok)
+        fprintf(f, "%s %" PRIu64 "\n", name, p.resident_bytes);
+    name = put_family(f, FAM_PROC_OPEN_FDS);
+    if (p.open_fds >= 0)
+        fprintf(f, "%s %" PRId64 "\n", name, p.open_fds);
+    name = put_family(f, FAM_PROC_MAX_FDS);
+    if (p.max_fds >= 0)
+        fprintf(f, "%s %" PRId64 "\n", name, p.max_fds);
+    name = put_family(f, FAM_PROC_START);
+    if (p.ok) {
+        fprintf(f, "%s ", name);
+        put_double(f, p.start_time_seconds);
+        fputc('\n', f);
+    }
+}
+
+static int by_route_url(const void *a, const void *b)
+{
+    const struct metrics_upstream *x = a, *y = b;
+    int c = strcmp(x->route, y->route);
+    return c ? c : strcmp(x->url, y->url);
+}
+
+/* upstream_ejections_total and upstream_ejected, one series per row of each. */
+static void render_upstreams(FILE *f, const struct scrape *sc)
+{
+    for (enum family fam = FAM_UPSTREAM_EJECTIONS; fam <= FAM_UPSTREAM_EJECTED; fam++) {
+        const char *name = put_family(f, fam);
+        for (size_t i = 0; i < sc->n_ups; i++) {
+            const struct metrics_upstream *u = &sc->ups[i];
+            fprintf(f, "retryproxy_%s{route=\"", name);
+            put_label(f, u->route);
+            fputs("\",upstream=\"", f);
+            put_label(f, u->url);
+            fprintf(f, "\"} %" PRIu64 "\n",
+                    fam == FAM_UPSTREAM_EJECTIONS ? u->ejections : (uint64_t)u->ejected);
+        }
+    }
+}
+
+/* Every family in enum family order, the order of the table above. */
+static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
+{
+    render_requests(f, sc);
+    render_labeled(f, sc, FAM_PROTOCOL, "protocol", offsetof(struct route_totals, protocol));
+    render_grpc(f, sc);
+    render_labeled(f, sc, FAM_UPGRADES, "outcome", offsetof(struct route_totals, upgrades));
+    render_labeled(f, sc, FAM_TUNNEL_BYTES, "direction",
+                   offsetof(struct route_totals, tunnel_bytes));
+    render_targets(f, sc, FAM_ATTEMPTS);
+    render_retries(f, sc);
+    render_route_counter(f, sc, FAM_RETRY_SUCCESS, offsetof(struct route_totals, retry_success));
+    render_labeled(f, sc, FAM_DENIED, "reason", offsetof(struct route_totals, denied));
+    render_in_flight(f, m);
+    render_route_counter(f, sc, FAM_RETRY_AFTER,
+                         offsetof(struct route_totals, retry_after_honored));
+    render_route_counter(f, sc, FAM_THROTTLED, offsetof(struct route_totals, throttled));
+    render_route_counter(f, sc, FAM_HEDGES, offsetof(struct route_totals, hedges));
+    render_route_counter(f, sc, FAM_CLIENT_GONE, offsetof(struct route_totals, client_gone));
+    render_hist(f, sc, METRICS_HIST_BACKOFF, FAM_BACKOFF);
+    render_targets(f, sc, FAM_ATTEMPT_DURATION);
+    render_hist(f, sc, METRICS_HIST_REQUEST, FAM_REQUEST_DURATION);
+    render_config(f, m);
+    render_budget(f, m, sc, FAM_BUDGET_RATIO);
+    render_budget(f, m, sc, FAM_BUDGET_MIN_RPS);
+    render_budget(f, m, sc, FAM_BUDGET_CONCURRENT);
+    render_upstreams(f, sc);
+    render_process(f, m);
+    render_limits(f, m);
+    render_proc(f);
+}
+
+char *metrics_render(struct metrics *m, size_t *len)
+{
+    if (len)
+        *len = 0;
+    if (!m)
+        return NULL;
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&buf, &size);
+    if (!f)
+        return NULL;
+
+    /* Read before the lock: the source takes locks of its own. */
+    struct metrics_upstream *ups = NULL;
+    size_t n_ups = m->upstreams_fn ? m->upstreams_fn(m->upstreams_arg, &ups) : 0;
+    if (n_ups)
+        qsort(ups, n_ups, sizeof(*ups), by_route_url);
+
+    /* The lock keeps the route list and reason names still while they are printed; workers
+     * never take it, so a scrape only ever delays a config install. */
+    pthread_mutex_lock(&m->lock);
+    if (m->unsorted) {
+        qsort(m->routes, m->nroutes, sizeof(*m->routes), by_name);
+        m->unsorted = false;
+    }
+    struct scrape sc = { .ups = ups, .n_ups = n_ups };
+    bool failed = false;
+    if (m->nroutes) {
+        sc.routes = malloc(m->nroutes * sizeof(*sc.routes));
+        sc.totals = malloc(m->nroutes * sizeof(*sc.totals));
+        failed = !sc.routes || !sc.totals;
+    }
+    for (size_t i = 0; !failed && i < m->nroutes; i++) {
+        struct metrics_route *r = m->routes[i];
+        route_sum(r, &sc.totals[sc.n]);
+        /* The no-route series exists from the first config install on; it only shows once a
+         * request actually fell through, so a proxy where every request matches has no
+         * route="" noise. */
+        if (r->name[0] == '\0' && !sc.totals[sc.n].any)
+            continue;
+        sc.routes[sc.n++] = r;
+    }
+    if (!failed)
+        render_all(f, m, &sc);
+    pthread_mutex_unlock(&m->lock);
+    free(sc.routes);
+    free(sc.totals);
+    free(ups);
+
+    failed = ferror(f) != 0 || failed;
+    if (fclose(f) != 0 || failed) {
+        free(buf);
+        return NULL;
+    }
+    if (len)
+        *len = size;
+    return buf;
+}
+
+/* ---- the reference ---- */
+
+/* "route, outcome" as "`route`, `outcome`", the values of the last label after it. */
+static void put_doc_labels(FILE *f, const struct family_def *d)
+{
+    const char *p = d->labels;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        fprintf(f, "`%.*s`", (int)n, p);
+        p += n;
+        if (*p) {
+            fputs(", ", f);
+            p += strspn(p, ", ");
+        }
+    }
+    for (size_t i = 0; i < d->n_values; i++)
+        fprintf(f, "%s`%s`", i ? ", " : " (", d->values[i]);
+    if (d->n_values)
+        fputc(')', f);
+}
+
+void metrics_write_reference(FILE *out)
+{
+    fputs("| metric | type | labels | meaning |\n|---|---|---|---|\n", out);
+    for (size_t i = 0; i < FAM_COUNT; i++) {
+        const struct family_def *d = &families[i];
+        fprintf(out, "| `%s%s` | %s | ", d->bare ? "" : "retryproxy_", d->name, d->type);
+        put_doc_labels(out, d);
+        fprintf(out, " | %s |\n", d->help);
+    }
+    fputs("\nHistogram buckets (`le`, upper bounds in seconds):", out);
+    for (size_t b = 0; b < HIST_BUCKETS; b++)
+        fprintf(out, "%s `%s`", b ? "," : "", hist_le[b]);
+    fputs(".\n", out);
+}

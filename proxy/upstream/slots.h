@@ -1,0 +1,81 @@
+/* slots -- a worker's upstream attempt slots (limits.max_upstream_requests): at most 'cap'
+ * attempts hold one at once, whatever their transport (libcurl's transfers, HTTP/2 streams,
+ * upgrades' connections); the others wait their turn in order. Each slot costs an upstream
+ * socket or stream and its buffers, so a burst of attempts is bounded by this rather than by
+ * the number of requests. Of those slots, the attempts to one origin and those of one client
+ * connection hold at most their share (proxy/upstream/share.h). No library:
+ * proxy/upstream/upstream.h makes a worker's, and proxy/upstream/attempt.c queues its attempts
+ * here.
+ */
+#ifndef RETRYPROXY_PROXY_SLOTS_H
+#define RETRYPROXY_PROXY_SLOTS_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proxy/upstream/share.h"
+
+struct loop;
+struct slots;
+
+/* A slot held, or not, and the shares it counts in (set before it is taken; NULL: none): its
+ * origin's and its client connection's. */
+struct slot_hold {
+    struct share *share[2];
+    bool held;
+};
+
+/* An owner waiting for a slot. */
+struct upstream_wait;
+typedef void (*upstream_go_fn)(struct upstream_wait *wt);
+struct upstream_wait {
+    struct upstream_wait *prev, *next;
+    upstream_go_fn go;
+    bool queued;
+    struct share *share[2]; /* what its slot will count in (slot_hold) */
+    struct share *parked;   /* queued on this share's list: it is used up */
+};
+
+/* A worker's slots on loop 'l' (no limit until slots_set_cap), or NULL. */
+struct slots *slots_new(struct loop *l);
+/* Frees; nothing may hold or wait for a slot. Accepts NULL. */
+void slots_free(struct slots *s);
+
+/* At most 'cap' slots held at once (0: no limit). */
+void slots_set_cap(struct slots *s, size_t cap);
+/* Where 's' counts the owners waiting for a slot (+1 on slots_wait(), -1 when they stop
+ * waiting); NULL: nowhere. Only the loop's thread writes it. */
+void slots_count_waits(struct slots *s, _Atomic int64_t *gauge);
+/* Of those slots, the attempts to one origin hold at most 'origin_pct' percent, those of one
+ * client connection at most 'conn_pct' (rounded up, at least one): a slow upstream, or a client
+ * with many streams, leaves the rest to the others (Envoy's per-cluster and per-connection
+ * circuit breakers). An attempt whose share is used up waits its turn, as one past the cap
+ * does, and is passed over meanwhile. */
+void slots_set_shares(struct slots *s, unsigned origin_pct, unsigned conn_pct);
+/* The worker's share for the origin 'origin' (cfg_upstream.origin), made on first use; NULL
+ * out of memory. */
+struct share *slots_origin_share(struct slots *s, const char *origin);
+
+/* True when a slot counted in 'share' (two, either NULL) taken now would pass the cap or a
+ * share, or others already wait. */
+bool slots_full(const struct slots *s, struct share *const share[2]);
+/* Queues 'wt' (its 'share' set): its 'go' is called from the loop, in arrival order, once a
+ * slot is free and its shares have room (a slot must then be taken from it, counted in the
+ * same shares, or it passes to the next). */
+void slots_wait(struct slots *s, struct upstream_wait *wt, upstream_go_fn go);
+/* Leaves the queue (a no-op when 'wt' is not in it). */
+void slots_unwait(struct slots *s, struct upstream_wait *wt);
+
+/* 'h' takes a slot (the caller checked slots_full(); a no-op when it holds one). */
+void slots_take(struct slots *s, struct slot_hold *h);
+/* 'h' gives its slot back (a no-op when it holds none): its attempt ended, or its response is
+ * committed to a client and streams at that client's pace, which the cap must not wait on
+ * (docs/hardening.md, "Slow readers"). Waiting owners get it in the next turn. */
+void slots_release(struct slots *s, struct slot_hold *h);
+/* The same without handing it on yet (several at once): slots_hand_on() then. */
+void slots_drop(struct slots *s, struct slot_hold *h);
+void slots_hand_on(struct slots *s);
+
+#endif

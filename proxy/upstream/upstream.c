@@ -1,0 +1,539 @@
+#include "proxy/upstream/upstream.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "config/cfg.h"
+#include "proxy/upstream/h2up.h"
+#include "proxy/upstream/origin.h"
+#include "proxy/upstream/slots.h"
+
+/* Idle easy handles kept for reuse; more are freed. Each holds some kilobytes (its buffers):
+ * after a burst, upstream_trim() keeps POOL_KEEP. */
+#define POOL_MAX  256
+#define POOL_KEEP 16
+/* A worker's transfers are spread over several multi handles ("shards"), each with its own
+ * connection cache. libcurl looks for a connection to reuse by walking every connection to
+ * the host in its cache, and walks the whole cache again when a transfer is removed: with
+ * hundreds of connections that cost grows with the load. A shard takes transfers until
+ * SHARD_FILL run on it, then the next one is used, so that each cache holds about SHARD_FILL
+ * connections at any load, and a light load still runs on the first shard alone (one
+ * connection for requests one after another). */
+#define SHARDS     8
+#define SHARD_FILL 32
+
+/* One per upstream socket curl has asked us to watch, from that moment until curl closes the
+ * socket (through on_close). Between transfers curl stops watching a kept-alive connection
+ * (CURL_POLL_REMOVE) and watches it again when the next transfer reuses it: the socket stays
+ * in epoll meanwhile, "parked", so a request costs no epoll_ctl for its upstream socket. */
+struct upstream_sock {
+    struct loop_watch w; /* w.fd is -1 while detached from epoll */
+    struct shard *sh;    /* the multi handle whose connection this is */
+    int fd;
+    bool parked; /* curl is not watching it: events are not passed on */
+};
+
+struct shard {
+    struct upstream *u;
+    CURLM *multi;
+    struct loop_timer timer;
+    size_t active;
+};
+
+struct upstream {
+    struct loop *loop;
+    struct shard shards[SHARDS];
+    CURL *pool[POOL_MAX];
+    size_t npool;
+    size_t active;
+    struct upstream_sock **socks; /* by fd; NULL where curl has no socket */
+    size_t nsocks;
+    struct slots *slots; /* every transport's attempt slots (proxy/upstream/slots.h) */
+    struct h2up *h2; /* h2c upstreams' sessions (proxy/upstream/h2up.h), made when first needed */
+    struct h2up_counts *h2_counts; /* ... and where they count (the worker's metrics) */
+};
+
+/* A parsed upstream origin: curl's URL handle, or an HTTP/2 origin of proxy/upstream/h2up.h (h2c,
+ * or https by ALPN), or both (https offering http/1.1 too). */
+struct upstream_url {
+    CURLU *curl;
+    struct origin *h2;  /* h2c, or https tried in HTTP/2 first (routes[].tls.http2) */
+    struct origin *tun; /* http or https: where an upgrade's tunnel connects (docs/upgrades.md) */
+    bool https;
+    char *cainfo, *capath;  /* what libcurl verifies an https upstream's certificate against */
+    char *sslcert, *sslkey; /* the client certificate (tls.cert_file, key_file) */
+    struct curl_slist *connect_to; /* with tls.server_name: where connections really go */
+    char *host_field;              /* ... and the Host the URL no longer gives */
+};
+
+/* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it (a
+ * 'spent' one always: struct upstream_xfer). */
+static void pool_put(struct upstream *u, CURL *e, bool spent)
+{
+    if (u->npool < POOL_MAX && !spent) {
+        curl_easy_reset(e);
+        u->pool[u->npool++] = e;
+    } else {
+        curl_easy_cleanup(e);
+    }
+}
+
+/* Hands every finished transfer of 'sh' to its owner. Runs after curl returned to us, so
+ * owners may start or cancel transfers from 'done'. */
+static void check_done(struct shard *sh)
+{
+    struct upstream *u = sh->u;
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(sh->multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        CURL *easy = m->easy_handle;
+        CURLcode rc = m->data.result;
+        struct upstream_xfer *x = NULL;
+        curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        curl_multi_remove_handle(sh->multi, easy);
+        sh->active--;
+        u->active--;
+        bool spent = x && x->spent;
+        if (x) {
+            slots_drop(u->slots, &x->hold);
+            x->easy = NULL;
+            x->done(x, rc);
+        }
+        pool_put(u, easy, spent);
+    }
+    slots_hand_on(u->slots);
+}
+
+static void on_sock_event(struct loop_watch *w, uint32_t events)
+{
+    struct upstream_sock *s = w->arg;
+    struct shard *sh = s->sh;
+    int flags = 0, running;
+    if (s->parked) {
+        /* An idle connection became readable: the upstream closed it (or sent bytes nobody
+         * asked for). curl finds it dead when it next looks and closes it; until then it must
+         * not keep waking the loop. */
+        loop_watch_del(sh->u->loop, &s->w);
+        return;
+    }
+    if (events & EPOLLIN)
+        flags |= CURL_CSELECT_IN;
+    if (events & EPOLLOUT)
+        flags |= CURL_CSELECT_OUT;
+    if (events & (EPOLLERR | EPOLLHUP))
+        flags |= CURL_CSELECT_ERR;
+    curl_multi_socket_action(sh->multi, w->fd, flags, &running);
+    check_done(sh);
+}
+
+static struct upstream_sock *sock_find(const struct upstream *u, int fd)
+{
+    return fd >= 0 && (size_t)fd < u->nsocks ? u->socks[fd] : NULL;
+}
+
+static struct upstream_sock *sock_new(struct shard *sh, int fd)
+{
+    struct upstream *u = sh->u;
+    if ((size_t)fd >= u->nsocks) {
+        size_t n = u->nsocks ? u->nsocks : 64;
+        while (n <= (size_t)fd)
+            n *= 2;
+        struct upstream_sock **t = realloc(u->socks, n * sizeof(*t));
+        if (!t)
+            return NULL;
+        for (size_t i = u->nsocks; i < n; i++)
+            t[i] = NULL;
+        u->socks = t;
+        u->nsocks = n;
+    }
+    struct upstream_sock *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->sh = sh;
+    s->fd = fd;
+    s->w.fd = -1;
+    u->socks[fd] = s;
+    return s;
+}
+
+/* Puts the socket in epoll with 'ev', whatever its state there. */
+static int sock_watch(struct upstream *u, struct upstream_sock *s, uint32_t ev)
+{
+    if (s->w.fd < 0)
+        return loop_watch_add(u->loop, &s->w, s->fd, ev, on_sock_event, s);
+    int rc = loop_watch_mod(u->loop, &s->w, ev);
+    if (rc == -ENOENT) { /* not in epoll after all: add it again */
+        s->w.fd = -1;
+        return loop_watch_add(u->loop, &s->w, s->fd, ev, on_sock_event, s);
+    }
+    return rc;
+}
+
+static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    (void)easy;
+    struct shard *sh = userp;
+    struct upstream *u = sh->u;
+    struct upstream_sock *s = socketp;
+
+    if (what == CURL_POLL_REMOVE) {
+        if (!s)
+            s = sock_find(u, fd);
+        if (s && !s->parked) {
+            s->parked = true;
+            curl_multi_assign(sh->multi, fd, NULL);
+            /* Parked, only a readable socket (the upstream closing it) may wake us. */
+            if (s->w.fd >= 0 && s->w.events != EPOLLIN && sock_watch(u, s, EPOLLIN) < 0)
+                loop_watch_del(u->loop, &s->w);
+        }
+        return 0;
+    }
+    uint32_t ev = 0;
+    if (what & CURL_POLL_IN)
+        ev |= EPOLLIN;
+    if (what & CURL_POLL_OUT)
+        ev |= EPOLLOUT;
+    if (!s) {
+        s = sock_find(u, fd);
+        if (!s && !(s = sock_new(sh, fd)))
+            return -1;
+        s->parked = false;
+        curl_multi_assign(sh->multi, fd, s);
+    }
+    return sock_watch(u, s, ev) < 0 ? -1 : 0;
+}
+
+/* curl is done with a socket: forget it, then close it. */
+static int on_close(void *clientp, curl_socket_t fd)
+{
+    struct upstream *u = clientp;
+    struct upstream_sock *s = sock_find(u, fd);
+    if (s) {
+        loop_watch_del(u->loop, &s->w);
+        u->socks[fd] = NULL;
+        loop_defer_free(u->loop, s);
+    }
+    return close(fd);
+}
+
+static void on_timer(struct loop_timer *t)
+{
+    struct shard *sh = t->arg;
+    int running;
+    curl_multi_socket_action(sh->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    check_done(sh);
+}
+
+/* curl asks to be called back after 'ms' (-1: never). Acting here would re-enter curl, so
+ * even 0 goes through the loop timer (it fires in the next turn). */
+static int on_curl_timer(CURLM *multi, long ms, void *userp)
+{
+    (void)multi;
+    struct shard *sh = userp;
+    struct loop *l = sh->u->loop;
+    if (ms < 0)
+        loop_timer_stop(l, &sh->timer);
+    else
+        loop_timer_start(l, &sh->timer, loop_now(l) + (uint64_t)ms, on_timer, sh);
+    return 0;
+}
+
+struct upstream *upstream_new(struct loop *l, struct h2up_counts *h2_counts)
+{
+    struct upstream *u = calloc(1, sizeof(*u));
+    if (!u)
+        return NULL;
+    u->loop = l;
+    u->h2_counts = h2_counts;
+    if (!(u->slots = slots_new(l))) {
+        free(u);
+        return NULL;
+    }
+    for (size_t i = 0; i < SHARDS; i++) {
+        struct shard *sh = &u->shards[i];
+        sh->u = u;
+        sh->multi = curl_multi_init();
+        if (!sh->multi) {
+            upstream_free(u);
+            return NULL;
+        }
+        curl_multi_setopt(sh->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+        curl_multi_setopt(sh->multi, CURLMOPT_SOCKETDATA, sh);
+        curl_multi_setopt(sh->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+        curl_multi_setopt(sh->multi, CURLMOPT_TIMERDATA, sh);
+        curl_multi_setopt(sh->multi, CURLMOPT_MAXCONNECTS, UPSTREAM_MAX_CONNECTIONS / SHARDS);
+    }
+    return u;
+}
+
+void upstream_free(struct upstream *u)
+{
+    if (!u)
+        return;
+    /* Running transfers were cancelled by their requests when the worker tore them down. */
+    h2up_free(u->h2);
+    for (size_t i = 0; i < SHARDS; i++) {
+        loop_timer_stop(u->loop, &u->shards[i].timer);
+        if (u->shards[i].multi)
+            curl_multi_cleanup(u->shards[i].multi);
+    }
+    for (size_t i = 0; i < u->npool; i++)
+        curl_easy_cleanup(u->pool[i]);
+    /* Cleaning up closed every socket through on_close; nothing should be left. */
+    for (size_t i = 0; i < u->nsocks; i++)
+        if (u->socks[i]) {
+            loop_watch_del(u->loop, &u->socks[i]->w);
+            free(u->socks[i]);
+        }
+    free(u->socks);
+    slots_free(u->slots);
+    free(u);
+}
+
+CURL *upstream_easy_get(struct upstream *u)
+{
+    CURL *e = u->npool ? u->pool[--u->npool] : curl_easy_init();
+    if (!e)
+        return NULL;
+    /* Shared by every transfer: threads and signals, protocols, no redirects followed. */
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    /* Upstreams are reached directly: an http_proxy or HTTPS_PROXY in the sidecar's
+     * environment must not reroute them (and is not looked up on every transfer). */
+    curl_easy_setopt(e, CURLOPT_PROXY, "");
+    /* Sockets are closed through us, so a parked socket is forgotten before its fd number can
+     * be reused. */
+    curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, on_close);
+    curl_easy_setopt(e, CURLOPT_CLOSESOCKETDATA, u);
+    return e;
+}
+
+/* The first shard with room under SHARD_FILL, else the least busy. */
+static struct shard *pick_shard(struct upstream *u)
+{
+    struct shard *least = &u->shards[0];
+    for (size_t i = 0; i < SHARDS; i++) {
+        struct shard *sh = &u->shards[i];
+        if (sh->active < SHARD_FILL)
+            return sh;
+        if (sh->active < least->active)
+            least = sh;
+    }
+    return least;
+}
+
+int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn done, void *arg)
+{
+    x->done = done;
+    x->arg = arg;
+    struct shard *sh = pick_shard(u);
+    x->shard = sh;
+    curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
+    if (curl_multi_add_handle(sh->multi, x->easy) != CURLM_OK) {
+        pool_put(u, x->easy, x->spent);
+        x->easy = NULL;
+        return -1;
+    }
+    sh->active++;
+    u->active++;
+    slots_take(u->slots, &x->hold);
+    return 0;
+}
+
+void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
+{
+    if (!x->easy)
+        return;
+    struct shard *sh = x->shard;
+    curl_multi_remove_handle(sh->multi, x->easy);
+    sh->active--;
+    u->active--;
+    slots_drop(u->slots, &x->hold);
+    pool_put(u, x->easy, x->spent);
+    x->easy = NULL;
+    slots_hand_on(u->slots);
+}
+
+/* libcurl's own CA bundle and directory, which a pooled handle is given back after serving a
+ * route with its own tls.ca_file. */
+static int curl_ca_defaults(char **cainfo, char **capath)
+{
+    CURL *e = curl_easy_init();
+    char *info = NULL, *path = NULL;
+    if (!e)
+        return -1;
+    curl_easy_getinfo(e, CURLINFO_CAINFO, &info);
+    curl_easy_getinfo(e, CURLINFO_CAPATH, &path);
+    *cainfo = info ? strdup(info) : NULL;
+    *capath = path ? strdup(path) : NULL;
+    curl_easy_cleanup(e);
+    return (info && !*cainfo) || (path && !*capath) ? -1 : 0;
+}
+
+/* The origin of "scheme://host:port/" (config/schema_values.c wrote it so), resolved now; 'ot' for
+ * https. */
+static struct origin *origin_of(const char *origin, const struct origin_tls *ot)
+{
+    const char *auth = strstr(origin, "://") + 3;
+    char *a = strndup(auth, strcspn(auth, "/"));
+    struct origin *o = a ? origin_new(a, origin[4] == 's' ? ot : NULL) : NULL;
+    free(a);
+    return o;
+}
+
+/* libcurl (7.88) sends in SNI and verifies the URL's host, and has no option to name another:
+ * the URL is given tls.server_name for host, CURLOPT_CONNECT_TO sends its connections to the
+ * host and port 'origin' has, and the Host field, which libcurl would take from the URL, is
+ * given as 'origin' has it. libcurl keeps connections made through CONNECT_TO apart from
+ * others (its cache compares the host connected to as well as the URL's). */
+static int server_name(struct upstream_url *url, const char *origin, const char *name)
+{
+    char *host = NULL, *port = NULL, *ct = NULL;
+    const char *auth = strstr(origin, "://") + 3;
+    int len = (int)strcspn(auth, "/");
+    int rc = -1;
+    if (curl_url_get(url->curl, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+        curl_url_get(url->curl, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
+        asprintf(&ct, "::%s:%s", host, port) < 0 ||
+        asprintf(&url->host_field, "Host: %.*s", len, auth) < 0)
+        goto out;
+    if (curl_url_set(url->curl, CURLUPART_HOST, name, 0) != CURLUE_OK ||
+        !(url->connect_to = curl_slist_append(NULL, ct)))
+        goto out;
+    rc = 0;
+out:
+    curl_free(host);
+    curl_free(port);
+    free(ct);
+    return rc;
+}
+
+struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels)
+{
+    struct upstream_url *url = calloc(1, sizeof(*url));
+    if (!url)
+        return NULL;
+    if (strncmp(origin, "h2c://", 6) == 0 ||
+        (strncmp(origin, "https://", 8) == 0 && tls->http2 != CFG_HTTP2_OFF)) {
+        struct origin_tls ot = { tls->ca_file, tls->cert_file, tls->key_file, tls->server_name,
+                                 tls->http2 == CFG_HTTP2_AUTO };
+        if (!(url->h2 = origin_of(origin, &ot)))
+            goto fail;
+        if (!url->h2->tls || !url->h2->h1_too)
+            return url; /* HTTP/2 only */
+    }
+    if (tunnels && strncmp(origin, "h2c://", 6) != 0) {
+        /* resolved now, as h2's origins are: a worker never looks a name up (a route whose
+         * upgrades is [] resolves nothing here) */
+        struct origin_tls ot = { tls->ca_file, tls->cert_file, tls->key_file, tls->server_name,
+                                 true };
+        /* an https origin offering http/1.1 too is the same one h2 has: resolved once */
+        url->tun = url->h2 ? url->h2 : origin_of(origin, &ot);
+        if (!url->tun)
+            goto fail;
+    }
+    url->curl = curl_url();
+    if (!url->curl || curl_url_set(url->curl, CURLUPART_URL, origin, 0) != CURLUE_OK)
+        goto fail;
+    if ((url->https = strncmp(origin, "https://", 8) == 0)) {
+        if (tls->ca_file ? !(url->cainfo = strdup(tls->ca_file))
+                         : curl_ca_defaults(&url->cainfo, &url->capath) < 0)
+            goto fail;
+        if ((tls->cert_file && !(url->sslcert = strdup(tls->cert_file))) ||
+            (tls->key_file && !(url->sslkey = strdup(tls->key_file))))
+            goto fail;
+        if (tls->server_name && server_name(url, origin, tls->server_name) < 0)
+            goto fail;
+    }
+    return url;
+fail:
+    upstream_url_free(url);
+    return NULL;
+}
+
+void upstream_url_free(struct upstream_url *url)
+{
+    if (!url)
+        return;
+    curl_url_cleanup(url->curl);
+    if (url->tun != url->h2)
+        origin_free(url->tun);
+    origin_free(url->h2);
+    free(url->cainfo);
+    free(url->capath);
+    free(url->sslcert);
+    free(url->sslkey);
+    free(url->host_field);
+    curl_slist_free_all(url->connect_to);
+    free(url);
+}
+
+void upstream_easy_url(CURL *e, const struct upstream_url *url)
+{
+    /* curl only reads the handle (it works on a copy of it) */
+    curl_easy_setopt(e, CURLOPT_CURLU, url->curl);
+    if (url->https) { /* a route's own tls.ca_file replaces the system's store */
+        curl_easy_setopt(e, CURLOPT_CAINFO, url->cainfo);
+        curl_easy_setopt(e, CURLOPT_CAPATH, url->capath);
+        /* sent when the server asks; NULL clears a pooled handle's (no key: in the cert).
+         * libcurl's connection and session caches compare the certificate's file, so no
+         * connection made with one is used without it, or with another */
+        curl_easy_setopt(e, CURLOPT_SSLCERT, url->sslcert);
+        curl_easy_setopt(e, CURLOPT_SSLKEY, url->sslkey);
+    }
+    /* every time: a pooled handle must not keep another route's */
+    curl_easy_setopt(e, CURLOPT_CONNECT_TO, url->connect_to);
+}
+
+const char *upstream_url_host_field(const struct upstream_url *url)
+{
+    return url->host_field;
+}
+
+const struct origin *upstream_url_h2(const struct upstream_url *url)
+{
+    return url->h2;
+}
+
+const struct origin *upstream_url_tunnel(const struct upstream_url *url)
+{
+    return url->tun;
+}
+
+bool upstream_url_h1(const struct upstream_url *url)
+{
+    return url->curl != NULL;
+}
+
+struct h2up *upstream_h2(struct upstream *u)
+{
+    if (!u->h2)
+        u->h2 = h2up_new(u->loop, u->h2_counts);
+    return u->h2;
+}
+
+void upstream_trim(struct upstream *u)
+{
+    while (u->npool > POOL_KEEP)
+        curl_easy_cleanup(u->pool[--u->npool]);
+}
+
+size_t upstream_active(const struct upstream *u)
+{
+    return u->active;
+}
+
+struct slots *upstream_slots(struct upstream *u)
+{
+    return u->slots;
+}

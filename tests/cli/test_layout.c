@@ -1,0 +1,84 @@
+/* The layout of proxy/ (docs/architecture.md) holds: tests/cli/layout.py reads who calls whom
+ * from the build's objects and checks it against the parts and what each may call, the circles,
+ * the libraries, the headers and the lengths. The check is shown to catch a file in the wrong
+ * part, a circle across parts, the core calling a transport past its interface and a library
+ * called from a part not its own. Run from the repository
+ * root (make test does); the objects are those of the binary under test.
+ */
+#include <criterion/criterion.h>
+
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tests/support/proc.h"
+
+/* Runs the check with 'extra' arguments (NULL-ended); its exit status, its output in *out. */
+static int layout(const char *const *extra, char **out)
+{
+    char bin[512], objdir[600];
+    snprintf(bin, sizeof(bin), "%s", proc_bin());
+    snprintf(objdir, sizeof(objdir), "%s/obj/proxy", dirname(bin));
+    char *argv[16] = { "/usr/bin/python3", "tests/cli/layout.py", objdir };
+    size_t n = 3;
+    for (; extra && *extra && n < 15; extra++)
+        argv[n++] = (char *)*extra;
+    argv[n] = NULL;
+    struct proc_result r;
+    cr_assert_eq(proc_run(argv, NULL, 60000, &r), 0, "cannot run python3 tests/cli/layout.py");
+    *out = strdup(r.out);
+    cr_log_info("%s%s", r.out, r.err);
+    int status = r.status;
+    proc_result_free(&r);
+    return status;
+}
+
+Test(layout, the_parts_call_down_only)
+{
+    char *out;
+    int status = layout(NULL, &out);
+    cr_expect_eq(status, 0, "the layout check found breaches:\n%s", out);
+    cr_expect(strstr(out, " 0 breaches"), "%s", out);
+    free(out);
+}
+
+Test(layout, a_file_in_a_lower_part_is_caught)
+{
+    /* the request state machine among the utilities: base/ would call the core */
+    const char *extra[] = { "retry=base", NULL };
+    char *out;
+    cr_expect_eq(layout(extra, &out), 1);
+    cr_expect(strstr(out, "retry (base) calls"), "%s", out);
+    free(out);
+}
+
+Test(layout, a_circle_across_parts_is_caught)
+{
+    /* h2front.c and h2stream.c call each other: in two parts, that is a circle across them */
+    const char *extra[] = { "h2stream=http1", NULL };
+    char *out;
+    cr_expect_eq(layout(extra, &out), 1);
+    cr_expect(strstr(out, "a call circle across parts"), "%s", out);
+    free(out);
+}
+
+Test(layout, the_core_reaches_a_transport_only_through_the_interface)
+{
+    /* the libcurl engine taken for a part of the core's own: its calls into h2up or the
+     * tunnel connector would be the core going past the interface */
+    const char *extra[] = { "--interface=none", NULL };
+    char *out;
+    cr_expect_eq(layout(extra, &out), 1);
+    cr_expect(strstr(out, "the core reaches the upstream side only through"), "%s", out);
+    free(out);
+}
+
+Test(layout, a_library_called_from_another_part_is_caught)
+{
+    /* the HTTP/1.1 front end taken for a part of the core: the core would call libmicrohttpd */
+    const char *extra[] = { "relay=core", NULL };
+    char *out;
+    cr_expect_eq(layout(extra, &out), 1);
+    cr_expect(strstr(out, "relay (core) calls MHD_"), "%s", out);
+    free(out);
+}
