@@ -343,14 +343,14 @@ struct nvs {
     size_t used, text_cap;
 };
 
-/* Adds a field to a HEADERS frame of the answer: never one HTTP/2 forbids (the filter of the
- * way down has left those of the upstream out; this holds for every field, the proxy's too). */
+/* Adds a field to a HEADERS frame of the answer. None that HTTP/2 forbids comes here: each of
+ * those is hop-by-hop, which the filter of the way down (fields_down_drops) leaves out of the
+ * upstream's fields (test_fields checks it), and the proxy's own are none of them. */
 static void nv_add(void *arg, const char *name, const char *value)
 {
     struct nvs *a = arg;
     size_t nl = strlen(name), vl = strlen(value);
-    if (a->n == a->cap || a->used + nl + vl > a->text_cap ||
-        fields_h2_connection_specific(name, nl, value, vl))
+    if (a->n == a->cap || a->used + nl + vl > a->text_cap)
         return;
     char *lc = a->text + a->used;
     hdr_lower(lc, name, nl);
