@@ -112,7 +112,7 @@ static bool build_head(struct tunnel_up *u, const struct tunnel_up_req *req)
              put(&b, &len, &cap, req->own[i].value, req->own[i].value_len) && PUTS("\r\n");
     size_t pos = 0;
     const char *k, *v;
-    while (ok && hlist_next(req->fields, &pos, &k, &v)) {
+    while (ok && req->fields && hlist_next(req->fields, &pos, &k, &v)) {
         size_t vl = strlen(v);
         hdr_trim(v, &vl);
         if (*v && !vl)

@@ -54,7 +54,7 @@ struct tunnel_up_req {
     const char *target;       /* origin-form, the upstream's base path in front */
     const struct hfield *own; /* the attempt's own fields, sent first */
     size_t n_own;
-    const struct hlist *fields; /* the request's (proxy/http/head.c) */
+    const struct hlist *fields; /* the request's (proxy/http/head.c; NULL: none) */
     const char *upgrade;        /* the token asked for (the client's, with its version if any; it
                                  * outlives the attempt) */
     struct hlist *head;         /* the response head's fields go here (the owner's, cleared) */
