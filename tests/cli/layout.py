@@ -75,6 +75,8 @@ def main():
     if not objs:
         sys.exit(f'layout: no objects under {objdir}')
     for o in objs:
+        if not os.path.exists(os.path.join('proxy', os.path.relpath(o, objdir))[:-2] + '.c'):
+            continue  # left by a build of sources since moved or removed
         name = os.path.basename(o)[:-2]
         out = subprocess.run(['nm', o], capture_output=True, text=True, check=True).stdout
         for line in out.splitlines():
