@@ -218,13 +218,7 @@ static void relay_error(struct front *f, unsigned status, const char *code, cons
 static void copy_fields(struct MHD_Response *resp, const struct hlist *h,
                         const struct front_tag *tag)
 {
-    struct fields_down d = { .named = { hlist_get(h, "Connection") ? h : NULL },
-                             .own_request_id = tag->request_id != NULL };
-    size_t pos = 0;
-    const char *n, *v;
-    while (hlist_next(h, &pos, &n, &v))
-        if (!fields_down_drops(&d, n, strlen(n)))
-            MHD_add_response_header(resp, n, v);
+    fields_down_each(h, tag->request_id != NULL, add_field, resp);
     add_tag(resp, tag);
 }
 

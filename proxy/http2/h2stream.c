@@ -394,15 +394,8 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     char sbuf[8], lbuf[24];
     snprintf(sbuf, sizeof(sbuf), "%03u", status % 1000);
     nv_add(&a, ":status", sbuf);
-    if (h) {
-        struct fields_down d = { .named = { hlist_get(h, "Connection") ? h : NULL },
-                                 .own_request_id = tag->request_id != NULL };
-        size_t pos = 0;
-        const char *n, *v;
-        while (hlist_next(h, &pos, &n, &v))
-            if (!fields_down_drops(&d, n, strlen(n)))
-                nv_add(&a, n, v);
-    }
+    if (h)
+        fields_down_each(h, tag->request_id != NULL, nv_add, &a);
     if (ctype)
         nv_add(&a, "content-type", ctype);
     if (length >= 0) {
