@@ -16,7 +16,8 @@ one line per breach:
   - files that call each other in a circle are of one part, and each says at its top that they
     are one state machine ("one state machine");
   - no two headers include each other, however far round;
-  - no file of proxy/, policy/ or config/ is over 800 lines, but one whose top says why.
+  - no file of proxy/, policy/ or config/ is over 800 lines, but one whose top says why;
+  - each fuzz target's "fuzz-link:" comment is one line naming sources that are there.
 """
 import collections, glob, os, re, subprocess, sys
 
@@ -172,6 +173,16 @@ def main():
         n = text.count('\n')
         if n > MAX_LINES and f'over {MAX_LINES} lines' not in ' '.join(text[:3000].split()):
             bad.append(f'{src}: {n} lines, over {MAX_LINES}, and its top does not say why')
+    # the fuzz targets' sources (mk/fuzz.mk reads each "fuzz-link:" comment as one line)
+    for fz in sorted(glob.glob('tests/fuzz/*.c')):
+        for i, line in enumerate(open(fz), 1):
+            if 'fuzz-link:' not in line:
+                continue
+            if '*/' not in line:
+                bad.append(f'{fz}:{i}: a fuzz-link comment must end on its line (mk/fuzz.mk)')
+            for src in line.split('fuzz-link:', 1)[1].replace('*/', '').split():
+                if not os.path.exists(src):
+                    bad.append(f'{fz}:{i}: fuzz-link names {src}, which is not there')
     for b in bad:
         print(b)
     print(f'layout: {len(part)} files, {sum(len(v) for v in calls.values())} calls between files, '

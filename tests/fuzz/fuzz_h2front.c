@@ -10,10 +10,10 @@
  *     is left when the connection has gone (and ASan finds no leak or bad access);
  *   - no core call comes for a request after it was completed.
  */
-/* fuzz-link: proxy/http2/h2front.c proxy/http2/h2stream.c proxy/base/loop.c proxy/http/hlist.c
- * proxy/base/ring.c */
-/* fuzz-link: proxy/http/answer.c proxy/http/grpc.c proxy/http2/h2guard.c proxy/upstream/share.c
- * proxy/http/fields.c */
+/* fuzz-link: proxy/http2/h2front.c proxy/http2/h2stream.c proxy/base/loop.c */
+/* fuzz-link: proxy/http/hlist.c proxy/base/ring.c */
+/* fuzz-link: proxy/http/answer.c proxy/http/grpc.c proxy/http2/h2guard.c */
+/* fuzz-link: proxy/upstream/share.c proxy/http/fields.c */
 #define FUZZ_NAME "fuzz_h2front"
 #include <string.h>
 #include <sys/socket.h>

@@ -13,8 +13,8 @@
  *   - everything is freed (ASan finds no leak or bad access), and no connection is counted open
  *     once the pool is gone.
  */
-/* fuzz-link: proxy/upstream/h2up.c proxy/upstream/h2up_conn.c proxy/upstream/connect.c
- * proxy/base/loop.c proxy/http/hlist.c */
+/* fuzz-link: proxy/upstream/h2up.c proxy/upstream/h2up_conn.c proxy/upstream/connect.c */
+/* fuzz-link: proxy/base/loop.c proxy/http/hlist.c */
 /* fuzz-link: proxy/upstream/tls.c */
 /* fuzz-link: proxy/telemetry/log.c proxy/upstream/origin.c */
 #define FUZZ_NAME "fuzz_h2up"
