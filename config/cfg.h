@@ -107,6 +107,13 @@ struct cfg_retry {
     struct backoff_spec backoff;
 };
 
+/* How an attempt picks among a route's endpoints (routes[].balance, docs/endpoints.md). */
+enum cfg_balance {
+    CFG_BALANCE_LEAST_REQUEST, /* two choices: the next in turn or one at random, fewer in flight */
+    CFG_BALANCE_ROUND_ROBIN,
+    CFG_BALANCE_RANDOM,
+};
+
 /* Upstream health (routes[].ejection, docs/forwarding.md "Choosing an upstream"): an upstream
  * that fails health.consecutive_failures times in a row leaves the route's rotation for a time
  * its backoff policy sets. */
@@ -142,7 +149,8 @@ struct cfg_route {
     uint32_t match_methods;        /* enum cfg_method bits; 0 matches every method */
     const struct cfg_upstream *upstreams;
     size_t n_upstreams;
-    struct cfg_ejection ejection; /* upstream health, kept per upstream URL in proxy/core/live.h */
+    enum cfg_balance balance;
+    struct cfg_ejection ejection; /* endpoint health, kept per endpoint in proxy/core/live.h */
     bool preserve_host;
     uint32_t timeout_ms;
     uint32_t per_try_timeout_ms; /* 0: only the overall timeout */

@@ -190,6 +190,9 @@ static void check_route(struct walk *w, const struct ctx *x, void *dst)
 static const char *const log_level_names[] = { "debug", "info", "warn", "error" };
 static const char *const log_format_names[] = { "json", "text" };
 static const char *const underscores_names[] = { "drop", "reject", "allow" };
+static const char *const balance_names[] = { [CFG_BALANCE_LEAST_REQUEST] = "least_request",
+                                             [CFG_BALANCE_ROUND_ROBIN] = "round_robin",
+                                             [CFG_BALANCE_RANDOM] = "random" };
 static const char *const http2_names[] = {
     [CFG_HTTP2_AUTO] = "auto", [CFG_HTTP2_OFF] = "off", [CFG_HTTP2_REQUIRED] = "required"
 };
@@ -394,10 +397,14 @@ static const struct field route_fields[] = {
       .doc = "which requests the route takes (first match in file order wins)" },
     LIST_FIELD("upstreams", struct cfg_route, upstreams, n_upstreams, schema_upstream_list,
                F_REQUIRED | F_ROUTE_ONLY, "must hold at least one upstream URL", NULL,
-               "http://, https:// or h2c:// (HTTP/2 over cleartext, docs/http2.md) base URLs, "
-               "tried round-robin"),
+               "http://, https:// or h2c:// (HTTP/2 over cleartext, docs/http2.md) base URLs; a "
+               "host name stands for every address it resolves to (docs/endpoints.md)"),
+    ENUM_FIELD("balance", struct cfg_route, balance, balance_names, "\"least_request\"",
+               "how each attempt picks among the route's endpoints: least_request (two choices, "
+               "the next in turn and one at random: the one with fewer requests in flight; "
+               "round-robin when none wait), round_robin, random (docs/endpoints.md)"),
     OBJ_FIELD("ejection", struct cfg_route, ejection, ejection_schema, 0,
-              "upstream health: an upstream that keeps failing leaves the rotation for a while "
+              "endpoint health: an endpoint that keeps failing leaves the rotation for a while "
               "(docs/forwarding.md)"),
     BOOL_FIELD("preserve_host", struct cfg_route, preserve_host, "false",
                "send the client's Host instead of the upstream's authority"),

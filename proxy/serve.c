@@ -1,5 +1,7 @@
 #include "proxy/serve.h"
 
+#include "proxy/dns/resolve.h"
+
 #include <errno.h>
 #include <malloc.h>
 #include <signal.h>
@@ -204,6 +206,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     px.head_max = cfg->max_header_bytes;
     px.metrics = metrics_new(n);
     px.live = live_new();
+    px.dns = dns_new(NULL); /* TEMP */
     metrics_set_upstreams(px.metrics, live_upstream_rows, px.live);
     metrics_set_body_bytes(px.metrics, &px.body_bytes);
     budget_init(&px.budget, cfg->budget.window_ms);
@@ -279,6 +282,7 @@ out:
     rt_cell_destroy(&px.cell);
     metrics_free(px.metrics);
     live_free(px.live);
+    dns_free(px.dns);
     curl_global_cleanup();
     wiretab_free();
     return rc;

@@ -1,7 +1,6 @@
-/* choose -- which of a route's upstreams an attempt goes to (docs/forwarding.md "Choosing an
- * upstream"): round-robin over the route's list, away from the upstreams this request already
- * tried and from those ejected (proxy/core/eject.h). The one place the choice is made, so that a
- * balancer over a service's endpoints (issue 29) replaces it here and nowhere else.
+/* choose -- the rule that picks a route's endpoint for an attempt (docs/endpoints.md), on bits
+ * and counts alone: away from the endpoints this request already tried and from those ejected,
+ * then by the route's balance. Pure: proxy/core/balance.c gives it the candidates.
  */
 #ifndef RETRYPROXY_PROXY_CHOOSE_H
 #define RETRYPROXY_PROXY_CHOOSE_H
@@ -9,19 +8,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config/cfg.h"
 #include "policy/rng.h"
 
-struct rt_route;
+/* Candidate i for the next attempt of a request, among 'n' (bit i of 'tried' and 'ejected'; at
+ * most 64). Preferred in this order: one neither tried nor ejected, one not ejected, one not
+ * tried (every endpoint ejected: all are used again, Envoy's panic mode), the one in turn.
+ * Among those, by 'b':
+ * - round_robin: the first from *rr on (advanced), or from a random one when 'rr' is NULL (a
+ *   request of an older config snapshot, whose turn is gone);
+ * - random: any;
+ * - least_request: that one in turn and one other at random, the one with fewer requests in
+ *   flight ('load') winning, the one in turn on a tie: requests one after another go
+ *   round-robin, a slow or overloaded endpoint gets fewer. */
+size_t choose_balanced(enum cfg_balance b, uint64_t tried, uint64_t ejected, size_t n,
+                       const int64_t *load, uint32_t *rr, struct rng *rng);
 
-/* The upstream (its index in the route's list of 'n') for the next attempt of a request that
- * has tried 'tried' (bits) on route 'x' at 'now_ms'. Round-robin from *rr (advanced), or from a
- * random one when 'rr' is NULL (a request of an older config snapshot, whose turn is gone). */
-size_t choose_upstream(const struct rt_route *x, size_t n, uint64_t tried, uint64_t now_ms,
-                       uint32_t *rr, struct rng *rng);
-
-/* The rule itself, on bits (upstream i is bit i; those past 63 are never avoided): preferred
- * in this order, one neither 'tried' nor 'ejected', one not ejected, one not tried (every
- * upstream ejected: all are used again, Envoy's panic mode), the one in turn. */
+/* round_robin's rule alone. */
 size_t choose_among(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng);
 
 #endif

@@ -1,7 +1,7 @@
-/* eject -- upstream health on the request path (docs/forwarding.md "Choosing an upstream"):
- * which of a route's upstreams are ejected now, and each attempt's outcome recorded against its
- * upstream. The state is policy/health.h's, kept by route name and upstream URL in
- * proxy/core/live.h so that it survives reloads; a route without ejection costs a NULL test.
+/* eject -- endpoint health on the request path (docs/forwarding.md "Ejecting an upstream that
+ * keeps failing", docs/endpoints.md): each attempt's outcome recorded against its endpoint. The
+ * state is policy/health.h's, in the endpoint's slot of proxy/core/live.h, so that it survives
+ * reloads; proxy/core/balance.c reads it to pick. A route without ejection costs one test.
  */
 #ifndef RETRYPROXY_PROXY_EJECT_H
 #define RETRYPROXY_PROXY_EJECT_H
@@ -12,17 +12,13 @@
 #include "policy/rng.h"
 #include "proxy/core/decide.h"
 #include "proxy/http/hlist.h"
-#include "proxy/core/runtime.h"
 
-/* The upstreams of route 'x' ejected at 'now_ms', as bits (upstream i is bit i; those past 63
- * are never reported). 0 when the route's ejection is off. No lock. */
-uint64_t eject_mask(const struct rt_route *x, size_t n_upstreams, uint64_t now_ms);
+struct endpoint;
 
-/* The attempt to upstream 'u' of route 'r' (bound as 'x') ended in 'o' (with 'status' and the
- * response's fields 'head' for RETRY_OUT_STATUS): a failure when r->ejection.on names it, else a
- * success. Nothing when the route's ejection is off. */
-void eject_record(const struct rt_route *x, const struct cfg_route *r, const struct cfg_upstream *u,
-                  enum retry_outcome o, int status, const struct hlist *head, int grpc,
-                  uint64_t now_ms, struct rng *rng);
+/* The attempt to endpoint 'e' of route 'r' ended in 'o' (with 'status' and the response's fields
+ * 'head' for RETRY_OUT_STATUS): a failure when r->ejection.on names it, else a success. Nothing
+ * when the route's ejection is off or the attempt had no endpoint. */
+void eject_record(const struct cfg_route *r, const struct endpoint *e, enum retry_outcome o,
+                  int status, const struct hlist *head, int grpc, uint64_t now_ms, struct rng *rng);
 
 #endif

@@ -45,6 +45,10 @@ void live_free(struct live *l)
         for (struct live_up_entry *u = e->ups, *unext; u; u = unext) {
             unext = u->next;
             pthread_mutex_destroy(&u->up.mu);
+            for (size_t i = 0; i < u->up.n; i++) {
+                pthread_mutex_destroy(&u->up.ep[i]->mu);
+                free(u->up.ep[i]);
+            }
             free(u);
         }
         strmap_free(&e->ups_by_url);
@@ -129,7 +133,7 @@ struct live_upstream *live_upstream(struct live *l, const char *name, const char
         goto out;
     }
     pthread_mutex_init(&u->up.mu, NULL);
-    atomic_init(&u->up.until_ms, 0);
+    atomic_init(&u->up.ejection, false);
     u->next = e->ups;
     e->ups = u;
     found = &u->up;
@@ -138,22 +142,111 @@ out:
     return found;
 }
 
-bool live_upstream_record(struct live_upstream *u, const struct health_spec *s, bool failed,
-                          uint64_t now_ms, struct rng *r)
+static bool same_addr(const struct dns_addr *a, const struct dns_addr *b)
+{
+    if (a->family != b->family)
+        return false;
+    return a->family == AF_INET ? a->u.v4.s_addr == b->u.v4.s_addr
+                                : memcmp(&a->u.v6, &b->u.v6, sizeof(a->u.v6)) == 0;
+}
+
+/* A slot for an address that joins: one never used, else one whose address left and that
+ * nothing uses any more (its health goes with its address). Under u->mu. */
+static struct live_endpoint *free_slot(struct live_upstream *u)
+{
+    for (size_t i = 0; i < u->n; i++) {
+        struct live_endpoint *e = u->ep[i];
+        if (!e->used)
+            return e;
+    }
+    for (size_t i = 0; i < u->n; i++) {
+        struct live_endpoint *e = u->ep[i];
+        if (!e->present && atomic_load(&e->in_flight) == 0 && atomic_load(&e->conns) == 0) {
+            pthread_mutex_lock(&e->mu);
+            u->ejections_gone += e->h.ejections_total;
+            memset(&e->h, 0, sizeof(e->h));
+            atomic_store(&e->until_ms, 0);
+            pthread_mutex_unlock(&e->mu);
+            atomic_fetch_add(&e->epoch, 1);
+            return e;
+        }
+    }
+    if (u->n == LIVE_ENDPOINTS_MAX)
+        return NULL;
+    struct live_endpoint *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    pthread_mutex_init(&e->mu, NULL);
+    e->index = (uint8_t)u->n;
+    u->ep[u->n++] = e;
+    return e;
+}
+
+void live_upstream_sync(struct live_upstream *u, const struct dns_addr *a, size_t n,
+                        struct live_endpoint **out)
 {
     pthread_mutex_lock(&u->mu);
-    bool ejected = health_record(&u->h, s, failed, now_ms, r);
-    if (ejected)
-        atomic_store_explicit(&u->until_ms, u->h.ejected_until_ms, memory_order_relaxed);
+    for (size_t i = 0; i < u->n; i++) {
+        struct live_endpoint *e = u->ep[i];
+        e->present = false;
+        for (size_t k = 0; e->used && k < n && !e->present; k++)
+            e->present = same_addr(&e->addr, &a[k]);
+    }
+    for (size_t k = 0; k < n; k++) {
+        out[k] = NULL;
+        for (size_t i = 0; i < u->n && !out[k]; i++)
+            if (u->ep[i]->used && same_addr(&u->ep[i]->addr, &a[k]))
+                out[k] = u->ep[i];
+        if (!out[k] && (out[k] = free_slot(u)) != NULL) {
+            out[k]->addr = a[k];
+            out[k]->used = out[k]->present = true;
+        }
+    }
     pthread_mutex_unlock(&u->mu);
+}
+
+bool live_endpoint_record(struct live_endpoint *e, uint32_t epoch, const struct health_spec *s,
+                          bool failed, uint64_t now_ms, struct rng *r)
+{
+    pthread_mutex_lock(&e->mu);
+    bool ejected = false;
+    if (atomic_load_explicit(&e->epoch, memory_order_relaxed) == epoch) {
+        ejected = health_record(&e->h, s, failed, now_ms, r);
+        if (ejected)
+            atomic_store_explicit(&e->until_ms, e->h.ejected_until_ms, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&e->mu);
     return ejected;
 }
 
-void live_upstream_read(struct live_upstream *u, struct health *out)
+void live_endpoint_read(struct live_endpoint *e, struct health *out)
 {
+    pthread_mutex_lock(&e->mu);
+    *out = e->h;
+    pthread_mutex_unlock(&e->mu);
+}
+
+size_t live_upstream_endpoints(struct live_upstream *u, uint64_t now_ms, struct live_ep_row *out,
+                               size_t max)
+{
+    size_t n = 0;
     pthread_mutex_lock(&u->mu);
-    *out = u->h;
+    for (size_t i = 0; i < u->n && n < max; i++) {
+        struct live_endpoint *e = u->ep[i];
+        int64_t in_flight = atomic_load(&e->in_flight), conns = atomic_load(&e->conns);
+        if (!e->used || (!e->present && !in_flight && !conns))
+            continue;
+        struct live_ep_row *row = &out[n++];
+        row->addr = e->addr;
+        row->in_flight = in_flight;
+        row->conns = conns;
+        live_endpoint_read(e, &row->h);
+        row->state = !e->present                         ? LIVE_EP_LEAVING
+                     : health_available(&row->h, now_ms) ? LIVE_EP_HEALTHY
+                                                         : LIVE_EP_EJECTED;
+    }
     pthread_mutex_unlock(&u->mu);
+    return n;
 }
 
 size_t live_upstream_rows(void *live, struct metrics_upstream **rows)
@@ -176,12 +269,22 @@ size_t live_upstream_rows(void *live, struct metrics_upstream **rows)
     size_t i = 0;
     for (struct live_entry *e = l->head; e; e = e->next) {
         for (struct live_up_entry *u = e->ups; u; u = u->next) {
-            struct health h;
-            live_upstream_read(&u->up, &h);
-            out[i++] = (struct metrics_upstream){ .route = e->name,
-                                                  .url = u->url,
-                                                  .ejections = h.ejections_total,
-                                                  .ejected = !health_available(&h, now) };
+            struct live_ep_row eps[LIVE_ENDPOINTS_MAX];
+            size_t m = live_upstream_endpoints(&u->up, now, eps, LIVE_ENDPOINTS_MAX);
+            struct metrics_upstream *row = &out[i++];
+            *row = (struct metrics_upstream){ .route = e->name,
+                                              .url = u->url,
+                                              .ejection = atomic_load(&u->up.ejection) };
+            pthread_mutex_lock(&u->up.mu);
+            row->ejections = u->up.ejections_gone;
+            for (size_t k = 0; k < u->up.n; k++) {
+                struct health h;
+                live_endpoint_read(u->up.ep[k], &h);
+                row->ejections += h.ejections_total;
+            }
+            pthread_mutex_unlock(&u->up.mu);
+            for (size_t k = 0; k < m; k++)
+                row->endpoints[eps[k].state]++;
         }
     }
     *rows = out;

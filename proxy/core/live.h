@@ -1,9 +1,9 @@
 /* live -- per-route state that outlives config snapshots: each route's retry budget, its
  * route-scoped backoff sequence and its upstreams' health (docs/budgets.md, docs/backoff.md,
- * docs/forwarding.md; docs/reload.md: they survive a reload for routes that keep their name,
- * and the health for upstreams that keep their URL). Entries are created when a snapshot is
- * installed, never freed before the registry, so a snapshot's pointers to them stay valid for
- * as long as any request holds it.
+ * docs/endpoints.md; docs/reload.md: they survive a reload for routes that keep their name,
+ * and the endpoints' health for upstreams that keep their URL). Entries are created when a snapshot
+ * is installed, never freed before the registry, so a snapshot's pointers to them stay valid for as
+ * long as any request holds it.
  */
 #ifndef RETRYPROXY_PROXY_LIVE_H
 #define RETRYPROXY_PROXY_LIVE_H
@@ -15,6 +15,7 @@
 #include "policy/budget.h"
 #include "policy/health.h"
 #include "policy/throttle.h"
+#include "proxy/dns/resolve.h"
 
 struct live_route {
     struct budget budget;
@@ -48,29 +49,74 @@ uint32_t live_route_backoff_peek(struct live_route *lr, const struct backoff_spe
 void live_route_backoff_take(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
                              struct rng *r, const struct live_backoff_mark *m);
 
-/* One upstream's health on one route (routes[].ejection, policy/health.h). */
-struct live_upstream {
+/* An upstream's endpoints (docs/endpoints.md): one slot per address its name resolves to, at
+ * most LIVE_ENDPOINTS_MAX; more addresses are not used. A slot keeps its address while the
+ * address stays in the record, and while attempts or connections still use it after it left
+ * (it is then "leaving"); an address that joins takes a free slot, or one whose address left
+ * and is no longer used. A slot is never freed before the registry, so the workers' pointers to
+ * it stay valid; its epoch tells a worker holding it for an address it has since been given
+ * away from. */
+#define LIVE_ENDPOINTS_MAX 64
+
+struct live_endpoint {
     pthread_mutex_t mu; /* guards 'h': taken once per attempt, on routes with ejection on */
     struct health h;
-    _Atomic uint64_t until_ms; /* h.ejected_until_ms, read without the mutex to pick upstreams */
+    _Atomic uint64_t until_ms; /* h.ejected_until_ms, read without the mutex to pick */
+    _Atomic int64_t in_flight; /* attempts on it now, every worker's: least_request reads it */
+    _Atomic int64_t conns;     /* connections open to it now (the transports count them) */
+    _Atomic uint32_t epoch;    /* moves when the slot is given to another address */
+    uint8_t index;             /* its place among the upstream's slots */
+    /* under the upstream's mutex */
+    bool used;    /* holds 'addr' */
+    bool present; /* 'addr' is in the name's last record */
+    struct dns_addr addr;
 };
 
-/* The health of upstream 'url' on route 'name', created on first use; the route's state must
- * exist (live_route()). Thread-safe; for snapshot installation. NULL if out of memory. */
+/* One upstream of one route (routes[].upstreams, kept by URL across reloads): its endpoints. */
+struct live_upstream {
+    pthread_mutex_t mu;      /* guards the slots' addresses: taken when a record changes */
+    atomic_bool ejection;    /* the route's ejection is on, as the last snapshot says */
+    uint64_t ejections_gone; /* ejections of addresses whose slots went to others */
+    size_t n;                /* slots made so far */
+    struct live_endpoint *ep[LIVE_ENDPOINTS_MAX];
+};
+
+/* The upstream 'url' on route 'name', created on first use; the route's state must exist
+ * (live_route()). Thread-safe; for snapshot installation. NULL if out of memory. */
 struct live_upstream *live_upstream(struct live *l, const char *name, const char *url);
 
-/* Records an attempt's outcome at 'now_ms' (health_record()). True when it ejected 'u'. */
-bool live_upstream_record(struct live_upstream *u, const struct health_spec *s, bool failed,
-                          uint64_t now_ms, struct rng *r);
+/* The 'n' addresses of the upstream name's current record each get their slot, in out[i]
+ * (NULL past LIVE_ENDPOINTS_MAX, or out of memory); the other slots' addresses are leaving.
+ * Thread-safe; when a worker sees the record change, not per request. */
+void live_upstream_sync(struct live_upstream *u, const struct dns_addr *a, size_t n,
+                        struct live_endpoint **out);
 
-/* Whether 'u' is in rotation at 'now_ms'. No lock. */
-static inline bool live_upstream_available(struct live_upstream *u, uint64_t now_ms)
+/* Records an attempt's outcome on 'e' at 'now_ms' (health_record()), unless the slot went to
+ * another address since 'epoch'. True when it ejected 'e'. */
+bool live_endpoint_record(struct live_endpoint *e, uint32_t epoch, const struct health_spec *s,
+                          bool failed, uint64_t now_ms, struct rng *r);
+
+/* Whether 'e' is in rotation at 'now_ms'. No lock. */
+static inline bool live_endpoint_available(struct live_endpoint *e, uint64_t now_ms)
 {
-    return now_ms >= atomic_load_explicit(&u->until_ms, memory_order_relaxed);
+    return now_ms >= atomic_load_explicit(&e->until_ms, memory_order_relaxed);
 }
 
-/* A consistent copy of 'u's state. */
-void live_upstream_read(struct live_upstream *u, struct health *out);
+/* A consistent copy of 'e's health. */
+void live_endpoint_read(struct live_endpoint *e, struct health *out);
+
+/* What the admin view and the metrics show of an endpoint. */
+enum live_ep_state { LIVE_EP_HEALTHY, LIVE_EP_EJECTED, LIVE_EP_LEAVING, LIVE_EP_STATES };
+struct live_ep_row {
+    struct dns_addr addr;
+    enum live_ep_state state;
+    int64_t in_flight, conns;
+    struct health h;
+};
+/* The upstream's endpoints now (in the record, or leaving while still used), at most 'max',
+ * in slot order, as of 'now_ms'. Returns how many. Thread-safe. */
+size_t live_upstream_endpoints(struct live_upstream *u, uint64_t now_ms, struct live_ep_row *out,
+                               size_t max);
 
 /* Every upstream tracked so far, as metrics_set_upstreams() reads them ('live' is the struct
  * live; "ejected" as of CLOCK_MONOTONIC, the loops' clock). */

@@ -18,6 +18,7 @@ struct proxy {
     struct metrics *metrics;
     struct budget budget; /* the top-level "budget": every retry passes it */
     struct live *live;    /* per-route budgets and route-scoped backoff, by route name */
+    struct dns *dns;      /* upstream names (proxy/dns/resolve.h); NULL: none are resolved */
     atomic_bool draining;
     /* Loop-clock ms at which requests still waiting are answered (0: not draining). */
     atomic_uint_fast64_t drain_deadline_ms;

@@ -86,6 +86,7 @@ void race_trial_init(struct retry_req *r, struct trial *t)
 
 void race_trial_free(struct retry_req *r, struct trial *t)
 {
+    tally_endpoint_free(t);
     attempt_fini(&t->att);
     if (t != &r->first)
         free(t);

@@ -62,11 +62,12 @@ enum {
 
 /* Trial flags (struct trial 'flags'). */
 enum {
-    TF_LAUNCHED = 1u << 0, /* its attempt went (or failed to): attempts_total counts it once ... */
-    TF_COUNTED = 1u << 1,  /* ... and has */
-    TF_RECORDED = 1u << 2, /* its outcome went to upstream health (a hedge records the timeout) */
-    TF_SLOT = 1u << 3,     /* a laggard holding the budget slots of the retry it was */
-    TF_LOST = 1u << 4,     /* out of the race: cancelled in the next turn, never inside curl */
+    TF_LAUNCHED = 1u << 0,  /* its attempt went (or failed to): attempts_total counts it once ... */
+    TF_COUNTED = 1u << 1,   /* ... and has */
+    TF_RECORDED = 1u << 2,  /* its outcome went to upstream health (a hedge records the timeout) */
+    TF_SLOT = 1u << 3,      /* a laggard holding the budget slots of the retry it was */
+    TF_LOST = 1u << 4,      /* out of the race: cancelled in the next turn, never inside curl */
+    TF_IN_FLIGHT = 1u << 5, /* counted in its endpoint's requests in flight */
 };
 
 /* A trial: one upstream attempt and what the request keeps of it. The request embeds one,
@@ -81,12 +82,13 @@ struct trial {
     /* loop_clock_us() when it started: queued for a slot, or sent */
     uint64_t start_us;
     const struct cfg_upstream *upstream;
+    struct endpoint *ep; /* the endpoint it went to (a reference; NULL: none) */
     struct attempt att;
     struct head_attempt fields; /* its own X-Retry-Attempt and deadline header */
 };
 
 /* Its size matters: with an HTTP/2 stream's state after it (retry_req_new) an allocation
- * stays at 2,016 bytes, below the 2,048 past which glibc's calloc clears it with rep stosb
+ * stays at 2,040 bytes, below the 2,048 past which glibc's calloc clears it with rep stosb
  * (about 2,000 instructions a request more, bench/instructions.sh h2). Fill holes before
  * adding words; `gdb -batch -ex 'ptype /o struct retry_req' build/retryproxy` shows them. */
 struct retry_req {
@@ -255,6 +257,10 @@ void race_other_done(struct retry_req *r, struct trial *t);
 enum metrics_outcome tally_outcome(enum retry_outcome o, int status);
 void tally_stop(struct retry_req *r, enum retry_stop stop);
 bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
+/* The attempt of 't' ended: it no longer counts in its endpoint's requests in flight. */
+void tally_endpoint_out(struct trial *t);
+/* ... and the trial lets go of its endpoint (it is freed, or goes again). */
+void tally_endpoint_free(struct trial *t);
 void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcome,
                   const char *decision, uint32_t delay_ms);
 void tally_log(struct retry_req *r, const struct trial *t, enum retry_outcome o,

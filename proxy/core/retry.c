@@ -34,7 +34,7 @@
 
 #include "policy/retry_after.h"
 #include "proxy/upstream/attempt.h"
-#include "proxy/core/choose.h"
+#include "proxy/core/balance.h"
 #include "proxy/core/decide.h"
 #include "proxy/base/dlist.h"
 #include "proxy/core/eject.h"
@@ -116,6 +116,7 @@ static void req_free(struct retry_req *r)
     r->front->ops->fini(r->front);
     if (r->cur != &r->first)
         race_trial_free(r, r->cur);
+    tally_endpoint_free(&r->first);
     attempt_fini(&r->first.att); /* r->others is empty: each held a reference */
     loop_timer_stop(l, &r->reap_timer);
     loop_timer_stop(l, &r->try_timer);
@@ -310,9 +311,9 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
 
 /* ---- attempts ---- */
 
-/* The next attempt: round-robin over the route's upstreams, preferring one this request has
- * not tried. The worker's positions belong to its current snapshot; a request that started
- * under an older one (a reload since) starts anywhere. */
+/* The next attempt: to one of the route's endpoints (proxy/core/balance.h), preferring one this
+ * request has not tried. The worker's turns belong to its current snapshot; a request that
+ * started under an older one (a reload since) starts anywhere. */
 void req_start_attempt(struct retry_req *r)
 {
     struct worker *w = r->w;
@@ -341,14 +342,18 @@ void req_start_attempt(struct retry_req *r)
     r->attempts++;
     r->state = RS_ATTEMPT;
     uint32_t *rr = r->rt == w->rt ? &w->rr[rt - r->cfg->routes] : NULL;
-    size_t i = choose_upstream(r->rtr, rt->n_upstreams, r->tried, now, rr, &w->rng);
-    if (i < 64)
-        r->tried |= 1ULL << i;
     struct trial *t = r->cur;
+    tally_endpoint_free(t);
+    struct endpoint *e = balance_pick(w, r->rt, r->rtr, r->tried, now, rr);
     t->flags = 0;
     t->sent = 0; /* its upload reads from the start */
     t->number = r->attempts;
-    t->upstream = &rt->upstreams[i];
+    t->upstream = &rt->upstreams[e ? e->k : 0];
+    if ((t->ep = e) != NULL) {
+        r->tried |= e->bit;
+        t->flags |= TF_IN_FLIGHT;
+        atomic_fetch_add_explicit(&e->le->in_flight, 1, memory_order_relaxed);
+    }
     t->start_us = loop_clock_us(l); /* its duration includes a wait for a slot (metrics.md) */
     if (!attempt_queue(&t->att, t->upstream->origin, r->front->share))
         req_attempt_ops.go(&t->att); /* else it starts when a slot frees */
@@ -381,7 +386,10 @@ static void attempt_go(struct attempt *a)
     req.n_own = head_up_attempt(&r->up, &t->fields, t->number, race_attempt_wait(r, left));
     uint64_t connect =
         rt->connect_timeout_ms && rt->connect_timeout_ms < left ? rt->connect_timeout_ms : left;
-    if (attempt_launch(a, r->rtr->urls[u - rt->upstreams], u->base_path, &req, connect) < 0) {
+    /* a name that resolves to nothing has no endpoint: nothing to connect to */
+    bool none = !t->ep && r->rtr->names[u - rt->upstreams];
+    if (none || attempt_launch(a, r->rtr->urls[u - rt->upstreams], t->ep ? t->ep->to : NULL,
+                               u->base_path, &req, connect) < 0) {
         req_attempt_failed(r, RETRY_OUT_CONNECT_FAILURE);
         return;
     }
@@ -578,8 +586,8 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
     }
     if (!(r->cur->flags & TF_RECORDED)) {
         r->cur->flags |= TF_RECORDED;
-        eject_record(r->rtr, r->route, r->cur->upstream, o, f->status, f->head, f->grpc_status,
-                     f->now_ms, &r->w->rng);
+        eject_record(r->route, r->cur->ep, o, f->status, f->head, f->grpc_status, f->now_ms,
+                     &r->w->rng);
     }
     see_drain_deadline(r);
     decide_attempt(&r->dr, f, v);

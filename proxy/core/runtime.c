@@ -1,8 +1,13 @@
 #include "proxy/core/runtime.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/time.h>
 
+#include "proxy/core/balance.h"
+#include "proxy/core/proxy.h"
+#include "proxy/dns/resolve.h"
 #include "proxy/upstream/upstream.h"
 
 static int64_t unix_ms(void)
@@ -18,11 +23,17 @@ static void rt_free(struct rt *rt)
         for (size_t i = 0; i < rt->cfg->n_routes; i++) {
             struct rt_route *x = &rt->routes[i];
             free((void *)x->reasons);
-            if (x->urls)
-                for (size_t k = 0; k < rt->cfg->routes[i].n_upstreams; k++)
+            size_t n_up = rt->cfg->routes[i].n_upstreams;
+            balance_views_free(x->views, (size_t)rt->n_workers * n_up);
+            for (size_t k = 0; k < n_up; k++) {
+                if (x->urls)
                     upstream_url_free(x->urls[k]);
+                if (x->names)
+                    dns_name_unref(x->names[k]);
+            }
             free(x->urls);
-            free(x->health);
+            free(x->names);
+            free(x->ups);
             free(x->targets);
         }
     free(rt->routes);
@@ -30,8 +41,19 @@ static void rt_free(struct rt *rt)
     free(rt);
 }
 
-struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struct live *lv)
+/* The host of origin "scheme://host:port/" (config/schema_values.c wrote it so), without the
+ * brackets of an IPv6 literal. */
+static void origin_host(const char *origin, char *host, size_t cap)
 {
+    const char *a = strstr(origin, "://") + 3;
+    size_t n = a[0] == '[' ? strcspn(++a, "]") : strcspn(a, ":/");
+    snprintf(host, cap, "%.*s", (int)n, a);
+}
+
+struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
+{
+    struct metrics *m = px->metrics;
+    struct live *lv = px->live;
     struct rt *rt = calloc(1, sizeof(*rt));
     if (!rt)
         return NULL;
@@ -39,6 +61,7 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struc
     rt->cfg = cfg_ref(cfg);
     rt->generation = generation;
     rt->loaded_unix_ms = unix_ms();
+    rt->n_workers = px->n_workers ? px->n_workers : 1;
     rt->routes = calloc(cfg->n_routes, sizeof(*rt->routes));
     rt->no_route = metrics_route(m, "");
     if (!rt->routes || !rt->no_route)
@@ -52,7 +75,12 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struc
         x->live = live_route(lv, r->name, r->budget.window_ms);
         x->urls = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->urls));
         x->targets = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->targets));
-        if (!reasons || !x->metrics || !x->live || !x->urls || !x->targets)
+        x->names = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->names));
+        x->ups = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->ups));
+        x->views = calloc((size_t)rt->n_workers * (r->n_upstreams ? r->n_upstreams : 1),
+                          sizeof(*x->views));
+        if (!reasons || !x->metrics || !x->live || !x->urls || !x->targets || !x->names ||
+            !x->ups || !x->views)
             goto fail;
         throttle_set_window(&x->live->throttle, r->throttle.window_ms);
         for (size_t k = 0; k < r->n_upstreams; k++)
@@ -60,13 +88,13 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struc
                       upstream_url_new(r->upstreams[k].origin, &r->tls, r->n_upgrades > 0)) ||
                 !(x->targets[k] = metrics_target(x->metrics, r->upstreams[k].url)))
                 goto fail;
-        if (r->ejection.health.consecutive_failures > 0) {
-            x->health = calloc(r->n_upstreams, sizeof(*x->health));
-            if (!x->health)
+        for (size_t k = 0; k < r->n_upstreams; k++) {
+            char host[256];
+            origin_host(r->upstreams[k].origin, host, sizeof(host));
+            if (!(x->ups[k] = live_upstream(lv, r->name, r->upstreams[k].url)) ||
+                (px->dns && !(x->names[k] = dns_name_get(px->dns, host))))
                 goto fail;
-            for (size_t k = 0; k < r->n_upstreams; k++)
-                if (!(x->health[k] = live_upstream(lv, r->name, r->upstreams[k].url)))
-                    goto fail;
+            atomic_store(&x->ups[k]->ejection, r->ejection.health.consecutive_failures > 0);
         }
         for (size_t k = 0; k < r->retry.n_on; k++)
             reasons[k] = metrics_reason(x->metrics, r->retry.on[k].token);

@@ -21,14 +21,19 @@
 #include "proxy/telemetry/metrics.h"
 
 struct upstream_url; /* proxy/upstream/upstream.h */
+struct dns_name;     /* proxy/dns/resolve.h */
+struct bal_view;     /* proxy/core/balance.h */
+struct proxy;
 
 struct rt_route {
     struct metrics_route *metrics;
     struct live_route *live; /* its budget and route-scoped backoff, kept across reloads */
     const unsigned *reasons; /* the metrics reason slot of each retry_on condition */
     struct upstream_url *
-        *urls; /* each upstream's origin, parsed once (proxy/upstream/upstream.h) */
-    struct live_upstream **health;   /* each upstream's, kept by URL; NULL: ejection is off */
+        *urls;               /* each upstream's origin, parsed once (proxy/upstream/upstream.h) */
+    struct dns_name **names; /* each upstream's host (NULL: no resolver, the URL's) */
+    struct live_upstream **ups;      /* each upstream's endpoints, kept by URL */
+    struct bal_view *views;          /* [worker][upstream]: each worker's (proxy/core/balance.h) */
     struct metrics_target **targets; /* each upstream's series, resolved once per snapshot */
 };
 
@@ -39,11 +44,13 @@ struct rt {
     int64_t loaded_unix_ms;
     struct rt_route *routes;        /* one per cfg->routes[i] */
     struct metrics_route *no_route; /* requests that matched no route (route="") */
+    unsigned n_workers;             /* the views each route has per upstream */
 };
 
-/* A runtime snapshot for 'cfg' (a reference is taken) with series from 'm' and live state from
- * 'lv'. NULL if out of memory. Holds one reference. */
-struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struct live *lv);
+/* A runtime snapshot for 'cfg' (a reference is taken) with series, live state, names and
+ * workers of 'px'. On the control thread (a new name is resolved before it returns). NULL if out
+ * of memory. Holds one reference. */
+struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px);
 struct rt *rt_ref(struct rt *rt);
 void rt_unref(struct rt *rt); /* accepts NULL */
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "proxy/core/balance.h"
 #include "proxy/http/head.h"
 #include "proxy/telemetry/log.h"
 #include "proxy/core/runtime.h"
@@ -46,8 +47,24 @@ void tally_stop(struct retry_req *r, enum retry_stop stop)
 
 /* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went: true if
  * it was counted now. */
+void tally_endpoint_out(struct trial *t)
+{
+    if (t->flags & TF_IN_FLIGHT) {
+        t->flags &= ~TF_IN_FLIGHT;
+        atomic_fetch_sub_explicit(&t->ep->le->in_flight, 1, memory_order_relaxed);
+    }
+}
+
+void tally_endpoint_free(struct trial *t)
+{
+    tally_endpoint_out(t);
+    endpoint_unref(t->ep);
+    t->ep = NULL;
+}
+
 bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 {
+    tally_endpoint_out(t);
     if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) != TF_LAUNCHED)
         return false;
     t->flags |= TF_COUNTED;

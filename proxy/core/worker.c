@@ -1,5 +1,7 @@
 #include "proxy/core/worker.h"
 
+#include "proxy/core/balance.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +72,10 @@ static void on_wake(struct loop_watch *lw, uint32_t events)
         w->service.expire(w->service.arg);
     }
     worker_refresh(w);
+    /* a name's addresses may have changed (the resolver wakes every worker): endpoints that
+     * left close their idle connections without waiting for a request */
+    if (w->rt)
+        balance_sync_all(w, w->rt);
 }
 
 /* Once per loop turn, before waiting: what the turn logged goes out in one write. */

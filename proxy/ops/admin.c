@@ -17,6 +17,7 @@
 #include "policy/health.h"
 #include "proxy/telemetry/metrics.h"
 #include "proxy/core/runtime.h"
+#include "proxy/ops/upstreams.h"
 
 /* /schedule answers at most this many delays: enough to study any policy. */
 #define SCHEDULE_MAX_RETRIES 1000
@@ -105,20 +106,11 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, con
     return send_json(c, status, json_pack("{s:s, s:s}", "error", error, "message", message), allow);
 }
 
-static void rfc3339(int64_t unix_ms, char *out, size_t cap)
-{
-    time_t s = (time_t)(unix_ms / 1000);
-    struct tm tm;
-    gmtime_r(&s, &tm);
-    size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out + n, cap - n, ".%03dZ", (int)(unix_ms % 1000));
-}
-
 static enum MHD_Result get_config(struct admin *a, struct MHD_Connection *c)
 {
     struct rt *rt = rt_cell_get(&a->px->cell);
     char when[40];
-    rfc3339(reload_loaded_at(a->rl), when, sizeof(when));
+    upstreams_rfc3339(reload_loaded_at(a->rl), when, sizeof(when));
     const char *err = reload_last_error(a->rl);
     const char *restart = reload_restart_required(a->rl);
     json_t *restart_list = json_array();
@@ -215,26 +207,7 @@ static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
     return send_text(c, MHD_HTTP_OK, "application/json", body, len, MHD_RESPMEM_MUST_FREE, NULL);
 }
 
-/* One upstream's health as /upstreams shows it, at loop time 'now' and wall time 'wall_ms'. */
-static json_t *upstream_json(const struct cfg_route *r, const struct rt_route *x, size_t k,
-                             uint64_t now, int64_t wall_ms, bool *ejected)
-{
-    struct health h = { 0 };
-    if (x->health)
-        live_upstream_read(x->health[k], &h);
-    *ejected = !health_available(&h, now);
-    uint64_t left = *ejected ? h.ejected_until_ms - now : 0;
-    char until[40];
-    rfc3339(wall_ms + (int64_t)left, until, sizeof(until));
-    return json_pack("{s:s, s:b, s:o, s:I, s:I, s:I, s:I}", "url", r->upstreams[k].url, "ejected",
-                     *ejected, "ejected_until", *ejected ? json_string(until) : json_null(),
-                     "remaining_ms", (json_int_t)left, "consecutive_failures",
-                     (json_int_t)h.failures, "ejections", (json_int_t)h.ejections_total,
-                     "ejections_in_sequence",
-                     (json_int_t)health_sequence(&h, &r->ejection.health, now));
-}
-
-/* Every route of the running config with its upstreams' health (routes[].ejection). */
+/* Every route of the running config with its upstreams' endpoints (proxy/ops/upstreams.h). */
 static enum MHD_Result get_upstreams(struct admin *a, struct MHD_Connection *c)
 {
     struct rt *rt = rt_cell_get(&a->px->cell);
@@ -242,23 +215,9 @@ static enum MHD_Result get_upstreams(struct admin *a, struct MHD_Connection *c)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     int64_t wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    json_t *routes = json_array();
-    for (size_t i = 0; i < rt->cfg->n_routes; i++) {
-        const struct cfg_route *r = &rt->cfg->routes[i];
-        const struct rt_route *x = &rt->routes[i];
-        json_t *ups = json_array();
-        size_t n_ejected = 0;
-        for (size_t k = 0; k < r->n_upstreams; k++) {
-            bool ejected;
-            json_array_append_new(ups, upstream_json(r, x, k, now, wall_ms, &ejected));
-            n_ejected += ejected;
-        }
-        json_array_append_new(routes, json_pack("{s:s, s:b, s:b, s:o}", "route", r->name,
-                                                "ejection", x->health != NULL, "panic",
-                                                n_ejected == r->n_upstreams, "upstreams", ups));
-    }
+    json_t *j = upstreams_json(rt, now, wall_ms);
     rt_unref(rt);
-    return send_json(c, MHD_HTTP_OK, json_pack("{s:o}", "routes", routes), NULL);
+    return send_json(c, MHD_HTTP_OK, j, NULL);
 }
 
 static enum MHD_Result post_reload(struct admin *a, struct MHD_Connection *c)

@@ -91,7 +91,7 @@ static void note_restart_required(struct reload *rl, const struct cfg *c)
 /* Publishes 'c' as the next generation and wakes every worker to pick it up. */
 static int publish(struct reload *rl, struct cfg *c)
 {
-    struct rt *rt = rt_new(c, rl->generation + 1, rl->px->metrics, rl->px->live);
+    struct rt *rt = rt_new(c, rl->generation + 1, rl->px);
     if (!rt)
         return -1;
     budget_set_window(&rl->px->budget, c->budget.window_ms);

@@ -170,8 +170,9 @@ void metrics_route_budget(struct metrics_route *r, const struct budget_limits *l
  * route that has had ejection on (docs/forwarding.md), as its health is at the scrape. */
 struct metrics_upstream {
     const char *route, *url; /* borrowed from the source, which never frees them */
-    uint64_t ejections;
-    bool ejected;
+    bool ejection;           /* the route's ejection is on: the ejection families have it */
+    uint64_t ejections;      /* of all its endpoints, ever */
+    unsigned endpoints[3];   /* its endpoints now: healthy, ejected, leaving */
 };
 /* Where a scrape reads those rows: fn(arg, &rows) returns how many, in a malloc'd array the
  * scrape frees (0 and NULL: none, or out of memory). Called without the registry's lock. Set

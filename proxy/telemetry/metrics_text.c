@@ -38,6 +38,7 @@ static const char *const grpc_names[METRICS_GRPC_COUNT] = { "0",  "1",  "2",    
                                                             "15", "16", "other", "none" };
 /* budget_*{scope}: the top-level budget, or a route's (then with its route label). */
 static const char *const scope_names[] = { "process", "route" };
+static const char *const endpoint_states[] = { "healthy", "ejected", "leaving" };
 static const char *const limit_names[METRICS_LIMIT_COUNT] = {
     [METRICS_LIMIT_CONNECTIONS] = "max_connections",
     [METRICS_LIMIT_UPSTREAM_REQUESTS] = "max_upstream_requests",
@@ -75,6 +76,7 @@ enum family {
     FAM_BUDGET_CONCURRENT,
     FAM_UPSTREAM_EJECTIONS,
     FAM_UPSTREAM_EJECTED,
+    FAM_UPSTREAM_ENDPOINTS,
     FAM_CONNECTIONS,
     FAM_TUNNELS_OPEN,
     FAM_H2UP_OPEN,
@@ -174,11 +176,17 @@ static const struct family_def {
                                 "The retry budget's max_concurrent_retries in effect, process-wide "
                                 "or by route; +Inf for no cap." },
     [FAM_UPSTREAM_EJECTIONS] = { "upstream_ejections_total", "counter", "route, upstream", NULL, 0,
-                                 "Times an upstream was ejected from its route's rotation "
-                                 "(routes[].ejection), by route and upstream URL as written." },
+                                 "Times an endpoint of an upstream was ejected from its route's "
+                                 "rotation (routes[].ejection), by route and upstream URL as "
+                                 "written." },
     [FAM_UPSTREAM_EJECTED] = { "upstream_ejected", "gauge", "route, upstream", NULL, 0,
-                               "1 while the upstream is ejected from its route's rotation, "
-                               "else 0." },
+                               "The upstream's endpoints ejected from its route's rotation now "
+                               "(0 or 1 for an upstream of one address)." },
+    [FAM_UPSTREAM_ENDPOINTS] = { "upstream_endpoints", "gauge", "route, upstream, state",
+                                 endpoint_states, 3,
+                                 "The upstream's endpoints (the addresses its name resolves to) "
+                                 "by state: healthy, ejected, or leaving (gone from the record, "
+                                 "still used)." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
     [FAM_TUNNELS_OPEN] = { "tunnels_open", "gauge", "", NULL, 0,
@@ -617,19 +625,28 @@ static int by_route_url(const void *a, const void *b)
     return c ? c : strcmp(x->url, y->url);
 }
 
-/* upstream_ejections_total and upstream_ejected, one series per row of each. */
+/* upstream_ejections_total and upstream_ejected, one series per row whose route ejects, and
+ * upstream_endpoints, three per row. */
 static void render_upstreams(FILE *f, const struct scrape *sc)
 {
-    for (enum family fam = FAM_UPSTREAM_EJECTIONS; fam <= FAM_UPSTREAM_EJECTED; fam++) {
+    for (enum family fam = FAM_UPSTREAM_EJECTIONS; fam <= FAM_UPSTREAM_ENDPOINTS; fam++) {
         const char *name = put_family(f, fam);
         for (size_t i = 0; i < sc->n_ups; i++) {
             const struct metrics_upstream *u = &sc->ups[i];
-            fprintf(f, "retryproxy_%s{route=\"", name);
-            put_label(f, u->route);
-            fputs("\",upstream=\"", f);
-            put_label(f, u->url);
-            fprintf(f, "\"} %" PRIu64 "\n",
-                    fam == FAM_UPSTREAM_EJECTIONS ? u->ejections : (uint64_t)u->ejected);
+            for (size_t s = 0; s < 3; s++) {
+                if ((fam != FAM_UPSTREAM_ENDPOINTS && (s || !u->ejection)))
+                    continue;
+                fprintf(f, "retryproxy_%s{route=\"", name);
+                put_label(f, u->route);
+                fputs("\",upstream=\"", f);
+                put_label(f, u->url);
+                if (fam == FAM_UPSTREAM_ENDPOINTS)
+                    fprintf(f, "\",state=\"%s", endpoint_states[s]);
+                fprintf(f, "\"} %" PRIu64 "\n",
+                        fam == FAM_UPSTREAM_EJECTIONS ? u->ejections
+                        : fam == FAM_UPSTREAM_EJECTED ? (uint64_t)u->endpoints[1]
+                                                      : (uint64_t)u->endpoints[s]);
+            }
         }
     }
 }

@@ -73,7 +73,7 @@ static bool fallback_h1(struct attempt *a)
     const struct upstream_url *url = p->h1.url;
     p->h1.url = NULL;
     p->fallback_h1 = NULL;
-    if (!url || h1up_launch(a, url, attempt_target(a, p->h1.base_path, p->h1.req.target),
+    if (!url || h1up_launch(a, url, p->h1.to, attempt_target(a, p->h1.base_path, p->h1.req.target),
                             &p->h1.req, p->h1.connect_timeout_ms) < 0)
         return false;
     if (p->h1.req.body == ATTEMPT_BODY_STREAM)
@@ -81,17 +81,20 @@ static bool fallback_h1(struct attempt *a)
     return true;
 }
 
-int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+int attempt_launch(struct attempt *a, const struct upstream_url *url,
+                   const struct upstream_target *to, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
     struct attempt_priv *p = attempt_priv(a);
     p->h1.url = NULL;
     p->fallback_h1 = NULL;
     if (req->upgrade)
-        return tunnel_up_attempt_launch(a, upstream_h2(p->up), url,
-                                        attempt_target(a, base_path, req->target), req,
-                                        connect_timeout_ms);
+        return tunnel_up_attempt_launch(
+            a, upstream_h2(p->up), to ? upstream_target_tunnel(to) : upstream_url_tunnel(url),
+            attempt_target(a, base_path, req->target), req, connect_timeout_ms);
     const struct origin *o = upstream_url_h2(url);
+    if (o && to)
+        o = upstream_target_h2(to);
     struct h2up *h = o ? upstream_h2(p->up) : NULL;
     if (o && upstream_url_h1(url)) {
         /* https, h2 or http/1.1 as the server chooses: libcurl at once for a server known to
@@ -100,6 +103,7 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
             o = NULL;
         } else {
             p->h1.url = url;
+            p->h1.to = to;
             p->h1.base_path = base_path;
             p->h1.req = *req;
             p->h1.connect_timeout_ms = connect_timeout_ms;
@@ -109,7 +113,24 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url, const char
     if (o)
         return h2up_attempt_launch(a, h, o, attempt_target(a, base_path, req->target), req,
                                    connect_timeout_ms);
-    return h1up_launch(a, url, attempt_target(a, base_path, req->target), req, connect_timeout_ms);
+    return h1up_launch(a, url, to, attempt_target(a, base_path, req->target), req,
+                       connect_timeout_ms);
+}
+
+struct upstream_target *attempt_target_new(const struct upstream_url *url,
+                                           const struct dns_addr *addr, _Atomic int64_t *conns)
+{
+    return upstream_target_new(url, addr, conns);
+}
+
+void attempt_target_free(struct upstream_target *t)
+{
+    upstream_target_free(t);
+}
+
+void attempt_target_leave(struct upstream *up, const struct upstream_target *t)
+{
+    upstream_target_leave(up, t);
 }
 
 bool attempt_running(const struct attempt *a)

@@ -20,6 +20,7 @@
 #ifndef RETRYPROXY_PROXY_ATTEMPT_H
 #define RETRYPROXY_PROXY_ATTEMPT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -81,7 +82,7 @@ struct attempt_req {
 
 /* The dispatcher's and the running transport's state: bytes here, their types in
  * proxy/upstream/attempt_int.h, which only the transports include. */
-#define ATTEMPT_STATE_BYTES 328
+#define ATTEMPT_STATE_BYTES 344
 
 struct attempt {
     const struct attempt_ops *ops;
@@ -105,10 +106,24 @@ void attempt_fini(struct attempt *a);
  * false: launch it now. */
 bool attempt_queue(struct attempt *a, const char *origin, struct share *conn);
 
-/* Starts the transfer to 'url' with the upstream's 'base_path'. 0, or -1 if it could not start
- * (handled as a connect failure; ops->done is not called). */
-int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+/* Starts the transfer to 'url' at its endpoint 'to' (attempt_target_new; NULL: where the URL
+ * says, an IP literal's address or libcurl's own lookup) with the upstream's 'base_path'. 0, or
+ * -1 if it could not start (handled as a connect failure; ops->done is not called). */
+struct upstream_target;
+int attempt_launch(struct attempt *a, const struct upstream_url *url,
+                   const struct upstream_target *to, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms);
+
+/* An endpoint of 'url' at address 'addr' (docs/endpoints.md): what each transport connects to,
+ * connections counted in 'conns'. It must outlive the transfers launched to it. NULL out of
+ * memory. */
+struct dns_addr;
+struct upstream_target *attempt_target_new(const struct upstream_url *url,
+                                           const struct dns_addr *addr, _Atomic int64_t *conns);
+void attempt_target_free(struct upstream_target *t); /* accepts NULL */
+/* The endpoint left its name's record: the worker's idle connections to it close, busy ones
+ * once their requests end. */
+void attempt_target_leave(struct upstream *up, const struct upstream_target *t);
 
 /* Once it ended (ops->done): whether any of the request went out (curl was about to send it,
  * the stream's HEADERS went): if not, nothing reached the upstream, whatever the error. False

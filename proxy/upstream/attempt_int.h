@@ -39,6 +39,7 @@ struct attempt_priv {
      * the server chooses http/1.1 by ALPN (the request outlives the attempt). */
     struct {
         const struct upstream_url *url;
+        const struct upstream_target *to;
         const char *base_path;
         struct attempt_req req;
         uint64_t connect_timeout_ms;
@@ -81,8 +82,8 @@ static inline void attempt_release_slot(struct attempt *a)
 
 /* The transports' launches: 0, or -1 if it could not start (ops->done not called). */
 /* proxy/upstream/h1up.c: libcurl, HTTP/1.1. */
-int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *target,
-                const struct attempt_req *req, uint64_t connect_timeout_ms);
+int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct upstream_target *to,
+                const char *target, const struct attempt_req *req, uint64_t connect_timeout_ms);
 /* The request's fields in libcurl's terms, built per attempt in one allocation (*block: the
  * nodes, then their text; freed when the transfer ends): "Name: value", or "Name;" for an
  * empty value (libcurl reads "Name:" as a removal). Led by 'host_field' ("Host: authority",
@@ -98,7 +99,7 @@ int h2up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *
                         const char *target, const struct attempt_req *req,
                         uint64_t connect_timeout_ms);
 /* proxy/upstream/tunnel_up_attempt.c: an upgrade's handshake on a connection of its own. */
-int tunnel_up_attempt_launch(struct attempt *a, struct h2up *h, const struct upstream_url *url,
+int tunnel_up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *o,
                              const char *target, const struct attempt_req *req,
                              uint64_t connect_timeout_ms);
 

@@ -49,9 +49,13 @@ void connector_close(struct connector *k)
     connector_unwatch(k);
     tls_free(k->tls);
     k->tls = NULL;
-    if (k->fd >= 0)
+    if (k->fd >= 0) {
         close(k->fd);
+        if (k->conns)
+            atomic_fetch_sub_explicit(k->conns, 1, memory_order_relaxed);
+    }
     k->fd = -1;
+    k->conns = NULL;
     tls_conf_clear(&k->tconf);
     free(k->authority);
     k->authority = NULL;
@@ -172,13 +176,15 @@ int connector_start(struct connector *k, struct loop *l, struct tls_ctxs **ctxs,
     k->ctxs = ctxs;
     k->alpn = alpn;
     if (!o->addr_len)
-        return -1; /* a name that did not resolve */
+        return -1; /* a name: only its endpoints have addresses */
     if (!(k->authority = strdup(o->authority)) ||
         (o->tls && tls_conf_copy(&k->tconf, &o->tls_conf) < 0))
         goto fail;
     k->fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (k->fd < 0)
         goto fail;
+    if ((k->conns = o->conns) != NULL)
+        atomic_fetch_add_explicit(k->conns, 1, memory_order_relaxed);
     int one = 1;
     setsockopt(k->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (connect(k->fd, (const struct sockaddr *)&o->addr, o->addr_len) < 0 && errno != EINPROGRESS)

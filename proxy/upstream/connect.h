@@ -17,6 +17,7 @@
 #ifndef RETRYPROXY_PROXY_CONNECT_H
 #define RETRYPROXY_PROXY_CONNECT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -51,6 +52,7 @@ struct connector {
     struct loop_watch w;     /* fd -1 until the socket has one */
     struct loop_timer timer; /* the connect timeout (TCP and TLS) */
     struct loop_timer kick;  /* TLS holds bytes no socket event will announce */
+    _Atomic int64_t *conns;  /* the origin's count of open connections, while 'fd' is open */
 };
 
 /* Starts connecting 'k' to 'o' (https: TLS offering 'alpn'), within 'timeout_ms' (0: no limit

@@ -233,8 +233,8 @@ static const struct attempt_transport h1_transport = { .cancel = h1_cancel,
                                                        .resume_body = h1_resume_body,
                                                        .resume_upload = h1_resume_upload };
 
-int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *target,
-                const struct attempt_req *req, uint64_t connect_timeout_ms)
+int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct upstream_target *to,
+                const char *target, const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
     struct attempt_priv *p = attempt_priv(a);
     struct h1up *s = h1(a);
@@ -242,7 +242,7 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *t
     if (!e)
         return -1;
     memset(s, 0, sizeof(*s));
-    upstream_easy_url(e, url);
+    upstream_easy_url(e, url, to);
     curl_easy_setopt(e, CURLOPT_REQUEST_TARGET, target);
     bool head = strcmp(req->method, "HEAD") == 0;
     h1resp_start(&s->resp, NULL, head);
@@ -284,6 +284,7 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const char *t
     curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
     p->xfer.easy = e;
+    p->xfer.conns = to ? upstream_target_conns(to) : NULL;
     if (upstream_start(p->up, &p->xfer, on_done, a) < 0) {
         drop_fields(s);
         return -1;

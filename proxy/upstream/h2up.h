@@ -124,6 +124,10 @@ void h2up_resume_upload(struct h2up_stream *s);
  * requests go through HTTP/1.1 without trying h2 first. */
 bool h2up_prefers_h1(struct h2up *h, const struct origin *o);
 
+/* Endpoint 'o' left its name's record (docs/endpoints.md): its connections take no new stream,
+ * and each closes with a GOAWAY once its streams ended (at once when it has none). */
+void h2up_leave(struct h2up *h, const struct origin *o);
+
 /* The worker's loop and TLS contexts, which an upgrade's connection (proxy/upstream/tunnel_up.h)
  * uses too. */
 struct tls_ctxs;

@@ -294,8 +294,24 @@ void h2c_settle(struct conn *c)
     if (!c->nstreams && c->open && !loop_timer_armed(&c->timer))
         loop_timer_start(c->h->loop, &c->timer, loop_now(c->h->loop) + H2UP_IDLE_MS, on_timer, c);
     if (c->goaway && !c->nstreams) {
+        if (c->leaving && c->open && c->s) {
+            /* our own GOAWAY first: the upstream sees the session end, not a dropped socket */
+            nghttp2_submit_goaway(c->s, NGHTTP2_FLAG_NONE, 0, NGHTTP2_NO_ERROR, NULL, 0);
+            flush(c);
+        }
         h2c_fail(c);
         h2c_free(c);
+    }
+}
+
+void h2up_leave(struct h2up *h, const struct origin *o)
+{
+    for (struct conn *c = h->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->dead || strcmp(c->key, o->key) != 0)
+            continue;
+        c->goaway = c->leaving = true; /* no new stream; closed once its streams ended */
+        h2c_kick(c);
     }
 }
 

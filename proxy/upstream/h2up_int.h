@@ -63,6 +63,7 @@ struct conn {
     bool open;        /* connected, and carries HTTP/2 (TLS done, h2 chosen) */
     bool fell_back;   /* the server chose http/1.1 */
     bool goaway, dead;
+    bool leaving; /* its endpoint left the record: a GOAWAY of ours once its streams ended */
 };
 
 /* Origins remembered as choosing http/1.1 by ALPN, per worker. */

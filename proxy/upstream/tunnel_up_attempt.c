@@ -80,11 +80,11 @@ static const struct attempt_transport tun_transport = { .cancel = tun_cancel,
                                                         .resume_upload = tun_resume_upload,
                                                         .take_tunnel = tun_take };
 
-int tunnel_up_attempt_launch(struct attempt *a, struct h2up *h, const struct upstream_url *url,
+int tunnel_up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *o,
                              const char *target, const struct attempt_req *req,
                              uint64_t connect_timeout_ms)
 {
-    struct tunnel_up_req r = { .o = upstream_url_tunnel(url),
+    struct tunnel_up_req r = { .o = o,
                                .method = req->method,
                                .target = target,
                                .own = req->own,

@@ -6,12 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include "config/cfg.h"
 #include "proxy/upstream/h2up.h"
 #include "proxy/upstream/origin.h"
 #include "proxy/upstream/slots.h"
+#include "proxy/dns/resolve.h"
 
 /* Idle easy handles kept for reuse; more are freed. Each holds some kilobytes (its buffers):
  * after a burst, upstream_trim() keeps POOL_KEEP. */
@@ -35,7 +38,8 @@ struct upstream_sock {
     struct loop_watch w; /* w.fd is -1 while detached from epoll */
     struct shard *sh;    /* the multi handle whose connection this is */
     int fd;
-    bool parked; /* curl is not watching it: events are not passed on */
+    bool parked;            /* curl is not watching it: events are not passed on */
+    _Atomic int64_t *conns; /* its endpoint's count of open connections (NULL: none) */
 };
 
 struct shard {
@@ -178,7 +182,6 @@ static int sock_watch(struct upstream *u, struct upstream_sock *s, uint32_t ev)
 
 static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
 {
-    (void)easy;
     struct shard *sh = userp;
     struct upstream *u = sh->u;
     struct upstream_sock *s = socketp;
@@ -202,8 +205,15 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         ev |= EPOLLOUT;
     if (!s) {
         s = sock_find(u, fd);
-        if (!s && !(s = sock_new(sh, fd)))
-            return -1;
+        if (!s) {
+            if (!(s = sock_new(sh, fd)))
+                return -1;
+            /* a new connection: its endpoint counts it until curl closes it */
+            struct upstream_xfer *x = NULL;
+            curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+            if (x && (s->conns = x->conns) != NULL)
+                atomic_fetch_add_explicit(s->conns, 1, memory_order_relaxed);
+        }
         s->parked = false;
         curl_multi_assign(sh->multi, fd, s);
     }
@@ -216,6 +226,8 @@ static int on_close(void *clientp, curl_socket_t fd)
     struct upstream *u = clientp;
     struct upstream_sock *s = sock_find(u, fd);
     if (s) {
+        if (s->conns)
+            atomic_fetch_sub_explicit(s->conns, 1, memory_order_relaxed);
         loop_watch_del(u->loop, &s->w);
         u->socks[fd] = NULL;
         loop_defer_free(u->loop, s);
@@ -478,7 +490,84 @@ void upstream_url_free(struct upstream_url *url)
     free(url);
 }
 
-void upstream_easy_url(CURL *e, const struct upstream_url *url)
+/* One endpoint of an upstream URL (docs/endpoints.md): the URL's origins at its address, and
+ * libcurl's connections pinned to it by CURLOPT_CONNECT_TO, which leaves the URL's host for
+ * SNI, the certificate check and Host. libcurl's connection cache compares the host connected
+ * to, so each endpoint has connections of its own. */
+struct upstream_target {
+    struct origin *h2, *tun;
+    struct curl_slist *connect_to;
+    _Atomic int64_t *conns;
+};
+
+struct upstream_target *upstream_target_new(const struct upstream_url *url,
+                                            const struct dns_addr *a, _Atomic int64_t *conns)
+{
+    struct upstream_target *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->conns = conns;
+    if (url->h2 && !(t->h2 = origin_at(url->h2, a, conns)))
+        goto fail;
+    if (url->tun && !(t->tun = url->tun == url->h2 ? t->h2 : origin_at(url->tun, a, conns)))
+        goto fail;
+    if (url->curl) {
+        char *port = NULL, ip[INET6_ADDRSTRLEN], *ct = NULL;
+        inet_ntop(a->family, &a->u, ip, sizeof(ip));
+        if (curl_url_get(url->curl, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK &&
+            asprintf(&ct, a->family == AF_INET6 ? "::[%s]:%s" : "::%s:%s", ip, port) >= 0)
+            t->connect_to = curl_slist_append(NULL, ct);
+        curl_free(port);
+        free(ct);
+        if (!t->connect_to)
+            goto fail;
+    }
+    return t;
+fail:
+    upstream_target_free(t);
+    return NULL;
+}
+
+void upstream_target_free(struct upstream_target *t)
+{
+    if (!t)
+        return;
+    if (t->tun != t->h2)
+        origin_free(t->tun);
+    origin_free(t->h2);
+    curl_slist_free_all(t->connect_to);
+    free(t);
+}
+
+const struct origin *upstream_target_h2(const struct upstream_target *t)
+{
+    return t->h2;
+}
+
+const struct origin *upstream_target_tunnel(const struct upstream_target *t)
+{
+    return t->tun;
+}
+
+_Atomic int64_t *upstream_target_conns(const struct upstream_target *t)
+{
+    return t->conns;
+}
+
+void upstream_target_leave(struct upstream *u, const struct upstream_target *t)
+{
+    if (t->h2 && u->h2)
+        h2up_leave(u->h2, t->h2);
+    /* libcurl's idle connections to it: shut down, so the upstream sees them close now; curl
+     * finds them dead and closes them when it next looks */
+    for (size_t i = 0; t->conns && i < u->nsocks; i++) {
+        struct upstream_sock *s = u->socks[i];
+        if (s && s->parked && s->conns == t->conns)
+            shutdown(s->fd, SHUT_RDWR);
+    }
+}
+
+void upstream_easy_url(CURL *e, const struct upstream_url *url, const struct upstream_target *t)
 {
     /* curl only reads the handle (it works on a copy of it) */
     curl_easy_setopt(e, CURLOPT_CURLU, url->curl);
@@ -491,8 +580,9 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url)
         curl_easy_setopt(e, CURLOPT_SSLCERT, url->sslcert);
         curl_easy_setopt(e, CURLOPT_SSLKEY, url->sslkey);
     }
-    /* every time: a pooled handle must not keep another route's */
-    curl_easy_setopt(e, CURLOPT_CONNECT_TO, url->connect_to);
+    /* every time: a pooled handle must not keep another route's. The endpoint's, which with
+     * tls.server_name sends connections to the address instead of the URL's host too. */
+    curl_easy_setopt(e, CURLOPT_CONNECT_TO, t ? t->connect_to : url->connect_to);
 }
 
 const char *upstream_url_host_field(const struct upstream_url *url)

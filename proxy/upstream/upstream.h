@@ -10,6 +10,7 @@
 #ifndef RETRYPROXY_PROXY_UPSTREAM_H
 #define RETRYPROXY_PROXY_UPSTREAM_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include <curl/curl.h>
@@ -43,6 +44,9 @@ struct upstream_xfer {
      * CURLOPT_TRAILERFUNCTION) through curl_easy_reset(): the next chunked upload on that
      * handle would write its chunk header before its buffer. */
     bool spent;
+    /* Set by the owner before upstream_start(): where a connection it opens counts (its
+     * endpoint's, proxy/core/live.h), NULL: nowhere. */
+    _Atomic int64_t *conns;
 };
 
 /* A multi handle driven by 'l', or NULL; its HTTP/2 sessions count into 'h2_counts' (NULL:
@@ -72,8 +76,23 @@ struct upstream_url;
 struct cfg_tls;
 struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels);
 void upstream_url_free(struct upstream_url *url); /* accepts NULL */
-/* Points 'e' at 'url' (one upstream_url_h1() allows). */
-void upstream_easy_url(CURL *e, const struct upstream_url *url);
+/* One endpoint of 'url': its origins at address 'a' and libcurl pinned to it (docs/endpoints.md),
+ * connections to it counted in 'conns'. Read-only once made; NULL out of memory. */
+struct upstream_target;
+struct dns_addr;
+struct upstream_target *upstream_target_new(const struct upstream_url *url,
+                                            const struct dns_addr *a, _Atomic int64_t *conns);
+void upstream_target_free(struct upstream_target *t); /* accepts NULL */
+/* Its HTTP/2 origin (as upstream_url_h2 says the URL has one), its tunnels' origin. */
+const struct origin *upstream_target_h2(const struct upstream_target *t);
+const struct origin *upstream_target_tunnel(const struct upstream_target *t);
+_Atomic int64_t *upstream_target_conns(const struct upstream_target *t);
+/* The endpoint left its name's record: the worker's idle connections to it close (HTTP/2
+ * sessions with a GOAWAY), busy ones once their requests end. */
+void upstream_target_leave(struct upstream *u, const struct upstream_target *t);
+/* Points 'e' at 'url' (one upstream_url_h1() allows), connecting to endpoint 't' (NULL: where
+ * the URL says). */
+void upstream_easy_url(CURL *e, const struct upstream_url *url, const struct upstream_target *t);
 /* The Host field libcurl must be given for 'url' ("Host: authority"), unless the request's
  * fields hold one (preserve_host): NULL when the URL it has says the same. */
 const char *upstream_url_host_field(const struct upstream_url *url);

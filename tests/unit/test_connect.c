@@ -65,7 +65,7 @@ static void on_io(void *arg, uint32_t events)
 
 static const struct connector_ops ops = { .up = on_up, .failed = on_failed, .io = on_io };
 
-static struct origin *origin_at(uint16_t port, const struct origin_tls *tls)
+static struct origin *origin_on(uint16_t port, const struct origin_tls *tls)
 {
     char a[32];
     snprintf(a, sizeof(a), "127.0.0.1:%u", port);
@@ -84,7 +84,7 @@ Test(connect, plain_tcp_is_up_with_nodelay_and_reads)
     struct loop *l = loop_new();
     uint16_t port;
     int lfd = fx_listen(&port);
-    struct origin *o = origin_at(port, NULL);
+    struct origin *o = origin_on(port, NULL);
     struct user u = { .read_max = sizeof(u.got) };
     cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 5000, &ops, &u), 0);
     TURN_UNTIL(l, u.ups || u.fails);
@@ -113,7 +113,7 @@ Test(connect, a_refused_connect_fails_with_its_reason)
 {
     struct loop *l = loop_new();
     uint16_t port = fx_closed_port();
-    struct origin *o = origin_at(port, NULL);
+    struct origin *o = origin_on(port, NULL);
     struct user u = { .read_max = 1 };
     cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 5000, &ops, &u), 0);
     TURN_UNTIL(l, u.ups || u.fails);
@@ -132,7 +132,7 @@ Test(connect, the_connect_timeout_is_a_timer_unless_0)
     struct loop *l = loop_new();
     uint16_t port;
     int lfd = fx_listen(&port);
-    struct origin *o = origin_at(port, NULL);
+    struct origin *o = origin_on(port, NULL);
     struct user u = { .read_max = 1 }, v = { .read_max = 1 };
     cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 0, &ops, &u), 0);
     cr_expect_eq(loop_timer_count(l), 0);
@@ -217,7 +217,7 @@ Test(connect, tls_bytes_held_by_openssl_come_without_a_socket_event, .fini = rem
     s.lfd = fx_listen(&port);
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, serve, &s), 0);
-    struct origin *o = origin_at(port, &(struct origin_tls){ .ca_file = cert_path("pem") });
+    struct origin *o = origin_on(port, &(struct origin_tls){ .ca_file = cert_path("pem") });
     struct user u = { .read_max = 100 };
     cr_assert_eq(connector_start(&u.k, l, &ctxs, o, TLS_ALPN_H1, 10000, &ops, &u), 0);
     TURN_UNTIL(l, u.ups || u.fails);
@@ -247,7 +247,7 @@ Test(connect, a_tls_failure_is_logged_once_with_the_origin_and_the_reason, .fini
     struct server s = { .send = 0 };
     uint16_t port;
     s.lfd = fx_listen(&port);
-    struct origin *o = origin_at(port, &(struct origin_tls){ .ca_file = NULL });
+    struct origin *o = origin_on(port, &(struct origin_tls){ .ca_file = NULL });
     for (int i = 0; i < 2; i++) {
         pthread_t th;
         cr_assert_eq(pthread_create(&th, NULL, serve, &s), 0);

@@ -139,6 +139,7 @@ static const struct {
     { "budget_max_concurrent_retries", "gauge" },
     { "upstream_ejections_total", "counter" },
     { "upstream_ejected", "gauge" },
+    { "upstream_endpoints", "gauge" },
     { "connections_active", "gauge" },
     { "tunnels_open", "gauge" },
     { "upstream_h2_connections", "gauge" },
@@ -802,15 +803,16 @@ Test(metrics, draining_turns_1_and_stays)
 static size_t fake_upstreams(void *arg, struct metrics_upstream **rows)
 {
     static const struct metrics_upstream src[] = {
-        { "r", "http://10.0.0.2:80", 0, false },
-        { "a", "http://b.internal/x\"y", 7, true },
-        { "r", "http://10.0.0.1:80", 3, true },
+        { "r", "http://10.0.0.2:80", true, 0, { 2, 0, 0 } },
+        { "a", "http://b.internal/x\"y", true, 7, { 0, 1, 0 } },
+        { "r", "http://10.0.0.1:80", true, 3, { 0, 1, 1 } },
+        { "n", "http://svc:80", false, 0, { 3, 0, 0 } }, /* no ejection: endpoints only */
     };
     ++*(int *)arg;
     *rows = malloc(sizeof(src));
     cr_assert_not_null(*rows);
     memcpy(*rows, src, sizeof(src));
-    return 3;
+    return 4;
 }
 
 /* One series per upstream in each family, by route and then URL, read at every scrape. */
@@ -831,6 +833,13 @@ Test(metrics, upstreams_render_sorted_rows_of_the_source)
         "retryproxy_upstream_ejected{route=\"a\",upstream=\"http://b.internal/x\\\"y\"} 1",
         "retryproxy_upstream_ejected{route=\"r\",upstream=\"http://10.0.0.1:80\"} 1",
         "retryproxy_upstream_ejected{route=\"r\",upstream=\"http://10.0.0.2:80\"} 0",
+        "retryproxy_upstream_endpoints{route=\"a\",upstream=\"http://b.internal/x\\\"y\",state="
+        "\"ejected\"} 1",
+        "retryproxy_upstream_endpoints{route=\"n\",upstream=\"http://svc:80\",state=\"healthy\"} 3",
+        "retryproxy_upstream_endpoints{route=\"r\",upstream=\"http://"
+        "10.0.0.1:80\",state=\"leaving\"} 1",
+        "retryproxy_upstream_endpoints{route=\"r\",upstream=\"http://"
+        "10.0.0.2:80\",state=\"healthy\"} 2",
     };
     const char *prev = t;
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
@@ -839,7 +848,8 @@ Test(metrics, upstreams_render_sorted_rows_of_the_source)
         if (at)
             prev = at;
     }
-    cr_expect_eq(count_lines(t, "retryproxy_upstream_eject"), 6);
+    cr_expect_eq(count_lines(t, "retryproxy_upstream_eject"), 6, "route n has no ejection");
+    cr_expect_eq(count_lines(t, "retryproxy_upstream_endpoints{"), 12, "three states each");
     free(t);
     metrics_free(m);
 }

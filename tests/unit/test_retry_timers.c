@@ -87,10 +87,29 @@ bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
     return false;
 }
 
-int attempt_launch(struct attempt *a, const struct upstream_url *url, const char *base_path,
+struct upstream_target *attempt_target_new(const struct upstream_url *url,
+                                           const struct dns_addr *addr, _Atomic int64_t *conns)
+{
+    (void)url, (void)addr, (void)conns;
+    return NULL;
+}
+
+void attempt_target_free(struct upstream_target *t)
+{
+    (void)t;
+}
+
+void attempt_target_leave(struct upstream *u, const struct upstream_target *t)
+{
+    (void)u, (void)t;
+}
+
+int attempt_launch(struct attempt *a, const struct upstream_url *url,
+                   const struct upstream_target *to, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms)
 {
     (void)url;
+    (void)to;
     (void)base_path;
     (void)connect_timeout_ms;
     cr_assert(up.launches < LAUNCHES);
@@ -286,7 +305,7 @@ static void start(const char *route_json)
     w.loop = loop_new();
     cr_assert_not_null(w.loop);
     loop_set_clock(w.loop, fake_clock, NULL);
-    w.rt = rt_new(cfg, 1, px.metrics, px.live);
+    w.rt = rt_new(cfg, 1, &px);
     cr_assert_not_null(w.rt);
     w.rr = calloc(cfg->n_routes, sizeof(*w.rr));
     rng_seed(&w.rng, 7);
