@@ -17,8 +17,8 @@ WERROR ?= 0
 SAN ?=
 TEST_JOBS ?= 2
 
-PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev pkg-config
+PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto libcares
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libc-ares-dev pkg-config
 # The suites' own: Criterion, libyaml (tests/cli/test_deploy.c), the openssl command (test
 # certificates).
 TEST_PKGS := criterion yaml-0.1

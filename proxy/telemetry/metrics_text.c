@@ -43,6 +43,7 @@ static const char *const limit_names[METRICS_LIMIT_COUNT] = {
     [METRICS_LIMIT_UPSTREAM_REQUESTS] = "max_upstream_requests",
     [METRICS_LIMIT_BUFFERED_BODY_BYTES] = "max_buffered_body_bytes"
 };
+static const char *const dns_result_names[METRICS_DNS_COUNT] = { "ok", "nxdomain", "failure" };
 static const char *const h2up_result_names[H2UP_OPENED_COUNT] = {
     [H2UP_OPENED_H2] = "h2", [H2UP_OPENED_HTTP1] = "http1", [H2UP_OPENED_FAILED] = "failed"
 };
@@ -75,6 +76,8 @@ enum family {
     FAM_BUDGET_CONCURRENT,
     FAM_UPSTREAM_EJECTIONS,
     FAM_UPSTREAM_EJECTED,
+    FAM_DNS_RESOLUTIONS,
+    FAM_DNS_STALE,
     FAM_CONNECTIONS,
     FAM_TUNNELS_OPEN,
     FAM_H2UP_OPEN,
@@ -179,6 +182,14 @@ static const struct family_def {
     [FAM_UPSTREAM_EJECTED] = { "upstream_ejected", "gauge", "route, upstream", NULL, 0,
                                "1 while the upstream is ejected from its route's rotation, "
                                "else 0." },
+    [FAM_DNS_RESOLUTIONS] = { "dns_resolutions_total", "counter", "name, result", dns_result_names,
+                              METRICS_DNS_COUNT,
+                              "Lookups of the upstreams' host names (resolver), by name as "
+                              "configured and result: ok, nxdomain (no such name, or no address), "
+                              "failure (timeout, SERVFAIL, refused...); IP literals have none." },
+    [FAM_DNS_STALE] = { "dns_stale", "gauge", "name", NULL, 0,
+                        "1 while the name runs on the addresses kept after its last lookup "
+                        "failed, else 0." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
     [FAM_TUNNELS_OPEN] = { "tunnels_open", "gauge", "", NULL, 0,
@@ -634,6 +645,25 @@ static void render_upstreams(FILE *f, const struct scrape *sc)
     }
 }
 
+/* dns_resolutions_total and dns_stale, one series per host name asked (m->lock held). */
+static void render_dns(FILE *f, const struct metrics *m)
+{
+    const char *name = put_family(f, FAM_DNS_RESOLUTIONS);
+    for (size_t i = 0; i < m->nnames; i++)
+        for (size_t r = 0; r < METRICS_DNS_COUNT; r++) {
+            fprintf(f, "retryproxy_%s{name=\"", name);
+            put_label(f, m->names[i]->name);
+            fprintf(f, "\",result=\"%s\"} %" PRIu64 "\n", dns_result_names[r],
+                    peek(&m->names[i]->results[r]));
+        }
+    name = put_family(f, FAM_DNS_STALE);
+    for (size_t i = 0; i < m->nnames; i++) {
+        fprintf(f, "retryproxy_%s{name=\"", name);
+        put_label(f, m->names[i]->name);
+        fprintf(f, "\"} %d\n", atomic_load_explicit(&m->names[i]->stale, memory_order_relaxed));
+    }
+}
+
 /* Every family in enum family order, the order of the table above. */
 static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
 {
@@ -661,6 +691,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_budget(f, m, sc, FAM_BUDGET_MIN_RPS);
     render_budget(f, m, sc, FAM_BUDGET_CONCURRENT);
     render_upstreams(f, sc);
+    render_dns(f, m);
     render_process(f, m);
     render_limits(f, m);
     render_proc(f);

@@ -139,6 +139,8 @@ static const struct {
     { "budget_max_concurrent_retries", "gauge" },
     { "upstream_ejections_total", "counter" },
     { "upstream_ejected", "gauge" },
+    { "dns_resolutions_total", "counter" },
+    { "dns_stale", "gauge" },
     { "connections_active", "gauge" },
     { "tunnels_open", "gauge" },
     { "upstream_h2_connections", "gauge" },
