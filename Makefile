@@ -17,8 +17,8 @@ WERROR ?= 0
 SAN ?=
 TEST_JOBS ?= 2
 
-PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev pkg-config
+PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto libcares
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libc-ares-dev pkg-config
 # The suites' own: Criterion, libyaml (tests/cli/test_deploy.c), the openssl command (test
 # certificates).
 TEST_PKGS := criterion yaml-0.1
@@ -85,7 +85,7 @@ deps-core:
 	@$(call apt_deps,! pkg-config --exists $(PKGS) 2>/dev/null,$(APT_PKGS),build dependencies)
 
 # After deps-core: two apt-get installs at once (make -j) fail on dpkg's lock.
-deps-test: deps-core promtool h2tools
+deps-test: deps-core promtool h2tools dnstools
 TEST_MISSING = ! pkg-config --exists $(TEST_PKGS) 2>/dev/null || ! command -v openssl >/dev/null
 deps-test-libs: deps-core
 	@$(call apt_deps,$(TEST_MISSING),$(TEST_APT_PKGS),test dependencies)
@@ -95,7 +95,7 @@ deps-test-libs: deps-core
 # say they were skipped (tests/cli/test_monitoring fails instead when it could have been).
 PROM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	prometheus >/dev/null 2>&1
-.PHONY: deps-core deps-test deps-test-libs promtool h2tools
+.PHONY: deps-core deps-test deps-test-libs promtool h2tools dnstools
 # The HTTP/2 and gRPC tests drive the proxy with curl, nghttp and h2load (nghttp2-client), raw
 # frames from python3-h2 (tests/tools/h2peer.py, the scripted upstream tests/tools/h2_upstream.py)
 # a real gRPC client and server from python3-grpcio (tests/tools/grpc_peer.py), and a real
@@ -112,6 +112,18 @@ h2tools: deps-test-libs
 	  echo "installing the HTTP/2, gRPC and WebSocket test tools: $(H2_APT_PKGS)" && \
 	  { $(H2_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(H2_INSTALL); }; }; } || \
 	  echo "HTTP/2 test tools missing; install them with: sudo apt-get install -y $(H2_APT_PKGS)"
+
+# The resolver's tests (tests/unit/test_dns.c) ask a real DNS server: Debian's dnsmasq
+# (dnsmasq-base: the program without the system service), started by the tests themselves.
+# After promtool, for dpkg's lock.
+DNS_APT_PKGS := dnsmasq-base
+DNS_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	$(DNS_APT_PKGS) >/dev/null 2>&1
+dnstools: promtool
+	@test -x /usr/sbin/dnsmasq || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  echo "installing the DNS server of the resolver tests: $(DNS_APT_PKGS)" && \
+	  { $(DNS_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(DNS_INSTALL); }; }; } || \
+	  echo "dnsmasq missing; install it with: sudo apt-get install -y $(DNS_APT_PKGS)"
 
 # After h2tools, for dpkg's lock.
 promtool: h2tools

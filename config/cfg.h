@@ -164,6 +164,24 @@ struct cfg_route {
     size_t n_upgrades;
 };
 
+/* One DNS server of resolver.servers (docs/endpoints.md). */
+struct cfg_dns_server {
+    const char *addr; /* as written: "10.96.0.10:53", "[fd00::a]:53" */
+    int family;       /* AF_INET or AF_INET6 */
+    uint8_t ip[16];   /* the address, 4 or 16 bytes in network order */
+    uint16_t port;
+};
+
+/* The "resolver" object: how upstream names are followed (proxy/dns/resolve.h). */
+struct cfg_resolver {
+    const struct cfg_dns_server *servers; /* none: those of /etc/resolv.conf */
+    size_t n_servers;
+    uint32_t timeout_ms;     /* one lookup's whole time */
+    uint32_t min_refresh_ms; /* bounds on asking again: the TTL clamped to them */
+    uint32_t max_refresh_ms;
+    uint32_t nxdomain_keep_ms; /* how long addresses outlive an NXDOMAIN or empty answer */
+};
+
 struct cfg {
     const char *source; /* the file it was loaded from ("" for a buffer) */
     const char *listen;
@@ -185,6 +203,7 @@ struct cfg {
     uint64_t max_body_bytes;
     uint64_t max_buffered_body_bytes;
     struct budget_limits budget;
+    struct cfg_resolver resolver;
     struct cfg_route defaults; /* the resolved "defaults" object (no name, match, upstreams) */
     const struct cfg_route *routes;
     size_t n_routes;

@@ -491,6 +491,36 @@ static const struct field limits_fields[] = {
 };
 static const struct schema limits_schema = SCHEMA(limits_fields, NULL);
 
+/* Each name is asked again between the two bounds, whatever its TTL. */
+static void check_resolver(struct walk *w, const struct ctx *x, void *dst)
+{
+    const struct cfg_resolver *r = dst;
+    if (r->min_refresh_ms > r->max_refresh_ms)
+        rule_error(w, x, "min_refresh_ms", "max_refresh_ms",
+                   "min_refresh_ms (%u%s) must not exceed max_refresh_ms (%u%s)", r->min_refresh_ms,
+                   provenance(w, origin_of(x, "min_refresh_ms")), r->max_refresh_ms,
+                   provenance(w, origin_of(x, "max_refresh_ms")));
+}
+
+static const struct field resolver_fields[] = {
+    LIST_FIELD("servers", struct cfg_resolver, servers, n_servers, schema_dns_server_list, 0, NULL,
+               "[]",
+               "the DNS servers asked for the upstreams' names, as \"IP:PORT\" (\"[::1]:53\" for "
+               "IPv6), tried in order ([]: those of /etc/resolv.conf)"),
+    UINT_FIELD("timeout_ms", struct cfg_resolver, timeout_ms, 1, 60000, "1000",
+               "one lookup's whole time, every server and try included; past it the lookup "
+               "failed and the name keeps its addresses"),
+    UINT_FIELD("min_refresh_ms", struct cfg_resolver, min_refresh_ms, 1, MS_MAX, "1000",
+               "a name is asked again when its records' TTL runs out, but never sooner than this "
+               "(nor sooner after a failed lookup)"),
+    UINT_FIELD("max_refresh_ms", struct cfg_resolver, max_refresh_ms, 1, MS_MAX, "30000",
+               "... and never later than this, whatever the TTL; at least min_refresh_ms"),
+    UINT_FIELD("nxdomain_keep_ms", struct cfg_resolver, nxdomain_keep_ms, 0, MS_MAX, "30000",
+               "how long a name that had addresses keeps them once the answer is NXDOMAIN or "
+               "holds none; then it has none (docs/endpoints.md)"),
+};
+static const struct schema resolver_schema = SCHEMA(resolver_fields, check_resolver);
+
 /* ---- routes, "defaults" and the root ---- */
 
 /* Walks the route object 'v' written at 'at' (NULL: not written) into 'dst': a route, over
@@ -569,6 +599,8 @@ static const struct field root_fields[] = {
                "how long requests in flight may finish after SIGTERM"),
     INLINE_OBJ("limits", limits_schema, "client-side limits"),
     OBJ_FIELD("budget", struct cfg, budget, top_budget_schema, 0, "the process-wide retry budget"),
+    OBJ_FIELD("resolver", struct cfg, resolver, resolver_schema, 0,
+              "how the upstreams' host names are resolved and followed (docs/endpoints.md)"),
     { .key = "defaults",
       .type = FT_CUSTOM,
       .offset = 0,

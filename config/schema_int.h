@@ -181,9 +181,10 @@ const char *schema_check_server_name(const char *s, size_t len);
 int schema_parse_match_host(struct walk *w, const struct at *at, const json_t *v, void *dst);
 
 /* The kinds of list elements. */
-extern const struct list_kind schema_method_list;   /* retry.methods, match.methods: bits */
-extern const struct list_kind schema_retry_on_list; /* retry_on, ejection.on */
-extern const struct list_kind schema_upstream_list; /* a route's upstream URLs */
-extern const struct list_kind schema_upgrade_list;  /* a route's upgrade tokens */
+extern const struct list_kind schema_method_list;     /* retry.methods, match.methods: bits */
+extern const struct list_kind schema_retry_on_list;   /* retry_on, ejection.on */
+extern const struct list_kind schema_upstream_list;   /* a route's upstream URLs */
+extern const struct list_kind schema_upgrade_list;    /* a route's upgrade tokens */
+extern const struct list_kind schema_dns_server_list; /* resolver.servers */
 
 #endif

@@ -1,11 +1,12 @@
 /* schema_values -- what one value of the config may be: the string checks of the table's
  * rows (addresses, names, header names, files), and the parsers of the values and list
  * elements a type of the walker does not cover (match.host, methods, retry_on conditions,
- * upstream URLs, upgrade tokens).
+ * upstream URLs, upgrade tokens, DNS servers).
  */
 #include "config/schema_int.h"
 
 #include <arpa/inet.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -527,3 +528,40 @@ static int parse_upgrade(struct walk *w, const struct at *at, const json_t *v, v
 const struct list_kind schema_upgrade_list =
     STRING_LIST("an array of upgrade tokens", "an upgrade token (\"websocket\")",
                 struct cfg_upgrade, token, parse_upgrade);
+
+/* A DNS server: an IP literal and a port. A name is refused: the resolver would need itself to
+ * find its server. */
+static int parse_dns_server(struct walk *w, const struct at *at, const json_t *v, void *elem)
+{
+    struct cfg_dns_server *d = elem;
+    const char *s = json_string_value(v);
+    size_t len = json_string_length(v);
+    const char *colon = memrchr(s, ':', len);
+    size_t hl = colon ? (size_t)(colon - s) : 0;
+    size_t start = 0;
+    char host[64];
+    d->family = AF_INET;
+    if (hl >= 2 && s[0] == '[' && s[hl - 1] == ']') {
+        d->family = AF_INET6;
+        start = 1;
+        hl -= 2;
+    }
+    if (!colon || strlen(s) != len || !valid_port(colon + 1, len - (hl + 2 * start + 1), 0)) {
+        schema_err_at(w, at, "\"%s\" must be IP:PORT, such as \"10.96.0.10:53\" or \"[::1]:53\"",
+                      s);
+        return -1;
+    }
+    if (hl == 0 || hl >= sizeof(host) ||
+        (memcpy(host, s + start, hl), host[hl] = '\0', inet_pton(d->family, host, d->ip) != 1)) {
+        schema_err_at(w, at,
+                      "\"%s\" must be an IP address and a port (IPv6 in brackets), not a name", s);
+        return -1;
+    }
+    d->port = (uint16_t)atoi(colon + 1);
+    d->addr = arena_strndup(w->a, s, len);
+    return 0;
+}
+
+const struct list_kind schema_dns_server_list =
+    STRING_LIST("an array of \"IP:PORT\" strings", "a DNS server as \"IP:PORT\"",
+                struct cfg_dns_server, addr, parse_dns_server);

@@ -50,6 +50,14 @@ struct control {
     uint64_t deadline_ms, grace_ms; /* 0 until draining / until expired */
 };
 
+/* A name's addresses changed: every worker syncs its endpoints (proxy/core/balance.h). */
+static void wake_workers(void *arg)
+{
+    struct control *ctl = arg;
+    for (unsigned i = 0; i < ctl->n; i++)
+        worker_wake(ctl->workers[i]);
+}
+
 /* Thousands of client and upstream connections need more descriptors than the usual 1024. */
 static void raise_fd_limit(void)
 {
@@ -206,7 +214,10 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     px.head_max = cfg->max_header_bytes;
     px.metrics = metrics_new(n);
     px.live = live_new();
-    px.dns = dns_new(NULL); /* TEMP */
+    /* before the first snapshot, whose names it resolves at once */
+    px.dns = dns_new(&cfg->resolver);
+    if (px.dns)
+        dns_set_metrics(px.dns, px.metrics);
     metrics_set_upstreams(px.metrics, live_upstream_rows, px.live);
     metrics_set_body_bytes(px.metrics, &px.body_bytes);
     budget_init(&px.budget, cfg->budget.window_ms);
@@ -215,7 +226,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
                                 .admin = o->admin,
                                 .log_level = o->log_level,
                                 .log_format = o->log_format };
-    ctl.rl = px.metrics && px.live ? reload_new(&px, o->config_path, cfg, &pins) : NULL;
+    ctl.rl = px.metrics && px.live && px.dns ? reload_new(&px, o->config_path, cfg, &pins) : NULL;
     ctl.loop = loop_new();
     ctl.sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (!ctl.rl || !ctl.loop || ctl.sfd < 0) {
@@ -248,6 +259,12 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     ctl.px = &px;
     ctl.workers = workers;
     ctl.n = n;
+    /* from now on names are asked again in this loop, and the workers follow their answers */
+    dns_on_change(px.dns, wake_workers, &ctl);
+    if (dns_attach(px.dns, ctl.loop) < 0) {
+        fprintf(stderr, "retryproxy: cannot start the resolver: %s\n", strerror(errno));
+        goto out;
+    }
     admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl);
     if (!admin || loop_watch_add(ctl.loop, &ctl.sig_watch, ctl.sfd, EPOLLIN, on_signal, &ctl) < 0)
         goto out;
@@ -278,11 +295,11 @@ out:
     reload_free(ctl.rl);
     if (ctl.sfd >= 0)
         close(ctl.sfd);
+    rt_cell_destroy(&px.cell); /* the last names' references, before their resolver goes */
+    dns_free(px.dns);
     loop_free(ctl.loop);
-    rt_cell_destroy(&px.cell);
     metrics_free(px.metrics);
     live_free(px.live);
-    dns_free(px.dns);
     curl_global_cleanup();
     wiretab_free();
     return rc;

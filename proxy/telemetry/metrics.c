@@ -80,6 +80,11 @@ void metrics_free(struct metrics *m)
     for (size_t i = 0; i < m->nroutes; i++)
         route_free(m->routes[i]);
     free(m->routes);
+    for (size_t i = 0; i < m->nnames; i++) {
+        free(m->names[i]->name);
+        free(m->names[i]);
+    }
+    free(m->names);
     strmap_free(&m->by_name);
     free(m->wslots);
     pthread_mutex_destroy(&m->lock);
@@ -460,4 +465,47 @@ void metrics_route_budget(struct metrics_route *r, const struct budget_limits *l
     r->budget = *l;
     r->has_budget = true;
     pthread_mutex_unlock(&r->m->lock);
+}
+
+struct metrics_name *metrics_dns_name(struct metrics *m, const char *name)
+{
+    if (!m)
+        return NULL;
+    struct metrics_name *n = NULL;
+    pthread_mutex_lock(&m->lock);
+    for (size_t i = 0; i < m->nnames; i++)
+        if (strcmp(m->names[i]->name, name) == 0) {
+            n = m->names[i];
+            goto out;
+        }
+    if (m->nnames == m->capnames) {
+        size_t cap = m->capnames ? 2 * m->capnames : 8;
+        struct metrics_name **v = realloc(m->names, cap * sizeof(*v));
+        if (!v)
+            goto out;
+        m->names = v;
+        m->capnames = cap;
+    }
+    n = calloc(1, sizeof(*n));
+    if (n && !(n->name = strdup(name))) {
+        free(n);
+        n = NULL;
+    }
+    if (n)
+        m->names[m->nnames++] = n;
+out:
+    pthread_mutex_unlock(&m->lock);
+    return n;
+}
+
+void metrics_dns_result(struct metrics_name *n, enum metrics_dns r)
+{
+    if (n && (unsigned)r < METRICS_DNS_COUNT)
+        bump(&n->results[r], 1);
+}
+
+void metrics_dns_stale(struct metrics_name *n, bool stale)
+{
+    if (n)
+        atomic_store_explicit(&n->stale, stale, memory_order_relaxed);
 }

@@ -180,6 +180,17 @@ struct metrics_upstream {
 void metrics_set_upstreams(struct metrics *m,
                            size_t (*fn)(void *arg, struct metrics_upstream **rows), void *arg);
 
+/* dns_resolutions_total{name, result} and dns_stale{name}: the lookups of one upstream host
+ * name (proxy/dns/), its series created on first use and kept for the registry's life like a
+ * route's. Creating takes the mutex; the counts are the resolver's alone (the control thread).
+ * NULL series: nothing. */
+enum metrics_dns { METRICS_DNS_OK, METRICS_DNS_NXDOMAIN, METRICS_DNS_FAILURE, METRICS_DNS_COUNT };
+struct metrics_name;
+struct metrics_name *metrics_dns_name(struct metrics *m, const char *name);
+void metrics_dns_result(struct metrics_name *n, enum metrics_dns r);
+/* 1 while the name runs on addresses kept after a failed lookup. */
+void metrics_dns_stale(struct metrics_name *n, bool stale);
+
 /* The whole exposition in Prometheus text format 0.0.4: every family with # HELP and # TYPE,
  * names prefixed retryproxy_, series sorted by route name, label values escaped. Returns a
  * malloc'd NUL-terminated buffer (length in *len), or NULL if out of memory. */

@@ -121,6 +121,16 @@ struct metrics {
     /* Set once at start: the upstreams' health rows (metrics_set_upstreams()). */
     size_t (*upstreams_fn)(void *arg, struct metrics_upstream **rows);
     void *upstreams_arg;
+    /* Under lock: the host names' series, in the order they were added. */
+    struct metrics_name **names;
+    size_t nnames, capnames;
+};
+
+/* One host name's lookups (metrics_dns_name()): written by the resolver's thread only. */
+struct metrics_name {
+    char *name;
+    _Atomic uint64_t results[METRICS_DNS_COUNT];
+    atomic_bool stale;
 };
 
 /* The totals of one route at scrape time. */

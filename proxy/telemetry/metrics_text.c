@@ -1,5 +1,5 @@
 /* metrics_text -- the registry (proxy/telemetry/metrics_int.h) in Prometheus' text format 0.0.4,
- * and the table of docs/metrics.md: both from one row per family.
+ * from one row per family (proxy/telemetry/metrics_fam.h), as the table of docs/metrics.md is.
  */
 #include "proxy/telemetry/metrics.h"
 
@@ -10,227 +10,10 @@
 #include <string.h>
 
 #include "proxy/base/escape.h"
+#include "proxy/telemetry/metrics_fam.h"
 #include "proxy/telemetry/metrics_int.h"
 #include "proxy/telemetry/procstat.h"
 #include "proxy/version.h"
-
-/* The same bounds as printed in le="..." (fixed text, so every scrape prints them alike). */
-static const char *const hist_le[HIST_BUCKETS] = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025",
-                                                   "0.005",  "0.01",    "0.025",  "0.05",  "0.1",
-                                                   "0.25",   "0.5",     "1",      "2.5",   "5",
-                                                   "10",     "30",      "60",     "+Inf" };
-
-static const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",     "3xx",
-                                                              "4xx",   "5xx",     "connect_failure",
-                                                              "reset", "timeout", "cancelled" };
-static const char *const denied_names[METRICS_DENIED_COUNT] = {
-    "max-attempts",  "budget",         "concurrency", "deadline", "retry-after",
-    "not-retryable", "body-too-large", "draining",    "pushback", "throttled"
-};
-
-static const char *const result_names[] = { "success", "failure" };
-static const char *const protocol_names[METRICS_PROTO_COUNT] = { "http1", "http2" };
-static const char *const upgrade_names[METRICS_UPGRADE_COUNT] = { "tunnelled", "refused" };
-static const char *const direction_names[2] = { "from_client", "from_upstream" };
-static const char *const grpc_names[METRICS_GRPC_COUNT] = { "0",  "1",  "2",     "3",   "4",
-                                                            "5",  "6",  "7",     "8",   "9",
-                                                            "10", "11", "12",    "13",  "14",
-                                                            "15", "16", "other", "none" };
-/* budget_*{scope}: the top-level budget, or a route's (then with its route label). */
-static const char *const scope_names[] = { "process", "route" };
-static const char *const endpoint_states[] = { "healthy", "ejected", "leaving" };
-static const char *const limit_names[METRICS_LIMIT_COUNT] = {
-    [METRICS_LIMIT_CONNECTIONS] = "max_connections",
-    [METRICS_LIMIT_UPSTREAM_REQUESTS] = "max_upstream_requests",
-    [METRICS_LIMIT_BUFFERED_BODY_BYTES] = "max_buffered_body_bytes"
-};
-static const char *const h2up_result_names[H2UP_OPENED_COUNT] = {
-    [H2UP_OPENED_H2] = "h2", [H2UP_OPENED_HTTP1] = "http1", [H2UP_OPENED_FAILED] = "failed"
-};
-
-/* Every family, in the order a scrape prints them. */
-enum family {
-    FAM_REQUESTS,
-    FAM_PROTOCOL,
-    FAM_GRPC,
-    FAM_UPGRADES,
-    FAM_TUNNEL_BYTES,
-    FAM_ATTEMPTS,
-    FAM_RETRIES,
-    FAM_RETRY_SUCCESS,
-    FAM_DENIED,
-    FAM_IN_FLIGHT,
-    FAM_RETRY_AFTER,
-    FAM_THROTTLED,
-    FAM_HEDGES,
-    FAM_CLIENT_GONE,
-    FAM_BACKOFF,
-    FAM_ATTEMPT_DURATION,
-    FAM_REQUEST_DURATION,
-    FAM_RELOADS,
-    FAM_GENERATION,
-    FAM_LAST_SUCCESS,
-    FAM_LAST_OK,
-    FAM_BUDGET_RATIO,
-    FAM_BUDGET_MIN_RPS,
-    FAM_BUDGET_CONCURRENT,
-    FAM_UPSTREAM_EJECTIONS,
-    FAM_UPSTREAM_EJECTED,
-    FAM_UPSTREAM_ENDPOINTS,
-    FAM_CONNECTIONS,
-    FAM_TUNNELS_OPEN,
-    FAM_H2UP_OPEN,
-    FAM_H2UP_OPENED,
-    FAM_DRAINING,
-    FAM_UPSTREAM_WAITING,
-    FAM_LIMIT_REACHED,
-    FAM_BODY_BYTES,
-    FAM_LIMIT,
-    FAM_BUILD_INFO,
-    FAM_PROC_CPU,
-    FAM_PROC_RSS,
-    FAM_PROC_OPEN_FDS,
-    FAM_PROC_MAX_FDS,
-    FAM_PROC_START,
-    FAM_COUNT
-};
-
-/* One row per family: the # HELP and # TYPE lines of a scrape and the table of
- * docs/metrics.md (metrics_write_reference()) both come from here. */
-static const struct family_def {
-    const char *name;   /* after the retryproxy_ prefix */
-    const char *type;   /* counter, gauge or histogram */
-    const char *labels; /* "" for none; the last one may have a fixed set of values: */
-    const char *const *values;
-    size_t n_values;
-    const char *help;
-    bool bare; /* a standard name, without the retryproxy_ prefix (process_*) */
-} families[FAM_COUNT] = {
-    [FAM_REQUESTS] = { "requests_total", "counter", "route, code", NULL, 0,
-                       "Requests answered, by route and final status code sent to the client." },
-    [FAM_PROTOCOL] = { "requests_by_protocol_total", "counter", "route, protocol", protocol_names,
-                       METRICS_PROTO_COUNT,
-                       "Requests answered, by route and the protocol the client spoke." },
-    [FAM_UPGRADES] = { "upgrades_total", "counter", "route, outcome", upgrade_names,
-                       METRICS_UPGRADE_COUNT,
-                       "Upgrades (WebSocket...) the route tunnels, by outcome: tunnelled (the "
-                       "upstream's 101 reached the client), refused (anything else answered "
-                       "them)." },
-    [FAM_TUNNEL_BYTES] = { "tunnel_bytes_total", "counter", "route, direction", direction_names, 2,
-                           "Bytes carried by upgraded connections, from the client to the "
-                           "upstream and from the upstream to the client." },
-    [FAM_GRPC] = { "grpc_responses_total", "counter", "route, grpc_status", grpc_names,
-                   METRICS_GRPC_COUNT,
-                   "gRPC calls answered, by route and the grpc-status they ended with (0 to 16, "
-                   "other, or none when the call ended without one; a response without one "
-                   "whose HTTP status is not 200 counts as gRPC maps it, a 503 as 14); only "
-                   "statuses seen are printed." },
-    [FAM_ATTEMPTS] = { "attempts_total", "counter", "route, upstream, outcome", outcome_names,
-                       METRICS_OUT_COUNT,
-                       "Upstream attempts, by route, upstream URL as written and outcome." },
-    [FAM_RETRIES] = { "retries_total", "counter", "route, reason", NULL, 0,
-                      "Retries started, by route and the retry_on token that fired." },
-    [FAM_RETRY_SUCCESS] = { "retry_success_total", "counter", "route", NULL, 0,
-                            "Requests a retry answered with success (an attempt after the "
-                            "first)." },
-    [FAM_DENIED] = { "retries_denied_total", "counter", "route, reason", denied_names,
-                     METRICS_DENIED_COUNT,
-                     "Retries not made, by route and the reason (as X-Retry-Stop)." },
-    [FAM_IN_FLIGHT] = { "retries_in_flight", "gauge", "", NULL, 0,
-                        "Retries decided and not yet finished, backoff waits included." },
-    [FAM_RETRY_AFTER] = { "retry_after_honored_total", "counter", "route", NULL, 0,
-                          "Retries whose wait followed an upstream Retry-After." },
-    [FAM_THROTTLED] = { "throttled_total", "counter", "route", NULL, 0,
-                        "Attempts client-side throttling rejected, by route: first attempts "
-                        "answered 503, retries not made." },
-    [FAM_HEDGES] = { "hedges_total", "counter", "route", NULL, 0,
-                     "Attempts started while an earlier attempt of the same request ran on "
-                     "past per_try_timeout_ms (retry.hedge_on_per_try_timeout)." },
-    [FAM_CLIENT_GONE] = { "client_gone_total", "counter", "route", NULL, 0,
-                          "Requests whose client went away (its connection closed or reset, "
-                          "its stream reset) before their answer started: logged with status "
-                          "0, or 499 during a backoff wait." },
-    [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
-                      "Backoff waits before retries, in seconds." },
-    [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route, upstream", NULL, 0,
-                               "Duration of single upstream attempts, by route and upstream URL "
-                               "as written, in seconds." },
-    [FAM_REQUEST_DURATION] = { "request_duration_seconds", "histogram", "route", NULL, 0,
-                               "Duration of whole client requests, retries included, in seconds." },
-    [FAM_RELOADS] = { "config_reloads_total", "counter", "result", result_names, 2,
-                      "Configuration loads, by result; the initial load counts as a success." },
-    [FAM_GENERATION] = { "config_generation", "gauge", "", NULL, 0,
-                         "Generation of the configuration in effect." },
-    [FAM_LAST_SUCCESS] = { "config_last_reload_success_timestamp_seconds", "gauge", "", NULL, 0,
-                           "Unix time of the last successful configuration load." },
-    [FAM_LAST_OK] = { "config_last_reload_successful", "gauge", "", NULL, 0,
-                      "1 if the last configuration load succeeded, 0 if the file was refused." },
-    [FAM_BUDGET_RATIO] = { "budget_retry_ratio", "gauge", "route, scope", scope_names, 2,
-                           "The retry budget's retry_ratio in effect, process-wide or by route." },
-    [FAM_BUDGET_MIN_RPS] = { "budget_min_retries_per_second", "gauge", "route, scope", scope_names,
-                             2,
-                             "The retry budget's min_retries_per_second in effect, process-wide "
-                             "or by route." },
-    [FAM_BUDGET_CONCURRENT] = { "budget_max_concurrent_retries", "gauge", "route, scope",
-                                scope_names, 2,
-                                "The retry budget's max_concurrent_retries in effect, process-wide "
-                                "or by route; +Inf for no cap." },
-    [FAM_UPSTREAM_EJECTIONS] = { "upstream_ejections_total", "counter", "route, upstream", NULL, 0,
-                                 "Times an endpoint of an upstream was ejected from its route's "
-                                 "rotation (routes[].ejection), by route and upstream URL as "
-                                 "written." },
-    [FAM_UPSTREAM_EJECTED] = { "upstream_ejected", "gauge", "route, upstream", NULL, 0,
-                               "The upstream's endpoints ejected from its route's rotation now "
-                               "(0 or 1 for an upstream of one address)." },
-    [FAM_UPSTREAM_ENDPOINTS] = { "upstream_endpoints", "gauge", "route, upstream, state",
-                                 endpoint_states, 3,
-                                 "The upstream's endpoints (the addresses its name resolves to) "
-                                 "by state: healthy, ejected, or leaving (gone from the record, "
-                                 "still used)." },
-    [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
-                          "Client connections currently open." },
-    [FAM_TUNNELS_OPEN] = { "tunnels_open", "gauge", "", NULL, 0,
-                           "Upgraded connections (tunnels) open now." },
-    [FAM_H2UP_OPEN] = { "upstream_h2_connections", "gauge", "", NULL, 0,
-                        "HTTP/2 connections to upstreams open now (h2c, and https ones where the "
-                        "server chose h2), connecting ones included." },
-    [FAM_H2UP_OPENED] = { "upstream_h2_connections_total", "counter", "result", h2up_result_names,
-                          H2UP_OPENED_COUNT,
-                          "HTTP/2 upstream connections tried, by result: h2 (it carried HTTP/2), "
-                          "http1 (an https server chose http/1.1 by ALPN: its requests went "
-                          "through libcurl), failed (TCP, TLS or certificate failure, timeout, "
-                          "or tls.http2 required and no h2)." },
-    [FAM_DRAINING] = { "draining", "gauge", "", NULL, 0,
-                       "1 from the moment the proxy starts draining (SIGTERM, SIGINT) until it "
-                       "exits, else 0." },
-    [FAM_UPSTREAM_WAITING] = { "upstream_requests_waiting", "gauge", "", NULL, 0,
-                               "Upstream attempts waiting for a transfer slot now "
-                               "(limits.max_upstream_requests, or an origin's or a connection's "
-                               "share of it)." },
-    [FAM_LIMIT_REACHED] = { "connections_limit_reached_total", "counter", "", NULL, 0,
-                            "Times a worker stopped accepting because its share of "
-                            "limits.max_connections was open: new clients wait in the listen "
-                            "backlog until a connection closes (the kernel refuses them once it "
-                            "is full)." },
-    [FAM_BODY_BYTES] = { "buffered_body_bytes", "gauge", "", NULL, 0,
-                         "Request-body bytes held for replay now, against "
-                         "limits.max_buffered_body_bytes." },
-    [FAM_LIMIT] = { "limit", "gauge", "limit", limit_names, METRICS_LIMIT_COUNT,
-                    "The limits.* settings in effect (max_connections as read at start)." },
-    [FAM_BUILD_INFO] = { "build_info", "gauge", "version", NULL, 0,
-                         "Always 1; version is what retryproxy --version prints." },
-    [FAM_PROC_CPU] = { "process_cpu_seconds_total", "counter", "", NULL, 0,
-                       "Total user and system CPU time spent in seconds.", true },
-    [FAM_PROC_RSS] = { "process_resident_memory_bytes", "gauge", "", NULL, 0,
-                       "Resident memory size in bytes.", true },
-    [FAM_PROC_OPEN_FDS] = { "process_open_fds", "gauge", "", NULL, 0,
-                            "Number of open file descriptors.", true },
-    [FAM_PROC_MAX_FDS] = { "process_max_fds", "gauge", "", NULL, 0,
-                           "Maximum number of open file descriptors (the soft RLIMIT_NOFILE).",
-                           true },
-    [FAM_PROC_START] = { "process_start_time_seconds", "gauge", "", NULL, 0,
-                         "Start time of the process since unix epoch in seconds.", true },
-};
 
 /* Routes in name order, as a scrape prints them. */
 static int by_name(const void *a, const void *b)
@@ -289,7 +72,7 @@ static void put_label(FILE *f, const char *s)
 /* The # HELP and # TYPE lines of family 'fam'; returns its name (after the prefix). */
 static const char *put_family(FILE *f, enum family fam)
 {
-    const struct family_def *d = &families[fam];
+    const struct family_def *d = &metrics_families[fam];
     const char *prefix = d->bare ? "" : "retryproxy_";
     fprintf(f, "# HELP %s%s %s\n# TYPE %s%s %s\n", prefix, d->name, d->help, prefix, d->name,
             d->type);
@@ -345,9 +128,9 @@ static void render_labeled(FILE *f, const struct scrape *sc, enum family fam, co
     const char *name = put_family(f, fam);
     for (size_t i = 0; i < sc->n; i++) {
         const uint64_t *v = (const uint64_t *)(const void *)((const char *)&sc->totals[i] + field);
-        for (size_t k = 0; k < families[fam].n_values; k++) {
+        for (size_t k = 0; k < metrics_families[fam].n_values; k++) {
             put_route_series(f, name, sc->routes[i]);
-            fprintf(f, ",%s=\"%s\"} %" PRIu64 "\n", label, families[fam].values[k], v[k]);
+            fprintf(f, ",%s=\"%s\"} %" PRIu64 "\n", label, metrics_families[fam].values[k], v[k]);
         }
     }
 }
@@ -651,6 +434,25 @@ static void render_upstreams(FILE *f, const struct scrape *sc)
     }
 }
 
+/* dns_resolutions_total and dns_stale, one series per host name asked (m->lock held). */
+static void render_dns(FILE *f, const struct metrics *m)
+{
+    const char *name = put_family(f, FAM_DNS_RESOLUTIONS);
+    for (size_t i = 0; i < m->nnames; i++)
+        for (size_t r = 0; r < METRICS_DNS_COUNT; r++) {
+            fprintf(f, "retryproxy_%s{name=\"", name);
+            put_label(f, m->names[i]->name);
+            fprintf(f, "\",result=\"%s\"} %" PRIu64 "\n", dns_result_names[r],
+                    peek(&m->names[i]->results[r]));
+        }
+    name = put_family(f, FAM_DNS_STALE);
+    for (size_t i = 0; i < m->nnames; i++) {
+        fprintf(f, "retryproxy_%s{name=\"", name);
+        put_label(f, m->names[i]->name);
+        fprintf(f, "\"} %d\n", atomic_load_explicit(&m->names[i]->stale, memory_order_relaxed));
+    }
+}
+
 /* Every family in enum family order, the order of the table above. */
 static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
 {
@@ -678,6 +480,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_budget(f, m, sc, FAM_BUDGET_MIN_RPS);
     render_budget(f, m, sc, FAM_BUDGET_CONCURRENT);
     render_upstreams(f, sc);
+    render_dns(f, m);
     render_process(f, m);
     render_limits(f, m);
     render_proc(f);
@@ -740,40 +543,4 @@ char *metrics_render(struct metrics *m, size_t *len)
     if (len)
         *len = size;
     return buf;
-}
-
-/* ---- the reference ---- */
-
-/* "route, outcome" as "`route`, `outcome`", the values of the last label after it. */
-static void put_doc_labels(FILE *f, const struct family_def *d)
-{
-    const char *p = d->labels;
-    while (*p) {
-        size_t n = strcspn(p, ",");
-        fprintf(f, "`%.*s`", (int)n, p);
-        p += n;
-        if (*p) {
-            fputs(", ", f);
-            p += strspn(p, ", ");
-        }
-    }
-    for (size_t i = 0; i < d->n_values; i++)
-        fprintf(f, "%s`%s`", i ? ", " : " (", d->values[i]);
-    if (d->n_values)
-        fputc(')', f);
-}
-
-void metrics_write_reference(FILE *out)
-{
-    fputs("| metric | type | labels | meaning |\n|---|---|---|---|\n", out);
-    for (size_t i = 0; i < FAM_COUNT; i++) {
-        const struct family_def *d = &families[i];
-        fprintf(out, "| `%s%s` | %s | ", d->bare ? "" : "retryproxy_", d->name, d->type);
-        put_doc_labels(out, d);
-        fprintf(out, " | %s |\n", d->help);
-    }
-    fputs("\nHistogram buckets (`le`, upper bounds in seconds):", out);
-    for (size_t b = 0; b < HIST_BUCKETS; b++)
-        fprintf(out, "%s `%s`", b ? "," : "", hist_le[b]);
-    fputs(".\n", out);
 }

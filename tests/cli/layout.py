@@ -32,7 +32,7 @@ MAY_CALL = {
     'http2': ['base', 'telemetry', 'http', 'core', 'upstream'],
     'http1': ['base', 'telemetry', 'http', 'core', 'upstream', 'http2'],
     'ops': ['base', 'telemetry', 'http', 'core', 'upstream', 'dns'],
-    '': ['base', 'telemetry', 'http', 'core', 'upstream', 'dns', 'http1', 'http2', 'ops'],
+    '': ['base', 'telemetry', 'http', 'core', 'upstream', 'http1', 'http2', 'ops', 'dns'],
 }
 # The request core's files that may call into upstream/ only through the interface. The worker
 # (a thread's context) and the runtime (a snapshot as it runs) make the transports, and are not
@@ -49,7 +49,7 @@ LIBRARIES = {
     'curl_': {'upstream', ''},       # transfers; the global set-up in serve.c
     'nghttp2_': {'http2', 'upstream'},  # server sessions; client sessions
     'SSL_': {'upstream'},
-    'ares_': {'dns'},
+    'ares_': {'dns'},                # the resolver's channel
     'json_': {'ops', ''},
     'epoll_': {'base'},
     'inotify_': set(),               # config/watch.c

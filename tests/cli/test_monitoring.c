@@ -222,6 +222,10 @@ static void learn_exports(void)
         char name[96], type[16], want[112];
         cr_assert_eq(sscanf(p, "# TYPE %95s %15s", name, type), 2);
         snprintf(want, sizeof(want), "%s%s", name, strcmp(type, "histogram") == 0 ? "_bucket" : "");
+        /* The resolver's series are a host name's; this route's upstream is an IP literal, and
+         * upstream names are asked from the runtime once it resolves them (issue 29). */
+        if (strncmp(name, "retryproxy_dns_", 15) == 0)
+            continue;
         cr_assert_not_null(seen_find(want), "/metrics shows no %s series", want);
         families++;
     }

@@ -44,9 +44,10 @@ static char *make_dry_run(const char *target)
  * make test for the rest. */
 Test(setup, make_and_make_run_install_the_build_dependencies_only, .timeout = 60)
 {
-    static const char *const test_only[] = { "libcriterion-dev", "libyaml-dev",       "prometheus",
-                                             "promtool",         "nghttp2-client",    "python3-h2",
-                                             "python3-grpcio",   "python3-websockets" };
+    static const char *const test_only[] = {
+        "libcriterion-dev", "libyaml-dev",    "prometheus",         "promtool",    "nghttp2-client",
+        "python3-h2",       "python3-grpcio", "python3-websockets", "dnsmasq-base"
+    };
     static const char *const targets[] = { "all", "run", "demo-upstream", "build/retryproxy" };
     for (size_t t = 0; t < sizeof(targets) / sizeof(targets[0]); t++) {
         char *out = make_dry_run(targets[t]);

@@ -140,6 +140,8 @@ static const struct {
     { "upstream_ejections_total", "counter" },
     { "upstream_ejected", "gauge" },
     { "upstream_endpoints", "gauge" },
+    { "dns_resolutions_total", "counter" },
+    { "dns_stale", "gauge" },
     { "connections_active", "gauge" },
     { "tunnels_open", "gauge" },
     { "upstream_h2_connections", "gauge" },
