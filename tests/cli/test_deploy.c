@@ -1,11 +1,13 @@
 /* The deployment examples under deploy/ against what the proxy needs from them. Run from the
  * repository root (make test does).
  *
- * Kubernetes, two variants of one Deployment (docs/deploy.md):
+ * Kubernetes, three variants of one Deployment (docs/deploy.md):
  * - native: deploy/kubernetes, retryproxy in initContainers with restartPolicy: Always
  *   (Kubernetes 1.29+), started before the application and stopped after it;
  * - legacy: deploy/kubernetes-legacy, an overlay of the first whose pod spec replaces the
- *   native one whole ("$patch: replace"), retryproxy a plain second container.
+ *   native one whole ("$patch: replace"), retryproxy a plain second container;
+ * - headless: deploy/kubernetes-headless, an overlay of the first with its own config and a
+ *   gRPC backend behind a headless Service that the config's route names (docs/endpoints.md).
  * Each variant's own deployment.yaml is parsed (libyaml) and, where kubectl is installed, so is
  * what `kubectl kustomize` renders from it. The properties checked, on each:
  * - the proxy's config is mounted as a directory (no subPath anywhere: kubelet never updates a
@@ -256,7 +258,7 @@ static json_t *parse_config(const char *text, const char *what)
 
 /* ---- Kubernetes ---- */
 
-enum variant { NATIVE, LEGACY };
+enum variant { NATIVE, LEGACY, HEADLESS, VARIANTS };
 
 struct layout {
     const char *name;
@@ -267,6 +269,8 @@ struct layout {
 static const struct layout layouts[] = {
     [NATIVE] = { "native sidecar", "deploy/kubernetes", "deploy/kubernetes/deployment.yaml" },
     [LEGACY] = { "legacy", "deploy/kubernetes-legacy", "deploy/kubernetes-legacy/deployment.yaml" },
+    /* the native Deployment with the overlay's config */
+    [HEADLESS] = { "headless", "deploy/kubernetes-headless", "deploy/kubernetes/deployment.yaml" },
 };
 
 /* What the checks look at in one variant, found once. */
@@ -291,6 +295,19 @@ static bool is_proxy(struct ynode c)
 {
     const char *image = y_str(y_get(c, "image"));
     return image && strstr(image, "retryproxy");
+}
+
+/* Whether the workload 'd' runs retryproxy in its pod. */
+static bool pod_has_proxy(struct ynode d)
+{
+    const char *lists[] = { "spec.template.spec.initContainers", "spec.template.spec.containers" };
+    for (size_t l = 0; l < 2; l++) {
+        struct ynode cs = y_path(d, lists[l]);
+        for (size_t i = 0; i < y_len(cs); i++)
+            if (is_proxy(y_item(cs, i)))
+                return true;
+    }
+    return false;
 }
 
 /* The value following option 'opt' in the container's args (or command), else NULL. */
@@ -410,7 +427,7 @@ static const char *rendered_configmap(struct pod *p, const char *name, const cha
 /* Loads variant 'v' from its file, or (rendered) from `kubectl kustomize` at 'kubectl'. */
 static void pod_load(struct pod *p, enum variant v, const char *kubectl)
 {
-    static char what[PATH_MAX + 32];
+    static char what[2 * PATH_MAX + 32];
     memset(p, 0, sizeof(*p));
     p->l = &layouts[v];
     if (kubectl) {
@@ -423,18 +440,24 @@ static void pod_load(struct pod *p, enum variant v, const char *kubectl)
         yaml_load(&p->y, r.out, what);
         proc_result_free(&r);
     } else {
-        p->what = p->l->file;
+        /* an overlay that keeps its base's Deployment says so */
+        snprintf(what, sizeof(what), "%s", p->l->file);
+        if (strncmp(p->l->file, p->l->dir, strlen(p->l->dir)) != 0 ||
+            p->l->file[strlen(p->l->dir)] != '/')
+            snprintf(what, sizeof(what), "%s (%s)", p->l->dir, p->l->file);
+        p->what = what;
         yaml_load_file(&p->y, p->l->file);
     }
+    /* The Deployment whose pod runs the proxy: the headless example renders its backend's too. */
     for (int i = 0; i < p->y.n; i++) {
         struct ynode d = y_root(&p->y, i);
         const char *kind = y_str(y_get(d, "kind"));
-        if (kind && strcmp(kind, "Deployment") == 0) {
-            cr_assert_null(p->deploy.node, "%s: more than one Deployment", p->what);
+        if (kind && strcmp(kind, "Deployment") == 0 && pod_has_proxy(d)) {
+            cr_assert_null(p->deploy.node, "%s: more than one Deployment with retryproxy", p->what);
             p->deploy = d;
         }
     }
-    cr_assert_not_null(p->deploy.node, "%s: no Deployment", p->what);
+    cr_assert_not_null(p->deploy.node, "%s: no Deployment with a retryproxy container", p->what);
     p->template = y_path(p->deploy, "spec.template");
     p->spec = y_get(p->template, "spec");
     cr_assert_not_null(p->spec.node, "%s: no spec.template.spec", p->what);
@@ -543,7 +566,7 @@ static void check_placement(struct pod *p, enum variant v)
     cr_expect_gt(apps, 0, "%s: no application container in containers", p->what);
 
     const char *restart = y_str(y_get(p->proxy, "restartPolicy"));
-    if (v == NATIVE) {
+    if (v != LEGACY) {
         cr_expect(p->proxy_is_init, "%s: retryproxy is not in initContainers", p->what);
         cr_expect(restart && strcmp(restart, "Always") == 0,
                   "%s: the retryproxy init container has no restartPolicy: Always, so it is not a "
@@ -683,7 +706,7 @@ Test(deploy, k8s_legacy_runs_the_proxy_as_a_plain_container)
 
 Test(deploy, k8s_config_is_mounted_as_a_directory_never_with_subpath)
 {
-    for (enum variant v = NATIVE; v <= LEGACY; v++) {
+    for (enum variant v = NATIVE; v < VARIANTS; v++) {
         struct pod p;
         pod_load(&p, v, NULL);
         check_config_mount(&p);
@@ -700,7 +723,7 @@ Test(deploy, k8s_config_is_mounted_as_a_directory_never_with_subpath)
 
 Test(deploy, k8s_probes_and_scraping_use_the_admin_port_of_the_mounted_config)
 {
-    for (enum variant v = NATIVE; v <= LEGACY; v++) {
+    for (enum variant v = NATIVE; v < VARIANTS; v++) {
         struct pod p;
         pod_load(&p, v, NULL);
         check_ports(&p);
@@ -710,7 +733,7 @@ Test(deploy, k8s_probes_and_scraping_use_the_admin_port_of_the_mounted_config)
 
 Test(deploy, k8s_grace_period_outlasts_the_drain_of_the_mounted_config)
 {
-    for (enum variant v = NATIVE; v <= LEGACY; v++) {
+    for (enum variant v = NATIVE; v < VARIANTS; v++) {
         struct pod p;
         pod_load(&p, v, NULL);
         check_grace(&p);
@@ -720,7 +743,7 @@ Test(deploy, k8s_grace_period_outlasts_the_drain_of_the_mounted_config)
 
 Test(deploy, k8s_proxy_runs_unprivileged_on_a_read_only_root)
 {
-    for (enum variant v = NATIVE; v <= LEGACY; v++) {
+    for (enum variant v = NATIVE; v < VARIANTS; v++) {
         struct pod p;
         pod_load(&p, v, NULL);
         check_security(&p);
@@ -730,11 +753,207 @@ Test(deploy, k8s_proxy_runs_unprivileged_on_a_read_only_root)
 
 Test(deploy, k8s_mounted_config_is_valid)
 {
-    char *argv[] = { (char *)proc_bin(), "check", "-c", "deploy/kubernetes/config.json", NULL };
-    struct proc_result r;
-    cr_assert_eq(proc_run(argv, NULL, 10000, &r), 0);
-    cr_expect_eq(r.status, 0, "retryproxy check -c deploy/kubernetes/config.json:\n%s", r.err);
-    proc_result_free(&r);
+    const char *files[] = { "deploy/kubernetes/config.json",
+                            "deploy/kubernetes-headless/config.json" };
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        char *argv[] = { (char *)proc_bin(), "check", "-c", (char *)files[i], NULL };
+        struct proc_result r;
+        cr_assert_eq(proc_run(argv, NULL, 10000, &r), 0);
+        cr_expect_eq(r.status, 0, "retryproxy check -c %s:\n%s", files[i], r.err);
+        proc_result_free(&r);
+    }
+}
+
+/* ---- the headless Service of deploy/kubernetes-headless ---- */
+
+#define CLUSTER_SUFFIX ".svc.cluster.local"
+
+/* Whether every label of the mapping 'sel' is among 'labels' with its value. */
+static bool selects(struct ynode sel, struct ynode labels)
+{
+    if (!sel.node || sel.node->type != YAML_MAPPING_NODE ||
+        sel.node->data.mapping.pairs.start == sel.node->data.mapping.pairs.top)
+        return false; /* no selector: no pod of the example */
+    for (yaml_node_pair_t *p = sel.node->data.mapping.pairs.start;
+         p < sel.node->data.mapping.pairs.top; p++) {
+        const char *k = y_str((struct ynode){ sel.doc, yaml_document_get_node(sel.doc, p->key) });
+        const char *v = y_str((struct ynode){ sel.doc, yaml_document_get_node(sel.doc, p->value) });
+        const char *have = k ? y_str(y_get(labels, k)) : NULL;
+        if (!v || !have || strcmp(v, have) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* The port number a pod of 'w' (a workload) declares under the name 'name', or -1. */
+static long named_container_port(struct ynode w, const char *name)
+{
+    struct ynode cs = y_path(w, "spec.template.spec.containers");
+    for (size_t i = 0; i < y_len(cs); i++) {
+        struct ynode ports = y_get(y_item(cs, i), "ports");
+        for (size_t k = 0; k < y_len(ports); k++) {
+            const char *n = y_str(y_get(y_item(ports, k), "name"));
+            if (n && strcmp(n, name) == 0)
+                return y_long(y_get(y_item(ports, k), "containerPort"), -1, "containerPort");
+        }
+    }
+    return -1;
+}
+
+/* Whether a container of the workload 'w' has a readiness probe. */
+static bool has_readiness(struct ynode w)
+{
+    struct ynode cs = y_path(w, "spec.template.spec.containers");
+    for (size_t i = 0; i < y_len(cs); i++)
+        if (y_get(y_item(cs, i), "readinessProbe").node)
+            return true;
+    return false;
+}
+
+/* The upstream URL of the config that names the Service NAME.NS.svc.cluster.local, malloc'd
+ * without its scheme and path ("HOST:PORT"), with its scheme in 'scheme'; NULL if none. */
+static char *upstream_naming(json_t *cfg, const char *name, const char *ns, char *scheme,
+                             size_t cap)
+{
+    char host[256];
+    snprintf(host, sizeof(host), "%s.%s" CLUSTER_SUFFIX, name, ns);
+    size_t ri, ui;
+    json_t *route, *up;
+    json_array_foreach(json_object_get(cfg, "routes"), ri, route)
+    {
+        json_array_foreach(json_object_get(route, "upstreams"), ui, up)
+        {
+            const char *url = json_string_value(up), *sep = url ? strstr(url, "://") : NULL;
+            if (!sep)
+                continue;
+            const char *auth = sep + 3;
+            size_t alen = strcspn(auth, "/");
+            if (strncmp(auth, host, strlen(host)) != 0 || auth[strlen(host)] != ':')
+                continue;
+            snprintf(scheme, cap, "%.*s", (int)(sep - url), url);
+            return strndup(auth, alen);
+        }
+    }
+    return NULL;
+}
+
+/* Each headless Service among the documents of 'y' is named by an upstream of 'cfg' whose
+ * port is the one its pods listen on (nothing maps a Service port to a target port for a pod's
+ * own address), selects pods with a readiness probe (only ready pods are in its record), and
+ * publishes no pod before it is ready. Returns how many there were. */
+static size_t check_headless(struct yaml *y, json_t *cfg, const char *what)
+{
+    size_t found = 0;
+    for (int i = 0; i < y->n; i++) {
+        struct ynode svc = y_root(y, i);
+        const char *kind = y_str(y_get(svc, "kind")), *ip = y_str(y_path(svc, "spec.clusterIP"));
+        if (!kind || strcmp(kind, "Service") != 0 || !ip || strcmp(ip, "None") != 0)
+            continue;
+        found++;
+        const char *name = y_str(y_path(svc, "metadata.name"));
+        const char *ns = y_str(y_path(svc, "metadata.namespace"));
+        cr_assert_not_null(name, "%s: a Service without a name", what);
+        ns = ns ? ns : "default";
+        cr_expect(!y_true(y_path(svc, "spec.publishNotReadyAddresses")),
+                  "%s: Service %s publishes pods that are not ready", what, name);
+
+        char scheme[16];
+        char *auth = upstream_naming(cfg, name, ns, scheme, sizeof(scheme));
+        cr_expect_not_null(auth,
+                           "%s: no upstream of the config names the headless Service %s "
+                           "by its full name %s.%s" CLUSTER_SUFFIX,
+                           what, name, name, ns);
+        if (!auth)
+            continue;
+        long port = addr_port(auth);
+        cr_expect(strcmp(scheme, "h2c") == 0 || strcmp(scheme, "https") == 0,
+                  "%s: the upstream %s://%s of a gRPC backend is not h2c:// or https://", what,
+                  scheme, auth);
+
+        /* The pods it selects, and the port they listen on that the URL must name. */
+        struct ynode sel = y_path(svc, "spec.selector"), w = { NULL, NULL };
+        for (int k = 0; k < y->n && !w.node; k++) {
+            struct ynode d = y_root(y, k);
+            if (d.node != svc.node && selects(sel, y_path(d, "spec.template.metadata.labels")))
+                w = d;
+        }
+        cr_expect_not_null(w.node, "%s: Service %s selects no pod of the example", what, name);
+        if (w.node)
+            cr_expect(has_readiness(w),
+                      "%s: the pods of Service %s have no readiness probe: "
+                      "they would be in its record before they serve",
+                      what, name);
+        struct ynode ports = y_path(svc, "spec.ports");
+        bool matched = false;
+        for (size_t k = 0; k < y_len(ports); k++) {
+            struct ynode pt = y_item(ports, k), tp = y_get(pt, "targetPort");
+            const char *t = y_str(tp);
+            long target;
+            if (!t)
+                target = y_long(y_get(pt, "port"), -1, "port");
+            else if (strspn(t, "0123456789") == strlen(t))
+                target = y_long(tp, -1, "targetPort");
+            else
+                target = w.node ? named_container_port(w, t) : -1;
+            matched |= target == port;
+        }
+        cr_expect(matched,
+                  "%s: the upstream %s://%s names port %ld, which no port of Service %s "
+                  "targets: the proxy connects to each pod's address on the URL's port",
+                  what, scheme, auth, port, name);
+        free(auth);
+    }
+    return found;
+}
+
+/* The files a kustomization lists under resources (not directories), joined as one YAML
+ * stream; malloc'd. */
+static char *kustomization_files(const char *dir)
+{
+    char path[PATH_MAX], *all = strdup("");
+    struct yaml k;
+    snprintf(path, sizeof(path), "%s/kustomization.yaml", dir);
+    yaml_load_file(&k, path);
+    struct ynode res = y_get(y_root(&k, 0), "resources");
+    for (size_t i = 0; i < y_len(res); i++) {
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", dir, y_str(y_item(res, i)));
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        char *text = proc_read_file(path), *more;
+        cr_assert(asprintf(&more, "%s\n---\n%s", all, text) > 0);
+        free(all);
+        free(text);
+        all = more;
+    }
+    yaml_free(&k);
+    return all;
+}
+
+/* Issue 29: the example of a gRPC upstream behind a headless Service (docs/endpoints.md), from
+ * its files and, where kubectl is installed, as kustomize renders it. */
+Test(deploy, k8s_headless_service_is_what_the_route_names)
+{
+    struct pod p;
+    pod_load(&p, HEADLESS, NULL);
+    char *text = kustomization_files(p.l->dir);
+    struct yaml y;
+    yaml_load(&y, text, p.l->dir);
+    cr_expect_geq(check_headless(&y, p.config, p.l->dir), 1, "%s: no headless Service", p.l->dir);
+    yaml_free(&y);
+    free(text);
+    pod_free(&p);
+
+    const char *kubectl = which("kubectl");
+    if (!kubectl) {
+        cr_log_warn("kubectl is not installed: the rendered headless example was not checked");
+        return;
+    }
+    char *k = strdup(kubectl);
+    pod_load(&p, HEADLESS, k);
+    cr_expect_geq(check_headless(&p.y, p.config, p.what), 1, "%s: no headless Service", p.what);
+    pod_free(&p);
+    free(k);
 }
 
 /* A Kubernetes quantity of bytes ("128Mi", "1Gi", "500M", "1048576"), or -1. */
@@ -778,7 +997,7 @@ static long long cfg_limit(json_t *cfg, const char *name)
  * limits.max_header_bytes), and every replay byte. */
 Test(deploy, k8s_memory_limit_covers_the_limits_of_the_mounted_config)
 {
-    for (enum variant v = NATIVE; v <= LEGACY; v++) {
+    for (enum variant v = NATIVE; v < VARIANTS; v++) {
         struct pod p;
         pod_load(&p, v, NULL);
         const char *q = y_str(y_path(p.proxy, "resources.limits.memory"));
@@ -799,9 +1018,10 @@ Test(deploy, k8s_memory_limit_covers_the_limits_of_the_mounted_config)
     }
 }
 
-/* What kustomize makes of each variant (the legacy patch applied, the ConfigMap generated) has
- * the same properties. Where kubectl is not installed, this says so and passes. */
-Test(deploy, k8s_kustomize_renders_both_variants_with_every_property)
+/* What kustomize makes of each variant (the legacy patch applied, the headless overlay's
+ * ConfigMap in place of its base's, the ConfigMap generated) has the same properties. Where
+ * kubectl is not installed, this says so and passes. */
+Test(deploy, k8s_kustomize_renders_every_variant_with_every_property)
 {
     const char *kubectl = which("kubectl");
     if (!kubectl) {
@@ -809,8 +1029,8 @@ Test(deploy, k8s_kustomize_renders_both_variants_with_every_property)
         return;
     }
     char *k = strdup(kubectl);
-    check_all(NATIVE, k);
-    check_all(LEGACY, k);
+    for (enum variant v = NATIVE; v < VARIANTS; v++)
+        check_all(v, k);
     free(k);
 }
 
