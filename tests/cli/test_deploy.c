@@ -1018,9 +1018,10 @@ Test(deploy, k8s_memory_limit_covers_the_limits_of_the_mounted_config)
     }
 }
 
-/* What kustomize makes of each variant (the legacy patch applied, the ConfigMap generated) has
- * the same properties. Where kubectl is not installed, this says so and passes. */
-Test(deploy, k8s_kustomize_renders_both_variants_with_every_property)
+/* What kustomize makes of each variant (the legacy patch applied, the headless overlay's
+ * ConfigMap in place of its base's, the ConfigMap generated) has the same properties. Where
+ * kubectl is not installed, this says so and passes. */
+Test(deploy, k8s_kustomize_renders_every_variant_with_every_property)
 {
     const char *kubectl = which("kubectl");
     if (!kubectl) {
