@@ -41,10 +41,10 @@
 /* Labels Prometheus adds to every series it scrapes. */
 static const char *const target_labels[] = { "job", "instance" };
 /* The sections of docs/operations.md the alerts' runbook_url point at: each is used. */
-static const char *const runbook_anchors[] = { "retry-storm",       "retries-denied",
-                                               "upstream-failures", "grpc-failures",
-                                               "upstream-ejected",  "panic-mode",
-                                               "reload-failures",   "draining" };
+static const char *const runbook_anchors[] = {
+    "retry-storm", "retries-denied", "upstream-failures", "grpc-failures",   "upstream-ejected",
+    "panic-mode",  "no-endpoints",   "dns-stale",         "reload-failures", "draining"
+};
 static const char *const severities[] = { "info", "warning", "critical" };
 
 TestSuite(monitoring, .fini = fx_stop, .timeout = 60);
@@ -442,9 +442,10 @@ static bool is_recorded(const char *name)
 static bool values_enumerated(const char *metric, const char *label)
 {
     /* grpc_status: only the statuses seen are shown (docs/metrics.md); upstream: the config's
-     * URLs */
+     * URLs; name: the host names in them (the DNS families) */
     if (strcmp(label, "route") == 0 || strcmp(label, "code") == 0 ||
-        strcmp(label, "grpc_status") == 0 || strcmp(label, "upstream") == 0)
+        strcmp(label, "grpc_status") == 0 || strcmp(label, "upstream") == 0 ||
+        strcmp(label, "name") == 0)
         return false;
     return !(strcmp(metric, "retryproxy_retries_total") == 0 && strcmp(label, "reason") == 0);
 }
