@@ -1950,8 +1950,8 @@ static void tup_free(struct tup *t)
     free(t);
 }
 
-struct tup *tup_try_start(uint16_t port, const char *default_plan, FILE *log, char *err,
-                          size_t errlen)
+struct tup *tup_try_start_at(const char *ip, uint16_t port, const char *default_plan, FILE *log,
+                             char *err, size_t errlen)
 {
     char dummy[8];
     if (!err || !errlen) {
@@ -1980,6 +1980,9 @@ struct tup *tup_try_start(uint16_t port, const char *default_plan, FILE *log, ch
         goto fail;
     struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    step = "inet_pton";
+    if (ip && inet_pton(AF_INET, ip, &sa.sin_addr) != 1)
+        goto fail;
     step = "bind";
     if (bind(t->listen_fd, (struct sockaddr *)&sa, sizeof sa) < 0)
         goto fail;
@@ -2022,9 +2025,15 @@ struct tup *tup_try_start(uint16_t port, const char *default_plan, FILE *log, ch
     t->thread_started = true;
     return t;
 fail:
-    snprintf(err, errlen, "%s on 127.0.0.1:%u: %s", step, port, strerror(errno));
+    snprintf(err, errlen, "%s on %s:%u: %s", step, ip ? ip : "127.0.0.1", port, strerror(errno));
     tup_free(t);
     return NULL;
+}
+
+struct tup *tup_try_start(uint16_t port, const char *default_plan, FILE *log, char *err,
+                          size_t errlen)
+{
+    return tup_try_start_at(NULL, port, default_plan, log, err, errlen);
 }
 
 struct tup *tup_start_port(uint16_t port)

@@ -92,6 +92,10 @@ struct tup *tup_start_port(uint16_t port);
  * connection is accepted; returns NULL and fills err on failure instead of aborting. */
 struct tup *tup_try_start(uint16_t port, const char *default_plan, FILE *log, char *err,
                           size_t errlen);
+/* The same on IPv4 address 'ip' (NULL: 127.0.0.1): 127.0.0.2, .3... stand for the pods of one
+ * service, on one port (docs/endpoints.md). */
+struct tup *tup_try_start_at(const char *ip, uint16_t port, const char *default_plan, FILE *log,
+                             char *err, size_t errlen);
 uint16_t tup_port(const struct tup *t);
 /* Stop the server thread, close every connection, free every record. NULL is a no-op. */
 void tup_stop(struct tup *t);
