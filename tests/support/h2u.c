@@ -14,13 +14,14 @@
 #include "tests/support/fixture.h"
 #include "tests/support/proc.h"
 
-#define H2U_MAX 2
+#define H2U_MAX 4
 
 struct h2u {
     pid_t pid;
     int in; /* its stdin: it exits when this closes */
     uint16_t port;
     bool tls;
+    char ip[16];
     char record[96];
 };
 
@@ -37,8 +38,8 @@ struct h2u *h2u_start_tls(const char *cert, const char *key, const char *alpn)
     return h2u_start_mtls(cert, key, alpn, NULL);
 }
 
-struct h2u *h2u_start_mtls(const char *cert, const char *key, const char *alpn,
-                           const char *client_ca)
+static struct h2u *start(const char *ip, uint16_t port, const char *cert, const char *key,
+                         const char *alpn, const char *client_ca)
 {
     cr_assert_lt(n_running, H2U_MAX, "too many h2 upstreams");
     struct h2u *u = &running[n_running];
@@ -46,17 +47,22 @@ struct h2u *h2u_start_mtls(const char *cert, const char *key, const char *alpn,
              n_running);
     unlink(u->record);
     u->tls = cert != NULL;
-    char *argv[] = { "/usr/bin/python3",
-                     "tests/tools/h2_upstream.py",
-                     u->record,
-                     cert ? "--tls" : NULL,
-                     (char *)cert,
-                     (char *)key,
-                     "--alpn",
-                     (char *)(alpn ? alpn : "h2"),
-                     client_ca ? "--client-ca" : NULL,
-                     (char *)client_ca,
-                     NULL };
+    snprintf(u->ip, sizeof(u->ip), "%s", ip ? ip : "127.0.0.1");
+    char bind[32];
+    snprintf(bind, sizeof(bind), "%s:%u", u->ip, port);
+    char *argv[16] = { "/usr/bin/python3", "tests/tools/h2_upstream.py", u->record, "--bind", bind,
+                       "--alpn",           (char *)(alpn ? alpn : "h2") };
+    size_t n = 7;
+    if (cert) {
+        argv[n++] = "--tls";
+        argv[n++] = (char *)cert;
+        argv[n++] = (char *)key;
+    }
+    if (client_ca) {
+        argv[n++] = "--client-ca";
+        argv[n++] = (char *)client_ca;
+    }
+    argv[n] = NULL;
     char buf[32];
     u->pid = proc_helper_start(argv, &u->in, buf, sizeof(buf), 10000);
     cr_assert_gt(u->pid, 0, "cannot start h2_upstream.py");
@@ -64,6 +70,18 @@ struct h2u *h2u_start_mtls(const char *cert, const char *key, const char *alpn,
     u->port = (uint16_t)atoi(buf);
     cr_assert_gt(u->port, 0, "h2_upstream.py printed no port (python3-h2 missing?)");
     return u;
+}
+
+struct h2u *h2u_start_mtls(const char *cert, const char *key, const char *alpn,
+                           const char *client_ca)
+{
+    return start(NULL, 0, cert, key, alpn, client_ca);
+}
+
+struct h2u *h2u_start_at(const char *ip, uint16_t port, const char *cert, const char *key,
+                         const char *alpn)
+{
+    return start(ip, port, cert, key, alpn, NULL);
 }
 
 uint16_t h2u_port(const struct h2u *u)
@@ -74,7 +92,7 @@ uint16_t h2u_port(const struct h2u *u)
 const char *h2u_url(const struct h2u *u, const char *base)
 {
     static char url[128];
-    snprintf(url, sizeof(url), "%s://127.0.0.1:%u%s", u->tls ? "https" : "h2c", u->port, base);
+    snprintf(url, sizeof(url), "%s://%s:%u%s", u->tls ? "https" : "h2c", u->ip, u->port, base);
     return url;
 }
 

@@ -28,8 +28,13 @@ struct h2u *h2u_start_tls(const char *cert, const char *key, const char *alpn);
 /* ... requiring a client certificate that the PEM certificates in 'client_ca' verify. */
 struct h2u *h2u_start_mtls(const char *cert, const char *key, const char *alpn,
                            const char *client_ca);
+/* One listening on IPv4 address 'ip' (NULL: 127.0.0.1) and 'port' (0: one the kernel picks):
+ * 127.0.0.2, .3... stand for the pods of one service, on one port (docs/endpoints.md). TLS
+ * when 'cert' is not NULL, as h2u_start_tls(). */
+struct h2u *h2u_start_at(const char *ip, uint16_t port, const char *cert, const char *key,
+                         const char *alpn);
 uint16_t h2u_port(const struct h2u *u);
-/* "h2c://127.0.0.1:PORT" (https:// for a TLS one) + base, in a static buffer. */
+/* "h2c://IP:PORT" (https:// for a TLS one) + base, in a static buffer. */
 const char *h2u_url(const struct h2u *u, const char *base);
 /* Every record so far, as a JSON array (caller decrefs): request records and
  * {"conn": N, "event": "accepted"} lines. */

@@ -3,11 +3,14 @@
 TLS with ALPN (--tls).
 
 Run with Debian's /usr/bin/python3 (python3-h2). Listens on 127.0.0.1, on a port the kernel
-picks, and prints "PORT\\n" on stdout once it accepts. Every request is recorded as one JSON line
-in RECORD_FILE (flushed at once) when it is answered: connection and stream number, method,
+picks (--bind IP:PORT: that IPv4 address and port, 0 for one the kernel picks; 127.0.0.2, .3
+stand for the pods of one service), and prints "PORT\\n" on stdout once it accepts. Every
+request is recorded as one JSON line in RECORD_FILE (flushed at once) when it is answered: connection and stream number, method,
 path, authority, scheme, the fields as received, the trailers as received ("trailers", [] if
 none), the body's length and sha256, the scenario and what was done ("action"). A stream the proxy resets is recorded as "reset-by-client" with its
-error code, a new connection as {"conn": N, "event": "accepted"}.
+error code, a new connection as {"conn": N, "event": "accepted"}, a GOAWAY from the proxy as
+{"conn": N, "event": "goaway", "error_code": E, "last_stream_id": S}, and the end of a
+connection, whoever ended it, as {"conn": N, "event": "closed"}.
 
 What a request gets comes from its fields:
   x-h2-scenario: S   how to answer (default "ok"):
@@ -53,8 +56,8 @@ name the client sent in SNI ("sni", null: none), whether it presented a certific
 PEM certificates in FILE; a handshake without one is recorded {"conn": N, "event": "tls",
 "error": "..."} and nothing more is read.
 
-Usage: h2_upstream.py RECORD_FILE [--tls CERT KEY] [--alpn LIST] [--client-ca FILE]. Stops on
-SIGTERM or when stdin closes.
+Usage: h2_upstream.py RECORD_FILE [--tls CERT KEY] [--alpn LIST] [--client-ca FILE]
+[--bind IP:PORT]. Stops on SIGTERM or when stdin closes.
 """
 import hashlib
 import json
@@ -296,6 +299,9 @@ class Conn:
                                   "action": "reset-by-client", "error_code": int(ev.error_code),
                                   "request_id": self.field(st, "x-request-id", "") if st else ""})
         elif isinstance(ev, h2.events.ConnectionTerminated):
+            record(self.out, {"conn": self.cid, "event": "goaway",
+                              "error_code": int(ev.error_code),
+                              "last_stream_id": ev.last_stream_id})
             self.closing = True
 
     def early_answer(self, st):
@@ -363,6 +369,7 @@ class Conn:
         finally:
             sel.close()
             self.sock.close()
+            record(self.out, {"conn": self.cid, "event": "closed"})
 
 
 def serve_http1(sock, out, cid):
@@ -394,6 +401,7 @@ def serve_http1(sock, out, cid):
         record(out, {"conn": cid, "error": repr(e)})
     finally:
         sock.close()
+        record(out, {"conn": cid, "event": "closed"})
 
 
 def serve_tls(ctx, sock, out, cid):
@@ -435,7 +443,10 @@ def main():
         ctx.sni_callback = on_sni
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", 0))
+    ip, port = "127.0.0.1", 0
+    if "--bind" in args:
+        ip, port = args[args.index("--bind") + 1].rsplit(":", 1)
+    ls.bind((ip, int(port)))
     ls.listen(128)
     print(ls.getsockname()[1], flush=True)
     signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
