@@ -17,13 +17,15 @@ struct wsu {
     int in; /* its stdin: it exits when this closes */
     uint16_t port;
     bool tls;
+    char ip[16];
     char record[96];
 };
 
 static struct wsu running[WSU_MAX];
 static size_t n_running;
 
-static struct wsu *start(int refuse, const char *cert, const char *key, const char *client_ca)
+static struct wsu *start_at(const char *ip, uint16_t port, int refuse, const char *cert,
+                            const char *key, const char *client_ca)
 {
     cr_assert_lt(n_running, WSU_MAX, "too many WebSocket upstreams");
     struct wsu *u = &running[n_running];
@@ -33,17 +35,22 @@ static struct wsu *start(int refuse, const char *cert, const char *key, const ch
     char status[16];
     snprintf(status, sizeof(status), "%d", refuse);
     u->tls = cert != NULL;
-    char *argv[10] = { "/usr/bin/python3", "tests/tools/ws_peer.py", "server", u->record };
+    snprintf(u->ip, sizeof(u->ip), "%s", ip ? ip : "127.0.0.1");
+    char bind[32];
+    snprintf(bind, sizeof(bind), "%s:%u", u->ip, port);
+    char *argv[12] = { "/usr/bin/python3", "tests/tools/ws_peer.py",
+                       "server",           u->record,
+                       "--bind",           bind };
     if (refuse) {
-        argv[4] = "--refuse";
-        argv[5] = status;
+        argv[6] = "--refuse";
+        argv[7] = status;
     } else if (cert) {
-        argv[4] = "--tls";
-        argv[5] = (char *)cert;
-        argv[6] = (char *)key;
+        argv[6] = "--tls";
+        argv[7] = (char *)cert;
+        argv[8] = (char *)key;
         if (client_ca) {
-            argv[7] = "--client-ca";
-            argv[8] = (char *)client_ca;
+            argv[9] = "--client-ca";
+            argv[10] = (char *)client_ca;
         }
     }
     char buf[32];
@@ -53,6 +60,16 @@ static struct wsu *start(int refuse, const char *cert, const char *key, const ch
     u->port = (uint16_t)atoi(buf);
     cr_assert_gt(u->port, 0, "ws_peer.py printed no port (python3-websockets missing?)");
     return u;
+}
+
+static struct wsu *start(int refuse, const char *cert, const char *key, const char *client_ca)
+{
+    return start_at(NULL, 0, refuse, cert, key, client_ca);
+}
+
+struct wsu *wsu_start_at(const char *ip, uint16_t port)
+{
+    return start_at(ip, port, 0, NULL, NULL, NULL);
 }
 
 struct wsu *wsu_start(int refuse)
@@ -78,7 +95,7 @@ uint16_t wsu_port(const struct wsu *u)
 const char *wsu_url(const struct wsu *u)
 {
     static char url[64];
-    snprintf(url, sizeof(url), "%s://127.0.0.1:%u", u->tls ? "https" : "http", u->port);
+    snprintf(url, sizeof(url), "%s://%s:%u", u->tls ? "https" : "http", u->ip, u->port);
     return url;
 }
 

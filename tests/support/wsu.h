@@ -23,8 +23,11 @@ struct wsu *wsu_start(int refuse);
 struct wsu *wsu_start_tls(const char *cert, const char *key);
 /* ... requiring a client certificate that the PEM certificates in 'client_ca' verify. */
 struct wsu *wsu_start_mtls(const char *cert, const char *key, const char *client_ca);
+/* One (cleartext, echoing) listening on IPv4 address 'ip' and 'port' (0: one the kernel
+ * picks): 127.0.0.2, .3... stand for the pods of one service, on one port (docs/endpoints.md). */
+struct wsu *wsu_start_at(const char *ip, uint16_t port);
 uint16_t wsu_port(const struct wsu *u);
-/* "http://127.0.0.1:PORT" (https:// for a TLS one), in a static buffer. */
+/* "http://IP:PORT" (https:// for a TLS one), in a static buffer. */
 const char *wsu_url(const struct wsu *u);
 /* Its records so far (caller decrefs): {"event": "handshake", "path", "headers"} and
  * {"event": "closed", "path", "code", "at_ms"}. */

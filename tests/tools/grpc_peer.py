@@ -2,17 +2,23 @@
 """grpc_peer -- a real gRPC server and client (Debian's python3-grpcio) for the integration
 tests of gRPC through retryproxy (tests/integration/test_grpc_e2e.c, docs/grpc.md).
 
-  grpc_peer.py server --record FILE [--tls CERT KEY]
+  grpc_peer.py server --record FILE [--tls CERT KEY] [--bind IP:PORT]
                                           serves on 127.0.0.1 (a port the kernel picks, printed
                                           as "port N" once ready) until stdin closes; with
-                                          --tls over TLS (h2 by ALPN), with that PEM pair
+                                          --tls over TLS (h2 by ALPN), with that PEM pair;
+                                          with --bind on that IPv4 address and port (0: one
+                                          the kernel picks): 127.0.0.2, .3 for the pods of one
+                                          service
   grpc_peer.py call --target HOST:PORT --method /svc.Svc/Echo [--kind unary|server|bidi]
                     [--message TEXT]... [--metadata KEY=VALUE]... [--timeout SECONDS]
-                    [--first]
+                    [--first] [--repeat N]
                                           one call; prints one JSON object: code, details,
                                           messages received, trailing metadata; with --first
                                           (a server stream) the call is cancelled once its
-                                          first message came, and "first_ms" says when
+                                          first message came, and "first_ms" says when; with
+                                          --repeat, N unary calls one after another on one
+                                          channel (so one connection), "codes" counting how
+                                          each ended, the other members the last one's
 
 Generic handlers, no generated code: messages are raw bytes. The server's methods:
 
@@ -132,9 +138,9 @@ def serve(args):
     if args.tls:
         with open(args.tls[0], "rb") as c, open(args.tls[1], "rb") as k:
             creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-        port = server.add_secure_port("127.0.0.1:0", creds)
+        port = server.add_secure_port(args.bind, creds)
     else:
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_insecure_port(args.bind)
     server.start()
     print("port %d" % port, flush=True)
     sys.stdin.read()  # until the test closes our stdin (or goes away)
@@ -144,44 +150,54 @@ def serve(args):
 def call(args):
     md = [tuple(kv.split("=", 1)) for kv in args.metadata]
     msgs = [m.encode() for m in args.message] or [b""]
-    out = {"messages": [], "code": "OK", "details": "", "trailers": {}}
     with grpc.insecure_channel(args.target) as ch:
-        try:
-            if args.kind == "unary":
-                fut = ch.unary_unary(args.method).with_call(msgs[0], timeout=args.timeout,
-                                                            metadata=md)
-                resp, c = fut
-                out["messages"].append(resp.decode(errors="replace"))
-            elif args.kind == "server":
-                t0 = time.monotonic()
-                c = ch.unary_stream(args.method)(msgs[0], timeout=args.timeout, metadata=md)
-                for m in c:
-                    out["messages"].append(m.decode(errors="replace"))
-                    if args.first:
-                        out["first_ms"] = int((time.monotonic() - t0) * 1000)
-                        c.cancel()
-                        break
-            else:
-                # a ping-pong: the next message goes only once the last one's echo came
-                gate = threading.Semaphore(0)
-
-                def requests():
-                    for m in msgs:
-                        yield m
-                        if not gate.acquire(timeout=args.timeout):
-                            return
-                c = ch.stream_stream(args.method)(requests(), timeout=args.timeout, metadata=md)
-                for m in c:
-                    out["messages"].append(m.decode(errors="replace"))
-                    gate.release()
-            out["trailers"] = {k: v for k, v in (c.trailing_metadata() or ())
-                               if isinstance(v, str)}
-        except grpc.RpcError as e:
-            out["code"] = e.code().name
-            out["details"] = e.details() or ""
-            out["trailers"] = {k: v for k, v in (e.trailing_metadata() or ())
-                               if isinstance(v, str)}
+        codes = {}
+        for _ in range(args.repeat):
+            out = call_once(args, ch, md, msgs)
+            codes[out["code"]] = codes.get(out["code"], 0) + 1
+    if args.repeat > 1:
+        out["codes"] = codes
     print(json.dumps(out, sort_keys=True), flush=True)
+
+
+def call_once(args, ch, md, msgs):
+    out = {"messages": [], "code": "OK", "details": "", "trailers": {}}
+    try:
+        if args.kind == "unary":
+            fut = ch.unary_unary(args.method).with_call(msgs[0], timeout=args.timeout,
+                                                        metadata=md)
+            resp, c = fut
+            out["messages"].append(resp.decode(errors="replace"))
+        elif args.kind == "server":
+            t0 = time.monotonic()
+            c = ch.unary_stream(args.method)(msgs[0], timeout=args.timeout, metadata=md)
+            for m in c:
+                out["messages"].append(m.decode(errors="replace"))
+                if args.first:
+                    out["first_ms"] = int((time.monotonic() - t0) * 1000)
+                    c.cancel()
+                    break
+        else:
+            # a ping-pong: the next message goes only once the last one's echo came
+            gate = threading.Semaphore(0)
+
+            def requests():
+                for m in msgs:
+                    yield m
+                    if not gate.acquire(timeout=args.timeout):
+                        return
+            c = ch.stream_stream(args.method)(requests(), timeout=args.timeout, metadata=md)
+            for m in c:
+                out["messages"].append(m.decode(errors="replace"))
+                gate.release()
+        out["trailers"] = {k: v for k, v in (c.trailing_metadata() or ())
+                           if isinstance(v, str)}
+    except grpc.RpcError as e:
+        out["code"] = e.code().name
+        out["details"] = e.details() or ""
+        out["trailers"] = {k: v for k, v in (e.trailing_metadata() or ())
+                           if isinstance(v, str)}
+    return out
 
 
 def main():
@@ -190,6 +206,7 @@ def main():
     s = sub.add_parser("server")
     s.add_argument("--record", required=True)
     s.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    s.add_argument("--bind", default="127.0.0.1:0")
     c = sub.add_parser("call")
     c.add_argument("--target", required=True)
     c.add_argument("--method", required=True)
@@ -198,6 +215,7 @@ def main():
     c.add_argument("--metadata", action="append", default=[])
     c.add_argument("--timeout", type=float, default=10.0)
     c.add_argument("--first", action="store_true")
+    c.add_argument("--repeat", type=int, default=1)
     args = p.parse_args()
     serve(args) if args.cmd == "server" else call(args)
 

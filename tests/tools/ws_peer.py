@@ -3,7 +3,10 @@
 Debian's python3-websockets (10.4, asyncio). Run with /usr/bin/python3.
 
   ws_peer.py server RECORD_FILE [--refuse STATUS] [--tls CERT KEY [--client-ca FILE]]
-      Listens on 127.0.0.1 on a port the kernel picks and prints "PORT\\n" once it accepts.
+                    [--bind IP:PORT]
+      Listens on 127.0.0.1 on a port the kernel picks (--bind: that IPv4 address and port, 0
+      for one the kernel picks; 127.0.0.2, .3 stand for the pods of one service) and prints
+      "PORT\\n" once it accepts.
       Each handshake is recorded as one JSON line {"event": "handshake", "path", "headers"}
       (flushed at once), each connection's end as {"event": "closed", "path", "code",
       "at_ms"} (CLOCK_MONOTONIC milliseconds). With --refuse, every handshake is answered
@@ -40,7 +43,7 @@ def now_ms():
     return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000)
 
 
-def serve(record, refuse, tls, client_ca):
+def serve(record, refuse, tls, client_ca, bind):
     out = open(record, "a")
 
     def log(obj):
@@ -72,7 +75,8 @@ def serve(record, refuse, tls, client_ca):
             if client_ca:
                 ctx.verify_mode = ssl.CERT_REQUIRED
                 ctx.load_verify_locations(client_ca)
-        server = await websockets.serve(handler, "127.0.0.1", 0, process_request=process_request,
+        ip, port = bind.rsplit(":", 1)
+        server = await websockets.serve(handler, ip, int(port), process_request=process_request,
                                         max_size=4 * 1024 * 1024, ping_interval=None, ssl=ctx)
         port = server.sockets[0].getsockname()[1]
         sys.stdout.write("%d\n" % port)
@@ -137,7 +141,7 @@ async def client(url, scenario):
 
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "server":
-        args, refuse, tls, client_ca = sys.argv[3:], 0, None, None
+        args, refuse, tls, client_ca, bind = sys.argv[3:], 0, None, None, "127.0.0.1:0"
         while args:
             if args[0] == "--refuse" and len(args) >= 2:
                 refuse, args = int(args[1]), args[2:]
@@ -145,10 +149,12 @@ def main():
                 tls, args = (args[1], args[2]), args[3:]
             elif args[0] == "--client-ca" and len(args) >= 2:
                 client_ca, args = args[1], args[2:]
+            elif args[0] == "--bind" and len(args) >= 2:
+                bind, args = args[1], args[2:]
             else:
                 sys.stderr.write(__doc__)
                 sys.exit(2)
-        serve(sys.argv[2], refuse, tls, client_ca)
+        serve(sys.argv[2], refuse, tls, client_ca, bind)
         return
     if len(sys.argv) == 4 and sys.argv[1] == "client":
         try:
