@@ -53,14 +53,19 @@ static void dns_both(void)
     cr_assert_eq(dnsm_set(dns, "svc.test", pods, 2), 0);
 }
 
-/* The proxy (one worker) with route "r" to 'url' and the route members 'more' ("" or ", ..."),
- * resolving through dnsmasq. */
-static void start_proxy(const char *url, const char *more)
+/* The proxy (one worker) with route "r" to 'url', the route members 'more' ("" or ", ...") and
+ * the retry members 'retry' (the same), resolving through dnsmasq. */
+static void start_proxy_retry(const char *url, const char *more, const char *retry)
 {
     struct cfgb *b = cfgb_new();
     cfgb_top(b, "\"resolver\": {\"servers\": [\"%s\"]}", dns->server);
-    cfgb_route(b, "r", "\"upstreams\": [\"%s\"], \"retry\": {" CFG_FAST "}%s", url, more);
+    cfgb_route(b, "r", "\"upstreams\": [\"%s\"], \"retry\": {" CFG_FAST "%s}%s", url, retry, more);
     fx_start_b(b, "--workers", "1", NULL);
+}
+
+static void start_proxy(const char *url, const char *more)
+{
+    start_proxy_retry(url, more, "");
 }
 
 /* Two scripted HTTP/2 upstreams, one per pod, on one port; TLS with certificate NAME.pem when
@@ -361,4 +366,32 @@ Test(endpoints_h2, an_idle_h2c_endpoint_that_leaves_gets_goaway_and_no_new_calls
     cr_expect_eq(h2u_count(u[0], "path", "/base/after"), 6);
     cr_expect_eq(h2u_count(u[1], "path", "/base/after"), 0);
     cr_expect_eq(h2u_connections(u[1]), 1, "no new connection to the pod that left");
+}
+
+/* A gRPC call that fails UNAVAILABLE on one pod is retried on the other, never on the same
+ * one: with "random" balance a retry that ignored where the call had been would land on the
+ * same pod half the time. */
+Test(endpoints_h2, a_grpc_retry_over_h2c_goes_to_the_other_endpoint)
+{
+    dns_both();
+    struct h2u *u[2];
+    two_h2u(u, NULL, NULL);
+    char url[96];
+    snprintf(url, sizeof(url), "h2c://svc.test:%u", h2u_port(u[0]));
+    start_proxy_retry(url, ", \"balance\": \"random\"",
+                      ", \"max_attempts\": 2, \"retry_on\": [\"unavailable\"]");
+    static const char msg[8] = { 0, 0, 0, 0, 3, 'a', 'b', 'c' };
+    for (int i = 0; i < 10; i++) {
+        char id[64];
+        snprintf(id, sizeof(id), "X-Request-Id: ep-grpc-%d", i);
+        const char *h[] = { id, "Content-Type: application/grpc", "x-h2-scenario: trailers",
+                            "x-h2-grpc-status: 14", NULL };
+        struct http_resp r;
+        http_do("POST", fx_url("/test.Echo/Unary"), h, msg, sizeof(msg), 20000, &r);
+        cr_assert_eq(r.rc, 0, "curl error %d", r.rc);
+        cr_expect_str_eq(http_hdr(&r, "X-Retry-Attempts"), "2", "call %d", i);
+        http_free(&r);
+        cr_expect_eq(h2u_count(u[0], "request_id", id + 14), 1, "call %d on 127.0.0.2", i);
+        cr_expect_eq(h2u_count(u[1], "request_id", id + 14), 1, "call %d on 127.0.0.3", i);
+    }
 }
