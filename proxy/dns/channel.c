@@ -220,9 +220,12 @@ void dns_ask_now(struct dns_name *n)
         int bits = ares_getsock(d->ch, fds, ARES_GETSOCK_MAXNUM);
         struct pollfd p[ARES_GETSOCK_MAXNUM];
         nfds_t np = 0;
+        /* read as unsigned: c-ares' ARES_GETSOCK_WRITABLE shifts an int 1 into bit 31 for the
+         * last socket, which is undefined */
+        unsigned u = (unsigned)bits;
         for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = (short)((ARES_GETSOCK_READABLE(bits, i) ? POLLIN : 0) |
-                               (ARES_GETSOCK_WRITABLE(bits, i) ? POLLOUT : 0));
+            short ev = (short)((u >> i & 1u ? POLLIN : 0) |
+                               (u >> (i + ARES_GETSOCK_MAXNUM) & 1u ? POLLOUT : 0));
             if (ev)
                 p[np++] = (struct pollfd){ .fd = fds[i], .events = ev };
         }
