@@ -234,14 +234,15 @@ void dns_on_answer(void *arg, int status, int timeouts, struct ares_addrinfo *re
     } else if (status == ARES_SUCCESS || status == ARES_ENOTFOUND || status == ARES_ENODATA) {
         uint32_t ttl;
         struct dns_addrs *a = status == ARES_SUCCESS ? addrs_of(res, &ttl) : NULL;
-        if (a && a->n)
-            answered(n, a, ttl);
-        else if (status != ARES_SUCCESS || a)
-            not_found(n);
-        else
-            failed(n, "out of memory");
-        if (a && !a->n)
+        if (a && a->n) {
+            answered(n, a, ttl); /* takes 'a': freed already when the set is the same */
+        } else {
+            if (status != ARES_SUCCESS || a)
+                not_found(n);
+            else
+                failed(n, "out of memory");
             dns_addrs_unref(a);
+        }
     } else {
         failed(n, ares_strerror(status));
     }
