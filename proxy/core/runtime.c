@@ -95,6 +95,13 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
                 (px->dns && !(x->names[k] = dns_name_get(px->dns, host))))
                 goto fail;
             atomic_store(&x->ups[k]->ejection, r->ejection.health.consecutive_failures > 0);
+            if (x->names[k]) { /* its endpoints are seen before a request picks one */
+                struct dns_addrs *as = dns_name_addrs(x->names[k]);
+                struct live_endpoint *le[LIVE_ENDPOINTS_MAX];
+                live_upstream_sync(x->ups[k], as->a,
+                                   as->n < LIVE_ENDPOINTS_MAX ? as->n : LIVE_ENDPOINTS_MAX, le);
+                dns_addrs_unref(as);
+            }
         }
         for (size_t k = 0; k < r->retry.n_on; k++)
             reasons[k] = metrics_reason(x->metrics, r->retry.on[k].token);
