@@ -15,6 +15,7 @@
 
 #include <curl/curl.h>
 
+#include "proxy/dns/resolve.h"
 #include "proxy/ops/admin.h"
 #include "proxy/listen.h"
 #include "proxy/telemetry/log.h"
@@ -147,6 +148,15 @@ static void on_signal(struct loop_watch *w, uint32_t events)
     }
 }
 
+/* A name's addresses changed: every worker looks at its endpoints again, even with no request
+ * coming. */
+static void on_dns_change(void *arg)
+{
+    struct control *ctl = arg;
+    for (unsigned i = 0; i < ctl->n; i++)
+        worker_wake(ctl->workers[i]);
+}
+
 /* Binds the admin listener; on failure says why on stderr. */
 static int open_admin(const char *addr, int *fd, char *bound, size_t cap)
 {
@@ -208,14 +218,17 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     metrics_set_body_bytes(px.metrics, &px.body_bytes);
     budget_init(&px.budget, cfg->budget.window_ms);
     atomic_init(&px.drain_deadline_ms, 0);
+    /* Before the first snapshot, whose names it resolves at once (no loop turns yet). */
+    px.dns = dns_new(&cfg->resolver);
+    dns_set_metrics(px.dns, px.metrics);
     struct reload_pins pins = { .listen = o->listen,
                                 .admin = o->admin,
                                 .log_level = o->log_level,
                                 .log_format = o->log_format };
-    ctl.rl = px.metrics && px.live ? reload_new(&px, o->config_path, cfg, &pins) : NULL;
+    ctl.rl = px.metrics && px.live && px.dns ? reload_new(&px, o->config_path, cfg, &pins) : NULL;
     ctl.loop = loop_new();
     ctl.sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (!ctl.rl || !ctl.loop || ctl.sfd < 0) {
+    if (!ctl.rl || !ctl.loop || ctl.sfd < 0 || dns_attach(px.dns, ctl.loop) < 0) {
         fprintf(stderr, "retryproxy: cannot start: %s\n", strerror(errno));
         goto out;
     }
@@ -245,6 +258,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     ctl.px = &px;
     ctl.workers = workers;
     ctl.n = n;
+    dns_on_change(px.dns, on_dns_change, &ctl);
     admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl);
     if (!admin || loop_watch_add(ctl.loop, &ctl.sig_watch, ctl.sfd, EPOLLIN, on_signal, &ctl) < 0)
         goto out;
@@ -275,8 +289,9 @@ out:
     reload_free(ctl.rl);
     if (ctl.sfd >= 0)
         close(ctl.sfd);
+    rt_cell_destroy(&px.cell); /* its names go back to the resolver, which goes before its loop */
+    dns_free(px.dns);
     loop_free(ctl.loop);
-    rt_cell_destroy(&px.cell);
     metrics_free(px.metrics);
     live_free(px.live);
     curl_global_cleanup();
