@@ -221,8 +221,10 @@ void dns_ask_now(struct dns_name *n)
         struct pollfd p[ARES_GETSOCK_MAXNUM];
         nfds_t np = 0;
         for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = (short)((ARES_GETSOCK_READABLE(bits, i) ? POLLIN : 0) |
-                               (ARES_GETSOCK_WRITABLE(bits, i) ? POLLOUT : 0));
+            /* ARES_GETSOCK_WRITABLE shifts a signed 1 into the sign bit: the same test, unsigned */
+            unsigned b = (unsigned)bits;
+            short ev = (short)(((b >> i) & 1u ? POLLIN : 0) |
+                               ((b >> (i + ARES_GETSOCK_MAXNUM)) & 1u ? POLLOUT : 0));
             if (ev)
                 p[np++] = (struct pollfd){ .fd = fds[i], .events = ev };
         }

@@ -234,14 +234,16 @@ void dns_on_answer(void *arg, int status, int timeouts, struct ares_addrinfo *re
     } else if (status == ARES_SUCCESS || status == ARES_ENOTFOUND || status == ARES_ENODATA) {
         uint32_t ttl;
         struct dns_addrs *a = status == ARES_SUCCESS ? addrs_of(res, &ttl) : NULL;
-        if (a && a->n)
-            answered(n, a, ttl);
-        else if (status != ARES_SUCCESS || a)
-            not_found(n);
-        else
-            failed(n, "out of memory");
-        if (a && !a->n)
+        bool oom = status == ARES_SUCCESS && !a;
+        if (a && a->n) {
+            answered(n, a, ttl); /* takes 'a' */
+        } else {
             dns_addrs_unref(a);
+            if (oom)
+                failed(n, "out of memory");
+            else
+                not_found(n);
+        }
     } else {
         failed(n, ares_strerror(status));
     }
