@@ -310,15 +310,14 @@ int dns_attach(struct dns *d, struct loop *l)
 int dns_configure(struct dns *d, const struct cfg_resolver *s)
 {
     if (!same_servers(&d->s, s)) {
-        struct cfg_resolver was = d->s;
+        /* A new channel (resolv.conf read again when there are no servers); the old one's
+         * lookups end with ARES_EDESTRUCTION and are asked again of the new one. */
         ares_channel ch = channel_new(d, s);
         if (!ch)
             return -1;
         ares_channel old = d->ch;
         d->ch = ch;
-        d->s = *s;         /* the new timeout for the lookups asked again below */
-        ares_destroy(old); /* its lookups end with ARES_EDESTRUCTION: asked again */
-        d->s = was;
+        ares_destroy(old);
     }
     if (keep_settings(d, s) < 0)
         return -1;
