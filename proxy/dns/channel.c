@@ -236,6 +236,8 @@ void dns_ask_now(struct dns_name *n)
         if (rc < 0 && errno != EINTR)
             break;
         bool any = false;
+        if (d->loop)
+            loop_update_now(d->loop);
         for (nfds_t i = 0; rc > 0 && i < np; i++) {
             if (!p[i].revents)
                 continue;
@@ -248,11 +250,11 @@ void dns_ask_now(struct dns_name *n)
             ares_process_fd(d->ch, ARES_SOCKET_BAD, ARES_SOCKET_BAD);
         clock_gettime(CLOCK_MONOTONIC, &ts);
         now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+        if (d->loop) /* the other names answered meanwhile time their next lookup from now */
+            loop_update_now(d->loop);
     }
     if (n->pending)
         dns_timed_out(n);
-    if (d->loop)
-        loop_update_now(d->loop);
     dns_schedule(n);
     dns_rearm(d);
 }
