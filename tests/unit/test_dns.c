@@ -7,6 +7,8 @@
 
 #include <arpa/inet.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -355,4 +357,62 @@ Test(dns, a_name_only_the_registry_holds_is_no_longer_asked)
     cr_expect_eq(metric("retryproxy_dns_resolutions_total{name=\"dropped.test\"}"), asked,
                  "still asked");
     cr_expect_leq(asked, 3);
+}
+
+/* Workers and the admin thread read names while the control thread publishes: each read is a
+ * whole set, one of those published (run under TSan: make BUILD=build-tsan SAN=-fsanitize=thread).
+ */
+static atomic_bool reading_done;
+static atomic_int bad_reads, reads;
+
+static void *reader(void *arg)
+{
+    struct dns_name *n = arg;
+    while (!atomic_load(&reading_done)) {
+        struct dns_name *r = dns_name_ref(n);
+        uint64_t gen = dns_name_generation(r);
+        struct dns_addrs *a = dns_name_addrs(r);
+        struct dns_status st;
+        dns_name_status(r, &st);
+        char t[64] = "";
+        if (a->n)
+            inet_ntop(AF_INET, &a->a[0].u.v4, t, sizeof(t));
+        bool ok =
+            (a->n == 1 && strcmp(t, "127.0.0.2") == 0) ||
+            (a->n == 2 && strcmp(t, "127.0.0.3") == 0 && a->a[1].u.v4.s_addr == htonl(0x7f000004));
+        if (!ok || gen == 0 || st.last != DNS_OK)
+            atomic_fetch_add(&bad_reads, 1);
+        atomic_fetch_add(&reads, 1);
+        dns_addrs_unref(a);
+        dns_name_unref(r);
+    }
+    return NULL;
+}
+
+Test(dns, other_threads_read_whole_sets_while_the_loop_publishes)
+{
+    start(NULL);
+    set(srv, "busy.test", "127.0.0.2", NULL, NULL);
+    struct dns_name *n = dns_name_get(dns, "busy.test");
+    attach();
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, reader, n), 0);
+    uint64_t gen = dns_name_generation(n);
+    for (int round = 0; round < 4; round++) {
+        if (round % 2 == 0)
+            set(srv, "busy.test", "127.0.0.3", "127.0.0.4", NULL);
+        else
+            set(srv, "busy.test", "127.0.0.2", NULL, NULL);
+        RUN_UNTIL(dns_name_generation(n) != gen, 4000);
+        gen = dns_name_generation(n);
+    }
+    atomic_store(&reading_done, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    cr_expect_eq(atomic_load(&bad_reads), 0, "%d of %d reads saw no whole set",
+                 atomic_load(&bad_reads), atomic_load(&reads));
+    cr_expect_gt(atomic_load(&reads), 0);
+    cr_expect_geq(dns_name_generation(n), 5, "the changes were not all followed");
+    dns_name_unref(n);
 }
