@@ -363,7 +363,7 @@ static struct dns_addrs *literal_of(const char *host)
     return s;
 }
 
-struct dns_name *dns_name_get(struct dns *d, const char *host)
+struct dns_name *dns_name_start(struct dns *d, const char *host)
 {
     char *key = strdup(host);
     if (!key)
@@ -411,9 +411,17 @@ struct dns_name *dns_name_get(struct dns *d, const char *host)
     d->names[d->nnames++] = n;
     if (!n->literal) {
         n->mn = d->m ? metrics_dns_name(d->m, n->shown) : NULL;
-        dns_ask_now(n);
-        dns_flush_changes(d);
+        n->first = true;
+        dns_ask(n);
     }
+    return n;
+}
+
+struct dns_name *dns_name_get(struct dns *d, const char *host)
+{
+    struct dns_name *n = dns_name_start(d, host);
+    if (n)
+        dns_wait(d);
     return n;
 }
 

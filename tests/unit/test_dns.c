@@ -272,6 +272,38 @@ Test(dns, a_frozen_server_times_out_within_timeout_ms_and_its_return_is_logged)
     dns_name_unref(n);
 }
 
+/* A snapshot's new names are asked side by side: three while the server is frozen wait one
+ * timeout_ms, not three; those that can be answered are. */
+Test(dns, new_names_started_together_wait_one_timeout_at_most)
+{
+    start(slow_timeout);
+    set(srv, "a.test", "127.0.0.2", NULL, NULL);
+    set(srv, "b.test", "127.0.0.3", NULL, NULL);
+    attach();
+    dnsm_freeze(srv);
+    int64_t t0 = now_ms();
+    struct dns_name *v[3] = { dns_name_start(dns, "a.test"), dns_name_start(dns, "b.test"),
+                              dns_name_start(dns, "c.test") };
+    dns_wait(dns);
+    int64_t took = now_ms() - t0;
+    cr_expect_geq(took, 700);
+    cr_expect_lt(took, 2000, "took %lld ms for three names", (long long)took);
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(status(v[i]).last, DNS_FAILED);
+    /* Thawed: two new names, both answered before dns_wait() returns. */
+    dnsm_thaw(srv);
+    set(srv, "d.test", "127.0.0.4", NULL, NULL);
+    struct dns_name *w[2] = { dns_name_start(dns, "a.test"), dns_name_start(dns, "d.test") };
+    cr_expect_eq(w[0], v[0], "a name known already is not new");
+    dns_wait(dns);
+    cr_expect_eq(status(w[1]).last, DNS_OK);
+    cr_expect_str_eq(addrs_text(w[1]), "127.0.0.4");
+    for (int i = 0; i < 3; i++)
+        dns_name_unref(v[i]);
+    dns_name_unref(w[0]);
+    dns_name_unref(w[1]);
+}
+
 static void keep_3s(struct cfg_resolver *s)
 {
     s->nxdomain_keep_ms = 3000;
