@@ -448,3 +448,19 @@ Test(dns, other_threads_read_whole_sets_while_the_loop_publishes)
     cr_expect_geq(dns_name_generation(n), 5, "the changes were not all followed");
     dns_name_unref(n);
 }
+
+/* servers [] is /etc/resolv.conf's, with the hosts file first: "localhost" is 127.0.0.1 there
+ * (Debian's /etc/hosts), never asked of a server. */
+Test(dns, no_servers_means_the_system_s_resolv_conf_and_hosts_file)
+{
+    struct cfg_resolver s = { .timeout_ms = 1000,
+                              .min_refresh_ms = 1000,
+                              .max_refresh_ms = 30000,
+                              .nxdomain_keep_ms = 1000 };
+    dns = dns_new(&s);
+    cr_assert_not_null(dns);
+    struct dns_name *n = dns_name_get(dns, "localhost");
+    cr_expect_eq(status(n).last, DNS_OK);
+    cr_expect(strstr(addrs_text(n), "127.0.0.1"), "localhost is %s", addrs_text(n));
+    dns_name_unref(n);
+}
