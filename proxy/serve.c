@@ -17,6 +17,7 @@
 
 #include <curl/curl.h>
 
+#include "proxy/dns/resolve.h"
 #include "proxy/ops/admin.h"
 #include "proxy/listen.h"
 #include "proxy/telemetry/log.h"
@@ -49,14 +50,6 @@ struct control {
     struct loop_timer drain_timer;
     uint64_t deadline_ms, grace_ms; /* 0 until draining / until expired */
 };
-
-/* A name's addresses changed: every worker syncs its endpoints (proxy/core/balance.h). */
-static void wake_workers(void *arg)
-{
-    struct control *ctl = arg;
-    for (unsigned i = 0; i < ctl->n; i++)
-        worker_wake(ctl->workers[i]);
-}
 
 /* Thousands of client and upstream connections need more descriptors than the usual 1024. */
 static void raise_fd_limit(void)
@@ -157,6 +150,15 @@ static void on_signal(struct loop_watch *w, uint32_t events)
     }
 }
 
+/* A name's addresses changed: every worker looks at its endpoints again, even with no request
+ * coming. */
+static void on_dns_change(void *arg)
+{
+    struct control *ctl = arg;
+    for (unsigned i = 0; i < ctl->n; i++)
+        worker_wake(ctl->workers[i]);
+}
+
 /* Binds the admin listener; on failure says why on stderr. */
 static int open_admin(const char *addr, int *fd, char *bound, size_t cap)
 {
@@ -214,14 +216,14 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     px.head_max = cfg->max_header_bytes;
     px.metrics = metrics_new(n);
     px.live = live_new();
-    /* before the first snapshot, whose names it resolves at once */
-    px.dns = dns_new(&cfg->resolver);
-    if (px.dns)
-        dns_set_metrics(px.dns, px.metrics);
     metrics_set_upstreams(px.metrics, live_upstream_rows, px.live);
     metrics_set_body_bytes(px.metrics, &px.body_bytes);
     budget_init(&px.budget, cfg->budget.window_ms);
     atomic_init(&px.drain_deadline_ms, 0);
+    /* Before the first snapshot, whose names it resolves at once (no loop turns yet). */
+    px.dns = dns_new(&cfg->resolver);
+    if (px.dns)
+        dns_set_metrics(px.dns, px.metrics);
     struct reload_pins pins = { .listen = o->listen,
                                 .admin = o->admin,
                                 .log_level = o->log_level,
@@ -229,7 +231,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     ctl.rl = px.metrics && px.live && px.dns ? reload_new(&px, o->config_path, cfg, &pins) : NULL;
     ctl.loop = loop_new();
     ctl.sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (!ctl.rl || !ctl.loop || ctl.sfd < 0) {
+    if (!ctl.rl || !ctl.loop || ctl.sfd < 0 || dns_attach(px.dns, ctl.loop) < 0) {
         fprintf(stderr, "retryproxy: cannot start: %s\n", strerror(errno));
         goto out;
     }
@@ -259,12 +261,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     ctl.px = &px;
     ctl.workers = workers;
     ctl.n = n;
-    /* from now on names are asked again in this loop, and the workers follow their answers */
-    dns_on_change(px.dns, wake_workers, &ctl);
-    if (dns_attach(px.dns, ctl.loop) < 0) {
-        fprintf(stderr, "retryproxy: cannot start the resolver: %s\n", strerror(errno));
-        goto out;
-    }
+    dns_on_change(px.dns, on_dns_change, &ctl);
     admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl);
     if (!admin || loop_watch_add(ctl.loop, &ctl.sig_watch, ctl.sfd, EPOLLIN, on_signal, &ctl) < 0)
         goto out;

@@ -12,6 +12,9 @@
 void endpoint_unref(struct endpoint *e)
 {
     if (e && --e->refs == 0) {
+        /* its connections busy when it left are idle now */
+        if (e->left && e->to)
+            attempt_target_leave(e->left, e->to);
         attempt_target_free(e->to);
         free(e);
     }
@@ -70,8 +73,10 @@ static void sync_view(struct worker *w, const struct rt_route *x, size_t k, stru
         struct endpoint *gone = v->ep[j];
         if (!gone)
             continue;
-        if (gone->to)
+        if (gone->to) {
             attempt_target_leave(w->up, gone->to);
+            gone->left = w->up;
+        }
         endpoint_unref(gone);
     }
     if (as->n > LIVE_ENDPOINTS_MAX && !v->gen)

@@ -22,6 +22,7 @@
 struct rt;
 struct rt_route;
 struct worker;
+struct upstream;
 struct upstream_target;
 
 /* One worker's handle on an endpoint. */
@@ -32,6 +33,8 @@ struct endpoint {
     struct upstream_target *to; /* where its transfers go; made on its first pick */
     size_t k;                   /* its upstream's index in the route */
     uint64_t bit;               /* its bit in a request's 'tried' */
+    struct upstream *left;      /* it left the record: the worker's, whose idle connections to
+                                   it close once more when its last attempt lets go */
     struct dns_addr addr;
 };
 

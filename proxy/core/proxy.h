@@ -13,12 +13,14 @@
 #include "proxy/telemetry/metrics.h"
 #include "proxy/core/runtime.h"
 
+struct dns; /* proxy/dns/resolve.h */
+
 struct proxy {
     struct rt_cell cell;
     struct metrics *metrics;
     struct budget budget; /* the top-level "budget": every retry passes it */
     struct live *live;    /* per-route budgets and route-scoped backoff, by route name */
-    struct dns *dns;      /* upstream names (proxy/dns/resolve.h); NULL: none are resolved */
+    struct dns *dns;      /* the upstreams' names (control thread; NULL in some tests) */
     atomic_bool draining;
     /* Loop-clock ms at which requests still waiting are answered (0: not draining). */
     atomic_uint_fast64_t drain_deadline_ms;

@@ -92,13 +92,28 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
             char host[256];
             origin_host(r->upstreams[k].origin, host, sizeof(host));
             if (!(x->ups[k] = live_upstream(lv, r->name, r->upstreams[k].url)) ||
-                (px->dns && !(x->names[k] = dns_name_get(px->dns, host))))
+                (px->dns && !(x->names[k] = dns_name_start(px->dns, host))))
                 goto fail;
             atomic_store(&x->ups[k]->ejection, r->ejection.health.consecutive_failures > 0);
         }
         for (size_t k = 0; k < r->retry.n_on; k++)
             reasons[k] = metrics_reason(x->metrics, r->retry.on[k].token);
     }
+    /* the new names are asked side by side: one resolver.timeout_ms at most in all */
+    if (px->dns)
+        dns_wait(px->dns);
+    for (size_t i = 0; i < cfg->n_routes; i++)
+        for (size_t k = 0; k < cfg->routes[i].n_upstreams; k++) {
+            struct dns_name *name = rt->routes[i].names[k];
+            if (!name)
+                continue;
+            /* its endpoints are seen (/upstreams) before a request picks one */
+            struct dns_addrs *as = dns_name_addrs(name);
+            struct live_endpoint *le[LIVE_ENDPOINTS_MAX];
+            live_upstream_sync(rt->routes[i].ups[k], as->a,
+                               as->n < LIVE_ENDPOINTS_MAX ? as->n : LIVE_ENDPOINTS_MAX, le);
+            dns_addrs_unref(as);
+        }
     return rt;
 fail:
     rt_free(rt);

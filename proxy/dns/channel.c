@@ -206,26 +206,38 @@ static bool same_servers(const struct cfg_resolver *a, const struct cfg_resolver
     return true;
 }
 
-/* Runs the channel here until the lookup of 'n' ends or timeout_ms passes (no loop yet, or a
- * name a new snapshot needs before it is published). */
-void dns_ask_now(struct dns_name *n)
+/* A name dns_name_start() made is still waiting for its first answer. */
+static bool first_pending(const struct dns *d)
 {
-    struct dns *d = n->d;
+    for (size_t i = 0; i < d->nnames; i++)
+        if (d->names[i]->first && d->names[i]->pending)
+            return true;
+    return false;
+}
+
+static int64_t clock_ms(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t start = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, now = start;
-    dns_ask(n);
-    while (n->pending && now - start < d->s.timeout_ms) {
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs the channel here, not in the loop (none turns yet, or a new snapshot waits for its
+ * names), until the new names have their first answers or timeout_ms passes: their lookups
+ * run side by side, so that a snapshot with many new names waits one timeout at most. */
+void dns_wait(struct dns *d)
+{
+    int64_t start = clock_ms(), now = start;
+    while (first_pending(d) && now - start < d->s.timeout_ms) {
         ares_socket_t fds[ARES_GETSOCK_MAXNUM];
         int bits = ares_getsock(d->ch, fds, ARES_GETSOCK_MAXNUM);
         struct pollfd p[ARES_GETSOCK_MAXNUM];
         nfds_t np = 0;
-        /* read as unsigned: c-ares' ARES_GETSOCK_WRITABLE shifts an int 1 into bit 31 for the
-         * last socket, which is undefined */
-        unsigned u = (unsigned)bits;
         for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = (short)((u >> i & 1u ? POLLIN : 0) |
-                               (u >> (i + ARES_GETSOCK_MAXNUM) & 1u ? POLLOUT : 0));
+            /* ARES_GETSOCK_WRITABLE shifts a signed 1 into the sign bit: the same test, unsigned */
+            unsigned b = (unsigned)bits;
+            short ev = (short)(((b >> i) & 1u ? POLLIN : 0) |
+                               ((b >> (i + ARES_GETSOCK_MAXNUM)) & 1u ? POLLOUT : 0));
             if (ev)
                 p[np++] = (struct pollfd){ .fd = fds[i], .events = ev };
         }
@@ -236,6 +248,9 @@ void dns_ask_now(struct dns_name *n)
         int rc = poll(p, np, (int)wait);
         if (rc < 0 && errno != EINTR)
             break;
+        /* the names answered now time their next lookup from the real now */
+        if (d->loop)
+            loop_update_now(d->loop);
         bool any = false;
         for (nfds_t i = 0; rc > 0 && i < np; i++) {
             if (!p[i].revents)
@@ -247,15 +262,21 @@ void dns_ask_now(struct dns_name *n)
         }
         if (!any)
             ares_process_fd(d->ch, ARES_SOCKET_BAD, ARES_SOCKET_BAD);
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+        now = clock_ms();
     }
-    if (n->pending)
-        dns_timed_out(n);
     if (d->loop)
         loop_update_now(d->loop);
-    dns_schedule(n);
+    for (size_t i = 0; i < d->nnames; i++) {
+        struct dns_name *n = d->names[i];
+        if (!n->first)
+            continue;
+        n->first = false;
+        if (n->pending)
+            dns_timed_out(n);
+        dns_schedule(n);
+    }
     dns_rearm(d);
+    dns_flush_changes(d);
 }
 
 /* ---- the resolver ---- */
@@ -311,15 +332,14 @@ int dns_attach(struct dns *d, struct loop *l)
 int dns_configure(struct dns *d, const struct cfg_resolver *s)
 {
     if (!same_servers(&d->s, s)) {
-        struct cfg_resolver was = d->s;
+        /* A new channel (resolv.conf read again when there are no servers); the old one's
+         * lookups end with ARES_EDESTRUCTION and are asked again of the new one. */
         ares_channel ch = channel_new(d, s);
         if (!ch)
             return -1;
         ares_channel old = d->ch;
         d->ch = ch;
-        d->s = *s;         /* the new timeout for the lookups asked again below */
-        ares_destroy(old); /* its lookups end with ARES_EDESTRUCTION: asked again */
-        d->s = was;
+        ares_destroy(old);
     }
     if (keep_settings(d, s) < 0)
         return -1;

@@ -39,6 +39,7 @@ struct dns_name {
     uint64_t ask_ms;         /* when it is asked next (monotonic ms) */
     uint64_t nx_until_ms;    /* not 0: addresses kept after an NXDOMAIN until then */
     struct lookup *pending;  /* the lookup in flight */
+    bool first;              /* made by dns_name_start(), not yet through dns_wait() */
     struct metrics_name *mn;
 };
 
@@ -78,8 +79,6 @@ uint64_t dns_mono_ms(const struct dns *d);
 void dns_rearm(struct dns *d);
 /* Calls the dns_on_change() callback if a set changed since the last call (once attached). */
 void dns_flush_changes(struct dns *d);
-/* Runs the channel on this thread until the lookup of 'n' ends or timeout_ms passes. */
-void dns_ask_now(struct dns_name *n);
 
 /* resolve.c */
 void dns_ask(struct dns_name *n);

@@ -234,14 +234,15 @@ void dns_on_answer(void *arg, int status, int timeouts, struct ares_addrinfo *re
     } else if (status == ARES_SUCCESS || status == ARES_ENOTFOUND || status == ARES_ENODATA) {
         uint32_t ttl;
         struct dns_addrs *a = status == ARES_SUCCESS ? addrs_of(res, &ttl) : NULL;
+        bool oom = status == ARES_SUCCESS && !a;
         if (a && a->n) {
-            answered(n, a, ttl); /* takes 'a': freed already when the set is the same */
+            answered(n, a, ttl); /* takes 'a' */
         } else {
-            if (status != ARES_SUCCESS || a)
-                not_found(n);
-            else
-                failed(n, "out of memory");
             dns_addrs_unref(a);
+            if (oom)
+                failed(n, "out of memory");
+            else
+                not_found(n);
         }
     } else {
         failed(n, ares_strerror(status));
@@ -362,7 +363,7 @@ static struct dns_addrs *literal_of(const char *host)
     return s;
 }
 
-struct dns_name *dns_name_get(struct dns *d, const char *host)
+struct dns_name *dns_name_start(struct dns *d, const char *host)
 {
     char *key = strdup(host);
     if (!key)
@@ -410,9 +411,17 @@ struct dns_name *dns_name_get(struct dns *d, const char *host)
     d->names[d->nnames++] = n;
     if (!n->literal) {
         n->mn = d->m ? metrics_dns_name(d->m, n->shown) : NULL;
-        dns_ask_now(n);
-        dns_flush_changes(d);
+        n->first = true;
+        dns_ask(n);
     }
+    return n;
+}
+
+struct dns_name *dns_name_get(struct dns *d, const char *host)
+{
+    struct dns_name *n = dns_name_start(d, host);
+    if (n)
+        dns_wait(d);
     return n;
 }
 

@@ -75,6 +75,13 @@ void dns_on_change(struct dns *d, void (*fn)(void *arg), void *arg);
  * made on first use; NULL out of memory. A new name is resolved before this returns (at most
  * resolver.timeout_ms), so that a snapshot starts with addresses. Control thread only. */
 struct dns_name *dns_name_get(struct dns *d, const char *host);
+/* The same without the wait: a new name is asked, and dns_wait() then waits for every name so
+ * made at once, so that a snapshot with N new names waits one resolver.timeout_ms, not N (a
+ * reload while DNS is down). Control thread only. */
+struct dns_name *dns_name_start(struct dns *d, const char *host);
+/* Runs lookups until every name dns_name_start() made has its first answer, at most
+ * resolver.timeout_ms (a lookup still running then has failed). Control thread only. */
+void dns_wait(struct dns *d);
 /* Any thread. */
 struct dns_name *dns_name_ref(struct dns_name *n);
 void dns_name_unref(struct dns_name *n); /* accepts NULL */

@@ -7,9 +7,9 @@
 #include <sys/epoll.h>
 
 #include "config/watch.h"
+#include "proxy/dns/resolve.h"
 #include "proxy/telemetry/log.h"
 #include "proxy/telemetry/metrics.h"
-#include "proxy/dns/resolve.h"
 #include "proxy/core/runtime.h"
 #include "proxy/core/worker.h"
 
@@ -92,9 +92,9 @@ static void note_restart_required(struct reload *rl, const struct cfg *c)
 /* Publishes 'c' as the next generation and wakes every worker to pick it up. */
 static int publish(struct reload *rl, struct cfg *c)
 {
-    /* the resolver's new settings first: the snapshot's new names are asked with them */
-    if (rl->px->dns)
-        dns_configure(rl->px->dns, &c->resolver);
+    /* The new servers and bounds first: the snapshot's new names are asked with them. */
+    if (rl->px->dns && rl->generation && dns_configure(rl->px->dns, &c->resolver) < 0)
+        return -1;
     struct rt *rt = rt_new(c, rl->generation + 1, rl->px);
     if (!rt)
         return -1;

@@ -183,6 +183,14 @@ Test(cli, check_print_shows_the_effective_config)
                         "backoff"),
         "cap_ms");
     cr_expect_eq(json_integer_value(b), 10000);
+    /* the resolver's settings, every default filled in */
+    json_t *res = json_object_get(j, "resolver");
+    cr_expect(json_is_array(json_object_get(res, "servers")));
+    cr_expect_eq(json_array_size(json_object_get(res, "servers")), 0);
+    cr_expect_eq(json_integer_value(json_object_get(res, "timeout_ms")), 1000);
+    cr_expect_eq(json_integer_value(json_object_get(res, "min_refresh_ms")), 1000);
+    cr_expect_eq(json_integer_value(json_object_get(res, "max_refresh_ms")), 30000);
+    cr_expect_eq(json_integer_value(json_object_get(res, "nxdomain_keep_ms")), 30000);
     json_decref(j);
     proc_result_free(&r);
 }

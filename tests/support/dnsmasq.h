@@ -27,7 +27,8 @@ struct dnsm {
 };
 
 /* A running dnsmasq with an empty hosts file, answering; NULL (with a message on stderr) if it
- * could not be started within a few tries. */
+ * could not be started within a few tries. From the test's main thread: it dies with the
+ * thread that started it. */
 struct dnsm *dnsm_start(void);
 /* Gives 'name' the addresses addrs[0..n) (IPv4 or IPv6 text; n 0: none, so NXDOMAIN), and
  * waits until the server answers that set (at most 5 s). 0, or -1. Other names keep theirs. */

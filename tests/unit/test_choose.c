@@ -56,3 +56,68 @@ Test(choose, every_pick_skips_the_ejected_whatever_the_position)
     for (int i = 0; i < 4; i++)
         cr_expect_eq(got[i], 1, "pick %d", i);
 }
+
+/* least_request: the one in turn and one other at random; fewer in flight wins, the one in
+ * turn on a tie (so requests one after another go round-robin). */
+Test(choose, least_request_is_round_robin_when_nothing_waits)
+{
+    struct rng rng;
+    rng_seed(&rng, 1);
+    const int64_t idle[3] = { 0, 0, 0 };
+    uint32_t rr = 0;
+    for (size_t i = 0; i < 9; i++)
+        cr_expect_eq(choose_balanced(CFG_BALANCE_LEAST_REQUEST, 0, 0, 3, idle, &rr, &rng), i % 3);
+}
+
+Test(choose, least_request_spares_the_loaded_one)
+{
+    struct rng rng;
+    rng_seed(&rng, 2);
+    const int64_t load[3] = { 5, 0, 0 }; /* 0 is busy */
+    size_t got[3] = { 0 };
+    uint32_t rr = 0;
+    for (size_t i = 0; i < 300; i++)
+        got[choose_balanced(CFG_BALANCE_LEAST_REQUEST, 0, 0, 3, load, &rr, &rng)]++;
+    cr_expect_eq(got[0], 0, "the loaded one loses every comparison: picked %zu times", got[0]);
+    cr_expect_gt(got[1], 100);
+    cr_expect_gt(got[2], 100);
+}
+
+Test(choose, least_request_still_avoids_the_tried_and_ejected)
+{
+    struct rng rng;
+    rng_seed(&rng, 3);
+    const int64_t load[3] = { 0, 9, 0 };
+    for (uint32_t start = 0; start < 30; start++) {
+        uint32_t rr = start;
+        /* 0 tried, 2 ejected: 1 is the only one left, however loaded */
+        cr_expect_eq(choose_balanced(CFG_BALANCE_LEAST_REQUEST, B(0), B(2), 3, load, &rr, &rng), 1);
+    }
+}
+
+Test(choose, random_picks_every_candidate_but_the_avoided)
+{
+    struct rng rng;
+    rng_seed(&rng, 4);
+    size_t got[4] = { 0 };
+    for (size_t i = 0; i < 400; i++)
+        got[choose_balanced(CFG_BALANCE_RANDOM, B(3), 0, 4, NULL, NULL, &rng)]++;
+    cr_expect_eq(got[3], 0);
+    for (size_t i = 0; i < 3; i++)
+        cr_expect_gt(got[i], 80, "candidate %zu: %zu of 400", i, got[i]);
+}
+
+Test(choose, one_candidate_whatever_the_bits)
+{
+    uint32_t rr = 7;
+    cr_expect_eq(choose_balanced(CFG_BALANCE_LEAST_REQUEST, B(0), B(0), 1, NULL, &rr, NULL), 0);
+}
+
+Test(choose, sixty_four_candidates_at_most)
+{
+    struct rng rng;
+    rng_seed(&rng, 5);
+    uint32_t rr = 0;
+    for (size_t i = 0; i < 200; i++)
+        cr_expect_lt(choose_balanced(CFG_BALANCE_ROUND_ROBIN, 0, 0, 100, NULL, &rr, &rng), 64);
+}

@@ -1,0 +1,385 @@
+/* Endpoints (docs/endpoints.md), end to end over HTTP/1.1 through libcurl: a host name stands for
+ * every address a real DNS server (dnsmasq, tests/support/dnsmasq.h) gives it, each request is
+ * balanced over them, a retry goes elsewhere, a changed record is followed without a reload and
+ * a DNS server that fails leaves the last addresses in use. The pods of one service are test
+ * upstreams on 127.0.0.2, .3 and .4, on one port; what each received shows where attempts went.
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/cfgb.h"
+#include "tests/support/dnsmasq.h"
+#include "tests/support/fixture.h"
+#include "tests/support/proc.h"
+
+#define T    20000 /* ms: upper bound for any single request */
+#define PODS 3
+
+static struct dnsm *dns;
+static struct tup *pod[PODS]; /* 127.0.0.2 + i */
+static uint16_t port;
+
+static void teardown(void)
+{
+    fx_stop();
+    for (size_t i = 0; i < PODS; i++) {
+        tup_stop(pod[i]);
+        pod[i] = NULL;
+    }
+    dnsm_stop(dns);
+    dns = NULL;
+}
+
+TestSuite(endpoints, .fini = teardown, .timeout = 90);
+
+static const char *pod_ip(size_t i)
+{
+    static const char *const ips[PODS] = { "127.0.0.2", "127.0.0.3", "127.0.0.4" };
+    return ips[i];
+}
+
+/* Upstreams on 127.0.0.2.. (the first 'n' of them: the others' address refuses) on one port
+ * the kernel gave the first, and dnsmasq answering svc.test with 'n_dns' of the addresses. */
+static void pods(size_t n, size_t n_dns)
+{
+    fx_init_curl();
+    for (int tries = 0; tries < 20; tries++) {
+        char err[256];
+        port = 0;
+        size_t k = 0;
+        for (; k < n; k++) {
+            if (!(pod[k] = tup_try_start_at(pod_ip(k), port, NULL, NULL, err, sizeof(err))))
+                break;
+            port = tup_port(pod[k]);
+        }
+        if (k == n)
+            break;
+        for (size_t i = 0; i < k; i++) {
+            tup_stop(pod[i]);
+            pod[i] = NULL;
+        }
+    }
+    cr_assert_not_null(pod[n ? n - 1 : 0], "no port free on every address");
+    if (!n) { /* no upstream runs: a port nothing listens on */
+        tup_stop(pod[0]);
+        pod[0] = NULL;
+    }
+    dns = dnsm_start();
+    cr_assert_not_null(dns);
+    const char *ips[PODS] = { pod_ip(0), pod_ip(1), pod_ip(2) };
+    cr_assert_eq(dnsm_set(dns, "svc.test", ips, n_dns), 0);
+}
+
+/* The proxy with route "r" to http://svc.test:PORT and 'more' route members. */
+static void start(const char *more)
+{
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"resolver\": {\"servers\": [\"%s\"]}", dns->server);
+    cfgb_route(b, "r", "\"upstreams\": [\"http://svc.test:%u\"]%s%s", port, *more ? ", " : "",
+               more);
+    fx_start_b(b, "--workers", "1", NULL);
+}
+
+/* One GET with request id 'id' and plan 'plan' (NULL: the pod's default); its status. */
+static long get(const char *id, const char *plan)
+{
+    char ih[96], ph[128], url[256];
+    snprintf(ih, sizeof(ih), "X-Request-Id: %s", id);
+    snprintf(ph, sizeof(ph), "X-Test-Plan: %s", plan ? plan : "");
+    const char *h[] = { ih, plan ? ph : NULL, NULL };
+    struct http_resp r;
+    http_do("GET", px_url(px, "/", url, sizeof(url)), h, NULL, 0, T, &r);
+    cr_assert_eq(r.rc, 0, "%s: curl error %d", id, r.rc);
+    long status = r.status;
+    http_free(&r);
+    return status;
+}
+
+static size_t got(size_t i)
+{
+    return pod[i] ? tup_count(pod[i]) : 0;
+}
+
+/* The endpoints of route "r"'s upstream in GET /upstreams (new reference). */
+static json_t *endpoints(void)
+{
+    json_t *j = fx_admin_get_json("/upstreams");
+    json_t *r = json_array_get(json_object_get(j, "routes"), 0);
+    json_t *u = json_array_get(json_object_get(r, "upstreams"), 0);
+    json_t *eps = json_incref(json_object_get(u, "endpoints"));
+    json_decref(j);
+    cr_assert(json_is_array(eps), "/upstreams shows no endpoints");
+    return eps;
+}
+
+/* The state of endpoint 'ip' in /upstreams, "" when it is not listed. */
+static const char *state_of(const char *ip)
+{
+    static char state[16];
+    json_t *eps = endpoints(), *e;
+    size_t i;
+    state[0] = '\0';
+    char addr[64];
+    snprintf(addr, sizeof(addr), "%s:%u", ip, port);
+    json_array_foreach(eps, i, e) if (strcmp(json_str(e, "address"), addr) == 0)
+        snprintf(state, sizeof(state), "%s", json_str(e, "state"));
+    json_decref(eps);
+    return state;
+}
+
+static double ep_metric(const char *state)
+{
+    char series[256];
+    snprintf(series, sizeof(series),
+             "retryproxy_upstream_endpoints{route=\"r\",upstream=\"http://svc.test:%u\","
+             "state=\"%s\"}",
+             port, state);
+    return fx_metric(series);
+}
+
+/* Requests one after another go round the three endpoints (least_request with nothing in
+ * flight: the one in turn), each getting a third. */
+Test(endpoints, requests_spread_over_every_address_of_the_name)
+{
+    pods(3, 3);
+    start("");
+    for (int i = 0; i < 30; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "s-%d", i);
+        cr_assert_eq(get(id, NULL), 200);
+    }
+    for (size_t i = 0; i < PODS; i++)
+        cr_expect_eq(got(i), 10, "%s got %zu of 30", pod_ip(i), got(i));
+    cr_expect_eq(ep_metric("healthy"), 3);
+    json_t *j = fx_admin_get_json("/upstreams");
+    json_t *u = json_array_get(
+        json_object_get(json_array_get(json_object_get(j, "routes"), 0), "upstreams"), 0);
+    json_t *name = json_object_get(u, "dns");
+    cr_expect_str_eq(json_str(name, "name"), "svc.test");
+    cr_expect_str_eq(json_str(name, "result"), "ok");
+    cr_expect_eq(json_integer_value(json_object_get(name, "ttl_s")), 1);
+    cr_expect_eq(json_array_size(json_object_get(u, "endpoints")), 3);
+    json_decref(j);
+    char series[128];
+    snprintf(series, sizeof(series),
+             "retryproxy_dns_resolutions_total{name=\"svc.test\","
+             "result=\"ok\"}");
+    cr_expect_geq(fx_metric(series), 1);
+}
+
+/* least_request: a slow endpoint holds requests in flight, so new ones go to the others. */
+Test(endpoints, a_slow_endpoint_gets_fewer_requests)
+{
+    pods(2, 2);
+    tup_set_default_plan(pod[0], "delay=1500");
+    start("");
+    struct http_call c[8];
+    char url[256];
+    px_url(px, "/", url, sizeof(url));
+    for (int i = 0; i < 8; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "lr-%d", i);
+        http_call_start(&c[i], url, id, NULL);
+        sleep_ms(100); /* each one after the last reached its pod */
+    }
+    for (int i = 0; i < 8; i++) {
+        http_call_join(&c[i]);
+        cr_expect_eq(c[i].r.status, 200);
+        http_free(&c[i].r);
+    }
+    /* round-robin would give each 4; the slow one keeps its first in flight */
+    cr_expect_leq(got(0), 2, "the slow endpoint got %zu of 8", got(0));
+    cr_expect_eq(got(0) + got(1), 8);
+}
+
+/* An endpoint that refuses connections: a request that failed there is retried on another,
+ * never back on it, whatever its turn (random picks: the turn would not move on by itself). */
+Test(endpoints, a_retry_never_goes_back_to_the_endpoint_that_refused)
+{
+    pods(2, 3); /* 127.0.0.4 is in the record, nothing listens there */
+    start("\"balance\": \"random\", "
+          "\"retry\": {\"max_attempts\": 5, \"retry_on\": [\"connect-failure\"], " CFG_FAST "}");
+    for (int i = 0; i < 60; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "r-%d", i);
+        cr_assert_eq(get(id, NULL), 200);
+    }
+    size_t retried = 0;
+    for (size_t p = 0; p < 2; p++)
+        for (size_t i = 0; i < got(p); i++) {
+            const char *a = tup_req_header(tup_get(pod[p], i), "X-Retry-Attempt");
+            cr_assert_not_null(a);
+            cr_expect(strcmp(a, "1") == 0 || strcmp(a, "2") == 0,
+                      "a request took attempt %s: it went back to the refusing endpoint", a);
+            retried += strcmp(a, "2") == 0;
+        }
+    cr_expect_eq(got(0) + got(1), 60);
+    cr_expect_eq(fx_metric("retryproxy_attempts_total{route=\"r\",outcome=\"connect_failure\"}"),
+                 (double)retried);
+    cr_expect_geq(retried, 5, "a third of first attempts go to the refusing endpoint");
+}
+
+/* The record changes: within its TTL (1 s) and about a second, requests go to the new address,
+ * and none fails meanwhile. */
+Test(endpoints, a_changed_record_is_followed_without_a_reload)
+{
+    pods(2, 1); /* svc.test is 127.0.0.2 */
+    start("");
+    cr_assert_eq(get("before", NULL), 200);
+    cr_assert_eq(got(0), 1);
+    const char *now[] = { pod_ip(1) };
+    cr_assert_eq(dnsm_set(dns, "svc.test", now, 1), 0);
+    int64_t changed = now_ms(), moved = 0;
+    for (int i = 0; i < 60 && !moved; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "c-%d", i);
+        cr_assert_eq(get(id, NULL), 200, "%s failed while the record changed", id);
+        if (tup_count_id(pod[1], id))
+            moved = now_ms();
+        else
+            sleep_ms(50);
+    }
+    cr_assert(moved, "requests never reached the new address");
+    cr_expect_lt(moved - changed, 4000, "followed after %lld ms (TTL 1 s)",
+                 (long long)(moved - changed));
+    size_t before = got(0);
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(get("after", NULL), 200);
+    cr_expect_eq(got(0), before, "the address that left got requests");
+    cr_expect_eq(fx_metric("retryproxy_config_generation"), 1, "no reload");
+}
+
+/* The DNS server dies, or stops answering: the addresses it last gave stay in use, every request
+ * is answered in its usual time, and the name is said to be stale. */
+static void dns_fails(bool freeze)
+{
+    pods(2, 2);
+    start("");
+    if (freeze)
+        dnsm_freeze(dns);
+    else
+        dnsm_kill(dns);
+    int64_t until = now_ms() + 4000, worst = 0;
+    int n = 0;
+    while (now_ms() < until) {
+        char id[32];
+        snprintf(id, sizeof(id), "d-%d", n++);
+        int64_t t0 = now_ms();
+        cr_assert_eq(get(id, NULL), 200, "%s failed with DNS down", id);
+        worst = now_ms() - t0 > worst ? now_ms() - t0 : worst;
+        sleep_ms(50);
+    }
+    cr_expect_lt(worst, 1000, "a request took %lld ms with DNS down", (long long)worst);
+    cr_expect_gt(got(0), 0);
+    cr_expect_gt(got(1), 0);
+    cr_expect_eq(fx_wait_metric("retryproxy_dns_stale{name=\"svc.test\"}", 1, 5000), 1);
+    cr_expect_geq(fx_metric("retryproxy_dns_resolutions_total{name=\"svc.test\","
+                            "result=\"failure\"}"),
+                  1);
+    cr_expect_not_null(
+        fx_logged("name lookup failed: keeping its last addresses", "name", "svc.test"),
+        "no log line says the name is stale");
+    if (freeze)
+        dnsm_thaw(dns);
+}
+
+Test(endpoints, dns_killed_keeps_the_last_addresses)
+{
+    dns_fails(false);
+}
+
+Test(endpoints, dns_frozen_keeps_the_last_addresses)
+{
+    dns_fails(true);
+}
+
+/* An endpoint leaves the record while requests run on it: they finish; it is "leaving" until
+ * they did, gets nothing new, then its idle connection closes and it is gone from the view. */
+Test(endpoints, an_endpoint_that_leaves_finishes_its_requests)
+{
+    pods(2, 2);
+    start("");
+    tup_set_default_plan(pod[0], "delay=2000");
+    struct http_call c[4];
+    char url[256];
+    px_url(px, "/", url, sizeof(url));
+    for (int i = 0; i < 4; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "l-%d", i);
+        http_call_start(&c[i], url, id, NULL);
+    }
+    cr_assert_eq(tup_wait_count(pod[0], 1, T), 0, "no request reached 127.0.0.2");
+    const char *rest[] = { pod_ip(1) };
+    cr_assert_eq(dnsm_set(dns, "svc.test", rest, 1), 0);
+    /* the change is seen within the TTL; until its requests end, 127.0.0.2 is leaving */
+    int64_t until = now_ms() + 4000;
+    while (now_ms() < until && strcmp(state_of(pod_ip(0)), "leaving") != 0)
+        sleep_ms(50);
+    cr_expect_str_eq(state_of(pod_ip(0)), "leaving");
+    cr_expect_eq(ep_metric("leaving"), 1);
+    size_t slow = got(0);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(get("new", NULL), 200);
+    cr_expect_eq(got(0), slow, "an endpoint that left got a new request");
+    for (int i = 0; i < 4; i++) {
+        http_call_join(&c[i]);
+        cr_expect_eq(c[i].r.status, 200, "a request in flight on the leaving endpoint: %ld",
+                     c[i].r.status);
+        http_free(&c[i].r);
+    }
+    /* its requests ended, its idle connections close: it leaves the view */
+    until = now_ms() + 8000;
+    while (now_ms() < until && state_of(pod_ip(0))[0]) {
+        get("tick", NULL);
+        sleep_ms(100);
+    }
+    cr_expect_str_eq(state_of(pod_ip(0)), "", "127.0.0.2 is still %s", state_of(pod_ip(0)));
+}
+
+/* Ejection is per endpoint: the failing address leaves the rotation, the others stay. */
+Test(endpoints, ejection_is_per_endpoint)
+{
+    pods(3, 3);
+    tup_set_default_plan(pod[0], "fail=4000000000;status=503");
+    start("\"retry\": {\"max_attempts\": 3, \"retry_on\": [\"5xx\"], " CFG_FAST "}, "
+          "\"ejection\": {\"consecutive_failures\": 1, \"backoff\": {\"base_ms\": 30000, "
+          "\"jitter\": \"none\"}}");
+    for (int i = 0; i < 12; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "e-%d", i);
+        cr_assert_eq(get(id, NULL), 200);
+    }
+    cr_expect_eq(got(0), 1, "the failing endpoint got %zu attempts, once ejected none", got(0));
+    cr_expect_str_eq(state_of(pod_ip(0)), "ejected");
+    cr_expect_str_eq(state_of(pod_ip(1)), "healthy");
+    cr_expect_str_eq(state_of(pod_ip(2)), "healthy");
+    cr_expect_eq(ep_metric("ejected"), 1);
+    cr_expect_eq(ep_metric("healthy"), 2);
+    char series[160];
+    snprintf(series, sizeof(series),
+             "retryproxy_upstream_ejected{route=\"r\",upstream=\"http://svc.test:%u\"}", port);
+    cr_expect_eq(fx_metric(series), 1);
+    json_t *line = fx_logged("upstream ejected", "endpoint", pod_ip(0));
+    cr_expect_not_null(line, "no log line names the ejected endpoint");
+    json_decref(line);
+}
+
+/* A name with no address: nothing to connect to, a 502 naming the upstream as unavailable;
+ * the address that joins is used at once. */
+Test(endpoints, a_name_without_addresses_then_one_that_joins)
+{
+    pods(1, 0);
+    start("\"retry\": {\"max_attempts\": 2, " CFG_FAST "}");
+    cr_expect_eq(get("none", NULL), 502);
+    cr_expect_eq(ep_metric("healthy"), 0);
+    const char *one[] = { pod_ip(0) };
+    cr_assert_eq(dnsm_set(dns, "svc.test", one, 1), 0);
+    int64_t until = now_ms() + 5000;
+    long status = 0;
+    while (now_ms() < until && (status = get("joined", NULL)) != 200)
+        sleep_ms(100);
+    cr_expect_eq(status, 200, "the address that joined was not used");
+}

@@ -1,0 +1,108 @@
+/* live_upstream_sync(): each address of an upstream's record gets an endpoint slot, kept while
+ * it stays (its health with it), given to another address only once its own left and nothing
+ * uses it, and at most LIVE_ENDPOINTS_MAX of them (docs/endpoints.md). */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "proxy/core/live.h"
+
+static struct live *lv;
+static struct live_upstream *u;
+
+static void setup(void)
+{
+    lv = live_new();
+    cr_assert_not_null(live_route(lv, "r", 1000));
+    u = live_upstream(lv, "r", "http://svc:80");
+    cr_assert_not_null(u);
+}
+
+static void teardown(void)
+{
+    live_free(lv);
+}
+
+TestSuite(live_endpoints, .init = setup, .fini = teardown);
+
+static struct dns_addr v4(const char *s)
+{
+    struct dns_addr a;
+    memset(&a, 0, sizeof(a));
+    a.family = AF_INET;
+    inet_pton(AF_INET, s, &a.u.v4);
+    return a;
+}
+
+Test(live_endpoints, an_address_keeps_its_slot_while_it_stays)
+{
+    struct dns_addr a[2] = { v4("10.0.0.1"), v4("10.0.0.2") };
+    struct live_endpoint *e[2], *f[2];
+    live_upstream_sync(u, a, 2, e);
+    cr_assert(e[0] && e[1] && e[0] != e[1]);
+    struct dns_addr b[2] = { v4("10.0.0.2"), v4("10.0.0.3") };
+    live_upstream_sync(u, b, 2, f);
+    cr_expect_eq(f[0], e[1], "10.0.0.2 kept its slot");
+    cr_expect_eq(atomic_load(&f[0]->epoch), atomic_load(&e[1]->epoch));
+    /* 10.0.0.1 left and nothing uses it: 10.0.0.3 takes its slot, as another address */
+    cr_expect_eq(f[1], e[0]);
+    cr_expect_eq(atomic_load(&f[1]->epoch), 1);
+}
+
+Test(live_endpoints, a_left_address_that_nothing_uses_gives_its_slot_and_health_away)
+{
+    struct health_spec hs = { .consecutive_failures = 1 };
+    hs.backoff.policy = BACKOFF_FIXED;
+    hs.backoff.base_ms = 1000;
+    hs.backoff.cap_ms = 1000;
+    struct rng rng;
+    rng_seed(&rng, 1);
+    struct dns_addr a[1] = { v4("10.0.0.1") };
+    struct live_endpoint *e[1], *f[1];
+    live_upstream_sync(u, a, 1, e);
+    uint32_t epoch = atomic_load(&e[0]->epoch);
+    cr_expect(live_endpoint_record(e[0], epoch, &hs, true, 100, &rng), "ejected");
+    cr_expect(!live_endpoint_available(e[0], 200));
+    /* in use when it left: the slot stays its own ("leaving") */
+    atomic_store(&e[0]->in_flight, 1);
+    struct dns_addr b[1] = { v4("10.0.0.2") };
+    live_upstream_sync(u, b, 1, f);
+    cr_expect_neq(f[0], e[0]);
+    struct live_ep_row rows[4];
+    size_t n = live_upstream_endpoints(u, 200, rows, 4);
+    cr_assert_eq(n, 2);
+    cr_expect_eq(rows[0].state, LIVE_EP_LEAVING);
+    cr_expect_eq(rows[1].state, LIVE_EP_HEALTHY);
+    /* once unused, a third address may take it: health and epoch start over */
+    atomic_store(&e[0]->in_flight, 0);
+    struct dns_addr c[2] = { v4("10.0.0.2"), v4("10.0.0.3") };
+    struct live_endpoint *g[2];
+    live_upstream_sync(u, c, 2, g);
+    cr_expect_eq(g[1], e[0], "the unused slot is reused");
+    cr_expect_neq(atomic_load(&g[1]->epoch), epoch);
+    cr_expect(live_endpoint_available(g[1], 200), "the new address is not ejected");
+    cr_expect(!live_endpoint_record(g[1], epoch, &hs, true, 300, &rng),
+              "an outcome for the old address is not recorded against the new one");
+    cr_expect(live_endpoint_available(g[1], 400));
+    cr_expect_eq(u->ejections_gone, 1, "the old address's ejection still counts");
+}
+
+Test(live_endpoints, at_most_sixty_four)
+{
+    struct dns_addr a[70];
+    struct live_endpoint *e[70];
+    for (int i = 0; i < 70; i++) {
+        char s[32];
+        snprintf(s, sizeof(s), "10.0.1.%d", i + 1);
+        a[i] = v4(s);
+    }
+    live_upstream_sync(u, a, 70, e);
+    for (int i = 0; i < 64; i++)
+        cr_expect_not_null(e[i]);
+    for (int i = 64; i < 70; i++)
+        cr_expect_null(e[i], "address %d has no slot", i);
+    struct live_ep_row rows[LIVE_ENDPOINTS_MAX];
+    cr_expect_eq(live_upstream_endpoints(u, 0, rows, LIVE_ENDPOINTS_MAX), 64);
+}
