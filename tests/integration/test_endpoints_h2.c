@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -394,4 +395,92 @@ Test(endpoints_h2, a_grpc_retry_over_h2c_goes_to_the_other_endpoint)
         cr_expect_eq(h2u_count(u[0], "request_id", id + 14), 1, "call %d on 127.0.0.2", i);
         cr_expect_eq(h2u_count(u[1], "request_id", id + 14), 1, "call %d on 127.0.0.3", i);
     }
+}
+
+/* A slow GET on its own thread, with x-h2-delay-ms. */
+struct slow {
+    pthread_t th;
+    char url[128];
+    struct http_resp r;
+};
+
+static void *slow_run(void *arg)
+{
+    struct slow *s = arg;
+    const char *h[] = { "x-h2-delay-ms: 6000", NULL };
+    http_do("GET", s->url, h, NULL, 0, 30000, &s->r);
+    return NULL;
+}
+
+/* The endpoint 'addr' of route r's first upstream in the admin view: its in_flight, and its
+ * state in state[cap] ("" when it is not listed). */
+static long endpoint_view(const char *addr, char *state, size_t cap)
+{
+    json_t *v = fx_admin_get_json("/upstreams"), *e;
+    json_t *eps = json_object_get(
+        json_array_get(
+            json_object_get(json_array_get(json_object_get(v, "routes"), 0), "upstreams"), 0),
+        "endpoints");
+    size_t i;
+    long in_flight = -1;
+    state[0] = '\0';
+    json_array_foreach(eps, i, e)
+    {
+        const char *a = json_str(e, "address");
+        if (a && strcmp(a, addr) == 0) {
+            in_flight = (long)json_integer_value(json_object_get(e, "in_flight"));
+            snprintf(state, cap, "%s", json_str(e, "state") ? json_str(e, "state") : "?");
+        }
+    }
+    json_decref(v);
+    return in_flight;
+}
+
+/* An h2c pod that leaves the record while calls are in flight on it: they finish (200), it is
+ * "leaving" meanwhile, and its session gets the GOAWAY only once they are done. */
+Test(endpoints_h2, an_h2c_endpoint_that_leaves_with_calls_in_flight_finishes_them_then_goaway)
+{
+    dns_both();
+    struct h2u *u[2];
+    two_h2u(u, NULL, NULL);
+    char url[96], leaving[32], state[32];
+    snprintf(url, sizeof(url), "h2c://svc.test:%u/base", h2u_port(u[0]));
+    snprintf(leaving, sizeof(leaving), "127.0.0.3:%u", h2u_port(u[0]));
+    start_proxy(url, "");
+    struct slow s[4];
+    for (int i = 0; i < 4; i++) {
+        snprintf(s[i].url, sizeof(s[i].url), "%s", fx_url("/slow"));
+        cr_assert_eq(pthread_create(&s[i].th, NULL, slow_run, &s[i]), 0);
+    }
+    int64_t until = now_ms() + 3000;
+    while (endpoint_view(leaving, state, sizeof(state)) < 1 && now_ms() < until)
+        sleep_ms(50);
+    cr_assert_geq(endpoint_view(leaving, state, sizeof(state)), 1, "no call in flight on it");
+    cr_assert_eq(dnsm_set(dns, "svc.test", pods, 1), 0);
+    until = now_ms() + 5000;
+    long in_flight = 0;
+    while (now_ms() < until) {
+        in_flight = endpoint_view(leaving, state, sizeof(state));
+        if (strcmp(state, "leaving") == 0)
+            break;
+        sleep_ms(50);
+    }
+    cr_expect_str_eq(state, "leaving");
+    cr_expect_geq(in_flight, 1, "its calls ended before it was seen leaving");
+    cr_expect_eq(events(u[1], "goaway", NULL, NULL), 0, "a GOAWAY while calls were in flight");
+    for (int i = 0; i < 4; i++) {
+        pthread_join(s[i].th, NULL);
+        cr_expect_eq(s[i].r.rc, 0, "curl error %d", s[i].r.rc);
+        cr_expect_eq(s[i].r.status, 200, "call %d", i);
+        const char *n = http_hdr(&s[i].r, "X-Retry-Attempts");
+        cr_expect(n && strcmp(n, "1") == 0, "call %d took %s attempts", i, n ? n : "?");
+        http_free(&s[i].r);
+    }
+    size_t done = h2u_count(u[1], "path", "/base/slow");
+    cr_expect_geq(done, 1);
+    struct goaway_wait g = { u[1], "goaway" };
+    cr_expect(fx_wait(saw, &g, 10000, 50), "no GOAWAY once its calls were done");
+    h2c_calls("/after", 6);
+    cr_expect_eq(h2u_count(u[1], "path", "/base/after"), 0);
+    cr_expect_eq(h2u_count(u[0], "path", "/base/after"), 6);
 }
