@@ -8,39 +8,46 @@
 # the test upstream over http://, "h2": h2c with 4 streams a connection to nghttpd over h2c://),
 # then again with N2, and prints the difference over N2 - N1 requests, so that start-up and
 # shutdown cancel out. HTTP/2's framing batches differently from run to run: take the median of
-# several runs, alternating the builds.
+# several runs, alternating the builds. UPSTREAMS=3 gives the route three upstreams (three
+# endpoints, balanced per request: docs/endpoints.md) instead of one.
 set -euo pipefail
 BIN=$1
 MODE=$2
 N1=${3:-1000}
 N2=${4:-3000}
 UPB=${UPB:-build/tests/upstream}
+UPSTREAMS=${UPSTREAMS:-1}
 DIR=$(mktemp -d /tmp/retryproxy-instr-XXXXXX)
 . "$(dirname "$0")/h2lib.sh"
 need valgrind:valgrind h2load:nghttp2-client nghttpd:nghttp2-server
 count() {
-    local n=$1 d up px url lp
+    local n=$1 d up px url lp urls="" ups=()
     d=$(mktemp -d "$DIR/run-XXXXXX")
-    if [ "$MODE" = h1 ]; then
-        "$UPB" --port 0 > "$d/up.out" 2>&1 & up=$!
-        PIDS+=("$up")
-        for _ in $(seq 50); do
-            url=$(grep -o ':[0-9]\+' "$d/up.out" | head -1 | tr -d :) && [ -n "$url" ] && break
-            sleep 0.1
-        done
-        url="http://127.0.0.1:$url"
-    else
-        local p
-        p=$(free_port)
-        echo ok > "$d/ok"
-        nghttpd --no-tls -d "$d" "$p" > /dev/null 2>&1 & up=$!
-        PIDS+=("$up")
-        sleep 0.5
-        url="h2c://127.0.0.1:$p"
-    fi
+    for i in $(seq "$UPSTREAMS"); do
+        if [ "$MODE" = h1 ]; then
+            "$UPB" --port 0 > "$d/up$i.out" 2>&1 & up=$!
+            PIDS+=("$up")
+            ups+=("$up")
+            for _ in $(seq 50); do
+                url=$(grep -o ':[0-9]\+' "$d/up$i.out" | head -1 | tr -d :) && [ -n "$url" ] && break
+                sleep 0.1
+            done
+            url="http://127.0.0.1:$url"
+        else
+            local p
+            p=$(free_port)
+            echo ok > "$d/ok"
+            nghttpd --no-tls -d "$d" "$p" > /dev/null 2>&1 & up=$!
+            PIDS+=("$up")
+            ups+=("$up")
+            sleep 0.5
+            url="h2c://127.0.0.1:$p"
+        fi
+        urls="$urls${urls:+, }\"$url\""
+    done
     lp=$(free_port)
-    printf '{"listen": "127.0.0.1:%s", "log": {"level": "warn"},\n "routes": [{"name": "ok", "upstreams": ["%s"]}]}\n' \
-        "$lp" "$url" > "$d/c.json"
+    printf '{"listen": "127.0.0.1:%s", "log": {"level": "warn"},\n "routes": [{"name": "ok", "upstreams": [%s]}]}\n' \
+        "$lp" "$urls" > "$d/c.json"
     valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "$BIN" -c "$d/c.json" --workers 1 --admin 127.0.0.1:0 \
         > "$d/px.log" 2>&1 & px=$!
     PIDS+=("$px")
@@ -52,7 +59,7 @@ count() {
     fi
     grep -q "$n succeeded" "$d/h2load.out" || { cat "$d/h2load.out" >&2; exit 1; }
     kill -TERM "$px"; wait "$px" || true
-    kill "$up" 2>/dev/null || true
+    kill "${ups[@]}" 2>/dev/null || true
     grep -m1 '^summary\|^totals' "$d/cg.out" | awk '{print $2}'
 }
 a=$(count "$N1")

@@ -43,6 +43,9 @@ static void track(struct dnsm *d, bool on)
         atexit(kill_all);
         registered = true;
     }
+    for (size_t i = 0; on && i < MAX_RUNNING; i++)
+        if (running[i] == d)
+            return; /* tracked already: a start that tried another port */
     for (size_t i = 0; i < MAX_RUNNING; i++)
         if (on ? !running[i] : running[i] == d) {
             running[i] = on ? d : NULL;
