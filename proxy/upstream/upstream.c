@@ -72,7 +72,8 @@ struct upstream_url {
     char *cainfo, *capath;  /* what libcurl verifies an https upstream's certificate against */
     char *sslcert, *sslkey; /* the client certificate (tls.cert_file, key_file) */
     struct curl_slist *connect_to; /* with tls.server_name: where connections really go */
-    char *host_field;              /* ... and the Host the URL no longer gives */
+    bool literal;     /* its host is an IP address: its one endpoint needs no CONNECT_TO */
+    char *host_field; /* ... and the Host the URL no longer gives */
 };
 
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it (a
@@ -457,6 +458,16 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
     url->curl = curl_url();
     if (!url->curl || curl_url_set(url->curl, CURLUPART_URL, origin, 0) != CURLUE_OK)
         goto fail;
+    char *host = NULL;
+    if (curl_url_get(url->curl, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
+        unsigned char b[16];
+        size_t n = strlen(host);
+        char bare[64];
+        snprintf(bare, sizeof(bare), "%.*s", (int)(host[0] == '[' ? n - 2 : n),
+                 host + (host[0] == '['));
+        url->literal = inet_pton(AF_INET, bare, b) == 1 || inet_pton(AF_INET6, bare, b) == 1;
+    }
+    curl_free(host);
     if ((url->https = strncmp(origin, "https://", 8) == 0)) {
         if (tls->ca_file ? !(url->cainfo = strdup(tls->ca_file))
                          : curl_ca_defaults(&url->cainfo, &url->capath) < 0)
@@ -511,7 +522,7 @@ struct upstream_target *upstream_target_new(const struct upstream_url *url,
         goto fail;
     if (url->tun && !(t->tun = url->tun == url->h2 ? t->h2 : origin_at(url->tun, a, conns)))
         goto fail;
-    if (url->curl) {
+    if (url->curl && !url->literal) {
         char *port = NULL, ip[INET6_ADDRSTRLEN], *ct = NULL;
         inet_ntop(a->family, &a->u, ip, sizeof(ip));
         if (curl_url_get(url->curl, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK &&
@@ -582,7 +593,7 @@ void upstream_easy_url(CURL *e, const struct upstream_url *url, const struct ups
     }
     /* every time: a pooled handle must not keep another route's. The endpoint's, which with
      * tls.server_name sends connections to the address instead of the URL's host too. */
-    curl_easy_setopt(e, CURLOPT_CONNECT_TO, t ? t->connect_to : url->connect_to);
+    curl_easy_setopt(e, CURLOPT_CONNECT_TO, t && t->connect_to ? t->connect_to : url->connect_to);
 }
 
 const char *upstream_url_host_field(const struct upstream_url *url)
