@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "proxy/core/balance.h"
 #include "proxy/upstream/attempt.h"
 #include "proxy/core/decide.h"
 #include "proxy/core/front.h"
@@ -81,14 +82,14 @@ struct trial {
     size_t sent;     /* bytes of the kept request body its upload has read */
     /* loop_clock_us() when it started: queued for a slot, or sent */
     uint64_t start_us;
-    const struct cfg_upstream *upstream;
-    struct endpoint *ep; /* the endpoint it went to (a reference; NULL: none) */
+    struct endpoint *ep; /* the endpoint it went to (a reference; NULL: none), which says its
+                            upstream (trial_upstream) */
     struct attempt att;
     struct head_attempt fields; /* its own X-Retry-Attempt and deadline header */
 };
 
 /* Its size matters: with an HTTP/2 stream's state after it (retry_req_new) an allocation
- * stays at 2,040 bytes, below the 2,048 past which glibc's calloc clears it with rep stosb
+ * stays at 2,024 bytes, below the 2,048 past which glibc's calloc clears it with rep stosb
  * (about 2,000 instructions a request more, bench/instructions.sh h2). Fill holes before
  * adding words; `gdb -batch -ex 'ptype /o struct retry_req' build/retryproxy` shows them. */
 struct retry_req {
@@ -257,6 +258,14 @@ void race_other_done(struct retry_req *r, struct trial *t);
 enum metrics_outcome tally_outcome(enum retry_outcome o, int status);
 void tally_stop(struct retry_req *r, enum retry_stop stop);
 bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
+/* The upstream of trial 't' (NULL before its first attempt): its endpoint's, or the route's
+ * first when it has none (no resolver). */
+static inline const struct cfg_upstream *trial_upstream(const struct retry_req *r,
+                                                        const struct trial *t)
+{
+    return t->number ? &r->route->upstreams[t->ep ? t->ep->k : 0] : NULL;
+}
+
 /* The attempt of 't' ended: it no longer counts in its endpoint's requests in flight. */
 void tally_endpoint_out(struct trial *t);
 /* ... and the trial lets go of its endpoint (it is freed, or goes again). */

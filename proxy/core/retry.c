@@ -348,14 +348,13 @@ void req_start_attempt(struct retry_req *r)
     t->flags = 0;
     t->sent = 0; /* its upload reads from the start */
     t->number = r->attempts;
-    t->upstream = &rt->upstreams[e ? e->k : 0];
     if ((t->ep = e) != NULL) {
         r->tried |= e->bit;
         t->flags |= TF_IN_FLIGHT;
         atomic_fetch_add_explicit(&e->le->in_flight, 1, memory_order_relaxed);
     }
     t->start_us = loop_clock_us(l); /* its duration includes a wait for a slot (metrics.md) */
-    if (!attempt_queue(&t->att, t->upstream->origin, r->front->share))
+    if (!attempt_queue(&t->att, trial_upstream(r, t)->origin, r->front->share))
         req_attempt_ops.go(&t->att); /* else it starts when a slot frees */
 }
 
@@ -366,7 +365,7 @@ static void attempt_go(struct attempt *a)
     struct retry_req *r = t->r;
     struct loop *l = r->w->loop;
     const struct cfg_route *rt = r->route;
-    const struct cfg_upstream *u = t->upstream;
+    const struct cfg_upstream *u = trial_upstream(r, t);
     uint64_t now = loop_now(l);
     t->flags |= TF_LAUNCHED;
     struct attempt_req req = { .method = r->method,

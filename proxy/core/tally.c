@@ -70,7 +70,7 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
     t->flags |= TF_COUNTED;
     struct worker *w = r->w;
     /* the upstream's series by its index in the route, found when the snapshot was made */
-    metrics_attempt(r->rtr->targets[t->upstream - r->route->upstreams], w->id, o,
+    metrics_attempt(r->rtr->targets[t->ep ? t->ep->k : 0], w->id, o,
                     (double)(loop_clock_us(w->loop) - t->start_us) / 1e6);
     return true;
 }
@@ -83,7 +83,7 @@ void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcom
                              .route = r->route->name,
                              .request_id = r->request_id,
                              .attempt = t->number,
-                             .upstream = t->upstream ? t->upstream->url : NULL,
+                             .upstream = trial_upstream(r, t) ? trial_upstream(r, t)->url : NULL,
                              .outcome = outcome,
                              .duration_ms =
                                  (double)(loop_clock_us(r->w->loop) - t->start_us) / 1000.0,
@@ -175,7 +175,7 @@ void tally_grpc(struct retry_req *r, int status)
  * no attempt. */
 static const char *upstream_path(const struct retry_req *r, char **joined)
 {
-    const struct cfg_upstream *u = r->cur->upstream;
+    const struct cfg_upstream *u = trial_upstream(r, r->cur);
     *joined = NULL;
     return u ? head_upstream_target(u->base_path, r->target, joined) : NULL;
 }
@@ -206,7 +206,8 @@ void tally_done(struct retry_req *r)
                               .n_delays = r->n_delays,
                               .duration_ms =
                                   (double)(loop_clock_us(w->loop) - r->start_us) / 1000.0,
-                              .upstream = r->cur->upstream ? r->cur->upstream->url : NULL,
+                              .upstream =
+                                  trial_upstream(r, r->cur) ? trial_upstream(r, r->cur)->url : NULL,
                               .upstream_path = upstream_path(r, &joined),
                               .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
                               .request_id = r->request_id[0] ? r->request_id : NULL,

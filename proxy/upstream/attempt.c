@@ -73,8 +73,9 @@ static bool fallback_h1(struct attempt *a)
     const struct upstream_url *url = p->h1.url;
     p->h1.url = NULL;
     p->fallback_h1 = NULL;
-    if (!url || h1up_launch(a, url, p->h1.to, attempt_target(a, p->h1.base_path, p->h1.req.target),
-                            &p->h1.req, p->h1.connect_timeout_ms) < 0)
+    if (!url ||
+        h1up_launch(a, url, p->xfer.to, attempt_target(a, p->h1.base_path, p->h1.req.target),
+                    &p->h1.req, p->h1.connect_timeout_ms) < 0)
         return false;
     if (p->h1.req.body == ATTEMPT_BODY_STREAM)
         attempt_commit(a); /* as its owner did after the first launch */
@@ -103,7 +104,7 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url,
             o = NULL;
         } else {
             p->h1.url = url;
-            p->h1.to = to;
+            p->xfer.to = to;
             p->h1.base_path = base_path;
             p->h1.req = *req;
             p->h1.connect_timeout_ms = connect_timeout_ms;

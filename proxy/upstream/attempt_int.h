@@ -38,8 +38,7 @@ struct attempt_priv {
     /* An https attempt tried in HTTP/2 first: what it needs to go through libcurl instead if
      * the server chooses http/1.1 by ALPN (the request outlives the attempt). */
     struct {
-        const struct upstream_url *url;
-        const struct upstream_target *to;
+        const struct upstream_url *url; /* and its endpoint in xfer.to */
         const char *base_path;
         struct attempt_req req;
         uint64_t connect_timeout_ms;

@@ -284,7 +284,7 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct 
     curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
     p->xfer.easy = e;
-    p->xfer.conns = to ? upstream_target_conns(to) : NULL;
+    p->xfer.to = to;
     if (upstream_start(p->up, &p->xfer, on_done, a) < 0) {
         drop_fields(s);
         return -1;

@@ -76,6 +76,16 @@ struct upstream_url {
     char *host_field; /* ... and the Host the URL no longer gives */
 };
 
+/* One endpoint of an upstream URL (docs/endpoints.md): the URL's origins at its address, and
+ * libcurl's connections pinned to it by CURLOPT_CONNECT_TO, which leaves the URL's host for
+ * SNI, the certificate check and Host. libcurl's connection cache compares the host connected
+ * to, so each endpoint has connections of its own. */
+struct upstream_target {
+    struct origin *h2, *tun;
+    struct curl_slist *connect_to;
+    _Atomic int64_t *conns;
+};
+
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it (a
  * 'spent' one always: struct upstream_xfer). */
 static void pool_put(struct upstream *u, CURL *e, bool spent)
@@ -212,7 +222,7 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
             /* a new connection: its endpoint counts it until curl closes it */
             struct upstream_xfer *x = NULL;
             curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
-            if (x && (s->conns = x->conns) != NULL)
+            if (x && x->to && (s->conns = x->to->conns) != NULL)
                 atomic_fetch_add_explicit(s->conns, 1, memory_order_relaxed);
         }
         s->parked = false;
@@ -501,15 +511,6 @@ void upstream_url_free(struct upstream_url *url)
     free(url);
 }
 
-/* One endpoint of an upstream URL (docs/endpoints.md): the URL's origins at its address, and
- * libcurl's connections pinned to it by CURLOPT_CONNECT_TO, which leaves the URL's host for
- * SNI, the certificate check and Host. libcurl's connection cache compares the host connected
- * to, so each endpoint has connections of its own. */
-struct upstream_target {
-    struct origin *h2, *tun;
-    struct curl_slist *connect_to;
-    _Atomic int64_t *conns;
-};
 
 struct upstream_target *upstream_target_new(const struct upstream_url *url,
                                             const struct dns_addr *a, _Atomic int64_t *conns)
@@ -558,11 +559,6 @@ const struct origin *upstream_target_h2(const struct upstream_target *t)
 const struct origin *upstream_target_tunnel(const struct upstream_target *t)
 {
     return t->tun;
-}
-
-_Atomic int64_t *upstream_target_conns(const struct upstream_target *t)
-{
-    return t->conns;
 }
 
 void upstream_target_leave(struct upstream *u, const struct upstream_target *t)

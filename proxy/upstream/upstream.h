@@ -28,6 +28,7 @@
 struct upstream;
 struct shard;
 
+struct upstream_target;
 struct upstream_xfer;
 typedef void (*upstream_done_fn)(struct upstream_xfer *x, CURLcode rc);
 
@@ -44,9 +45,9 @@ struct upstream_xfer {
      * CURLOPT_TRAILERFUNCTION) through curl_easy_reset(): the next chunked upload on that
      * handle would write its chunk header before its buffer. */
     bool spent;
-    /* Set by the owner before upstream_start(): where a connection it opens counts (its
-     * endpoint's, proxy/core/live.h), NULL: nowhere. */
-    _Atomic int64_t *conns;
+    /* Set by the owner before upstream_start(): the endpoint it goes to, whose count a
+     * connection it opens joins (NULL: none). */
+    const struct upstream_target *to;
 };
 
 /* A multi handle driven by 'l', or NULL; its HTTP/2 sessions count into 'h2_counts' (NULL:
@@ -86,7 +87,6 @@ void upstream_target_free(struct upstream_target *t); /* accepts NULL */
 /* Its HTTP/2 origin (as upstream_url_h2 says the URL has one), its tunnels' origin. */
 const struct origin *upstream_target_h2(const struct upstream_target *t);
 const struct origin *upstream_target_tunnel(const struct upstream_target *t);
-_Atomic int64_t *upstream_target_conns(const struct upstream_target *t);
 /* The endpoint left its name's record: the worker's idle connections to it close (HTTP/2
  * sessions with a GOAWAY), busy ones once their requests end. */
 void upstream_target_leave(struct upstream *u, const struct upstream_target *t);
