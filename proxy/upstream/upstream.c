@@ -511,7 +511,6 @@ void upstream_url_free(struct upstream_url *url)
     free(url);
 }
 
-
 struct upstream_target *upstream_target_new(const struct upstream_url *url,
                                             const struct dns_addr *a, _Atomic int64_t *conns)
 {
