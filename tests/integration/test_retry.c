@@ -542,7 +542,7 @@ Test(retry, https_upstream_certificate_is_verified_by_default)
              "-keyout %s/key.pem -out %s/cert.pem >/dev/null 2>&1",
              dir, dir);
     cr_assert_eq(fx_sh(cmd), 0, "openssl could not make a certificate (is openssl installed?)");
-    unsigned port = fx_closed_port();
+    unsigned port = fx_free_port();
     /* started directly (not through a shell, whose PID would not be the server's), and
      * stopped by the suite's fini */
     char accept[32], cert[96], key[96];

@@ -180,7 +180,7 @@ bool fx_under_asan(void)
     return b && strstr(b, "asan") != NULL;
 }
 
-uint16_t fx_closed_port(void)
+uint16_t fx_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     cr_assert_geq(fd, 0);
@@ -189,6 +189,20 @@ uint16_t fx_closed_port(void)
     cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
     close(fd);
+    return ntohs(a.sin_port);
+}
+
+uint16_t fx_closed_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    /* kept bound, never listening, until the test's process ends: a connect to it is refused,
+     * and no other process (a proxy or upstream of a test running beside it) can take the port
+     * meanwhile, which a closed port allowed */
     return ntohs(a.sin_port);
 }
 

@@ -86,8 +86,11 @@ bool fx_under_asan(void);
 /* Whether it is a sanitizer build of either kind ("asan" or "tsan" in its path): its heap is
  * the sanitizer's, which glibc's malloc_trim() does not give back. */
 bool fx_under_sanitizer(void);
-/* A 127.0.0.1 port nothing listens on (bound, then closed). */
+/* A 127.0.0.1 port nothing listens on: bound and never listening for as long as the test's
+ * process runs, so that a connect to it is refused and nothing else takes it meanwhile. */
 uint16_t fx_closed_port(void);
+/* A 127.0.0.1 port free now (bound, then closed), for a server the test starts on it. */
+uint16_t fx_free_port(void);
 /* A listening socket on 127.0.0.1 (blocking), its port in *port: a bare peer of the test's. */
 int fx_listen(uint16_t *port);
 /* A config of route "r" whose upstreams are fx_closed_port() and then upstream 0 (started if
