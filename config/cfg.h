@@ -89,6 +89,8 @@ struct cfg_upstream {
     enum cfg_upstream_proto proto;
     bool https;
     const char *authority; /* host[:port], as written: the Host sent unless preserve_host */
+    const char *host;      /* its host, an IPv6 literal without brackets: the name resolved */
+    uint16_t port;         /* its port, or the scheme's (80, 443) */
     const char *base_path; /* "" or a prefix such as "/api" (no trailing '/') */
 };
 

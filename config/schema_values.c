@@ -496,6 +496,14 @@ static int parse_upstream(struct walk *w, const struct at *at, const json_t *v, 
         plen--;
     u->url = arena_strndup(w->a, s, len);
     u->authority = arena_strndup(w->a, auth, alen);
+    /* host and port apart: "[v6]:port", "host:port", or either without the port */
+    const char *hend = auth[0] == '[' ? memchr(auth, ']', alen) : (port ? port : auth + alen);
+    size_t hoff = auth[0] == '[';
+    u->host = arena_strndup(w->a, auth + hoff, (size_t)(hend - auth) - hoff);
+    const char *pdigits = auth[0] == '['
+                              ? (hend + 1 < auth + alen && hend[1] == ':' ? hend + 2 : NULL)
+                              : (port ? port + 1 : NULL);
+    u->port = pdigits ? (uint16_t)strtoul(pdigits, NULL, 10) : u->https ? 443 : 80;
     u->origin = arena_printf(w->a, "%s://%.*s/", schemes[u->proto], (int)alen, auth);
     u->base_path = arena_strndup(w->a, slash ? slash : "", plen);
     return 0;

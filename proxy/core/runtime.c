@@ -1,8 +1,6 @@
 #include "proxy/core/runtime.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/time.h>
 
 #include "proxy/core/balance.h"
@@ -39,15 +37,6 @@ static void rt_free(struct rt *rt)
     free(rt->routes);
     cfg_unref(rt->cfg);
     free(rt);
-}
-
-/* The host of origin "scheme://host:port/" (config/schema_values.c wrote it so), without the
- * brackets of an IPv6 literal. */
-static void origin_host(const char *origin, char *host, size_t cap)
-{
-    const char *a = strstr(origin, "://") + 3;
-    size_t n = a[0] == '[' ? strcspn(++a, "]") : strcspn(a, ":/");
-    snprintf(host, cap, "%.*s", (int)n, a);
 }
 
 struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
@@ -89,10 +78,8 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
                 !(x->targets[k] = metrics_target(x->metrics, r->upstreams[k].url)))
                 goto fail;
         for (size_t k = 0; k < r->n_upstreams; k++) {
-            char host[256];
-            origin_host(r->upstreams[k].origin, host, sizeof(host));
             if (!(x->ups[k] = live_upstream(lv, r->name, r->upstreams[k].url)) ||
-                (px->dns && !(x->names[k] = dns_name_start(px->dns, host))))
+                (px->dns && !(x->names[k] = dns_name_start(px->dns, r->upstreams[k].host))))
                 goto fail;
             atomic_store(&x->ups[k]->ejection, r->ejection.health.consecutive_failures > 0);
         }

@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <stdio.h>
-#include <string.h>
 #include <time.h>
 
 #include "policy/health.h"
@@ -44,12 +43,12 @@ static json_t *name_json(struct dns_name *n)
 }
 
 /* One endpoint: its address, state, load and health. */
-static json_t *endpoint_json(const struct cfg_route *r, const struct live_ep_row *e,
-                             const char *port, uint64_t now, int64_t wall_ms)
+static json_t *endpoint_json(const struct cfg_route *r, const struct live_ep_row *e, unsigned port,
+                             uint64_t now, int64_t wall_ms)
 {
     char ip[INET6_ADDRSTRLEN], addr[INET6_ADDRSTRLEN + 16];
     inet_ntop(e->addr.family, &e->addr.u, ip, sizeof(ip));
-    snprintf(addr, sizeof(addr), e->addr.family == AF_INET6 ? "[%s]:%s" : "%s:%s", ip, port);
+    snprintf(addr, sizeof(addr), e->addr.family == AF_INET6 ? "[%s]:%u" : "%s:%u", ip, port);
     bool ejected = !health_available(&e->h, now);
     uint64_t left = ejected ? e->h.ejected_until_ms - now : 0;
     return json_pack("{s:s, s:s, s:I, s:I, s:o, s:I, s:I, s:I, s:I}", "address", addr, "state",
@@ -68,16 +67,12 @@ static json_t *upstream_json(const struct cfg_route *r, const struct rt_route *x
 {
     struct live_ep_row rows[LIVE_ENDPOINTS_MAX];
     size_t n = live_upstream_endpoints(x->ups[k], now, rows, LIVE_ENDPOINTS_MAX);
-    /* the port of "scheme://host:port/" (config/schema_values.c writes every origin so) */
-    const char *o = r->upstreams[k].origin, *colon = strrchr(o, ':');
-    char port[8];
-    snprintf(port, sizeof(port), "%.*s", (int)strcspn(colon + 1, "/"), colon + 1);
     json_t *eps = json_array();
     size_t in_rotation = 0, ejected = 0;
     uint64_t back = UINT64_MAX, failures = 0, ejections = 0, seq = 0;
     for (size_t i = 0; i < n; i++) {
         const struct live_ep_row *e = &rows[i];
-        json_array_append_new(eps, endpoint_json(r, e, port, now, wall_ms));
+        json_array_append_new(eps, endpoint_json(r, e, r->upstreams[k].port, now, wall_ms));
         if (e->state == LIVE_EP_LEAVING)
             continue;
         in_rotation++;

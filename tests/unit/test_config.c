@@ -291,6 +291,30 @@ Test(config, upstreams_are_split_into_scheme_authority_and_base_path)
     cfg_unref(c);
 }
 
+/* Each upstream's host (what is resolved, docs/endpoints.md) and port, the scheme's when the URL
+ * has none. */
+Test(config, upstreams_have_their_host_and_port)
+{
+    struct cfg *c = load("{\"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://h:81\","
+                         " \"https://api.example.com/v1/\", \"http://[::1]:8080/x/y\","
+                         " \"https://[fd00::7]\", \"h2c://10.0.0.1\"]}]}");
+    const struct cfg_route *r = &c->routes[0];
+    cr_assert_eq(r->n_upstreams, 5);
+    static const struct {
+        const char *host;
+        unsigned port;
+    } want[] = { { "h", 81 },
+                 { "api.example.com", 443 },
+                 { "::1", 8080 },
+                 { "fd00::7", 443 },
+                 { "10.0.0.1", 80 } };
+    for (size_t i = 0; i < 5; i++) {
+        cr_expect_str_eq(r->upstreams[i].host, want[i].host, "upstream %zu", i);
+        cr_expect_eq(r->upstreams[i].port, want[i].port, "upstream %zu", i);
+    }
+    cfg_unref(c);
+}
+
 /* docs/http2.md: h2c:// is HTTP/2 over cleartext with prior knowledge, any case of the scheme
  * like the others. */
 Test(config, h2c_upstream_is_http2_over_cleartext)
