@@ -142,14 +142,6 @@ out:
     return found;
 }
 
-static bool same_addr(const struct dns_addr *a, const struct dns_addr *b)
-{
-    if (a->family != b->family)
-        return false;
-    return a->family == AF_INET ? a->u.v4.s_addr == b->u.v4.s_addr
-                                : memcmp(&a->u.v6, &b->u.v6, sizeof(a->u.v6)) == 0;
-}
-
 /* A slot for an address that joins: one never used, else one whose address left and that
  * nothing uses any more (its health goes with its address). Under u->mu. */
 static struct live_endpoint *free_slot(struct live_upstream *u)
@@ -190,12 +182,12 @@ void live_upstream_sync(struct live_upstream *u, const struct dns_addr *a, size_
         struct live_endpoint *e = u->ep[i];
         e->present = false;
         for (size_t k = 0; e->used && k < n && !e->present; k++)
-            e->present = same_addr(&e->addr, &a[k]);
+            e->present = dns_addr_cmp(&e->addr, &a[k]) == 0;
     }
     for (size_t k = 0; k < n; k++) {
         out[k] = NULL;
         for (size_t i = 0; i < u->n && !out[k]; i++)
-            if (u->ep[i]->used && same_addr(&u->ep[i]->addr, &a[k]))
+            if (u->ep[i]->used && dns_addr_cmp(&u->ep[i]->addr, &a[k]) == 0)
                 out[k] = u->ep[i];
         if (!out[k] && (out[k] = free_slot(u)) != NULL) {
             out[k]->addr = a[k];

@@ -58,13 +58,10 @@ void dns_addrs_unref(struct dns_addrs *a)
         free(a);
 }
 
-/* IPv4 first, then by bytes: the order that makes two sets compare with memcmp. */
+/* dns_addr_cmp() for qsort. */
 static int addr_cmp(const void *x, const void *y)
 {
-    const struct dns_addr *a = x, *b = y;
-    if (a->family != b->family)
-        return a->family == AF_INET ? -1 : 1;
-    return a->family == AF_INET ? memcmp(&a->u.v4, &b->u.v4, 4) : memcmp(&a->u.v6, &b->u.v6, 16);
+    return dns_addr_cmp(x, y);
 }
 
 /* The set of an answer, sorted and without duplicates; its least TTL in *ttl. */

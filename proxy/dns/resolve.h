@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 struct cfg_resolver; /* config/cfg.h: the "resolver" object */
 struct loop;
@@ -35,6 +36,15 @@ struct dns_addr {
         struct in6_addr v6;
     } u;
 };
+
+/* Two addresses in a set's order: IPv4 first, then by bytes (the order that makes two sets
+ * compare with memcmp); 0 for the same address. */
+static inline int dns_addr_cmp(const struct dns_addr *a, const struct dns_addr *b)
+{
+    if (a->family != b->family)
+        return a->family == AF_INET ? -1 : 1;
+    return a->family == AF_INET ? memcmp(&a->u.v4, &b->u.v4, 4) : memcmp(&a->u.v6, &b->u.v6, 16);
+}
 
 /* A name's addresses at one moment: sorted (IPv4 first, then by bytes) and without duplicates,
  * so two sets compare with memcmp. Immutable once published. */
