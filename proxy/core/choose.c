@@ -39,8 +39,3 @@ size_t choose_balanced(enum cfg_balance b, uint64_t tried, uint64_t ejected, siz
     }
     return start;
 }
-
-size_t choose_among(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng)
-{
-    return choose_balanced(CFG_BALANCE_ROUND_ROBIN, tried, ejected, n, NULL, rr, rng);
-}

@@ -24,7 +24,4 @@
 size_t choose_balanced(enum cfg_balance b, uint64_t tried, uint64_t ejected, size_t n,
                        const int64_t *load, uint32_t *rr, struct rng *rng);
 
-/* round_robin's rule alone. */
-size_t choose_among(uint64_t tried, uint64_t ejected, size_t n, uint32_t *rr, struct rng *rng);
-
 #endif

@@ -1,6 +1,6 @@
-/* choose_among: which upstream the next attempt goes to (docs/forwarding.md "Choosing an
- * upstream"): round-robin, preferring one neither tried nor ejected, then one not ejected, then
- * (every upstream ejected: panic mode) one not tried. */
+/* choose_balanced: which endpoint the next attempt goes to (docs/endpoints.md): preferring one
+ * neither tried nor ejected, then one not ejected, then (every endpoint ejected: panic mode) one
+ * not tried; among those round-robin, random, or the less loaded of two (least_request). */
 #include <criterion/criterion.h>
 
 #include "proxy/core/choose.h"
@@ -10,7 +10,7 @@
 /* Round-robin from position 'rr' over 'n' upstreams. */
 static size_t pick(uint64_t tried, uint64_t ejected, size_t n, uint32_t rr)
 {
-    return choose_among(tried, ejected, n, &rr, NULL);
+    return choose_balanced(CFG_BALANCE_ROUND_ROBIN, tried, ejected, n, NULL, &rr, NULL);
 }
 
 Test(choose, nothing_ejected_is_round_robin_skipping_the_tried)
@@ -52,7 +52,7 @@ Test(choose, every_pick_skips_the_ejected_whatever_the_position)
     uint32_t rr = 0;
     size_t got[4];
     for (int i = 0; i < 4; i++)
-        got[i] = choose_among(0, B(0), 2, &rr, NULL);
+        got[i] = choose_balanced(CFG_BALANCE_ROUND_ROBIN, 0, B(0), 2, NULL, &rr, NULL);
     for (int i = 0; i < 4; i++)
         cr_expect_eq(got[i], 1, "pick %d", i);
 }
