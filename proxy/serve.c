@@ -1,7 +1,5 @@
 #include "proxy/serve.h"
 
-#include "proxy/dns/resolve.h"
-
 #include <errno.h>
 #include <malloc.h>
 #include <signal.h>

@@ -266,6 +266,9 @@ static inline const struct cfg_upstream *trial_upstream(const struct retry_req *
     return t->number ? &r->route->upstreams[t->ep ? t->ep->k : 0] : NULL;
 }
 
+/* Trial 't' goes to endpoint 'e' (its reference; NULL: none), counted in its requests in
+ * flight until tally_endpoint_out(). */
+void tally_endpoint_in(struct trial *t, struct endpoint *e);
 /* The attempt of 't' ended: it no longer counts in its endpoint's requests in flight. */
 void tally_endpoint_out(struct trial *t);
 /* ... and the trial lets go of its endpoint (it is freed, or goes again). */

@@ -348,11 +348,9 @@ void req_start_attempt(struct retry_req *r)
     t->flags = 0;
     t->sent = 0; /* its upload reads from the start */
     t->number = r->attempts;
-    if ((t->ep = e) != NULL) {
+    tally_endpoint_in(t, e);
+    if (e)
         r->tried |= e->bit;
-        t->flags |= TF_IN_FLIGHT;
-        atomic_fetch_add_explicit(&e->le->in_flight, 1, memory_order_relaxed);
-    }
     t->start_us = loop_clock_us(l); /* its duration includes a wait for a slot (metrics.md) */
     if (!attempt_queue(&t->att, trial_upstream(r, t)->origin, r->front->share))
         req_attempt_ops.go(&t->att); /* else it starts when a slot frees */

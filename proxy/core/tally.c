@@ -45,8 +45,15 @@ void tally_stop(struct retry_req *r, enum retry_stop stop)
         metrics_denied(r->m, r->w->id, (enum metrics_denied)(stop - 1));
 }
 
-/* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went: true if
- * it was counted now. */
+void tally_endpoint_in(struct trial *t, struct endpoint *e)
+{
+    t->ep = e;
+    if (e) {
+        t->flags |= TF_IN_FLIGHT;
+        atomic_fetch_add_explicit(&e->le->in_flight, 1, memory_order_relaxed);
+    }
+}
+
 void tally_endpoint_out(struct trial *t)
 {
     if (t->flags & TF_IN_FLIGHT) {
@@ -62,6 +69,8 @@ void tally_endpoint_free(struct trial *t)
     t->ep = NULL;
 }
 
+/* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went: true if
+ * it was counted now. */
 bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 {
     tally_endpoint_out(t);
@@ -79,11 +88,12 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 void tally_log_as(struct retry_req *r, const struct trial *t, const char *outcome,
                   const char *decision, uint32_t delay_ms)
 {
+    const struct cfg_upstream *u = trial_upstream(r, t);
     struct log_attempt a = { .unix_ms = (int64_t)req_wall_ms(),
                              .route = r->route->name,
                              .request_id = r->request_id,
                              .attempt = t->number,
-                             .upstream = trial_upstream(r, t) ? trial_upstream(r, t)->url : NULL,
+                             .upstream = u ? u->url : NULL,
                              .outcome = outcome,
                              .duration_ms =
                                  (double)(loop_clock_us(r->w->loop) - t->start_us) / 1000.0,
@@ -194,6 +204,7 @@ void tally_done(struct retry_req *r)
     if (!log_enabled(CFG_LOG_INFO))
         return;
     bool sent = r->front->sent || r->stop == RETRY_STOP_CLIENT_CLOSED;
+    const struct cfg_upstream *u = trial_upstream(r, r->cur);
     char *joined;
     struct log_request lr = { .unix_ms = r->start_unix_ms,
                               .route = r->route ? r->route->name : NULL,
@@ -206,8 +217,7 @@ void tally_done(struct retry_req *r)
                               .n_delays = r->n_delays,
                               .duration_ms =
                                   (double)(loop_clock_us(w->loop) - r->start_us) / 1000.0,
-                              .upstream =
-                                  trial_upstream(r, r->cur) ? trial_upstream(r, r->cur)->url : NULL,
+                              .upstream = u ? u->url : NULL,
                               .upstream_path = upstream_path(r, &joined),
                               .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
                               .request_id = r->request_id[0] ? r->request_id : NULL,

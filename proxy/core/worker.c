@@ -1,7 +1,5 @@
 #include "proxy/core/worker.h"
 
-#include "proxy/core/balance.h"
-
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "proxy/core/balance.h"
 #include "proxy/upstream/upstream.h"
 
 /* This worker's share of limits.max_upstream_requests, and how it is shared out. */
