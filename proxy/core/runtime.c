@@ -73,8 +73,8 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
             goto fail;
         throttle_set_window(&x->live->throttle, r->throttle.window_ms);
         for (size_t k = 0; k < r->n_upstreams; k++)
-            if (!(x->urls[k] =
-                      upstream_url_new(r->upstreams[k].origin, &r->tls, r->n_upgrades > 0)) ||
+            if (!(x->urls[k] = upstream_url_new(r->upstreams[k].origin, r->upstreams[k].host,
+                                                &r->tls, r->n_upgrades > 0)) ||
                 !(x->targets[k] = metrics_target(x->metrics, r->upstreams[k].url)))
                 goto fail;
         for (size_t k = 0; k < r->n_upstreams; k++) {

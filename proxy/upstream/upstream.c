@@ -441,7 +441,8 @@ out:
     return rc;
 }
 
-struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels)
+struct upstream_url *upstream_url_new(const char *origin, const char *host,
+                                      const struct cfg_tls *tls, bool tunnels)
 {
     struct upstream_url *url = calloc(1, sizeof(*url));
     if (!url)
@@ -468,16 +469,8 @@ struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *
     url->curl = curl_url();
     if (!url->curl || curl_url_set(url->curl, CURLUPART_URL, origin, 0) != CURLUE_OK)
         goto fail;
-    char *host = NULL;
-    if (curl_url_get(url->curl, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
-        unsigned char b[16];
-        size_t n = strlen(host);
-        char bare[64];
-        snprintf(bare, sizeof(bare), "%.*s", (int)(host[0] == '[' ? n - 2 : n),
-                 host + (host[0] == '['));
-        url->literal = inet_pton(AF_INET, bare, b) == 1 || inet_pton(AF_INET6, bare, b) == 1;
-    }
-    curl_free(host);
+    unsigned char b[16];
+    url->literal = inet_pton(AF_INET, host, b) == 1 || inet_pton(AF_INET6, host, b) == 1;
     if ((url->https = strncmp(origin, "https://", 8) == 0)) {
         if (tls->ca_file ? !(url->cainfo = strdup(tls->ca_file))
                          : curl_ca_defaults(&url->cainfo, &url->capath) < 0)

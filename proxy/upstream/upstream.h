@@ -68,14 +68,15 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
  * from inside a curl callback of that transfer. */
 void upstream_cancel(struct upstream *u, struct upstream_xfer *x);
 
-/* An upstream origin ("http://host:port/", "https://...", "h2c://host:port/") parsed once, for
- * every transfer to it, with its route's 'tls': libcurl copies a parsed URL instead of parsing
- * the string again per transfer. Read-only once made, so transfers of any worker may share it;
- * it must outlive them (the config snapshot that names the upstream owns it). NULL if out of
- * memory or curl refuses the URL. */
+/* An upstream origin ("http://host:port/", "https://...", "h2c://host:port/") of 'host'
+ * (cfg_upstream.host) parsed once, for every transfer to it, with its route's 'tls': libcurl
+ * copies a parsed URL instead of parsing the string again per transfer. Read-only once made, so
+ * transfers of any worker may share it; it must outlive them (the config snapshot that names the
+ * upstream owns it). NULL if out of memory or curl refuses the URL. */
 struct upstream_url;
 struct cfg_tls;
-struct upstream_url *upstream_url_new(const char *origin, const struct cfg_tls *tls, bool tunnels);
+struct upstream_url *upstream_url_new(const char *origin, const char *host,
+                                      const struct cfg_tls *tls, bool tunnels);
 void upstream_url_free(struct upstream_url *url); /* accepts NULL */
 /* One endpoint of 'url': its origins at address 'a' and libcurl pinned to it (docs/endpoints.md),
  * connections to it counted in 'conns'. Read-only once made; NULL out of memory. */
