@@ -83,8 +83,12 @@ void h2c_free(struct conn *c)
     loop_defer_free(h->loop, c); /* its watch may have an event pending in this turn */
 }
 
-/* Sends what the session has, until it has nothing or the socket is full (then EPOLLOUT);
- * what the socket did not take waits in c->out, bounded by OUT_SOFT_MAX plus a frame. */
+/* Sends what the session has: its frames gathered into c->out, up to OUT_SOFT_MAX and a frame,
+ * and written in one send, until it has nothing more or the socket is full (then EPOLLOUT).
+ * Bytes the socket did not take are offered again from c->out before anything is added to
+ * it, unmoved (TLS wants the same bytes again, tls.h). A loop turn's requests, window updates
+ * and resets for this connection so go out in one system call (h2c_kick() defers to the end
+ * of the turn). */
 static void flush(struct conn *c)
 {
     if (c->dead || !c->open)
@@ -102,28 +106,21 @@ static void flush(struct conn *c)
             if (c->out.len)
                 continue;
         }
-        const uint8_t *d;
-        ssize_t n = nghttp2_session_mem_send(c->s, &d);
-        if (n < 0) {
-            h2c_fail(c);
-            return;
-        }
-        if (n == 0)
-            break;
-        /* what TLS did not take is offered again from c->out, the same bytes (tls.h) */
-        ssize_t sent = connector_send(&c->k, d, (size_t)n);
-        if (sent < 0) {
-            if (!connector_again()) {
+        while (c->out.len < OUT_SOFT_MAX) {
+            const uint8_t *d;
+            ssize_t n = nghttp2_session_mem_send(c->s, &d);
+            if (n < 0) {
                 h2c_fail(c);
                 return;
             }
-            sent = 0;
+            if (n == 0)
+                break;
+            if (bytes_append(&c->out, d, (size_t)n) < 0) {
+                h2c_fail(c);
+                return;
+            }
         }
-        if (sent < n && bytes_append(&c->out, d + sent, (size_t)(n - sent)) < 0) {
-            h2c_fail(c);
-            return;
-        }
-        if (c->out.len >= OUT_SOFT_MAX)
+        if (!c->out.len)
             break;
     }
     if (!nghttp2_session_want_read(c->s) && !nghttp2_session_want_write(c->s) && !c->out.len) {

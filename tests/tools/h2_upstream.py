@@ -7,7 +7,8 @@ picks (--bind IP:PORT: that IPv4 address and port, 0 for one the kernel picks; 1
 stand for the pods of one service), and prints "PORT\\n" on stdout once it accepts. Every
 request is recorded as one JSON line in RECORD_FILE (flushed at once) when it is answered: connection and stream number, method,
 path, authority, scheme, the fields as received, the trailers as received ("trailers", [] if
-none), the body's length and sha256, the scenario and what was done ("action"). A stream the proxy resets is recorded as "reset-by-client" with its
+none), the body's length and sha256, the scenario and what was done ("action"), and the TCP
+segments with data its connection had received by then ("data_segs_in", from TCP_INFO). A stream the proxy resets is recorded as "reset-by-client" with its
 error code, a new connection as {"conn": N, "event": "accepted"}, a GOAWAY from the proxy as
 {"conn": N, "event": "goaway", "error_code": E, "last_stream_id": S}, and the end of a
 connection, whoever ended it, as {"conn": N, "event": "closed"}.
@@ -89,6 +90,16 @@ def record(out, entry):
         out.flush()
 
 
+def data_segs_in(sock):
+    """TCP segments with data the connection has received so far (TCP_INFO tcpi_data_segs_in):
+    how many writes the proxy's bytes came in, give or take the kernel's merging."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160)
+        return int.from_bytes(info[152:156], sys.byteorder)
+    except OSError:
+        return -1
+
+
 def body_of(n):
     return (PATTERN * (n // len(PATTERN) + 1))[:n]
 
@@ -141,6 +152,7 @@ class Conn:
             "trailers": [[k, v] for k, v in st.trailers],
             "body_len": len(st.body), "body_sha256": hashlib.sha256(st.body).hexdigest(),
             "scenario": scenario, "request_id": rid,
+            "data_segs_in": data_segs_in(self.sock),
         }
         return scenario, entry
 
