@@ -254,15 +254,16 @@ size_t head_up_attempt(const struct head_up *h, struct head_attempt *t, uint32_t
                        uint64_t wait_ms)
 {
     size_t n = 0;
-    t->own[n++] = (struct hfield){ "X-Retry-Attempt", t->attempt_val, 15,
-                                   (size_t)(hdr_utoa(attempt, t->attempt_val) - t->attempt_val) };
+    t->own[n++] =
+        (struct hfield){ "X-Retry-Attempt", t->attempt_val, 15,
+                         (size_t)(hdr_utoa(attempt, t->attempt_val) - t->attempt_val), false };
     if (h->grpc_timeout)
         t->own[n++] = (struct hfield){ "grpc-timeout", t->grpc_val, 12,
-                                       grpc_timeout_format(wait_ms, t->grpc_val) };
+                                       grpc_timeout_format(wait_ms, t->grpc_val), true };
     if (h->deadline_name_len)
         t->own[n++] =
             (struct hfield){ h->deadline_name, t->deadline_val, h->deadline_name_len,
-                             (size_t)(hdr_utoa(wait_ms, t->deadline_val) - t->deadline_val) };
+                             (size_t)(hdr_utoa(wait_ms, t->deadline_val) - t->deadline_val), true };
     return n;
 }
 

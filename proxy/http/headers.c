@@ -243,3 +243,30 @@ void hdr_lower(char *dst, const char *src, size_t n)
     for (size_t i = 0; i < n; i++)
         dst[i] = (char)(src[i] >= 'A' && src[i] <= 'Z' ? src[i] + 32 : src[i]);
 }
+
+bool hdr_per_request(const char *name, size_t n)
+{
+    static const struct {
+        const char *name;
+        size_t len;
+    } unique[] = {
+#define U(lit) { lit, sizeof(lit) - 1 }
+        U("x-request-id"),
+        U("grpc-timeout"),
+        U("traceparent"),
+        U("x-b3-traceid"),
+        U("x-b3-spanid"),
+        U("x-b3-parentspanid"),
+        U("b3"),
+        U("x-amzn-trace-id"),
+        U("x-cloud-trace-context"),
+        U("grpc-trace-bin"),
+        U("uber-trace-id"),
+        U("x-envoy-expected-rq-timeout-ms"),
+#undef U
+    };
+    for (size_t i = 0; i < sizeof(unique) / sizeof(unique[0]); i++)
+        if (n == unique[i].len && strncasecmp(name, unique[i].name, n) == 0)
+            return true;
+    return false;
+}

@@ -49,6 +49,12 @@ char *hdr_utoa(uint64_t v, char *out);
  * field names. */
 void hdr_lower(char *dst, const char *src, size_t n);
 
+/* Whether field 'name' ('n' bytes, any case) carries a value of its own on every request: a
+ * request id, a trace or span id, a deadline. HPACK would only churn its dynamic table with
+ * them (each a new entry that evicts a useful one), so HTTP/2 sends them as literals never
+ * indexed (RFC 7541 6.2.3; docs/http2.md "Header compression"). */
+bool hdr_per_request(const char *name, size_t n);
+
 /* Whether the 'n' bytes at 'v' are a valid Host value, uri-host [ ":" port ] (RFC 9110 7.2,
  * RFC 3986 3.2.2): an IP-literal in brackets (IPv6 or IPvFuture), or a reg-name of unreserved
  * bytes, sub-delims and %XX escapes (an IPv4 address is one), then optionally a colon and

@@ -20,6 +20,7 @@ struct hlist {
 struct hfield {
     const char *name, *value;
     size_t name_len, value_len;
+    bool per_request; /* a value of this request's own, as hdr_per_request() names them */
 };
 
 void hlist_clear(struct hlist *h); /* keeps the buffer */

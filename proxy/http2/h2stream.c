@@ -356,7 +356,9 @@ static void nv_add(void *arg, const char *name, const char *value)
     hdr_lower(lc, name, nl);
     memcpy(lc + nl, value, vl);
     a->used += nl + vl;
-    a->nv[a->n++] = (nghttp2_nv){ (uint8_t *)lc, (uint8_t *)lc + nl, nl, vl, NGHTTP2_NV_FLAG_NONE };
+    a->nv[a->n++] =
+        (nghttp2_nv){ (uint8_t *)lc, (uint8_t *)lc + nl, nl, vl,
+                      hdr_per_request(lc, nl) ? NGHTTP2_NV_FLAG_NO_INDEX : NGHTTP2_NV_FLAG_NONE };
 }
 
 static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length,

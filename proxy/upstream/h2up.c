@@ -353,9 +353,12 @@ struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const str
     NV(":scheme", 7, o->tls ? "https" : "http", o->tls ? 5u : 4u);
     NV(":authority", 10, req->authority, strlen(req->authority));
     NV(":path", 5, req->path, strlen(req->path));
-    for (size_t i = 0; i < req->n_fields; i++)
+    for (size_t i = 0; i < req->n_fields; i++) {
         NV(req->fields[i].name, req->fields[i].name_len, req->fields[i].value,
            req->fields[i].value_len);
+        if (req->fields[i].never_index)
+            nv[k - 1].flags = NGHTTP2_NV_FLAG_NO_INDEX;
+    }
 #undef NV
     nghttp2_data_provider dp = { .read_callback = read_body };
     if (req->has_body) {

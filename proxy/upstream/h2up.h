@@ -72,6 +72,7 @@ struct h2up_ops {
 struct h2up_field {
     const char *name, *value;
     size_t name_len, value_len;
+    bool never_index; /* sent as a literal never indexed (hdr_per_request()) */
 };
 
 struct h2up_req {

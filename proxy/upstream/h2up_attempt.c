@@ -108,7 +108,8 @@ struct h2conv {
     size_t *host_len;
 };
 
-static void h2_field(struct h2conv *c, const char *k, size_t kl, const char *v, size_t vl)
+static void h2_field(struct h2conv *c, const char *k, size_t kl, const char *v, size_t vl,
+                     bool per_request)
 {
     v = hdr_trim(v, &vl);
     if (!vl || c->n == c->max)
@@ -122,7 +123,8 @@ static void h2_field(struct h2conv *c, const char *k, size_t kl, const char *v, 
     if (HDR_NAME_IS(k, kl, "Host") || fields_h2_connection_specific(k, kl, v, vl))
         return;
     hdr_lower(c->names, k, kl);
-    c->f[c->n++] = (struct h2up_field){ c->names, v, kl, vl };
+    c->f[c->n++] =
+        (struct h2up_field){ c->names, v, kl, vl, per_request || hdr_per_request(k, kl) };
     c->names += kl;
 }
 
@@ -132,12 +134,13 @@ size_t attempt_h2_fields(const struct hfield *own, size_t n_own, const struct hl
 {
     struct h2conv c = { f, 0, max, names, host, host_len };
     for (size_t i = 0; i < n_own; i++)
-        h2_field(&c, own[i].name, own[i].name_len, own[i].value, own[i].value_len);
+        h2_field(&c, own[i].name, own[i].name_len, own[i].value, own[i].value_len,
+                 own[i].per_request);
     size_t pos = 0;
     const char *k, *v;
     while (l && hlist_next(l, &pos, &k, &v)) {
         size_t kl = strlen(k);
-        h2_field(&c, k, kl, v, (size_t)(l->buf + pos - 1 - v));
+        h2_field(&c, k, kl, v, (size_t)(l->buf + pos - 1 - v), false);
     }
     return c.n;
 }
@@ -167,7 +170,7 @@ int h2up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *
                                                      : -1;
     if (len >= 0)
         f[n++] = (struct h2up_field){ "content-length", cl, 14,
-                                      (size_t)(hdr_utoa((uint64_t)len, cl) - cl) };
+                                      (size_t)(hdr_utoa((uint64_t)len, cl) - cl), false };
     char *authority = host ? strndup(host, host_len) : NULL;
     struct h2up_req r = { .method = req->method,
                           .path = target,

@@ -693,3 +693,31 @@ Test(h2_upstream, a_burst_of_grpc_calls_reaches_the_upstream_in_few_writes)
     burst(extra);
     unlink(file);
 }
+
+/* A request id and a trace id differ on every request: both sides of the proxy send them as
+ * literals never indexed, so that they never churn an HPACK table (docs/http2.md "Header
+ * compression"); fields that repeat are left to HPACK. */
+Test(h2_upstream, per_request_fields_go_as_never_indexed_literals_both_ways)
+{
+    start("", "", "1");
+    char line[512];
+    h2u_peer(line, sizeof(line),
+             "fields %u /ni 'x-request-id:ni-1;traceparent:00-4bf92f-00f067-01;x-kept:1'",
+             px->port);
+    cr_assert_eq(h2u_peer_field(line, "status"), 200, "%s", line);
+    cr_expect(strstr(line, "never_indexed x-request-id") != NULL, "to the client: %s", line);
+    json_t *rec = h2u_find(h2, "request_id", "ni-1");
+    cr_assert_not_null(rec);
+    json_t *names = json_object_get(rec, "never_indexed"), *n;
+    bool rid = false, trace = false, kept = false;
+    size_t i;
+    json_array_foreach(names, i, n)
+    {
+        rid |= strcmp(json_string_value(n), "x-request-id") == 0;
+        trace |= strcmp(json_string_value(n), "traceparent") == 0;
+        kept |= strcmp(json_string_value(n), "x-kept") == 0;
+    }
+    cr_expect(rid && trace, "to the upstream: %s", json_dumps(names, 0));
+    cr_expect_not(kept);
+    json_decref(rec);
+}

@@ -8,7 +8,8 @@ stand for the pods of one service), and prints "PORT\\n" on stdout once it accep
 request is recorded as one JSON line in RECORD_FILE (flushed at once) when it is answered: connection and stream number, method,
 path, authority, scheme, the fields as received, the trailers as received ("trailers", [] if
 none), the body's length and sha256, the scenario and what was done ("action"), and the TCP
-segments with data its connection had received by then ("data_segs_in", from TCP_INFO). A stream the proxy resets is recorded as "reset-by-client" with its
+segments with data its connection had received by then ("data_segs_in", from TCP_INFO), and the
+names of the fields that came as literals never indexed ("never_indexed", RFC 7541 6.2.3). A stream the proxy resets is recorded as "reset-by-client" with its
 error code, a new connection as {"conn": N, "event": "accepted"}, a GOAWAY from the proxy as
 {"conn": N, "event": "goaway", "error_code": E, "last_stream_id": S}, and the end of a
 connection, whoever ended it, as {"conn": N, "event": "closed"}.
@@ -153,6 +154,7 @@ class Conn:
             "body_len": len(st.body), "body_sha256": hashlib.sha256(st.body).hexdigest(),
             "scenario": scenario, "request_id": rid,
             "data_segs_in": data_segs_in(self.sock),
+            "never_indexed": [h[0] for h in st.headers if getattr(h, "indexable", True) is False],
         }
         return scenario, entry
 

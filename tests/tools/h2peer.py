@@ -16,6 +16,8 @@ results ("key value" pairs) on stdout for the test to check:
   trailers PORT PATH SIZE FIELDS TRAILERS
                                      a POST of SIZE bytes, then trailers; FIELDS and TRAILERS
                                      are "name:value;name:value" lists (either may be "")
+  fields PORT PATH FIELDS            a GET with FIELDS ("name:value;..."): the answer's status and
+                                     the names of its fields sent as literals never indexed
 
 Every run ends within a few seconds whatever the proxy does.
 """
@@ -324,6 +326,26 @@ def trailers(port, path, size, fields, tfields):
     out(status=r.status.get(1, "none"), sent=sent, body=r.data.get(1, 0))
 
 
+def never_indexed(port, path, fields):
+    s, c = connect(port)
+    c.send_headers(1, headers(port, path, "GET", fields_of(fields)), end_stream=True)
+    s.sendall(c.data_to_send())
+    r = Result()
+    names = []
+    end = time.monotonic() + 5
+    while time.monotonic() < end and not r.closed and 1 not in r.status:
+        b = recv_some(s, end)
+        if b is None:
+            continue
+        if not b:
+            break
+        for e in c.receive_data(b):
+            if isinstance(e, h2.events.ResponseReceived):
+                r.status[1] = dict(e.headers).get(":status")
+                names = [h[0] for h in e.headers if getattr(h, "indexable", True) is False]
+    out(status=r.status.get(1, "none"), never_indexed=",".join(names) or "-")
+
+
 def main():
     a = sys.argv[1:]
     port = int(a[1])
@@ -345,6 +367,8 @@ def main():
         early_answer(port, a[2])
     elif a[0] == "trailers":
         trailers(port, a[2], int(a[3]), a[4], a[5])
+    elif a[0] == "fields":
+        never_indexed(port, a[2], a[3] if len(a) > 3 else "")
     else:
         sys.exit("unknown scenario " + a[0])
 

@@ -28,8 +28,8 @@ static void add(const char *k, const char *v)
 /* The list libcurl would get, its lines joined by '|'. */
 static const char *lines(const char *host_field, int body, size_t n_own)
 {
-    static const struct hfield own[] = { { "X-Retry-Attempt", "2", 15, 1 },
-                                         { "grpc-timeout", "5m", 12, 2 } };
+    static const struct hfield own[] = { { "X-Retry-Attempt", "2", 15, 1, false },
+                                         { "grpc-timeout", "5m", 12, 2, true } };
     struct attempt_req req = {
         .method = "GET", .target = "/", .fields = &fields, .own = own, .n_own = n_own
     };

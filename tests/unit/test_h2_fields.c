@@ -41,7 +41,7 @@ static const struct conv *convert_own(struct conv *c, const char *const *lines, 
         const char *v = colon[1] == ' ' ? colon + 2 : colon + 1;
         if (i < n_own) {
             cr_assert_lt(i, 4);
-            own[i] = (struct hfield){ lines[i], v, (size_t)(colon - lines[i]), strlen(v) };
+            own[i] = (struct hfield){ lines[i], v, (size_t)(colon - lines[i]), strlen(v), false };
         } else {
             cr_assert_eq(hlist_add(l, lines[i], (size_t)(colon - lines[i]), v, strlen(v)), 0);
         }
@@ -147,4 +147,37 @@ Test(h2_fields, at_most_max_fields)
     const char *lines[] = { "A: 1", "B: 2", "C: 3", NULL };
     struct conv c;
     cr_expect_eq(convert(&c, lines, 2)->n, 2);
+}
+
+static bool never_indexed(const struct conv *c, const char *name)
+{
+    for (size_t i = 0; i < c->n; i++)
+        if (c->f[i].name_len == strlen(name) && memcmp(c->f[i].name, name, c->f[i].name_len) == 0)
+            return c->f[i].never_index;
+    cr_assert_fail("no field %s", name);
+    return false;
+}
+
+/* A request id, a trace id or a deadline differs on every request: HPACK gets them as literals
+ * never indexed (hdr_per_request()), the rest as it chooses. */
+Test(h2_fields, values_of_one_request_alone_are_never_indexed)
+{
+    const char *lines[] = { "X-Request-Id: 5d1f", "Traceparent: 00-4bf9-00f0-01",
+                            "User-Agent: grpc-go/1.60", "X-B3-TraceId: 80f1", NULL };
+    struct conv c;
+    convert(&c, lines, 8);
+    cr_assert_eq(c.n, 4);
+    cr_expect(never_indexed(&c, "x-request-id"));
+    cr_expect(never_indexed(&c, "traceparent"));
+    cr_expect(never_indexed(&c, "x-b3-traceid"));
+    cr_expect_not(never_indexed(&c, "user-agent"));
+
+    /* the attempt's own: the deadline header's time left is one of them, the attempt number not */
+    static const struct hfield own[] = { { "X-Retry-Attempt", "1", 15, 1, false },
+                                         { "X-Deadline-Ms", "250", 13, 3, true } };
+    struct conv o;
+    o.n = attempt_h2_fields(own, 2, NULL, o.f, 8, o.names, &o.host, &o.host_len);
+    cr_assert_eq(o.n, 2);
+    cr_expect_not(never_indexed(&o, "x-retry-attempt"));
+    cr_expect(never_indexed(&o, "x-deadline-ms"));
 }

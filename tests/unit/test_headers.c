@@ -264,3 +264,17 @@ Test(headers, host_values_are_uri_host_and_an_optional_port)
     cr_expect(hdr_host_valid("a:80 junk", 4));
     cr_expect(!hdr_host_valid("[::1]", 4));
 }
+
+Test(headers, per_request_fields_are_told_by_name_in_any_case)
+{
+    const char *yes[] = { "x-request-id", "X-Request-Id", "grpc-timeout",    "traceparent",
+                          "X-B3-SpanId",  "b3",           "x-amzn-trace-id", "grpc-trace-bin" };
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+        cr_expect(hdr_per_request(yes[i], strlen(yes[i])), "%s", yes[i]);
+    const char *no[] = { "user-agent", "content-type", "x-request-i",     "x-request-idx",
+                         "b",          "tracestate",   "x-retry-attempt", "" };
+    for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+        cr_expect_not(hdr_per_request(no[i], strlen(no[i])), "%s", no[i]);
+    /* the length decides, not a NUL */
+    cr_expect(hdr_per_request("x-request-id: 1", 12));
+}
