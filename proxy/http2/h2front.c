@@ -212,10 +212,13 @@ static void progress(struct h2conn *c)
 {
     if (c->closing)
         return;
-    for (struct h2stream *st = c->streams, *next; st; st = next) {
-        next = st->next;
-        if (st->flags & S_ROOM)
-            h2s_drain_upload(st);
+    if (c->room) {
+        c->room = false; /* set again by a stream given room meanwhile, for the next turn */
+        for (struct h2stream *st = c->streams, *next; st; st = next) {
+            next = st->next;
+            if (st->flags & S_ROOM)
+                h2s_drain_upload(st);
+        }
     }
     if (c->hf->draining && !c->goaway) {
         c->goaway = true;

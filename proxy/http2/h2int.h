@@ -123,6 +123,7 @@ struct h2conn {
     bool goaway;   /* a graceful GOAWAY is submitted (draining) */
     bool fatal;    /* the session ended: close after writing what is left */
     bool linger;   /* ... written, the write side shut: reading the rest away */
+    bool room;     /* a stream may have S_ROOM: progress() looks, else walks no stream */
     unsigned full; /* streams whose body() said FRONT_FULL */
     struct h2stream *streams;
     unsigned n_streams;

@@ -305,6 +305,7 @@ void h2s_local_end(struct h2stream *st)
         h2c_reset_stream(st, NGHTTP2_NO_ERROR);
     } else if (st->up_len && !(st->flags & S_REMOTE_END)) {
         st->flags |= S_ROOM;
+        st->c->room = true;
         h2c_schedule(st->c);
     } else if (!(st->flags & S_REMOTE_END)) {
         h2c_tail(st->c, st);
@@ -660,6 +661,7 @@ static void h2_upload_room(struct front *f)
     struct h2stream *st = of_front(f);
     if (st->c && st->up_len) {
         st->flags |= S_ROOM; /* offered from the loop, never from inside the core's call */
+        st->c->room = true;
         h2c_schedule(st->c);
     }
 }

@@ -21,6 +21,20 @@
 
 /* ---- streams ---- */
 
+void h2up_todo(struct h2up_stream *s)
+{
+    if (s->todo)
+        return;
+    struct conn *c = s->c;
+    s->todo = true;
+    s->todo_next = NULL;
+    if (c->todo_last)
+        c->todo_last->todo_next = s;
+    else
+        c->todo = s;
+    c->todo_last = s;
+}
+
 void h2up_end_stream(struct h2up_stream *s, enum h2up_end end, uint32_t error)
 {
     if (s->flags & SF_ENDED)
@@ -28,6 +42,7 @@ void h2up_end_stream(struct h2up_stream *s, enum h2up_end end, uint32_t error)
     s->flags |= SF_ENDED;
     s->end = end;
     s->error = error;
+    h2up_todo(s);
 }
 
 static bool stopped(const struct h2up_stream *s)
@@ -191,6 +206,7 @@ static int on_data(nghttp2_session *ss, uint8_t flags, int32_t id, const uint8_t
         stop(s);
         s->end = H2UP_BROKEN;
     }
+    h2up_todo(s);
     return 0;
 }
 
@@ -201,6 +217,7 @@ static int on_stream_close(nghttp2_session *ss, int32_t id, uint32_t error, void
     if (!s)
         return 0;
     s->flags |= SF_CLOSED;
+    h2up_todo(s);
     /* a whole response ended at its END_STREAM (whole()); closed before, even NO_ERROR, it is
      * cut short */
     if (!(s->flags & SF_HEAD) && error == NGHTTP2_REFUSED_STREAM)
@@ -236,6 +253,7 @@ static int on_frame_not_send(nghttp2_session *ss, const nghttp2_frame *f, int li
     for (struct h2up_stream *s = c->streams; s; s = s->next)
         if (s->id == f->hd.stream_id) {
             s->flags |= SF_CLOSED;
+            h2up_todo(s);
             h2up_end_stream(s, H2UP_REFUSED, 0);
             break;
         }
@@ -396,6 +414,7 @@ void h2up_cancel(struct h2up_stream *s)
     struct conn *c = s->c;
     s->ops = NULL;
     s->kept.len = 0;
+    h2up_todo(s);
     if (!(s->flags & SF_CLOSED) && c->s && s->id > 0)
         nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
     h2c_kick(c); /* freed by h2c_settle() once the session is done with it */
@@ -411,6 +430,7 @@ void h2up_resume_body(struct h2up_stream *s)
     if (!(s->flags & SF_PAUSED))
         return;
     s->flags &= ~SF_PAUSED;
+    h2up_todo(s);
     h2c_kick(s->c);
 }
 

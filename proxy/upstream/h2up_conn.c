@@ -59,6 +59,7 @@ void h2c_fail(struct conn *c)
         count_opened(c, c->fell_back ? H2UP_OPENED_HTTP1 : H2UP_OPENED_FAILED);
     for (struct h2up_stream *s = c->streams; s; s = s->next) {
         s->flags |= SF_CLOSED;
+        h2up_todo(s);
         h2up_end_stream(s, (s->flags & SF_SENT) ? H2UP_BROKEN : H2UP_UNSENT, 0);
     }
     nghttp2_session_del(c->s);
@@ -71,6 +72,7 @@ void h2c_free(struct conn *c)
 {
     struct h2up *h = c->h;
     h2c_fail(c);
+    c->todo = c->todo_last = NULL;
     while (c->streams)
         h2up_free_stream(c->streams);
     loop_timer_stop(h->loop, &c->kick);
@@ -251,31 +253,27 @@ void h2c_kick(struct conn *c)
         loop_timer_start(c->h->loop, &c->kick, loop_now(c->h->loop), on_kick, c);
 }
 
-/* After the session has run: kept body bytes go to owners with room, ended streams are
- * reported (their owners may start and cancel streams: nothing here holds a pointer across
- * a report), freed when the session is done with them, and an empty dead connection goes. */
+/* After the session has run, for each stream with something to do (h2up_todo()): kept body
+ * bytes go to an owner with room, an end is reported (its owner may start and cancel streams,
+ * which join the list: nothing here holds a pointer across a report), a stream the session is
+ * done with and that has no owner is freed; then an empty dead connection goes. */
 void h2c_settle(struct conn *c)
 {
-    bool more = true;
-    while (more) {
-        more = false;
-        for (struct h2up_stream *s = c->streams; s; s = s->next) {
-            if (s->ops && s->kept.len && !(s->flags & SF_PAUSED))
-                h2up_drain_kept(s);
-            if (!s->ops || !(s->flags & SF_ENDED))
-                continue;
-            if (s->end == H2UP_COMPLETE && s->kept.len)
-                continue; /* the owner still has body bytes to take */
+    struct h2up_stream *s;
+    while ((s = c->todo)) {
+        c->todo = s->todo_next;
+        if (!c->todo)
+            c->todo_last = NULL;
+        s->todo = false;
+        if (s->ops && s->kept.len && !(s->flags & SF_PAUSED))
+            h2up_drain_kept(s);
+        /* an owner still has body bytes to take: reported once it took them (resume) */
+        if (s->ops && (s->flags & SF_ENDED) && !(s->end == H2UP_COMPLETE && s->kept.len)) {
             const struct h2up_ops *ops = s->ops;
             s->ops = NULL;
             ops->done(s->arg, s->end, s->error);
-            more = true;
-            break;
         }
-    }
-    for (struct h2up_stream *s = c->streams, *next; s; s = next) {
-        next = s->next;
-        if (!s->ops && (s->flags & SF_CLOSED))
+        if (!s->ops && (s->flags & SF_CLOSED) && !s->todo)
             h2up_free_stream(s);
     }
     if (c->dead) {
