@@ -37,10 +37,11 @@ const char *retry_stop_name(enum retry_stop s)
 /* Whether 'head' has the condition's field (with its value, when it names one). */
 static bool has_field(const struct hlist *head, const struct cfg_retry_cond *c)
 {
-    size_t pos = 0;
-    const char *n, *v;
-    while (head && hlist_next(head, &pos, &n, &v))
-        if (strcasecmp(n, c->name) == 0 && (!c->value || strcmp(v, c->value) == 0))
+    size_t pos = 0, nl = strlen(c->name);
+    struct hfield f;
+    while (head && hlist_next_n(head, &pos, &f))
+        if (f.name_len == nl && strncasecmp(f.name, c->name, nl) == 0 &&
+            (!c->value || strcmp(f.value, c->value) == 0))
             return true;
     return false;
 }

@@ -319,7 +319,6 @@ void edge_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, 
     if (fields_up_drops(&up, k, kl))
         return;
     const char *why = NULL;
-    size_t at = r->trailers.len;
     r->head_size += kl + vl + 32;
     if (!hdr_name_valid_n(k, kl) || !hdr_value_valid_n(v, vl))
         why = "a trailer field with a forbidden character";
@@ -329,7 +328,7 @@ void edge_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, 
     else if (hlist_add(&r->trailers, k, kl, v, vl) < 0)
         why = "out of memory";
     if (!why) {
-        hdr_lower(r->trailers.buf + at, k, kl); /* as HTTP/2 spells names */
+        hlist_lower_last(&r->trailers); /* as HTTP/2 spells names */
         return;
     }
     r->flags |= RF_TRAILERS_OFF;

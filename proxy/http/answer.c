@@ -7,24 +7,28 @@
 #include "proxy/http/grpc.h"
 #include "proxy/http/headers.h"
 
-void answer_tag_fields(const struct front_tag *tag,
-                       void (*add)(void *arg, const char *name, const char *value), void *arg)
+/* Calls add() with field 'name' (a literal) and the C string 'value'. */
+#define ADD(name, value, value_len)                                                                \
+    add(arg, &(struct hfield){ name, value, sizeof(name) - 1, value_len, false })
+
+void answer_tag_fields(const struct front_tag *tag, void (*add)(void *arg, const struct hfield *f),
+                       void *arg)
 {
     char n[24];
-    hdr_utoa(tag->attempts, n);
-    add(arg, "X-Retry-Attempts", n);
+    ADD("X-Retry-Attempts", n, (size_t)(hdr_utoa(tag->attempts, n) - n));
     if (tag->request_id)
-        add(arg, "X-Request-Id", tag->request_id);
+        ADD("X-Request-Id", tag->request_id, strlen(tag->request_id));
     if (tag->stop)
-        add(arg, "X-Retry-Stop", tag->stop);
+        ADD("X-Retry-Stop", tag->stop, strlen(tag->stop));
     if (tag->allow)
-        add(arg, "Allow", tag->allow);
+        ADD("Allow", tag->allow, strlen(tag->allow));
     if (tag->throttled >= 0) {
         char p[16];
-        snprintf(p, sizeof(p), "%.2f", tag->throttled);
-        add(arg, "X-Retry-Throttled", p);
+        int pl = snprintf(p, sizeof(p), "%.2f", tag->throttled);
+        ADD("X-Retry-Throttled", p, pl > 0 && (size_t)pl < sizeof(p) ? (size_t)pl : strlen(p));
     }
 }
+#undef ADD
 
 char *answer_error_body(const char *code, const char *route, unsigned attempts, const char *message,
                         size_t *len)

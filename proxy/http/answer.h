@@ -13,10 +13,10 @@
 #include "proxy/core/front.h"
 #include "proxy/http/hlist.h"
 
-/* Calls add(arg, name, value) for each field 'tag' puts on an answer, names as HTTP/1.1
- * spells them ("X-Retry-Attempts"); Connection: close is the caller's. */
-void answer_tag_fields(const struct front_tag *tag,
-                       void (*add)(void *arg, const char *name, const char *value), void *arg);
+/* Calls add(arg, field) for each field 'tag' puts on an answer (NUL-terminated too), names as
+ * HTTP/1.1 spells them ("X-Retry-Attempts"); Connection: close is the caller's. */
+void answer_tag_fields(const struct front_tag *tag, void (*add)(void *arg, const struct hfield *f),
+                       void *arg);
 
 /* Whether a response of 'status' may have a body: 1xx, 204 and 304 never do (RFC 9110 6.4.1). */
 bool answer_status_has_body(int status);

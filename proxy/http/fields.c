@@ -77,15 +77,15 @@ bool fields_down_drops(const struct fields_down *d, const char *k, size_t kl)
 }
 
 void fields_down_each(const struct hlist *h, bool own_request_id,
-                      void (*fn)(void *arg, const char *name, const char *value), void *arg)
+                      void (*fn)(void *arg, const struct hfield *f), void *arg)
 {
     struct fields_down d = { .named = { hlist_get(h, "Connection") ? h : NULL },
                              .own_request_id = own_request_id };
     size_t pos = 0;
-    const char *n, *v;
-    while (hlist_next(h, &pos, &n, &v))
-        if (!fields_down_drops(&d, n, strlen(n)))
-            fn(arg, n, v);
+    struct hfield f;
+    while (hlist_next_n(h, &pos, &f))
+        if (!fields_down_drops(&d, f.name, f.name_len))
+            fn(arg, &f);
 }
 
 bool fields_hop_by_hop(const char *k, size_t kl)

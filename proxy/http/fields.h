@@ -44,11 +44,11 @@ struct fields_down {
  * body) and the proxy's own (X-Retry-Attempts, X-Retry-Stop, X-Request-Id when it sets one). */
 bool fields_down_drops(const struct fields_down *d, const char *k, size_t kl);
 
-/* Calls fn(arg, name, value) for each field of the upstream's head 'h' that goes down to the
- * client (fields_down_drops(): its own Connection names fields too), in order; the proxy sets
+/* Calls fn(arg, field) for each field of the upstream's head 'h' that goes down to the client
+ * (fields_down_drops(): its own Connection names fields too), in order; the proxy sets
  * X-Request-Id itself when 'own_request_id'. Both front ends copy a response head this way. */
 void fields_down_each(const struct hlist *h, bool own_request_id,
-                      void (*fn)(void *arg, const char *name, const char *value), void *arg);
+                      void (*fn)(void *arg, const struct hfield *f), void *arg);
 
 /* Connection, Keep-Alive, Proxy-Connection, TE, Trailer, Transfer-Encoding, Upgrade: they
  * describe one hop (RFC 9110 7.6.1), and go neither up nor down. */

@@ -160,16 +160,8 @@ bool head_origin_form(char **target, const char *method, char *authority, size_t
  * scan, so it never grows (and no bound of hlist_add() applies: the head passed its own). */
 static void hb_add(struct hlist *b, const char *k, size_t kl, const char *v, size_t vl)
 {
-    size_t need = kl + vl + 2;
-    if (b->len + need > b->cap)
-        return; /* cannot happen: sized from the scan; the header is left out */
-    char *o = b->buf + b->len;
-    memcpy(o, k, kl);
-    o[kl] = '\0';
-    memcpy(o + kl + 1, v, vl);
-    o[kl + 1 + vl] = '\0';
-    b->len += need;
-    b->count++;
+    /* no room cannot happen: sized from the scan (the header would be left out) */
+    (void)hlist_put(b, k, kl, v, vl);
 }
 
 static void hb_field(struct hlist *b, const char *k, const char *v)
@@ -214,10 +206,10 @@ int head_up_build(struct head_up *h, const struct head_scan *s, head_each_fn eac
     /* what is forwarded, and what is added: X-Forwarded-For (the client's values and the
      * peer), X-Forwarded-Proto, X-Request-Id, TE (gRPC), Host */
     size_t xff_cap = s->xff_len + peer_len + 3;
-    size_t cap = s->field_bytes + 2 * s->n_fields + sizeof("X-Forwarded-For") + xff_cap +
-                 sizeof("X-Forwarded-Proto\0http") + sizeof("TE\0trailers") +
-                 sizeof("X-Request-Id") + HEAD_REQUEST_ID_MAX + 1 + s->value_len[HF_HOST] +
-                 sizeof("Host") + 1;
+    size_t cap = s->field_bytes + (2 + HLIST_FIELD_BYTES) * s->n_fields +
+                 sizeof("X-Forwarded-For") + xff_cap + sizeof("X-Forwarded-Proto\0http") +
+                 sizeof("TE\0trailers") + sizeof("X-Request-Id") + HEAD_REQUEST_ID_MAX + 1 +
+                 s->value_len[HF_HOST] + sizeof("Host") + 1 + 5 * HLIST_FIELD_BYTES;
     char *block = malloc(cap + xff_cap);
     if (!block)
         return -1;

@@ -1,5 +1,6 @@
 #include "proxy/http/hlist.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -37,18 +38,60 @@ static int hlist_reserve(struct hlist *h, size_t more)
     return 0;
 }
 
+/* The lengths at the head of the field at 'p' (unaligned). */
+static void lengths_get(const char *p, size_t *nl, size_t *vl)
+{
+    uint32_t l[2];
+    memcpy(l, p, sizeof(l));
+    *nl = l[0];
+    *vl = l[1];
+}
+
+static void lengths_set(char *p, size_t nl, size_t vl)
+{
+    uint32_t l[2] = { (uint32_t)nl, (uint32_t)vl };
+    memcpy(p, l, sizeof(l));
+}
+
+/* Writes the field at h->len, which has room for it. */
+static void put(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl)
+{
+    char *o = h->buf + h->len;
+    lengths_set(o, nl, vl);
+    o += HLIST_FIELD_BYTES;
+    memcpy(o, name, nl);
+    o[nl] = '\0';
+    memcpy(o + nl + 1, value, vl);
+    o[nl + 1 + vl] = '\0';
+    h->last = h->len;
+    h->len += HLIST_FIELD_BYTES + nl + vl + 2;
+    h->count++;
+}
+
 int hlist_add(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl)
 {
-    size_t need = nl + vl + 2;
-    if (h->count >= HLIST_MAX_COUNT || hlist_reserve(h, need) < 0)
+    if (h->count >= HLIST_MAX_COUNT || hlist_reserve(h, HLIST_FIELD_BYTES + nl + vl + 2) < 0)
         return -1;
-    memcpy(h->buf + h->len, name, nl);
-    h->buf[h->len + nl] = '\0';
-    memcpy(h->buf + h->len + nl + 1, value, vl);
-    h->buf[h->len + nl + 1 + vl] = '\0';
-    h->len += need;
-    h->count++;
+    put(h, name, nl, value, vl);
     return 0;
+}
+
+int hlist_put(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl)
+{
+    if (h->len + HLIST_FIELD_BYTES + nl + vl + 2 > h->cap)
+        return -1;
+    put(h, name, nl, value, vl);
+    return 0;
+}
+
+void hlist_lower_last(struct hlist *h)
+{
+    if (!h->count)
+        return;
+    char *p = h->buf + h->last;
+    size_t nl, vl;
+    lengths_get(p, &nl, &vl);
+    hdr_lower(p + HLIST_FIELD_BYTES, p + HLIST_FIELD_BYTES, nl);
 }
 
 int hlist_extend_last(struct hlist *h, const char *v, size_t vl)
@@ -60,16 +103,32 @@ int hlist_extend_last(struct hlist *h, const char *v, size_t vl)
     memcpy(h->buf + h->len, v, vl);
     h->len += vl;
     h->buf[h->len++] = '\0';
+    size_t nl, was;
+    lengths_get(h->buf + h->last, &nl, &was);
+    lengths_set(h->buf + h->last, nl, was + 1 + vl);
     return 0;
+}
+
+bool hlist_next_n(const struct hlist *h, size_t *pos, struct hfield *f)
+{
+    if (*pos >= h->len)
+        return false;
+    const char *p = h->buf + *pos;
+    lengths_get(p, &f->name_len, &f->value_len);
+    f->name = p + HLIST_FIELD_BYTES;
+    f->value = f->name + f->name_len + 1;
+    f->per_request = false;
+    *pos += HLIST_FIELD_BYTES + f->name_len + f->value_len + 2;
+    return true;
 }
 
 bool hlist_next(const struct hlist *h, size_t *pos, const char **name, const char **value)
 {
-    if (*pos >= h->len)
+    struct hfield f;
+    if (!hlist_next_n(h, pos, &f))
         return false;
-    *name = h->buf + *pos;
-    *value = *name + strlen(*name) + 1;
-    *pos = (size_t)(*value - h->buf) + strlen(*value) + 1;
+    *name = f.name;
+    *value = f.value;
     return true;
 }
 
@@ -82,15 +141,15 @@ const char *hlist_get(const struct hlist *h, const char *name)
 size_t hlist_values(const struct hlist *h, const char *name, const char **vals, size_t *lens,
                     size_t max)
 {
-    size_t pos = 0, n = 0;
-    const char *k, *v;
-    while (hlist_next(h, &pos, &k, &v)) {
-        if (!hdr_name_eq(k, name))
+    size_t pos = 0, n = 0, nl = strlen(name);
+    struct hfield f;
+    while (hlist_next_n(h, &pos, &f)) {
+        if (f.name_len != nl || strncasecmp(f.name, name, nl) != 0)
             continue;
         if (n < max) {
-            vals[n] = v;
+            vals[n] = f.value;
             if (lens)
-                lens[n] = strlen(v);
+                lens[n] = f.value_len;
         }
         n++;
     }
@@ -106,12 +165,12 @@ int64_t hlist_content_length(const struct hlist *h)
 bool hlist_length_unambiguous(const struct hlist *h)
 {
     size_t pos = 0;
-    const char *n, *v;
     int64_t seen = -1;
-    while (hlist_next(h, &pos, &n, &v)) {
-        if (!hdr_name_eq(n, "Content-Length"))
+    struct hfield f;
+    while (hlist_next_n(h, &pos, &f)) {
+        if (!HDR_NAME_IS(f.name, f.name_len, "Content-Length"))
             continue;
-        int64_t cl = hdr_parse_uint(v);
+        int64_t cl = hdr_parse_uint(f.value);
         if (cl < 0 || (seen >= 0 && cl != seen))
             return false;
         seen = cl;
@@ -122,11 +181,12 @@ bool hlist_length_unambiguous(const struct hlist *h)
 bool hlist_transfer_coding_ok(const struct hlist *h)
 {
     size_t pos = 0, fields = 0, codings = 0;
-    const char *n, *v;
     bool chunked = false;
-    while (hlist_next(h, &pos, &n, &v)) {
-        if (!HDR_NAME_IS(n, strlen(n), "Transfer-Encoding"))
+    struct hfield f;
+    while (hlist_next_n(h, &pos, &f)) {
+        if (!HDR_NAME_IS(f.name, f.name_len, "Transfer-Encoding"))
             continue;
+        const char *v = f.value;
         fields++;
         for (const char *p = v; *p;) {
             size_t el = strcspn(p, ",");
@@ -146,9 +206,9 @@ bool hlist_transfer_coding_ok(const struct hlist *h)
 bool hlist_connection_names(const struct hlist *h, const char *name)
 {
     size_t pos = 0;
-    const char *n, *v;
-    while (hlist_next(h, &pos, &n, &v))
-        if (HDR_NAME_IS(n, strlen(n), "Connection") && hdr_token_listed(v, name))
+    struct hfield f;
+    while (hlist_next_n(h, &pos, &f))
+        if (HDR_NAME_IS(f.name, f.name_len, "Connection") && hdr_token_listed(f.value, name))
             return true;
     return false;
 }

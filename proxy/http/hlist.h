@@ -1,5 +1,7 @@
-/* hlist -- a response's header fields as they arrived, in one buffer of "name\0value\0"
- * pairs, bounded in bytes and count like a client's request head. */
+/* hlist -- a response's header fields as they arrived, in one buffer, bounded in bytes and
+ * count like a client's request head. Each field is its name's and its value's lengths
+ * (HLIST_FIELD_BYTES), then "name\0value\0": a walk reads the lengths, and never has to count
+ * them again, and each name and value is a C string too. */
 #ifndef RETRYPROXY_PROXY_HLIST_H
 #define RETRYPROXY_PROXY_HLIST_H
 
@@ -9,10 +11,13 @@
 
 #define HLIST_MAX_BYTES (64 * 1024)
 #define HLIST_MAX_COUNT 200
+/* The bytes a field takes besides its name's and its value's (their lengths; not the NULs). */
+#define HLIST_FIELD_BYTES 8
 
 struct hlist {
     char *buf;
     size_t len, cap, count;
+    size_t last; /* where the last field starts */
 };
 
 /* One field by reference, neither part NUL-terminated: an attempt's own fields, sent beside a
@@ -27,11 +32,18 @@ void hlist_clear(struct hlist *h); /* keeps the buffer */
 void hlist_free(struct hlist *h);
 /* Adds a field. 0, or -1 past the bounds or out of memory. */
 int hlist_add(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl);
+/* Adds a field within the buffer's room (h->cap), whatever the bounds: a list sized for what it
+ * will hold (proxy/http/head.c). 0, or -1 without room. */
+int hlist_put(struct hlist *h, const char *name, size_t nl, const char *value, size_t vl);
+/* Lowercases the last field's name (as HTTP/2 spells names). */
+void hlist_lower_last(struct hlist *h);
 /* Appends " " and v[0..vl) to the value of the last field (an unfolded continuation line).
  * 0, or -1 without a last field, past the bounds or out of memory. */
 int hlist_extend_last(struct hlist *h, const char *v, size_t vl);
 /* Iterates: *pos starts at 0; false at the end. */
 bool hlist_next(const struct hlist *h, size_t *pos, const char **name, const char **value);
+/* The same, with the lengths: 'f' gets the next field. */
+bool hlist_next_n(const struct hlist *h, size_t *pos, struct hfield *f);
 /* The first value of 'name' (any case), or NULL. */
 const char *hlist_get(const struct hlist *h, const char *name);
 /* How many fields 'name' has; the first 'max' of their values go to vals/lens. */

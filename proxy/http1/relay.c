@@ -128,9 +128,9 @@ static void relay_fields(struct front *f,
 
 /* ---- answers ---- */
 
-static void add_field(void *resp, const char *name, const char *value)
+static void add_field(void *resp, const struct hfield *f)
 {
-    MHD_add_response_header(resp, name, value);
+    MHD_add_response_header(resp, f->name, f->value);
 }
 
 static void add_tag(struct MHD_Response *resp, const struct front_tag *tag)

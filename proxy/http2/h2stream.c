@@ -172,9 +172,9 @@ static void h2_fields(struct front *f,
 {
     struct h2stream *st = of_front(f);
     size_t pos = 0;
-    const char *n, *v;
-    while (hlist_next(&st->fields, &pos, &n, &v))
-        fn(arg, n, strlen(n), v, strlen(v));
+    struct hfield hf;
+    while (hlist_next_n(&st->fields, &pos, &hf))
+        fn(arg, hf.name, hf.name_len, hf.value, hf.value_len);
 }
 
 /* Upload bytes the core did not take are kept (at most the stream's window, which stays
@@ -347,10 +347,11 @@ struct nvs {
 /* Adds a field to a HEADERS frame of the answer. None that HTTP/2 forbids comes here: each of
  * those is hop-by-hop, which the filter of the way down (fields_down_drops) leaves out of the
  * upstream's fields (test_fields checks it), and the proxy's own are none of them. */
-static void nv_add(void *arg, const char *name, const char *value)
+static void nv_add(void *arg, const struct hfield *f)
 {
     struct nvs *a = arg;
-    size_t nl = strlen(name), vl = strlen(value);
+    const char *name = f->name, *value = f->value;
+    size_t nl = f->name_len, vl = f->value_len;
     if (a->n == a->cap || a->used + nl + vl > a->text_cap)
         return;
     char *lc = a->text + a->used;
@@ -394,17 +395,17 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
         fail(st);
         return;
     }
-    char sbuf[8], lbuf[24];
-    snprintf(sbuf, sizeof(sbuf), "%03u", status % 1000);
-    nv_add(&a, ":status", sbuf);
+    char sbuf[4] = { (char)('0' + status / 100 % 10), (char)('0' + status / 10 % 10),
+                     (char)('0' + status % 10), 0 },
+         lbuf[24];
+    nv_add(&a, &(struct hfield){ ":status", sbuf, 7, 3, false });
     if (h)
         fields_down_each(h, tag->request_id != NULL, nv_add, &a);
     if (ctype)
-        nv_add(&a, "content-type", ctype);
-    if (length >= 0) {
-        hdr_utoa((uint64_t)length, lbuf);
-        nv_add(&a, "content-length", lbuf);
-    }
+        nv_add(&a, &(struct hfield){ "content-type", ctype, 12, strlen(ctype), false });
+    if (length >= 0)
+        nv_add(&a, &(struct hfield){ "content-length", lbuf, 14,
+                                     (size_t)(hdr_utoa((uint64_t)length, lbuf) - lbuf), false });
     answer_tag_fields(tag, nv_add, &a);
     if (!has_body)
         st->flags |= S_NO_BODY;
@@ -459,12 +460,10 @@ static void copy_trailers(struct h2stream *st, const struct hlist *trailers)
                                         hlist_get(trailers, "Connection") ? trailers : NULL },
                              .own_request_id = st->tag.request_id != NULL };
     size_t pos = 0;
-    const char *n, *v;
-    while (hlist_next(trailers, &pos, &n, &v)) {
-        size_t nl = strlen(n);
-        if (!fields_down_drops(&d, n, nl))
-            hlist_add(&st->trailers, n, nl, v, strlen(v));
-    }
+    struct hfield hf;
+    while (hlist_next_n(trailers, &pos, &hf))
+        if (!fields_down_drops(&d, hf.name, hf.name_len))
+            hlist_add(&st->trailers, hf.name, hf.name_len, hf.value, hf.value_len);
 }
 
 static void h2_saved(struct front *f, int status, const struct hlist *h, const char *body,
@@ -588,9 +587,9 @@ static void end_body(struct h2stream *st, uint32_t *data_flags)
                      0,
                      st->trailers.len + 1 };
     size_t pos = 0;
-    const char *n, *v;
-    while (a.nv && a.text && hlist_next(&st->trailers, &pos, &n, &v))
-        nv_add(&a, n, v);
+    struct hfield hf;
+    while (a.nv && a.text && hlist_next_n(&st->trailers, &pos, &hf))
+        nv_add(&a, &hf);
     if (a.nv && a.text && nghttp2_submit_trailer(st->c->sess, st->id, a.nv, a.n) == 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
     free(a.nv);

@@ -167,9 +167,10 @@ struct curl_slist *h1up_fields(const char *host_field, const struct attempt_req 
         *o++ = '\0';
     }
     size_t pos = 0;
-    const char *k, *v;
-    while (hlist_next(l, &pos, &k, &v)) {
-        size_t kl = strlen(k), vl = (size_t)(l->buf + pos - 1 - v);
+    struct hfield lf;
+    while (hlist_next_n(l, &pos, &lf)) {
+        const char *k = lf.name, *v = lf.value;
+        size_t kl = lf.name_len, vl = lf.value_len;
         host |= HDR_NAME_IS(k, kl, "Host");
         accept |= HDR_NAME_IS(k, kl, "Accept");
         type |= HDR_NAME_IS(k, kl, "Content-Type");

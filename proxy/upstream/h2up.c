@@ -269,10 +269,10 @@ static void end_upload(struct h2up_stream *s, uint32_t *data_flags)
         return;
     nghttp2_nv *nv = calloc(t->count, sizeof(*nv));
     size_t pos = 0, k = 0;
-    const char *n, *v;
-    while (nv && hlist_next(t, &pos, &n, &v))
-        nv[k++] =
-            (nghttp2_nv){ (uint8_t *)n, (uint8_t *)v, strlen(n), strlen(v), NGHTTP2_NV_FLAG_NONE };
+    struct hfield f;
+    while (nv && hlist_next_n(t, &pos, &f))
+        nv[k++] = (nghttp2_nv){ (uint8_t *)f.name, (uint8_t *)f.value, f.name_len, f.value_len,
+                                NGHTTP2_NV_FLAG_NONE };
     /* the session copies them */
     if (nv && nghttp2_submit_trailer(s->c->s, s->id, nv, k) == 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;

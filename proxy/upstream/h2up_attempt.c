@@ -137,11 +137,9 @@ size_t attempt_h2_fields(const struct hfield *own, size_t n_own, const struct hl
         h2_field(&c, own[i].name, own[i].name_len, own[i].value, own[i].value_len,
                  own[i].per_request);
     size_t pos = 0;
-    const char *k, *v;
-    while (l && hlist_next(l, &pos, &k, &v)) {
-        size_t kl = strlen(k);
-        h2_field(&c, k, kl, v, (size_t)(l->buf + pos - 1 - v), false);
-    }
+    struct hfield lf;
+    while (l && hlist_next_n(l, &pos, &lf))
+        h2_field(&c, lf.name, lf.name_len, lf.value, lf.value_len, false);
     return c.n;
 }
 
