@@ -19,7 +19,7 @@
 
 FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
-BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters
+BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters $(BUILD)/bench/h2hold
 
 .PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up
 
@@ -30,6 +30,10 @@ $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/
 $(BUILD)/bench/waiters: $(BUILD)/obj/bench/waiters.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^
+
+$(BUILD)/bench/h2hold: $(BUILD)/obj/bench/h2hold.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lnghttp2
 
 bench-build: $(BIN) $(BUILD)/tests/upstream $(BENCH_TOOLS)
 
