@@ -35,8 +35,8 @@ HOLD=${HOLD:-0}
 UPSTREAM=${UPSTREAM:-nghttpd}
 [ "$HOLD" -gt 0 ] && UPSTREAM=h2hold
 case $CLIENT in
-h2) STREAMS=${STREAMS:-10} H1=() CLIENT_NAME=h2c ;;
-h1) STREAMS=${STREAMS:-1} H1=(--h1) CLIENT_NAME=HTTP/1.1 ;;
+h2) STREAMS=${STREAMS:-10} H1=() ;;
+h1) STREAMS=${STREAMS:-1} H1=(--h1) ;;
 *) echo "h2peers: CLIENT is h2 or h1" >&2; exit 2 ;;
 esac
 case $UPSTREAM in
@@ -81,6 +81,7 @@ wait_port "$UP"
 # Held requests last as long as the run: every timeout on their way well past it.
 LONG=
 TO=30s
+HAPROXY_ABORT=
 NGINX_TO=
 NGHTTPX_TO=()
 if [ "$HOLD" -gt 0 ]; then
@@ -88,6 +89,8 @@ if [ "$HOLD" -gt 0 ]; then
     LONG_LIMITS=", \"limits\": {\"connection_timeout_ms\": 600000, \"max_upstream_requests\": \
 $((CONNS * (HOLD + STREAMS) + 1024))}"
     TO=600s
+    HAPROXY_ABORT="
+  option abortonclose" # else a request whose client left stays at the server
     NGINX_TO="grpc_read_timeout 600s; grpc_send_timeout 600s; client_body_timeout 600s;
   client_header_timeout 600s; send_timeout 600s; keepalive_timeout 600s;"
     NGHTTPX_TO=(--frontend-read-timeout=600s --frontend-http2-read-timeout=600s
@@ -96,6 +99,8 @@ $((CONNS * (HOLD + STREAMS) + 1024))}"
 fi
 # h2hold's count of the streams it holds open now
 held_now() { sed -n 's/^held=\([0-9]*\).*/\1/p' "$DIR/h2hold.stats" 2>/dev/null; }
+# ... and of the connections that hold at least one
+holding_now() { sed -n 's/.*conns_holding=\([0-9]*\).*/\1/p' "$DIR/h2hold.stats" 2>/dev/null; }
 
 declare -A PORT PID
 start_target() { # NAME: starts it, sets PORT[NAME] PID[NAME]
@@ -136,7 +141,7 @@ frontend f
   bind 127.0.0.1:$p$([ "$CLIENT" = h2 ] && echo ' proto h2')
   default_backend b
 backend b
-  http-reuse always
+  http-reuse always$HAPROXY_ABORT
   server s 127.0.0.1:$UP proto h2
 EOF
         haproxy -f "$DIR/haproxy.cfg" >"$DIR/haproxy.log" 2>&1 &
@@ -152,24 +157,31 @@ EOF
     PIDS+=($!)
     PORT[$name]=$p
     wait_port "$p"
-    h2load -n 2 -c 1 ${H1[@]+"${H1[@]}"} "http://127.0.0.1:$p/ok" 2>&1 | grep -q "2 succeeded" ||
-        { echo "h2peers: $name does not answer GET /ok over $CLIENT_NAME" >&2; exit 1; }
-    [ "$CLIENT" = h1 ] && check_h1 "$name"
-    return 0
+    if [ "$CLIENT" = h1 ]; then
+        check_h1 "$name"
+        return 0
+    fi
+    h2load -n 2 -c 1 "http://127.0.0.1:$p/ok" 2>&1 | grep -q "2 succeeded" ||
+        { echo "h2peers: $name does not answer GET /ok over h2c" >&2; exit 1; }
 }
 
-# CLIENT=h1: one GET and one gRPC call by curl over HTTP/1.1 through TARGET; a kind of call
-# that does not come back whole (200 and the body the upstream sent) is not measured (CAN).
+# CLIENT=h1: two calls of each kind by h2load --h1 and one by curl through TARGET; a kind of
+# call that h2load does not count as succeeded or that does not come back whole (200 and the
+# body the upstream sent) is not measured (CAN).
 declare -A CAN
 check_h1() {
-    local t=$1 url="http://127.0.0.1:${PORT[$1]}"
+    local t=$1 url="http://127.0.0.1:${PORT[$1]}" grpc
+    grpc=(-H 'content-type: application/grpc' -H 'te: trailers')
     CAN[get.$t]=1 CAN[grpc.$t]=1
-    if ! curl -sS --http1.1 -o "$DIR/body" "$url/ok" || ! cmp -s "$DIR/body" "$DIR/www/ok"; then
+    if ! h2load --h1 -n 2 -c 1 "$url/ok" 2>&1 | grep -q "2 succeeded" ||
+        ! curl -sS --http1.1 -o "$DIR/body" "$url/ok" || ! cmp -s "$DIR/body" "$DIR/www/ok"; then
         echo "# $t: an HTTP/1.1 GET does not come back whole: not measured"
         CAN[get.$t]=0
     fi
-    if ! curl -sS --http1.1 -D "$DIR/head" -o "$DIR/body" -H 'content-type: application/grpc' \
-        -H 'te: trailers' --data-binary @"$DIR/call.bin" "$url/test.Echo/Unary" ||
+    if ! h2load --h1 -n 2 -c 1 -d "$DIR/call.bin" "${grpc[@]}" "$url/test.Echo/Unary" 2>&1 |
+        grep -q "2 succeeded" ||
+        ! curl -sS --http1.1 -D "$DIR/head" -o "$DIR/body" "${grpc[@]}" \
+            --data-binary @"$DIR/call.bin" "$url/test.Echo/Unary" ||
         ! grep -q '^HTTP/1.1 200' "$DIR/head" || ! cmp -s "$DIR/body" "$DIR/call.bin"; then
         echo "# $t: a gRPC call over HTTP/1.1 does not come back whole: not measured"
         CAN[grpc.$t]=0
@@ -224,9 +236,9 @@ UPNAME="nghttpd --no-tls"
 echo "# h2peers: $REPS runs of ${SECS}s, h2load ${H1[*]+${H1[*]} }-c $CONNS -m $STREAMS, upstream $UPNAME$MODE"
 for t in "${SEL[@]}"; do start_target "$t"; done
 
-# one run: KIND (grpc|get) TARGET -> "us_per_call p99_ms calls_per_conn"
+# one run: KIND (grpc|get) TARGET -> "us_per_call p99_ms calls_per_conn[ held:holding]"
 run() {
-    local kind=$1 t=$2 url out log t0 t1 n p99 maxc=0 held=
+    local kind=$1 t=$2 url out log t0 t1 n ok p99 maxc=0 held= holding=
     log=$DIR/lat.$t.$kind
     if [ "$kind" = grpc ]; then
         url="http://127.0.0.1:${PORT[$t]}/test.Echo/Unary"
@@ -245,7 +257,9 @@ run() {
         [ "$c" -gt "$maxc" ] && maxc=$c
         if [ "$UPSTREAM" = h2hold ]; then
             c=$(held_now)
-            if [ -n "$c" ] && { [ -z "$held" ] || [ "$c" -lt "$held" ]; }; then held=$c; fi
+            if [ -n "$c" ] && { [ -z "$held" ] || [ "$c" -lt "$held" ]; }; then
+                held=$c holding=$(holding_now)
+            fi
         fi
         sleep 0.5
     done
@@ -253,10 +267,13 @@ run() {
     t1=$(ticks "${PID[$t]}")
     n=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' "$DIR/out")
     [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "h2peers: $t $kind: no call succeeded" >&2; cat "$DIR/out" >&2; exit 1; }
+    # h2load's "succeeded" also counts 3xx to 5xx answers
+    ok=$(grep '^status codes:' "$DIR/out" || true)
+    [[ $ok =~ \ 0\ 3xx,\ 0\ 4xx,\ 0\ 5xx ]] || echo "h2peers: $t $kind: not all 2xx: $ok" >&2
     p99=$(awk '{print $3}' "$log" | sort -n | awk '{a[NR]=$1} END {print a[int(NR*0.99)] / 1000}')
     [ "$maxc" -gt 0 ] || maxc=1
     # ticks are 1/100 s
-    echo "$(awk -v d=$((t1 - t0)) -v n="$n" 'BEGIN {printf "%.1f", d * 10000 / n}')" "$p99" "$((n / maxc))" ${held:+"$held"}
+    echo "$(awk -v d=$((t1 - t0)) -v n="$n" 'BEGIN {printf "%.1f", d * 10000 / n}')" "$p99" "$((n / maxc))" ${held:+"$held:$holding"}
 }
 
 declare -A RES
@@ -270,7 +287,8 @@ for rep in $(seq "$REPS"); do
             RES[$kind.$t]+="$r;"
             if [ "$UPSTREAM" = h2hold ]; then
                 echo "run $rep $kind $t: ${r% *}"
-                echo "  held streams at the upstream: ${r##* }"
+                h=${r##* }
+                echo "  held streams at the upstream: ${h%:*} (on ${h#*:} of its connections)"
             else
                 echo "run $rep $kind $t: $r"
             fi
