@@ -17,14 +17,16 @@
 #   CLIENT=h1      h2load --h1 (HTTP/1.1, STREAMS 1 by default: no pipelining) to the same
 #                  targets, each still proxying to the h2c upstream (nginx and HAProxy listen
 #                  for HTTP/1.1; nghttpx's frontend speaks both). Each kind of call is tried
-#                  once with curl first: a target that cannot carry it gets a row of "-".
+#                  with h2load --h1 and curl first: a target that cannot carry it whole gets
+#                  a row of "-"; a gRPC answer without grpc-status is said, and measured.
 #   UPSTREAM=h2hold  bench/h2hold ($BUILD/bench/h2hold, make bench-build) instead of nghttpd.
 #   HOLD=N         (implies UPSTREAM=h2hold) before each run, a second h2load opens N requests
 #                  to /hold per client connection of the run through the target (h2: N streams
 #                  on each of CONNS connections; h1: CONNS*N connections), which the upstream
 #                  never answers; they stay open until the run ends, then the holder is
 #                  stopped. Each run prints the held streams h2hold counted (the fewest it
-#                  reported during the run). Timeouts are set past the run for this.
+#                  reported during the run). Timeouts are set past the run for this, and
+#                  HAProxy gets option abortonclose so that a held request ends with its client.
 set -euo pipefail
 BUILD=${BUILD:-build}
 REPS=${REPS:-5}
