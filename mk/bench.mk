@@ -8,18 +8,22 @@
 #   make bench-slowread  1,500 and 5,000 slow readers (slowhttptest): a normal request's latency
 #                        meanwhile, RSS during and after (bench/slowread.sh; not in make bench)
 #   make bench-h2        HTTP/2: gRPC unary calls and h2c GETs (h2load) through retryproxy, nginx,
-#                        HAProxy and nghttpx to one h2c upstream (bench/h2peers.sh; in make bench)
+#                        HAProxy and nghttpx to one h2c upstream (bench/h2peers.sh; in make bench).
+#                        CLIENT=h1: an HTTP/1.1 client instead (h2load --h1); UPSTREAM=h2hold:
+#                        bench/h2hold as the upstream instead of nghttpd; HOLD=N (h2hold): N
+#                        requests per client connection held open at the upstream during each run
 #   make bench-h2up      an HTTP/1.1 client through retryproxy to h2c, http, https by h2 (ALPN)
 #                        and https by HTTP/1.1 upstreams: CPU per request (bench/h2up.sh)
 #   make bench-build     build what the runs need, run nothing
 #
 # Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
 # PATHS=ok ONLY=floor N=1000 ...): see the top of bench/bench.sh. The floor programs are
-# bench/floor/floor_*.c, built into $(BUILD)/bench/ with the project's flags.
+# bench/floor/floor_*.c, built into $(BUILD)/bench/ with the project's flags, as are
+# bench/waiters.c and bench/h2hold.c.
 
 FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
-BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters
+BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters $(BUILD)/bench/h2hold
 
 .PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up
 
@@ -30,6 +34,10 @@ $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/
 $(BUILD)/bench/waiters: $(BUILD)/obj/bench/waiters.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^
+
+$(BUILD)/bench/h2hold: $(BUILD)/obj/bench/h2hold.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lnghttp2
 
 bench-build: $(BIN) $(BUILD)/tests/upstream $(BENCH_TOOLS)
 
@@ -48,7 +56,7 @@ bench-reload: bench-build
 	$(BENCH_RUN) reload
 bench-slowread: $(BIN) $(BUILD)/tests/upstream
 	BUILD=$(BUILD) bench/slowread.sh
-bench-h2: $(BIN)
+bench-h2: $(BIN) $(BUILD)/bench/h2hold
 	BUILD=$(BUILD) bench/h2peers.sh
 bench-h2up: $(BIN)
 	BUILD=$(BUILD) bench/h2up.sh
