@@ -13,7 +13,9 @@ int ring_put(struct ring *q, const char *p, size_t n)
             q->start = 0;
         }
         if (q->len + n > q->cap) {
-            size_t cap = q->cap ? q->cap : 4096;
+            /* from 512 bytes: most bodies are small, and a block this size is one malloc
+             * keeps per thread, where 4 KiB took its slow path on every call */
+            size_t cap = q->cap ? q->cap : 512;
             while (cap < q->len + n)
                 cap *= 2;
             if (cap > q->max)

@@ -244,29 +244,36 @@ void hdr_lower(char *dst, const char *src, size_t n)
         dst[i] = (char)(src[i] >= 'A' && src[i] <= 'Z' ? src[i] + 32 : src[i]);
 }
 
+/* Whether the 'n' bytes at 'name' are 'lit' in any case, its last byte compared first. */
+static bool is_lit(const char *name, size_t n, const char *lit)
+{
+    return (name[n - 1] | 0x20) == lit[n - 1] && strncasecmp(name, lit, n) == 0;
+}
+
 bool hdr_per_request(const char *name, size_t n)
 {
-    static const struct {
-        const char *name;
-        size_t len;
-    } unique[] = {
-#define U(lit) { lit, sizeof(lit) - 1 }
-        U("x-request-id"),
-        U("grpc-timeout"),
-        U("traceparent"),
-        U("x-b3-traceid"),
-        U("x-b3-spanid"),
-        U("x-b3-parentspanid"),
-        U("b3"),
-        U("x-amzn-trace-id"),
-        U("x-cloud-trace-context"),
-        U("grpc-trace-bin"),
-        U("uber-trace-id"),
-        U("x-envoy-expected-rq-timeout-ms"),
-#undef U
-    };
-    for (size_t i = 0; i < sizeof(unique) / sizeof(unique[0]); i++)
-        if (n == unique[i].len && strncasecmp(name, unique[i].name, n) == 0)
-            return true;
-    return false;
+    /* by length: most names are ruled out without a comparison */
+    switch (n) {
+    case 2:
+        return is_lit(name, n, "b3");
+    case 11:
+        return is_lit(name, n, "traceparent") || is_lit(name, n, "x-b3-spanid");
+    case 12:
+        return is_lit(name, n, "x-request-id") || is_lit(name, n, "grpc-timeout") ||
+               is_lit(name, n, "x-b3-traceid");
+    case 13:
+        return is_lit(name, n, "uber-trace-id");
+    case 14:
+        return is_lit(name, n, "grpc-trace-bin");
+    case 15:
+        return is_lit(name, n, "x-amzn-trace-id");
+    case 17:
+        return is_lit(name, n, "x-b3-parentspanid");
+    case 21:
+        return is_lit(name, n, "x-cloud-trace-context");
+    case 30:
+        return is_lit(name, n, "x-envoy-expected-rq-timeout-ms");
+    default:
+        return false;
+    }
 }

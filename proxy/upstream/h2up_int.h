@@ -27,7 +27,8 @@ struct bytes {
 static inline int bytes_append(struct bytes *b, const void *p, size_t n)
 {
     if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 16 * 1024;
+        /* from 512 bytes (a gRPC message is often a few): a block malloc keeps per thread */
+        size_t cap = b->cap ? b->cap : 512;
         while (cap < b->len + n)
             cap *= 2;
         uint8_t *q = realloc(b->p, cap);
