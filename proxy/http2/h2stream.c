@@ -337,12 +337,38 @@ int h2s_on_frame_recv(nghttp2_session *sess, const nghttp2_frame *frame, void *u
 
 /* ---- the answer ---- */
 
+/* A HEADERS frame's fields being gathered for nghttp2 (which copies them), on the stack when
+ * they fit, as they nearly always do: no allocation per answer. */
+#define NVS_LOCAL      24
+#define NVS_TEXT_LOCAL 1024
+
 struct nvs {
     nghttp2_nv *nv;
     size_t n, cap;
     char *text; /* copies: the names in lowercase, and the values */
     size_t used, text_cap;
+    nghttp2_nv nv_local[NVS_LOCAL];
+    char text_local[NVS_TEXT_LOCAL];
 };
+
+/* Room for 'cap' fields of 'text_cap' bytes in all. False when out of memory. */
+static bool nvs_init(struct nvs *a, size_t cap, size_t text_cap)
+{
+    a->n = a->used = 0;
+    a->cap = cap;
+    a->text_cap = text_cap;
+    a->nv = cap <= NVS_LOCAL ? a->nv_local : calloc(cap, sizeof(nghttp2_nv));
+    a->text = text_cap <= NVS_TEXT_LOCAL ? a->text_local : malloc(text_cap);
+    return a->nv && a->text;
+}
+
+static void nvs_fini(struct nvs *a)
+{
+    if (a->nv != a->nv_local)
+        free(a->nv);
+    if (a->text != a->text_local)
+        free(a->text);
+}
 
 /* Adds a field to a HEADERS frame of the answer. None that HTTP/2 forbids comes here: each of
  * those is hop-by-hop, which the filter of the way down (fields_down_drops) leaves out of the
@@ -386,12 +412,9 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     st->tag = *tag;
     if (!c)
         return;
-    size_t cap = 8 + (h ? h->count : 0);
-    size_t text_cap = 512 + (h ? h->len : 0);
-    struct nvs a = { calloc(cap, sizeof(nghttp2_nv)), 0, cap, malloc(text_cap), 0, text_cap };
-    if (!a.nv || !a.text) {
-        free(a.nv);
-        free(a.text);
+    struct nvs a;
+    if (!nvs_init(&a, 8 + (h ? h->count : 0), 512 + (h ? h->len : 0))) {
+        nvs_fini(&a);
         fail(st);
         return;
     }
@@ -414,8 +437,7 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
     nghttp2_data_provider prd = { .source.ptr = st, .read_callback = read_data };
     if (nghttp2_submit_response(c->sess, st->id, a.nv, a.n, has_body ? &prd : NULL) != 0)
         fail(st);
-    free(a.nv); /* nghttp2 copied them */
-    free(a.text);
+    nvs_fini(&a); /* nghttp2 copied them */
     h2c_schedule(c);
 }
 
@@ -580,20 +602,15 @@ static void end_body(struct h2stream *st, uint32_t *data_flags)
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
     if (!st->trailers.count)
         return;
-    struct nvs a = { calloc(st->trailers.count, sizeof(nghttp2_nv)),
-                     0,
-                     st->trailers.count,
-                     malloc(st->trailers.len + 1),
-                     0,
-                     st->trailers.len + 1 };
+    struct nvs a;
+    bool ok = nvs_init(&a, st->trailers.count, st->trailers.len + 1);
     size_t pos = 0;
     struct hfield hf;
-    while (a.nv && a.text && hlist_next_n(&st->trailers, &pos, &hf))
+    while (ok && hlist_next_n(&st->trailers, &pos, &hf))
         nv_add(&a, &hf);
-    if (a.nv && a.text && nghttp2_submit_trailer(st->c->sess, st->id, a.nv, a.n) == 0)
+    if (ok && nghttp2_submit_trailer(st->c->sess, st->id, a.nv, a.n) == 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-    free(a.nv);
-    free(a.text);
+    nvs_fini(&a);
 }
 
 static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length,

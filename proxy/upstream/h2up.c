@@ -18,6 +18,8 @@
 
 /* Kept body bytes go to the owner in pieces of at most this. */
 #define OFFER_MAX (16 * 1024)
+/* Fields of a HEADERS frame gathered on the stack (nghttp2 copies them); more are allocated. */
+#define NV_LOCAL 32
 
 /* ---- streams ---- */
 
@@ -267,7 +269,8 @@ static void end_upload(struct h2up_stream *s, uint32_t *data_flags)
     const struct hlist *t = s->req_trailers;
     if (!t || !t->count)
         return;
-    nghttp2_nv *nv = calloc(t->count, sizeof(*nv));
+    nghttp2_nv local[NV_LOCAL];
+    nghttp2_nv *nv = t->count <= NV_LOCAL ? local : calloc(t->count, sizeof(*nv));
     size_t pos = 0, k = 0;
     struct hfield f;
     while (nv && hlist_next_n(t, &pos, &f))
@@ -276,7 +279,8 @@ static void end_upload(struct h2up_stream *s, uint32_t *data_flags)
     /* the session copies them */
     if (nv && nghttp2_submit_trailer(s->c->s, s->id, nv, k) == 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-    free(nv);
+    if (nv != local)
+        free(nv);
 }
 
 static ssize_t read_body(nghttp2_session *ss, int32_t id, uint8_t *buf, size_t max,
@@ -355,7 +359,9 @@ struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const str
     if (!c)
         return NULL;
     struct h2up_stream *s = calloc(1, sizeof(*s));
-    nghttp2_nv *nv = calloc(req->n_fields + 4, sizeof(*nv));
+    /* the session copies the fields: on the stack when they fit */
+    nghttp2_nv local[NV_LOCAL];
+    nghttp2_nv *nv = req->n_fields + 4 <= NV_LOCAL ? local : calloc(req->n_fields + 4, sizeof(*nv));
     if (!s || !nv)
         goto fail;
     s->c = c;
@@ -389,7 +395,8 @@ struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const str
     /* the session copies the fields */
     s->id = nghttp2_submit_request(c->s, NULL, nv, k,
                                    (s->flags & (SF_DATA_STREAM | SF_DATA_BUFFER)) ? &dp : NULL, s);
-    free(nv);
+    if (nv != local)
+        free(nv);
     nv = NULL;
     if (s->id < 0)
         goto fail;
@@ -400,7 +407,8 @@ struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const str
     h2c_kick(c);
     return s;
 fail:
-    free(nv);
+    if (nv != local)
+        free(nv);
     free(s);
     if (!c->nstreams && !c->open) {
         h2c_fail(c);

@@ -151,9 +151,16 @@ int h2up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *
     size_t count = req->n_own + req->fields->count + 1, bytes = req->fields->len;
     for (size_t i = 0; i < req->n_own; i++)
         bytes += req->own[i].name_len;
-    char *buf = malloc(count * sizeof(struct h2up_field) + bytes + 1);
+    /* on the stack when it fits, as a request's fields nearly always do */
+    union {
+        struct h2up_field f[32];
+        char bytes[2048];
+    } local;
+    size_t need = count * sizeof(struct h2up_field) + bytes + 1;
+    char *buf = need <= sizeof(local) ? local.bytes : malloc(need);
     if (!h || !buf) {
-        free(buf);
+        if (buf != local.bytes)
+            free(buf);
         return -1;
     }
     struct h2up_field *f = (struct h2up_field *)(void *)buf;
@@ -184,7 +191,8 @@ int h2up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *
     struct h2x *x = h2x(a);
     x->s = h2up_start(h, o, &r, connect_timeout_ms, &h2_ops, a, &a->head, &a->trailers);
     free(authority);
-    free(buf);
+    if (buf != local.bytes)
+        free(buf);
     if (!x->s)
         return -1;
     attempt_running_as(a, &h2_transport);
