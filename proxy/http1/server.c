@@ -153,6 +153,8 @@ static void on_sweep(struct loop_timer *t)
         s->w->body_freed = 0;
         s->busiest = alive;
         worker_trim(s->w);
+        if (s->h2)
+            h2front_trim(s->h2);
         heap_trim();
     }
     loop_timer_start(l, &s->sweep, now + SWEEP_MS, on_sweep, s);

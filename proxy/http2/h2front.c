@@ -17,6 +17,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "proxy/base/dlist.h"
+#include "proxy/base/pool.h"
 #include "proxy/http2/h2int.h"
 #include "proxy/core/retry.h"
 
@@ -315,7 +316,7 @@ int h2front_open(struct h2front *hf, int fd, const char *peer, unsigned peer_por
     struct loop *l = hf->loop;
     struct h2conn *c = calloc(1, sizeof(*c));
     if (!c || !(c->out = malloc(H2_OUT_CAP)) ||
-        nghttp2_session_server_new2(&c->sess, hf->cbs, c, hf->opt) != 0) {
+        nghttp2_session_server_new3(&c->sess, hf->cbs, c, hf->opt, &hf->mem) != 0) {
         if (c)
             free(c->out);
         free(c);
@@ -376,7 +377,9 @@ struct h2front *h2front_new(struct worker *w, struct loop *l, void (*closed)(voi
     hf->loop = l;
     hf->closed = closed;
     hf->arg = arg;
-    if (nghttp2_session_callbacks_new(&hf->cbs) || nghttp2_option_new(&hf->opt)) {
+    hf->pool = pool_new();
+    hf->mem = (nghttp2_mem){ hf->pool, pool_malloc, pool_release, pool_calloc, pool_realloc };
+    if (!hf->pool || nghttp2_session_callbacks_new(&hf->cbs) || nghttp2_option_new(&hf->opt)) {
         h2front_free(hf);
         return NULL;
     }
@@ -404,5 +407,11 @@ void h2front_free(struct h2front *hf)
         conn_close(hf->conns);
     nghttp2_session_callbacks_del(hf->cbs);
     nghttp2_option_del(hf->opt);
+    pool_free(hf->pool); /* after the sessions */
     free(hf);
+}
+
+void h2front_trim(struct h2front *hf)
+{
+    pool_trim(hf->pool);
 }

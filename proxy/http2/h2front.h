@@ -43,5 +43,7 @@ void h2front_drain(struct h2front *h);
 
 /* Closes every connection (their requests are completed) and frees 'h'. Accepts NULL. */
 void h2front_free(struct h2front *h);
+/* Gives the memory its sessions no longer use back (after a burst). */
+void h2front_trim(struct h2front *h);
 
 #endif

@@ -153,6 +153,8 @@ struct h2front {
     void *arg;
     nghttp2_session_callbacks *cbs;
     nghttp2_option *opt;
+    struct pool *pool; /* the sessions' memory (proxy/base/pool.h) */
+    nghttp2_mem mem;
     struct h2conn *conns;
     unsigned n;
     bool draining;

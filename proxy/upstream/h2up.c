@@ -13,6 +13,7 @@
 #include "proxy/upstream/h2up_int.h"
 
 #include "proxy/base/dlist.h"
+#include "proxy/base/pool.h"
 #include "proxy/upstream/origin.h"
 #include "proxy/upstream/tls.h"
 
@@ -332,10 +333,13 @@ nghttp2_session_callbacks *h2up_callbacks(void)
 struct h2up *h2up_new(struct loop *l, struct h2up_counts *counts)
 {
     struct h2up *h = calloc(1, sizeof(*h));
-    if (h) {
-        h->loop = l;
-        h->counts = counts;
+    if (!h || !(h->pool = pool_new())) {
+        free(h);
+        return NULL;
     }
+    h->loop = l;
+    h->counts = counts;
+    h->mem = (nghttp2_mem){ h->pool, pool_malloc, pool_release, pool_calloc, pool_realloc };
     return h;
 }
 
@@ -348,7 +352,13 @@ void h2up_free(struct h2up *h)
     for (size_t i = 0; i < H2UP_H1_MEMO_MAX; i++)
         free(h->h1[i].key);
     tls_ctxs_free(h->tls);
+    pool_free(h->pool); /* after the sessions */
     free(h);
+}
+
+void h2up_trim(struct h2up *h)
+{
+    pool_trim(h->pool);
 }
 
 struct h2up_stream *h2up_start(struct h2up *h, const struct origin *o, const struct h2up_req *req,

@@ -102,6 +102,8 @@ struct h2up_counts {
 
 /* A worker's pool on 'l', counting into 'counts' (NULL: nowhere), or NULL. */
 struct h2up *h2up_new(struct loop *l, struct h2up_counts *counts);
+/* Gives the memory its sessions no longer use back (after a burst). */
+void h2up_trim(struct h2up *h);
 /* Closes every connection; every stream must have ended or been cancelled. Accepts NULL. */
 void h2up_free(struct h2up *h);
 

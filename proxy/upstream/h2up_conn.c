@@ -23,6 +23,7 @@
 
 #include "proxy/upstream/connect.h"
 #include "proxy/base/dlist.h"
+#include "proxy/base/pool.h"
 #include "proxy/upstream/origin.h"
 
 /* Bytes of serialized frames held for a full socket before the session is asked for more. */
@@ -327,7 +328,7 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
     /* Only a stream's own window closes while its owner is paused (on_data). */
     nghttp2_option_set_no_auto_window_update(opt, 1);
     nghttp2_option_set_peer_max_concurrent_streams(opt, H2UP_MAX_STREAMS);
-    if (nghttp2_session_client_new2(&c->s, cb, c, opt) != 0) {
+    if (nghttp2_session_client_new3(&c->s, cb, c, opt, &h->mem) != 0) {
         c->s = NULL;
         goto fail;
     }

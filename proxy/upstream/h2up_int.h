@@ -76,6 +76,8 @@ struct conn {
 
 struct h2up {
     struct loop *loop;
+    struct pool *pool; /* the sessions' memory (proxy/base/pool.h) */
+    nghttp2_mem mem;
     struct conn *conns;
     size_t nconns;
     struct tls_ctxs *tls;       /* proxy/upstream/tls.h, made when first needed */

@@ -615,6 +615,8 @@ void upstream_trim(struct upstream *u)
 {
     while (u->npool > POOL_KEEP)
         curl_easy_cleanup(u->pool[--u->npool]);
+    if (u->h2)
+        h2up_trim(u->h2);
 }
 
 size_t upstream_active(const struct upstream *u)

@@ -13,7 +13,7 @@
 /* fuzz-link: proxy/http2/h2front.c proxy/http2/h2stream.c proxy/base/loop.c */
 /* fuzz-link: proxy/http/hlist.c proxy/base/ring.c */
 /* fuzz-link: proxy/http/answer.c proxy/http/grpc.c proxy/http2/h2guard.c */
-/* fuzz-link: proxy/upstream/share.c proxy/http/fields.c */
+/* fuzz-link: proxy/upstream/share.c proxy/http/fields.c proxy/base/pool.c */
 #define FUZZ_NAME "fuzz_h2front"
 #include <string.h>
 #include <sys/socket.h>

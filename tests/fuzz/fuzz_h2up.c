@@ -15,7 +15,7 @@
  */
 /* fuzz-link: proxy/upstream/h2up.c proxy/upstream/h2up_conn.c proxy/upstream/connect.c */
 /* fuzz-link: proxy/base/loop.c proxy/http/hlist.c */
-/* fuzz-link: proxy/upstream/tls.c */
+/* fuzz-link: proxy/upstream/tls.c proxy/base/pool.c */
 /* fuzz-link: proxy/telemetry/log.c proxy/upstream/origin.c */
 #define FUZZ_NAME "fuzz_h2up"
 #include <errno.h>
