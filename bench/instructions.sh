@@ -2,12 +2,14 @@
 # bench/instructions.sh -- instructions per request of the proxy (valgrind's callgrind counts
 # instructions, not time: the same on a quiet or a busy machine), for an A/B of the request path.
 #
-#   bench/instructions.sh BIN h1|h2 [N1 N2]
+#   bench/instructions.sh BIN h1|h2|grpc [N1 N2]
 #
 # Starts BIN with one worker under callgrind, sends N1 requests (h2load -c4; "h1": HTTP/1.1 to
-# the test upstream over http://, "h2": h2c with 4 streams a connection to nghttpd over h2c://),
-# then again with N2, and prints the difference over N2 - N1 requests, so that start-up and
-# shutdown cancel out. HTTP/2's framing batches differently from run to run: take the median of
+# the test upstream over http://, "h2": h2c with 4 streams a connection to nghttpd over h2c://,
+# "grpc": gRPC unary calls the same way, answered as bench/h2peers.sh's are), then again with
+# N2, and prints the difference over N2 - N1 requests, so that start-up and shutdown cancel out.
+# CONNS and STREAMS (4 and 4) set h2load's -c and -m for h2 and grpc; bench/README.md's issue 30
+# figures use CONNS=16 STREAMS=10 (make bench-h2's load) with N1=5000 N2=15000. HTTP/2's framing batches differently from run to run: take the median of
 # several runs, alternating the builds. UPSTREAMS=3 gives the route three upstreams (three
 # endpoints, balanced per request: docs/endpoints.md) instead of one.
 set -euo pipefail
@@ -17,6 +19,8 @@ N1=${3:-1000}
 N2=${4:-3000}
 UPB=${UPB:-build/tests/upstream}
 UPSTREAMS=${UPSTREAMS:-1}
+CONNS=${CONNS:-4}
+STREAMS=${STREAMS:-4}
 DIR=$(mktemp -d /tmp/retryproxy-instr-XXXXXX)
 . "$(dirname "$0")/h2lib.sh"
 need valgrind:valgrind h2load:nghttp2-client nghttpd:nghttp2-server
@@ -37,7 +41,13 @@ count() {
             local p
             p=$(free_port)
             echo ok > "$d/ok"
-            nghttpd --no-tls -d "$d" "$p" > /dev/null 2>&1 & up=$!
+            mkdir -p "$d/test.Echo"
+            printf '\x00\x00\x00\x00\x05hello' > "$d/test.Echo/Unary"
+            printf '\x00\x00\x00\x00\x05hello' > "$d/call.bin"
+            # grpc: every answer ends with grpc-status 0 in trailers, as nghttpd does for bench-h2
+            local t=()
+            [ "$MODE" = grpc ] && t=(--trailer 'grpc-status: 0')
+            nghttpd --no-tls -d "$d" "${t[@]}" "$p" > /dev/null 2>&1 & up=$!
             PIDS+=("$up")
             ups+=("$up")
             sleep 0.5
@@ -54,8 +64,11 @@ count() {
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$lp") 2>/dev/null && break; sleep 0.2; done
     if [ "$MODE" = h1 ]; then
         h2load --h1 -c 4 -n "$n" "http://127.0.0.1:$lp/ok" > "$d/h2load.out"
+    elif [ "$MODE" = grpc ]; then
+        h2load -c "$CONNS" -m "$STREAMS" -n "$n" -d "$d/call.bin" -H 'content-type: application/grpc' \
+            -H 'te: trailers' "http://127.0.0.1:$lp/test.Echo/Unary" > "$d/h2load.out"
     else
-        h2load -c 4 -m 4 -n "$n" "http://127.0.0.1:$lp/ok" > "$d/h2load.out"
+        h2load -c "$CONNS" -m "$STREAMS" -n "$n" "http://127.0.0.1:$lp/ok" > "$d/h2load.out"
     fi
     grep -q "$n succeeded" "$d/h2load.out" || { cat "$d/h2load.out" >&2; exit 1; }
     kill -TERM "$px"; wait "$px" || true
