@@ -103,7 +103,7 @@ void pool_release(void *ptr, void *arg)
         return;
     struct head *h = (struct head *)ptr - 1;
     uint32_t c = h->class;
-    if (c == BIG || p->n[c] >= KEEP) {
+    if (c == BIG || p->n[c] + 1 > KEEP) { /* (not ">= KEEP": KEEP may be 0) */
         free(h);
         return;
     }
