@@ -24,8 +24,8 @@ void answer_tag_fields(const struct front_tag *tag, void (*add)(void *arg, const
         ADD("Allow", tag->allow, strlen(tag->allow));
     if (tag->throttled >= 0) {
         char p[16];
-        int pl = snprintf(p, sizeof(p), "%.2f", tag->throttled);
-        ADD("X-Retry-Throttled", p, pl > 0 && (size_t)pl < sizeof(p) ? (size_t)pl : strlen(p));
+        snprintf(p, sizeof(p), "%.2f", tag->throttled);
+        ADD("X-Retry-Throttled", p, strlen(p));
     }
 }
 #undef ADD

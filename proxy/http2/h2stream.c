@@ -269,6 +269,15 @@ int h2s_on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t 
 }
 
 /* The core takes upload bytes again: offers what is kept. */
+/* Its kept upload is offered again from the loop (progress()), never from inside the core's
+ * call that gave it room. */
+static void want_drain(struct h2stream *st)
+{
+    st->flags |= S_ROOM;
+    st->c->room = true;
+    h2c_schedule(st->c);
+}
+
 void h2s_drain_upload(struct h2stream *st)
 {
     st->flags &= ~S_ROOM;
@@ -304,9 +313,7 @@ void h2s_local_end(struct h2stream *st)
     if (st->flags & S_DISCARD) {
         h2c_reset_stream(st, NGHTTP2_NO_ERROR);
     } else if (st->up_len && !(st->flags & S_REMOTE_END)) {
-        st->flags |= S_ROOM;
-        st->c->room = true;
-        h2c_schedule(st->c);
+        want_drain(st);
     } else if (!(st->flags & S_REMOTE_END)) {
         h2c_tail(st->c, st);
     }
@@ -676,9 +683,7 @@ static void h2_upload_room(struct front *f)
 {
     struct h2stream *st = of_front(f);
     if (st->c && st->up_len) {
-        st->flags |= S_ROOM; /* offered from the loop, never from inside the core's call */
-        st->c->room = true;
-        h2c_schedule(st->c);
+        want_drain(st);
     }
 }
 

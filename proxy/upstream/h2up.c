@@ -24,18 +24,24 @@
 
 /* ---- streams ---- */
 
-void h2up_todo(struct h2up_stream *s)
+void h2up_pending(struct h2up_stream *s)
 {
-    if (s->todo)
+    if (s->pending)
         return;
     struct conn *c = s->c;
-    s->todo = true;
-    s->todo_next = NULL;
-    if (c->todo_last)
-        c->todo_last->todo_next = s;
+    s->pending = true;
+    s->pending_next = NULL;
+    if (c->pending_last)
+        c->pending_last->pending_next = s;
     else
-        c->todo = s;
-    c->todo_last = s;
+        c->pending = s;
+    c->pending_last = s;
+}
+
+void h2up_closed(struct h2up_stream *s)
+{
+    s->flags |= SF_CLOSED;
+    h2up_pending(s);
 }
 
 void h2up_end_stream(struct h2up_stream *s, enum h2up_end end, uint32_t error)
@@ -45,7 +51,7 @@ void h2up_end_stream(struct h2up_stream *s, enum h2up_end end, uint32_t error)
     s->flags |= SF_ENDED;
     s->end = end;
     s->error = error;
-    h2up_todo(s);
+    h2up_pending(s);
 }
 
 static bool stopped(const struct h2up_stream *s)
@@ -209,7 +215,7 @@ static int on_data(nghttp2_session *ss, uint8_t flags, int32_t id, const uint8_t
         stop(s);
         s->end = H2UP_BROKEN;
     }
-    h2up_todo(s);
+    h2up_pending(s);
     return 0;
 }
 
@@ -219,8 +225,7 @@ static int on_stream_close(nghttp2_session *ss, int32_t id, uint32_t error, void
     struct h2up_stream *s = stream_of(ss, id);
     if (!s)
         return 0;
-    s->flags |= SF_CLOSED;
-    h2up_todo(s);
+    h2up_closed(s);
     /* a whole response ended at its END_STREAM (whole()); closed before, even NO_ERROR, it is
      * cut short */
     if (!(s->flags & SF_HEAD) && error == NGHTTP2_REFUSED_STREAM)
@@ -255,8 +260,7 @@ static int on_frame_not_send(nghttp2_session *ss, const nghttp2_frame *f, int li
         return 0;
     for (struct h2up_stream *s = c->streams; s; s = s->next)
         if (s->id == f->hd.stream_id) {
-            s->flags |= SF_CLOSED;
-            h2up_todo(s);
+            h2up_closed(s);
             h2up_end_stream(s, H2UP_REFUSED, 0);
             break;
         }
@@ -432,7 +436,7 @@ void h2up_cancel(struct h2up_stream *s)
     struct conn *c = s->c;
     s->ops = NULL;
     s->kept.len = 0;
-    h2up_todo(s);
+    h2up_pending(s);
     if (!(s->flags & SF_CLOSED) && c->s && s->id > 0)
         nghttp2_submit_rst_stream(c->s, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
     h2c_kick(c); /* freed by h2c_settle() once the session is done with it */
@@ -448,7 +452,7 @@ void h2up_resume_body(struct h2up_stream *s)
     if (!(s->flags & SF_PAUSED))
         return;
     s->flags &= ~SF_PAUSED;
-    h2up_todo(s);
+    h2up_pending(s);
     h2c_kick(s->c);
 }
 

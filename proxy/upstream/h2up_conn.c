@@ -59,8 +59,7 @@ void h2c_fail(struct conn *c)
     if (!c->open)
         count_opened(c, c->fell_back ? H2UP_OPENED_HTTP1 : H2UP_OPENED_FAILED);
     for (struct h2up_stream *s = c->streams; s; s = s->next) {
-        s->flags |= SF_CLOSED;
-        h2up_todo(s);
+        h2up_closed(s);
         h2up_end_stream(s, (s->flags & SF_SENT) ? H2UP_BROKEN : H2UP_UNSENT, 0);
     }
     nghttp2_session_del(c->s);
@@ -73,7 +72,7 @@ void h2c_free(struct conn *c)
 {
     struct h2up *h = c->h;
     h2c_fail(c);
-    c->todo = c->todo_last = NULL;
+    c->pending = c->pending_last = NULL;
     while (c->streams)
         h2up_free_stream(c->streams);
     loop_timer_stop(h->loop, &c->kick);
@@ -254,18 +253,18 @@ void h2c_kick(struct conn *c)
         loop_timer_start(c->h->loop, &c->kick, loop_now(c->h->loop), on_kick, c);
 }
 
-/* After the session has run, for each stream with something to do (h2up_todo()): kept body
+/* After the session has run, for each stream with something to do (h2up_pending()): kept body
  * bytes go to an owner with room, an end is reported (its owner may start and cancel streams,
  * which join the list: nothing here holds a pointer across a report), a stream the session is
  * done with and that has no owner is freed; then an empty dead connection goes. */
 void h2c_settle(struct conn *c)
 {
     struct h2up_stream *s;
-    while ((s = c->todo)) {
-        c->todo = s->todo_next;
-        if (!c->todo)
-            c->todo_last = NULL;
-        s->todo = false;
+    while ((s = c->pending)) {
+        c->pending = s->pending_next;
+        if (!c->pending)
+            c->pending_last = NULL;
+        s->pending = false;
         if (s->ops && s->kept.len && !(s->flags & SF_PAUSED))
             h2up_drain_kept(s);
         /* an owner still has body bytes to take: reported once it took them (resume) */
@@ -274,7 +273,7 @@ void h2c_settle(struct conn *c)
             s->ops = NULL;
             ops->done(s->arg, s->end, s->error);
         }
-        if (!s->ops && (s->flags & SF_CLOSED) && !s->todo)
+        if (!s->ops && (s->flags & SF_CLOSED) && !s->pending)
             h2up_free_stream(s);
     }
     if (c->dead) {

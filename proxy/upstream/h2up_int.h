@@ -59,9 +59,9 @@ struct conn {
     nghttp2_session *s;
     struct h2up_stream *streams; /* every stream not yet freed */
     size_t nstreams;
-    /* streams h2c_settle() has to look at (h2up_todo()), first in first out: it never walks
+    /* streams h2c_settle() has to look at (h2up_pending()), first in first out: it never walks
      * them all, so a turn costs the same however many wait on the upstream */
-    struct h2up_stream *todo, *todo_last;
+    struct h2up_stream *pending, *pending_last;
     struct bytes out; /* serialized frames the socket did not take yet */
     bool h1_too;      /* http/1.1 is offered too: a server that chooses it is H2UP_FALLBACK */
     bool open;        /* connected, and carries HTTP/2 (TLS done, h2 chosen) */
@@ -101,9 +101,9 @@ enum {
 };
 
 struct h2up_stream {
-    struct h2up_stream *prev, *next; /* in c->streams */
-    struct h2up_stream *todo_next;   /* in c->todo, when 'todo' */
-    bool todo;
+    struct h2up_stream *prev, *next;  /* in c->streams */
+    struct h2up_stream *pending_next; /* in c->pending, when 'pending' */
+    bool pending;
     struct conn *c;
     int32_t id;
     unsigned flags;
@@ -125,7 +125,9 @@ struct h2up_stream {
 void h2up_end_stream(struct h2up_stream *s, enum h2up_end end, uint32_t error);
 /* 's' has something for h2c_settle(): an end to report, kept bytes to offer, or it is closed
  * and ownerless, to free. */
-void h2up_todo(struct h2up_stream *s);
+void h2up_pending(struct h2up_stream *s);
+/* The session is done with 's' (or never had it): SF_CLOSED, and h2c_settle() looks at it. */
+void h2up_closed(struct h2up_stream *s);
 /* Kept body bytes to an owner that has room again. */
 void h2up_drain_kept(struct h2up_stream *s);
 void h2up_free_stream(struct h2up_stream *s);
