@@ -128,9 +128,12 @@ static void relay_fields(struct front *f,
 
 /* ---- answers ---- */
 
+/* libmicrohttpd 0.9.75 refuses an empty value: a field with one goes with a lone space, which
+ * is optional whitespace that every recipient strips to the same empty value (RFC 9110 5.5,
+ * docs/forwarding.md). */
 static void add_field(void *resp, const struct hfield *f)
 {
-    MHD_add_response_header(resp, f->name, f->value);
+    MHD_add_response_header(resp, f->name, *f->value ? f->value : " ");
 }
 
 static void add_tag(struct MHD_Response *resp, const struct front_tag *tag)

@@ -82,7 +82,7 @@ struct attempt_req {
 
 /* The dispatcher's and the running transport's state: bytes here, their types in
  * proxy/upstream/attempt_int.h, which only the transports include. */
-#define ATTEMPT_STATE_BYTES 336
+#define ATTEMPT_STATE_BYTES 360
 
 struct attempt {
     const struct attempt_ops *ops;

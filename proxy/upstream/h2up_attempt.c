@@ -112,9 +112,10 @@ static void h2_field(struct h2conv *c, const char *k, size_t kl, const char *v, 
                      bool per_request)
 {
     v = hdr_trim(v, &vl);
-    if (!vl || c->n == c->max)
+    if (c->n == c->max)
         return;
-    if (HDR_NAME_IS(k, kl, "Host")) {
+    /* an empty value is a field all the same (RFC 9110 5.5): it goes, as over HTTP/1.1 */
+    if (HDR_NAME_IS(k, kl, "Host") && vl) {
         *c->host = v;
         *c->host_len = vl;
     }

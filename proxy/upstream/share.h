@@ -17,7 +17,10 @@ struct share {
     size_t held;   /* slots its attempts hold */
     unsigned refs; /* its owner's, and one per attempt holding or waiting through it */
     bool conn;     /* a client connection's (else an origin's) */
-    struct upstream_wait *parked_head, *parked_tail; /* waiting because it is used up */
+    /* The heads of the classes of owners waiting because it is used up (slots.c), and while
+     * there are any, its place in its slots' list of such shares. */
+    struct upstream_wait *parked_head;
+    struct share *prev, *next;
 };
 
 /* A client connection's share, with one reference (the connection's). NULL out of memory: the

@@ -1,3 +1,12 @@
+/* Who goes when a slot is free. An owner may go once a slot is free and both its shares have
+ * room; of those that may, the one that came first goes first (docs/hardening.md, "Upstream
+ * attempt slots"). The owners waiting with the same two shares are one class, served in
+ * arrival order: its head stands for all of it, so a wake looks at classes, not owners. A class
+ * whose share is used up is parked on that share, out of the wake's sight, and every class
+ * parked on a share is looked at again as soon as it has room, whichever class it is and
+ * whatever other share it waits with (issue 37: putting back the first owner alone let it park
+ * on its other, full share while those behind it, with room, waited for nothing). A wake costs
+ * the classes not parked; a slot given back, the classes parked on its shares. */
 #include "proxy/upstream/slots.h"
 
 #include <stdlib.h>
@@ -9,10 +18,11 @@
 
 struct slots {
     struct loop *loop;
-    size_t held;                     /* slots held (at most 'cap' unless it fell) */
-    size_t cap;                      /* 0: no limit */
-    struct upstream_wait *wait_head; /* owners waiting for a slot, oldest first */
-    struct upstream_wait *wait_tail;
+    size_t held;                   /* slots held (at most 'cap' unless it fell) */
+    size_t cap;                    /* 0: no limit */
+    struct upstream_wait *ready;   /* the heads of the classes not parked */
+    struct share *blocked;         /* the shares classes are parked on */
+    uint64_t arrivals;             /* owners queued so far: the next one's seq */
     struct loop_timer wake;        /* hands free slots to waiting owners */
     unsigned origin_pct, conn_pct; /* the shares, percent of 'cap' (slots_set_shares) */
     struct strmap origins;         /* origin -> struct origin_share, made on first use */
@@ -58,66 +68,81 @@ static bool used_up(const struct slots *s, const struct share *sh)
     return sh->held >= (limit ? limit : 1);
 }
 
+/* The share that keeps an owner of 'share' waiting, or NULL. The connection's first: what is
+ * parked on it is that connection's alone, few classes to look at again when it frees. */
 static struct share *blocking(const struct slots *s, struct share *const share[2])
 {
-    return used_up(s, share[0]) ? share[0] : used_up(s, share[1]) ? share[1] : NULL;
+    return used_up(s, share[1]) ? share[1] : used_up(s, share[0]) ? share[0] : NULL;
 }
 
-static void wait_unlink(struct slots *s, struct upstream_wait *wt)
+/* The list the head 'h' is in. */
+static struct upstream_wait **list_of(struct slots *s, const struct upstream_wait *h)
 {
-    struct upstream_wait **head = wt->parked ? &wt->parked->parked_head : &s->wait_head,
-                         **tail = wt->parked ? &wt->parked->parked_tail : &s->wait_tail;
-    if (*tail == wt)
-        *tail = wt->prev;
-    DLIST_UNLINK(*head, wt);
-    wt->prev = wt->next = NULL;
-    wt->parked = NULL;
+    return h->parked ? &h->parked->parked_head : &s->ready;
 }
 
-/* Puts 'wt' (out of every list) last in the list of 'head' and 'tail'. */
-static void wait_append(struct upstream_wait **head, struct upstream_wait **tail,
-                        struct upstream_wait *wt)
+/* Takes the head 'h' out of its list (a share whose last one it was leaves 'blocked'). */
+static void head_unlink(struct slots *s, struct upstream_wait *h)
 {
-    wt->next = NULL;
-    wt->prev = *tail;
-    if (*tail)
-        (*tail)->next = wt;
-    else
-        *head = wt;
-    *tail = wt;
+    struct upstream_wait **l = list_of(s, h);
+    DLIST_UNLINK(*l, h);
+    if (h->parked && !h->parked->parked_head)
+        DLIST_UNLINK(s->blocked, h->parked);
+    h->prev = h->next = NULL;
+    h->parked = NULL;
 }
 
-/* Puts 'wt' (out of every list) first in the queue. */
-static void wait_front(struct slots *s, struct upstream_wait *wt)
+/* The ready head 'h' waits on the used-up 'sh' until it has room. */
+static void park(struct slots *s, struct upstream_wait *h, struct share *sh)
 {
-    wt->next = s->wait_head;
-    if (s->wait_head)
-        s->wait_head->prev = wt;
-    else
-        s->wait_tail = wt;
-    s->wait_head = wt;
+    head_unlink(s, h);
+    if (!sh->parked_head)
+        DLIST_PUSH(s->blocked, sh);
+    h->parked = sh;
+    DLIST_PUSH(sh->parked_head, h);
+}
+
+/* Every class parked on 'sh' is looked at in the next wake. */
+static void unpark_all(struct slots *s, struct share *sh)
+{
+    while (sh->parked_head) {
+        struct upstream_wait *h = sh->parked_head;
+        head_unlink(s, h);
+        DLIST_PUSH(s->ready, h);
+    }
+}
+
+/* The head of the class of owners waiting with 'share' in the list from 'h', or NULL. */
+static struct upstream_wait *class_in(struct upstream_wait *h, struct share *const share[2])
+{
+    while (h && (h->share[0] != share[0] || h->share[1] != share[1]))
+        h = h->next;
+    return h;
 }
 
 static void on_wake(struct loop_timer *t)
 {
     struct slots *s = t->arg;
-    while (s->wait_head && has_slot(s)) {
-        struct upstream_wait *wt = s->wait_head;
-        struct share *sh = blocking(s, wt->share);
-        if (sh) {
-            /* passed over until its share has room (slots_drop puts it back in front) */
-            wait_unlink(s, wt);
-            wt->parked = sh;
-            wait_append(&sh->parked_head, &sh->parked_tail, wt);
-            continue;
+    while (has_slot(s)) {
+        /* the oldest head with room; those without are parked meanwhile */
+        struct upstream_wait *best = NULL, *next;
+        for (struct upstream_wait *h = s->ready; h; h = next) {
+            next = h->next;
+            struct share *sh = blocking(s, h->share);
+            if (sh)
+                park(s, h, sh);
+            else if (!best || h->seq < best->seq)
+                best = h;
         }
+        if (!best)
+            break;
         /* a connection's share outlives the wait until the slot holds it */
-        struct share *keep[2] = { wt->share[0], wt->share[1] };
+        struct share *keep[2] = { best->share[0], best->share[1] };
         for (int i = 0; i < 2; i++)
             if (keep[i])
                 share_ref(keep[i]);
-        slots_unwait(s, wt);
-        wt->go(wt);
+        slots_unwait(s, best);
+        best->go(best);
         for (int i = 0; i < 2; i++)
             share_unref(keep[i]);
     }
@@ -127,7 +152,7 @@ static void on_wake(struct loop_timer *t)
  * callback or from the middle of their own code. */
 void slots_hand_on(struct slots *s)
 {
-    if (s->wait_head && has_slot(s))
+    if (s->ready && has_slot(s))
         loop_timer_start(s->loop, &s->wake, loop_now(s->loop), on_wake, s);
 }
 
@@ -142,12 +167,8 @@ void slots_drop(struct slots *s, struct slot_hold *h)
         if (!sh)
             continue;
         sh->held--;
-        struct upstream_wait *wt = sh->parked_head;
-        if (wt && !used_up(s, sh)) {
-            /* the first passed over for this share waits in front again */
-            wait_unlink(s, wt);
-            wait_front(s, wt);
-        }
+        if (!used_up(s, sh))
+            unpark_all(s, sh);
         h->share[i] = NULL; /* a slot taken again without queueing counts in none */
         share_unref(sh);
     }
@@ -172,20 +193,19 @@ void slots_take(struct slots *s, struct slot_hold *h)
         }
 }
 
+/* New limits may give any share room: every parked class is looked at again. */
+static void limits_changed(struct slots *s)
+{
+    while (s->blocked)
+        unpark_all(s, s->blocked);
+    slots_hand_on(s);
+}
+
 void slots_set_shares(struct slots *s, unsigned origin_pct, unsigned conn_pct)
 {
     s->origin_pct = origin_pct;
     s->conn_pct = conn_pct;
-    /* a larger share may let a passed-over owner go: back in front, looked at again */
-    for (size_t i = 0; i < s->origins.cap; i++) {
-        struct origin_share *o = s->origins.slots[i].val;
-        while (o && o->share.parked_head && !used_up(s, &o->share)) {
-            struct upstream_wait *wt = o->share.parked_tail;
-            wait_unlink(s, wt);
-            wait_front(s, wt);
-        }
-    }
-    slots_hand_on(s);
+    limits_changed(s);
 }
 
 struct share *slots_origin_share(struct slots *s, const char *origin)
@@ -208,7 +228,7 @@ struct share *slots_origin_share(struct slots *s, const char *origin)
 void slots_set_cap(struct slots *s, size_t cap)
 {
     s->cap = cap;
-    slots_hand_on(s);
+    limits_changed(s);
 }
 
 void slots_count_waits(struct slots *s, _Atomic int64_t *gauge)
@@ -228,7 +248,7 @@ static void count_wait(struct slots *s, int delta)
 
 bool slots_full(const struct slots *s, struct share *const share[2])
 {
-    return s->wait_head || !has_slot(s) || blocking(s, share);
+    return s->ready || !has_slot(s) || blocking(s, share);
 }
 
 void slots_wait(struct slots *s, struct upstream_wait *wt, upstream_go_fn go)
@@ -240,8 +260,25 @@ void slots_wait(struct slots *s, struct upstream_wait *wt, upstream_go_fn go)
             share_ref(wt->share[i]);
     wt->go = go;
     wt->queued = true;
+    wt->seq = s->arrivals++;
     count_wait(s, 1);
-    wait_append(&s->wait_head, &s->wait_tail, wt);
+    /* its class, wherever its head is: ready, or parked on one of their shares */
+    struct upstream_wait *h = class_in(s->ready, wt->share);
+    for (int i = 0; i < 2 && !h; i++)
+        if (wt->share[i])
+            h = class_in(wt->share[i]->parked_head, wt->share);
+    if (h) {
+        wt->head = false; /* the newest of the ring, just before its head */
+        wt->newer = h;
+        wt->older = h->older;
+        h->older->newer = wt;
+        h->older = wt;
+    } else {
+        wt->head = true;
+        wt->older = wt->newer = wt;
+        wt->parked = NULL;
+        DLIST_PUSH(s->ready, wt);
+    }
     slots_hand_on(s);
 }
 
@@ -249,7 +286,27 @@ void slots_unwait(struct slots *s, struct upstream_wait *wt)
 {
     if (!wt->queued)
         return;
-    wait_unlink(s, wt);
+    struct upstream_wait *n = wt->newer;
+    if (wt->head && n != wt) {
+        /* the next oldest of its class takes its place */
+        n->head = true;
+        n->parked = wt->parked;
+        n->prev = wt->prev;
+        n->next = wt->next;
+        if (n->prev)
+            n->prev->next = n;
+        else
+            *list_of(s, wt) = n;
+        if (n->next)
+            n->next->prev = n;
+    } else if (wt->head) {
+        head_unlink(s, wt);
+    }
+    wt->older->newer = n;
+    n->older = wt->older;
+    wt->prev = wt->next = wt->older = wt->newer = NULL;
+    wt->parked = NULL;
+    wt->head = false;
     wt->queued = false;
     count_wait(s, -1);
     for (int i = 0; i < 2; i++)

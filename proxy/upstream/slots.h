@@ -27,15 +27,20 @@ struct slot_hold {
     bool held;
 };
 
-/* An owner waiting for a slot. */
+/* An owner waiting for a slot. The owners waiting with the same two shares make a class, a
+ * ring oldest first from its head; a class's head is in the worker's ready list, or parked in
+ * the list of a share of its that is used up (proxy/upstream/slots.c says why). */
 struct upstream_wait;
 typedef void (*upstream_go_fn)(struct upstream_wait *wt);
 struct upstream_wait {
-    struct upstream_wait *prev, *next;
+    struct upstream_wait *prev, *next;   /* a head: in the ready list or its share's parked one */
+    struct upstream_wait *older, *newer; /* its class's ring */
     upstream_go_fn go;
-    bool queued;
     struct share *share[2]; /* what its slot will count in (slot_hold) */
-    struct share *parked;   /* queued on this share's list: it is used up */
+    struct share *parked;   /* a head: parked in this share's list, it being used up; NULL: ready */
+    uint64_t seq;           /* arrival order */
+    bool queued;
+    bool head; /* its class's oldest */
 };
 
 /* A worker's slots on loop 'l' (no limit until slots_set_cap), or NULL. */
@@ -61,9 +66,9 @@ struct share *slots_origin_share(struct slots *s, const char *origin);
 /* True when a slot counted in 'share' (two, either NULL) taken now would pass the cap or a
  * share, or others already wait. */
 bool slots_full(const struct slots *s, struct share *const share[2]);
-/* Queues 'wt' (its 'share' set): its 'go' is called from the loop, in arrival order, once a
- * slot is free and its shares have room (a slot must then be taken from it, counted in the
- * same shares, or it passes to the next). */
+/* Queues 'wt' (its 'share' set): its 'go' is called from the loop once a slot is free and its
+ * shares have room, before any owner that came after it and has room too (a slot must then be
+ * taken from it, counted in the same shares, or it passes to the next). */
 void slots_wait(struct slots *s, struct upstream_wait *wt, upstream_go_fn go);
 /* Leaves the queue (a no-op when 'wt' is not in it). */
 void slots_unwait(struct slots *s, struct upstream_wait *wt);

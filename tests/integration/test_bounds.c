@@ -1,6 +1,7 @@
 /* Bounds a crowd of HTTP/2 clients meets (docs/hardening.md): a slow upstream or one client
- * connection with many streams cannot take every upstream attempt slot, and the memory of a
- * burst of connections goes back when they close.
+ * connection with many streams cannot take every upstream attempt slot, nor hold up a request
+ * that fits when slots free, and the memory of a burst of connections goes back when they
+ * close.
  */
 #include <criterion/criterion.h>
 
@@ -129,4 +130,66 @@ Test(bounds, one_connection_leaves_slots_to_another)
     cr_expect_leq(held, 10, "one connection holds %zu of 40 slots", held);
     cr_expect_lt(ms, 2000, "another connection's request took %ld ms", ms);
     pclose(load);
+}
+
+/* A HEADERS frame ending stream 'sid': GET 'path' with X-Test-Plan 'plan', each field a
+ * literal without indexing (RFC 7541 6.2.2), so no HPACK state is needed. */
+static void h2_get(int fd, uint32_t sid, const char *path, const char *plan)
+{
+    const char *f[] = { ":method", "GET",        ":scheme",   "http",        ":path",
+                        path,      ":authority", "127.0.0.1", "x-test-plan", plan };
+    unsigned char b[512];
+    size_t n = 9;
+    for (size_t i = 0; i < sizeof(f) / sizeof(*f); i++) {
+        size_t len = strlen(f[i]);
+        cr_assert_lt(len, 127);
+        if (i % 2 == 0)
+            b[n++] = 0; /* literal, new name */
+        b[n++] = (unsigned char)len;
+        memcpy(b + n, f[i], len);
+        n += len;
+    }
+    size_t len = n - 9;
+    unsigned char head[9] = { (unsigned char)(len >> 16),
+                              (unsigned char)(len >> 8),
+                              (unsigned char)len,
+                              1 /* HEADERS */,
+                              5 /* END_STREAM, END_HEADERS */,
+                              (unsigned char)(sid >> 24),
+                              (unsigned char)(sid >> 16),
+                              (unsigned char)(sid >> 8),
+                              (unsigned char)sid };
+    memcpy(b, head, 9);
+    cr_assert(raw_send_all(fd, b, n));
+}
+
+/* Issue 37: one worker, 4 slots, 75 % an upstream (3), 50 % a connection (2). An HTTP/2
+ * connection holds two slow requests (its share) and asks a third while another client's
+ * 0.9 s request holds the upstream's last slot; a third client's request to that upstream
+ * waits behind. When the 0.9 s one ends, 2 of 4 slots and both of its shares are free: it goes
+ * then, not when the connection's requests end: measured 0.90 s, and 7.96 s before the fix. */
+Test(bounds, a_request_that_fits_goes_when_slots_free_behind_a_busy_connection)
+{
+    fx_upstreams(1);
+    fx_start_r("\"limits\": {\"max_upstream_requests\": 4, \"upstream_share_percent\": 75, "
+               "\"connection_share_percent\": 50}",
+               "\"timeout_ms\": 30000", "--workers", "1", NULL);
+    int c = fx_hold(raw_dial(px->port));
+    cr_assert(raw_send_all(c, PREFACE, sizeof(PREFACE) - 1));
+    h2_get(c, 1, "/slow/1", "delay=8000");
+    h2_get(c, 3, "/slow/2", "delay=8000");
+    cr_assert_eq(tup_wait_count(up, 2, 5000), 0, "the connection's two requests did not arrive");
+    http_call_start(&fx_calls[0], fx_url("/medium"), "medium", "delay=900");
+    cr_assert_eq(tup_wait_count(up, 3, 5000), 0, "the 0.9 s request did not arrive");
+    h2_get(c, 5, "/slow/3", "delay=8000"); /* the upstream's share is used up, and its own */
+    cr_assert_eq(fx_wait_metric("retryproxy_upstream_requests_waiting", 1, 5000), 1);
+    http_call_start(&fx_calls[1], fx_url("/fast"), "fast", NULL);
+    http_call_join(&fx_calls[1]);
+    long ms = (long)(fx_calls[1].t_end - fx_calls[1].t_start);
+    cr_expect_eq(fx_calls[1].r.status, 200);
+    cr_expect_lt(ms, 4000, "the request that fits waited %ld ms", ms);
+    http_call_join(&fx_calls[0]);
+    cr_expect_eq(fx_calls[0].r.status, 200);
+    fx_release(c);
+    close(c);
 }

@@ -1,7 +1,8 @@
 /* Request fields on the way upstream, sent as raw bytes (docs/forwarding.md, docs/hardening.md):
  * what the proxy adds (nothing of libcurl's own), which names it will not pass on (underscore
- * look-alikes of the fields it manages), which Host values it refuses, and how it reads the
- * values it parses (whitespace around them is not part of them).
+ * look-alikes of the fields it manages), which Host values it refuses, how it reads the
+ * values it parses (whitespace around them is not part of them), and that an empty value
+ * crosses both ways over HTTP/1.1 and h2c on either side.
  *
  * Each case asserts what the test upstream received, every field in order where it matters.
  */
@@ -13,10 +14,18 @@
 #include <unistd.h>
 
 #include "tests/support/fixture.h"
+#include "tests/support/h2u.h"
+#include "tests/support/rawup.h"
 
 #define READ_MS 5000
 
-TestSuite(fields, .fini = fx_stop, .timeout = 90);
+static void stop_all(void)
+{
+    h2u_stop_all();
+    fx_stop();
+}
+
+TestSuite(fields, .fini = stop_all, .timeout = 90);
 
 struct answer {
     char buf[16384];
@@ -389,4 +398,104 @@ Test(fields, a_field_the_heads_connection_names_stays_out_of_the_trailers_too)
     cr_expect_str_eq(tup_req_trailer(q, "X-Other"), "2");
     cr_expect_null(tup_req_trailer(q, "X-Hop"), "the trailer the head's Connection names went up");
     cr_expect_eq(q->n_trailers, 2, "%zu trailers", q->n_trailers);
+}
+
+/* ---- an empty value is a field all the same (RFC 9110 5.5), over every pair of protocols ---- */
+
+/* Whether the head 'head' has a field 'name' (case-insensitive) whose value is empty: nothing
+ * but optional whitespace before its line's end. */
+static bool empty_in(const char *head, const char *name)
+{
+    size_t nl = strlen(name);
+    for (const char *p = strstr(head, "\r\n"); p; p = strstr(p + 2, "\r\n")) {
+        if (strncasecmp(p + 2, name, nl) != 0 || p[2 + nl] != ':')
+            continue;
+        const char *v = p + 3 + nl;
+        v += strspn(v, " \t");
+        return strncmp(v, "\r\n", 2) == 0;
+    }
+    return false;
+}
+
+/* An HTTP/1.1 upstream's answer with an empty field. */
+static const char EMPTY_ANSWER[] =
+    "HTTP/1.1 200 OK\r\nX-Empty:\r\nX-Set: v\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+
+/* A request with an empty X-Empty goes from an HTTP/1.1 or h2c client ('h2_client') through an
+ * HTTP/1.1 or h2c upstream ('h2_upstream'), which answers with an empty X-Empty too: the
+ * upstream received the field with its empty value, and so did the client. The h2c upstream is
+ * asked for its field by x-h2-field; over HTTP/1.1 both ends are raw bytes, read as they went. */
+static void empty_both_ways(bool h2_client, bool h2_upstream)
+{
+    struct rawup *raw = NULL;
+    struct h2u *h = NULL;
+    char url[64];
+    if (h2_upstream) {
+        h = h2u_start();
+        snprintf(url, sizeof(url), "%s", h2u_url(h, ""));
+    } else {
+        raw = rawup_start(EMPTY_ANSWER, 20);
+        snprintf(url, sizeof(url), "http://127.0.0.1:%u", raw->port);
+    }
+    struct cfgb *b = cfgb_new();
+    cfgb_route(b, "r", "\"upstreams\": [\"%s\"], \"retry\": {\"max_attempts\": 1}", url);
+    fx_start_b(b, "--workers", "1", NULL);
+
+    if (h2_client) {
+        const char *hdrs[] = { "X-Empty;", "X-H2-Field: x-empty:", NULL };
+        struct http_resp r;
+        http_do_h2("GET", fx_url("/e"), hdrs, NULL, 0, 10000, &r);
+        cr_expect_eq(r.status, 200);
+        const char *v = http_hdr(&r, "X-Empty");
+        cr_expect(v && !*v, "the client got X-Empty %s%s%s: %s", v ? "\"" : "", v ? v : "absent",
+                  v ? "\"" : "", r.headers);
+        http_free(&r);
+    } else {
+        struct answer a;
+        exchange("GET /e HTTP/1.1\r\nHost: a\r\nX-Empty:\r\nX-H2-Field: x-empty:\r\n"
+                 "Connection: close\r\n\r\n",
+                 &a);
+        cr_expect_eq(a.status, 200, "%s", a.buf);
+        cr_expect(empty_in(a.buf, "X-Empty"), "the client got no empty X-Empty: %s", a.buf);
+    }
+
+    if (h2_upstream) {
+        json_t *rec = h2u_find(h, "path", "/e");
+        cr_assert_not_null(rec, "the request did not reach the upstream");
+        bool got = false;
+        size_t i;
+        json_t *f;
+        json_array_foreach(json_object_get(rec, "headers"), i, f)
+        {
+            const char *n = json_string_value(json_array_get(f, 0)),
+                       *v = json_string_value(json_array_get(f, 1));
+            got |= n && v && strcmp(n, "x-empty") == 0 && !*v;
+        }
+        cr_expect(got, "the upstream got no empty x-empty: %s",
+                  json_dumps(json_object_get(rec, "headers"), 0));
+        json_decref(rec);
+    } else {
+        cr_expect(empty_in(raw->got, "X-Empty"), "the upstream got no empty X-Empty: %s", raw->got);
+        rawup_stop(raw);
+    }
+}
+
+Test(fields, an_empty_value_goes_both_ways_from_http1_to_http1)
+{
+    empty_both_ways(false, false);
+}
+
+Test(fields, an_empty_value_goes_both_ways_from_http1_to_h2c)
+{
+    empty_both_ways(false, true);
+}
+
+Test(fields, an_empty_value_goes_both_ways_from_h2c_to_http1)
+{
+    empty_both_ways(true, false);
+}
+
+Test(fields, an_empty_value_goes_both_ways_from_h2c_to_h2c)
+{
+    empty_both_ways(true, true);
 }

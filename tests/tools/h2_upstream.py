@@ -45,6 +45,8 @@ What a request gets comes from its fields:
   x-h2-close-after: 1  once the answer is whole, GOAWAY and close the connection
   x-h2-no-ack: 1     the request's DATA is never acknowledged: its stream's and the connection's
                      windows close (an upstream that reads nothing)
+  x-h2-field: NAME:VALUE  an "ok" or "status" answer's head carries this field (VALUE may be
+                         empty)
   x-h2-no-trailers: 1  the answer ends with its last DATA frame, without trailers, even on a
                        gRPC call or in "trailers"
 
@@ -216,6 +218,10 @@ class Conn:
         status = self.field(st, "x-h2-status", "503") if scenario == "status" else "200"
         head = [(":status", status), ("content-length", str(len(data))),
                 ("x-h2-conn", str(self.cid)), ("x-h2-stream", str(sid))]
+        extra = self.field(st, "x-h2-field")
+        if extra is not None:
+            name, _, value = extra.partition(":")
+            head.append((name, value))
         self.h2.send_headers(sid, head, end_stream=False)
         st.out = memoryview(data)
         grpc = self.field(st, "content-type", "").startswith("application/grpc")

@@ -88,6 +88,7 @@ Test(h2_fields, names_are_lowercased_and_values_kept)
     cr_expect(has(&c, "content-type", "Text/Plain"));
     cr_expect(has(&c, "x-a", "b, C"));
     cr_expect_null(c.host);
+    cr_expect_not(named(&c, "host"));
 }
 
 Test(h2_fields, connection_specific_fields_and_host_are_left_out)
@@ -121,14 +122,19 @@ Test(h2_fields, te_goes_only_as_trailers)
     cr_expect(has(&c, "te", "Trailers"));
 }
 
-Test(h2_fields, empty_values_are_left_out_as_curl_does)
+/* An empty value is a field all the same (RFC 9110 5.5): it goes, as it does over HTTP/1.1
+ * (issue 37); whitespace alone is an empty value. An empty Host is no authority. */
+Test(h2_fields, empty_values_go_as_over_http1)
 {
-    const char *lines[] = { "Accept:", "X-Empty:  ", "X-Set: v", NULL };
+    const char *lines[] = { "Accept:", "X-Empty:  ", "X-Set: v", "Host:", NULL };
     struct conv c;
     convert(&c, lines, 8);
-    cr_expect_eq(c.n, 1);
+    cr_expect_eq(c.n, 3);
+    cr_expect(has(&c, "accept", ""));
+    cr_expect(has(&c, "x-empty", ""));
     cr_expect(has(&c, "x-set", "v"));
-    cr_expect_not(named(&c, "accept"));
+    cr_expect_null(c.host);
+    cr_expect_not(named(&c, "host"));
 }
 
 Test(h2_fields, the_attempts_own_fields_go_first)

@@ -104,6 +104,201 @@ Test(slots, a_used_up_origin_share_is_passed_over_and_goes_first_when_it_frees)
         slots_release(s, &o[i].hold);
 }
 
+/* Issue 37: cap 4, an origin 3 (75 %), a connection 2 (50 %). A connection holds two slots and
+ * waits for a third behind a full origin; another client's attempt to that origin waits behind
+ * it. When the origin frees, the connection's is still blocked by its own share: the other
+ * one goes at once, not when the connection's attempts end. */
+Test(slots, a_waiter_that_fits_goes_whatever_share_the_one_ahead_waits_on)
+{
+    slots_set_cap(s, 4);
+    slots_set_shares(s, 75, 50);
+    struct share *a = slots_origin_share(s, "http://a"), *c = share_new_conn(),
+                 *e = share_new_conn();
+    cr_assert(a && c && e);
+    struct owner o[5];
+    ask(&o[0], a, c);
+    ask(&o[1], a, c);
+    ask(&o[2], a, NULL); /* the origin is used up */
+    ask(&o[3], a, c);    /* the connection too */
+    ask(&o[4], a, e);
+    turn();
+    cr_assert_eq(o[3].went + o[4].went, 0);
+    slots_release(s, &o[2].hold);
+    turn();
+    cr_expect_eq(o[4].went, 4, "the other connection's attempt went as the origin freed");
+    cr_expect_eq(o[3].went, 0, "its connection's share is still used up");
+    slots_release(s, &o[0].hold);
+    turn();
+    cr_expect_eq(o[3].went, 5, "the connection's went once both its shares had room");
+    slots_release(s, &o[1].hold);
+    slots_release(s, &o[3].hold);
+    slots_release(s, &o[4].hold);
+    cr_expect_eq(a->held + c->held + e->held, 0);
+    share_unref(c);
+    share_unref(e);
+}
+
+/* The same with the order of the shares turned round: two classes wait on a connection's
+ * share, the first of them also blocked by its origin once that fills. When the connection
+ * frees, the second goes. */
+Test(slots, every_class_parked_on_a_share_is_looked_at_when_it_frees)
+{
+    slots_set_cap(s, 4);
+    slots_set_shares(s, 50, 50); /* an origin 2, a connection 2 */
+    struct share *a = slots_origin_share(s, "http://a"), *b = slots_origin_share(s, "http://b"),
+                 *c = share_new_conn();
+    cr_assert(a && b && c);
+    struct owner o[5];
+    ask(&o[0], a, c);
+    ask(&o[1], b, c);    /* the connection is used up */
+    ask(&o[2], a, c);    /* waits for the connection */
+    ask(&o[3], b, c);    /* and so does this one, behind it */
+    ask(&o[4], a, NULL); /* goes past them: origin a is used up now */
+    turn();
+    cr_assert_eq(o[4].went, 3);
+    slots_release(s, &o[1].hold);
+    turn();
+    cr_expect_eq(o[3].went, 4, "b's went as the connection freed, a's waits for its origin");
+    cr_expect_eq(o[2].went, 0);
+    slots_release(s, &o[4].hold);
+    turn();
+    cr_expect_eq(o[2].went, 0, "the connection is used up again");
+    slots_release(s, &o[3].hold);
+    turn();
+    cr_expect_eq(o[2].went, 5);
+    slots_release(s, &o[0].hold);
+    slots_release(s, &o[2].hold);
+    share_unref(c);
+}
+
+/* Whoever fits goes in arrival order, whatever its class: the cap alone, five classes. */
+Test(slots, of_those_that_fit_the_oldest_goes_first)
+{
+    slots_set_cap(s, 1);
+    slots_set_shares(s, 100, 100);
+    struct share *a = slots_origin_share(s, "http://a"), *b = slots_origin_share(s, "http://b"),
+                 *c = share_new_conn();
+    cr_assert(a && b && c);
+    struct owner o[6];
+    ask(&o[0], a, NULL);
+    ask(&o[1], b, NULL);
+    ask(&o[2], a, c);
+    ask(&o[3], b, NULL);
+    ask(&o[4], NULL, c);
+    ask(&o[5], a, NULL);
+    for (int i = 1; i < 6; i++) {
+        slots_release(s, &o[i - 1].hold);
+        turn();
+        for (int j = i + 1; j < 6; j++)
+            cr_expect_eq(o[j].went, 0);
+        cr_expect_eq(o[i].went, i + 1, "owner %d went %d", i, o[i].went);
+    }
+    slots_release(s, &o[5].hold);
+    share_unref(c);
+}
+
+/* A random run of arrivals, releases and owners leaving the queue over two origins and three
+ * connections (and none), a dozen owners waiting or holding at a time, checked after every
+ * turn: while a slot is free no waiting owner has room in both its shares (none waits for
+ * nothing), and whoever goes is the oldest of those that fit; at the end every owner went or
+ * left. */
+#define RUN_OWNERS 3000
+static struct owner run[RUN_OWNERS];
+static enum { NOT_YET, WAITING, HOLDING, DONE } run_state[RUN_OWNERS];
+static size_t run_cap, run_held;
+static unsigned run_pct[2];
+
+static bool run_fits(int i)
+{
+    if (run_held >= run_cap)
+        return false;
+    for (int k = 0; k < 2; k++) {
+        const struct share *sh = run[i].wt.share[k];
+        size_t limit = (run_cap * run_pct[k] + 99) / 100;
+        if (sh && sh->held >= (limit ? limit : 1))
+            return false;
+    }
+    return true;
+}
+
+static void run_go(struct upstream_wait *wt)
+{
+    struct owner *o = (struct owner *)(void *)wt;
+    int i = (int)(o - run);
+    for (int j = 0; j < i; j++)
+        cr_assert(run_state[j] != WAITING || !run_fits(j), "%d went before %d, which fit", i, j);
+    run_state[i] = HOLDING;
+    run_held++;
+    slots_take(s, &o->hold);
+}
+
+/* xorshift32: the run is the same every time. */
+static uint32_t run_rand(void)
+{
+    static uint32_t x = 2463534242u;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return x;
+}
+
+/* An owner in 'state', picked at random, or -1. */
+static int run_pick(int state, int asked)
+{
+    int i = asked ? (int)(run_rand() % (uint32_t)asked) : 0;
+    for (int k = 0; k < asked; k++, i = (i + 1) % asked)
+        if ((int)run_state[i] == state)
+            return i;
+    return -1;
+}
+
+Test(slots, no_owner_waits_while_it_fits_and_the_oldest_that_fits_goes_first)
+{
+    run_cap = 6;
+    run_pct[0] = 50; /* an origin 3 */
+    run_pct[1] = 34; /* a connection 3 */
+    slots_set_cap(s, run_cap);
+    slots_set_shares(s, run_pct[0], run_pct[1]);
+    struct share *origin[2] = { slots_origin_share(s, "http://a"),
+                                slots_origin_share(s, "http://b") };
+    struct share *conn[4] = { share_new_conn(), share_new_conn(), share_new_conn(), NULL };
+    cr_assert(origin[0] && origin[1] && conn[0] && conn[1] && conn[2]);
+    int asked = 0, active = 0;
+    while (asked < RUN_OWNERS || active) {
+        uint32_t r = run_rand();
+        int i;
+        if (asked < RUN_OWNERS && active < 4 + (int)(r % 12)) {
+            struct owner *o = &run[asked];
+            memset(o, 0, sizeof(*o));
+            o->wt.share[0] = o->hold.share[0] = origin[(r >> 8) % 2];
+            o->wt.share[1] = o->hold.share[1] = conn[(r >> 12) % 4];
+            run_state[asked++] = WAITING;
+            active++;
+            if (slots_full(s, o->wt.share))
+                slots_wait(s, &o->wt, run_go);
+            else
+                run_go(&o->wt);
+        } else if ((r >> 20) % 8 && (i = run_pick(HOLDING, asked)) >= 0) {
+            slots_release(s, &run[i].hold);
+            run_state[i] = DONE;
+            run_held--;
+            active--;
+        } else if ((i = run_pick(WAITING, asked)) >= 0) {
+            slots_unwait(s, &run[i].wt); /* its request ended while it waited */
+            run_state[i] = DONE;
+            active--;
+        }
+        turn();
+        for (int k = 0; k < asked; k++)
+            cr_assert(run_state[k] != WAITING || !run_fits(k), "owner %d waits and fits", k);
+    }
+    for (int k = 0; k < 3; k++) {
+        cr_expect_eq(conn[k]->held, 0);
+        cr_expect_eq(conn[k]->refs, 1);
+        share_unref(conn[k]);
+    }
+}
+
 Test(slots, a_connection_share_holds_a_reference_while_it_waits_or_holds)
 {
     slots_set_cap(s, 2);
