@@ -1,0 +1,97 @@
+/* docs/admin.md's example answers against what the binary serves: the `GET /upstreams` example
+ * has exactly the fields of the running proxy's answer, at every level (a route, an upstream,
+ * its name's lookup, an endpoint). A field added to the answer, or shown and no longer
+ * served, fails here until the page has it. Run from the repository root (make test does).
+ */
+#include <criterion/criterion.h>
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/harness.h"
+
+#define ADMIN_MD "docs/admin.md"
+
+/* The JSON of the first ```json block after 'heading' in 'path' (a new reference). */
+static json_t *json_block(const char *path, const char *heading)
+{
+    char *doc = proc_read_file(path);
+    const char *h = strstr(doc, heading);
+    cr_assert_not_null(h, "%s has no %s", path, heading);
+    const char *block = strstr(h, "```json\n");
+    cr_assert_not_null(block, "%s: no ```json block after %s", path, heading);
+    block += strlen("```json\n");
+    const char *end = strstr(block, "\n```");
+    cr_assert_not_null(end, "%s: the block after %s is not closed", path, heading);
+    json_error_t err;
+    json_t *j = json_loadb(block, (size_t)(end - block), 0, &err);
+    cr_assert_not_null(j, "%s: the example after %s is no JSON: line %d: %s", path, heading,
+                       err.line, err.text);
+    free(doc);
+    return j;
+}
+
+/* 'doc' and 'got' have the same keys, and so have their values that are objects (or arrays
+ * of objects: each of got's elements against each of doc's) on both sides; 'where' is the
+ * JSON path so far. */
+static void same_fields(const json_t *doc, const json_t *got, const char *where)
+{
+    char at[256];
+    if (json_is_array(doc) && json_is_array(got)) {
+        for (size_t i = 0; i < json_array_size(got); i++)
+            for (size_t k = 0; k < json_array_size(doc); k++) {
+                snprintf(at, sizeof(at), "%s[%zu]", where, i);
+                same_fields(json_array_get(doc, k), json_array_get(got, i), at);
+            }
+        return;
+    }
+    if (!json_is_object(doc) || !json_is_object(got))
+        return; /* a value, or null on one side (ejected_until) */
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)got, key, v)
+    {
+        cr_expect_not_null(json_object_get(doc, key),
+                           "the proxy serves %s.%s, which " ADMIN_MD "'s example leaves out", where,
+                           key);
+    }
+    json_object_foreach((json_t *)doc, key, v)
+    {
+        json_t *g = json_object_get(got, key);
+        cr_expect_not_null(g, ADMIN_MD "'s example shows %s.%s, which the proxy does not serve",
+                           where, key);
+        snprintf(at, sizeof(at), "%s.%s", where, key);
+        if (g)
+            same_fields(v, g, at);
+    }
+}
+
+Test(admin_docs, upstreams_example_has_exactly_the_fields_served, .timeout = 30)
+{
+    /* ejection on, an IP literal (its "dns" has every field, with "result": "none") */
+    struct px *px =
+        px_start("{\"routes\": [{\"name\": \"r\", \"upstreams\": "
+                 "[\"http://127.0.0.1:9\"], \"ejection\": {\"consecutive_failures\": 1}}]}",
+                 NULL);
+    char url[128];
+    struct http_resp r;
+    http_do("GET", px_admin_url(px, "/upstreams", url, sizeof(url)), NULL, NULL, 0, 10000, &r);
+    cr_assert_eq(r.status, 200, "GET /upstreams: %ld", r.status);
+    json_error_t err;
+    json_t *got = json_loadb((const char *)r.body, r.body_len, 0, &err);
+    cr_assert_not_null(got, "GET /upstreams: no JSON: %s", err.text);
+    http_free(&r);
+    px_stop_clean(px);
+
+    json_t *ups = json_object_get(json_array_get(json_object_get(got, "routes"), 0), "upstreams");
+    json_t *up = json_array_get(ups, 0);
+    cr_assert(json_is_object(json_object_get(up, "dns")) &&
+                  json_array_size(json_object_get(up, "endpoints")) == 1,
+              "GET /upstreams: the upstream has no \"dns\" or not its one endpoint");
+    json_t *doc = json_block(ADMIN_MD, "## `GET /upstreams`");
+    same_fields(doc, got, "$");
+    json_decref(doc);
+    json_decref(got);
+}
