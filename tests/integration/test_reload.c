@@ -791,15 +791,22 @@ Test(reload, listen_change_is_reported_and_the_rest_applies)
     cr_expect_not(listening(1), "the proxy bound the new listen address without a restart");
 }
 
+/* The listeners from the file, on free ports: without them the defaults, 127.0.0.1:15001
+ * and :15000, which any other retryproxy on the machine (make run, another suite) may hold
+ * (issue 37: the suite failed once with four other jobs running, exit 3 at start-up) */
+#define FREE_PORTS "\"listen\": \"127.0.0.1:0\", \"admin\": \"127.0.0.1:0\", "
+
 /* libmicrohttpd's per-connection memory is sized from limits.max_header_bytes when the daemon
  * starts: a change waits for a restart, and says so; the rest of the file applies. */
 Test(reload, header_limit_change_needs_a_restart)
 {
     char text[2048];
-    cfg_text(text, sizeof(text), 3, 20, "base_ms", "\"limits\": {\"max_header_bytes\": 8192},");
+    cfg_text(text, sizeof(text), 3, 20, "base_ms",
+             FREE_PORTS "\"limits\": {\"max_header_bytes\": 8192},");
     write_in_place(cfg_path, text, strlen(text));
     launch(false);
-    cfg_text(text, sizeof(text), 1, 40, "base_ms", "\"limits\": {\"max_header_bytes\": 16384},");
+    cfg_text(text, sizeof(text), 1, 40, "base_ms",
+             FREE_PORTS "\"limits\": {\"max_header_bytes\": 16384},");
     int64_t t0 = now_ms();
     write_renamed(cfg_path, text);
     cr_assert(wait_config(t0, 2, 40, VISIBLE_MS) >= 0, "the rest of the change was not applied");
