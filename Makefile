@@ -209,7 +209,8 @@ run: $(BIN)
 # Test upstreams for trying `make run` by hand, one for each upstream of $(EXAMPLE_CONFIG): on
 # 127.0.0.1:9001 one that fails the first two attempts of every request (per X-Request-Id) with
 # 503, then answers 200; on 127.0.0.1:9002 one that answers 200 at once (its "listening" line
-# is not shown). The first runs in the background and stops with the second (Ctrl-C).
+# is not shown). The first runs in the background and stops with the second (Ctrl-C). Both log
+# one line per request to the terminal, starting with their address (README.md).
 DEMO_PLAN ?= fail=2;status=503
 demo-upstream: $(BUILD)/tests/upstream
 	@$(BUILD)/tests/upstream --port 9001 --plan '$(DEMO_PLAN)' & pid=$$!; \
