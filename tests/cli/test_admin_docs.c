@@ -10,28 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/support/docjson.h"
 #include "tests/support/harness.h"
 
 #define ADMIN_MD "docs/admin.md"
-
-/* The JSON of the first ```json block after 'heading' in 'path' (a new reference). */
-static json_t *json_block(const char *path, const char *heading)
-{
-    char *doc = proc_read_file(path);
-    const char *h = strstr(doc, heading);
-    cr_assert_not_null(h, "%s has no %s", path, heading);
-    const char *block = strstr(h, "```json\n");
-    cr_assert_not_null(block, "%s: no ```json block after %s", path, heading);
-    block += strlen("```json\n");
-    const char *end = strstr(block, "\n```");
-    cr_assert_not_null(end, "%s: the block after %s is not closed", path, heading);
-    json_error_t err;
-    json_t *j = json_loadb(block, (size_t)(end - block), 0, &err);
-    cr_assert_not_null(j, "%s: the example after %s is no JSON: line %d: %s", path, heading,
-                       err.line, err.text);
-    free(doc);
-    return j;
-}
 
 /* 'doc' and 'got' have the same keys, and so have their values that are objects (or arrays
  * of objects: each of got's elements against each of doc's) on both sides; 'where' is the
@@ -90,7 +72,7 @@ Test(admin_docs, upstreams_example_has_exactly_the_fields_served, .timeout = 30)
     cr_assert(json_is_object(json_object_get(up, "dns")) &&
                   json_array_size(json_object_get(up, "endpoints")) == 1,
               "GET /upstreams: the upstream has no \"dns\" or not its one endpoint");
-    json_t *doc = json_block(ADMIN_MD, "## `GET /upstreams`");
+    json_t *doc = docjson_block(ADMIN_MD, "## `GET /upstreams`");
     same_fields(doc, got, "$");
     json_decref(doc);
     json_decref(got);
