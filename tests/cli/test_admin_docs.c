@@ -1,7 +1,9 @@
 /* docs/admin.md's example answers against what the binary serves: the `GET /upstreams` example
  * has exactly the fields of the running proxy's answer, at every level (a route, an upstream,
  * its name's lookup, an endpoint). A field added to the answer, or shown and no longer
- * served, fails here until the page has it. Run from the repository root (make test does).
+ * served, fails here until the page has it. And the pages that list the admin paths again
+ * (docs/deploy.md, the README) name each path of admin.md's table. Run from the repository
+ * root (make test does).
  */
 #include <criterion/criterion.h>
 
@@ -76,4 +78,33 @@ Test(admin_docs, upstreams_example_has_exactly_the_fields_served, .timeout = 30)
     same_fields(doc, got, "$");
     json_decref(doc);
     json_decref(got);
+}
+
+/* Each path of admin.md's table of requests ("| `GET /healthz` |") is named in docs/deploy.md's
+ * list of what the admin listener serves and in the README's admin table. */
+Test(admin_docs, deploy_md_and_the_readme_name_every_admin_path)
+{
+    char *admin = proc_read_file(ADMIN_MD), *deploy = proc_read_file("docs/deploy.md");
+    char *readme = proc_read_file("README.md");
+    const char *probes = strstr(deploy, "## Probes and metrics");
+    cr_assert_not_null(probes, "docs/deploy.md has no ## Probes and metrics");
+    const char *probes_end = strstr(probes + 1, "\n## ");
+    size_t n = 0;
+    for (const char *p = admin; (p = strstr(p, "\n| `")) != NULL; p++) {
+        const char *path = strchr(p + 4, '/'), *end = path ? path + strcspn(path, "`?") : NULL;
+        if (!path || path > strchr(p + 4, '`'))
+            continue; /* a row of another table (a status) */
+        char want[64];
+        snprintf(want, sizeof(want), "`%.*s`", (int)(end - path), path);
+        const char *in = strstr(probes, want);
+        cr_expect(in && (!probes_end || in < probes_end),
+                  "docs/deploy.md's ## Probes and metrics does not name %s", want);
+        snprintf(want, sizeof(want), "%.*s", (int)(end - path), path);
+        cr_expect(strstr(readme, want), "README.md does not name %s", want);
+        n++;
+    }
+    cr_expect_geq(n, 7, ADMIN_MD ": only %zu paths found in its table", n);
+    free(admin);
+    free(deploy);
+    free(readme);
 }

@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
+#include <dirent.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -201,4 +202,27 @@ Test(setup, docs_index_has_one_row_per_page)
     }
     cr_expect_geq(rows, 10, "docs/README.md: %zu rows in its table of pages", rows);
     free(doc);
+}
+
+/* Issue 37: the README's line of ways to deploy it left out deploy/kubernetes-headless/. Each
+ * directory of deploy/ holding a kustomization (a Kubernetes example) is named in it. */
+Test(setup, readme_names_every_kubernetes_example_of_deploy)
+{
+    char *readme = proc_read_file("README.md");
+    DIR *d = opendir("deploy");
+    cr_assert_not_null(d, "no deploy/ here: run from the repository root");
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char path[300];
+        snprintf(path, sizeof(path), "deploy/%s/kustomization.yaml", e->d_name);
+        if (e->d_name[0] == '.' || access(path, F_OK) != 0)
+            continue;
+        char want[300];
+        snprintf(want, sizeof(want), "`deploy/%s/`", e->d_name);
+        cr_expect(strstr(readme, want), "README.md does not name %s", want);
+        n++;
+    }
+    closedir(d);
+    cr_expect_geq(n, 3, "only %zu Kubernetes examples found under deploy/", n);
+    free(readme);
 }
