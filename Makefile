@@ -18,7 +18,10 @@ SAN ?=
 TEST_JOBS ?= 2
 
 PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto libcares
-APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libc-ares-dev pkg-config
+APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libc-ares-dev
+# The compiler and pkg-config themselves: a minimal Debian 12 (a container image, a netinst
+# without build tools) has neither. make it cannot install: README.md's first line does.
+TOOL_APT_PKGS := gcc libc6-dev pkg-config
 # The suites' own: Criterion, libyaml (tests/cli/test_deploy.c), the openssl command (test
 # certificates).
 TEST_PKGS := criterion yaml-0.1
@@ -81,8 +84,10 @@ apt_deps = if $(1); then \
 
 deps: deps-core deps-test
 
+CORE_MISSING = ! command -v $(CC) >/dev/null 2>&1 || ! command -v pkg-config >/dev/null 2>&1 || \
+	! pkg-config --exists $(PKGS) 2>/dev/null
 deps-core:
-	@$(call apt_deps,! pkg-config --exists $(PKGS) 2>/dev/null,$(APT_PKGS),build dependencies)
+	@$(call apt_deps,$(CORE_MISSING),$(TOOL_APT_PKGS) $(APT_PKGS),build dependencies)
 
 # After deps-core: two apt-get installs at once (make -j) fail on dpkg's lock.
 deps-test: deps-core promtool h2tools dnstools
@@ -204,7 +209,8 @@ run: $(BIN)
 # Test upstreams for trying `make run` by hand, one for each upstream of $(EXAMPLE_CONFIG): on
 # 127.0.0.1:9001 one that fails the first two attempts of every request (per X-Request-Id) with
 # 503, then answers 200; on 127.0.0.1:9002 one that answers 200 at once (its "listening" line
-# is not shown). The first runs in the background and stops with the second (Ctrl-C).
+# is not shown). The first runs in the background and stops with the second (Ctrl-C). Both log
+# one line per request to the terminal, starting with their address (README.md).
 DEMO_PLAN ?= fail=2;status=503
 demo-upstream: $(BUILD)/tests/upstream
 	@$(BUILD)/tests/upstream --port 9001 --plan '$(DEMO_PLAN)' & pid=$$!; \

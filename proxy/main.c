@@ -153,19 +153,54 @@ static struct cfg *load_or_report(const char **path_io, FILE *out)
 struct cmdline {
     int argc;
     char **argv;
-    const char *name; /* in messages ("check: bad option"); NULL for the proxy itself */
+    const char *name; /* in messages ("check: unknown option ..."); NULL for the proxy */
     const char *optstring;
     const struct option *opts;
     const char *path; /* -c FILE; NULL when not given */
     int status;       /* the exit status when next_opt() returns -1 */
 };
 
+/* The usage error of the option getopt_long() stopped at: 'o' is ':' for a missing value, '?'
+ * for an unknown, ambiguous or valueless option given a value. getopt_long()'s own message is
+ * off (opterr), so that a usage error is one line and the hint, as every other (docs/cli.md). */
+static int option_error(const struct cmdline *cl, int o)
+{
+    char cmd[32] = "";
+    if (cl->name)
+        snprintf(cmd, sizeof cmd, "%s: ", cl->name);
+    const char *word = cl->argv[optind - 1];
+    char opt[64];
+    size_t len = strcspn(word, "=");
+    /* a short option: the character; one of a cluster ("-pc") is not the word's first */
+    if (optopt && strncmp(word, "--", 2) != 0)
+        snprintf(opt, sizeof opt, "-%c", optopt);
+    else
+        snprintf(opt, sizeof opt, "%.*s", (int)len, word);
+    if (o == ':')
+        return usage_error("%soption '%s' needs a value", cmd, opt);
+    size_t matches = 0;
+    bool exact_flag = false;
+    for (const struct option *r = cl->opts; r->name; r++) {
+        if (strncmp(word, "--", 2) || strncmp(r->name, word + 2, len - 2))
+            continue;
+        matches++;
+        exact_flag |= strlen(r->name) == len - 2 && r->has_arg == no_argument;
+    }
+    if (exact_flag)
+        return usage_error("%soption '%s' takes no value", cmd, opt);
+    if (matches > 1)
+        return usage_error("%soption '%s' is ambiguous", cmd, opt);
+    return usage_error("%sunknown option '%s'", cmd, opt);
+}
+
 /* Reads the options of a command and does what they all share: -c FILE, --help, and the usage
- * errors for an unknown option or an argument left over. Returns the next option that is the
- * command's own, 0 when all are read, or -1 when the command is to exit with cl->status. */
+ * errors for an unknown option, a missing value or an argument left over. Returns the next
+ * option that is the command's own, 0 when all are read, or -1 when the command is to exit
+ * with cl->status. */
 static int next_opt(struct cmdline *cl)
 {
     int o;
+    opterr = 0;
     while ((o = getopt_long(cl->argc, cl->argv, cl->optstring, cl->opts, NULL)) == 'c')
         cl->path = optarg;
     if (o == 'h') {
@@ -173,14 +208,8 @@ static int next_opt(struct cmdline *cl)
         cl->status = 0;
         return -1;
     }
-    if (o == '?') {
-        /* getopt_long() has said what was wrong */
-        if (cl->name) {
-            cl->status = usage_error("%s: bad option", cl->name);
-        } else {
-            fputs("Try 'retryproxy --help'.\n", stderr);
-            cl->status = EXIT_USAGE;
-        }
+    if (o == '?' || o == ':') {
+        cl->status = option_error(cl, o);
         return -1;
     }
     if (o != -1)
@@ -206,7 +235,7 @@ static int cmd_check(int argc, char **argv)
 {
     static const struct option opts[] = { ARG("config", 'c'), FLAG("print", 'p'), FLAG("help", 'h'),
                                           OPT_END };
-    struct cmdline cl = { argc, argv, "check", "+c:h", opts, NULL, 0 };
+    struct cmdline cl = { argc, argv, "check", "+:c:h", opts, NULL, 0 };
     int print = 0, o;
     while ((o = next_opt(&cl)) > 0)
         print = 1; /* --print, its only option of its own */
@@ -252,7 +281,7 @@ static int cmd_schedule(int argc, char **argv)
                                           ARG("seed", 's'),
                                           FLAG("help", 'h'),
                                           OPT_END };
-    struct cmdline cl = { argc, argv, "schedule", "+c:h", opts, NULL, 0 };
+    struct cmdline cl = { argc, argv, "schedule", "+:c:h", opts, NULL, 0 };
     const char *route = NULL;
     unsigned long long retries = 0, runs = 1, seed = 0;
     int have_retries = 0, have_seed = 0, o, rc = 0;
@@ -324,7 +353,7 @@ static int cmd_simulate(int argc, char **argv)
                                           ARG("latency", 'l'),      ARG("retry-after", 'R'),
                                           ARG("seed", 's'),         ARG("svg", 'g'),
                                           FLAG("help", 'h'),        OPT_END };
-    struct cmdline cl = { argc, argv, "simulate", "+c:h", opts, NULL, 0 };
+    struct cmdline cl = { argc, argv, "simulate", "+:c:h", opts, NULL, 0 };
     struct simulate_opts so = { .clients = 100, .requests = 1 };
     unsigned long long clients = so.clients, requests = so.requests, ms, seed;
     int have_seed = 0, o, rc = 0;
@@ -405,7 +434,7 @@ static int cmd_run(int argc, char **argv)
         ARG("log-level", 'L'), ARG("log-format", 'F'), ARG("workers", 'w'),
         FLAG("help", 'h'),     FLAG("version", 'V'),   OPT_END
     };
-    struct cmdline cl = { argc, argv, NULL, "c:h", opts, NULL, 0 };
+    struct cmdline cl = { argc, argv, NULL, ":c:h", opts, NULL, 0 };
     const char *why;
     unsigned long long workers = 0;
     struct serve_opts so = { .log_level = -1, .log_format = -1 };
@@ -414,11 +443,8 @@ static int cmd_run(int argc, char **argv)
         switch (o) {
         case 'l':
         case 'a':
-            if ((why = cfg_address_problem(optarg)) != NULL) {
-                fprintf(stderr, "retryproxy: --%s '%s': %s\n", o == 'l' ? "listen" : "admin",
-                        optarg, why);
-                return EXIT_USAGE;
-            }
+            if ((why = cfg_address_problem(optarg)) != NULL)
+                return usage_error("--%s '%s': %s", o == 'l' ? "listen" : "admin", optarg, why);
             if (o == 'l')
                 so.listen = optarg;
             else

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,6 +299,128 @@ Test(cli, usage_errors_exit_two)
                      r.err);
         cr_expect_neq(r.err_len, 0, "case %zu says nothing", i);
         proc_result_free(&r);
+    }
+}
+
+/* A usage error is one line saying what was wrong, then the hint, on stderr, and nothing else:
+ * not getopt_long()'s own message before ours (docs/cli.md#exit-statuses). */
+static void expect_usage_error(const char *what, struct proc_result r)
+{
+    static const char hint[] = "Try 'retryproxy --help'.\n";
+    const char *nl = strchr(r.err, '\n');
+    cr_expect_eq(r.status, 2, "%s: exit %d, stderr:\n%s", what, r.status, r.err);
+    cr_expect(strncmp(r.err, "retryproxy: ", 12) == 0 && nl && strcmp(nl + 1, hint) == 0,
+              "%s: stderr is not one \"retryproxy: \" line and the hint:\n%s", what, r.err);
+    cr_expect_str_eq(r.out, "", "%s: stdout", what);
+    proc_result_free(&r);
+}
+
+/* Runs retryproxy with 'argv' (without the program, at most 14 words) for 'what'. */
+static struct proc_result rp_argv(char *const argv[], size_t n)
+{
+    char *full[16] = { (char *)proc_bin() };
+    cr_assert_lt(n, 15);
+    memcpy(full + 1, argv, n * sizeof(char *));
+    full[n + 1] = NULL;
+    struct proc_result r;
+    cr_assert_eq(proc_run(full, NULL, 10000, &r), 0);
+    cr_assert_neq(r.status, -1, "retryproxy timed out");
+    return r;
+}
+
+/* Every option of every command, as the usage lines of --help show them: a word starting with
+ * '-', taking a value when the next word is one (FILE, json|text); the command is the word
+ * after "retryproxy" when it is not an option ("" for the proxy itself). For each: the option
+ * without its value, with a value and an unknown option after it, a flag with "=1", and an
+ * unknown option are each one usage error with the hint once. */
+Test(cli, every_usage_error_prints_one_line_and_the_hint_once)
+{
+    struct proc_result help = rp("--help");
+    char *usage = strdup(help.out);
+    proc_result_free(&help);
+    char *blank = strstr(usage, "\n\n");
+    cr_assert_not_null(blank, "--help: no blank line after the usage lines");
+    *blank = '\0';
+    char cmd[32] = "";
+    bool needs_c = false, needs_route = false;
+    int checked = 0;
+    for (char *line = strtok(usage, "\n"); line; line = strtok(NULL, "\n")) {
+        char words[32][32];
+        size_t n = 0;
+        for (char *p = line; *p && n < 32;) {
+            size_t l = strcspn(p, " []");
+            if (l && !(l == 3 && !strncmp(p, "...", 3)))
+                snprintf(words[n++], sizeof(words[0]), "%.*s", (int)l, p);
+            p += l + (p[l] != '\0');
+        }
+        size_t i = 0;
+        for (; i < n && strcmp(words[i], "retryproxy"); i++)
+            ;
+        if (i < n) { /* the first line of a command; what it needs before an option, so that
+                        none but that option is wrong */
+            bool sub = i + 1 < n && words[i + 1][0] != '-';
+            snprintf(cmd, sizeof(cmd), "%s", sub ? words[i + 1] : "");
+            i += 1 + sub;
+            needs_c = strstr(line, "-c FILE") != NULL;
+            needs_route = strstr(line, "--route") != NULL;
+        } else {
+            i = 0; /* a line more of the same command */
+        }
+        for (; i < n; i++) {
+            const char *o = words[i];
+            if (o[0] != '-' || o[1] == '\0')
+                continue;
+            bool value = i + 1 < n && words[i + 1][0] != '-' && strcmp(words[i + 1], "|") != 0;
+            char *argv[16], what[160];
+            size_t k = 0;
+            if (cmd[0])
+                argv[k++] = cmd;
+            if (needs_c && strcmp(o, "-c"))
+                argv[k++] = "-c", argv[k++] = SEQ;
+            if (needs_route && strcmp(o, "--route"))
+                argv[k++] = "--route", argv[k++] = "capped";
+            if (value) {
+                argv[k] = (char *)o;
+                snprintf(what, sizeof(what), "`retryproxy %s%s%s` (no value)", cmd, *cmd ? " " : "",
+                         o);
+                expect_usage_error(what, rp_argv(argv, k + 1));
+                argv[k + 1] = "x";
+                argv[k + 2] = "--bogus-option";
+                snprintf(what, sizeof(what), "`retryproxy %s%s%s x --bogus-option`", cmd,
+                         *cmd ? " " : "", o);
+                expect_usage_error(what, rp_argv(argv, k + 3));
+                i++;
+            } else if (strncmp(o, "--", 2) == 0) {
+                char with[48];
+                snprintf(with, sizeof(with), "%s=1", o);
+                argv[k] = with;
+                snprintf(what, sizeof(what), "`retryproxy %s %s`", cmd, with);
+                expect_usage_error(what, rp_argv(argv, k + 1));
+            }
+            checked++;
+        }
+    }
+    free(usage);
+    cr_expect_gt(checked, 25, "only %d options found in the usage lines of --help", checked);
+    static const char *const unknown[][3] = {
+        { "--bogus" },
+        { "-x" },
+        { "frobnicate" },
+        { "check", "--bogus" },
+        { "check", "-x" },
+        { "schedule", "--r", "1" }, /* ambiguous: --route, --retries, --runs */
+        { "simulate", "--bogus" },
+        { "reference", "--bogus" },
+    };
+    for (size_t u = 0; u < sizeof(unknown) / sizeof(unknown[0]); u++) {
+        char *argv[3];
+        size_t k = 0;
+        for (; k < 3 && unknown[u][k]; k++)
+            argv[k] = (char *)unknown[u][k];
+        char what[96];
+        snprintf(what, sizeof(what), "`retryproxy %s %s`", unknown[u][0],
+                 unknown[u][1] ? unknown[u][1] : "");
+        expect_usage_error(what, rp_argv(argv, k));
     }
 }
 

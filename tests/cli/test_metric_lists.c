@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/support/docjson.h"
 #include "tests/support/proc.h"
 
 #define README     "README.md"
@@ -125,28 +126,11 @@ Test(metric_lists, readme_lists_every_family_the_binary_exports_with_its_labels)
     free(doc);
 }
 
-/* The object of the first ```json block after 'heading' in 'path' (a new reference). */
-static json_t *json_example(const char *path, const char *heading)
-{
-    char *doc = proc_read_file(path);
-    const char *h = strstr(doc, heading);
-    cr_assert_not_null(h, "%s has no %s", path, heading);
-    const char *block = strstr(h, "```json\n");
-    cr_assert_not_null(block, "%s: no ```json block after %s", path, heading);
-    block += strlen("```json\n");
-    json_error_t err;
-    json_t *j = json_loadb(block, strcspn(block, "\n"), 0, &err);
-    cr_assert(json_is_object(j), "%s: the example after %s is no JSON object: %s", path, heading,
-              err.text);
-    free(doc);
-    return j;
-}
-
 /* The README's request line has the fields of docs/logs.md's, in the same order. */
 Test(metric_lists, readme_request_log_line_has_the_fields_of_logs_md)
 {
-    json_t *readme = json_example(README, "**Logs**");
-    json_t *logs = json_example(LOGS_MD, "### The request line");
+    json_t *readme = docjson_block(README, "**Logs**");
+    json_t *logs = docjson_block(LOGS_MD, "### The request line");
     cr_expect_str_eq(json_string_value(json_object_get(readme, "msg")), "request");
     void *a = json_object_iter(readme), *b = json_object_iter(logs);
     for (; a && b; a = json_object_iter_next(readme, a), b = json_object_iter_next(logs, b))

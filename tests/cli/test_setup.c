@@ -4,29 +4,37 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
+#include <dirent.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/support/proc.h"
 
-/* `make -n ARGS` (a dry run: nothing is built or installed), its stdout; the caller frees. */
-static char *make_dry_run(const char *target)
+/* make on the PATH, into make[cap] (proc_run takes a path). */
+static void find_make(char *make, size_t cap)
 {
-    /* make on the PATH (proc_run takes a path) */
-    char make[512] = "";
     const char *path = getenv("PATH");
+    make[0] = '\0';
     for (const char *d = path ? path : "/usr/bin"; *d && !make[0];) {
         size_t dl = strcspn(d, ":");
-        snprintf(make, sizeof(make), "%.*s/make", (int)dl, d);
+        snprintf(make, cap, "%.*s/make", (int)dl, d);
         if (access(make, X_OK) != 0)
             make[0] = '\0';
         d += dl + (d[dl] == ':');
     }
     cr_assert(make[0], "no make on the PATH");
+}
+
+/* `make -n ARGS` (a dry run: nothing is built or installed), its stdout; the caller frees. */
+static char *make_dry_run(const char *target)
+{
+    char make[512];
+    find_make(make, sizeof(make));
     char *argv[] = { make, "-n", "--no-print-directory", (char *)target, NULL };
     /* not the jobserver of a make running this suite, nor the variables it was given (make
      * asan passes BUILD=build-asan, which reaches this make through the environment) */
@@ -63,6 +71,50 @@ Test(setup, make_and_make_run_install_the_build_dependencies_only, .timeout = 60
     for (size_t i = 0; i < sizeof(test_only) / sizeof(test_only[0]); i++)
         cr_expect(strstr(out, test_only[i]), "make check-tests does not see to %s", test_only[i]);
     free(out);
+}
+
+/* Writes an executable shell script 'name' into 'dir' running 'body'. */
+static void fake_tool(const char *dir, const char *name, const char *body)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    fprintf(f, "#!/bin/sh\n%s\n", body);
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(chmod(path, 0755), 0);
+}
+
+/* Issue 37: a minimal Debian 12 (a container image, a netinst without build tools) has neither a
+ * C compiler nor pkg-config, and `make run` went on to fail on `cc: not found`. deps-core
+ * installs them with the libraries; here, as a user who is not root (a fake `id` on a PATH of
+ * nothing else), it prints the one command to run, which names them. */
+Test(setup, deps_core_installs_the_compiler_and_pkg_config_when_missing, .timeout = 60)
+{
+    char make[512];
+    find_make(make, sizeof(make));
+    char dir[] = "/tmp/retryproxy-setup-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    fake_tool(dir, "id", "echo 1000");
+    char path_env[300];
+    snprintf(path_env, sizeof(path_env), "PATH=%s", dir);
+    char *env[] = { path_env, "MAKEFLAGS=", "MAKELEVEL=", "MFLAGS=", "BUILD=build", NULL };
+    char *argv[] = { make, "--no-print-directory", "deps-core", NULL };
+    /* neither cc nor pkg-config; then pkg-config finding every library, but no cc */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            fake_tool(dir, "pkg-config", "exit 0");
+        struct proc_result r;
+        cr_assert_eq(proc_run(argv, env, 30000, &r), 0, "cannot run make");
+        cr_expect_neq(r.status, 0, "pass %d: make deps-core went on without a compiler", pass);
+        const char *cmd = strstr(r.err, "apt-get install -y ");
+        cr_expect(cmd && strstr(cmd, " gcc ") && strstr(cmd, " libc6-dev "),
+                  "pass %d: make deps-core does not install the compiler: %s", pass, r.err);
+        cr_expect(cmd && strstr(cmd, " pkg-config "),
+                  "pass %d: make deps-core does not install pkg-config: %s", pass, r.err);
+        proc_result_free(&r);
+    }
+    rm_tree(dir);
 }
 
 /* The recipe lines of 'target' in the Makefile text 'mk', joined by '\n' (malloc'd). */
@@ -150,4 +202,27 @@ Test(setup, docs_index_has_one_row_per_page)
     }
     cr_expect_geq(rows, 10, "docs/README.md: %zu rows in its table of pages", rows);
     free(doc);
+}
+
+/* Issue 37: the README's line of ways to deploy it left out deploy/kubernetes-headless/. Each
+ * directory of deploy/ holding a kustomization (a Kubernetes example) is named in it. */
+Test(setup, readme_names_every_kubernetes_example_of_deploy)
+{
+    char *readme = proc_read_file("README.md");
+    DIR *d = opendir("deploy");
+    cr_assert_not_null(d, "no deploy/ here: run from the repository root");
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char path[300];
+        snprintf(path, sizeof(path), "deploy/%s/kustomization.yaml", e->d_name);
+        if (e->d_name[0] == '.' || access(path, F_OK) != 0)
+            continue;
+        char want[300];
+        snprintf(want, sizeof(want), "`deploy/%s/`", e->d_name);
+        cr_expect(strstr(readme, want), "README.md does not name %s", want);
+        n++;
+    }
+    closedir(d);
+    cr_expect_geq(n, 3, "only %zu Kubernetes examples found under deploy/", n);
+    free(readme);
 }

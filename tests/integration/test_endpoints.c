@@ -362,8 +362,11 @@ Test(endpoints, ejection_is_per_endpoint)
     snprintf(series, sizeof(series),
              "retryproxy_upstream_ejected{route=\"r\",upstream=\"http://svc.test:%u\"}", port);
     cr_expect_eq(fx_metric(series), 1);
-    json_t *line = fx_logged("upstream ejected", "endpoint", pod_ip(0));
-    cr_expect_not_null(line, "no log line names the ejected endpoint");
+    /* the endpoint as /upstreams shows it: address and port (docs/logs.md) */
+    char endpoint[64];
+    snprintf(endpoint, sizeof(endpoint), "%s:%u", pod_ip(0), port);
+    json_t *line = fx_logged("upstream ejected", "endpoint", endpoint);
+    cr_expect_not_null(line, "no log line names the ejected endpoint %s", endpoint);
     json_decref(line);
 }
 

@@ -167,6 +167,7 @@ struct tup {
     size_t open;
     char *default_plan;
     FILE *log;
+    char where[32]; /* "127.0.0.1:PORT": each log line starts with it */
 };
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -660,8 +661,9 @@ static void tlog(struct tup *t, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    /* One fprintf per line so concurrent writers do not interleave within it. */
-    fprintf(f, "tup: %s\n", line);
+    /* One fprintf per line so concurrent writers do not interleave within it; the address
+     * tells apart two upstreams logging into one terminal (make demo-upstream). */
+    fprintf(f, "%s %s\n", t->where, line);
     fflush(f);
 }
 
@@ -1468,9 +1470,15 @@ act:
         timer_arm(t, c, mono_ns());
     }
 log:
-    tlog(t, "#%" PRIu64 " conn %" PRIu64 "/%u %s %s id=%s attempt=%u body=%" PRIu64 " -> %s",
+    /* X-Retry-Attempt: the proxy's count of the attempt; seen: tup's own count of the
+     * requests with this id, which its plan's fail=N goes by */
+    const char *retry_attempt = tup_req_header(q, "X-Retry-Attempt");
+    tlog(t,
+         "#%" PRIu64 " conn %" PRIu64 "/%u %s %s id=%s X-Retry-Attempt=%s seen=%u body=%" PRIu64
+         " -> %s",
          q->seq, q->conn_id, q->conn_index, q->method, q->target,
-         *q->request_id ? q->request_id : "-", q->key_attempt, q->body_len, what);
+         *q->request_id ? q->request_id : "-", retry_attempt ? retry_attempt : "-", q->key_attempt,
+         q->body_len, what);
 }
 
 /* Reads one CRLF or LF line from the input; its length (terminator included) or 0. */
@@ -1994,6 +2002,9 @@ struct tup *tup_try_start_at(const char *ip, uint16_t port, const char *default_
     if (getsockname(t->listen_fd, (struct sockaddr *)&sa, &sl) < 0)
         goto fail;
     t->port = ntohs(sa.sin_port);
+    char ip_text[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sa.sin_addr, ip_text, sizeof ip_text);
+    snprintf(t->where, sizeof t->where, "%s:%u", ip_text, t->port);
     step = "epoll_create1";
     t->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (t->epfd < 0)

@@ -3,7 +3,12 @@
  *   build/tests/upstream --port 9001 --plan 'fail=2;status=503'
  *
  * Prints "listening on 127.0.0.1:PORT" once ready, logs one line per request to stderr, and
- * exits 0 on SIGINT or SIGTERM.
+ * exits 0 on SIGINT or SIGTERM. Each line starts with the address, so that two of them logging
+ * into one terminal (make demo-upstream) are told apart, and shows the X-Retry-Attempt the
+ * request carried (the proxy's count) beside seen=N, this upstream's own count of the requests
+ * with that X-Request-Id (what its plan's fail=N goes by):
+ *
+ *   127.0.0.1:9001 #1 conn 1/1 GET /hello id=ID X-Retry-Attempt=1 seen=1 body=0 -> 503 (fail 1/2)
  */
 #include "tests/support/tup.h"
 
@@ -26,7 +31,9 @@ static void usage(FILE *f)
           "\n"
           "Directives: fail=N action=status|hang|reset|close|reset-mid|stall-mid status=NNN\n"
           "  retry-after=VALUE ok=NNN body=N chunked=1 echo=1 delay=MS close-after=1 stale=1\n"
-          "Attempts are counted per X-Request-Id. See tests/support/tup.h.\n"
+          "Attempts are counted per X-Request-Id. One line per request on stderr, starting\n"
+          "with the address: X-Retry-Attempt=N is the proxy's count, seen=N this upstream's.\n"
+          "See tests/support/tup.h.\n"
           "\n"
           "Example: upstream --port 9001 --plan 'fail=2;status=503'\n",
           f);
@@ -108,8 +115,8 @@ int main(int argc, char **argv)
     if (rc != 0)
         fprintf(stderr, "upstream: sigwait: %s\n", strerror(rc));
     else
-        fprintf(stderr, "upstream: %s, stopping after %zu requests on %llu connections\n",
-                sig == SIGINT ? "SIGINT" : "SIGTERM", tup_count(t),
+        fprintf(stderr, "127.0.0.1:%u %s, stopping after %zu requests on %llu connections\n",
+                tup_port(t), sig == SIGINT ? "SIGINT" : "SIGTERM", tup_count(t),
                 (unsigned long long)tup_connections(t));
     tup_stop(t);
     return rc == 0 ? 0 : 1;
