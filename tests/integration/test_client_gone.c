@@ -195,26 +195,6 @@ Test(client_gone, leaving_while_waiting_for_a_slot)
     cr_expect_eq(fx_metric(GONE), 1);
 }
 
-/* A short response is held until its body is whole, to go out in one piece: the upstream sent
- * its head and half its body, then stalls. A client that leaves meanwhile ends the attempt. */
-Test(client_gone, leaving_while_the_response_is_held)
-{
-    fx_start_r("", "\"retry\": {\"max_attempts\": 1}", "--workers", "1", NULL);
-    int fd = send_get("held", "fail=1;action=stall-mid;body=20000");
-    fx_wait_upstream("held", 1);
-    sleep_ms(200); /* the head and half the body reach the proxy */
-    char buf[64];
-    cr_expect_eq(raw_recv(fd, buf, sizeof(buf), 0), -2, "the held response went out");
-    int64_t t0 = now_ms();
-    leave(fd, CLOSE);
-    cr_expect(fx_wait(upstream_idle, NULL, PROMPT_MS, 10),
-              "the upstream's connection is still open %lld ms after the client left",
-              (long long)(now_ms() - t0));
-    cr_expect_eq(fx_wait_metric(GONE, 1, PROMPT_MS), 1);
-    cr_expect_eq(fx_wait_metric(CONNS, 0, PROMPT_MS), 0);
-    expect_logged_once("held", 0);
-}
-
 /* During a backoff wait it was noticed before: still a 499 in requests_total and the log, and
  * now counted in client_gone_total too. */
 Test(client_gone, leaving_during_a_backoff_wait_is_counted_too)
