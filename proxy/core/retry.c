@@ -764,10 +764,13 @@ static void on_deadline(struct loop_timer *t)
 
 /* The drain deadline has come: a request still waiting on the upstream side (an attempt or a
  * backoff) is answered now with its last upstream response, or a 503 "draining", and
- * X-Retry-Stop: draining. Responses already streaming are left to finish. */
+ * X-Retry-Stop: draining. An answer that has begun is left to finish, or to be cut short at
+ * exit: one whose head the front end has (RS_STREAM), though it may not have sent it yet (an
+ * HTTP/1.1 response held a moment to go out whole, proxy/http1/relay.c), as the upstream
+ * acts on a request once it answers it. */
 static void expire(struct retry_req *r)
 {
-    if (r->front->answered || r->state == RS_HEADERS || !r->route)
+    if (r->front->answered || r->state == RS_HEADERS || r->state == RS_STREAM || !r->route)
         return;
     if (r->state == RS_BACKOFF)
         req_cut_wait_short(r);

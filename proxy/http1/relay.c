@@ -310,6 +310,8 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
     struct relay *rl = cls;
+    if (rl->flags & RL_GONE)
+        return MHD_CONTENT_READER_END_WITH_ERROR; /* nobody to send it to */
     if (rl->down.len) {
         size_t n = ring_get(&rl->down, buf, max);
         rl->f.body_sent += n;
@@ -630,6 +632,16 @@ void relay_conn_open(struct relay_conn *rc, struct loop *l, int fd)
 void relay_conn_close(struct relay_conn *rc)
 {
     loop_watch_del(rc->loop, &rc->w);
+}
+
+void relay_conn_stop(struct relay_conn *rc)
+{
+    struct relay *rl = rc->cur;
+    if (!rl || !rl->conn || !(rl->flags & RL_SUSPENDED))
+        return;
+    rl->flags |= RL_GONE; /* read_body() ends the body broken off */
+    rl->flags &= ~(RL_SUSPENDED | RL_UPLOAD | RL_READER);
+    MHD_resume_connection(rl->conn);
 }
 
 /* The connection's socket is watched all along (relay_conn): a backoff wait needs nothing more. */
