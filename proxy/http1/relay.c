@@ -5,6 +5,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 
 #include <microhttpd.h>
 
@@ -311,7 +312,7 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     struct relay *rl = cls;
     if (rl->flags & RL_GONE)
-        return MHD_CONTENT_READER_END_WITH_ERROR; /* nobody to send it to */
+        return MHD_CONTENT_READER_END_WITH_ERROR; /* nobody to send it to (hang_up) */
     if (rl->down.len) {
         size_t n = ring_get(&rl->down, buf, max);
         rl->f.body_sent += n;
@@ -602,13 +603,33 @@ static void relay_upload_room(struct front *f)
 
 /* ---- the client going away ---- */
 
+/* The client left while its answer went out: libmicrohttpd is made to close the connection
+ * now, whatever it waits for. Suspended until more of the body comes, it is resumed to find
+ * the body broken off (read_body); otherwise it may be waiting to write to a client that reads
+ * nothing (a half-close), so the socket is shut down both ways, which it sees at once. */
+static void hang_up(struct relay *rl)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(rl->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci)
+        shutdown(ci->connect_fd, SHUT_RDWR);
+    if (rl->flags & RL_SUSPENDED)
+        resume(rl);
+    else
+        rl->kick(rl->kick_arg);
+}
+
 /* The client left while the request was in flight (the core may not have it yet, see leave()):
- * the core cancels what runs for it, then resets it, which closes the connection. */
+ * the core cancels what runs for it, then resets it, which closes the connection; or, its
+ * answer going out, ends the upstream transfer sending it, and the connection closes now. */
 static void client_left(struct relay *rl)
 {
     rl->flags |= RL_GONE;
-    if (!(rl->flags & RL_IN_HANDLER))
-        retry_req_client_gone(rl->f.req);
+    if (rl->flags & RL_IN_HANDLER)
+        return;
+    retry_req_client_gone(rl->f.req);
+    if (rl->f.sent && rl->conn)
+        hang_up(rl);
 }
 
 /* A FIN or a reset: the connection only closes after this, so the watch ends here, once. */
