@@ -1,8 +1,6 @@
 #include "tests/support/evup.h"
 
-#include <arpa/inet.h>
 #include <criterion/criterion.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,16 +77,8 @@ static void serve(struct evup *e, int c)
 static void *evup_main(void *arg)
 {
     struct evup *e = arg;
-    while (!e->stop) {
-        struct pollfd p = { e->lfd, POLLIN, 0 };
-        if (poll(&p, 1, 50) <= 0)
-            continue;
-        int c = accept(e->lfd, NULL, NULL);
-        if (c < 0)
-            continue;
+    for (int c; (c = fx_accept(e->lfd, &e->stop)) >= 0; close(c))
         serve(e, c);
-        close(c);
-    }
     return NULL;
 }
 
@@ -100,14 +90,7 @@ struct evup *evup_start(const char *head, int parts, int every_ms)
     e->head = head;
     e->parts = parts;
     e->every_ms = every_ms;
-    e->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert(bind(e->lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    socklen_t al = sizeof(a);
-    getsockname(e->lfd, (struct sockaddr *)&a, &al);
-    e->port = ntohs(a.sin_port);
-    listen(e->lfd, 16);
+    e->lfd = fx_listen(&e->port);
     pthread_create(&e->th, NULL, evup_main, e);
     return e;
 }
