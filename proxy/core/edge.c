@@ -10,11 +10,13 @@
 #include <string.h>
 #include <strings.h>
 
+#include "proxy/http/answer.h"
 #include "proxy/http/fields.h"
 #include "proxy/http/grpc.h"
 #include "proxy/http/headers.h"
 #include "proxy/telemetry/log.h"
 #include "proxy/core/proxy.h"
+#include "proxy/core/retry.h"
 #include "proxy/core/runtime.h"
 #include "proxy/core/worker.h"
 
@@ -431,4 +433,65 @@ void edge_final(struct retry_req *r)
                    "the upstream's response head was malformed or ambiguous");
     else
         edge_error(r, 502, "upstream_unavailable", "no response from any upstream attempt");
+}
+
+/* ---- the client going away ---- */
+
+/* The client left while its answer went out, the upstream still sending its body: the answer
+ * is cut short. It keeps the status sent (as nginx keeps it once bytes have gone) and is
+ * logged with "stop": "client-closed" unless retrying had stopped for a reason the answer
+ * carries, and counted in client_gone_total (tally_done), once. */
+void edge_cut_short(struct retry_req *r)
+{
+    const struct front *f = r->front;
+    /* nothing went out (the client left before its answer: status 0), no body was to follow
+     * the head (its transfer may end after the head went), or the cut is the proxy's own: it
+     * stops, past the drain's grace */
+    if (!f->sent || f->is_head || !answer_status_has_body((int)f->status) ||
+        atomic_load_explicit(&r->w->stop, memory_order_relaxed))
+        return;
+    r->flags |= RF_CUT_SHORT;
+    if (r->stop == RETRY_STOP_NONE)
+        r->stop = RETRY_STOP_CLIENT_CLOSED;
+}
+
+/* The client went away, seen while the core could not have (the front end watches for it: an
+ * HTTP/1.1 connection is suspended while the upstream side has the request, or while it waits
+ * for more of the response, and libmicrohttpd does not look at a suspended connection's
+ * socket). Upstream work for nobody stops: every attempt is cancelled (its slot, and a retry's
+ * budget slots, go back) and any wait ends, as nginx stops with its "499". During a backoff wait
+ * it is a 499 "client-closed" (counted in requests_total); before the answer started, nothing
+ * is counted as answered and the log says 0, as for a client gone at any other moment; once
+ * the answer's head has gone, the transfer still sending its body ends, and the front end ends
+ * the answer broken (edge_cut_short). */
+void retry_req_client_gone(struct retry_req *r)
+{
+    struct front *f = r->front;
+    struct loop *l = r->w->loop;
+    if (r->state == RS_HEADERS)
+        return;
+    if (f->answered) {
+        if (r->state == RS_STREAM && req_end_attempts(r, METRICS_OUT_CANCELLED)) {
+            loop_timer_stop(l, &r->deadline_timer);
+            edge_cut_short(r);
+            f->ops->end(f, NULL, true);
+        }
+        return;
+    }
+    bool waiting = r->state == RS_BACKOFF;
+    if (waiting)
+        req_cut_wait_short(r);
+    loop_timer_stop(l, &r->try_timer);
+    req_end_retry_in_flight(r);
+    req_end_attempts(r, METRICS_OUT_CANCELLED); /* the current one, and those beside it (hedging) */
+    r->state = RS_ANSWERED;
+    if (!waiting) {
+        f->ops->reset(f, 0);
+        return;
+    }
+    r->stop = RETRY_STOP_CLIENT_CLOSED;
+    /* Counted now, as if answered: no response will go out to count it later. */
+    f->status = CLIENT_CLOSED_STATUS;
+    tally_answer(r);
+    f->ops->reset(f, CLIENT_CLOSED_STATUS);
 }

@@ -59,6 +59,7 @@ enum {
     RF_TRAILERS_OFF = 1u << 14, /* its trailers passed the head's bounds: none is sent */
     RF_BAD_HEAD = 1u << 15,   /* a head refused as malformed or ambiguous: the connection closes */
     RF_CONNECTION = 1u << 16, /* its head has a Connection field (edge_trailer) */
+    RF_CUT_SHORT = 1u << 17,  /* its client left while its answer went out (edge_cut_short) */
 };
 
 /* Trial flags (struct trial 'flags'). */
@@ -183,6 +184,9 @@ extern const struct attempt_ops req_attempt_ops;
 void req_start_attempt(struct retry_req *r);
 /* Ends the transfer of 't' without its end being reported (retry.c says when). */
 bool req_stop_transfer(struct retry_req *r, struct trial *t);
+/* Every attempt still running ends now, each counted as 'o' unless it was already; true if the
+ * current one was running (retry.c). */
+bool req_end_attempts(struct retry_req *r, enum metrics_outcome o);
 /* What is known of the current attempt, ended in 'o', and the verdict on it. */
 void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
                struct retry_verdict *v);
@@ -219,6 +223,8 @@ void edge_stream(struct retry_req *r);
 void edge_error(struct retry_req *r, unsigned status, const char *code, const char *message);
 void edge_saved(struct retry_req *r);
 void edge_final(struct retry_req *r);
+/* The client left while its answer's body was still coming from the upstream. */
+void edge_cut_short(struct retry_req *r);
 
 /* ---- keep.c: responses kept rather than streamed ---- */
 

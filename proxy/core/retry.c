@@ -54,7 +54,6 @@
 #define DISCARD_MAX (1024 * 1024)
 
 static size_t take_body(struct retry_req *r, const char *data, size_t n);
-static bool end_attempts(struct retry_req *r, enum metrics_outcome o);
 static void give_up(struct retry_req *r, enum retry_stop stop);
 static void on_deadline(struct loop_timer *t);
 static void on_try_timeout(struct loop_timer *t);
@@ -184,13 +183,15 @@ void retry_req_completed(struct retry_req *r)
     struct loop *l = r->w->loop;
     r->front->ops->unwatch(r->front);
     req_end_retry_in_flight(r);
-    tally_grpc(r, GRPC_CANCELLED); /* the client side ended before an answer ended the call */
-    tally_done(r);
-    r->peer = NULL;
     loop_timer_stop(l, &r->try_timer);
     loop_timer_stop(l, &r->deadline_timer);
     loop_timer_stop(l, &r->backoff_timer);
-    end_attempts(r, METRICS_OUT_CANCELLED);
+    /* a response still coming when the client side ended: its client left part way */
+    if (req_end_attempts(r, METRICS_OUT_CANCELLED) && r->state == RS_STREAM)
+        edge_cut_short(r);
+    tally_grpc(r, GRPC_CANCELLED); /* the client side ended before an answer ended the call */
+    tally_done(r);
+    r->peer = NULL;
     req_release(r);
 }
 
@@ -213,38 +214,6 @@ void retry_req_sending(struct retry_req *r)
 {
     tally_answer(r);
 }
-
-/* The client went away before its answer started (the front end watches for it: an
- * HTTP/1.1 connection is suspended while the upstream side has the request, and
- * libmicrohttpd does not look at a suspended connection's socket). Upstream work for nobody
- * stops: every attempt is cancelled (its slot, and a retry's budget slots, go back) and any
- * wait ends, as nginx stops with its "499". During a backoff wait it is a 499 "client-closed"
- * (counted in requests_total); otherwise nothing is counted as answered and the log says 0,
- * as for a client gone at any other moment. */
-void retry_req_client_gone(struct retry_req *r)
-{
-    struct front *f = r->front;
-    if (f->answered || r->state == RS_HEADERS)
-        return;
-    bool waiting = r->state == RS_BACKOFF;
-    if (waiting)
-        req_cut_wait_short(r);
-    loop_timer_stop(r->w->loop, &r->try_timer);
-    req_end_retry_in_flight(r);
-    end_attempts(r, METRICS_OUT_CANCELLED); /* the current one, and those beside it (hedging) */
-    r->state = RS_ANSWERED;
-    if (!waiting) {
-        f->ops->reset(f, 0);
-        return;
-    }
-    r->stop = RETRY_STOP_CLIENT_CLOSED;
-    /* Counted now, as if answered: no response will go out to count it later. */
-    f->status = CLIENT_CLOSED_STATUS;
-    tally_answer(r);
-    f->ops->reset(f, CLIENT_CLOSED_STATUS);
-}
-
-/* ---- the head ---- */
 
 /* ---- the body ---- */
 
@@ -275,7 +244,7 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
         struct loop *l = r->w->loop;
         loop_timer_stop(l, &r->backoff_timer);
         loop_timer_stop(l, &r->try_timer);
-        end_attempts(r, METRICS_OUT_CANCELLED);
+        req_end_attempts(r, METRICS_OUT_CANCELLED);
         r->flags |= RF_OVER_LIMIT;
         r->discarded = n;
         edge_error(r, 413, "body_too_large",
@@ -416,7 +385,7 @@ bool req_stop_transfer(struct retry_req *r, struct trial *t)
  * the current one (hedging) and the current one, each counted as 'o' unless it was already.
  * From the loop or libmicrohttpd's callbacks only, never curl's. Returns true if the current
  * one was running. */
-static bool end_attempts(struct retry_req *r, enum metrics_outcome o)
+bool req_end_attempts(struct retry_req *r, enum metrics_outcome o)
 {
     race_lose_others(r, o);
     race_reap(r);
@@ -699,8 +668,6 @@ void req_cut_wait_short(struct retry_req *r)
     loop_timer_stop(l, &r->backoff_timer);
 }
 
-/* ---- attempts running beside the current one (hedging) ---- */
-
 /* ---- timers ---- */
 
 static void on_try_timeout(struct loop_timer *t)
@@ -732,7 +699,7 @@ static void give_up(struct retry_req *r, enum retry_stop stop)
 static void on_deadline(struct loop_timer *t)
 {
     struct retry_req *r = t->arg;
-    bool running = end_attempts(r, METRICS_OUT_TIMEOUT); /* none answered in time */
+    bool running = req_end_attempts(r, METRICS_OUT_TIMEOUT); /* none answered in time */
     loop_timer_stop(r->w->loop, &r->try_timer);
     switch (r->state) {
     case RS_ATTEMPT:
@@ -764,15 +731,18 @@ static void on_deadline(struct loop_timer *t)
 
 /* The drain deadline has come: a request still waiting on the upstream side (an attempt or a
  * backoff) is answered now with its last upstream response, or a 503 "draining", and
- * X-Retry-Stop: draining. Responses already streaming are left to finish. */
+ * X-Retry-Stop: draining. An answer that has begun is left to finish, or to be cut short at
+ * exit: one whose head the front end has (RS_STREAM), though it may not have sent it yet (an
+ * HTTP/1.1 response held a moment to go out whole, proxy/http1/relay.c), as the upstream
+ * acts on a request once it answers it. */
 static void expire(struct retry_req *r)
 {
-    if (r->front->answered || r->state == RS_HEADERS || !r->route)
+    if (r->front->answered || r->state == RS_HEADERS || r->state == RS_STREAM || !r->route)
         return;
     if (r->state == RS_BACKOFF)
         req_cut_wait_short(r);
     loop_timer_stop(r->w->loop, &r->try_timer);
-    if (end_attempts(r, METRICS_OUT_CANCELLED) && r->state == RS_DRAIN)
+    if (req_end_attempts(r, METRICS_OUT_CANCELLED) && r->state == RS_DRAIN)
         r->flags &= ~RF_SAVED_WHOLE;
     give_up(r, RETRY_STOP_DRAINING);
     if (edge_saved_whole(r))
@@ -788,7 +758,3 @@ void retry_expire_all(struct worker *w)
         expire(r);
     }
 }
-
-/* ---- answers ---- */
-
-/* ---- accounting ---- */

@@ -56,10 +56,11 @@ void retry_req_end(struct retry_req *r);
 /* The client side is done with the request (answered, reset, or the client went away). */
 void retry_req_completed(struct retry_req *r);
 
-/* The client went away before its answer started, seen while the core could not have (a
- * suspended HTTP/1.1 connection, a backoff wait): its attempts and waits end, and the front
- * end is told to reset it (status 0; 499 during a backoff wait). retry_req_completed() follows
- * once the front end is done with it. */
+/* The client went away, seen while the core could not have (a suspended HTTP/1.1 connection,
+ * a backoff wait). Before its answer started, its attempts and waits end, and the front end is
+ * told to reset it (status 0; 499 during a backoff wait); once its head has gone, the transfer
+ * still sending the body ends, and the front end is told the body broke off (end()).
+ * retry_req_completed() follows once the front end is done with it. */
 void retry_req_client_gone(struct retry_req *r);
 
 /* The answer is about to be handed to the protocol ('status' in the front's state): it is

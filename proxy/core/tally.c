@@ -192,14 +192,16 @@ static const char *upstream_path(const struct retry_req *r, char **joined)
 
 /* The request is over (answered, or the client went away): its log line, and
  * client_gone_total when no answer of ours started (none made, or the reset of a client that
- * left: status 0, or 499 during a backoff wait). The same on every client protocol. */
+ * left: status 0, or 499 during a backoff wait) or its client left part way through it
+ * (edge_cut_short). The same on every client protocol. */
 void tally_done(struct retry_req *r)
 {
     struct worker *w = r->w;
     if (r->state == RS_HEADERS)
         return;
     const struct front *f = r->front;
-    if (!f->answered || f->status == 0 || r->stop == RETRY_STOP_CLIENT_CLOSED)
+    if (!f->answered || f->status == 0 || r->stop == RETRY_STOP_CLIENT_CLOSED ||
+        (r->flags & RF_CUT_SHORT))
         metrics_client_gone(r->m, w->id);
     if (!log_enabled(CFG_LOG_INFO))
         return;

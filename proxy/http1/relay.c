@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 
 #include <microhttpd.h>
 
@@ -23,6 +25,10 @@
 
 /* Response bytes waiting for the client; when full, the upstream is paused (backpressure). */
 #define RELAY_BUFFER (64 * 1024)
+/* How long a response that fits RELAY_BUFFER is held after its head, to go out whole if it is
+ * whole by then (docs/forwarding.md "Responses to the client"): a body that follows its head
+ * within the same few reads, not a stream's next part. */
+#define RELAY_HOLD_MS 10
 
 /* Relay flags (struct relay 'flags'). */
 enum {
@@ -32,7 +38,7 @@ enum {
     RL_ENDED = 1u << 3,      /* ... and the body's end: the upstream side has the request */
     RL_READER = 1u << 4,     /* suspended because the body reader found nothing to send */
     RL_UPLOAD = 1u << 5,     /* suspended until the upstream takes upload bytes */
-    RL_COLLECT = 1u << 6,    /* holding a short body back to answer it in one piece */
+    RL_COLLECT = 1u << 6,    /* holding a short body back to answer it in one piece ('hold') */
     RL_DOWN_DONE = 1u << 7,  /* the upstream's body is complete */
     RL_DOWN_FAIL = 1u << 8,  /* ... or broke off: the client must see a truncation */
     RL_GONE = 1u << 9,       /* the client left (relay_conn): no answer goes out */
@@ -55,6 +61,7 @@ struct relay {
     struct MHD_Response *resp; /* the answer, until queued */
     size_t resp_len;           /* ... its body when in one piece (read_body() counts the rest) */
     struct ring down;          /* body bytes for the client */
+    struct loop_timer hold;    /* RL_COLLECT: its end, RELAY_HOLD_MS after the head */
     struct tunnel_up *tun_up;  /* an upgrade's upstream, until the client has the 101 */
     struct front_tunnel tun_conf;
 };
@@ -91,6 +98,7 @@ struct relay *relay_new(struct worker *w, struct loop *l, void (*kick)(void *), 
 
 static void relay_fini(struct front *f)
 {
+    loop_timer_stop(of_front(f)->loop, &of_front(f)->hold);
     ring_free(&of_front(f)->down);
     tunnel_up_free(of_front(f)->tun_up); /* the 101 never reached the client */
 }
@@ -162,6 +170,8 @@ static void suspend(struct relay *rl, unsigned why)
 static void answer(struct relay *rl, struct MHD_Response *resp, unsigned status)
 {
     /* resp NULL (out of memory): closing the connection is the only honest answer left */
+    rl->flags &= ~RL_COLLECT;
+    loop_timer_stop(rl->loop, &rl->hold);
     rl->resp = resp;
     rl->f.status = status;
     rl->f.answered = true;
@@ -301,6 +311,8 @@ static ssize_t read_body(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
     struct relay *rl = cls;
+    if (rl->flags & RL_GONE)
+        return MHD_CONTENT_READER_END_WITH_ERROR; /* nobody to send it to (hang_up) */
     if (rl->down.len) {
         size_t n = ring_get(&rl->down, buf, max);
         rl->f.body_sent += n;
@@ -324,7 +336,6 @@ static void start_streaming(struct relay *rl)
     uint64_t size = MHD_SIZE_UNKNOWN;
     if (cl >= 0 && answer_status_has_body(rl->status))
         size = (uint64_t)cl;
-    rl->flags &= ~RL_COLLECT;
     struct MHD_Response *resp;
     if (head_only(rl, rl->status)) {
         resp = head_only_response(cl);
@@ -343,7 +354,6 @@ static void start_streaming(struct relay *rl)
 static void answer_collected(struct relay *rl)
 {
     struct MHD_Response *resp;
-    rl->flags &= ~RL_COLLECT;
     if (head_only(rl, rl->status)) {
         resp = head_only_response(hlist_content_length(rl->head));
     } else if (rl->down.start == 0 && rl->down.buf) {
@@ -360,6 +370,35 @@ static void answer_collected(struct relay *rl)
     answer(rl, resp, (unsigned)rl->status);
 }
 
+/* The hold is over and the body is not whole yet: what came goes now, the rest as it comes. */
+static void on_hold_over(struct loop_timer *t)
+{
+    struct relay *rl = t->arg;
+    if ((rl->flags & RL_COLLECT) && !rl->f.answered)
+        start_streaming(rl);
+}
+
+/* Whether the upstream asks for its response to go out as it comes, never held: a Server-Sent
+ * Events stream (text/event-stream), or X-Accel-Buffering: no, the field nginx reads for it
+ * (docs/forwarding.md "Responses to the client"). */
+static bool wants_streaming(const struct hlist *h)
+{
+    static const char sse[] = "text/event-stream";
+    const char *ct = hlist_get(h, "Content-Type");
+    const char *xab = hlist_get(h, "X-Accel-Buffering");
+    if (ct) {
+        ct += strspn(ct, " \t");
+        size_t n = strcspn(ct, "; \t");
+        if (n == sizeof(sse) - 1 && strncasecmp(ct, sse, n) == 0)
+            return true;
+    }
+    return xab && strcasecmp(xab, "no") == 0;
+}
+
+/* A response whose body fits the buffer is held for RELAY_HOLD_MS, to go out in one piece
+ * with its length (libmicrohttpd writes the head and a whole body together) if it is complete
+ * by then: what holding buys, since a response whose head has gone to the front end is the
+ * answer, never retried. Any other streams at once. */
 static void relay_response(struct front *f, int status, const struct hlist *h,
                            const struct front_tag *tag)
 {
@@ -368,11 +407,13 @@ static void relay_response(struct front *f, int status, const struct hlist *h,
     rl->head = h;
     rl->tag = *tag;
     int64_t cl = hlist_content_length(h);
-    if (!answer_status_has_body(status) ||
-        (!rl->f.is_head && (cl < 0 || (uint64_t)cl <= RELAY_BUFFER))) {
+    if (!answer_status_has_body(status)) {
         /* 1xx, 204 and 304 have no body whatever the upstream sends (RFC 9112 6.3): answered
          * once the transfer ends, with none */
         rl->flags |= RL_COLLECT;
+    } else if (!rl->f.is_head && (cl < 0 || (uint64_t)cl <= RELAY_BUFFER) && !wants_streaming(h)) {
+        rl->flags |= RL_COLLECT;
+        loop_timer_start(rl->loop, &rl->hold, loop_now(rl->loop) + RELAY_HOLD_MS, on_hold_over, rl);
         if (cl > 0 && !rl->down.buf && (rl->down.buf = malloc((size_t)cl)) != NULL)
             rl->down.cap = (size_t)cl;
     } else {
@@ -562,13 +603,33 @@ static void relay_upload_room(struct front *f)
 
 /* ---- the client going away ---- */
 
+/* The client left while its answer went out: libmicrohttpd is made to close the connection
+ * now, whatever it waits for. Suspended until more of the body comes, it is resumed to find
+ * the body broken off (read_body); otherwise it may be waiting to write to a client that reads
+ * nothing (a half-close), so the socket is shut down both ways, which it sees at once. */
+static void hang_up(struct relay *rl)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(rl->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci)
+        shutdown(ci->connect_fd, SHUT_RDWR);
+    if (rl->flags & RL_SUSPENDED)
+        resume(rl);
+    else
+        rl->kick(rl->kick_arg);
+}
+
 /* The client left while the request was in flight (the core may not have it yet, see leave()):
- * the core cancels what runs for it, then resets it, which closes the connection. */
+ * the core cancels what runs for it, then resets it, which closes the connection; or, its
+ * answer going out, ends the upstream transfer sending it, and the connection closes now. */
 static void client_left(struct relay *rl)
 {
     rl->flags |= RL_GONE;
-    if (!(rl->flags & RL_IN_HANDLER))
-        retry_req_client_gone(rl->f.req);
+    if (rl->flags & RL_IN_HANDLER)
+        return;
+    retry_req_client_gone(rl->f.req);
+    if (rl->f.sent && rl->conn)
+        hang_up(rl);
 }
 
 /* A FIN or a reset: the connection only closes after this, so the watch ends here, once. */
@@ -594,6 +655,16 @@ void relay_conn_close(struct relay_conn *rc)
     loop_watch_del(rc->loop, &rc->w);
 }
 
+void relay_conn_stop(struct relay_conn *rc)
+{
+    struct relay *rl = rc->cur;
+    if (!rl || !rl->conn || !(rl->flags & RL_SUSPENDED))
+        return;
+    rl->flags |= RL_GONE; /* read_body() ends the body broken off */
+    rl->flags &= ~(RL_SUSPENDED | RL_UPLOAD | RL_READER);
+    MHD_resume_connection(rl->conn);
+}
+
 /* The connection's socket is watched all along (relay_conn): a backoff wait needs nothing more. */
 static void relay_watch(struct front *f)
 {
@@ -602,6 +673,7 @@ static void relay_watch(struct front *f)
 
 void relay_completed(struct relay *rl)
 {
+    loop_timer_stop(rl->loop, &rl->hold);
     if (rl->rc && rl->rc->cur == rl)
         rl->rc->cur = NULL;
     rl->rc = NULL;

@@ -38,6 +38,9 @@ struct relay_conn {
 void relay_conn_open(struct relay_conn *rc, struct loop *l, int fd);
 /* Stops watching (the connection closes, or becomes a tunnel's). Again: nothing. */
 void relay_conn_close(struct relay_conn *rc);
+/* The server stops: the connection's request, if libmicrohttpd has it suspended, is resumed
+ * to be closed with it, its answer (a response still streaming) broken off. */
+void relay_conn_stop(struct relay_conn *rc);
 
 /* The front end of a request whose request line has arrived on connection 'c' (see
  * retry_req_new() for the rest); 'kick' has libmicrohttpd run within this loop turn; 'rc' is

@@ -431,7 +431,9 @@ static void server_stop(struct server *s)
     loop_timer_stop(s->w->loop, &s->timer);
     loop_timer_stop(s->w->loop, &s->sweep);
     tunnel_close_all(&s->w->tunnels); /* each gives its socket back to libmicrohttpd first */
-    MHD_stop_daemon(s->d); /* resumes suspended connections and completes every request */
+    for (struct client *cl = s->clients; cl; cl = cl->next)
+        relay_conn_stop(&cl->rc); /* libmicrohttpd refuses to stop with one suspended */
+    MHD_stop_daemon(s->d);        /* completes every request */
     free(s);
 }
 

@@ -111,7 +111,8 @@ void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied rea
 void metrics_throttled(struct metrics_route *r, unsigned w);
 /* hedges_total{route}: an attempt started while an earlier one of its request runs on */
 void metrics_hedge(struct metrics_route *r, unsigned w);
-/* client_gone_total{route}: a request whose client went away before its answer started */
+/* client_gone_total{route}: a request whose client went away before its answer started, or
+ * while its body was still coming from the upstream */
 void metrics_client_gone(struct metrics_route *r, unsigned w);
 /* retry_after_honored_total{route} */
 void metrics_retry_after_honored(struct metrics_route *r, unsigned w);

@@ -85,8 +85,10 @@ const struct family_def metrics_families[FAM_COUNT] = {
                      "past per_try_timeout_ms (retry.hedge_on_per_try_timeout)." },
     [FAM_CLIENT_GONE] = { "client_gone_total", "counter", "route", NULL, 0,
                           "Requests whose client went away (its connection closed or reset, "
-                          "its stream reset) before their answer started: logged with status "
-                          "0, or 499 during a backoff wait." },
+                          "its stream reset) before their answer started, logged with status "
+                          "0 (499 during a backoff wait), or while their response's body was "
+                          "still coming from the upstream, logged with the status sent and "
+                          "stop client-closed." },
     [FAM_BACKOFF] = { "backoff_seconds", "histogram", "route", NULL, 0,
                       "Backoff waits before retries, in seconds." },
     [FAM_ATTEMPT_DURATION] = { "attempt_duration_seconds", "histogram", "route, upstream", NULL, 0,

@@ -195,24 +195,117 @@ Test(client_gone, leaving_while_waiting_for_a_slot)
     cr_expect_eq(fx_metric(GONE), 1);
 }
 
-/* A short response is held until its body is whole, to go out in one piece: the upstream sent
- * its head and half its body, then stalls. A client that leaves meanwhile ends the attempt. */
-Test(client_gone, leaving_while_the_response_is_held)
+/* Reads from 'fd' until 'n' bytes came (or 'timeout_ms' passed, or the stream ended): how many. */
+static size_t read_at_least(int fd, size_t n, int timeout_ms)
+{
+    static char buf[64 * 1024];
+    size_t got = 0;
+    for (int64_t t0 = now_ms(); got < n && now_ms() - t0 < timeout_ms;) {
+        ssize_t k = raw_recv(fd, buf, sizeof(buf), 100);
+        if (k == 0 || k == -1)
+            break;
+        if (k > 0)
+            got += (size_t)k;
+    }
+    return got;
+}
+
+/* The request log line of 'id' (polled for up to 2 s; asserted), its status and stop. */
+static void expect_logged_cut(const char *id, long status)
+{
+    expect_logged_once(id, status);
+    json_t *j = fx_request_logged("request_id", id);
+    cr_expect_str_eq(json_str(j, "stop") ? json_str(j, "stop") : "(null)", "client-closed",
+                     "%s: the log does not show the client leaving", id);
+    json_decref(j);
+}
+
+/* A client that leaves in the middle of its response, the upstream silent meanwhile (the
+ * response's connection suspended until more comes): the upstream transfer ends at once, not
+ * at timeout_ms, and the request is logged once with the status sent and "stop":
+ * "client-closed", counted once in requests_total (when its head went) and in
+ * client_gone_total. A short response (that would once have been held whole) and a long one,
+ * whether the client closes, resets or half-closes. */
+Test(client_gone, leaving_mid_body_ends_the_upstream_transfer)
 {
     fx_start_r("", "\"retry\": {\"max_attempts\": 1}", "--workers", "1", NULL);
-    int fd = send_get("held", "fail=1;action=stall-mid;body=20000");
-    fx_wait_upstream("held", 1);
-    sleep_ms(200); /* the head and half the body reach the proxy */
-    char buf[64];
-    cr_expect_eq(raw_recv(fd, buf, sizeof(buf), 0), -2, "the held response went out");
-    int64_t t0 = now_ms();
-    leave(fd, CLOSE);
-    cr_expect(fx_wait(upstream_idle, NULL, PROMPT_MS, 10),
-              "the upstream's connection is still open %lld ms after the client left",
-              (long long)(now_ms() - t0));
-    cr_expect_eq(fx_wait_metric(GONE, 1, PROMPT_MS), 1);
+    static const char *const ids[] = { "close", "reset", "half-close" };
+    static const size_t sizes[] = { 20000, 200000 };
+    int n = 0;
+    for (size_t k = 0; k < 2; k++) {
+        for (int how = CLOSE; how <= HALF_CLOSE; how++) {
+            char id[64], plan[64];
+            snprintf(id, sizeof(id), "%s-%zu", ids[how], sizes[k]);
+            snprintf(plan, sizeof(plan), "fail=1;action=stall-mid;body=%zu", sizes[k]);
+            int fd = send_get(id, plan);
+            /* its head and half its body: the upstream sends no more */
+            size_t got = read_at_least(fd, sizes[k] / 2, 5000);
+            cr_assert_geq(got, sizes[k] / 2, "%s: %zu bytes came", id, got);
+            int64_t t0 = now_ms();
+            leave(fd, (enum leave)how);
+            cr_expect(fx_wait(upstream_idle, NULL, PROMPT_MS, 10),
+                      "%s: the upstream's connection is still open %lld ms after the client "
+                      "left",
+                      id, (long long)(now_ms() - t0));
+            cr_log_info("%s: upstream connection closed %lld ms after the client left", id,
+                        (long long)(now_ms() - t0));
+            if (how == HALF_CLOSE) {
+                fx_release(fd);
+                close(fd);
+            }
+            n++;
+            cr_expect_eq(fx_wait_metric(GONE, n, PROMPT_MS), n, "%s: client_gone_total", id);
+            expect_logged_cut(id, 200);
+        }
+    }
     cr_expect_eq(fx_wait_metric(CONNS, 0, PROMPT_MS), 0);
-    expect_logged_once("held", 0);
+    cr_expect_eq(fx_metric("retryproxy_requests_total{route=\"r\",code=\"200\"}"), n);
+    cr_expect(isnan(fx_metric("retryproxy_requests_total{route=\"r\",code=\"499\"}")));
+    cr_expect_eq(tup_count(up), (size_t)n, "an attempt went again");
+}
+
+/* The same while the upstream is paused because the client reads nothing (the proxy's buffer
+ * and the sockets' are full): a client that half-closes, which the proxy's writes would never
+ * notice, ends the transfer at once too. */
+Test(client_gone, leaving_while_the_upstream_waits_for_the_client)
+{
+    fx_start_r("", "\"retry\": {\"max_attempts\": 1}", "--workers", "1", NULL);
+    static const char *const ids[] = { "full-close", "full-reset", "full-half-close" };
+    for (int how = CLOSE; how <= HALF_CLOSE; how++) {
+        int fd = send_get(ids[how], "body=1000000000");
+        fx_wait_upstream(ids[how], 1);
+        sleep_ms(500); /* the buffers on the way fill up */
+        int64_t t0 = now_ms();
+        leave(fd, (enum leave)how);
+        cr_expect(fx_wait(upstream_idle, NULL, PROMPT_MS, 10),
+                  "%s: the upstream's connection is still open %lld ms after the client left",
+                  ids[how], (long long)(now_ms() - t0));
+        cr_log_info("%s: upstream connection closed %lld ms after the client left", ids[how],
+                    (long long)(now_ms() - t0));
+        if (how == HALF_CLOSE) {
+            fx_release(fd);
+            close(fd);
+        }
+        cr_expect_eq(fx_wait_metric(GONE, how + 1, PROMPT_MS), how + 1, "%s", ids[how]);
+        expect_logged_cut(ids[how], 200);
+    }
+    cr_expect_eq(fx_wait_metric(CONNS, 0, PROMPT_MS), 0);
+}
+
+/* An HTTP/2 client that gives up mid-body is logged and counted the same way (its stream's
+ * reset ended the transfer at once before too). */
+Test(client_gone, an_http2_client_leaving_mid_body_is_logged_the_same)
+{
+    fx_start_r("", "\"retry\": {\"max_attempts\": 1}", "--workers", "1", NULL);
+    const char *h[] = { "X-Request-Id: h2-mid", "X-Test-Plan: fail=1;action=stall-mid;body=200000",
+                        NULL };
+    struct http_resp r;
+    http_do_h2("GET", fx_url("/x"), h, NULL, 0, 1000, &r); /* curl gives up after 1 s */
+    cr_expect_neq(r.rc, 0, "curl got the whole answer");
+    http_free(&r);
+    cr_expect(fx_wait(upstream_idle, NULL, PROMPT_MS, 10), "the transfer was not ended");
+    cr_expect_eq(fx_wait_metric(GONE, 1, PROMPT_MS), 1);
+    expect_logged_cut("h2-mid", 200);
 }
 
 /* During a backoff wait it was noticed before: still a 499 in requests_total and the log, and

@@ -363,3 +363,57 @@ Test(shutdown, zero_drain_timeout_answers_waiting_requests_at_once)
     cr_expect_lt(took, MARGIN_MS + 500, "exit %lld ms after SIGTERM", (long long)took);
     cr_expect_eq(reap(), 0, "exit status");
 }
+
+/* A response the upstream has started to send when the drain deadline comes is that request's
+ * answer: what came goes to the client, and the rest is cut short when the process exits,
+ * never replaced by the earlier attempt's kept response. A client told 503 would send again a
+ * POST the upstream has carried out. Here a retryable POST got "503" from one upstream, then a
+ * 200 from the other that sent 10 of its 20 body bytes and stalled. */
+Test(shutdown, a_response_begun_at_the_drain_deadline_is_not_replaced)
+{
+    fx_upstreams(2);
+    tup_set_default_plan(fx_up(0), "fail=9;status=503");
+    tup_set_default_plan(fx_up(1), "fail=9;action=stall-mid;body=20");
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"drain_timeout_ms\": 1000");
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"%s\", \"%s\"], \"balance\": \"round_robin\", "
+               "\"retry\": {\"max_attempts\": 2, " CFG_FAST "}",
+               fx_up_url(0), fx_up_url(1));
+    fx_start_b(b, "--workers", "1", NULL);
+    int fd = fx_hold(raw_dial(px->port));
+    static const char post[] = "POST /x HTTP/1.1\r\nHost: t\r\nX-Request-Id: begun\r\n"
+                               "Idempotency-Key: k-begun\r\nContent-Length: 2\r\n\r\nhi";
+    cr_assert(raw_send_all(fd, post, sizeof(post) - 1));
+    cr_assert_eq(tup_wait_count(fx_up(1), 1, 5000), 0, "the retry did not reach upstream 1");
+    cr_assert_eq(tup_count(fx_up(0)), 1);
+    sleep_ms(300); /* its head and first 10 bytes reach the proxy */
+    int64_t t0 = now_ms();
+    signal_proxy(SIGTERM);
+    char buf[4096];
+    size_t got = 0;
+    for (ssize_t n; got < sizeof(buf) - 1 && now_ms() - t0 < 1000 + 1000 + 2000; got += (size_t)n)
+        if ((n = raw_recv(fd, buf + got, sizeof(buf) - 1 - got, 100)) == 0 || n == -1)
+            break;
+        else if (n == -2)
+            n = 0;
+    buf[got] = '\0';
+    int64_t took = wait_exit(t0, 1000 + 1000 + 2000);
+    cr_log_info("begun: %zu bytes, exit %lld ms after SIGTERM: %s", got, (long long)took, buf);
+    cr_expect(strncmp(buf, "HTTP/1.1 200", 12) == 0, "not the 200 begun: %s", buf);
+    cr_expect_null(strstr(buf, "X-Retry-Stop"), "%s", buf);
+    const char *body = strstr(buf, "\r\n\r\n");
+    cr_expect(body && strlen(body + 4) == 10, "the 10 bytes sent, cut short: %s", buf);
+    cr_expect_eq(tup_count(fx_up(1)), 1);
+    cr_assert_geq(took, 0, "no exit");
+    cr_expect_lt(took, 1000 + 1000 + MARGIN_MS, "exit %lld ms after SIGTERM", (long long)took);
+    /* logged as the 200 it was, cut by the exit: not as a client that left */
+    char *out = px_stdout(px);
+    const char *line = strstr(out, "\"request_id\":\"begun\"");
+    cr_expect(line && strstr(out, "\"status\":200") && !strstr(out, "client-closed"), "%s", out);
+    free(out);
+    char *err = px_stderr(px); /* a response streaming at exit once made libmicrohttpd abort */
+    int st = reap();
+    cr_expect_eq(st, 0, "exit status %d: %s", st, err);
+    free(err);
+}

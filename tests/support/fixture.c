@@ -220,6 +220,17 @@ int fx_listen(uint16_t *port)
     return fd;
 }
 
+int fx_accept(int lfd, volatile int *stop)
+{
+    while (!*stop) {
+        struct pollfd p = { lfd, POLLIN, 0 };
+        int c = poll(&p, 1, 50) > 0 ? accept(lfd, NULL, NULL) : -1;
+        if (c >= 0)
+            return c;
+    }
+    return -1;
+}
+
 struct cfgb *fx_cfg_closed_then_up(void)
 {
     fx_upstreams(1);

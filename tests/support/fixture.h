@@ -93,6 +93,9 @@ uint16_t fx_closed_port(void);
 uint16_t fx_free_port(void);
 /* A listening socket on 127.0.0.1 (blocking), its port in *port: a bare peer of the test's. */
 int fx_listen(uint16_t *port);
+/* The next connection on listening socket 'lfd', looking at '*stop' every 50 ms meanwhile: -1
+ * once it is set. For a scripted peer's thread. */
+int fx_accept(int lfd, volatile int *stop);
 /* A config of route "r" whose upstreams are fx_closed_port() and then upstream 0 (started if
  * need be), with max_attempts 2 and CFG_FAST: a connect failure, then its retry. */
 struct cfgb *fx_cfg_closed_then_up(void);

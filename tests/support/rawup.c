@@ -30,13 +30,7 @@ static size_t take(int c, char *got, size_t n, size_t cap, const char *until, in
 static void *rawup_main(void *arg)
 {
     struct rawup *s = arg;
-    while (!s->stop) {
-        struct pollfd p = { s->lfd, POLLIN, 0 };
-        if (poll(&p, 1, 50) <= 0)
-            continue;
-        int c = accept(s->lfd, NULL, NULL);
-        if (c < 0)
-            continue;
+    for (int c; (c = fx_accept(s->lfd, &s->stop)) >= 0;) {
         size_t n = take(c, s->got, 0, sizeof(s->got), "\r\n\r\n", 2000);
         s->served++;
         raw_send_all(c, s->resp, s->resp_len);
