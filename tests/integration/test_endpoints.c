@@ -386,3 +386,69 @@ Test(endpoints, a_name_without_addresses_then_one_that_joins)
         sleep_ms(100);
     cr_expect_eq(status, 200, "the address that joined was not used");
 }
+
+/* The records of pod 'p' that were a request's first attempt (X-Retry-Attempt: 1). */
+static size_t first_attempts(size_t p)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < got(p); i++) {
+        const char *a = tup_req_header(tup_get(pod[p], i), "X-Retry-Attempt");
+        n += a && strcmp(a, "1") == 0;
+    }
+    return n;
+}
+
+/* 'n' pods, the first answering 503 to everything, under 'balance', 'requests' one after
+ * another, each answered 200 after a retry where its first attempt failed. */
+static void one_failing(size_t n, const char *balance, int requests)
+{
+    pods(n, n);
+    tup_set_default_plan(pod[0], "fail=4000000000;status=503");
+    char more[256];
+    snprintf(more, sizeof(more),
+             "\"balance\": \"%s\", \"retry\": {\"max_attempts\": 3, \"retry_on\": [\"5xx\"], "
+             "" CFG_FAST "}",
+             balance);
+    start(more);
+    for (int i = 0; i < requests; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "f-%d", i);
+        cr_assert_eq(get(id, NULL), 200, "%s", id);
+    }
+}
+
+/* A retry does not move the turn of first attempts (docs/endpoints.md): with one of two
+ * endpoints failing, requests one after another alternate between them, those that start on
+ * the failing one take two attempts and the others one, 1.5 a request. A retry that took a
+ * turn sent every first attempt to the failing endpoint: 2.00 a request. */
+static void one_of_two_failing(const char *balance)
+{
+    one_failing(2, balance, 40);
+    size_t attempts = got(0) + got(1);
+    cr_expect(attempts >= 56 && attempts <= 64, "%s: %zu attempts for 40 requests (%.2f each)",
+              balance, attempts, attempts / 40.0);
+    cr_expect(first_attempts(0) >= 16 && first_attempts(0) <= 24,
+              "%s: %zu of 40 first attempts on the failing endpoint", balance, first_attempts(0));
+}
+
+Test(endpoints, one_of_two_failing_costs_one_and_a_half_attempts_round_robin)
+{
+    one_of_two_failing("round_robin");
+}
+
+Test(endpoints, one_of_two_failing_costs_one_and_a_half_attempts_least_request)
+{
+    one_of_two_failing("least_request");
+}
+
+/* With three endpoints, one failing, each gets its third of first attempts, the failing one
+ * too (a retry that took a turn gave it half), and its retries go to the two others. */
+Test(endpoints, the_failing_one_of_three_gets_a_third_of_first_attempts)
+{
+    one_failing(3, "round_robin", 30);
+    for (size_t p = 0; p < PODS; p++)
+        cr_expect(first_attempts(p) >= 9 && first_attempts(p) <= 11, "%s: %zu of 30 first attempts",
+                  pod_ip(p), first_attempts(p));
+    cr_expect_eq(got(0), first_attempts(0), "a retry went back to the failing endpoint");
+    cr_expect_eq(got(0) + got(1) + got(2), 30 + got(0));
+}
