@@ -115,19 +115,49 @@ static json_t *endpoints(void)
     return eps;
 }
 
+/* Endpoint 'ip' in /upstreams (new reference), NULL when it is not listed. */
+static json_t *endpoint_of(const char *ip)
+{
+    json_t *eps = endpoints(), *e, *found = NULL;
+    size_t i;
+    char addr[64];
+    snprintf(addr, sizeof(addr), "%s:%u", ip, port);
+    json_array_foreach(eps, i, e)
+    {
+        if (!found && strcmp(json_str(e, "address"), addr) == 0)
+            found = json_incref(e);
+    }
+    json_decref(eps);
+    return found;
+}
+
 /* The state of endpoint 'ip' in /upstreams, "" when it is not listed. */
 static const char *state_of(const char *ip)
 {
     static char state[16];
-    json_t *eps = endpoints(), *e;
-    size_t i;
-    state[0] = '\0';
-    char addr[64];
-    snprintf(addr, sizeof(addr), "%s:%u", ip, port);
-    json_array_foreach(eps, i, e) if (strcmp(json_str(e, "address"), addr) == 0)
-        snprintf(state, sizeof(state), "%s", json_str(e, "state"));
-    json_decref(eps);
+    json_t *e = endpoint_of(ip);
+    snprintf(state, sizeof(state), "%s", e ? json_str(e, "state") : "");
+    json_decref(e);
     return state;
+}
+
+/* The in_flight of endpoint 'ip' in /upstreams, -1 when it is not listed. */
+static long long in_flight_of(const char *ip)
+{
+    json_t *e = endpoint_of(ip);
+    long long n = e ? (long long)json_integer_value(json_object_get(e, "in_flight")) : -1;
+    json_decref(e);
+    return n;
+}
+
+/* Polls endpoint 'ip''s in_flight until it is 'want' (at most 'ms'); the last value seen. */
+static long long wait_in_flight(const char *ip, long long want, int ms)
+{
+    int64_t until = now_ms() + ms;
+    long long n;
+    while ((n = in_flight_of(ip)) != want && now_ms() < until)
+        sleep_ms(20);
+    return n;
 }
 
 static double ep_metric(const char *state)
@@ -451,4 +481,56 @@ Test(endpoints, the_failing_one_of_three_gets_a_third_of_first_attempts)
                   pod_ip(p), first_attempts(p));
     cr_expect_eq(got(0), first_attempts(0), "a retry went back to the failing endpoint");
     cr_expect_eq(got(0) + got(1) + got(2), 30 + got(0));
+}
+
+/* An attempt is in flight until its transfer ends, not until its response head (docs/admin.md
+ * "in_flight"): an endpoint streaming a long body to a client that does not read it holds
+ * in_flight 1, so least_request sends every new request to the idle one; once the body is read
+ * to its end the count is 0 again. */
+Test(endpoints, a_streaming_endpoint_counts_in_flight_until_its_body_ends)
+{
+    pods(2, 2);
+    start("\"timeout_ms\": 60000");
+    const size_t len = 64u << 20; /* more than every buffer on the way holds */
+    int fd = fx_hold(raw_dial(px->port));
+    char req[256];
+    int rl = snprintf(req, sizeof(req),
+                      "GET / HTTP/1.1\r\nHost: svc.test\r\nX-Request-Id: long\r\n"
+                      "X-Test-Plan: body=%zu\r\n\r\n",
+                      len);
+    cr_assert(raw_send_all(fd, req, (size_t)rl));
+    static char buf[1 << 16];
+    size_t have = 0, head = 0;
+    while (!head) {
+        ssize_t k = raw_recv(fd, buf + have, sizeof(buf) - have - 1, T);
+        cr_assert_gt(k, 0, "no response head");
+        have += (size_t)k;
+        buf[have] = '\0';
+        char *end = strstr(buf, "\r\n\r\n");
+        if (end)
+            head = (size_t)(end + 4 - buf);
+        cr_assert(head || have < sizeof(buf) - 1, "a response head of 64 KiB");
+    }
+    cr_assert(strncmp(buf, "HTTP/1.1 200", 12) == 0, "%.40s", buf);
+    size_t s = tup_count_id(pod[0], "long") ? 0 : 1, idle = 1 - s;
+    cr_expect_eq(wait_in_flight(pod_ip(s), 1, 5000), 1, "the streaming endpoint's in_flight");
+    cr_expect_eq(in_flight_of(pod_ip(idle)), 0);
+    size_t before = got(idle);
+    for (int i = 0; i < 8; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "n-%d", i);
+        cr_assert_eq(get(id, NULL), 200);
+    }
+    cr_expect_eq(got(idle) - before, 8, "the idle endpoint got %zu of 8 new requests",
+                 got(idle) - before);
+    cr_expect_eq(in_flight_of(pod_ip(s)), 1, "the body has not ended: still in flight");
+    /* the rest of the body, to its end */
+    size_t body = have - head;
+    while (body < len) {
+        ssize_t k = raw_recv(fd, buf, sizeof(buf), T);
+        cr_assert_gt(k, 0, "the body broke off after %zu of %zu bytes", body, len);
+        body += (size_t)k;
+    }
+    cr_expect_eq(body, len);
+    cr_expect_eq(wait_in_flight(pod_ip(s), 0, 5000), 0, "in_flight after the body ended");
 }
