@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/support/cfgb.h"
 #include "tests/support/dnsmasq.h"
@@ -483,23 +484,23 @@ Test(endpoints, the_failing_one_of_three_gets_a_third_of_first_attempts)
     cr_expect_eq(got(0) + got(1) + got(2), 30 + got(0));
 }
 
-/* An attempt is in flight until its transfer ends, not until its response head (docs/admin.md
- * "in_flight"): an endpoint streaming a long body to a client that does not read it holds
- * in_flight 1, so least_request sends every new request to the idle one; once the body is read
- * to its end the count is 0 again. */
-Test(endpoints, a_streaming_endpoint_counts_in_flight_until_its_body_ends)
+#define LONG_BODY (64u << 20) /* more than every buffer on the way holds */
+
+/* A raw client's GET of a LONG_BODY body (request id "long") on a proxy that gives it 60 s,
+ * whose head (and maybe some of the body) it read: the descriptor; the pod streaming it in *s,
+ * the body bytes read in *body. */
+static int long_download(size_t *s, size_t *body)
 {
     pods(2, 2);
     start("\"timeout_ms\": 60000");
-    const size_t len = 64u << 20; /* more than every buffer on the way holds */
     int fd = fx_hold(raw_dial(px->port));
     char req[256];
     int rl = snprintf(req, sizeof(req),
                       "GET / HTTP/1.1\r\nHost: svc.test\r\nX-Request-Id: long\r\n"
-                      "X-Test-Plan: body=%zu\r\n\r\n",
-                      len);
+                      "X-Test-Plan: body=%u\r\n\r\n",
+                      LONG_BODY);
     cr_assert(raw_send_all(fd, req, (size_t)rl));
-    static char buf[1 << 16];
+    char buf[1 << 16];
     size_t have = 0, head = 0;
     while (!head) {
         ssize_t k = raw_recv(fd, buf + have, sizeof(buf) - have - 1, T);
@@ -512,7 +513,20 @@ Test(endpoints, a_streaming_endpoint_counts_in_flight_until_its_body_ends)
         cr_assert(head || have < sizeof(buf) - 1, "a response head of 64 KiB");
     }
     cr_assert(strncmp(buf, "HTTP/1.1 200", 12) == 0, "%.40s", buf);
-    size_t s = tup_count_id(pod[0], "long") ? 0 : 1, idle = 1 - s;
+    *s = tup_count_id(pod[0], "long") ? 0 : 1;
+    *body = have - head;
+    return fd;
+}
+
+/* An attempt is in flight until its transfer ends, not until its response head (docs/admin.md
+ * "in_flight"): an endpoint streaming a long body to a client that does not read it holds
+ * in_flight 1, so least_request sends every new request to the idle one; once the body is read
+ * to its end the count is 0 again. */
+Test(endpoints, a_streaming_endpoint_counts_in_flight_until_its_body_ends)
+{
+    size_t s, body;
+    int fd = long_download(&s, &body);
+    size_t idle = 1 - s;
     cr_expect_eq(wait_in_flight(pod_ip(s), 1, 5000), 1, "the streaming endpoint's in_flight");
     cr_expect_eq(in_flight_of(pod_ip(idle)), 0);
     size_t before = got(idle);
@@ -525,12 +539,27 @@ Test(endpoints, a_streaming_endpoint_counts_in_flight_until_its_body_ends)
                  got(idle) - before);
     cr_expect_eq(in_flight_of(pod_ip(s)), 1, "the body has not ended: still in flight");
     /* the rest of the body, to its end */
-    size_t body = have - head;
-    while (body < len) {
+    static char buf[1 << 16];
+    while (body < LONG_BODY) {
         ssize_t k = raw_recv(fd, buf, sizeof(buf), T);
-        cr_assert_gt(k, 0, "the body broke off after %zu of %zu bytes", body, len);
+        cr_assert_gt(k, 0, "the body broke off after %zu of %u bytes", body, LONG_BODY);
         body += (size_t)k;
     }
-    cr_expect_eq(body, len);
+    cr_expect_eq(body, LONG_BODY);
     cr_expect_eq(wait_in_flight(pod_ip(s), 0, 5000), 0, "in_flight after the body ended");
+}
+
+/* A client that leaves mid-body ends the upstream transfer (docs/forwarding.md): the attempt
+ * leaves flight then, once. */
+Test(endpoints, a_download_whose_client_left_leaves_flight)
+{
+    size_t s, body;
+    int fd = long_download(&s, &body);
+    cr_expect_eq(wait_in_flight(pod_ip(s), 1, 5000), 1, "the streaming endpoint's in_flight");
+    fx_release(fd);
+    close(fd);
+    cr_expect_eq(wait_in_flight(pod_ip(s), 0, 5000), 0, "in_flight after the client left");
+    cr_expect_eq(get("after", NULL), 200);
+    cr_expect_eq(wait_in_flight(pod_ip(s), 0, 5000), 0);
+    cr_expect_eq(in_flight_of(pod_ip(1 - s)), 0);
 }
