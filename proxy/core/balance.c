@@ -132,9 +132,9 @@ struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struc
                 ej |= 1ULL << c;
             load[c] = atomic_load_explicit(&cand[c]->le->in_flight, memory_order_relaxed);
         }
-        i = choose_balanced(r->balance, t, ej, n, load, rr, &w->rng);
-    } else if (rr) {
-        (*rr)++;
+        /* a request's first attempt, not a retry, takes a turn: 'tried' names endpoints of any
+         * view, one that left included, 't' those of this one only */
+        i = choose_balanced(r->balance, t, ej, n, load, tried ? NULL : rr, &w->rng);
     }
     struct endpoint *e = cand[i];
     if (!e->to)

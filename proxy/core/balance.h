@@ -46,7 +46,8 @@ struct bal_view {
 };
 
 /* The endpoint for the next attempt of a request on route 'x' of 'rt' that has tried 'tried',
- * at 'now_ms', in turn from *rr (NULL: an older snapshot's request), with a reference the
+ * at 'now_ms': its first attempt ('tried' 0) in turn from *rr (NULL: an older snapshot's
+ * request), a retry at random among those untried (proxy/core/choose.h); with a reference the
  * caller drops with endpoint_unref(). NULL when the route has no endpoint (its names resolve to
  * nothing) or out of memory: the attempt is a connect failure. */
 struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struct rt_route *x,

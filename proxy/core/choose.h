@@ -13,13 +13,16 @@
 
 /* Candidate i for the next attempt of a request, among 'n' (bit i of 'tried' and 'ejected'; at
  * most 64). Preferred in this order: one neither tried nor ejected, one not ejected, one not
- * tried (every endpoint ejected: all are used again, Envoy's panic mode), the one in turn.
- * Among those, by 'b':
- * - round_robin: the first from *rr on (advanced), or from a random one when 'rr' is NULL (a
- *   request of an older config snapshot, whose turn is gone);
+ * tried (every endpoint ejected: all are used again, Envoy's panic mode), any. Among those, by
+ * 'b':
+ * - round_robin: a request's first attempt ('tried' 0) takes the route's turn, *rr, counted
+ *   over those candidates, and moves it on by one; a retry or a hedge neither reads nor moves
+ *   it and takes any of them at random, as does a request of an older config snapshot ('rr'
+ *   NULL: its turn is gone). So retries leave the first attempts' rotation as it was: each
+ *   endpoint gets its share of them, a failing one too, and no more;
  * - random: any;
- * - least_request: that one in turn and one other at random, the one with fewer requests in
- *   flight ('load') winning, the one in turn on a tie: requests one after another go
+ * - least_request: the one round_robin would take and one other at random, the one with fewer
+ *   requests in flight ('load') winning, the first on a tie: requests one after another go
  *   round-robin, a slow or overloaded endpoint gets fewer. */
 size_t choose_balanced(enum cfg_balance b, uint64_t tried, uint64_t ejected, size_t n,
                        const int64_t *load, uint32_t *rr, struct rng *rng);

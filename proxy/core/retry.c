@@ -375,6 +375,7 @@ static void attempt_go(struct attempt *a)
  * running. */
 bool req_stop_transfer(struct retry_req *r, struct trial *t)
 {
+    tally_endpoint_out(t);
     if (!attempt_cancel(&t->att))
         return false;
     r->refs--;
@@ -461,6 +462,7 @@ static void attempt_done(struct attempt *a, enum attempt_end end)
 {
     struct trial *t = of_attempt(a);
     struct retry_req *r = t->r;
+    tally_endpoint_out(t); /* its transfer is over, whatever follows */
     if (t != r->cur) {
         race_other_done(r, t);
         req_release(r);

@@ -45,6 +45,12 @@ void tally_stop(struct retry_req *r, enum retry_stop stop)
         metrics_denied(r->m, r->w->id, (enum metrics_denied)(stop - 1));
 }
 
+/* An attempt counts in its endpoint's requests in flight (what least_request compares and
+ * /upstreams shows, docs/admin.md) from its pick until its transfer ends, whatever follows its
+ * head: attempt_done() (complete or broken, a laggard's too), req_stop_transfer() (cancelled: the
+ * deadline, a per-try timeout, the client gone, a hedge lost, draining), tally_trial() for one
+ * that never ran, and tally_endpoint_free() when the trial lets go, for any other. TF_IN_FLIGHT
+ * makes it leave once. */
 void tally_endpoint_in(struct trial *t, struct endpoint *e)
 {
     t->ep = e;
@@ -70,10 +76,13 @@ void tally_endpoint_free(struct trial *t)
 }
 
 /* Counts attempt 't' in attempts_total and attempt_duration_seconds, once, if it went: true if
- * it was counted now. */
+ * it was counted now. An attempt that never ran (it could not start) is out of its endpoint's
+ * requests in flight now; one that runs (its response head is in, its body streams or is read)
+ * stays in until its transfer ends (attempt_done(), req_stop_transfer()). */
 bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
 {
-    tally_endpoint_out(t);
+    if (!attempt_running(&t->att))
+        tally_endpoint_out(t);
     if ((t->flags & (TF_LAUNCHED | TF_COUNTED)) != TF_LAUNCHED)
         return false;
     t->flags |= TF_COUNTED;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/support/cfgb.h"
 #include "tests/support/dnsmasq.h"
@@ -115,19 +116,49 @@ static json_t *endpoints(void)
     return eps;
 }
 
+/* Endpoint 'ip' in /upstreams (new reference), NULL when it is not listed. */
+static json_t *endpoint_of(const char *ip)
+{
+    json_t *eps = endpoints(), *e, *found = NULL;
+    size_t i;
+    char addr[64];
+    snprintf(addr, sizeof(addr), "%s:%u", ip, port);
+    json_array_foreach(eps, i, e)
+    {
+        if (!found && strcmp(json_str(e, "address"), addr) == 0)
+            found = json_incref(e);
+    }
+    json_decref(eps);
+    return found;
+}
+
 /* The state of endpoint 'ip' in /upstreams, "" when it is not listed. */
 static const char *state_of(const char *ip)
 {
     static char state[16];
-    json_t *eps = endpoints(), *e;
-    size_t i;
-    state[0] = '\0';
-    char addr[64];
-    snprintf(addr, sizeof(addr), "%s:%u", ip, port);
-    json_array_foreach(eps, i, e) if (strcmp(json_str(e, "address"), addr) == 0)
-        snprintf(state, sizeof(state), "%s", json_str(e, "state"));
-    json_decref(eps);
+    json_t *e = endpoint_of(ip);
+    snprintf(state, sizeof(state), "%s", e ? json_str(e, "state") : "");
+    json_decref(e);
     return state;
+}
+
+/* The in_flight of endpoint 'ip' in /upstreams, -1 when it is not listed. */
+static long long in_flight_of(const char *ip)
+{
+    json_t *e = endpoint_of(ip);
+    long long n = e ? (long long)json_integer_value(json_object_get(e, "in_flight")) : -1;
+    json_decref(e);
+    return n;
+}
+
+/* Polls endpoint 'ip''s in_flight until it is 'want' (at most 'ms'); the last value seen. */
+static long long wait_in_flight(const char *ip, long long want, int ms)
+{
+    int64_t until = now_ms() + ms;
+    long long n;
+    while ((n = in_flight_of(ip)) != want && now_ms() < until)
+        sleep_ms(20);
+    return n;
 }
 
 static double ep_metric(const char *state)
@@ -385,4 +416,150 @@ Test(endpoints, a_name_without_addresses_then_one_that_joins)
     while (now_ms() < until && (status = get("joined", NULL)) != 200)
         sleep_ms(100);
     cr_expect_eq(status, 200, "the address that joined was not used");
+}
+
+/* The records of pod 'p' that were a request's first attempt (X-Retry-Attempt: 1). */
+static size_t first_attempts(size_t p)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < got(p); i++) {
+        const char *a = tup_req_header(tup_get(pod[p], i), "X-Retry-Attempt");
+        n += a && strcmp(a, "1") == 0;
+    }
+    return n;
+}
+
+/* 'n' pods, the first answering 503 to everything, under 'balance', 'requests' one after
+ * another, each answered 200 after a retry where its first attempt failed. */
+static void one_failing(size_t n, const char *balance, int requests)
+{
+    pods(n, n);
+    tup_set_default_plan(pod[0], "fail=4000000000;status=503");
+    char more[256];
+    snprintf(more, sizeof(more),
+             "\"balance\": \"%s\", \"retry\": {\"max_attempts\": 3, \"retry_on\": [\"5xx\"], "
+             "" CFG_FAST "}",
+             balance);
+    start(more);
+    for (int i = 0; i < requests; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "f-%d", i);
+        cr_assert_eq(get(id, NULL), 200, "%s", id);
+    }
+}
+
+/* A retry does not move the turn of first attempts (docs/endpoints.md): with one of two
+ * endpoints failing, requests one after another alternate between them, those that start on
+ * the failing one take two attempts and the others one, 1.5 a request. A retry that took a
+ * turn sent every first attempt to the failing endpoint: 2.00 a request. */
+static void one_of_two_failing(const char *balance)
+{
+    one_failing(2, balance, 40);
+    size_t attempts = got(0) + got(1);
+    cr_expect(attempts >= 56 && attempts <= 64, "%s: %zu attempts for 40 requests (%.2f each)",
+              balance, attempts, attempts / 40.0);
+    cr_expect(first_attempts(0) >= 16 && first_attempts(0) <= 24,
+              "%s: %zu of 40 first attempts on the failing endpoint", balance, first_attempts(0));
+}
+
+Test(endpoints, one_of_two_failing_costs_one_and_a_half_attempts_round_robin)
+{
+    one_of_two_failing("round_robin");
+}
+
+Test(endpoints, one_of_two_failing_costs_one_and_a_half_attempts_least_request)
+{
+    one_of_two_failing("least_request");
+}
+
+/* With three endpoints, one failing, each gets its third of first attempts, the failing one
+ * too (a retry that took a turn gave it half), and its retries go to the two others. */
+Test(endpoints, the_failing_one_of_three_gets_a_third_of_first_attempts)
+{
+    one_failing(3, "round_robin", 30);
+    for (size_t p = 0; p < PODS; p++)
+        cr_expect(first_attempts(p) >= 9 && first_attempts(p) <= 11, "%s: %zu of 30 first attempts",
+                  pod_ip(p), first_attempts(p));
+    cr_expect_eq(got(0), first_attempts(0), "a retry went back to the failing endpoint");
+    cr_expect_eq(got(0) + got(1) + got(2), 30 + got(0));
+}
+
+#define LONG_BODY (64u << 20) /* more than every buffer on the way holds */
+
+/* A raw client's GET of a LONG_BODY body (request id "long") on a proxy that gives it 60 s,
+ * whose head (and maybe some of the body) it read: the descriptor; the pod streaming it in *s,
+ * the body bytes read in *body. */
+static int long_download(size_t *s, size_t *body)
+{
+    pods(2, 2);
+    start("\"timeout_ms\": 60000");
+    int fd = fx_hold(raw_dial(px->port));
+    char req[256];
+    int rl = snprintf(req, sizeof(req),
+                      "GET / HTTP/1.1\r\nHost: svc.test\r\nX-Request-Id: long\r\n"
+                      "X-Test-Plan: body=%u\r\n\r\n",
+                      LONG_BODY);
+    cr_assert(raw_send_all(fd, req, (size_t)rl));
+    char buf[1 << 16];
+    size_t have = 0, head = 0;
+    while (!head) {
+        ssize_t k = raw_recv(fd, buf + have, sizeof(buf) - have - 1, T);
+        cr_assert_gt(k, 0, "no response head");
+        have += (size_t)k;
+        buf[have] = '\0';
+        char *end = strstr(buf, "\r\n\r\n");
+        if (end)
+            head = (size_t)(end + 4 - buf);
+        cr_assert(head || have < sizeof(buf) - 1, "a response head of 64 KiB");
+    }
+    cr_assert(strncmp(buf, "HTTP/1.1 200", 12) == 0, "%.40s", buf);
+    *s = tup_count_id(pod[0], "long") ? 0 : 1;
+    *body = have - head;
+    return fd;
+}
+
+/* An attempt is in flight until its transfer ends, not until its response head (docs/admin.md
+ * "in_flight"): an endpoint streaming a long body to a client that does not read it holds
+ * in_flight 1, so least_request sends every new request to the idle one; once the body is read
+ * to its end the count is 0 again. */
+Test(endpoints, a_streaming_endpoint_counts_in_flight_until_its_body_ends)
+{
+    size_t s, body;
+    int fd = long_download(&s, &body);
+    size_t idle = 1 - s;
+    cr_expect_eq(wait_in_flight(pod_ip(s), 1, 5000), 1, "the streaming endpoint's in_flight");
+    cr_expect_eq(in_flight_of(pod_ip(idle)), 0);
+    size_t before = got(idle);
+    for (int i = 0; i < 8; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "n-%d", i);
+        cr_assert_eq(get(id, NULL), 200);
+    }
+    cr_expect_eq(got(idle) - before, 8, "the idle endpoint got %zu of 8 new requests",
+                 got(idle) - before);
+    cr_expect_eq(in_flight_of(pod_ip(s)), 1, "the body has not ended: still in flight");
+    /* the rest of the body, to its end */
+    static char buf[1 << 16];
+    while (body < LONG_BODY) {
+        ssize_t k = raw_recv(fd, buf, sizeof(buf), T);
+        cr_assert_gt(k, 0, "the body broke off after %zu of %u bytes", body, LONG_BODY);
+        body += (size_t)k;
+    }
+    cr_expect_eq(body, LONG_BODY);
+    cr_expect_eq(wait_in_flight(pod_ip(s), 0, 5000), 0, "in_flight after the body ended");
+}
+
+/* A client that leaves mid-body ends the upstream transfer (docs/forwarding.md): the attempt
+ * leaves flight then, once. */
+Test(endpoints, a_download_whose_client_left_leaves_flight)
+{
+    size_t s, body;
+    int fd = long_download(&s, &body);
+    cr_expect_eq(wait_in_flight(pod_ip(s), 1, 5000), 1, "the streaming endpoint's in_flight");
+    fx_release(fd);
+    close(fd);
+    cr_expect_eq(wait_in_flight(pod_ip(s), 0, 5000), 0, "in_flight after the client left");
+    cr_expect_eq(get("after", NULL), 200);
+    cr_expect_eq(wait_in_flight(pod_ip(s), 0, 5000), 0);
+    cr_expect_eq(in_flight_of(pod_ip(1 - s)), 0);
 }

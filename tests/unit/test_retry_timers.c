@@ -21,6 +21,7 @@
 #include "proxy/telemetry/log.h"
 #include "proxy/core/retry.h"
 #include "proxy/core/worker.h"
+#include "proxy/dns/resolve.h"
 #include "tests/support/promtext.h"
 
 /* ---- the fakes ---- */
@@ -279,7 +280,8 @@ static void no_kick(void *arg)
 
 /* A worker on a config with one route "r" whose fields are 'route_json' (after name and
  * upstreams), the clock at 1,000,000 ms. The upstreams are addresses: the snapshot resolves a
- * route's upstream names for its tunnels (docs/upgrades.md), and nothing here connects. */
+ * route's upstream names for its tunnels (docs/upgrades.md), and nothing here connects; each is
+ * one endpoint (an IP literal is never looked up), whose requests in flight in_flight() reads. */
 static void start(const char *route_json)
 {
     char text[1024];
@@ -300,6 +302,8 @@ static void start(const char *route_json)
     now_ms = 1000000;
     px.metrics = metrics_new(1);
     px.live = live_new();
+    px.dns = dns_new(&cfg->resolver);
+    cr_assert_not_null(px.dns);
     budget_init(&px.budget, cfg->budget.window_ms);
     w.px = &px;
     w.loop = loop_new();
@@ -349,6 +353,7 @@ static void finish(void)
     loop_free(w.loop);
     w.loop = NULL;
     rt_unref(w.rt);
+    dns_free(px.dns);
     free(w.rr);
     log_buf_free(w.log);
     live_free(px.live);
@@ -693,6 +698,29 @@ static bool running(unsigned k)
     return k < up.launches && up.running[k];
 }
 
+/* The attempts running now (the fake never queues one for a slot). */
+static int64_t launches_running(void)
+{
+    int64_t n = 0;
+    for (unsigned i = 0; i < up.launches; i++)
+        n += up.running[i];
+    return n;
+}
+
+/* Attempts in flight on the route's endpoints, as /upstreams and least_request see them. */
+static int64_t in_flight(void)
+{
+    int64_t n = 0;
+    const struct rt_route *x = &w.rt->routes[0];
+    for (size_t k = 0; k < cfg->routes[0].n_upstreams; k++) {
+        struct live_ep_row rows[4];
+        size_t m = live_upstream_endpoints(x->ups[k], now_ms, rows, 4);
+        for (size_t i = 0; i < m; i++)
+            n += rows[i].in_flight;
+    }
+    return n;
+}
+
 /* start_hedging(), a GET, and the clock on to the hedge's launch: attempts 0 and 1 run. */
 static void hedged(unsigned wait_ms, unsigned attempts)
 {
@@ -983,6 +1011,12 @@ Test(retry_timers, random_races_keep_every_count_and_free_everything)
             default:
                 break; /* time passes */
             }
+            /* an attempt counts in its endpoint's in flight exactly while its transfer runs:
+             * through its head and body, until it ends, is cancelled or loses */
+            cr_assert_eq(in_flight(), launches_running(),
+                         "seed %u at %u ms: %lld in flight, %lld "
+                         "running",
+                         seed, t, (long long)in_flight(), (long long)launches_running());
         }
         cr_assert_eq(client.answers, 1, "seed %u: %u answers", seed, client.answers);
         at(t + 1); /* cancels left for the next turn */
@@ -994,8 +1028,89 @@ Test(retry_timers, random_races_keep_every_count_and_free_everything)
         cr_assert_eq(attempts_counted(), up.launches, "seed %u: %g attempts counted for %u", seed,
                      attempts_counted(), up.launches);
         cr_assert_eq(metrics_retries_in_flight(px.metrics), 0, "seed %u: a slot was kept", seed);
+        cr_assert_eq(in_flight(), 0, "seed %u: an attempt stayed in flight", seed);
         finish();
     }
+}
+
+/* ---- requests in flight per endpoint (docs/admin.md "in_flight") ---- */
+
+/* A response that streams is in flight until its body ends, not until its head. */
+Test(retry_timers, a_streamed_response_is_in_flight_until_its_body_ends)
+{
+    start("");
+    get();
+    cr_assert_eq(in_flight(), 1);
+    launch_head(0, 200);
+    cr_assert_eq(client.status, 200);
+    cr_assert_eq(in_flight(), 1, "the body still streams: the attempt is in flight");
+    launch_body_ends(0);
+    cr_assert_eq(in_flight(), 0);
+    end_request();
+    cr_assert_eq(in_flight(), 0);
+}
+
+/* A retryable response is in flight while its body is read, not during the wait after it. */
+Test(retry_timers, a_drained_response_is_in_flight_until_read_and_not_during_the_wait)
+{
+    start("\"retry\": {\"max_attempts\": 2, \"retry_on\": [\"503\"], "
+          "\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 100, \"jitter\": \"none\"}}");
+    get();
+    launch_head(0, 503);
+    cr_assert_eq(in_flight(), 1, "its body is being read");
+    at(10);
+    launch_body_ends(0);
+    cr_assert_eq(in_flight(), 0, "in flight during the backoff wait");
+    at(110);
+    cr_assert_eq(up.launches, 2);
+    cr_assert_eq(in_flight(), 1);
+    launch_answers(1, 200, NULL);
+    cr_assert_eq(in_flight(), 0);
+    end_request();
+}
+
+/* The deadline, or the client leaving, cuts a streaming body off: out of flight at once, while
+ * the request itself lives on (its connection). */
+Test(retry_timers, a_stream_cut_off_by_the_deadline_leaves_flight_at_once)
+{
+    start("\"timeout_ms\": 1000");
+    get();
+    launch_head(0, 200);
+    at(999);
+    cr_assert_eq(in_flight(), 1);
+    at(1000);
+    cr_assert(client.ended && client.failed, "the body was not cut off");
+    cr_assert(!running(0));
+    cr_assert_eq(in_flight(), 0, "a cancelled stream stayed in flight");
+    end_request();
+}
+
+Test(retry_timers, a_stream_whose_client_left_leaves_flight_once)
+{
+    start("");
+    get();
+    launch_head(0, 200);
+    cr_assert_eq(in_flight(), 1);
+    retry_req_completed(req); /* the connection is gone mid-body */
+    req = NULL;
+    cr_assert(!running(0));
+    cr_assert_eq(in_flight(), 0);
+}
+
+/* Hedging: both attempts in flight; the winner's stream stays in flight, the loser leaves once
+ * cancelled (the next turn), and nothing is left when the winner's body ends. */
+Test(retry_timers, a_hedge_winner_streams_in_flight_and_the_loser_leaves)
+{
+    hedged(10, 3);
+    cr_assert_eq(in_flight(), 2);
+    launch_head(1, 200);
+    cr_assert_eq(client.status, 200);
+    at(150);
+    cr_assert(!running(0), "the slow attempt outlived the answer");
+    cr_assert_eq(in_flight(), 1, "the loser stayed in flight, or the winner left");
+    launch_body_ends(1);
+    cr_assert_eq(in_flight(), 0);
+    end_request();
 }
 
 /* ---- a gRPC status in trailers (proxy/core/keep.c, docs/grpc.md) ---- */
