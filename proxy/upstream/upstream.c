@@ -331,6 +331,7 @@ CURL *upstream_easy_get(struct upstream *u)
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, UPSTREAM_RECV_BUFFER);
     /* Upstreams are reached directly: an http_proxy or HTTPS_PROXY in the sidecar's
      * environment must not reroute them (and is not looked up on every transfer). */
     curl_easy_setopt(e, CURLOPT_PROXY, "");
