@@ -118,7 +118,8 @@ const struct origin *upstream_url_tunnel(const struct upstream_url *url);
 struct h2up;
 struct h2up *upstream_h2(struct upstream *u);
 
-/* A burst is over: idle easy handles beyond a few are freed (proxy/http1/server.c's trim). */
+/* A burst is over (proxy/http1/server.c's trim): idle easy handles beyond a few are freed, and
+ * the idle connections of the multi handles that run no transfer are closed. */
 void upstream_trim(struct upstream *u);
 
 /* Transfers running now. */

@@ -9,6 +9,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -367,6 +368,27 @@ Test(h2_flow, a_zero_window_attack_holds_a_bounded_memory_and_gives_back_its_des
     cr_expect_lt(kb, fx_under_asan() ? 64 * 1024 : UNREAD_CONN_KB, "%ld KiB a connection", kb);
     cr_expect(held > fds0 + 600, "%d descriptors held, %d before", held, fds0);
     cr_expect(back, "%d descriptors 8 s after the attack, %d before it", px_fds(px), fds0);
+}
+
+/* A burst's upstream connections do not outlive it: 300 calls answered at once after 300 ms
+ * each took a connection of libcurl's, kept for a next transfer when theirs ended; once the
+ * burst is over they are closed (proxy/upstream/upstream.c's trim), where libcurl would have
+ * kept them open until a transfer on the same multi handle found them dead. */
+Test(h2_flow, the_upstream_connections_of_a_burst_are_closed_once_it_is_over)
+{
+    const char *big;
+    start_big(false, &big);
+    int fds0 = px_fds(px);
+    uint64_t conns0 = tup_connections(fx_up(0));
+    FILE *a = hold("x-test-plan:delay=300", 3, "window");
+    ready(a);
+    unhold(a);
+    uint64_t opened = tup_connections(fx_up(0)) - conns0;
+    bool back = fx_wait(fds_back, &fds0, 8000, 100);
+    cr_log_info("a burst of 300 calls: %" PRIu64 " upstream connections; descriptors %d, %d after",
+                opened, fds0, px_fds(px));
+    cr_expect(opened > 250, "%" PRIu64 " upstream connections", opened);
+    cr_expect(back, "%d descriptors 8 s after the burst, %d before it", px_fds(px), fds0);
 }
 
 /* The same over an h2c:// upstream: a paused upstream stream keeps at most its window
