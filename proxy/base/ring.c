@@ -51,6 +51,22 @@ void ring_drop(struct ring *q, size_t n)
         q->start = 0;
 }
 
+void ring_fit(struct ring *q)
+{
+    if (!q->len) {
+        ring_free(q);
+        return;
+    }
+    if (q->start)
+        memmove(q->buf, q->buf + q->start, q->len);
+    q->start = 0;
+    char *b = q->len < q->cap ? realloc(q->buf, q->len) : NULL;
+    if (b) {
+        q->buf = b;
+        q->cap = q->len;
+    }
+}
+
 void ring_free(struct ring *q)
 {
     free(q->buf);

@@ -24,5 +24,8 @@ size_t ring_get(struct ring *q, char *out, size_t n);
 void ring_drop(struct ring *q, size_t n);
 /* Frees the buffer; 'max' stays. */
 void ring_free(struct ring *q);
+/* Shrinks the buffer to what it holds (none when empty): for a queue that will wait long as it
+ * is (its reader stopped), whose buffer grew while it was read. */
+void ring_fit(struct ring *q);
 
 #endif

@@ -205,6 +205,11 @@ void retry_req_release(struct retry_req *r)
     req_release(r);
 }
 
+bool retry_req_pause(struct retry_req *r)
+{
+    return attempt_pause_body(&r->cur->att);
+}
+
 void retry_req_room(struct retry_req *r)
 {
     attempt_resume_body(&r->cur->att);

@@ -67,6 +67,10 @@ void retry_req_client_gone(struct retry_req *r);
  * counted before a byte leaves. */
 void retry_req_sending(struct retry_req *r);
 
+/* The front end took the response bytes just given and has no room for another write: the
+ * upstream pauses now, holding none (attempt_pause_body()), until retry_req_room(). False when
+ * it cannot: the front end says FRONT_FULL at the next write instead. */
+bool retry_req_pause(struct retry_req *r);
 /* The client took response bytes: a paused upstream may deliver again. */
 void retry_req_room(struct retry_req *r);
 

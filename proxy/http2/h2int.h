@@ -25,11 +25,15 @@
 #define H2_STREAM_WINDOW 65535         /* a stream's upload window (SETTINGS_INITIAL_...) */
 #define H2_CONN_WINDOW   (1024 * 1024) /* the connection's upload window */
 #define H2_STREAM_BUFFER (64 * 1024)   /* a stream's response bytes waiting (as relay.c) */
-/* ... and all the connection's streams' together: each stream is sure of one upstream write
- * (UPSTREAM_WRITE_MAX), so that a stream read promptly always goes on however many are not
- * read; what streams hold beyond that comes from the rest, shared (docs/http2.md). */
-#define H2_CONN_BUFFER   (2 * 1024 * 1024)
-#define H2_SHARED        (H2_CONN_BUFFER - H2_MAX_STREAMS * UPSTREAM_WRITE_MAX)
+/* ... and all the connection's streams' together: an empty stream always takes a write, so
+ * that a stream read promptly goes on however many are not read; each is sure of
+ * H2_STREAM_SURE (one write of libcurl's, whose receive buffer is as large:
+ * UPSTREAM_RECV_BUFFER in proxy/upstream/upstream.h), and what streams hold beyond that comes
+ * from H2_SHARED. A stream with no room for another write pauses its upstream at once, so an
+ * unread stream holds one write here and none in libcurl (docs/http2.md). */
+#define H2_STREAM_SURE   (8 * 1024)
+#define H2_SHARED        (128 * 1024)
+#define H2_CONN_BUFFER   (H2_MAX_STREAMS * H2_STREAM_SURE + H2_SHARED)
 #define H2_OUT_CAP       (32 * 1024) /* frames serialised, waiting for the socket */
 #define H2_READ          (16 * 1024) /* one recv() */
 #define H2_READS_PER_IO  4           /* recv()s per readable event: fairness */
@@ -40,8 +44,9 @@
  * ENHANCE_YOUR_CALM. */
 #define H2_RESET_BURST 200
 #define H2_RESET_RATE  33
-/* The most the upstream side delivers in one write (libcurl's CURL_MAX_WRITE_SIZE): once a
- * stream's buffer has this much room, a paused upstream may go on. */
+/* The most the upstream side delivers in one write (libcurl's CURL_MAX_WRITE_SIZE, when it
+ * hands over what it kept of a paused write; an h2c upstream's DATA frame): once a stream's
+ * buffer has this much room, a paused upstream may go on. */
 #define UPSTREAM_WRITE_MAX (16 * 1024)
 /* After a GOAWAY that ends a session (an error, a flood), the connection's write side is shut
  * and what the client still sends is read and dropped for this long, so that the GOAWAY is
@@ -62,7 +67,8 @@ enum {
     S_DEFERRED = 1u << 3,   /* the data provider waits for bytes (nghttp2_session_resume_data) */
     S_DOWN_DONE = 1u << 4,  /* the response body is complete */
     S_DOWN_FAIL = 1u << 5,  /* ... or broke off: the stream is reset */
-    S_FULL = 1u << 6,       /* body() said FRONT_FULL: retry_req_room() when there is room */
+    S_FULL = 1u << 6,       /* its upstream is paused (body() said FRONT_FULL, or paused it
+                             * at once): retry_req_room() when there is room */
     S_ROOM = 1u << 7,       /* the core takes upload bytes again */
     S_DISCARD = 1u << 8,    /* answered, the rest of the upload is refused */
     S_RESET = 1u << 9,      /* we reset the stream */
@@ -84,6 +90,8 @@ struct h2stream {
     unsigned flags;
     struct hlist fields; /* the request's, "host" from :authority first */
     struct ring down;    /* response body bytes for the client */
+    size_t owed;         /* of the connection's shared room, what is set aside for its next
+                          * write (h2_body()) */
     const char *body;    /* or a whole body: saved (the core's) or an error (owned) */
     size_t body_len, body_off;
     char *owned;
@@ -128,7 +136,8 @@ struct h2conn {
     struct h2stream *streams;
     unsigned n_streams;
     size_t buffered; /* response bytes in the streams' buffers */
-    size_t shared;   /* ... of them, those past each stream's UPSTREAM_WRITE_MAX */
+    size_t shared;   /* ... of them, those past each stream's H2_STREAM_SURE, and the room set
+                      * aside for streams' next writes (h2stream 'owed') */
     struct h2head head;
     struct h2front_limits lim;
     uint64_t last_io;          /* loop ms of the last byte in or out */

@@ -537,17 +537,18 @@ static void resume(struct h2stream *st)
     }
 }
 
-/* Response body bytes a stream holds past the UPSTREAM_WRITE_MAX it is sure of. */
+/* Response body bytes a stream holds past the H2_STREAM_SURE it is sure of. */
 static size_t past_sure(size_t len)
 {
-    return len > UPSTREAM_WRITE_MAX ? len - UPSTREAM_WRITE_MAX : 0;
+    return len > H2_STREAM_SURE ? len - H2_STREAM_SURE : 0;
 }
 
 /* Whether the stream has room for 'n' more response bytes: at most H2_STREAM_BUFFER, of which
- * UPSTREAM_WRITE_MAX are its own and the rest from the connection's H2_SHARED. So the
- * connection holds at most H2_CONN_BUFFER, and a stream read promptly always goes on, however
- * many others are not read. An empty stream takes any write that fits H2_STREAM_BUFFER: a held
- * gRPC reply (proxy/core/keep.c) comes whole, up to 32 KiB. */
+ * H2_STREAM_SURE are its own and the rest from the connection's H2_SHARED. An empty stream
+ * takes any write that fits H2_STREAM_BUFFER, so a stream read promptly always goes on however
+ * many others are not read, and a held gRPC reply (proxy/core/keep.c) comes whole, up to 32 KiB.
+ * So the connection holds at most H2_CONN_BUFFER with libcurl's writes (H2_STREAM_SURE at
+ * most), H2_MAX_STREAMS larger writes with an h2c upstream's. */
 static bool has_room(const struct h2conn *c, const struct h2stream *st, size_t n)
 {
     size_t len = st->down.len;
@@ -562,7 +563,29 @@ static void count_down(struct h2conn *c, const struct h2stream *st, size_t was)
     c->shared = c->shared - past_sure(was) + past_sure(st->down.len);
 }
 
-/* Response body bytes, buffered as has_room() allows; past it the upstream pauses. */
+/* The stream's upstream is paused until give_room(): its client is slow to read, or does not,
+ * and what it holds may wait long, in a buffer no larger. */
+static void set_full(struct h2conn *c, struct h2stream *st)
+{
+    if (st->flags & S_FULL)
+        return;
+    c->full++;
+    st->flags |= S_FULL;
+    ring_fit(&st->down);
+}
+
+/* The room set aside for the stream's next write goes back to the shared part. */
+static void unowe(struct h2conn *c, struct h2stream *st)
+{
+    c->shared -= st->owed;
+    st->owed = 0;
+}
+
+/* Response body bytes, buffered as has_room() allows. A stream left with no room for another
+ * write pauses its upstream at once, rather than read that write and refuse it (libcurl keeps a
+ * refused write whole, up to 16 KiB, beside its receive buffer: docs/http2.md, "What an unread
+ * stream costs"); one left running has the room for its next write set aside from the shared
+ * part, so that other streams filling it meanwhile do not have that write refused either. */
 static size_t h2_body(struct front *f, const char *p, size_t n)
 {
     struct h2stream *st = of_front(f);
@@ -571,10 +594,9 @@ static size_t h2_body(struct front *f, const char *p, size_t n)
         return 0;
     if (st->flags & S_NO_BODY)
         return n;
+    unowe(c, st);
     if (!has_room(c, st, n)) {
-        if (!(st->flags & S_FULL))
-            c->full++;
-        st->flags |= S_FULL;
+        set_full(c, st);
         return FRONT_FULL;
     }
     size_t was = st->down.len;
@@ -582,6 +604,13 @@ static size_t h2_body(struct front *f, const char *p, size_t n)
         return 0;
     count_down(c, st, was);
     resume(st);
+    size_t len = st->down.len;
+    if (has_room(c, st, UPSTREAM_WRITE_MAX)) {
+        st->owed = past_sure(len + UPSTREAM_WRITE_MAX) - past_sure(len);
+        c->shared += st->owed;
+    } else if (retry_req_pause(st->f.req)) {
+        set_full(c, st);
+    }
     return n;
 }
 
@@ -590,6 +619,8 @@ static void h2_end(struct front *f, const struct hlist *trailers, bool failed)
     struct h2stream *st = of_front(f);
     /* a body broken off is the upstream's doing (or a deadline's), not the client's */
     st->flags |= failed ? S_DOWN_FAIL | S_NO_BLAME : S_DOWN_DONE;
+    if (st->c)
+        unowe(st->c, st);
     copy_trailers(st, trailers);
     resume(st);
 }
@@ -645,6 +676,13 @@ static ssize_t read_data(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t
         size_t n = ring_get(&st->down, (char *)buf, length);
         st->f.body_sent += n;
         count_down(c, st, was);
+        /* an empty buffer is given back once its stream's body is over, or when it grew past
+         * one write (a slow client's): an idle or ended stream holds none */
+        if (st->down.len == 0) {
+            unowe(c, st); /* an empty stream takes any write */
+            if (st->down.cap > UPSTREAM_WRITE_MAX || (st->flags & S_DOWN_DONE))
+                ring_free(&st->down);
+        }
         if (st->down.len == 0 && (st->flags & S_DOWN_DONE))
             end_body(st, data_flags);
         give_room(c, st);
@@ -703,6 +741,7 @@ void h2s_gone(struct h2stream *st)
     struct h2conn *c = st->c;
     c->buffered -= st->down.len;
     c->shared -= past_sure(st->down.len);
+    unowe(c, st);
     drop_upload(st);
 }
 

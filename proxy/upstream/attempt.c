@@ -156,6 +156,12 @@ void attempt_commit(struct attempt *a)
     attempt_release_slot(a);
 }
 
+bool attempt_pause_body(struct attempt *a)
+{
+    struct attempt_priv *p = attempt_priv(a);
+    return p->tx && p->tx->pause_body && p->tx->pause_body(a);
+}
+
 void attempt_resume_body(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);

@@ -150,6 +150,12 @@ bool attempt_cancel(struct attempt *a);
  * limits.max_upstream_requests back and runs on at the client's pace. */
 void attempt_commit(struct attempt *a);
 
+/* The owner took the body bytes just given and has no room for another write: the transfer
+ * pauses now, holding nothing (libcurl keeps the bytes of a write refused with ATTEMPT_PAUSE,
+ * up to its receive buffer), until attempt_resume_body(). May be called from ops->body. False
+ * when the transport cannot (it has none running, or an upload still goes): the owner refuses
+ * the next write instead. (docs/http2.md, "What an unread stream costs") */
+bool attempt_pause_body(struct attempt *a);
 /* The owner has room for body bytes again / upload bytes are there. */
 void attempt_resume_body(struct attempt *a);
 void attempt_resume_upload(struct attempt *a);

@@ -19,6 +19,8 @@
 struct attempt_transport {
     /* Ends it without ops->done (the dispatcher has forgotten it already). */
     void (*cancel)(struct attempt *a);
+    /* attempt_pause_body() (NULL: the transport cannot). */
+    bool (*pause_body)(struct attempt *a);
     void (*resume_body)(struct attempt *a);
     void (*resume_upload)(struct attempt *a);
     /* An upgrade's connection, its 101 agreed to (NULL: no upgrade transport). */

@@ -24,6 +24,7 @@ struct h1up {
     size_t up_len;
     unsigned sends; /* times curl was about to send this attempt's request */
     bool upload_paused, body_paused;
+    bool upload_end; /* the upload's read callback said its end (none: no callback) */
 };
 _Static_assert(sizeof(struct h1up) <= ATTEMPT_TX_BYTES, "ATTEMPT_TX_BYTES holds struct h1up");
 
@@ -70,7 +71,9 @@ static size_t on_write(char *p, size_t size, size_t n, void *ud)
 static size_t on_read(char *buf, size_t size, size_t n, void *ud)
 {
     struct attempt *a = ud;
-    return or_pause(a->ops->upload(a, buf, size * n), &h1(a)->upload_paused, CURL_READFUNC_PAUSE);
+    size_t got = a->ops->upload(a, buf, size * n);
+    h1(a)->upload_end = got == 0;
+    return or_pause(got, &h1(a)->upload_paused, CURL_READFUNC_PAUSE);
 }
 
 /* A buffered body that goes chunked, with its trailers. */
@@ -78,6 +81,7 @@ static size_t on_read_buffer(char *buf, size_t size, size_t n, void *ud)
 {
     struct h1up *s = h1(ud);
     size_t got = s->up_len < size * n ? s->up_len : size * n;
+    s->upload_end = got == 0;
     if (!got)
         return 0; /* the end (an empty body may have no buffer at all) */
     memcpy(buf, s->up_buf, got);
@@ -220,6 +224,41 @@ static void resume(struct attempt *a, bool *paused)
     }
 }
 
+/* Whether 'done' bytes of 'total' (-1: not known) are all. */
+static bool all_of(CURL *e, CURLINFO done, CURLINFO total)
+{
+    curl_off_t n = 0, of = -1;
+    curl_easy_getinfo(e, total, &of);
+    if (of < 0)
+        return false;
+    curl_easy_getinfo(e, done, &n);
+    return n >= of;
+}
+
+/* Both ways: libcurl 7.88's curl_easy_pause() of the receiving side alone has the transfer read
+ * once more at its next run (it marks the socket readable, for bytes read off it already), and
+ * that read's bytes would be kept as a refused write's are. Pausing the sending side too needs
+ * the request whole, else its upload would stop with the client's reading: a body given as
+ * POSTFIELDS once that many bytes went, one read through a callback once the callback said its
+ * end (a chunked one's last chunk, 5 bytes, may wait for the socket: it goes with the resume).
+ * Not after the body's last byte: a paused transfer does not end (libcurl counts it running),
+ * and its connection would wait for the client. */
+static bool h1_pause_body(struct attempt *a)
+{
+    struct attempt_priv *p = attempt_priv(a);
+    struct h1up *s = h1(a);
+    CURL *e = p->xfer.easy;
+    if (s->body_paused)
+        return true;
+    if (!e ||
+        !(s->upload_end || all_of(e, CURLINFO_SIZE_UPLOAD_T, CURLINFO_CONTENT_LENGTH_UPLOAD_T)) ||
+        all_of(e, CURLINFO_SIZE_DOWNLOAD_T, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T) ||
+        curl_easy_pause(e, CURLPAUSE_ALL) != CURLE_OK)
+        return false;
+    s->body_paused = true;
+    return true;
+}
+
 static void h1_resume_body(struct attempt *a)
 {
     resume(a, &h1(a)->body_paused);
@@ -231,6 +270,7 @@ static void h1_resume_upload(struct attempt *a)
 }
 
 static const struct attempt_transport h1_transport = { .cancel = h1_cancel,
+                                                       .pause_body = h1_pause_body,
                                                        .resume_body = h1_resume_body,
                                                        .resume_upload = h1_resume_upload };
 
@@ -243,6 +283,7 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct 
     if (!e)
         return -1;
     memset(s, 0, sizeof(*s));
+    s->upload_end = req->body == ATTEMPT_BODY_NONE;
     upstream_easy_url(e, url, to);
     curl_easy_setopt(e, CURLOPT_REQUEST_TARGET, target);
     bool head = strcmp(req->method, "HEAD") == 0;

@@ -47,6 +47,7 @@ struct shard {
     CURLM *multi;
     struct loop_timer timer;
     size_t active;
+    size_t conns; /* its connections, idle ones included */
 };
 
 struct upstream {
@@ -171,6 +172,7 @@ static struct upstream_sock *sock_new(struct shard *sh, int fd)
     struct upstream_sock *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
+    sh->conns++;
     s->sh = sh;
     s->fd = fd;
     s->w.fd = -1;
@@ -239,6 +241,7 @@ static int on_close(void *clientp, curl_socket_t fd)
     if (s) {
         if (s->conns)
             atomic_fetch_sub_explicit(s->conns, 1, memory_order_relaxed);
+        s->sh->conns--;
         loop_watch_del(u->loop, &s->w);
         u->socks[fd] = NULL;
         loop_defer_free(u->loop, s);
@@ -268,6 +271,20 @@ static int on_curl_timer(CURLM *multi, long ms, void *userp)
     return 0;
 }
 
+/* A multi handle for 'sh', or NULL. */
+static CURLM *shard_multi(struct shard *sh)
+{
+    CURLM *m = curl_multi_init();
+    if (!m)
+        return NULL;
+    curl_multi_setopt(m, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(m, CURLMOPT_SOCKETDATA, sh);
+    curl_multi_setopt(m, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+    curl_multi_setopt(m, CURLMOPT_TIMERDATA, sh);
+    curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, UPSTREAM_MAX_CONNECTIONS / SHARDS);
+    return m;
+}
+
 struct upstream *upstream_new(struct loop *l, struct h2up_counts *h2_counts)
 {
     struct upstream *u = calloc(1, sizeof(*u));
@@ -282,16 +299,10 @@ struct upstream *upstream_new(struct loop *l, struct h2up_counts *h2_counts)
     for (size_t i = 0; i < SHARDS; i++) {
         struct shard *sh = &u->shards[i];
         sh->u = u;
-        sh->multi = curl_multi_init();
-        if (!sh->multi) {
+        if (!(sh->multi = shard_multi(sh))) {
             upstream_free(u);
             return NULL;
         }
-        curl_multi_setopt(sh->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
-        curl_multi_setopt(sh->multi, CURLMOPT_SOCKETDATA, sh);
-        curl_multi_setopt(sh->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
-        curl_multi_setopt(sh->multi, CURLMOPT_TIMERDATA, sh);
-        curl_multi_setopt(sh->multi, CURLMOPT_MAXCONNECTS, UPSTREAM_MAX_CONNECTIONS / SHARDS);
     }
     return u;
 }
@@ -331,6 +342,7 @@ CURL *upstream_easy_get(struct upstream *u)
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, UPSTREAM_RECV_BUFFER);
     /* Upstreams are reached directly: an http_proxy or HTTPS_PROXY in the sidecar's
      * environment must not reroute them (and is not looked up on every transfer). */
     curl_easy_setopt(e, CURLOPT_PROXY, "");
@@ -615,6 +627,19 @@ void upstream_trim(struct upstream *u)
 {
     while (u->npool > POOL_KEEP)
         curl_easy_cleanup(u->pool[--u->npool]);
+    /* libcurl keeps each connection whose transfer ended for a next one, and closes it only when
+     * a transfer on the same multi handle finds it dead: a burst's hundreds would stay open
+     * (and their upstreams' ends with them). A shard with no transfer running is made anew,
+     * which closes its connections (through on_close). */
+    for (size_t i = 0; i < SHARDS; i++) {
+        struct shard *sh = &u->shards[i];
+        CURLM *m = !sh->active && sh->conns ? shard_multi(sh) : NULL;
+        if (!m)
+            continue;
+        loop_timer_stop(u->loop, &sh->timer);
+        curl_multi_cleanup(sh->multi);
+        sh->multi = m;
+    }
     if (u->h2)
         h2up_trim(u->h2);
 }

@@ -24,6 +24,11 @@
  * would close connections that the next burst has to open again; a fixed size keeps them
  * (each idle one costs a socket and a few kilobytes). */
 #define UPSTREAM_MAX_CONNECTIONS 1024L
+/* libcurl's receive buffer per transfer (CURLOPT_BUFFERSIZE; 16 KiB by default), and so the
+ * most one of its writes hands over but for a paused one's: a transfer held by a client that
+ * does not read keeps it (docs/http2.md, "What an unread stream costs"). Half the default costs
+ * about 10 % more CPU per byte of a large body (bench/README.md). */
+#define UPSTREAM_RECV_BUFFER (8 * 1024L)
 
 struct upstream;
 struct shard;
@@ -113,7 +118,8 @@ const struct origin *upstream_url_tunnel(const struct upstream_url *url);
 struct h2up;
 struct h2up *upstream_h2(struct upstream *u);
 
-/* A burst is over: idle easy handles beyond a few are freed (proxy/http1/server.c's trim). */
+/* A burst is over (proxy/http1/server.c's trim): idle easy handles beyond a few are freed, and
+ * the idle connections of the multi handles that run no transfer are closed. */
 void upstream_trim(struct upstream *u);
 
 /* Transfers running now. */

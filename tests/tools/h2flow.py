@@ -22,8 +22,9 @@ results ("key value" pairs) on stdout for the test to check:
                                      one of FAST read as it comes: its bytes and time
   hold PORT PATH FIELDS CONNS STREAMS MODE SECONDS
                                      CONNS connections of STREAMS GETs each, never read: MODE
-                                     "window" never opens a window, "socket" opens them wide and
-                                     never reads the socket. Prints "ready" once they are all
+                                     "window" never opens a window again, "zero" opens none
+                                     (SETTINGS_INITIAL_WINDOW_SIZE 0), "socket" opens them wide
+                                     and never reads the socket. Prints "ready" once they are all
                                      sent and had 2 s to fill, then holds them SECONDS.
 
 Every run ends within a few seconds (SECONDS more for "hold") whatever the proxy does.
@@ -208,6 +209,8 @@ def hold(port, path, fields, conns, streams, mode, seconds):
         s, c = connect(port, window=2 ** 31 - 1 - 65535)
         if mode == "socket":
             c.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2 ** 31 - 1})
+        elif mode == "zero":
+            c.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
         for i in range(streams):
             c.send_headers(1 + 2 * i, headers(port, path, extra=fields_of(fields)),
                            end_stream=True)

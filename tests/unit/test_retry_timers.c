@@ -165,6 +165,12 @@ struct tunnel_up *attempt_take_tunnel(struct attempt *a)
     return NULL;
 }
 
+bool attempt_pause_body(struct attempt *a)
+{
+    (void)a;
+    return false;
+}
+
 void attempt_resume_body(struct attempt *a)
 {
     (void)a;
