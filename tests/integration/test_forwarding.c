@@ -1059,7 +1059,9 @@ Test(forwarding, slow_client_is_closed_after_connection_timeout)
     int64_t ms = ms_until_closed(fd, 6000);
     close(fd);
     cr_expect_neq(ms, -1, "the connection was still open after 6 s");
-    cr_expect_leq(ms, 3500, "closed after %lld ms", (long long)ms);
+    /* well before the 6 s above: closed by the timeout, however busy the machine (3.8 s was
+     * seen beside other jobs) */
+    cr_expect_leq(ms, 5000, "closed after %lld ms", (long long)ms);
     cr_expect_geq(ms, 500, "closed after %lld ms, before the timeout", (long long)ms);
     cr_expect_eq(tup_count(up), 0);
 }
