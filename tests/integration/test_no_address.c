@@ -138,3 +138,39 @@ Test(no_address, the_other_upstream_with_an_address_is_used)
     }
     cr_expect_eq(tup_count(up), 6);
 }
+
+/* The name loses its address while a request waits to retry it (resolver.nxdomain_keep_ms 0):
+ * the retry is not made, and the request is answered as its wait ends (3 s), not after the
+ * next wait (6 s more) and a third attempt, each failing for want of an address. */
+Test(no_address, a_retry_that_finds_no_address_is_not_made)
+{
+    fx_upstreams(1);
+    dns = dnsm_start();
+    cr_assert_not_null(dns);
+    const char *lo[] = { "127.0.0.1" };
+    cr_assert_eq(dnsm_set(dns, "svc.test", lo, 1), 0);
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b,
+             "\"resolver\": {\"servers\": [\"%s\"], \"timeout_ms\": 500, \"nxdomain_keep_ms\": 0}",
+             dns->server);
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"http://svc.test:%u\"], \"retry\": {\"max_attempts\": 3, "
+               "\"retry_on\": [\"connect-failure\"], \"backoff\": {\"base_ms\": 3000, "
+               "\"jitter\": \"none\"}}",
+               fx_closed_port());
+    fx_start_b(b, "--workers", "1", NULL);
+    struct http_call *c = &fx_calls[0];
+    http_call_start(c, fx_url("/"), "gone", NULL);
+    sleep_ms(300); /* its first attempt is refused at once: it waits 3 s */
+    cr_assert_eq(dnsm_set(dns, "svc.test", NULL, 0), 0);
+    http_call_join(c);
+    int64_t ms = c->t_end - c->t_start;
+    cr_assert_eq(c->r.rc, 0);
+    cr_expect_eq(c->r.status, 503, "%ld after %lld ms", c->r.status, (long long)ms);
+    cr_expect_lt(ms, 7000, "answered after %lld ms: a second wait was spent", (long long)ms);
+    cr_expect_str_eq(http_hdr(&c->r, "X-Retry-Attempts"), "1", "the one attempt made");
+    cr_expect(c->r.body_len && strstr((const char *)c->r.body, "\"no_address\""), "%.*s",
+              (int)c->r.body_len, (char *)c->r.body);
+    http_free(&c->r);
+    cr_expect_eq(fx_metric("retryproxy_retries_in_flight"), 0, "the retry's slots went back");
+}
