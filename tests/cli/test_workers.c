@@ -59,9 +59,9 @@ static void expect_check(const char *line)
     proc_result_free(&r);
 }
 
-/* The proxy started with the root: its start line holds 'line', its listening event the number
- * of workers. */
-static void expect_run(const char *line, int workers)
+/* The proxy started with the root, and "--workers 'option'" unless it is NULL: its start line
+ * holds 'line', its listening event the number of workers. */
+static void expect_run(const char *line, int workers, const char *option)
 {
     const char *args[] = { "-c",
                            CONFIG,
@@ -71,6 +71,8 @@ static void expect_run(const char *line, int workers)
                            "127.0.0.1:0",
                            "--cgroup-root-for-tests",
                            root,
+                           option ? "--workers" : NULL,
+                           option,
                            NULL };
     struct px *p = px_start_argv(args);
     char *err = px_stderr(p);
@@ -88,7 +90,7 @@ Test(workers, a_v2_quota_of_half_a_cpu_starts_one_worker)
     put("cgroup.controllers", "cpu memory\n");
     put("cpu.max", "50000 100000\n");
     expect_check("retryproxy: workers: 1 (cgroup cpu.max 50000/100000)\n");
-    expect_run("(1 worker: cgroup cpu.max 50000/100000)", 1);
+    expect_run("(1 worker: cgroup cpu.max 50000/100000)", 1, NULL);
 }
 
 /* The lowest limit on the way up applies: the process's own cgroup is not under the test's
@@ -106,7 +108,7 @@ Test(workers, a_v1_quota_is_read_from_the_cpu_hierarchy)
     put("cpu/cpu.cfs_quota_us", "50000\n");
     put("cpu/cpu.cfs_period_us", "100000\n");
     expect_check("retryproxy: workers: 1 (cgroup cpu.cfs_quota_us 50000/100000)\n");
-    expect_run("(1 worker: cgroup cpu.cfs_quota_us 50000/100000)", 1);
+    expect_run("(1 worker: cgroup cpu.cfs_quota_us 50000/100000)", 1, NULL);
 }
 
 Test(workers, a_malformed_quota_leaves_the_cpu_count)
@@ -120,20 +122,5 @@ Test(workers, the_workers_option_wins_over_the_quota)
 {
     put("cgroup.controllers", "cpu\n");
     put("cpu.max", "50000 100000\n");
-    const char *args[] = { "-c",
-                           CONFIG,
-                           "--listen",
-                           "127.0.0.1:0",
-                           "--admin",
-                           "127.0.0.1:0",
-                           "--cgroup-root-for-tests",
-                           root,
-                           "--workers",
-                           "2",
-                           NULL };
-    struct px *p = px_start_argv(args);
-    char *err = px_stderr(p);
-    cr_expect(strstr(err, "(2 workers: --workers)"), "%s", err);
-    free(err);
-    px_stop_clean(p);
+    expect_run("(2 workers: --workers)", 2, "2");
 }
