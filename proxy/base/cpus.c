@@ -149,9 +149,7 @@ static int quota_in(const char *dir, bool v2, struct cpus_quota *q)
     return cpus_parse_cfs(a, b, q);
 }
 
-/* The lowest quota of directory 'base' + 'path' and of each of its parents up to 'base': 1 with
- * it in *q, 0 when none has one. */
-static int lowest_quota(const char *base, const char *path, bool v2, struct cpus_quota *q)
+int cpus_lowest_quota(const char *base, const char *path, bool v2, struct cpus_quota *q)
 {
     char dir[PATH_MAX];
     int found = 0;
@@ -194,12 +192,12 @@ void cpus_detect(const char *root, struct cpus *out)
     struct cpus_quota q;
     int found;
     if (v2) {
-        found = lowest_quota(root, path, true, &q);
+        found = cpus_lowest_quota(root, path, true, &q);
     } else {
         snprintf(base, sizeof(base), "%s/%s", root, list);
         if (access(base, F_OK) != 0)
             snprintf(base, sizeof(base), "%s/cpu", root);
-        found = lowest_quota(base, path, false, &q);
+        found = cpus_lowest_quota(base, path, false, &q);
     }
     if (!found)
         return;

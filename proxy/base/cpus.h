@@ -47,6 +47,12 @@ int cpus_cgroup_path(const char *text, const char *controller, char *path, size_
 /* The CPUs a quota allows: ceil(quota / period), at least 1. */
 unsigned cpus_of_quota(const struct cpus_quota *q);
 
+/* The lowest quota (in CPUs) of directory 'base' + 'path' ("/" or "/a/b", as /proc/self/cgroup
+ * names it) and of each of its parents up to 'base', from cpu.max ('v2') or the cfs files: 1
+ * with it in *q, 0 when none has one (a directory not there, a file unreadable or malformed,
+ * sets none). */
+int cpus_lowest_quota(const char *base, const char *path, bool v2, struct cpus_quota *q);
+
 /* How many CPUs, and what said so. */
 struct cpus {
     unsigned n;       /* at least 1 */
