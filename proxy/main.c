@@ -17,6 +17,7 @@
 #include "config/cfg.h"
 #include "policy/backoff.h"
 #include "policy/rng.h"
+#include "proxy/base/cpus.h"
 #include "proxy/telemetry/metrics.h"
 #include "proxy/serve.h"
 #include "proxy/ops/simulate.h"
@@ -65,7 +66,8 @@ static const char usage_text[] =
     "  --admin ADDR        admin listener, overrides the file (HOST:PORT)\n"
     "  --log-level LEVEL   debug, info, warn or error, overrides the file\n"
     "  --log-format FMT    json or text, overrides the file\n"
-    "  --workers N         event-loop threads [one per core]\n"
+    "  --workers N         event-loop threads [one per CPU the process may use, its\n"
+    "                      cgroup's CPU quota included]\n"
     "\n"
     "exit status: 0 ok, 1 invalid config, 2 usage error, 3 cannot bind a listener\n";
 
@@ -231,14 +233,25 @@ static int next_opt(struct cmdline *cl)
 #define OPT_END       { NULL, 0, NULL, 0 }
 /* clang-format on */
 
+/* The hidden option --cgroup-root-for-tests DIR of `check` and of the proxy: where the CPU quota is
+ * read (proxy/base/cpus.h), for tests that give the process a quota of their own (docs/testing.md).
+ * Not in --help: in production the kernel's /sys/fs/cgroup is the only one that means anything.
+ * Its long name says what it is for, and no abbreviation of another option can be it. */
+#define CGROUP_ROOT_OPT ARG("cgroup-root-for-tests", 'G')
+
 static int cmd_check(int argc, char **argv)
 {
     static const struct option opts[] = { ARG("config", 'c'), FLAG("print", 'p'), FLAG("help", 'h'),
-                                          OPT_END };
+                                          CGROUP_ROOT_OPT, OPT_END };
     struct cmdline cl = { argc, argv, "check", "+:c:h", opts, NULL, 0 };
     int print = 0, o;
-    while ((o = next_opt(&cl)) > 0)
-        print = 1; /* --print, its only option of its own */
+    const char *cgroup_root = NULL;
+    while ((o = next_opt(&cl)) > 0) {
+        if (o == 'G')
+            cgroup_root = optarg;
+        else
+            print = 1; /* --print */
+    }
     if (o < 0)
         return cl.status;
 
@@ -250,6 +263,10 @@ static int cmd_check(int argc, char **argv)
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
         fputc('\n', stdout);
         json_decref(j);
+        /* what the proxy would start without --workers; stdout stays the config alone */
+        struct cpus cpus;
+        cpus_detect(cgroup_root, &cpus);
+        fprintf(stderr, "retryproxy: workers: %u (%s)\n", cpus.n, cpus.source);
     } else {
         printf("%s: OK (%zu route%s)\n", cl.path, c->n_routes, c->n_routes == 1 ? "" : "s");
     }
@@ -429,11 +446,11 @@ static int cmd_simulate(int argc, char **argv)
 
 static int cmd_run(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        ARG("config", 'c'),    ARG("listen", 'l'),     ARG("admin", 'a'),
-        ARG("log-level", 'L'), ARG("log-format", 'F'), ARG("workers", 'w'),
-        FLAG("help", 'h'),     FLAG("version", 'V'),   OPT_END
-    };
+    static const struct option opts[] = { ARG("config", 'c'),     ARG("listen", 'l'),
+                                          ARG("admin", 'a'),      ARG("log-level", 'L'),
+                                          ARG("log-format", 'F'), ARG("workers", 'w'),
+                                          FLAG("help", 'h'),      FLAG("version", 'V'),
+                                          CGROUP_ROOT_OPT,        OPT_END };
     struct cmdline cl = { argc, argv, NULL, ":c:h", opts, NULL, 0 };
     const char *why;
     unsigned long long workers = 0;
@@ -473,6 +490,9 @@ static int cmd_run(int argc, char **argv)
             if ((rc = count_opt("--workers", optarg, 1, 256, &workers)))
                 return rc;
             so.workers = (unsigned)workers;
+            break;
+        case 'G':
+            so.cgroup_root = optarg;
             break;
         case 'V':
             puts("retryproxy " VERSION);

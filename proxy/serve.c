@@ -15,6 +15,7 @@
 
 #include <curl/curl.h>
 
+#include "proxy/base/cpus.h"
 #include "proxy/dns/resolve.h"
 #include "proxy/ops/admin.h"
 #include "proxy/listen.h"
@@ -178,9 +179,12 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     struct control ctl = { .sfd = -1 };
     struct admin *admin = NULL;
     unsigned n = o->workers, started = 0;
+    /* by default one per CPU the process may use: its container's quota included */
+    struct cpus cpus = { .n = n };
+    snprintf(cpus.source, sizeof(cpus.source), "--workers");
     if (n == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (unsigned)cores : 1;
+        cpus_detect(o->cgroup_root, &cpus);
+        n = cpus.n;
     }
     if (n > MAX_WORKERS)
         n = MAX_WORKERS;
@@ -271,10 +275,10 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
             goto out;
         }
     }
-    fprintf(stderr, "retryproxy: listening on %s (%u worker%s), admin on %s\n", bound, n,
-            n == 1 ? "" : "s", admin_bound);
+    fprintf(stderr, "retryproxy: listening on %s (%u worker%s: %s), admin on %s\n", bound, n,
+            n == 1 ? "" : "s", cpus.source, admin_bound);
     log_event(CFG_LOG_INFO, "listening", "listen", bound, "admin", admin_bound, "source",
-              o->config_path, NULL);
+              o->config_path, LOG_NUM("workers", n), "workers_from", cpus.source, NULL);
 
     if (loop_run(ctl.loop) < 0)
         fprintf(stderr, "retryproxy: control loop failed: %s\n", strerror(errno));

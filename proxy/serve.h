@@ -9,9 +9,10 @@ struct serve_opts {
     const char *config_path; /* the file 'cfg' came from: watched and reloaded */
     const char *listen;      /* NULL: the file's */
     const char *admin;
-    unsigned workers; /* 0: one per core */
-    int log_level;    /* -1: the file's (enum cfg_log_level otherwise) */
-    int log_format;   /* -1: the file's (enum cfg_log_format otherwise) */
+    unsigned workers;        /* 0: one per CPU the process may use (proxy/base/cpus.h) */
+    const char *cgroup_root; /* NULL: /sys/fs/cgroup (tests name another) */
+    int log_level;           /* -1: the file's (enum cfg_log_level otherwise) */
+    int log_format;          /* -1: the file's (enum cfg_log_format otherwise) */
 };
 
 /* Serves 'cfg' until SIGTERM or SIGINT. Returns the process exit status: 0 after a clean

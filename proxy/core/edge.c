@@ -19,6 +19,7 @@
 #include "proxy/core/retry.h"
 #include "proxy/core/runtime.h"
 #include "proxy/core/worker.h"
+#include "proxy/dns/resolve.h"
 
 /* The Allow of a 405: the methods of RFC 9110 and 5789 but CONNECT (any other token is
  * forwarded too). */
@@ -433,6 +434,64 @@ void edge_final(struct retry_req *r)
                    "the upstream's response head was malformed or ambiguous");
     else
         edge_error(r, 502, "upstream_unavailable", "no response from any upstream attempt");
+}
+
+/* Why a name has no address, as its last lookup went (proxy/dns/resolve.h). */
+static const char *no_address_reason(enum dns_result last)
+{
+    switch (last) {
+    case DNS_NXDOMAIN:
+        return "NXDOMAIN or no A/AAAA record";
+    case DNS_FAILED:
+        return "DNS failing: timeout, SERVFAIL, refused or no server";
+    case DNS_NONE:
+        return "not resolved yet";
+    default:
+        return "no address";
+    }
+}
+
+/* No name of the route has an address now: there is nothing to connect to, and a backoff wait
+ * would not change that (a name is asked again on its own schedule, docs/endpoints.md). So the
+ * request is answered at once (docs/endpoints.md, "A name without addresses"): with the
+ * response of an earlier attempt when one was kept whole, else 503 no_address naming each host
+ * and why. The attempt being started is not made, and not counted. Returns false, having done
+ * nothing, when the attempt should go on as before (a connect failure): an upstream has an
+ * address (one joined since the pick), an upstream has no name (no resolver), or an attempt
+ * runs on beside this one (hedging) and may still answer. */
+bool edge_no_address(struct retry_req *r)
+{
+    const struct cfg_route *rt = r->route;
+    char msg[512];
+    size_t len = (size_t)snprintf(msg, sizeof(msg), "no address for");
+    if (race_others_running(r, NULL))
+        return false;
+    for (size_t k = 0; k < rt->n_upstreams; k++) {
+        struct dns_name *name = r->rtr->names[k];
+        if (!name)
+            return false;
+        struct dns_addrs *as = dns_name_addrs(name);
+        size_t n = as->n;
+        dns_addrs_unref(as);
+        if (n)
+            return false;
+        bool said = false; /* a host two upstreams name is said once */
+        for (size_t j = 0; j < k; j++)
+            said |= strcmp(rt->upstreams[j].host, rt->upstreams[k].host) == 0;
+        struct dns_status st;
+        dns_name_status(name, &st);
+        if (!said && len < sizeof(msg))
+            len += (size_t)snprintf(msg + len, sizeof(msg) - len, "%s %s (%s)", k ? "," : "",
+                                    rt->upstreams[k].host, no_address_reason(st.last));
+    }
+    r->attempts--; /* the one being started: it never went */
+    loop_timer_stop(r->w->loop, &r->deadline_timer);
+    req_end_retry_in_flight(r); /* a retry's budget slots: it is not made either */
+    if (edge_saved_whole(r))
+        edge_saved(r);
+    else
+        edge_error(r, 503, "no_address", msg);
+    return true;
 }
 
 /* ---- the client going away ---- */

@@ -319,6 +319,8 @@ void req_start_attempt(struct retry_req *r)
     struct trial *t = r->cur;
     tally_endpoint_free(t);
     struct endpoint *e = balance_pick(w, r->rt, r->rtr, r->tried, now, rr);
+    if (!e && edge_no_address(r))
+        return; /* no address for any name of the route: answered, no attempt, no wait */
     t->flags = 0;
     t->sent = 0; /* its upload reads from the start */
     t->number = r->attempts;

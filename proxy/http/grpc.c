@@ -176,6 +176,7 @@ enum grpc_code grpc_code_of_error(const char *code, unsigned http_status)
         { "upstream_invalid_response", GRPC_UNAVAILABLE },
         { "draining", GRPC_UNAVAILABLE },
         { "throttled", GRPC_UNAVAILABLE },
+        { "no_address", GRPC_UNAVAILABLE },
         { "upstream_timeout", GRPC_DEADLINE_EXCEEDED },
         { "request_timeout", GRPC_DEADLINE_EXCEEDED },
         { "body_too_large", GRPC_RESOURCE_EXHAUSTED },

@@ -811,9 +811,10 @@ static bool has_readiness(struct ynode w)
 }
 
 /* The upstream URL of the config that names the Service NAME.NS.svc.cluster.local, malloc'd
- * without its scheme and path ("HOST:PORT"), with its scheme in 'scheme'; NULL if none. */
+ * without its scheme and path ("HOST:PORT"), with its scheme in 'scheme' and its route in
+ * *route_out; NULL if none. */
 static char *upstream_naming(json_t *cfg, const char *name, const char *ns, char *scheme,
-                             size_t cap)
+                             size_t cap, json_t **route_out)
 {
     char host[256];
     snprintf(host, sizeof(host), "%s.%s" CLUSTER_SUFFIX, name, ns);
@@ -831,16 +832,47 @@ static char *upstream_naming(json_t *cfg, const char *name, const char *ns, char
             if (strncmp(auth, host, strlen(host)) != 0 || auth[strlen(host)] != ':')
                 continue;
             snprintf(scheme, cap, "%.*s", (int)(sep - url), url);
+            *route_out = route;
             return strndup(auth, alen);
         }
     }
     return NULL;
 }
 
+/* Route 'route' of 'cfg' ejects a failing endpoint: routes[].ejection.consecutive_failures, or
+ * the defaults', above 0, and what counts as a failure names the route's gRPC UNAVAILABLE when
+ * its retries do (a failing gRPC pod answers 200 with grpc-status 14, no 5xx). */
+static void expect_ejection(json_t *cfg, json_t *route, const char *what)
+{
+    const char *name = json_string_value(json_object_get(route, "name"));
+    json_t *ej = json_object_get(route, "ejection");
+    json_t *n = json_object_get(ej, "consecutive_failures");
+    if (!n)
+        n = json_object_get(json_object_get(json_object_get(cfg, "defaults"), "ejection"),
+                            "consecutive_failures");
+    cr_expect(json_integer_value(n) > 0,
+              "%s: route %s keeps sending to a failing pod: ejection.consecutive_failures is "
+              "not set (docs/endpoints.md, \"Ejection per endpoint\")",
+              what, name);
+    json_t *retry_on = json_object_get(json_object_get(route, "retry"), "retry_on");
+    json_t *on = json_object_get(ej, "on"), *v;
+    size_t i, k;
+    json_array_foreach(retry_on, i, v)
+    {
+        if (strcmp(json_string_value(v), "unavailable") != 0)
+            continue;
+        bool counted = false;
+        json_t *o;
+        json_array_foreach(on, k, o) counted |= strcmp(json_string_value(o), "unavailable") == 0;
+        cr_expect(counted, "%s: route %s retries UNAVAILABLE but does not eject on it", what, name);
+    }
+}
+
 /* Each headless Service among the documents of 'y' is named by an upstream of 'cfg' whose
  * port is the one its pods listen on (nothing maps a Service port to a target port for a pod's
  * own address), selects pods with a readiness probe (only ready pods are in its record), and
- * publishes no pod before it is ready. Returns how many there were. */
+ * publishes no pod before it is ready; the route ejects a failing pod (expect_ejection).
+ * Returns how many there were. */
 static size_t check_headless(struct yaml *y, json_t *cfg, const char *what)
 {
     size_t found = 0;
@@ -858,13 +890,15 @@ static size_t check_headless(struct yaml *y, json_t *cfg, const char *what)
                   "%s: Service %s publishes pods that are not ready", what, name);
 
         char scheme[16];
-        char *auth = upstream_naming(cfg, name, ns, scheme, sizeof(scheme));
+        json_t *route = NULL;
+        char *auth = upstream_naming(cfg, name, ns, scheme, sizeof(scheme), &route);
         cr_expect_not_null(auth,
                            "%s: no upstream of the config names the headless Service %s "
                            "by its full name %s.%s" CLUSTER_SUFFIX,
                            what, name, name, ns);
         if (!auth)
             continue;
+        expect_ejection(cfg, route, what);
         long port = addr_port(auth);
         cr_expect(strcmp(scheme, "h2c") == 0 || strcmp(scheme, "https") == 0,
                   "%s: the upstream %s://%s of a gRPC backend is not h2c:// or https://", what,

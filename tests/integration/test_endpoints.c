@@ -401,13 +401,13 @@ Test(endpoints, ejection_is_per_endpoint)
     json_decref(line);
 }
 
-/* A name with no address: nothing to connect to, a 502 naming the upstream as unavailable;
+/* A name with no address: nothing to connect to, a 503 no_address at once (test_no_address.c);
  * the address that joins is used at once. */
 Test(endpoints, a_name_without_addresses_then_one_that_joins)
 {
     pods(1, 0);
     start("\"retry\": {\"max_attempts\": 2, " CFG_FAST "}");
-    cr_expect_eq(get("none", NULL), 502);
+    cr_expect_eq(get("none", NULL), 503);
     cr_expect_eq(ep_metric("healthy"), 0);
     const char *one[] = { pod_ip(0) };
     cr_assert_eq(dnsm_set(dns, "svc.test", one, 1), 0);

@@ -140,7 +140,7 @@ Test(listeners, workers_on_port_0_share_the_one_port_the_kernel_picked)
 {
     start_first();
     char *err = px_stderr(px);
-    cr_expect(strstr(err, "(2 workers)"), "%s", err);
+    cr_expect(strstr(err, "(2 workers: --workers)"), "%s", err);
     free(err);
     cr_expect_eq(listeners_on(px->port), 2, "one listening socket per worker on port %u", px->port);
     cr_expect_eq(listeners_on(px->admin_port), 1);
