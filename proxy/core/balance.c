@@ -146,7 +146,8 @@ struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struc
             weight[c] = score_weight(fail[c], lat[c], at[c], now_ms, fastest);
         /* a request's first attempt, not a retry, takes a turn: 'tried' names endpoints of any
          * view, one that left included, 't' those of this one only */
-        i = choose_balanced(r->balance, t, ej, n, load, weight, tried ? NULL : rr, &w->rng);
+        i = choose_balanced(r->balance, t, ej, n, load, r->weigh_endpoints ? weight : NULL,
+                            tried ? NULL : rr, &w->rng);
     }
     struct endpoint *e = cand[i];
     if (!e->to)

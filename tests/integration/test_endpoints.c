@@ -231,7 +231,9 @@ Test(endpoints, a_slow_endpoint_gets_fewer_requests)
 Test(endpoints, a_retry_never_goes_back_to_the_endpoint_that_refused)
 {
     pods(2, 3); /* 127.0.0.4 is in the record, nothing listens there */
-    start("\"balance\": \"random\", "
+    /* weigh_endpoints false: the refusing one keeps its third of first attempts, which this
+     * test counts on to see retries */
+    start("\"balance\": \"random\", \"weigh_endpoints\": false, "
           "\"retry\": {\"max_attempts\": 5, \"retry_on\": [\"connect-failure\"], " CFG_FAST "}");
     for (int i = 0; i < 60; i++) {
         char id[32];
