@@ -28,13 +28,18 @@ void score_record(struct score *s, bool failed, uint64_t took_us, uint64_t now_m
     __atomic_store_n(&s->at_ms, now_ms, __ATOMIC_RELAXED);
 }
 
-uint32_t score_weight(uint32_t fail_q16, uint32_t lat_us, uint64_t at_ms, uint64_t now_ms,
-                      uint32_t fastest_us)
+uint32_t score_failure(uint32_t fail_q16, uint64_t at_ms, uint64_t now_ms)
 {
     uint64_t fail = fail_q16 > 65535 ? 65535 : fail_q16;
     if (fail && now_ms > at_ms) /* drifting back: HEAL / (HEAL + idle) of it */
         fail = fail * SCORE_HEAL_MS / (SCORE_HEAL_MS + (now_ms - at_ms));
-    uint64_t ok = 65535 - fail;
+    return (uint32_t)fail;
+}
+
+uint32_t score_weight(uint32_t fail_q16, uint32_t lat_us, uint64_t at_ms, uint64_t now_ms,
+                      uint32_t fastest_us)
+{
+    uint64_t ok = 65535 - score_failure(fail_q16, at_ms, now_ms);
     /* ok^2 x MAX in 1/65535^2 units, rounded: a healthy endpoint has exactly MAX */
     uint64_t w = (ok * ok * SCORE_WEIGHT_MAX + 65535ULL * 65535 / 2) / (65535ULL * 65535);
     if (lat_us && fastest_us) {

@@ -53,6 +53,10 @@ struct score {
 /* Records one attempt that took 'took_us' and 'failed' or not, at 'now_ms'. */
 void score_record(struct score *s, bool failed, uint64_t took_us, uint64_t now_ms);
 
+/* The failure ratio x 65535 at 'now_ms' of an endpoint whose published score is 'fail_q16' and
+ * 'at_ms': as it has drifted back since its last attempt. */
+uint32_t score_failure(uint32_t fail_q16, uint64_t at_ms, uint64_t now_ms);
+
 /* The weight, SCORE_WEIGHT_FLOOR..SCORE_WEIGHT_MAX, at 'now_ms' of an endpoint whose published
  * score is 'fail_q16', 'lat_us' and 'at_ms', among candidates whose fastest has 'fastest_us'
  * (0: none known). Integer arithmetic, one division or two: it runs for each candidate of each

@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -533,6 +534,47 @@ Test(endpoints, the_failing_one_of_three_gets_at_most_a_fifth_with_four_clients)
     cr_expect_eq(first, REQUESTS);
     cr_expect_leq(first_attempts(0), REQUESTS / 5, "%zu of %zu first attempts", first_attempts(0),
                   first);
+}
+
+/* retryproxy_upstream_endpoint_failure_ratio of endpoint 'ip' of route "r"'s upstream (NaN: no
+ * series). */
+static double failure_metric(const char *ip)
+{
+    char series[256];
+    snprintf(series, sizeof(series),
+             "retryproxy_upstream_endpoint_failure_ratio{route=\"r\",upstream=\"http://"
+             "svc.test:%u\",endpoint=\"%s\"}",
+             port, ip);
+    return fx_metric(series);
+}
+
+/* Which endpoint fails is visible (docs/metrics.md, docs/admin.md): the failing one of three has
+ * a series of upstream_endpoint_failure_ratio, the healthy ones none (below 0.1), and /upstreams
+ * shows each endpoint's score: its failure ratio, latency, weight and attempts. */
+Test(endpoints, the_failing_endpoint_is_named_in_metrics_and_upstreams)
+{
+    one_failing(3, NULL, 30);
+    double bad = failure_metric(pod_ip(0));
+    cr_expect(bad >= 0.5 && bad <= 1, "the failing endpoint's ratio %g", bad);
+    for (size_t p = 1; p < PODS; p++)
+        cr_expect(isnan(failure_metric(pod_ip(p))), "%s has a series", pod_ip(p));
+    json_t *e = endpoint_of(pod_ip(0));
+    cr_assert_not_null(e);
+    json_t *sc = json_object_get(e, "score");
+    cr_assert(json_is_object(sc), "no score in /upstreams");
+    cr_expect_geq(json_real_value(json_object_get(sc, "failure_ratio")), 0.5);
+    cr_expect_lt(json_integer_value(json_object_get(sc, "weight")), 1024);
+    cr_expect_eq(json_integer_value(json_object_get(sc, "attempts")), (json_int_t)got(0));
+    cr_expect_eq(json_integer_value(json_object_get(sc, "failures")), (json_int_t)got(0));
+    json_decref(e);
+    e = endpoint_of(pod_ip(1));
+    cr_assert_not_null(e);
+    sc = json_object_get(e, "score");
+    cr_expect_eq(json_real_value(json_object_get(sc, "failure_ratio")), 0);
+    cr_expect_eq(json_integer_value(json_object_get(sc, "weight")), 1024);
+    cr_expect_gt(json_real_value(json_object_get(sc, "latency_ms")), 0);
+    cr_expect_eq(json_integer_value(json_object_get(sc, "failures")), 0);
+    json_decref(e);
 }
 
 #define LONG_BODY (64u << 20) /* more than every buffer on the way holds */
