@@ -162,14 +162,19 @@ static long long wait_in_flight(const char *ip, long long want, int ms)
     return n;
 }
 
-static double ep_metric(const char *state)
+/* retryproxy_FAMILY{route="r",upstream=svc.test's,LABEL="VALUE"} (NaN: no such series). */
+static double svc_metric(const char *family, const char *label, const char *value)
 {
     char series[256];
     snprintf(series, sizeof(series),
-             "retryproxy_upstream_endpoints{route=\"r\",upstream=\"http://svc.test:%u\","
-             "state=\"%s\"}",
-             port, state);
+             "retryproxy_%s{route=\"r\",upstream=\"http://svc.test:%u\",%s=\"%s\"}", family, port,
+             label, value);
     return fx_metric(series);
+}
+
+static double ep_metric(const char *state)
+{
+    return svc_metric("upstream_endpoints", "state", state);
 }
 
 /* Requests one after another go round the three endpoints (least_request with nothing in
@@ -536,16 +541,10 @@ Test(endpoints, the_failing_one_of_three_gets_at_most_a_fifth_with_four_clients)
                   first);
 }
 
-/* retryproxy_upstream_endpoint_failure_ratio of endpoint 'ip' of route "r"'s upstream (NaN: no
- * series). */
+/* retryproxy_upstream_endpoint_failure_ratio of endpoint 'ip' (NaN: no series). */
 static double failure_metric(const char *ip)
 {
-    char series[256];
-    snprintf(series, sizeof(series),
-             "retryproxy_upstream_endpoint_failure_ratio{route=\"r\",upstream=\"http://"
-             "svc.test:%u\",endpoint=\"%s\"}",
-             port, ip);
-    return fx_metric(series);
+    return svc_metric("upstream_endpoint_failure_ratio", "endpoint", ip);
 }
 
 /* Which endpoint fails is visible (docs/metrics.md, docs/admin.md): the failing one of three has

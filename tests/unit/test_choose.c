@@ -317,6 +317,16 @@ static void one_after_another(struct fleet *f, enum cfg_balance b, size_t reques
     }
 }
 
+/* Three endpoints answering in 2 ms, the second failing every attempt. */
+static struct fleet one_of_three_failing(void)
+{
+    struct fleet f = { .n = 3 };
+    for (size_t i = 0; i < 3; i++)
+        f.ep[i].took_ms = 2;
+    f.ep[1].fails = true;
+    return f;
+}
+
 static const enum cfg_balance turn_policies[] = { CFG_BALANCE_ROUND_ROBIN,
                                                   CFG_BALANCE_LEAST_REQUEST };
 
@@ -326,10 +336,7 @@ static const enum cfg_balance turn_policies[] = { CFG_BALANCE_ROUND_ROBIN,
 Test(choose, a_failing_one_of_three_gets_at_most_a_fifth_one_after_another)
 {
     for (size_t p = 0; p < 2; p++) {
-        struct fleet f = { .n = 3 };
-        for (size_t i = 0; i < 3; i++)
-            f.ep[i].took_ms = 2;
-        f.ep[1].fails = true;
+        struct fleet f = one_of_three_failing();
         f.ep[1].took_ms = 0;
         one_after_another(&f, turn_policies[p], 3000, 10);
         cr_log_info("policy %zu: the failing one got %zu of 3000 first attempts, %zu attempts", p,
@@ -337,9 +344,8 @@ Test(choose, a_failing_one_of_three_gets_at_most_a_fifth_one_after_another)
         cr_expect_leq(f.first[1], 600, "policy %zu: %zu of 3000", p, f.first[1]);
         cr_expect_eq(f.failed_requests, 0);
         /* over the first 30 requests too: it learns within a few */
-        struct fleet g = { .n = 3 };
-        g.ep[0].took_ms = g.ep[2].took_ms = 2;
-        g.ep[1].fails = true;
+        struct fleet g = one_of_three_failing();
+        g.ep[1].took_ms = 0;
         one_after_another(&g, turn_policies[p], 30, 10);
         cr_expect_leq(g.first[1], 6, "policy %zu: %zu of the first 30", p, g.first[1]);
     }
@@ -423,10 +429,7 @@ Test(choose, a_slow_endpoint_gets_fewer_first_attempts)
 Test(choose, a_recovered_endpoint_regains_its_share_in_bounded_time)
 {
     for (size_t p = 0; p < 2; p++) {
-        struct fleet f = { .n = 3 };
-        for (size_t i = 0; i < 3; i++)
-            f.ep[i].took_ms = 2;
-        f.ep[1].fails = true;
+        struct fleet f = one_of_three_failing();
         one_after_another(&f, turn_policies[p], 2000, 10);
         f.ep[1].fails = false;
         uint64_t healed = f.now_ms, back = 0;
