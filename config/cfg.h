@@ -152,6 +152,7 @@ struct cfg_route {
     const struct cfg_upstream *upstreams;
     size_t n_upstreams;
     enum cfg_balance balance;
+    bool weigh_endpoints; /* weights from the endpoints' scores (policy/score.h); false: even */
     struct cfg_ejection ejection; /* endpoint health, kept per endpoint in proxy/core/live.h */
     bool preserve_host;
     uint32_t timeout_ms;

@@ -401,8 +401,13 @@ static const struct field route_fields[] = {
                "host name stands for every address it resolves to (docs/endpoints.md)"),
     ENUM_FIELD("balance", struct cfg_route, balance, balance_names, "\"least_request\"",
                "how each attempt picks among the route's endpoints: least_request (two choices, "
-               "the next in turn and one at random: the one with fewer requests in flight; "
+               "the next in turn and one at random: the one with fewer requests in flight for its "
+               "weight; "
                "round-robin when none wait), round_robin, random (docs/endpoints.md)"),
+    BOOL_FIELD("weigh_endpoints", struct cfg_route, weigh_endpoints, "true",
+               "weigh each endpoint by how it answered lately (failure ratio as retry_on judges "
+               "it, latency): one that fails or is slow gets fewer attempts; false: all alike "
+               "(docs/endpoints.md)"),
     OBJ_FIELD("ejection", struct cfg_route, ejection, ejection_schema, 0,
               "endpoint health: an endpoint that keeps failing leaves the rotation for a while "
               "(docs/forwarding.md)"),

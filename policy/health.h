@@ -24,6 +24,7 @@
 
 #include "policy/backoff.h"
 #include "policy/rng.h"
+#include "policy/score.h"
 
 /* A validated spec (config/ guarantees the backoff's invariants, as for retry.backoff). */
 struct health_spec {
@@ -40,6 +41,9 @@ struct health {
     uint64_t ejected_until_ms; /* available from then on (0: never ejected) */
     uint64_t last_failure_ms;  /* when the last failure that counted was recorded */
     uint64_t ejections_total;  /* every ejection, never reset */
+    /* how well it answered lately, whether ejection is on or not: its weight in the choice
+     * (policy/score.h); kept here so that it goes with the address as the rest does */
+    struct score score;
 };
 
 /* Whether the upstream is in rotation at 'now_ms' (not ejected). */

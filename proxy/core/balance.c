@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include "policy/score.h"
 #include "proxy/core/choose.h"
 #include "proxy/core/runtime.h"
 #include "proxy/core/worker.h"
@@ -124,17 +125,29 @@ struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struc
     if (n > 1) {
         uint64_t t = 0, ej = 0;
         int64_t load[64];
+        uint32_t fail[64], lat[64], weight[64], fastest = 0;
+        uint64_t at[64];
         bool ejection = r->ejection.health.consecutive_failures > 0;
         for (size_t c = 0; c < n; c++) {
+            struct live_endpoint *le = cand[c]->le;
             if (tried & cand[c]->bit)
                 t |= 1ULL << c;
-            if (ejection && !live_endpoint_available(cand[c]->le, now_ms))
+            if (ejection && !live_endpoint_available(le, now_ms))
                 ej |= 1ULL << c;
-            load[c] = atomic_load_explicit(&cand[c]->le->in_flight, memory_order_relaxed);
+            load[c] = atomic_load_explicit(&le->in_flight, memory_order_relaxed);
+            /* the score, as eject_score() last published it (policy/score.h) */
+            fail[c] = __atomic_load_n(&le->h.score.fail_q16, __ATOMIC_RELAXED);
+            lat[c] = __atomic_load_n(&le->h.score.lat_us, __ATOMIC_RELAXED);
+            at[c] = __atomic_load_n(&le->h.score.at_ms, __ATOMIC_RELAXED);
+            if (lat[c] && (!fastest || lat[c] < fastest))
+                fastest = lat[c];
         }
+        for (size_t c = 0; c < n; c++)
+            weight[c] = score_weight(fail[c], lat[c], at[c], now_ms, fastest);
         /* a request's first attempt, not a retry, takes a turn: 'tried' names endpoints of any
          * view, one that left included, 't' those of this one only */
-        i = choose_balanced(r->balance, t, ej, n, load, tried ? NULL : rr, &w->rng);
+        i = choose_balanced(r->balance, t, ej, n, load, r->weigh_endpoints ? weight : NULL,
+                            tried ? NULL : rr, &w->rng);
     }
     struct endpoint *e = cand[i];
     if (!e->to)

@@ -6,11 +6,27 @@
 #include "proxy/core/balance.h"
 #include "proxy/telemetry/log.h"
 
-void eject_record(const struct cfg_route *r, const struct endpoint *e, enum retry_outcome o,
-                  int status, const struct hlist *head, int grpc, uint64_t now_ms, struct rng *rng)
+/* The score of 'e' takes the attempt, unless its slot went to another address meanwhile. */
+static void score_take(const struct endpoint *e, bool failed, uint64_t took_us, uint64_t now_ms)
 {
+    struct live_endpoint *le = e->le;
+    pthread_mutex_lock(&le->mu);
+    if (atomic_load_explicit(&le->epoch, memory_order_relaxed) == e->epoch)
+        score_record(&le->h.score, failed, took_us, now_ms);
+    pthread_mutex_unlock(&le->mu);
+}
+
+void eject_record(const struct cfg_route *r, const struct endpoint *e, enum retry_outcome o,
+                  int status, const struct hlist *head, int grpc, uint64_t took_us, uint64_t now_ms,
+                  struct rng *rng)
+{
+    if (!e)
+        return;
+    /* a failure as the route's retries see it: a 503 it retries is one, a 404 is not */
+    score_take(e, retry_match_on(r->retry.on, r->retry.n_on, o, status, head, grpc) != NULL,
+               took_us, now_ms);
     const struct cfg_ejection *ej = &r->ejection;
-    if (!e || ej->health.consecutive_failures == 0)
+    if (ej->health.consecutive_failures == 0)
         return;
     bool failed = retry_match_on(ej->on, ej->n_on, o, status, head, grpc) != NULL;
     if (!live_endpoint_record(e->le, e->epoch, &ej->health, failed, now_ms, rng))

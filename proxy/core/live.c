@@ -1,5 +1,6 @@
 #include "proxy/core/live.h"
 
+#include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -241,6 +242,28 @@ size_t live_upstream_endpoints(struct live_upstream *u, uint64_t now_ms, struct 
     return n;
 }
 
+/* The worst few of an upstream's endpoints in the record by failure ratio, those at
+ * METRICS_FAILING_RATIO or more (docs/metrics.md): kept sorted, the first of equals first. */
+static void worst_endpoints(const struct live_ep_row *eps, size_t m, uint64_t now,
+                            struct metrics_upstream *row)
+{
+    for (size_t k = 0; k < m; k++) {
+        const struct score *s = &eps[k].h.score;
+        double ratio = score_failure(s->fail_q16, s->at_ms, now) / 65535.0;
+        if (eps[k].state == LIVE_EP_LEAVING || ratio < METRICS_FAILING_RATIO)
+            continue;
+        size_t j = row->n_worst < METRICS_WORST_ENDPOINTS ? row->n_worst++ : row->n_worst;
+        for (; j > 0 && row->worst[j - 1].failure_ratio < ratio; j--)
+            if (j < METRICS_WORST_ENDPOINTS)
+                row->worst[j] = row->worst[j - 1];
+        if (j < METRICS_WORST_ENDPOINTS) {
+            row->worst[j].failure_ratio = ratio;
+            inet_ntop(eps[k].addr.family, &eps[k].addr.u, row->worst[j].ip,
+                      sizeof(row->worst[j].ip));
+        }
+    }
+}
+
 size_t live_upstream_rows(void *live, struct metrics_upstream **rows)
 {
     struct live *l = live;
@@ -277,6 +300,7 @@ size_t live_upstream_rows(void *live, struct metrics_upstream **rows)
             pthread_mutex_unlock(&u->up.mu);
             for (size_t k = 0; k < m; k++)
                 row->endpoints[eps[k].state]++;
+            worst_endpoints(eps, m, now, row);
         }
     }
     *rows = out;

@@ -561,8 +561,8 @@ void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
     }
     if (!(r->cur->flags & TF_RECORDED)) {
         r->cur->flags |= TF_RECORDED;
-        eject_record(r->route, r->cur->ep, o, f->status, f->head, f->grpc_status, f->now_ms,
-                     &r->w->rng);
+        eject_record(r->route, r->cur->ep, o, f->status, f->head, f->grpc_status,
+                     loop_clock_us(r->w->loop) - r->cur->start_us, f->now_ms, &r->w->rng);
     }
     see_drain_deadline(r);
     decide_attempt(&r->dr, f, v);

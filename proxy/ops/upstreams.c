@@ -1,10 +1,12 @@
 #include "proxy/ops/upstreams.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <stdio.h>
 #include <time.h>
 
 #include "policy/health.h"
+#include "policy/score.h"
 #include "proxy/core/live.h"
 #include "proxy/core/runtime.h"
 #include "proxy/dns/resolve.h"
@@ -42,18 +44,34 @@ static json_t *name_json(struct dns_name *n)
                      time_or_null(st.next_unix_ms));
 }
 
-/* One endpoint: its address, state, load and health. */
-static json_t *endpoint_json(const struct cfg_route *r, const struct live_ep_row *e, unsigned port,
-                             uint64_t now, int64_t wall_ms)
+/* x rounded to three decimals, as the page shows ratios and milliseconds. */
+static double milli(double x)
 {
+    return round(x * 1000) / 1000;
+}
+
+/* One endpoint: its address, state, load, score and health; 'fastest' is the route's fastest
+ * endpoint's latency (its weight is relative to it). */
+static json_t *endpoint_json(const struct cfg_route *r, const struct live_ep_row *e, unsigned port,
+                             uint32_t fastest, uint64_t now, int64_t wall_ms)
+{
+    const struct score *s = &e->h.score;
+    json_t *score =
+        json_pack("{s:f, s:f, s:I, s:I, s:I}", "failure_ratio",
+                  milli(score_failure(s->fail_q16, s->at_ms, now) / 65535.0), "latency_ms",
+                  milli(s->lat_us / 1000.0), "weight",
+                  (json_int_t)(r->weigh_endpoints
+                                   ? score_weight(s->fail_q16, s->lat_us, s->at_ms, now, fastest)
+                                   : SCORE_WEIGHT_MAX),
+                  "attempts", (json_int_t)s->attempts, "failures", (json_int_t)s->failures);
     char ip[INET6_ADDRSTRLEN], addr[INET6_ADDRSTRLEN + 16];
     inet_ntop(e->addr.family, &e->addr.u, ip, sizeof(ip));
     snprintf(addr, sizeof(addr), e->addr.family == AF_INET6 ? "[%s]:%u" : "%s:%u", ip, port);
     bool ejected = !health_available(&e->h, now);
     uint64_t left = ejected ? e->h.ejected_until_ms - now : 0;
-    return json_pack("{s:s, s:s, s:I, s:I, s:o, s:I, s:I, s:I, s:I}", "address", addr, "state",
+    return json_pack("{s:s, s:s, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I}", "address", addr, "state",
                      state_names[e->state], "in_flight", (json_int_t)e->in_flight, "connections",
-                     (json_int_t)e->conns, "ejected_until",
+                     (json_int_t)e->conns, "score", score, "ejected_until",
                      ejected ? time_or_null(wall_ms + (int64_t)left) : json_null(), "remaining_ms",
                      (json_int_t)left, "consecutive_failures", (json_int_t)e->h.failures,
                      "ejections", (json_int_t)e->h.ejections_total, "ejections_in_sequence",
@@ -63,7 +81,8 @@ static json_t *endpoint_json(const struct cfg_route *r, const struct live_ep_row
 /* One upstream: its name, endpoints, and their health taken together (for an upstream of one
  * address, that address's): ejected while every endpoint is, until the first comes back. */
 static json_t *upstream_json(const struct cfg_route *r, const struct rt_route *x, size_t k,
-                             uint64_t now, int64_t wall_ms, size_t *n_ep, size_t *n_ejected)
+                             uint32_t fastest, uint64_t now, int64_t wall_ms, size_t *n_ep,
+                             size_t *n_ejected)
 {
     struct live_ep_row rows[LIVE_ENDPOINTS_MAX];
     size_t n = live_upstream_endpoints(x->ups[k], now, rows, LIVE_ENDPOINTS_MAX);
@@ -72,7 +91,8 @@ static json_t *upstream_json(const struct cfg_route *r, const struct rt_route *x
     uint64_t back = UINT64_MAX, failures = 0, ejections = 0, seq = 0;
     for (size_t i = 0; i < n; i++) {
         const struct live_ep_row *e = &rows[i];
-        json_array_append_new(eps, endpoint_json(r, e, r->upstreams[k].port, now, wall_ms));
+        json_array_append_new(eps,
+                              endpoint_json(r, e, r->upstreams[k].port, fastest, now, wall_ms));
         if (e->state == LIVE_EP_LEAVING)
             continue;
         in_rotation++;
@@ -97,6 +117,23 @@ static json_t *upstream_json(const struct cfg_route *r, const struct rt_route *x
                      eps);
 }
 
+/* The lowest latency of route 'x''s endpoints, as proxy/core/balance.c weighs them (0: none
+ * known). */
+static uint32_t fastest_of(const struct cfg_route *r, const struct rt_route *x, uint64_t now)
+{
+    uint32_t fastest = 0;
+    for (size_t k = 0; k < r->n_upstreams; k++) {
+        struct live_ep_row rows[LIVE_ENDPOINTS_MAX];
+        size_t n = live_upstream_endpoints(x->ups[k], now, rows, LIVE_ENDPOINTS_MAX);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t lat = rows[i].h.score.lat_us;
+            if (rows[i].state != LIVE_EP_LEAVING && lat && (!fastest || lat < fastest))
+                fastest = lat;
+        }
+    }
+    return fastest;
+}
+
 json_t *upstreams_json(const struct rt *rt, uint64_t now, int64_t wall_ms)
 {
     static const char *const balance_names[] = { "least_request", "round_robin", "random" };
@@ -106,8 +143,10 @@ json_t *upstreams_json(const struct rt *rt, uint64_t now, int64_t wall_ms)
         const struct rt_route *x = &rt->routes[i];
         json_t *ups = json_array();
         size_t n_ep = 0, n_ejected = 0;
+        uint32_t fastest = fastest_of(r, x, now);
         for (size_t k = 0; k < r->n_upstreams; k++)
-            json_array_append_new(ups, upstream_json(r, x, k, now, wall_ms, &n_ep, &n_ejected));
+            json_array_append_new(ups,
+                                  upstream_json(r, x, k, fastest, now, wall_ms, &n_ep, &n_ejected));
         json_array_append_new(routes,
                               json_pack("{s:s, s:s, s:b, s:b, s:o}", "route", r->name, "balance",
                                         balance_names[r->balance], "ejection",

@@ -167,6 +167,12 @@ void metrics_set_draining(struct metrics *m);
 void metrics_process_budget(struct metrics *m, const struct budget_limits *l);
 void metrics_route_budget(struct metrics_route *r, const struct budget_limits *l);
 
+/* upstream_endpoint_failure_ratio{route, upstream, endpoint} shows at most this many endpoints
+ * of an upstream, the worst, and only those whose failure ratio is at least
+ * METRICS_FAILING_RATIO (docs/metrics.md): a bounded set of series, whatever the pods. */
+#define METRICS_WORST_ENDPOINTS 3
+#define METRICS_FAILING_RATIO   0.1
+
 /* upstream_ejections_total and upstream_ejected{route, upstream}: one row per upstream of a
  * route that has had ejection on (docs/forwarding.md), as its health is at the scrape. */
 struct metrics_upstream {
@@ -174,6 +180,11 @@ struct metrics_upstream {
     bool ejection;           /* the route's ejection is on: the ejection families have it */
     uint64_t ejections;      /* of all its endpoints, ever */
     unsigned endpoints[3];   /* its endpoints now: healthy, ejected, leaving */
+    unsigned n_worst;        /* its worst endpoints, the worst first */
+    struct metrics_worst {
+        char ip[48]; /* the address, without the URL's port */
+        double failure_ratio;
+    } worst[METRICS_WORST_ENDPOINTS];
 };
 /* Where a scrape reads those rows: fn(arg, &rows) returns how many, in a malloc'd array the
  * scrape frees (0 and NULL: none, or out of memory). Called without the registry's lock. Set

@@ -126,6 +126,12 @@ const struct family_def metrics_families[FAM_COUNT] = {
                                  "The upstream's endpoints (the addresses its name resolves to) "
                                  "by state: healthy, ejected, or leaving (gone from the record, "
                                  "still used)." },
+    [FAM_UPSTREAM_ENDPOINT_FAILURE] = { "upstream_endpoint_failure_ratio", "gauge",
+                                        "route, upstream, endpoint", NULL, 0,
+                                        "The failure ratio of the upstream's worst endpoints "
+                                        "lately "
+                                        "(0 to 1, attempts retry_on names): at most 3 per "
+                                        "upstream, those at 0.1 or more, by address." },
     [FAM_DNS_RESOLUTIONS] = { "dns_resolutions_total", "counter", "name, result", dns_result_names,
                               METRICS_DNS_COUNT,
                               "Lookups of the upstreams' host names (resolver), by name as "

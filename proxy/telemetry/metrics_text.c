@@ -434,6 +434,25 @@ static void render_upstreams(FILE *f, const struct scrape *sc)
     }
 }
 
+/* upstream_endpoint_failure_ratio: the worst endpoints of each upstream, at most
+ * METRICS_WORST_ENDPOINTS a row. */
+static void render_worst(FILE *f, const struct scrape *sc)
+{
+    const char *name = put_family(f, FAM_UPSTREAM_ENDPOINT_FAILURE);
+    for (size_t i = 0; i < sc->n_ups; i++) {
+        const struct metrics_upstream *u = &sc->ups[i];
+        for (size_t k = 0; k < u->n_worst; k++) {
+            fprintf(f, "retryproxy_%s{route=\"", name);
+            put_label(f, u->route);
+            fputs("\",upstream=\"", f);
+            put_label(f, u->url);
+            fputs("\",endpoint=\"", f);
+            put_label(f, u->worst[k].ip);
+            fprintf(f, "\"} %.3f\n", u->worst[k].failure_ratio);
+        }
+    }
+}
+
 /* dns_resolutions_total and dns_stale, one series per host name asked (m->lock held). */
 static void render_dns(FILE *f, const struct metrics *m)
 {
@@ -480,6 +499,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_budget(f, m, sc, FAM_BUDGET_MIN_RPS);
     render_budget(f, m, sc, FAM_BUDGET_CONCURRENT);
     render_upstreams(f, sc);
+    render_worst(f, sc);
     render_dns(f, m);
     render_process(f, m);
     render_limits(f, m);

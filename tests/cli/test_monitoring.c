@@ -43,8 +43,9 @@
 static const char *const target_labels[] = { "job", "instance" };
 /* The sections of docs/operations.md the alerts' runbook_url point at: each is used. */
 static const char *const runbook_anchors[] = {
-    "retry-storm", "retries-denied", "upstream-failures", "grpc-failures",   "upstream-ejected",
-    "panic-mode",  "no-endpoints",   "dns-stale",         "reload-failures", "draining"
+    "retry-storm",      "retries-denied",   "upstream-failures", "grpc-failures",
+    "upstream-ejected", "endpoint-failing", "panic-mode",        "no-endpoints",
+    "dns-stale",        "reload-failures",  "draining"
 };
 static const char *const severities[] = { "info", "warning", "critical" };
 
@@ -450,10 +451,11 @@ static bool is_recorded(const char *name)
 static bool values_enumerated(const char *metric, const char *label)
 {
     /* grpc_status: only the statuses seen are shown (docs/metrics.md); upstream: the config's
-     * URLs; name: the host names in them (the DNS families) */
+     * URLs; name: the host names in them (the DNS families); endpoint: the addresses they
+     * resolve to */
     if (strcmp(label, "route") == 0 || strcmp(label, "code") == 0 ||
         strcmp(label, "grpc_status") == 0 || strcmp(label, "upstream") == 0 ||
-        strcmp(label, "name") == 0)
+        strcmp(label, "name") == 0 || strcmp(label, "endpoint") == 0)
         return false;
     return !(strcmp(metric, "retryproxy_retries_total") == 0 && strcmp(label, "reason") == 0);
 }

@@ -90,13 +90,14 @@ static bool bool_of(const json_t *o, const char *key)
 }
 
 /* Route "r" over upstreams 'bad' then 'good', one attempt per request, one worker (round-robin
- * alternates), with the ejection members 'ejection'. */
+ * alternates: the endpoints are not weighed by their failures, weigh_endpoints false, so that
+ * ejection alone takes the failing one out), with the ejection members 'ejection'. */
 static void start_two(const char *bad, const char *good, const char *ejection)
 {
     struct cfgb *b = cfgb_new();
     cfgb_route(b, "r",
                "\"upstreams\": [\"%s\", \"%s\"], \"retry\": {\"max_attempts\": 1}, "
-               "\"ejection\": {%s}",
+               "\"weigh_endpoints\": false, \"ejection\": {%s}",
                bad, good, ejection);
     fx_start_b(b, "--workers", "1", NULL);
 }
@@ -193,7 +194,8 @@ Test(ejection, connect_failures_eject_and_the_good_upstream_takes_every_first_at
     snprintf(bad_url, sizeof(bad_url), "http://127.0.0.1:%u", fx_closed_port());
     struct cfgb *b = cfgb_new();
     cfgb_route(b, "r",
-               "\"upstreams\": [\"%s\", \"%s\"], \"retry\": {\"max_attempts\": 2, " CFG_FAST "}, "
+               "\"upstreams\": [\"%s\", \"%s\"], \"weigh_endpoints\": false, "
+               "\"retry\": {\"max_attempts\": 2, " CFG_FAST "}, "
                "\"ejection\": {\"consecutive_failures\": 2, \"backoff\": {\"base_ms\": 5000}}",
                bad_url, fx_up_url(0));
     fx_start_b(b, "--workers", "1", NULL);
@@ -238,13 +240,16 @@ Test(ejection, every_upstream_ejected_all_are_used_again)
 }
 
 /* Without an ejection key nothing is ejected: an upstream that answers every attempt 503 keeps
- * its round-robin share, the upstream families have no series and /upstreams says off. */
+ * its round-robin share (its weight not lowered either: weigh_endpoints false), the upstream
+ * families have no series and /upstreams says off. */
 Test(ejection, off_by_default_round_robin_is_unchanged)
 {
     fx_upstreams(2);
     always_503(0);
     struct cfgb *b = cfgb_new();
-    cfgb_route(b, "r", "\"upstreams\": [\"%s\", \"%s\"], \"retry\": {\"max_attempts\": 1}",
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"%s\", \"%s\"], \"weigh_endpoints\": false, "
+               "\"retry\": {\"max_attempts\": 1}",
                fx_up_url(0), fx_up_url(1));
     fx_start_b(b, "--workers", "1", NULL);
     cr_expect_eq(get_n("a", 8), 4);
@@ -322,7 +327,9 @@ Test(ejection, attempts_are_counted_by_upstream)
     fx_upstreams(2);
     always_503(0);
     struct cfgb *b = cfgb_new();
-    cfgb_route(b, "r", "\"upstreams\": [\"%s\", \"%s\"], \"retry\": {\"max_attempts\": 1}",
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"%s\", \"%s\"], \"weigh_endpoints\": false, "
+               "\"retry\": {\"max_attempts\": 1}",
                fx_up_url(0), fx_up_url(1));
     /* one worker: its turn alternates exactly (each worker keeps its own) */
     fx_start_b(b, "--workers", "1", NULL);

@@ -5,9 +5,12 @@
 
 #include <arpa/inet.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "proxy/core/live.h"
+#include "proxy/telemetry/metrics.h"
 
 static struct live *lv;
 static struct live_upstream *u;
@@ -105,4 +108,44 @@ Test(live_endpoints, at_most_sixty_four)
         cr_expect_null(e[i], "address %d has no slot", i);
     struct live_ep_row rows[LIVE_ENDPOINTS_MAX];
     cr_expect_eq(live_upstream_endpoints(u, 0, rows, LIVE_ENDPOINTS_MAX), 64);
+}
+
+/* upstream_endpoint_failure_ratio's rows (docs/metrics.md): an upstream's worst endpoints by
+ * failure ratio, at most METRICS_WORST_ENDPOINTS of them and only those at 0.1 or more, the worst
+ * first (equals in slot order), whatever the number of failing ones. */
+Test(live_endpoints, the_metrics_name_at_most_three_worst_endpoints)
+{
+    struct dns_addr a[5] = { v4("10.0.0.1"), v4("10.0.0.2"), v4("10.0.0.3"), v4("10.0.0.4"),
+                             v4("10.0.0.5") };
+    struct live_endpoint *e[5];
+    live_upstream_sync(u, a, 5, e);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    /* 10.0.0.1 healthy; .2 fails one attempt in two; .3, .4, .5 every one */
+    for (int i = 0; i < 40; i++) {
+        score_record(&e[0]->h.score, false, 1000, now);
+        score_record(&e[1]->h.score, i % 2, 1000, now);
+        for (int k = 2; k < 5; k++)
+            score_record(&e[k]->h.score, true, 1000, now);
+    }
+    struct metrics_upstream *rows;
+    size_t n = live_upstream_rows(lv, &rows);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(rows[0].n_worst, METRICS_WORST_ENDPOINTS);
+    cr_expect_str_eq(rows[0].worst[0].ip, "10.0.0.3");
+    cr_expect_str_eq(rows[0].worst[1].ip, "10.0.0.4");
+    cr_expect_str_eq(rows[0].worst[2].ip, "10.0.0.5");
+    cr_expect_gt(rows[0].worst[2].failure_ratio, 0.9);
+    free(rows);
+    /* .3 .. .5 heal: .2 is the only one left at 0.1 or more */
+    for (int i = 0; i < 60; i++)
+        for (int k = 2; k < 5; k++)
+            score_record(&e[k]->h.score, false, 1000, now);
+    n = live_upstream_rows(lv, &rows);
+    cr_assert_eq(rows[0].n_worst, 1);
+    cr_expect_str_eq(rows[0].worst[0].ip, "10.0.0.2");
+    cr_expect(rows[0].worst[0].failure_ratio > 0.3 && rows[0].worst[0].failure_ratio < 0.7, "%g",
+              rows[0].worst[0].failure_ratio);
+    free(rows);
 }

@@ -141,6 +141,7 @@ static const struct {
     { "upstream_ejections_total", "counter" },
     { "upstream_ejected", "gauge" },
     { "upstream_endpoints", "gauge" },
+    { "upstream_endpoint_failure_ratio", "gauge" },
     { "dns_resolutions_total", "counter" },
     { "dns_stale", "gauge" },
     { "connections_active", "gauge" },
@@ -806,10 +807,17 @@ Test(metrics, draining_turns_1_and_stays)
 static size_t fake_upstreams(void *arg, struct metrics_upstream **rows)
 {
     static const struct metrics_upstream src[] = {
-        { "r", "http://10.0.0.2:80", true, 0, { 2, 0, 0 } },
-        { "a", "http://b.internal/x\"y", true, 7, { 0, 1, 0 } },
-        { "r", "http://10.0.0.1:80", true, 3, { 0, 1, 1 } },
-        { "n", "http://svc:80", false, 0, { 3, 0, 0 } }, /* no ejection: endpoints only */
+        { "r", "http://10.0.0.2:80", true, 0, { 2, 0, 0 }, 0, { { "", 0 } } },
+        { "a", "http://b.internal/x\"y", true, 7, { 0, 1, 0 }, 0, { { "", 0 } } },
+        { "r", "http://10.0.0.1:80", true, 3, { 0, 1, 1 }, 0, { { "", 0 } } },
+        /* no ejection: endpoints, and its worst ones by failure ratio */
+        { "n",
+          "http://svc:80",
+          false,
+          0,
+          { 3, 0, 0 },
+          2,
+          { { "10.0.3.1", 0.95 }, { "10.0.3.2", 0.25 } } },
     };
     ++*(int *)arg;
     *rows = malloc(sizeof(src));
@@ -843,6 +851,10 @@ Test(metrics, upstreams_render_sorted_rows_of_the_source)
         "10.0.0.1:80\",state=\"leaving\"} 1",
         "retryproxy_upstream_endpoints{route=\"r\",upstream=\"http://"
         "10.0.0.2:80\",state=\"healthy\"} 2",
+        "retryproxy_upstream_endpoint_failure_ratio{route=\"n\",upstream=\"http://svc:80\","
+        "endpoint=\"10.0.3.1\"} 0.950",
+        "retryproxy_upstream_endpoint_failure_ratio{route=\"n\",upstream=\"http://svc:80\","
+        "endpoint=\"10.0.3.2\"} 0.250",
     };
     const char *prev = t;
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
