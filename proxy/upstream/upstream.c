@@ -40,6 +40,11 @@ struct upstream_sock {
     int fd;
     bool parked;            /* curl is not watching it: events are not passed on */
     _Atomic int64_t *conns; /* its endpoint's count of open connections (NULL: none) */
+    /* curl has watched it for reading: it is connected, and curl closes it through on_close.
+     * Until then curl may close it behind our back (sock_gone). */
+    bool settled;
+    uint64_t cookie; /* the socket's SO_COOKIE (0: unknown), which a later socket with the same
+                        number does not have */
 };
 
 struct shard {
@@ -176,8 +181,42 @@ static struct upstream_sock *sock_new(struct shard *sh, int fd)
     s->sh = sh;
     s->fd = fd;
     s->w.fd = -1;
+    socklen_t len = sizeof(s->cookie);
+    if (getsockopt(fd, SOL_SOCKET, SO_COOKIE, &s->cookie, &len) < 0)
+        s->cookie = 0;
     u->socks[fd] = s;
     return s;
+}
+
+/* libcurl (7.88) closes a socket it has not made its connection's yet (one still connecting
+ * when its transfer is cancelled or its connect times out: cf_socket_close() of
+ * lib/cf-socket.c, "not active") with close() itself, not through CURLOPT_CLOSESOCKETFUNCTION:
+ * on_close never hears of it, the CURL_POLL_REMOVE that may follow names a number that can be
+ * another socket's by then, and its endpoint counted the connection for good (issue 38: an endpoint
+ * "leaving" forever with connections=1). Whether 's' is still the socket we watched: its number is
+ * open and has its cookie. A connected socket
+ * ('settled') is not asked: curl closes those through on_close. */
+static bool sock_gone(const struct upstream_sock *s)
+{
+    if (s->settled || !s->cookie)
+        return false;
+    uint64_t cookie = 0;
+    socklen_t len = sizeof(cookie);
+    return getsockopt(s->fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) < 0 || cookie != s->cookie;
+}
+
+/* Forgets 's', which curl closed behind our back: its connection is no longer counted, and its
+ * number, which may name another file by now, is not touched (the kernel took the closed socket
+ * out of epoll with it). */
+static void sock_forget(struct upstream *u, struct upstream_sock *s)
+{
+    if (s->conns)
+        atomic_fetch_sub_explicit(s->conns, 1, memory_order_relaxed);
+    s->sh->conns--;
+    loop_watch_forget(u->loop, &s->w);
+    if (u->socks[s->fd] == s)
+        u->socks[s->fd] = NULL;
+    loop_defer_free(u->loop, s);
 }
 
 /* Puts the socket in epoll with 'ev', whatever its state there. */
@@ -202,6 +241,10 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
     if (what == CURL_POLL_REMOVE) {
         if (!s)
             s = sock_find(u, fd);
+        if (s && sock_gone(s)) {
+            sock_forget(u, s);
+            return 0;
+        }
         if (s && !s->parked) {
             s->parked = true;
             curl_multi_assign(sh->multi, fd, NULL);
@@ -216,20 +259,30 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         ev |= EPOLLIN;
     if (what & CURL_POLL_OUT)
         ev |= EPOLLOUT;
-    if (!s) {
+    bool assign = !s;
+    if (!s)
         s = sock_find(u, fd);
-        if (!s) {
-            if (!(s = sock_new(sh, fd)))
-                return -1;
-            /* a new connection: its endpoint counts it until curl closes it */
-            struct upstream_xfer *x = NULL;
-            curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
-            if (x && x->to && (s->conns = x->to->conns) != NULL)
-                atomic_fetch_add_explicit(s->conns, 1, memory_order_relaxed);
-        }
+    if (s && sock_gone(s)) { /* the number is a new socket's now (curl may even pass the old
+                                one's pointer: it did not hear of its close either) */
+        sock_forget(u, s);
+        s = NULL;
+        assign = true;
+    }
+    if (!s) {
+        if (!(s = sock_new(sh, fd)))
+            return -1;
+        /* a new connection: its endpoint counts it until curl closes it */
+        struct upstream_xfer *x = NULL;
+        curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        if (x && x->to && (s->conns = x->to->conns) != NULL)
+            atomic_fetch_add_explicit(s->conns, 1, memory_order_relaxed);
+    }
+    if (assign) {
         s->parked = false;
         curl_multi_assign(sh->multi, fd, s);
     }
+    if (what & CURL_POLL_IN)
+        s->settled = true;
     return sock_watch(u, s, ev) < 0 ? -1 : 0;
 }
 
