@@ -205,6 +205,40 @@ static long get(const char *id)
     return status;
 }
 
+/* An address leaves the record while the pod behind it keeps idle connections from the proxy
+ * and no request passes: they are closed and the endpoint is gone from /upstreams within about
+ * a second of the change (the TTL of 1 s and the next lookup: 5 s allowed). */
+Test(endpoints_leave, an_idle_endpoint_that_leaves_is_gone_without_traffic)
+{
+    pods(8);
+    size_t all[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    record(all, 8);
+    start("", "1");
+    for (int i = 0; i < 16; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "w-%d", i);
+        cr_assert_eq(get(id), 200);
+    }
+    cr_assert_geq(tup_count(pod[7]), 1);
+    cr_assert_geq(tup_open_connections(pod[7]), 1, "no idle connection to the pod that leaves");
+    int64_t t0 = now_ms();
+    record(all, 7); /* 127.0.0.9 leaves */
+    int64_t gone = 0;
+    while (!gone && now_ms() - t0 < 5000) {
+        json_t *e = endpoint_of(ip(7));
+        if (!e)
+            gone = now_ms();
+        json_decref(e);
+        sleep_ms(20);
+    }
+    cr_assert(gone, "%s still listed 5 s after it left the record: %s", ip(7), state_of(ip(7)));
+    cr_expect_eq(tup_wait_open_at_most(pod[7], 0, 2000), 0,
+                 "%zu connection(s) to the pod that left still open", tup_open_connections(pod[7]));
+    fprintf(stderr, "idle endpoint gone from /upstreams %lld ms after the record changed\n",
+            (long long)(gone - t0));
+    cr_expect_eq(tup_count(pod[7]), 2, "no request passed meanwhile");
+}
+
 /* A pod that fails is ejected (for 30 s), its address leaves the record, and a new pod comes
  * back on the same address (Kubernetes reuses pod addresses): the new pod is used at once, its
  * health its own. */
