@@ -23,6 +23,7 @@
 #include "tests/support/cfgb.h"
 #include "tests/support/dnsmasq.h"
 #include "tests/support/fixture.h"
+#include "tests/support/pods.h"
 #include "tests/support/proc.h"
 
 #define T     20000 /* ms: upper bound for any single request */
@@ -37,9 +38,7 @@ static pid_t burner[2];
 
 static const char *ip(size_t i)
 {
-    static char s[ADDRS][16];
-    snprintf(s[i], sizeof(s[i]), "127.0.0.%zu", i + 2);
-    return s[i];
+    return pods_ip(i);
 }
 
 static void unburn(void)
@@ -75,27 +74,11 @@ static void init(void)
 
 TestSuite(endpoints_leave, .init = init, .fini = teardown, .timeout = 150);
 
-/* Pods on the first 'n' addresses, one port (the kernel's choice for the first). */
+/* Pods on the first 'n' addresses, and the DNS server. */
 static void pods(size_t n)
 {
     fx_init_curl();
-    for (int tries = 0; tries < 20; tries++) {
-        char err[256];
-        port = 0;
-        size_t k = 0;
-        for (; k < n; k++) {
-            if (!(pod[k] = tup_try_start_at(ip(k), port, NULL, NULL, err, sizeof(err))))
-                break;
-            port = tup_port(pod[k]);
-        }
-        if (k == n)
-            break;
-        for (size_t i = 0; i < k; i++) {
-            tup_stop(pod[i]);
-            pod[i] = NULL;
-        }
-    }
-    cr_assert_not_null(pod[n - 1], "no port free on every address");
+    port = pods_start(pod, n);
     dns = dnsm_start();
     cr_assert_not_null(dns);
 }
@@ -140,31 +123,14 @@ static void go_dark(size_t i)
     dark_client[i] = c;
 }
 
-/* Endpoint 'ip' of route "r" in /upstreams (new reference), NULL when it is not listed. */
 static json_t *endpoint_of(const char *addr_ip)
 {
-    json_t *j = fx_admin_get_json("/upstreams"), *e, *found = NULL;
-    json_t *r = json_array_get(json_object_get(j, "routes"), 0);
-    json_t *eps = json_object_get(json_array_get(json_object_get(r, "upstreams"), 0), "endpoints");
-    char addr[64];
-    size_t k;
-    snprintf(addr, sizeof(addr), "%s:%u", addr_ip, port);
-    json_array_foreach(eps, k, e)
-    {
-        if (!found && strcmp(json_str(e, "address"), addr) == 0)
-            found = json_incref(e);
-    }
-    json_decref(j);
-    return found;
+    return pods_endpoint(addr_ip, port);
 }
 
 static const char *state_of(const char *addr_ip)
 {
-    static char state[16];
-    json_t *e = endpoint_of(addr_ip);
-    snprintf(state, sizeof(state), "%s", e ? json_str(e, "state") : "");
-    json_decref(e);
-    return state;
+    return pods_state(addr_ip, port);
 }
 
 /* The endpoints /upstreams shows as leaving, as "ADDR(connections=N in_flight=M) ..." in
@@ -194,15 +160,7 @@ static size_t leaving(char *out, size_t cap)
 
 static long get(const char *id)
 {
-    char ih[96], url[256];
-    snprintf(ih, sizeof(ih), "X-Request-Id: %s", id);
-    const char *h[] = { ih, NULL };
-    struct http_resp r;
-    http_do("GET", px_url(px, "/", url, sizeof(url)), h, NULL, 0, T, &r);
-    cr_assert_eq(r.rc, 0, "%s: curl error %d", id, r.rc);
-    long status = r.status;
-    http_free(&r);
-    return status;
+    return fx_get_id(id);
 }
 
 /* An address leaves the record while the pod behind it keeps idle connections from the proxy

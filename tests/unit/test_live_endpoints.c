@@ -39,6 +39,16 @@ static struct dns_addr v4(const char *s)
     return a;
 }
 
+/* Ejected for 'ms' at the first failure. */
+static struct health_spec eject_on_first(uint32_t ms)
+{
+    struct health_spec hs = { .consecutive_failures = 1 };
+    hs.backoff.policy = BACKOFF_FIXED;
+    hs.backoff.base_ms = ms;
+    hs.backoff.cap_ms = ms;
+    return hs;
+}
+
 Test(live_endpoints, an_address_keeps_its_slot_while_it_stays)
 {
     struct dns_addr a[2] = { v4("10.0.0.1"), v4("10.0.0.2") };
@@ -56,10 +66,7 @@ Test(live_endpoints, an_address_keeps_its_slot_while_it_stays)
 
 Test(live_endpoints, a_left_address_that_nothing_uses_gives_its_slot_and_health_away)
 {
-    struct health_spec hs = { .consecutive_failures = 1 };
-    hs.backoff.policy = BACKOFF_FIXED;
-    hs.backoff.base_ms = 1000;
-    hs.backoff.cap_ms = 1000;
+    struct health_spec hs = eject_on_first(1000);
     struct rng rng;
     rng_seed(&rng, 1);
     struct dns_addr a[1] = { v4("10.0.0.1") };
@@ -176,10 +183,7 @@ Test(live_endpoints, a_left_address_goes_once_its_connections_close)
  * meanwhile, and late outcomes of the old pod's attempts are not recorded against the new one. */
 static void rejoin_starts_fresh(bool busy)
 {
-    struct health_spec hs = { .consecutive_failures = 1 };
-    hs.backoff.policy = BACKOFF_FIXED;
-    hs.backoff.base_ms = 30000;
-    hs.backoff.cap_ms = 30000;
+    struct health_spec hs = eject_on_first(30000);
     struct rng rng;
     rng_seed(&rng, 1);
     struct dns_addr a[2] = { v4("10.0.0.1"), v4("10.0.0.2") };
