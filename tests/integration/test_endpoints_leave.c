@@ -165,8 +165,9 @@ static long get(const char *id)
 
 /* An address leaves the record while the pod behind it keeps idle connections from the proxy
  * and no request passes: they are closed and the endpoint is gone from /upstreams within about
- * a second of the change (the TTL of 1 s and the next lookup: 5 s allowed). */
-Test(endpoints_leave, an_idle_endpoint_that_leaves_is_gone_without_traffic)
+ * a second of the change (the TTL of 1 s and the next lookup: 5 s allowed). With 'reload', the
+ * config is reloaded first (the connections were made under the snapshot before). */
+static void idle_endpoint_leaves(bool reload)
 {
     pods(8);
     size_t all[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
@@ -179,6 +180,19 @@ Test(endpoints_leave, an_idle_endpoint_that_leaves_is_gone_without_traffic)
     }
     cr_assert_geq(tup_count(pod[7]), 1);
     cr_assert_geq(tup_open_connections(pod[7]), 1, "no idle connection to the pod that leaves");
+    if (reload) {
+        struct cfgb *b = cfgb_new();
+        cfgb_top(b, "\"resolver\": {\"servers\": [\"%s\"]}", dns->server);
+        cfgb_route(b, "r", "\"upstreams\": [\"http://svc.test:%u\"], \"timeout_ms\": 14000", port);
+        char *text = cfgb_text(b);
+        cfg_write_renamed(px->cfg_path, text);
+        free(text);
+        /* the file watch reloads it */
+        int64_t until = now_ms() + 5000;
+        while (fx_metric("retryproxy_config_generation") < 2 && now_ms() < until)
+            sleep_ms(20);
+        cr_assert_geq(fx_metric("retryproxy_config_generation"), 2, "no reload");
+    }
     int64_t t0 = now_ms();
     record(all, 7); /* 127.0.0.9 leaves */
     int64_t gone = 0;
@@ -192,9 +206,19 @@ Test(endpoints_leave, an_idle_endpoint_that_leaves_is_gone_without_traffic)
     cr_assert(gone, "%s still listed 5 s after it left the record: %s", ip(7), state_of(ip(7)));
     cr_expect_eq(tup_wait_open_at_most(pod[7], 0, 2000), 0,
                  "%zu connection(s) to the pod that left still open", tup_open_connections(pod[7]));
-    fprintf(stderr, "idle endpoint gone from /upstreams %lld ms after the record changed\n",
-            (long long)(gone - t0));
+    fprintf(stderr, "idle endpoint gone from /upstreams %lld ms after the record changed%s\n",
+            (long long)(gone - t0), reload ? " (after a reload)" : "");
     cr_expect_eq(tup_count(pod[7]), 2, "no request passed meanwhile");
+}
+
+Test(endpoints_leave, an_idle_endpoint_that_leaves_is_gone_without_traffic)
+{
+    idle_endpoint_leaves(false);
+}
+
+Test(endpoints_leave, an_idle_endpoint_that_leaves_after_a_reload_is_gone_without_traffic)
+{
+    idle_endpoint_leaves(true);
 }
 
 /* A pod that fails is ejected (for 30 s), its address leaves the record, and a new pod comes
