@@ -215,15 +215,20 @@ int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events)
     return 0;
 }
 
+void loop_watch_forget(struct loop *l, struct loop_watch *w)
+{
+    w->fd = -1;
+    for (int i = 0; i < l->nevents; i++)
+        if (l->events[i].data.ptr == w)
+            l->events[i].data.ptr = NULL;
+}
+
 void loop_watch_del(struct loop *l, struct loop_watch *w)
 {
     if (w->fd < 0)
         return;
     epoll_ctl(l->epfd, EPOLL_CTL_DEL, w->fd, NULL);
-    w->fd = -1;
-    for (int i = 0; i < l->nevents; i++)
-        if (l->events[i].data.ptr == w)
-            l->events[i].data.ptr = NULL;
+    loop_watch_forget(l, w);
 }
 
 void loop_defer_free(struct loop *l, void *p)

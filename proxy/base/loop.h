@@ -57,6 +57,11 @@ int loop_watch_mod(struct loop *l, struct loop_watch *w, uint32_t events);
  * ends: see loop_defer_free(). */
 void loop_watch_del(struct loop *l, struct loop_watch *w);
 
+/* Forgets a watch whose fd was closed already (by a library that did not say so): the kernel
+ * dropped it from epoll with its file, and the number may name another file by now, which must
+ * not be touched. Events already collected for it in this turn are dropped. */
+void loop_watch_forget(struct loop *l, struct loop_watch *w);
+
 /* Frees 'p' with free() at the end of the current loop turn, after every event of the turn
  * has been dispatched. */
 void loop_defer_free(struct loop *l, void *p);

@@ -74,6 +74,8 @@ static void sync_view(struct worker *w, const struct rt_route *x, size_t k, stru
         struct endpoint *gone = v->ep[j];
         if (!gone)
             continue;
+        if (!gone->to) /* never picked here: its idle connections may be an older snapshot's */
+            gone->to = attempt_target_new(x->urls[gone->k], &gone->addr, &gone->le->conns);
         if (gone->to) {
             attempt_target_leave(w->up, gone->to);
             gone->left = w->up;

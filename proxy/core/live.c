@@ -143,8 +143,22 @@ out:
     return found;
 }
 
+/* The address of 'e' left the record: its health goes with it (the pod behind it is gone; a
+ * new pod may come back on the same address, Kubernetes reuses them, and must not inherit an
+ * ejection), and the epoch moves, so that the outcomes of attempts still running on the old
+ * pod are not recorded against whatever comes next. Under u->mu. */
+static void forget_health(struct live_upstream *u, struct live_endpoint *e)
+{
+    pthread_mutex_lock(&e->mu);
+    u->ejections_gone += e->h.ejections_total;
+    memset(&e->h, 0, sizeof(e->h));
+    atomic_store(&e->until_ms, 0);
+    atomic_fetch_add(&e->epoch, 1);
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* A slot for an address that joins: one never used, else one whose address left and that
- * nothing uses any more (its health goes with its address). Under u->mu. */
+ * nothing uses any more (its health went with its address). Under u->mu. */
 static struct live_endpoint *free_slot(struct live_upstream *u)
 {
     for (size_t i = 0; i < u->n; i++) {
@@ -154,15 +168,8 @@ static struct live_endpoint *free_slot(struct live_upstream *u)
     }
     for (size_t i = 0; i < u->n; i++) {
         struct live_endpoint *e = u->ep[i];
-        if (!e->present && atomic_load(&e->in_flight) == 0 && atomic_load(&e->conns) == 0) {
-            pthread_mutex_lock(&e->mu);
-            u->ejections_gone += e->h.ejections_total;
-            memset(&e->h, 0, sizeof(e->h));
-            atomic_store(&e->until_ms, 0);
-            pthread_mutex_unlock(&e->mu);
-            atomic_fetch_add(&e->epoch, 1);
+        if (!e->present && atomic_load(&e->in_flight) == 0 && atomic_load(&e->conns) == 0)
             return e;
-        }
     }
     if (u->n == LIVE_ENDPOINTS_MAX)
         return NULL;
@@ -181,9 +188,12 @@ void live_upstream_sync(struct live_upstream *u, const struct dns_addr *a, size_
     pthread_mutex_lock(&u->mu);
     for (size_t i = 0; i < u->n; i++) {
         struct live_endpoint *e = u->ep[i];
+        bool was = e->present;
         e->present = false;
         for (size_t k = 0; e->used && k < n && !e->present; k++)
             e->present = dns_addr_cmp(&e->addr, &a[k]) == 0;
+        if (was && !e->present)
+            forget_health(u, e);
     }
     for (size_t k = 0; k < n; k++) {
         out[k] = NULL;

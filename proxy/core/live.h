@@ -53,9 +53,11 @@ void live_route_backoff_take(struct live_route *lr, const struct backoff_spec *b
  * most LIVE_ENDPOINTS_MAX; more addresses are not used. A slot keeps its address while the
  * address stays in the record, and while attempts or connections still use it after it left
  * (it is then "leaving"); an address that joins takes a free slot, or one whose address left
- * and is no longer used. A slot is never freed before the registry, so the workers' pointers to
- * it stay valid; its epoch tells a worker holding it for an address it has since been given
- * away from. */
+ * and is no longer used. Health belongs to the pod, not the address: when the address leaves,
+ * the slot's health is cleared and its epoch moves, so the same address coming back (a new pod
+ * on a reused IP) starts healthy. A slot is never freed before the registry, so the workers'
+ * pointers to it stay valid; its epoch tells a worker holding it for an address it has since
+ * left or been given away from. */
 #define LIVE_ENDPOINTS_MAX 64
 
 struct live_endpoint {
@@ -64,7 +66,8 @@ struct live_endpoint {
     _Atomic uint64_t until_ms; /* h.ejected_until_ms, read without the mutex to pick */
     _Atomic int64_t in_flight; /* attempts on it now, every worker's: least_request reads it */
     _Atomic int64_t conns;     /* connections open to it now (the transports count them) */
-    _Atomic uint32_t epoch;    /* moves when the slot is given to another address */
+    _Atomic uint32_t epoch;    /* moves when its address leaves (and so before the slot is
+                                  given to another) */
     uint8_t index;             /* its place among the upstream's slots */
     /* under the upstream's mutex */
     bool used;    /* holds 'addr' */

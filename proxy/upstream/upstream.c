@@ -1,6 +1,7 @@
 #include "proxy/upstream/upstream.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,14 @@ struct upstream_sock {
     int fd;
     bool parked;            /* curl is not watching it: events are not passed on */
     _Atomic int64_t *conns; /* its endpoint's count of open connections (NULL: none) */
+    /* curl has watched it for reading: it is connected, and curl closes it through on_close.
+     * Until then curl may close it behind our back (sock_gone). */
+    bool settled;
+    /* The transfer curl last watched it for, until that transfer ends: parked with none, the
+     * connection is idle in curl's cache (a paused transfer's is parked too, and busy). */
+    const struct upstream_xfer *user;
+    uint64_t cookie; /* the socket's SO_COOKIE (0: unknown), which a later socket with the same
+                        number does not have */
 };
 
 struct shard {
@@ -61,6 +70,7 @@ struct upstream {
     struct slots *slots; /* every transport's attempt slots (proxy/upstream/slots.h) */
     struct h2up *h2; /* h2c upstreams' sessions (proxy/upstream/h2up.h), made when first needed */
     struct h2up_counts *h2_counts; /* ... and where they count (the worker's metrics) */
+    int dead; /* a socket whose peer is closed (sock_close_idle), made when first needed; -1 */
 };
 
 /* A parsed upstream origin: curl's URL handle, or an HTTP/2 origin of proxy/upstream/h2up.h (h2c,
@@ -87,6 +97,8 @@ struct upstream_target {
     _Atomic int64_t *conns;
 };
 
+static struct upstream_sock *sock_find(const struct upstream *u, int fd);
+
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it (a
  * 'spent' one always: struct upstream_xfer). */
 static void pool_put(struct upstream *u, CURL *e, bool spent)
@@ -97,6 +109,15 @@ static void pool_put(struct upstream *u, CURL *e, bool spent)
     } else {
         curl_easy_cleanup(e);
     }
+}
+
+/* Transfer 'x' ended: the connection it used, if curl keeps it, is idle now. */
+static void sock_let_go(struct upstream *u, struct upstream_xfer *x)
+{
+    struct upstream_sock *s = sock_find(u, x->fd);
+    if (s && s->user == x)
+        s->user = NULL;
+    x->fd = -1;
 }
 
 /* Hands every finished transfer of 'sh' to its owner. Runs after curl returned to us, so
@@ -118,6 +139,7 @@ static void check_done(struct shard *sh)
         u->active--;
         bool spent = x && x->spent;
         if (x) {
+            sock_let_go(u, x);
             slots_drop(u->slots, &x->hold);
             x->easy = NULL;
             x->done(x, rc);
@@ -176,8 +198,42 @@ static struct upstream_sock *sock_new(struct shard *sh, int fd)
     s->sh = sh;
     s->fd = fd;
     s->w.fd = -1;
+    socklen_t len = sizeof(s->cookie);
+    if (getsockopt(fd, SOL_SOCKET, SO_COOKIE, &s->cookie, &len) < 0)
+        s->cookie = 0;
     u->socks[fd] = s;
     return s;
+}
+
+/* libcurl (7.88) closes a socket it has not made its connection's yet (one still connecting
+ * when its transfer is cancelled or its connect times out: cf_socket_close() of
+ * lib/cf-socket.c, "not active") with close() itself, not through CURLOPT_CLOSESOCKETFUNCTION:
+ * on_close never hears of it, the CURL_POLL_REMOVE that may follow names a number that can be
+ * another socket's by then, and its endpoint counted the connection for good (issue 38: an endpoint
+ * "leaving" forever with connections=1). Whether 's' is still the socket we watched: its number is
+ * open and has its cookie. A connected socket
+ * ('settled') is not asked: curl closes those through on_close. */
+static bool sock_gone(const struct upstream_sock *s)
+{
+    if (s->settled || !s->cookie)
+        return false;
+    uint64_t cookie = 0;
+    socklen_t len = sizeof(cookie);
+    return getsockopt(s->fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) < 0 || cookie != s->cookie;
+}
+
+/* Forgets 's', which curl closed behind our back: its connection is no longer counted, and its
+ * number, which may name another file by now, is not touched (the kernel took the closed socket
+ * out of epoll with it). */
+static void sock_forget(struct upstream *u, struct upstream_sock *s)
+{
+    if (s->conns)
+        atomic_fetch_sub_explicit(s->conns, 1, memory_order_relaxed);
+    s->sh->conns--;
+    loop_watch_forget(u->loop, &s->w);
+    if (u->socks[s->fd] == s)
+        u->socks[s->fd] = NULL;
+    loop_defer_free(u->loop, s);
 }
 
 /* Puts the socket in epoll with 'ev', whatever its state there. */
@@ -202,6 +258,10 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
     if (what == CURL_POLL_REMOVE) {
         if (!s)
             s = sock_find(u, fd);
+        if (s && sock_gone(s)) {
+            sock_forget(u, s);
+            return 0;
+        }
         if (s && !s->parked) {
             s->parked = true;
             curl_multi_assign(sh->multi, fd, NULL);
@@ -216,20 +276,34 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         ev |= EPOLLIN;
     if (what & CURL_POLL_OUT)
         ev |= EPOLLOUT;
-    if (!s) {
+    struct upstream_xfer *x = NULL;
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+    bool assign = !s;
+    if (!s)
         s = sock_find(u, fd);
-        if (!s) {
-            if (!(s = sock_new(sh, fd)))
-                return -1;
-            /* a new connection: its endpoint counts it until curl closes it */
-            struct upstream_xfer *x = NULL;
-            curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
-            if (x && x->to && (s->conns = x->to->conns) != NULL)
-                atomic_fetch_add_explicit(s->conns, 1, memory_order_relaxed);
-        }
+    if (s && sock_gone(s)) { /* the number is a new socket's now (curl may even pass the old
+                                one's pointer: it did not hear of its close either) */
+        sock_forget(u, s);
+        s = NULL;
+        assign = true;
+    }
+    if (!s) {
+        if (!(s = sock_new(sh, fd)))
+            return -1;
+        /* a new connection: its endpoint counts it until curl closes it */
+        if (x && x->to && (s->conns = x->to->conns) != NULL)
+            atomic_fetch_add_explicit(s->conns, 1, memory_order_relaxed);
+    }
+    if (assign) {
         s->parked = false;
         curl_multi_assign(sh->multi, fd, s);
     }
+    if (x) {
+        s->user = x;
+        x->fd = fd;
+    }
+    if (what & CURL_POLL_IN)
+        s->settled = true;
     return sock_watch(u, s, ev) < 0 ? -1 : 0;
 }
 
@@ -292,6 +366,7 @@ struct upstream *upstream_new(struct loop *l, struct h2up_counts *h2_counts)
         return NULL;
     u->loop = l;
     u->h2_counts = h2_counts;
+    u->dead = -1;
     if (!(u->slots = slots_new(l))) {
         free(u);
         return NULL;
@@ -327,6 +402,8 @@ void upstream_free(struct upstream *u)
             free(u->socks[i]);
         }
     free(u->socks);
+    if (u->dead >= 0)
+        close(u->dead);
     slots_free(u->slots);
     free(u);
 }
@@ -371,6 +448,7 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
 {
     x->done = done;
     x->arg = arg;
+    x->fd = -1;
     struct shard *sh = pick_shard(u);
     x->shard = sh;
     curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
@@ -393,6 +471,7 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
     curl_multi_remove_handle(sh->multi, x->easy);
     sh->active--;
     u->active--;
+    sock_let_go(u, x);
     slots_drop(u->slots, &x->hold);
     pool_put(u, x->easy, x->spent);
     x->easy = NULL;
@@ -565,16 +644,45 @@ const struct origin *upstream_target_tunnel(const struct upstream_target *t)
     return t->tun;
 }
 
+/* Closes the idle connection 's' now. libcurl (7.88) keeps an idle connection in its cache
+ * until a later transfer on the same multi handle looks at it, which on a quiet worker is never,
+ * and has no call to close one: its descriptor is made a copy of a socket whose peer is closed
+ * instead. dup3() closes the TCP socket (the upstream sees it close, the endpoint's count drops
+ * and it is gone from /upstreams) and keeps the number taken, so libcurl, which finds the copy
+ * dead (its peer closed) when it next looks, closes it through on_close and nothing else. */
+static void sock_close_idle(struct upstream *u, struct upstream_sock *s)
+{
+    if (sock_gone(s)) { /* its number is not ours to replace */
+        sock_forget(u, s);
+        return;
+    }
+    loop_watch_del(u->loop, &s->w);
+    if (u->dead < 0) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+            close(sv[1]);
+            u->dead = sv[0];
+        }
+    }
+    if (u->dead < 0 || dup3(u->dead, s->fd, O_CLOEXEC) < 0) {
+        shutdown(s->fd, SHUT_RDWR); /* the upstream sees it close at least */
+        return;
+    }
+    if (s->conns)
+        atomic_fetch_sub_explicit(s->conns, 1, memory_order_relaxed);
+    s->conns = NULL;
+}
+
 void upstream_target_leave(struct upstream *u, const struct upstream_target *t)
 {
     if (t->h2 && u->h2)
         h2up_leave(u->h2, t->h2);
-    /* libcurl's idle connections to it: shut down, so the upstream sees them close now; curl
-     * finds them dead and closes them when it next looks */
+    /* libcurl's idle connections to it close now; busy ones as their transfers end (the
+     * endpoint's last attempt calls this again, docs/endpoints.md) */
     for (size_t i = 0; t->conns && i < u->nsocks; i++) {
         struct upstream_sock *s = u->socks[i];
-        if (s && s->parked && s->conns == t->conns)
-            shutdown(s->fd, SHUT_RDWR);
+        if (s && s->parked && !s->user && s->conns == t->conns)
+            sock_close_idle(u, s);
     }
 }
 

@@ -50,6 +50,7 @@ struct upstream_xfer {
      * CURLOPT_TRAILERFUNCTION) through curl_easy_reset(): the next chunked upload on that
      * handle would write its chunk header before its buffer. */
     bool spent;
+    int fd; /* upstream.c's: the socket curl last watched for it, -1 none */
     /* Set by the owner before upstream_start(): the endpoint it goes to, whose count a
      * connection it opens joins (NULL: none). */
     const struct upstream_target *to;

@@ -24,15 +24,7 @@ static void always_503(size_t i)
 /* One GET through the proxy with request id 'id'; its status. */
 static long get(const char *id)
 {
-    char ih[96], url[256];
-    snprintf(ih, sizeof(ih), "X-Request-Id: %s", id);
-    const char *h[] = { ih, NULL };
-    struct http_resp r;
-    http_do("GET", px_url(px, "/", url, sizeof(url)), h, NULL, 0, T, &r);
-    cr_assert_eq(r.rc, 0, "%s: curl error %d", id, r.rc);
-    long status = r.status;
-    http_free(&r);
-    return status;
+    return fx_get_id(id);
 }
 
 /* 'n' GETs with ids PREFIX-0 ...; how many were answered 200. */

@@ -15,6 +15,7 @@
 #include "tests/support/cfgb.h"
 #include "tests/support/dnsmasq.h"
 #include "tests/support/fixture.h"
+#include "tests/support/pods.h"
 #include "tests/support/proc.h"
 
 #define T    20000 /* ms: upper bound for any single request */
@@ -39,8 +40,7 @@ TestSuite(endpoints, .fini = teardown, .timeout = 90);
 
 static const char *pod_ip(size_t i)
 {
-    static const char *const ips[PODS] = { "127.0.0.2", "127.0.0.3", "127.0.0.4" };
-    return ips[i];
+    return pods_ip(i);
 }
 
 /* Upstreams on 127.0.0.2.. (the first 'n' of them: the others' address refuses) on one port
@@ -48,23 +48,7 @@ static const char *pod_ip(size_t i)
 static void pods(size_t n, size_t n_dns)
 {
     fx_init_curl();
-    for (int tries = 0; tries < 20; tries++) {
-        char err[256];
-        port = 0;
-        size_t k = 0;
-        for (; k < n; k++) {
-            if (!(pod[k] = tup_try_start_at(pod_ip(k), port, NULL, NULL, err, sizeof(err))))
-                break;
-            port = tup_port(pod[k]);
-        }
-        if (k == n)
-            break;
-        for (size_t i = 0; i < k; i++) {
-            tup_stop(pod[i]);
-            pod[i] = NULL;
-        }
-    }
-    cr_assert_not_null(pod[n ? n - 1 : 0], "no port free on every address");
+    port = pods_start(pod, n ? n : 1);
     if (!n) { /* no upstream runs: a port nothing listens on */
         tup_stop(pod[0]);
         pod[0] = NULL;
@@ -105,42 +89,16 @@ static size_t got(size_t i)
     return pod[i] ? tup_count(pod[i]) : 0;
 }
 
-/* The endpoints of route "r"'s upstream in GET /upstreams (new reference). */
-static json_t *endpoints(void)
-{
-    json_t *j = fx_admin_get_json("/upstreams");
-    json_t *r = json_array_get(json_object_get(j, "routes"), 0);
-    json_t *u = json_array_get(json_object_get(r, "upstreams"), 0);
-    json_t *eps = json_incref(json_object_get(u, "endpoints"));
-    json_decref(j);
-    cr_assert(json_is_array(eps), "/upstreams shows no endpoints");
-    return eps;
-}
-
 /* Endpoint 'ip' in /upstreams (new reference), NULL when it is not listed. */
 static json_t *endpoint_of(const char *ip)
 {
-    json_t *eps = endpoints(), *e, *found = NULL;
-    size_t i;
-    char addr[64];
-    snprintf(addr, sizeof(addr), "%s:%u", ip, port);
-    json_array_foreach(eps, i, e)
-    {
-        if (!found && strcmp(json_str(e, "address"), addr) == 0)
-            found = json_incref(e);
-    }
-    json_decref(eps);
-    return found;
+    return pods_endpoint(ip, port);
 }
 
 /* The state of endpoint 'ip' in /upstreams, "" when it is not listed. */
 static const char *state_of(const char *ip)
 {
-    static char state[16];
-    json_t *e = endpoint_of(ip);
-    snprintf(state, sizeof(state), "%s", e ? json_str(e, "state") : "");
-    json_decref(e);
-    return state;
+    return pods_state(ip, port);
 }
 
 /* The in_flight of endpoint 'ip' in /upstreams, -1 when it is not listed. */

@@ -339,6 +339,19 @@ static json_t *admin_json(const char *method, const char *path, long want, long 
     return j;
 }
 
+long fx_get_id(const char *id)
+{
+    char ih[96], url[256];
+    snprintf(ih, sizeof(ih), "X-Request-Id: %s", id);
+    const char *h[] = { ih, NULL };
+    struct http_resp r;
+    http_do("GET", px_url(px, "/", url, sizeof(url)), h, NULL, 0, 20000, &r);
+    cr_assert_eq(r.rc, 0, "%s: curl error %d", id, r.rc);
+    long status = r.status;
+    http_free(&r);
+    return status;
+}
+
 json_t *fx_admin_get_json(const char *path)
 {
     return admin_json("GET", path, 200, NULL);

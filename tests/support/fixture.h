@@ -127,6 +127,10 @@ void fx_make_cert(const char *in, const char *name, const char *san);
 /* The whole lines of a file of JSON lines (a test upstream's records), as a JSON array (caller
  * decrefs); a line still being written is left out. */
 json_t *fx_read_jsonl(const char *path);
+/* One GET of "/" through the proxy with X-Request-Id 'id' (20 s at most); its status. A
+ * transfer that fails (no status) fails the test. */
+long fx_get_id(const char *id);
+
 /* GET 'path' on the admin listener, status 200 and a JSON body asserted (caller decrefs). */
 json_t *fx_admin_get_json(const char *path);
 /* 'method' 'path' on the admin listener, whatever its status (in *status if not NULL): its

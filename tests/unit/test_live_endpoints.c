@@ -39,6 +39,16 @@ static struct dns_addr v4(const char *s)
     return a;
 }
 
+/* Ejected for 'ms' at the first failure. */
+static struct health_spec eject_on_first(uint32_t ms)
+{
+    struct health_spec hs = { .consecutive_failures = 1 };
+    hs.backoff.policy = BACKOFF_FIXED;
+    hs.backoff.base_ms = ms;
+    hs.backoff.cap_ms = ms;
+    return hs;
+}
+
 Test(live_endpoints, an_address_keeps_its_slot_while_it_stays)
 {
     struct dns_addr a[2] = { v4("10.0.0.1"), v4("10.0.0.2") };
@@ -56,10 +66,7 @@ Test(live_endpoints, an_address_keeps_its_slot_while_it_stays)
 
 Test(live_endpoints, a_left_address_that_nothing_uses_gives_its_slot_and_health_away)
 {
-    struct health_spec hs = { .consecutive_failures = 1 };
-    hs.backoff.policy = BACKOFF_FIXED;
-    hs.backoff.base_ms = 1000;
-    hs.backoff.cap_ms = 1000;
+    struct health_spec hs = eject_on_first(1000);
     struct rng rng;
     rng_seed(&rng, 1);
     struct dns_addr a[1] = { v4("10.0.0.1") };
@@ -148,4 +155,67 @@ Test(live_endpoints, the_metrics_name_at_most_three_worst_endpoints)
     cr_expect(rows[0].worst[0].failure_ratio > 0.3 && rows[0].worst[0].failure_ratio < 0.7, "%g",
               rows[0].worst[0].failure_ratio);
     free(rows);
+}
+
+/* An address leaves while a connection to it is open: it is "leaving" until the connection
+ * closes, then gone from the view, and its slot is free for the next address that joins. */
+Test(live_endpoints, a_left_address_goes_once_its_connections_close)
+{
+    struct dns_addr a[2] = { v4("10.0.0.1"), v4("10.0.0.2") };
+    struct live_endpoint *e[2], *f[1], *g[2];
+    live_upstream_sync(u, a, 2, e);
+    atomic_store(&e[1]->conns, 1); /* an idle connection to 10.0.0.2 */
+    live_upstream_sync(u, a, 1, f);
+    struct live_ep_row rows[4];
+    cr_assert_eq(live_upstream_endpoints(u, 0, rows, 4), 2);
+    cr_expect_eq(rows[1].state, LIVE_EP_LEAVING);
+    cr_expect_eq(rows[1].conns, 1);
+    atomic_store(&e[1]->conns, 0); /* the worker closed it */
+    cr_expect_eq(live_upstream_endpoints(u, 0, rows, 4), 1, "gone once nothing uses it");
+    cr_expect_eq(dns_addr_cmp(&rows[0].addr, &a[0]), 0);
+    struct dns_addr b[2] = { v4("10.0.0.1"), v4("10.0.0.3") };
+    live_upstream_sync(u, b, 2, g);
+    cr_expect_eq(g[1], e[1], "its slot is free again");
+}
+
+/* Health belongs to the pod, not the address: an ejected address that leaves the record and
+ * comes back (a new pod on a reused IP) starts healthy, whether or not its slot was still in use
+ * meanwhile, and late outcomes of the old pod's attempts are not recorded against the new one. */
+static void rejoin_starts_fresh(bool busy)
+{
+    struct health_spec hs = eject_on_first(30000);
+    struct rng rng;
+    rng_seed(&rng, 1);
+    struct dns_addr a[2] = { v4("10.0.0.1"), v4("10.0.0.2") };
+    struct live_endpoint *e[2], *f[1], *g[2];
+    live_upstream_sync(u, a, 2, e);
+    uint32_t old = atomic_load(&e[0]->epoch);
+    cr_assert(live_endpoint_record(e[0], old, &hs, true, 100, &rng), "ejected");
+    if (busy)
+        atomic_store(&e[0]->in_flight, 1);
+    live_upstream_sync(u, &a[1], 1, f); /* 10.0.0.1 leaves */
+    live_upstream_sync(u, a, 2, g);     /* and comes back */
+    cr_expect_eq(g[0], e[0], "the same slot");
+    cr_expect(live_endpoint_available(g[0], 200), "the new pod inherited the ejection");
+    struct health h;
+    live_endpoint_read(g[0], &h);
+    cr_expect_eq(h.ejections_total, 0);
+    cr_expect_neq(atomic_load(&g[0]->epoch), old);
+    cr_expect(!live_endpoint_record(g[0], old, &hs, true, 300, &rng),
+              "an outcome of the old pod is not recorded against the new one");
+    cr_expect(live_endpoint_available(g[0], 400));
+    cr_expect_eq(u->ejections_gone, 1, "the old pod's ejection still counts");
+    struct live_ep_row rows[4];
+    cr_assert_eq(live_upstream_endpoints(u, 400, rows, 4), 2);
+    cr_expect_eq(rows[0].state, LIVE_EP_HEALTHY);
+}
+
+Test(live_endpoints, an_address_that_comes_back_starts_healthy)
+{
+    rejoin_starts_fresh(false);
+}
+
+Test(live_endpoints, an_address_that_comes_back_while_still_in_use_starts_healthy)
+{
+    rejoin_starts_fresh(true);
 }
