@@ -45,7 +45,7 @@ static void teardown(void)
         cr_log_warn("could not remove %s", dir);
 }
 
-TestSuite(store, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(store, .init = setup, .fini = teardown);
 
 static struct store_opts opts(void)
 {
