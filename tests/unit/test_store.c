@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/epoll.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
@@ -15,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proxy/base/loop.h"
 #include "proxy/store/store.h"
 
 static char dir[64], path[128];
@@ -482,6 +484,66 @@ Test(store, a_newer_schema_is_refused)
     struct store_err err;
     cr_assert_eq(store_sqlite_open(&o, &s, &err), STORE_EINVAL);
     cr_expect(strstr(err.msg, "version 99") != NULL, "%s", err.msg);
+}
+
+static void on_cq(struct loop_watch *w, uint32_t events)
+{
+    (void)events;
+    store_cq_drain(w->arg);
+}
+
+static void count_done(struct store_call *c)
+{
+    (*(int *)c->arg)++;
+}
+
+Test(store, completions_come_back_on_the_callers_loop)
+{
+    struct store *s = open_default();
+    struct loop *l = loop_new();
+    cr_assert_not_null(l);
+    struct loop_watch w = { .fd = -1 };
+    cr_assert_eq(loop_watch_add(l, &w, store_cq_fd(cq), EPOLLIN, on_cq, cq), 0);
+    struct store_new d = { .route = "loop", .method = "PUT", .target = "/x" };
+    struct store_call c[16];
+    int done = 0;
+    for (int i = 0; i < 16; i++) {
+        c[i] = (struct store_call){ .cq = cq, .done = count_done, .arg = &done };
+        cr_assert_eq(store_enqueue(s, &c[i], &d), 0);
+    }
+    for (int turns = 0; done < 16 && turns < 100; turns++)
+        cr_assert_eq(loop_turn(l, 100), 0);
+    cr_expect_eq(done, 16, "every completion ran done() in the loop's thread");
+    for (int i = 0; i < 16; i++) {
+        cr_expect(c[i].finished);
+        cr_expect_eq(c[i].result, 0);
+        store_call_clear(&c[i]);
+    }
+    loop_watch_del(l, &w);
+    loop_free(l);
+    store_close(s);
+}
+
+Test(store, close_finishes_every_call_handed_over)
+{
+    struct store *s = open_default();
+    struct store_new d = { .route = "close", .method = "POST", .target = "/" };
+    struct store_call c[100];
+    for (int i = 0; i < 100; i++) {
+        c[i] = (struct store_call){ .cq = cq };
+        cr_assert_eq(store_enqueue(s, &c[i], &d), 0);
+    }
+    store_close(s);
+    cr_expect_eq(store_cq_drain(cq), 100);
+    for (int i = 0; i < 100; i++)
+        cr_expect_eq(c[i].result, 0, "call %d: %d", i, c[i].result);
+    s = open_default();
+    struct store_filter f = { .route = "close", .state = -1, .limit = 1 };
+    struct store_call lc = { .cq = cq };
+    cr_assert_eq(wait_for(&lc, store_list(s, &lc, &f)), 0);
+    cr_expect_eq(lc.total, 100);
+    store_call_clear(&lc);
+    store_close(s);
 }
 
 /* The group commit: producers with many enqueues outstanding. */
