@@ -63,16 +63,22 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int run(const char *dir, const char *mode, int producers, int seconds, size_t body)
+/* The store's file and its WAL companions, from an earlier run or this one. */
+static void remove_files(const char *path)
 {
-    char path[512];
-    snprintf(path, sizeof(path), "%s/bench-%s.db", dir, mode);
     static const char *const ext[] = { "", "-wal", "-shm" };
     for (int i = 0; i < 3; i++) {
         char f[600];
         snprintf(f, sizeof(f), "%s%s", path, ext[i]);
         unlink(f);
     }
+}
+
+static int run(const char *dir, const char *mode, int producers, int seconds, size_t body)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/bench-%s.db", dir, mode);
+    remove_files(path);
     struct store_opts o = { .path = path, .lease_ms = 30000 };
     o.max_batch = strcmp(mode, "floor") == 0 ? 1 : 0;
     struct store *s;
@@ -118,6 +124,7 @@ static int run(const char *dir, const char *mode, int producers, int seconds, si
     struct store_stats st;
     store_stats(s, &st);
     store_close(s);
+    remove_files(path);
     printf("%-6s %3d producers %5zu B: %8.0f accepts/s  p50 %6.2f ms  p99 %6.2f ms  max %7.2f "
            "ms  %7llu commits  %6.1f per commit  %zu errors\n",
            mode, producers, body, (double)n / secs, n ? all[n / 2] / 1000.0 : 0,
