@@ -14,6 +14,10 @@
 #                        requests per client connection held open at the upstream during each run
 #   make bench-h2up      an HTTP/1.1 client through retryproxy to h2c, http, https by h2 (ALPN)
 #                        and https by HTTP/1.1 upstreams: CPU per request (bench/h2up.sh)
+#   make bench-store     durable accepts per second of the SQLite store (proxy/store/), 64
+#                        producers of 1 KiB bodies, group commit against one transaction per
+#                        accept in the same run (bench/store_bench.c; not in make bench).
+#                        STORE_ARGS="--seconds 10 --reps 3 --dir DIR" (DIR on the disk to measure)
 #   make bench-build     build what the runs need, run nothing
 #
 # Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
@@ -23,9 +27,9 @@
 
 FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
-BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters $(BUILD)/bench/h2hold
+BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters $(BUILD)/bench/h2hold $(BUILD)/bench/store_bench
 
-.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up
+.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up bench-store
 
 $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
 	@mkdir -p $(dir $@)
@@ -60,3 +64,14 @@ bench-h2: $(BIN) $(BUILD)/bench/h2hold
 	BUILD=$(BUILD) bench/h2peers.sh
 bench-h2up: $(BIN)
 	BUILD=$(BUILD) bench/h2up.sh
+
+STORE_BENCH_OBJ := $(filter $(BUILD)/obj/proxy/store/%,$(LIB_OBJ))
+$(BUILD)/bench/store_bench: $(BUILD)/obj/bench/store_bench.o $(STORE_BENCH_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(shell pkg-config --libs sqlite3) -lpthread
+
+# The files go under $(BUILD)/ (the worktree's disk) unless STORE_ARGS names a --dir.
+STORE_ARGS ?=
+bench-store: $(BUILD)/bench/store_bench
+	@mkdir -p $(BUILD)/bench-store
+	$(BUILD)/bench/store_bench --dir $(BUILD)/bench-store $(STORE_ARGS)

@@ -28,6 +28,7 @@ MAY_CALL = {
     'http': ['base', 'telemetry'],
     'upstream': ['base', 'telemetry', 'http'],
     'dns': ['base', 'telemetry'],
+    'store': ['base', 'telemetry'],
     'core': ['base', 'telemetry', 'http', 'upstream', 'dns'],
     'http2': ['base', 'telemetry', 'http', 'core', 'upstream'],
     'http1': ['base', 'telemetry', 'http', 'core', 'upstream', 'http2'],
@@ -50,6 +51,7 @@ LIBRARIES = {
     'nghttp2_': {'http2', 'upstream'},  # server sessions; client sessions
     'SSL_': {'upstream'},
     'ares_': {'dns'},                # the resolver's channel
+    'sqlite3_': {'store'},           # the durable deliveries' file
     'json_': {'ops', ''},
     'epoll_': {'base'},
     'inotify_': set(),               # config/watch.c

@@ -1,0 +1,363 @@
+/* sqlite -- the embedded store: one SQLite file, one thread that owns it, group commit.
+ *
+ * Callers (the workers' event loops, the admin thread, the CLI) never run SQLite: an operation
+ * queues its call under a mutex and wakes the store thread. The thread takes every call that
+ * is waiting (store_opts.max_batch at most), runs them in ONE transaction, commits it, and only
+ * then hands each call to its completion queue: an enqueue that completed with 0 is in the
+ * file, fsync'd (WAL mode, synchronous=FULL). While it commits, new calls gather for the next
+ * transaction: the busier the store, the more each fsync carries (docs/delivery.md).
+ *
+ * Each call runs under a savepoint, so one that fails (a full store, a conflict) leaves the
+ * others of its batch in. A failure that takes the whole transaction with it (a full disk, an
+ * I/O error, a failed COMMIT) fails every write of the batch with the same error: nothing of
+ * it was acknowledged, and nothing is acknowledged that was not committed.
+ */
+#include "proxy/store/sqlite_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const struct store_ops sqlite_ops;
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static bool writes(const struct store_call *c)
+{
+    return c->op != OP_LIST && c->op != OP_GET;
+}
+
+/* Runs one batch of calls in one transaction and finishes them all. */
+static void run_batch(struct store_impl *s, struct store_call *batch)
+{
+    uint64_t t0 = mono_us();
+    int lost = sql_error(sql_step_reset(s->st[S_BEGIN]));
+    s->live_delta = 0;
+    s->bytes_added = 0;
+    struct store_call *c;
+    for (c = batch; c && !lost; c = c->next) {
+        if (!writes(c)) {
+            c->result = sql_run(s, c);
+            continue;
+        }
+        int r = sql_error(sql_step_reset(s->st[S_SAVEPOINT]));
+        int64_t delta = s->live_delta;
+        uint64_t added = s->bytes_added;
+        if (r == 0 && (r = sql_run(s, c)) < 0) {
+            sql_step_reset(s->st[S_ROLLBACK_TO]);
+            s->live_delta = delta;
+            s->bytes_added = added;
+        }
+        if (sqlite3_get_autocommit(s->db)) {
+            /* SQLite rolled the whole transaction back (SQLITE_FULL, an I/O error). */
+            lost = r < 0 ? r : STORE_EIO;
+            break;
+        }
+        sql_step_reset(s->st[S_RELEASE]);
+        c->result = r;
+    }
+    if (!lost) {
+        int rc = sql_step_reset(s->st[S_COMMIT]);
+        if (rc != SQLITE_DONE && rc != SQLITE_OK) {
+            lost = sql_error(rc) ? sql_error(rc) : STORE_EIO;
+            if (!sqlite3_get_autocommit(s->db))
+                sql_step_reset(s->st[S_ROLLBACK]);
+        }
+    }
+    if (lost) {
+        /* Nothing of the batch is in the file: every write fails, and the reads not run. */
+        bool ran = true;
+        for (struct store_call *x = batch; x; x = x->next) {
+            ran = ran && x != c;
+            if (writes(x) || !ran)
+                x->result = lost;
+        }
+    } else {
+        s->live = (uint64_t)((int64_t)s->live + s->live_delta);
+        atomic_fetch_add(&s->commits, 1);
+    }
+    atomic_store(&s->live_pub, s->live);
+    atomic_store(&s->bytes, sql_bytes(s));
+    atomic_store(&s->commit_us, mono_us() - t0);
+    while (batch) {
+        c = batch;
+        batch = c->next;
+        if (c->op == OP_ENQUEUE && c->result == STORE_EFULL)
+            atomic_fetch_add(&s->refused, 1);
+        else if (c->op == OP_ENQUEUE && c->result == 0 && !c->dup)
+            atomic_fetch_add(&s->enqueued, 1);
+        store_call_finish(c, c->result);
+    }
+}
+
+static void *store_thread(void *arg)
+{
+    struct store_impl *s = arg;
+    size_t max = s->o.max_batch ? s->o.max_batch : SIZE_MAX;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->head && !s->closing)
+            pthread_cond_wait(&s->cv, &s->mu);
+        struct store_call *batch = s->head, *last = s->head;
+        if (!batch) { /* closing, and everything handed over is finished */
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        for (size_t n = 1; n < max && last->next; n++)
+            last = last->next;
+        s->head = last->next;
+        if (!s->head)
+            s->tail = NULL;
+        last->next = NULL;
+        pthread_mutex_unlock(&s->mu);
+        run_batch(s, batch);
+    }
+    return NULL;
+}
+
+/* Hands a call to the store thread: 0, or STORE_ECLOSED (nothing taken). */
+static int submit(struct store_impl *s, struct store_call *c, int op)
+{
+    if (!c->cq)
+        return STORE_EINVAL;
+    c->op = op;
+    c->result = 0;
+    c->finished = false;
+    c->dup = false;
+    c->items = NULL;
+    c->n = 0;
+    c->total = 0;
+    c->next = NULL;
+    int r = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->closing) {
+        r = STORE_ECLOSED;
+    } else {
+        if (s->tail)
+            s->tail->next = c;
+        else
+            s->head = c;
+        s->tail = c;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+static bool id_ok(const char *id)
+{
+    return id && strlen(id) == STORE_ID_SIZE - 1;
+}
+
+static int s_enqueue(struct store_impl *s, struct store_call *c, const struct store_new *d)
+{
+    if (!d->route || !d->method || !d->target || (d->nfields && !d->fields) ||
+        (d->body_len && !d->body) || d->body_len > INT32_MAX)
+        return STORE_EINVAL;
+    c->in = d;
+    return submit(s, c, OP_ENQUEUE);
+}
+
+static int s_claim_due(struct store_impl *s, struct store_call *c, const char *owner, size_t max)
+{
+    if (!owner || max == 0)
+        return STORE_EINVAL;
+    c->owner = owner;
+    c->max = max;
+    return submit(s, c, OP_CLAIM);
+}
+
+static int end(struct store_impl *s, struct store_call *c, int op, const char *id,
+               const char *owner, const struct store_attempt *a)
+{
+    if (!id_ok(id) || !owner || (!a && op != OP_BURY))
+        return STORE_EINVAL;
+    c->key = id;
+    c->owner = owner;
+    c->attempt = a;
+    return submit(s, c, op);
+}
+
+static int s_complete(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
+                      const struct store_attempt *a)
+{
+    return end(s, c, OP_COMPLETE, id, owner, a);
+}
+
+static int s_reschedule(struct store_impl *s, struct store_call *c, const char *id,
+                        const char *owner, const struct store_attempt *a, uint64_t next_at)
+{
+    c->when = next_at;
+    return end(s, c, OP_RESCHEDULE, id, owner, a);
+}
+
+static int s_bury(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
+                  const struct store_attempt *a, const struct store_dead *dead)
+{
+    if (!dead)
+        return STORE_EINVAL;
+    c->in = dead;
+    return end(s, c, OP_BURY, id, owner, a);
+}
+
+static int s_list(struct store_impl *s, struct store_call *c, const struct store_filter *f)
+{
+    if (!f || f->state >= STORE_STATES)
+        return STORE_EINVAL;
+    c->in = f;
+    return submit(s, c, OP_LIST);
+}
+
+static int by_id(struct store_impl *s, struct store_call *c, const char *id, int op)
+{
+    if (!id_ok(id))
+        return STORE_EINVAL;
+    c->key = id;
+    return submit(s, c, op);
+}
+
+static int s_get(struct store_impl *s, struct store_call *c, const char *id)
+{
+    return by_id(s, c, id, OP_GET);
+}
+
+static int s_replay(struct store_impl *s, struct store_call *c, const char *id)
+{
+    return by_id(s, c, id, OP_REPLAY);
+}
+
+static int s_drop(struct store_impl *s, struct store_call *c, const char *id)
+{
+    return by_id(s, c, id, OP_DROP);
+}
+
+static void s_stats(struct store_impl *s, struct store_stats *out)
+{
+    out->commits = atomic_load(&s->commits);
+    out->enqueued = atomic_load(&s->enqueued);
+    out->refused = atomic_load(&s->refused);
+    out->count = atomic_load(&s->live_pub);
+    out->bytes = atomic_load(&s->bytes);
+    out->commit_us = atomic_load(&s->commit_us);
+}
+
+static void free_impl(struct store_impl *s)
+{
+    sql_finalize(s);
+    sqlite3_close(s->db);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free((char *)s->o.path);
+    free(s);
+}
+
+static void s_close(struct store_impl *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->closing = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    free_impl(s);
+}
+
+static const struct store_ops sqlite_ops = {
+    .name = "sqlite",
+    .enqueue = s_enqueue,
+    .claim_due = s_claim_due,
+    .complete = s_complete,
+    .reschedule = s_reschedule,
+    .bury = s_bury,
+    .list = s_list,
+    .get = s_get,
+    .replay = s_replay,
+    .drop = s_drop,
+    .stats = s_stats,
+    .close = s_close,
+};
+
+/* A pragma whose one result must read 'want' (journal_mode answers the mode it got). */
+static int pragma(struct store_impl *s, const char *sql, const char *want, struct store_err *err)
+{
+    sqlite3_stmt *st = NULL;
+    int r = STORE_EIO;
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) == SQLITE_OK) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE && !want)
+            r = 0;
+        else if (rc == SQLITE_ROW)
+            r = !want || strcmp((const char *)sqlite3_column_text(st, 0), want) == 0 ? 0
+                                                                                     : STORE_EIO;
+    }
+    if (r < 0)
+        snprintf(err->msg, sizeof(err->msg), "%s: %s: %s", s->o.path, sql,
+                 st && want && sqlite3_errcode(s->db) == SQLITE_OK ? "not taken"
+                                                                   : sqlite3_errmsg(s->db));
+    sqlite3_finalize(st);
+    return r;
+}
+
+int store_sqlite_open(const struct store_opts *o, struct store **out, struct store_err *err)
+{
+    int r = STORE_EIO;
+    err->msg[0] = '\0';
+    if (!o->path || !o->path[0] || o->lease_ms == 0) {
+        snprintf(err->msg, sizeof(err->msg), "the store needs a path and a lease");
+        return STORE_EINVAL;
+    }
+    struct store_impl *s = calloc(1, sizeof(*s));
+    if (!s)
+        return STORE_EIO;
+    s->o = *o;
+    s->o.path = strdup(o->path);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->pub.ops = &sqlite_ops;
+    s->pub.impl = s;
+    /* NOMUTEX: after this function, only the store thread touches the connection. */
+    int rc = sqlite3_open_v2(
+        o->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (!s->o.path || rc != SQLITE_OK) {
+        snprintf(err->msg, sizeof(err->msg), "%s: %s", o->path,
+                 s->db ? sqlite3_errmsg(s->db) : "out of memory");
+        goto fail;
+    }
+    sqlite3_extended_result_codes(s->db, 0);
+    char cap[64];
+    snprintf(cap, sizeof(cap), "PRAGMA max_page_count = %llu",
+             (unsigned long long)(o->max_file_bytes / 4096));
+    /* A lock held by another process (the CLI) is waited for, not failed at once. */
+    if ((r = pragma(s, "PRAGMA busy_timeout = 5000", NULL, err)) < 0 ||
+        (r = pragma(s, "PRAGMA page_size = 4096", NULL, err)) < 0 ||
+        (r = pragma(s, "PRAGMA journal_mode = WAL", "wal", err)) < 0 ||
+        (r = pragma(s, "PRAGMA synchronous = FULL", NULL, err)) < 0 ||
+        (o->max_file_bytes && (r = pragma(s, cap, NULL, err)) < 0))
+        goto fail;
+    s->page_size = 4096;
+    if ((r = sql_setup(s, err)) < 0)
+        goto fail;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "PRAGMA page_size", -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        s->page_size = (uint64_t)sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    atomic_store(&s->live_pub, s->live);
+    atomic_store(&s->bytes, sql_bytes(s));
+    if ((rc = pthread_create(&s->thread, NULL, store_thread, s)) != 0) {
+        snprintf(err->msg, sizeof(err->msg), "%s: cannot start the store thread: %s", o->path,
+                 strerror(rc));
+        r = STORE_EIO;
+        goto fail;
+    }
+    *out = &s->pub;
+    return 0;
+fail:
+    free_impl(s);
+    return r;
+}

@@ -1,0 +1,90 @@
+/* sqlite_int -- the SQLite store's state, shared by its thread (sqlite.c) and its statements
+ * (sqlite_sql.c). Everything here but the counters is the store thread's alone. */
+#ifndef RETRYPROXY_PROXY_SQLITE_INT_H
+#define RETRYPROXY_PROXY_SQLITE_INT_H
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+
+#include "proxy/store/store.h"
+
+/* The schema's version (PRAGMA user_version): each change adds a migration step in
+ * sqlite_sql.c and raises it. A file of a newer version is refused. */
+#define SQL_SCHEMA_VERSION 1
+
+enum sql_op {
+    OP_ENQUEUE,
+    OP_CLAIM,
+    OP_COMPLETE,
+    OP_RESCHEDULE,
+    OP_BURY,
+    OP_LIST,
+    OP_GET,
+    OP_REPLAY,
+    OP_DROP,
+};
+
+enum sql_stmt {
+    S_INSERT,
+    S_BY_KEY,
+    S_DUE,
+    S_LEASE,
+    S_ADD_TRY,
+    S_READ,
+    S_END,
+    S_STATE,
+    S_TRIES,
+    S_REPLAY,
+    S_DROP,
+    S_DROP_TRIES,
+    S_LIST,
+    S_LIST_COUNT,
+    S_LIVE,
+    S_PAGES,
+    S_FREE_PAGES,
+    S_SAVEPOINT,
+    S_ROLLBACK_TO,
+    S_RELEASE,
+    S_BEGIN,
+    S_COMMIT,
+    S_ROLLBACK,
+    S_COUNT,
+};
+
+struct store_impl {
+    struct store pub;
+    struct store_opts o;
+    sqlite3 *db;
+    sqlite3_stmt *st[S_COUNT];
+    uint64_t page_size;
+    /* The store thread's view: deliveries kept but the delivered ones, and the change the
+     * open transaction makes to it (applied once committed). */
+    uint64_t live;
+    int64_t live_delta;
+    uint64_t bytes_added; /* by the open transaction's enqueues, roughly */
+    /* Calls handed over, under mu. */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct store_call *head, *tail;
+    bool closing;
+    /* For stats(), from any thread. */
+    _Atomic uint64_t commits, enqueued, refused, live_pub, bytes, commit_us;
+};
+
+/* The store's wall clock, ms. */
+uint64_t sql_now(const struct store_impl *s);
+/* An SQLite result code as a STORE_E*. */
+int sql_error(int rc);
+/* Creates or migrates the schema and prepares the statements. 0 or STORE_E* with err. */
+int sql_setup(struct store_impl *s, struct store_err *err);
+void sql_finalize(struct store_impl *s);
+/* Runs one call inside the open transaction; its result (0 or STORE_E*). */
+int sql_run(struct store_impl *s, struct store_call *c);
+/* The file's size in use (pages but the free ones). */
+uint64_t sql_bytes(struct store_impl *s);
+/* Runs a statement without rows (BEGIN, SAVEPOINT...); its result code. */
+int sql_step_reset(sqlite3_stmt *st);
+
+#endif
