@@ -28,6 +28,7 @@ struct retry_req {
     int refs;
     bool completed, headed;
     char method;
+    unsigned pauses;
     size_t body;
     struct hlist head, trailers;
 };
@@ -183,6 +184,15 @@ void retry_req_client_gone(struct retry_req *r)
 void retry_req_sending(struct retry_req *r)
 {
     FUZZ_CHECK(!r->completed, "sending after completion");
+}
+
+/* The fake upstream pauses on every other ask, so that both of the front end's ways on are
+ * taken: marked full at once, or FRONT_FULL at the next write. */
+bool retry_req_pause(struct retry_req *r)
+{
+    FUZZ_CHECK(!r->completed, "pause after completion");
+    r->pauses++;
+    return r->pauses % 2 == 0;
 }
 
 void retry_req_room(struct retry_req *r)
