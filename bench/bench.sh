@@ -392,10 +392,14 @@ EOF
     # the same with the JSON request log on (level info), for the log's own cost
     sed -e "s/127\.0\.0\.1:$P_RP\b/127.0.0.1:$P_RPL/; s/127\.0\.0\.1:$P_RP_ADMIN\b/127.0.0.1:$P_RPL_ADMIN/" \
         -e 's/"level": "warn"/"level": "info"/' "$d/retryproxy-peers.json" >"$d/retryproxy-log.json"
-    # the same for BASE_BIN, on its own ports; a build before endpoints (issue 29) has no
-    # routes[].balance, and rotates as round_robin does
+    # the same for BASE_BIN, on its own ports; a build before issue 38 has no
+    # routes[].weigh_endpoints (and never weighs), one before endpoints (issue 29) no
+    # routes[].balance either, and rotates as round_robin does
     sed -e "s/127\.0\.0\.1:$P_RP\b/127.0.0.1:$P_RPB/; s/127\.0\.0\.1:$P_RP_ADMIN\b/127.0.0.1:$P_RPB_ADMIN/" \
-        -e 's/ "balance": "round_robin",//' "$d/retryproxy-peers.json" >"$d/retryproxy-base.json"
+        -e '/^ *"weigh_endpoints": false,$/d' "$d/retryproxy-peers.json" >"$d/retryproxy-base.json"
+    if [ -n "$BASE_BIN" ] && ! "$BASE_BIN" check -c "$d/retryproxy-base.json" >/dev/null 2>&1; then
+        sed -i 's/ "balance": "round_robin",//' "$d/retryproxy-base.json"
+    fi
     remap_ports "$ROOT/bench/outage-config.json" >"$d/retryproxy-outage.json"
     remap_ports "$ROOT/bench/memory-config.json" >"$d/retryproxy-memory.json"
     # wrk script for the outage test: count statuses (and retryproxy's X-Retry-Stop).
