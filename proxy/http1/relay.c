@@ -151,11 +151,17 @@ static void add_tag(struct MHD_Response *resp, const struct front_tag *tag)
     answer_tag_fields(tag, add_field, resp);
 }
 
-/* Resumes the suspended connection and has libmicrohttpd look at it this turn. */
-static void resume(struct relay *rl)
+/* Resumes the suspended connection (libmicrohttpd looks at it in its next run). */
+static void unsuspend(struct relay *rl)
 {
     rl->flags &= ~(RL_SUSPENDED | RL_UPLOAD | RL_READER);
     MHD_resume_connection(rl->conn);
+}
+
+/* ... and has libmicrohttpd run this turn. */
+static void resume(struct relay *rl)
+{
+    unsuspend(rl);
     rl->kick(rl->kick_arg);
 }
 
@@ -661,8 +667,7 @@ void relay_conn_stop(struct relay_conn *rc)
     if (!rl || !rl->conn || !(rl->flags & RL_SUSPENDED))
         return;
     rl->flags |= RL_GONE; /* read_body() ends the body broken off */
-    rl->flags &= ~(RL_SUSPENDED | RL_UPLOAD | RL_READER);
-    MHD_resume_connection(rl->conn);
+    unsuspend(rl);        /* no kick: MHD_stop_daemon() follows at once and completes it */
 }
 
 /* The connection's socket is watched all along (relay_conn): a backoff wait needs nothing more. */

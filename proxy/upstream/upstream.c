@@ -222,15 +222,19 @@ static bool sock_gone(const struct upstream_sock *s)
     return getsockopt(s->fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) < 0 || cookie != s->cookie;
 }
 
-/* Forgets 's', which curl closed behind our back: its connection is no longer counted, and its
- * number, which may name another file by now, is not touched (the kernel took the closed socket
- * out of epoll with it). */
-static void sock_forget(struct upstream *u, struct upstream_sock *s)
+/* 's' is closed: its connection is no longer counted and it is freed. 'gone': curl closed it
+ * behind our back (sock_gone), so its number, which may name another file by now, is not
+ * touched (the kernel took the closed socket out of epoll with it); otherwise it leaves epoll
+ * before on_close closes it. */
+static void sock_drop(struct upstream *u, struct upstream_sock *s, bool gone)
 {
     if (s->conns)
         atomic_fetch_sub_explicit(s->conns, 1, memory_order_relaxed);
     s->sh->conns--;
-    loop_watch_forget(u->loop, &s->w);
+    if (gone)
+        loop_watch_forget(u->loop, &s->w);
+    else
+        loop_watch_del(u->loop, &s->w);
     if (u->socks[s->fd] == s)
         u->socks[s->fd] = NULL;
     loop_defer_free(u->loop, s);
@@ -259,7 +263,7 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         if (!s)
             s = sock_find(u, fd);
         if (s && sock_gone(s)) {
-            sock_forget(u, s);
+            sock_drop(u, s, true);
             return 0;
         }
         if (s && !s->parked) {
@@ -283,7 +287,7 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         s = sock_find(u, fd);
     if (s && sock_gone(s)) { /* the number is a new socket's now (curl may even pass the old
                                 one's pointer: it did not hear of its close either) */
-        sock_forget(u, s);
+        sock_drop(u, s, true);
         s = NULL;
         assign = true;
     }
@@ -312,14 +316,8 @@ static int on_close(void *clientp, curl_socket_t fd)
 {
     struct upstream *u = clientp;
     struct upstream_sock *s = sock_find(u, fd);
-    if (s) {
-        if (s->conns)
-            atomic_fetch_sub_explicit(s->conns, 1, memory_order_relaxed);
-        s->sh->conns--;
-        loop_watch_del(u->loop, &s->w);
-        u->socks[fd] = NULL;
-        loop_defer_free(u->loop, s);
-    }
+    if (s)
+        sock_drop(u, s, false);
     return close(fd);
 }
 
@@ -653,7 +651,7 @@ const struct origin *upstream_target_tunnel(const struct upstream_target *t)
 static void sock_close_idle(struct upstream *u, struct upstream_sock *s)
 {
     if (sock_gone(s)) { /* its number is not ours to replace */
-        sock_forget(u, s);
+        sock_drop(u, s, true);
         return;
     }
     loop_watch_del(u->loop, &s->w);
