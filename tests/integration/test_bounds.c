@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,13 +202,15 @@ Test(bounds, a_request_that_fits_goes_when_slots_free_behind_a_busy_connection)
 static struct dnsm *dns;
 static struct tup *pod[2];
 
+/* The pods stop first: the requests a test left at the slow one end at once, and the proxy's
+ * drain with them. */
 static void pods_teardown(void)
 {
-    fx_stop();
     for (size_t i = 0; i < 2; i++) {
         tup_stop(pod[i]);
         pod[i] = NULL;
     }
+    fx_stop();
     dnsm_stop(dns);
     dns = NULL;
 }
@@ -240,7 +243,9 @@ static long get_ms(const char *path, const char *plan)
  * requests (6 s) to one pod and the quick ones to the other: while the slow pod holds its 2
  * slots and a third request waits for it, its sibling's requests go at once (on the share per
  * upstream URL they waited the 6 s), and the slow pod never holds more than 2. */
-Test(bounds, a_slow_endpoint_leaves_slots_to_its_siblings, .fini = pods_teardown)
+/* svc.test with the two pods' addresses; the proxy (one worker, 4 slots, 50 %: an endpoint
+ * holds 2) with route "r" to it, round-robin, weights off, so that attempts alternate. */
+static void two_pods(void)
 {
     fx_init_curl();
     uint16_t port = pods_start(pod, 2);
@@ -258,6 +263,11 @@ Test(bounds, a_slow_endpoint_leaves_slots_to_its_siblings, .fini = pods_teardown
                "\"weigh_endpoints\": false, \"timeout_ms\": 30000",
                port);
     fx_start_b(b, "--workers", "1", NULL);
+}
+
+Test(bounds, a_slow_endpoint_leaves_slots_to_its_siblings, .fini = pods_teardown)
+{
+    two_pods();
     long quick[3];
     for (int i = 0; i < 3; i++) {
         http_call_start(&fx_calls[i], fx_url("/slow"), NULL, "delay=6000");
@@ -284,4 +294,43 @@ Test(bounds, a_slow_endpoint_leaves_slots_to_its_siblings, .fini = pods_teardown
         cr_expect_eq(fx_calls[i].r.status, 200, "slow request %d: %ld", i, fx_calls[i].r.status);
     }
     cr_expect_eq(tup_count(pod[slow]), 3, "the waiting one went to the slow pod once it had room");
+}
+
+/* What get_async() waits for: the pods got *arg requests between them, or one waits for a
+ * slot. */
+static bool arrived_or_waits(void *arg)
+{
+    return pods_got(arg) || fx_metric("retryproxy_upstream_requests_waiting") >= 1;
+}
+
+/* GET 'path' on a connection of its own, the answer left unread (fx_stop closes it); returns
+ * once the request reached a pod or waits for a slot. */
+static void get_async(const char *path)
+{
+    size_t n = tup_count(pod[0]) + tup_count(pod[1]) + 1;
+    int fd = fx_hold(raw_dial(px->port));
+    char req[128];
+    int len = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: svc\r\n\r\n", path);
+    cr_assert(raw_send_all(fd, req, (size_t)len));
+    cr_assert(fx_wait(arrived_or_waits, &n, 5000, 10), "%s went nowhere", path);
+}
+
+/* The share is the endpoint's whatever config snapshot its requests started under: after a
+ * reload, the new snapshot's target of the slow pod (which holds its 2 slots under the old
+ * one) finds the same share, so a request to it waits rather than making it 3. */
+Test(bounds, an_endpoint_keeps_its_share_across_a_reload, .fini = pods_teardown)
+{
+    two_pods();
+    tup_set_default_plan(pod[0], "delay=6000");
+    for (int i = 0; i < 8 && tup_count(pod[0]) < 2; i++)
+        get_async("/before");
+    cr_assert_eq(tup_count(pod[0]), 2, "the slow pod got %zu", tup_count(pod[0]));
+    cr_assert_eq(kill(px->pid, SIGHUP), 0);
+    cr_assert_eq(fx_wait_metric("retryproxy_config_generation", 2, 5000), 2, "no reload");
+    for (int i = 0; i < 8 && fx_metric("retryproxy_upstream_requests_waiting") < 1; i++)
+        get_async("/after");
+    cr_expect_eq(fx_metric("retryproxy_upstream_requests_waiting"), 1,
+                 "no request of the new config waits for the slow pod");
+    cr_expect_eq(tup_count(pod[0]), 2, "the slow pod holds %zu after the reload, its share 2",
+                 tup_count(pod[0]));
 }
