@@ -472,8 +472,9 @@ static const struct field limits_fields[] = {
                "client, a body streamed once (docs/hardening.md)"),
     UINT_FIELD("upstream_share_percent", struct cfg, upstream_share_percent, 1, 100, "75",
                "the most of a worker's max_upstream_requests the attempts to one upstream "
-               "origin hold at once; more wait their turn while attempts to other upstreams go "
-               "on, so that a slow upstream cannot take every slot (100: no such bound)"),
+               "endpoint (its origin at one address) hold at once; more wait their turn while "
+               "attempts to other endpoints go on, so that a slow endpoint cannot take every "
+               "slot (100: no such bound; docs/hardening.md)"),
     UINT_FIELD("connection_share_percent", struct cfg, connection_share_percent, 1, 100, "25",
                "the most of a worker's max_upstream_requests the attempts of one client "
                "connection (its HTTP/2 streams) hold at once; more wait their turn (100: no "

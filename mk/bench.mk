@@ -12,6 +12,9 @@
 #                        CLIENT=h1: an HTTP/1.1 client instead (h2load --h1); UPSTREAM=h2hold:
 #                        bench/h2hold as the upstream instead of nghttpd; HOLD=N (h2hold): N
 #                        requests per client connection held open at the upstream during each run
+#   make bench-share     the failing endpoint's share of first attempts, retryproxy against
+#                        HAProxy (leastconn with observe layer7 and error-limit, and plain
+#                        leastconn and roundrobin) in the same run (bench/share.sh; in make bench)
 #   make bench-h2up      an HTTP/1.1 client through retryproxy to h2c, http, https by h2 (ALPN)
 #                        and https by HTTP/1.1 upstreams: CPU per request (bench/h2up.sh)
 #   make bench-store     durable accepts per second of the SQLite store (proxy/store/), 64
@@ -29,7 +32,7 @@ FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
 BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters $(BUILD)/bench/h2hold $(BUILD)/bench/store_bench
 
-.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up bench-store
+.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up bench-store bench-share
 
 $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
 	@mkdir -p $(dir $@)
@@ -50,6 +53,7 @@ BENCH_RUN = BUILD=$(BUILD) BENCH_COMMAND='make $@' bench/bench.sh
 bench: bench-build
 	$(BENCH_RUN) all
 	BUILD=$(BUILD) bench/h2peers.sh
+	BUILD=$(BUILD) bench/share.sh
 bench-peers: bench-build
 	$(BENCH_RUN) peers
 bench-memory: bench-build
@@ -64,6 +68,8 @@ bench-h2: $(BIN) $(BUILD)/bench/h2hold
 	BUILD=$(BUILD) bench/h2peers.sh
 bench-h2up: $(BIN)
 	BUILD=$(BUILD) bench/h2up.sh
+bench-share: $(BIN) $(BUILD)/tests/upstream
+	BUILD=$(BUILD) bench/share.sh
 
 STORE_BENCH_OBJ := $(filter $(BUILD)/obj/proxy/store/%,$(LIB_OBJ))
 $(BUILD)/bench/store_bench: $(BUILD)/obj/bench/store_bench.o $(STORE_BENCH_OBJ)

@@ -328,7 +328,7 @@ void req_start_attempt(struct retry_req *r)
     if (e)
         r->tried |= e->bit;
     t->start_us = loop_clock_us(l); /* its duration includes a wait for a slot (metrics.md) */
-    if (!attempt_queue(&t->att, trial_upstream(r, t)->origin, r->front->share))
+    if (!attempt_queue(&t->att, trial_upstream(r, t)->origin, e ? e->to : NULL, r->front->share))
         req_attempt_ops.go(&t->att); /* else it starts when a slot frees */
 }
 

@@ -158,7 +158,7 @@ const struct family_def metrics_families[FAM_COUNT] = {
                        "exits, else 0." },
     [FAM_UPSTREAM_WAITING] = { "upstream_requests_waiting", "gauge", "", NULL, 0,
                                "Upstream attempts waiting for a transfer slot now "
-                               "(limits.max_upstream_requests, or an origin's or a connection's "
+                               "(limits.max_upstream_requests, or an endpoint's or a connection's "
                                "share of it)." },
     [FAM_LIMIT_REACHED] = { "connections_limit_reached_total", "counter", "", NULL, 0,
                             "Times a worker stopped accepting because its share of "

@@ -2,11 +2,14 @@
  * http/1.1 fallback, and what every transport shares (the slot, the target). */
 #include "proxy/upstream/attempt_int.h"
 
+#include <arpa/inet.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/upstream/h2up.h"
+#include "proxy/dns/resolve.h"
 #include "proxy/http/head.h"
+#include "proxy/upstream/h2up.h"
 #include "proxy/upstream/origin.h"
 
 _Static_assert(sizeof(struct attempt_priv) <= ATTEMPT_STATE_BYTES,
@@ -38,12 +41,33 @@ static void on_slot(struct upstream_wait *wt)
     a->ops->go(a);
 }
 
-bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
+/* The share of the worker's slots the attempts to endpoint 'to' of 'origin' count in: found once
+ * per target, under the origin and the address, so that every target of the endpoint (one per
+ * config snapshot) finds the same. Without a target (or out of memory), the origin's. */
+static struct share *endpoint_share(struct slots *sl, const char *origin,
+                                    struct upstream_target *to)
+{
+    struct share **sh = to ? upstream_target_share(to) : NULL;
+    if (sh && !*sh) {
+        char ip[INET6_ADDRSTRLEN], *key = NULL;
+        const struct dns_addr *ad = upstream_target_addr(to);
+        /* a space: no origin has one, so no endpoint's key is an origin's */
+        if (inet_ntop(ad->family, &ad->u, ip, sizeof(ip)) &&
+            asprintf(&key, "%s %s", origin, ip) >= 0) {
+            *sh = slots_endpoint_share(sl, key);
+            free(key);
+        }
+    }
+    return sh && *sh ? *sh : slots_origin_share(sl, origin);
+}
+
+bool attempt_queue(struct attempt *a, const char *origin, struct upstream_target *to,
+                   struct share *conn)
 {
     struct attempt_priv *p = attempt_priv(a);
     slots_unwait(upstream_slots(p->up), &p->slot); /* its shares are replaced */
     struct slots *sl = upstream_slots(p->up);
-    p->slot.share[0] = p->xfer.hold.share[0] = slots_origin_share(sl, origin);
+    p->slot.share[0] = p->xfer.hold.share[0] = endpoint_share(sl, origin, to);
     p->slot.share[1] = p->xfer.hold.share[1] = conn;
     a->sent = false;
     a->unprocessed = false;
@@ -126,6 +150,8 @@ struct upstream_target *attempt_target_new(const struct upstream_url *url,
 
 void attempt_target_free(struct upstream_target *t)
 {
+    if (t)
+        slots_share_let_go(*upstream_target_share(t));
     upstream_target_free(t);
 }
 

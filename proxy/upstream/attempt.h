@@ -101,10 +101,12 @@ void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_o
 void attempt_fini(struct attempt *a);
 
 /* Resets the per-attempt state. True when no transfer slot is free, or the shares of the
- * attempt's 'origin' (cfg_upstream.origin) or client connection 'conn' (NULL: none) are used
- * up (slots_set_shares): the attempt is queued and ops->go() is called once one frees;
- * false: launch it now. */
-bool attempt_queue(struct attempt *a, const char *origin, struct share *conn);
+ * attempt's endpoint 'to' of 'origin' (cfg_upstream.origin; NULL 'to': the origin's own share)
+ * or client connection 'conn' (NULL: none) are used up (slots_set_shares): the attempt is
+ * queued and ops->go() is called once one frees; false: launch it now. */
+struct upstream_target;
+bool attempt_queue(struct attempt *a, const char *origin, struct upstream_target *to,
+                   struct share *conn);
 
 /* Starts the transfer to 'url' at its endpoint 'to' (attempt_target_new; NULL: where the URL
  * says, an IP literal's address or libcurl's own lookup) with the upstream's 'base_path'. 0, or
@@ -120,7 +122,8 @@ int attempt_launch(struct attempt *a, const struct upstream_url *url,
 struct dns_addr;
 struct upstream_target *attempt_target_new(const struct upstream_url *url,
                                            const struct dns_addr *addr, _Atomic int64_t *conns);
-void attempt_target_free(struct upstream_target *t); /* accepts NULL */
+/* Frees it, letting go of its share of the worker's slots; from any thread. Accepts NULL. */
+void attempt_target_free(struct upstream_target *t);
 /* The endpoint left its name's record: the worker's idle connections to it close, busy ones
  * once their requests end. */
 void attempt_target_leave(struct upstream *up, const struct upstream_target *t);

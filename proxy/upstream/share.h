@@ -1,5 +1,5 @@
 /* share -- a part of a worker's upstream attempt slots (proxy/upstream/slots.h)
- * that one party may hold at once: the attempts to one upstream origin, or those of one client
+ * that one party may hold at once: the attempts to one upstream endpoint, or those of one client
  * connection's HTTP/2 streams (limits.upstream_share_percent, connection_share_percent;
  * docs/hardening.md). Counted here, enforced by proxy/upstream/slots.c. A connection's share is
  * reference-counted: attempts holding or waiting for a slot through it may outlive the
@@ -16,7 +16,7 @@ struct upstream_wait;
 struct share {
     size_t held;   /* slots its attempts hold */
     unsigned refs; /* its owner's, and one per attempt holding or waiting through it */
-    bool conn;     /* a client connection's (else an origin's) */
+    bool conn;     /* a client connection's (else an endpoint's or an origin's) */
     /* The heads of the classes of owners waiting because it is used up (slots.c), and while
      * there are any, its place in its slots' list of such shares. */
     struct upstream_wait *parked_head;

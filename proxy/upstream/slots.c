@@ -25,15 +25,28 @@ struct slots {
     uint64_t arrivals;             /* owners queued so far: the next one's seq */
     struct loop_timer wake;        /* hands free slots to waiting owners */
     unsigned origin_pct, conn_pct; /* the shares, percent of 'cap' (slots_set_shares) */
-    struct strmap origins;         /* origin -> struct origin_share, made on first use */
+    struct strmap origins;         /* key -> struct origin_share, made on first use */
+    size_t kept;                   /* entries of 'origins' the last sweep kept */
     _Atomic int64_t *waiting;      /* owners waiting for a slot (the worker's metrics) */
 };
 
-/* An origin's share, under its own copy of the name. */
+/* An origin's or an endpoint's share, under its own copy of the key. An endpoint's is owned by
+ * the map and by each target that found it (slots_endpoint_share), whose last owner frees it:
+ * a target may let go from another thread, and after the worker's slots are freed, since the
+ * config snapshot that holds it outlives the worker. An origin's is the map's alone. */
 struct origin_share {
     struct share share;
+    _Atomic unsigned owners; /* an endpoint's: the map's one, and one per target */
+    bool endpoint;
     char name[];
 };
+
+/* The share owned by the map (or by a target of 'o') drops its owner; the last frees it. */
+static void owner_drop(struct origin_share *o)
+{
+    if (!o->endpoint || atomic_fetch_sub_explicit(&o->owners, 1, memory_order_acq_rel) == 1)
+        free(o);
+}
 
 struct slots *slots_new(struct loop *l)
 {
@@ -49,7 +62,8 @@ void slots_free(struct slots *s)
         return;
     loop_timer_stop(s->loop, &s->wake);
     for (size_t i = 0; i < s->origins.cap; i++)
-        free(s->origins.slots[i].val);
+        if (s->origins.slots[i].val)
+            owner_drop(s->origins.slots[i].val);
     strmap_free(&s->origins);
     free(s);
 }
@@ -208,21 +222,83 @@ void slots_set_shares(struct slots *s, unsigned origin_pct, unsigned conn_pct)
     limits_changed(s);
 }
 
-struct share *slots_origin_share(struct slots *s, const char *origin)
+/* The share under 'key' in the map, made on first use (an endpoint's if 'endpoint'). */
+static struct origin_share *share_of(struct slots *s, const char *key, bool endpoint)
 {
-    struct origin_share *o = strmap_get(&s->origins, origin);
+    struct origin_share *o = strmap_get(&s->origins, key);
     if (o)
-        return &o->share;
-    size_t n = strlen(origin) + 1;
+        return o;
+    /* the map never holds more than twice the shares in use at its last sweep (and a few):
+     * the sweeps cost O(1) a new share over time, however many endpoints come and go */
+    if (s->origins.n >= 2 * s->kept + 16)
+        slots_trim(s);
+    size_t n = strlen(key) + 1;
     if (!(o = calloc(1, sizeof(*o) + n)))
         return NULL;
-    memcpy(o->name, origin, n);
-    o->share.refs = 1; /* the map's: never freed before the worker */
+    memcpy(o->name, key, n);
+    o->share.refs = 1; /* the map's */
+    o->endpoint = endpoint;
+    atomic_init(&o->owners, 1);
     if (strmap_put(&s->origins, o->name, o) < 0) {
         free(o);
         return NULL;
     }
+    return o;
+}
+
+struct share *slots_origin_share(struct slots *s, const char *origin)
+{
+    struct origin_share *o = share_of(s, origin, false);
+    return o ? &o->share : NULL;
+}
+
+struct share *slots_endpoint_share(struct slots *s, const char *key)
+{
+    struct origin_share *o = share_of(s, key, true);
+    if (!o || !o->endpoint)
+        return NULL; /* an origin's key: never the case, the keys differ (attempt.c) */
+    atomic_fetch_add_explicit(&o->owners, 1, memory_order_relaxed);
     return &o->share;
+}
+
+void slots_share_let_go(struct share *sh)
+{
+    if (sh)
+        owner_drop((struct origin_share *)(void *)sh); /* 'share' is first */
+}
+
+/* Whether the map's entry 'o' is all that is left of it: an endpoint's share that no target
+ * owns (only this thread adds owners), no slot holds and nothing waits through. */
+static bool unused(struct origin_share *o)
+{
+    return o->endpoint && atomic_load_explicit(&o->owners, memory_order_acquire) == 1 &&
+           o->share.refs == 1 && !o->share.held && !o->share.parked_head;
+}
+
+void slots_trim(struct slots *s)
+{
+    struct strmap kept = { 0 };
+    for (size_t i = 0; i < s->origins.cap; i++) {
+        struct origin_share *o = s->origins.slots[i].val;
+        if (o && !unused(o) && strmap_put(&kept, o->name, o) < 0) {
+            strmap_free(&kept); /* out of memory: everything stays, as it was */
+            return;
+        }
+    }
+    /* what was not kept, not what is unused now: a target may have let go since */
+    for (size_t i = 0; i < s->origins.cap; i++) {
+        struct origin_share *o = s->origins.slots[i].val;
+        if (o && strmap_get(&kept, o->name) != o)
+            free(o);
+    }
+    strmap_free(&s->origins);
+    s->origins = kept;
+    s->kept = kept.n;
+}
+
+size_t slots_shares(const struct slots *s)
+{
+    return s->origins.n;
 }
 
 void slots_set_cap(struct slots *s, size_t cap)

@@ -2,7 +2,7 @@
  * attempts hold one at once, whatever their transport (libcurl's transfers, HTTP/2 streams,
  * upgrades' connections); the others wait their turn in order. Each slot costs an upstream
  * socket or stream and its buffers, so a burst of attempts is bounded by this rather than by
- * the number of requests. Of those slots, the attempts to one origin and those of one client
+ * the number of requests. Of those slots, the attempts to one endpoint and those of one client
  * connection hold at most their share (proxy/upstream/share.h). No library:
  * proxy/upstream/upstream.h makes a worker's, and proxy/upstream/attempt.c queues its attempts
  * here.
@@ -21,7 +21,7 @@ struct loop;
 struct slots;
 
 /* A slot held, or not, and the shares it counts in (set before it is taken; NULL: none): its
- * origin's and its client connection's. */
+ * endpoint's (or origin's) and its client connection's. */
 struct slot_hold {
     struct share *share[2];
     bool held;
@@ -53,15 +53,28 @@ void slots_set_cap(struct slots *s, size_t cap);
 /* Where 's' counts the owners waiting for a slot (+1 on slots_wait(), -1 when they stop
  * waiting); NULL: nowhere. Only the loop's thread writes it. */
 void slots_count_waits(struct slots *s, _Atomic int64_t *gauge);
-/* Of those slots, the attempts to one origin hold at most 'origin_pct' percent, those of one
- * client connection at most 'conn_pct' (rounded up, at least one): a slow upstream, or a client
- * with many streams, leaves the rest to the others (Envoy's per-cluster and per-connection
- * circuit breakers). An attempt whose share is used up waits its turn, as one past the cap
- * does, and is passed over meanwhile. */
+/* Of those slots, the attempts to one endpoint (an upstream's origin at one address) hold at
+ * most 'origin_pct' percent, those of one client connection at most 'conn_pct' (rounded up, at
+ * least one): a slow endpoint, or a client with many streams, leaves the rest to the others
+ * (Envoy's per-host and per-connection circuit breakers; docs/hardening.md). An attempt whose
+ * share is used up waits its turn, as one past the cap does, and is passed over meanwhile. */
 void slots_set_shares(struct slots *s, unsigned origin_pct, unsigned conn_pct);
-/* The worker's share for the origin 'origin' (cfg_upstream.origin), made on first use; NULL
- * out of memory. */
+/* The worker's share for the origin 'origin' (cfg_upstream.origin), made on first use, for an
+ * attempt that has no endpoint target: kept until the worker ends. NULL out of memory. */
 struct share *slots_origin_share(struct slots *s, const char *origin);
+/* The worker's share for the endpoint named 'key' (its origin and address, made by
+ * proxy/upstream/attempt.c), made on first use, with one owner more: the endpoint's target, which
+ * gives it back with slots_share_let_go(), from any thread, before or after slots_free(). Two
+ * targets of one endpoint (an old and a new config snapshot's) count in the same share. NULL
+ * out of memory. */
+struct share *slots_endpoint_share(struct slots *s, const char *key);
+void slots_share_let_go(struct share *sh); /* accepts NULL */
+/* Drops the endpoints' shares that nothing uses (no target owns, no slot holds, nothing waits
+ * through), so that the map follows the endpoints as they come and go: done as it grows too
+ * (slots_endpoint_share), and by the worker's trim. */
+void slots_trim(struct slots *s);
+/* How many shares the worker keeps now. */
+size_t slots_shares(const struct slots *s);
 
 /* True when a slot counted in 'share' (two, either NULL) taken now would pass the cap or a
  * share, or others already wait. */

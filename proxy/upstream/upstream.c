@@ -95,6 +95,8 @@ struct upstream_target {
     struct origin *h2, *tun;
     struct curl_slist *connect_to;
     _Atomic int64_t *conns;
+    struct dns_addr addr;
+    struct share *share; /* the worker's share of slots for it (proxy/upstream/attempt.c) */
 };
 
 static struct upstream_sock *sock_find(const struct upstream *u, int fd);
@@ -600,6 +602,7 @@ struct upstream_target *upstream_target_new(const struct upstream_url *url,
     if (!t)
         return NULL;
     t->conns = conns;
+    t->addr = *a;
     if (url->h2 && !(t->h2 = origin_at(url->h2, a, conns)))
         goto fail;
     if (url->tun && !(t->tun = url->tun == url->h2 ? t->h2 : origin_at(url->tun, a, conns)))
@@ -640,6 +643,16 @@ const struct origin *upstream_target_h2(const struct upstream_target *t)
 const struct origin *upstream_target_tunnel(const struct upstream_target *t)
 {
     return t->tun;
+}
+
+const struct dns_addr *upstream_target_addr(const struct upstream_target *t)
+{
+    return &t->addr;
+}
+
+struct share **upstream_target_share(struct upstream_target *t)
+{
+    return &t->share;
 }
 
 /* Closes the idle connection 's' now. libcurl (7.88) keeps an idle connection in its cache
@@ -731,6 +744,7 @@ struct h2up *upstream_h2(struct upstream *u)
 
 void upstream_trim(struct upstream *u)
 {
+    slots_trim(u->slots);
     while (u->npool > POOL_KEEP)
         curl_easy_cleanup(u->pool[--u->npool]);
     /* libcurl keeps each connection whose transfer ended for a next one, and closes it only when

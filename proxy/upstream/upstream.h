@@ -85,7 +85,8 @@ struct upstream_url *upstream_url_new(const char *origin, const char *host,
                                       const struct cfg_tls *tls, bool tunnels);
 void upstream_url_free(struct upstream_url *url); /* accepts NULL */
 /* One endpoint of 'url': its origins at address 'a' and libcurl pinned to it (docs/endpoints.md),
- * connections to it counted in 'conns'. Read-only once made; NULL out of memory. */
+ * connections to it counted in 'conns'. Read-only once made but for its share; NULL out of
+ * memory. */
 struct upstream_target;
 struct dns_addr;
 struct upstream_target *upstream_target_new(const struct upstream_url *url,
@@ -94,6 +95,11 @@ void upstream_target_free(struct upstream_target *t); /* accepts NULL */
 /* Its HTTP/2 origin (as upstream_url_h2 says the URL has one), its tunnels' origin. */
 const struct origin *upstream_target_h2(const struct upstream_target *t);
 const struct origin *upstream_target_tunnel(const struct upstream_target *t);
+/* Its address, and where its worker's share of slots for it is kept (found on its first
+ * attempt and let go of before it is freed: proxy/upstream/attempt.c). A target is its
+ * worker's alone (proxy/core/balance.h). */
+const struct dns_addr *upstream_target_addr(const struct upstream_target *t);
+struct share **upstream_target_share(struct upstream_target *t);
 /* The endpoint left its name's record: the worker's idle connections to it close (HTTP/2
  * sessions with a GOAWAY), busy ones once their requests end. */
 void upstream_target_leave(struct upstream *u, const struct upstream_target *t);
@@ -119,8 +125,9 @@ const struct origin *upstream_url_tunnel(const struct upstream_url *url);
 struct h2up;
 struct h2up *upstream_h2(struct upstream *u);
 
-/* A burst is over (proxy/http1/server.c's trim): idle easy handles beyond a few are freed, and
- * the idle connections of the multi handles that run no transfer are closed. */
+/* A burst is over (proxy/http1/server.c's trim): idle easy handles beyond a few are freed, the
+ * idle connections of the multi handles that run no transfer are closed, and the shares of
+ * endpoints nothing uses go (slots_trim). */
 void upstream_trim(struct upstream *u);
 
 /* Transfers running now. */

@@ -1,18 +1,22 @@
-/* Bounds a crowd of HTTP/2 clients meets (docs/hardening.md): a slow upstream or one client
- * connection with many streams cannot take every upstream attempt slot, nor hold up a request
- * that fits when slots free, and the memory of a burst of connections goes back when they
- * close.
+/* Bounds a crowd of HTTP/2 clients meets (docs/hardening.md): a slow upstream, a slow endpoint
+ * of an upstream or one client connection with many streams cannot take every upstream attempt
+ * slot, nor hold up a request that fits when slots free, and the memory of a burst of
+ * connections goes back when they close.
  */
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/support/cfgb.h"
+#include "tests/support/dnsmasq.h"
 #include "tests/support/fixture.h"
+#include "tests/support/pods.h"
 
 TestSuite(bounds, .fini = fx_stop, .timeout = 120);
 
@@ -192,4 +196,141 @@ Test(bounds, a_request_that_fits_goes_when_slots_free_behind_a_busy_connection)
     cr_expect_eq(fx_calls[0].r.status, 200);
     fx_release(c);
     close(c);
+}
+
+/* Two pods of one service: svc.test's addresses 127.0.0.2 and .3 (tests/support/pods.h). */
+static struct dnsm *dns;
+static struct tup *pod[2];
+
+/* The pods stop first: the requests a test left at the slow one end at once, and the proxy's
+ * drain with them. */
+static void pods_teardown(void)
+{
+    for (size_t i = 0; i < 2; i++) {
+        tup_stop(pod[i]);
+        pod[i] = NULL;
+    }
+    fx_stop();
+    dnsm_stop(dns);
+    dns = NULL;
+}
+
+/* Whether the pods got *arg requests between them. */
+static bool pods_got(void *arg)
+{
+    return tup_count(pod[0]) + tup_count(pod[1]) >= *(size_t *)arg;
+}
+
+/* A GET of 'path' with X-Test-Plan 'plan' (NULL: none) to the proxy: how long it took
+ * (asserts a 200). */
+static long get_ms(const char *path, const char *plan)
+{
+    char ph[96];
+    snprintf(ph, sizeof(ph), "X-Test-Plan: %s", plan ? plan : "");
+    const char *h[] = { plan ? ph : NULL, NULL };
+    struct http_resp r;
+    int64_t t0 = now_ms();
+    http_do("GET", fx_url(path), h, NULL, 0, 20000, &r);
+    long ms = (long)(now_ms() - t0);
+    cr_expect_eq(r.rc, 0);
+    cr_expect_eq(r.status, 200, "%s: %ld", path, r.status);
+    http_free(&r);
+    return ms;
+}
+
+/* Issue 38 part 8: the share is an endpoint's, not the upstream's. One upstream name with two
+ * addresses, 4 slots, 50 %: an endpoint holds 2. Round-robin (weights off) sends the slow
+ * requests (6 s) to one pod and the quick ones to the other: while the slow pod holds its 2
+ * slots and a third request waits for it, its sibling's requests go at once (on the share per
+ * upstream URL they waited the 6 s), and the slow pod never holds more than 2. */
+/* svc.test with the two pods' addresses; the proxy (one worker, 4 slots, 50 %: an endpoint
+ * holds 2) with route "r" to it, round-robin, weights off, so that attempts alternate. */
+static void two_pods(void)
+{
+    fx_init_curl();
+    uint16_t port = pods_start(pod, 2);
+    dns = dnsm_start();
+    cr_assert_not_null(dns);
+    const char *ips[] = { pods_ip(0), pods_ip(1) };
+    cr_assert_eq(dnsm_set(dns, "svc.test", ips, 2), 0);
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b,
+             "\"resolver\": {\"servers\": [\"%s\"]}, \"limits\": {\"max_upstream_requests\": 4, "
+             "\"upstream_share_percent\": 50}",
+             dns->server);
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"http://svc.test:%u\"], \"balance\": \"round_robin\", "
+               "\"weigh_endpoints\": false, \"timeout_ms\": 30000",
+               port);
+    fx_start_b(b, "--workers", "1", NULL);
+}
+
+Test(bounds, a_slow_endpoint_leaves_slots_to_its_siblings, .fini = pods_teardown)
+{
+    two_pods();
+    long quick[3];
+    for (int i = 0; i < 3; i++) {
+        http_call_start(&fx_calls[i], fx_url("/slow"), NULL, "delay=6000");
+        /* the slow ones arrive (the third waits once two are there) */
+        if (i < 2)
+            cr_assert(fx_wait(pods_got, &(size_t){ 2 * (size_t)i + 1 }, 5000, 10),
+                      "slow request %d did not arrive", i);
+        else
+            cr_expect_eq(fx_wait_metric("retryproxy_upstream_requests_waiting", 1, 5000), 1,
+                         "the third slow request does not wait for its endpoint's share");
+        quick[i] = get_ms("/quick", NULL);
+    }
+    size_t slow = tup_count(pod[0]) == 2 ? 0 : 1;
+    cr_log_info("quick requests beside the slow pod: %ld, %ld, %ld ms", quick[0], quick[1],
+                quick[2]);
+    for (int i = 0; i < 3; i++)
+        cr_expect_lt(quick[i], 3000, "quick request %d took %ld ms behind the slow pod", i,
+                     quick[i]);
+    cr_expect_eq(tup_count(pod[slow]), 2, "the slow pod holds %zu of 4 slots, its share 2",
+                 tup_count(pod[slow]));
+    cr_expect_eq(tup_count(pod[1 - slow]), 3, "the quick pod had %zu", tup_count(pod[1 - slow]));
+    for (int i = 0; i < 3; i++) {
+        http_call_join(&fx_calls[i]);
+        cr_expect_eq(fx_calls[i].r.status, 200, "slow request %d: %ld", i, fx_calls[i].r.status);
+    }
+    cr_expect_eq(tup_count(pod[slow]), 3, "the waiting one went to the slow pod once it had room");
+}
+
+/* What get_async() waits for: the pods got *arg requests between them, or one waits for a
+ * slot. */
+static bool arrived_or_waits(void *arg)
+{
+    return pods_got(arg) || fx_metric("retryproxy_upstream_requests_waiting") >= 1;
+}
+
+/* GET 'path' on a connection of its own, the answer left unread (fx_stop closes it); returns
+ * once the request reached a pod or waits for a slot. */
+static void get_async(const char *path)
+{
+    size_t n = tup_count(pod[0]) + tup_count(pod[1]) + 1;
+    int fd = fx_hold(raw_dial(px->port));
+    char req[128];
+    int len = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: svc\r\n\r\n", path);
+    cr_assert(raw_send_all(fd, req, (size_t)len));
+    cr_assert(fx_wait(arrived_or_waits, &n, 5000, 10), "%s went nowhere", path);
+}
+
+/* The share is the endpoint's whatever config snapshot its requests started under: after a
+ * reload, the new snapshot's target of the slow pod (which holds its 2 slots under the old
+ * one) finds the same share, so a request to it waits rather than making it 3. */
+Test(bounds, an_endpoint_keeps_its_share_across_a_reload, .fini = pods_teardown)
+{
+    two_pods();
+    tup_set_default_plan(pod[0], "delay=6000");
+    for (int i = 0; i < 8 && tup_count(pod[0]) < 2; i++)
+        get_async("/before");
+    cr_assert_eq(tup_count(pod[0]), 2, "the slow pod got %zu", tup_count(pod[0]));
+    cr_assert_eq(kill(px->pid, SIGHUP), 0);
+    cr_assert_eq(fx_wait_metric("retryproxy_config_generation", 2, 5000), 2, "no reload");
+    for (int i = 0; i < 8 && fx_metric("retryproxy_upstream_requests_waiting") < 1; i++)
+        get_async("/after");
+    cr_expect_eq(fx_metric("retryproxy_upstream_requests_waiting"), 1,
+                 "no request of the new config waits for the slow pod");
+    cr_expect_eq(tup_count(pod[0]), 2, "the slow pod holds %zu after the reload, its share 2",
+                 tup_count(pod[0]));
 }

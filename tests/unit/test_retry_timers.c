@@ -76,9 +76,11 @@ void attempt_fini(struct attempt *a)
     hlist_free(&a->trailers);
 }
 
-bool attempt_queue(struct attempt *a, const char *origin, struct share *conn)
+bool attempt_queue(struct attempt *a, const char *origin, struct upstream_target *to,
+                   struct share *conn)
 {
     (void)origin;
+    (void)to;
     (void)conn;
     a->sent = false;
     a->status = 0;

@@ -1,7 +1,8 @@
 /* slots: a worker's upstream attempt slots (proxy/upstream/slots.h): the cap, the queue in arrival
- * order, handing a freed slot on in the next turn of the loop, and the origin and connection
- * shares. */
+ * order, handing a freed slot on in the next turn of the loop, the endpoint (or origin) and
+ * connection shares, and the endpoint shares' lifetime. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "proxy/base/loop.h"
@@ -328,4 +329,109 @@ Test(slots, no_cap_no_limit)
     }
     for (int i = 0; i < 3; i++)
         slots_release(s, &o[i].hold);
+}
+
+/* Issue 38 part 8: a share per endpoint, the upstream's origin at one address. Two targets of
+ * one endpoint (an old and a new config snapshot's) find the same share and count in it
+ * together; another address of the same upstream has its own, which goes on when the first is
+ * used up. */
+Test(slots, two_targets_of_one_endpoint_count_in_one_share_its_sibling_in_another)
+{
+    slots_set_cap(s, 4);
+    slots_set_shares(s, 50, 100); /* an endpoint holds 2 of 4 at most */
+    struct share *old = slots_endpoint_share(s, "http://svc:80 10.0.0.1"),
+                 *now = slots_endpoint_share(s, "http://svc:80 10.0.0.1"),
+                 *sibling = slots_endpoint_share(s, "http://svc:80 10.0.0.2");
+    cr_assert(old && sibling);
+    cr_assert_eq(now, old, "one share per endpoint, whichever target asks");
+    cr_assert_neq(sibling, old);
+    cr_assert_neq(slots_origin_share(s, "http://svc:80"), old, "an origin's is another");
+    struct owner o[5];
+    ask(&o[0], old, NULL);
+    ask(&o[1], now, NULL);
+    ask(&o[2], now, NULL); /* the endpoint's share is used up: waits */
+    ask(&o[3], sibling, NULL);
+    turn();
+    cr_expect_eq(o[2].went, 0, "the endpoint holds %zu, its share 2", old->held);
+    cr_expect_eq(o[3].went, 3, "its sibling's attempt went past it");
+    ask(&o[4], sibling, NULL);
+    cr_expect_eq(o[4].went, 4, "its sibling's second attempt went at once, the last slot");
+    slots_release(s, &o[0].hold);
+    turn();
+    cr_expect_eq(o[2].went, 5, "the waiting one went once its endpoint had room");
+    for (int i = 1; i < 5; i++)
+        slots_release(s, &o[i].hold);
+    slots_share_let_go(old);
+    slots_share_let_go(now);
+    slots_share_let_go(sibling);
+}
+
+/* An endpoint's share goes once nothing uses it (its targets let go, no slot held, nothing
+ * waiting), not before; an origin's stays with the worker. */
+Test(slots, an_endpoint_share_goes_when_nothing_uses_it)
+{
+    slots_set_cap(s, 1);
+    slots_set_shares(s, 100, 100);
+    cr_assert_not_null(slots_origin_share(s, "http://a"));
+    struct share *e = slots_endpoint_share(s, "http://svc:80 10.0.0.1");
+    cr_assert_not_null(e);
+    struct owner o[2];
+    ask(&o[0], e, NULL);
+    ask(&o[1], e, NULL);   /* waits for the cap */
+    slots_share_let_go(e); /* its target is freed with its snapshot */
+    slots_trim(s);
+    cr_expect_eq(slots_shares(s), 2, "a share held and waited for stays");
+    slots_release(s, &o[0].hold);
+    turn();
+    cr_assert_eq(o[1].went, 2);
+    slots_trim(s);
+    cr_expect_eq(slots_shares(s), 2, "a share held stays");
+    slots_release(s, &o[1].hold);
+    slots_trim(s);
+    cr_expect_eq(slots_shares(s), 1, "the endpoint's share went, the origin's stayed");
+    struct share *again = slots_endpoint_share(s, "http://svc:80 10.0.0.1");
+    cr_assert_not_null(again);
+    cr_expect_eq(again->held + again->refs, 1, "a new one, made afresh");
+    slots_share_let_go(again);
+}
+
+/* Pods roll: 10,000 endpoints come, are used and go, one after another; the map keeps a few
+ * shares, not one per endpoint ever seen (no trim from the worker meanwhile). */
+Test(slots, the_shares_follow_endpoints_as_they_come_and_go)
+{
+    slots_set_cap(s, 4);
+    slots_set_shares(s, 50, 100);
+    struct share *live = slots_endpoint_share(s, "http://svc:80 10.1.0.1");
+    size_t most = 0;
+    for (int i = 0; i < 10000; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "http://svc:80 10.0.%d.%d", i / 250, i % 250 + 1);
+        struct share *e = slots_endpoint_share(s, key);
+        cr_assert_not_null(e);
+        struct owner o;
+        ask(&o, e, NULL);
+        slots_release(s, &o.hold);
+        slots_share_let_go(e);
+        if (slots_shares(s) > most)
+            most = slots_shares(s);
+    }
+    cr_expect_leq(most, 20, "the map held %zu shares", most);
+    cr_expect_eq(slots_endpoint_share(s, "http://svc:80 10.1.0.1"), live, "one in use stayed");
+    slots_share_let_go(live);
+    slots_share_let_go(live);
+}
+
+/* The config snapshot that owns a target may outlive the worker (it is freed after it): the
+ * target's share is freed by whichever lets go last. ASan says whether it is freed twice or
+ * never. */
+Test(slots, a_target_lets_go_of_its_share_after_the_worker_is_gone)
+{
+    struct slots *w = slots_new(l);
+    cr_assert_not_null(w);
+    struct share *e = slots_endpoint_share(w, "http://svc:80 10.0.0.1");
+    struct share *f = slots_endpoint_share(w, "http://svc:80 10.0.0.2");
+    cr_assert(e && f);
+    slots_share_let_go(f); /* before: the map frees it */
+    slots_free(w);
+    slots_share_let_go(e); /* after: the target does */
 }
