@@ -193,6 +193,9 @@ static void idle_endpoint_leaves(bool reload)
             sleep_ms(20);
         cr_assert_geq(fx_metric("retryproxy_config_generation"), 2, "no reload");
     }
+    /* what it had before: the weights (latency as well as failures) need not give each of 8
+     * pods exactly 2 of 16 requests on a loaded machine */
+    size_t had = tup_count(pod[7]);
     int64_t t0 = now_ms();
     record(all, 7); /* 127.0.0.9 leaves */
     int64_t gone = 0;
@@ -208,7 +211,7 @@ static void idle_endpoint_leaves(bool reload)
                  "%zu connection(s) to the pod that left still open", tup_open_connections(pod[7]));
     fprintf(stderr, "idle endpoint gone from /upstreams %lld ms after the record changed%s\n",
             (long long)(gone - t0), reload ? " (after a reload)" : "");
-    cr_expect_eq(tup_count(pod[7]), 2, "no request passed meanwhile");
+    cr_expect_eq(tup_count(pod[7]), had, "a request reached it after it left");
 }
 
 Test(endpoints_leave, an_idle_endpoint_that_leaves_is_gone_without_traffic)
