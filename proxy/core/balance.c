@@ -125,13 +125,19 @@ out:
 
 /* A worker's candidates of one route: its views' endpoints laid end to end (borrowed: the views
  * hold them), gathered again when a view syncs, and their weights (policy/score.h) with their
- * running sums, computed again when stale: once a pick in BAL_REWEIGH_RATIO of the candidates
- * has been made since, or after BAL_REWEIGH_MS. With a handful of endpoints that is every
- * pick, as exact as weighing them each time; with a thousand, every 62 picks or 100 ms, so a
- * pick costs about BAL_REWEIGH_RATIO weights on average whatever the number (a weight moves
- * with an endpoint's attempts, which a pick in a thousand hardly changes). */
-#define BAL_REWEIGH_RATIO 16
-#define BAL_REWEIGH_MS    100
+ * running sums, computed again when stale. Up to BAL_WEIGH_EVERY candidates that is at every
+ * pick, exact as it always was; past that, once picks made since reach a BAL_REWEIGH_SHARE-th of
+ * the candidates, or after BAL_REWEIGH_MS: a thousand are weighed every 250 picks, or every
+ * second when requests are fewer, about 4 weights a pick (each about 60 instructions) whatever
+ * their number. A weight moves with its endpoint's own attempts, which among a thousand are
+ * one pick in a thousand, and the score behind it is an average over about ten attempts or 5 s
+ * (policy/score.h): weights 250 picks or a second old are a fraction of an attempt behind. The
+ * bound in time is a second, not less, so that it does not weigh a thousand every few picks
+ * when picks are slow (measured under callgrind at 100 ms: 38 weights a pick, bench/README.md
+ * "Endpoints"). */
+#define BAL_WEIGH_EVERY   16
+#define BAL_REWEIGH_SHARE 4
+#define BAL_REWEIGH_MS    1000
 
 struct bal_set {
     bool current; /* 'ep' is what the views hold */
@@ -224,12 +230,17 @@ struct pick_ctx {
     uint64_t now_ms;
 };
 
+/* CHOOSE_TRIED | CHOOSE_EJECTED of candidate 'le' (inline: pick_few() asks it of each). */
+static inline unsigned state_of(const struct pick_ctx *p, struct live_endpoint *le)
+{
+    return (choose_tried_has(p->tried, le) ? CHOOSE_TRIED : 0) |
+           (p->ejection && !live_endpoint_available(le, p->now_ms) ? CHOOSE_EJECTED : 0);
+}
+
 static unsigned cand_state(void *arg, size_t i)
 {
     const struct pick_ctx *p = arg;
-    struct live_endpoint *le = p->ep[i]->le;
-    return (choose_tried_has(p->tried, le) ? CHOOSE_TRIED : 0) |
-           (p->ejection && !live_endpoint_available(le, p->now_ms) ? CHOOSE_EJECTED : 0);
+    return state_of(p, p->ep[i]->le);
 }
 
 static int64_t cand_load(void *arg, size_t i)
@@ -266,10 +277,11 @@ static size_t pick_few(const struct cfg_route *r, const struct bal_set *s, const
     uint64_t t = 0, ej = 0;
     int64_t load[CHOOSE_MASK_MAX];
     for (size_t c = 0; c < s->n; c++) {
-        unsigned st = cand_state((void *)p, c);
+        struct live_endpoint *le = s->ep[c]->le;
+        unsigned st = state_of(p, le);
         t |= st & CHOOSE_TRIED ? 1ULL << c : 0;
         ej |= st & CHOOSE_EJECTED ? 1ULL << c : 0;
-        load[c] = cand_load((void *)p, c);
+        load[c] = atomic_load_explicit(&le->in_flight, memory_order_relaxed);
     }
     /* a request's first attempt, not a retry, takes a turn */
     return choose_balanced(r->balance, t, ej, s->n, load, r->weigh_endpoints ? s->weight : NULL,
@@ -289,7 +301,7 @@ struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struc
     size_t i = 0;
     if (s->n > 1) {
         if (r->weigh_endpoints &&
-            (!s->weighed || s->picks * BAL_REWEIGH_RATIO >= s->n ||
+            (!s->weighed || s->n <= BAL_WEIGH_EVERY || s->picks * BAL_REWEIGH_SHARE >= s->n ||
              now_ms - s->weighed_ms >= BAL_REWEIGH_MS || now_ms < s->weighed_ms))
             weigh(s, now_ms);
         s->picks++;

@@ -216,14 +216,10 @@ struct choose_tried_more {
     const void *id[];
 };
 
-bool choose_tried_has(const struct choose_tried *t, const void *id)
+bool choose_tried_more_has(const struct choose_tried_more *m, const void *id)
 {
-    if (!id || !t->one)
-        return false;
-    if (t->one == id)
-        return true;
-    for (size_t i = 0; t->more && i < t->more->n; i++)
-        if (t->more->id[i] == id)
+    for (size_t i = 0; i < m->n; i++)
+        if (m->id[i] == id)
             return true;
     return false;
 }

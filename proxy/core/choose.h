@@ -68,7 +68,14 @@ struct choose_tried {
     const void *one;
     struct choose_tried_more *more;
 };
-bool choose_tried_has(const struct choose_tried *t, const void *id);
+bool choose_tried_more_has(const struct choose_tried_more *m, const void *id);
+/* 'id' is in 't' (inline: a first attempt, and most retries, ask only of the first). */
+static inline bool choose_tried_has(const struct choose_tried *t, const void *id)
+{
+    if (!id || !t->one)
+        return false;
+    return t->one == id || (t->more && choose_tried_more_has(t->more, id));
+}
 /* Adds 'id' unless it is there. Out of memory it is not kept: a later retry may then go back
  * to it, as when every endpoint has been tried. */
 void choose_tried_add(struct choose_tried *t, const void *id);
