@@ -75,7 +75,8 @@ static void sync_view(struct worker *w, const struct rt_route *x, size_t k, stru
     live_upstream_sync(x->ups[k], as->a, n, le);
     for (size_t i = 0; i < n; i++)
         by[i] = (struct slot_at){ le[i], i };
-    qsort(by, n, sizeof(*by), slot_at_cmp);
+    if (n)
+        qsort(by, n, sizeof(*by), slot_at_cmp);
     if (v->n)
         qsort(v->ep, v->n, sizeof(*v->ep), endpoint_cmp);
     for (size_t i = 0, j = 0; i < n && j < v->n;) {
