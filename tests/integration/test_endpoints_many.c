@@ -15,7 +15,6 @@
 #include "tests/support/fixture.h"
 #include "tests/support/proc.h"
 
-#define T     20000 /* ms: upper bound for any single request */
 #define ADDRS 300
 
 static struct dnsm *dns;
@@ -69,21 +68,6 @@ static void start(const char *balance)
     fx_start_b(b, "--workers", "1", NULL);
 }
 
-/* One GET with request id 'id' and plan 'plan' (NULL: none); its status. */
-static long get(const char *id, const char *plan)
-{
-    char ih[96], ph[128], url[256];
-    snprintf(ih, sizeof(ih), "X-Request-Id: %s", id);
-    snprintf(ph, sizeof(ph), "X-Test-Plan: %s", plan ? plan : "");
-    const char *h[] = { ih, plan ? ph : NULL, NULL };
-    struct http_resp r;
-    http_do("GET", px_url(px, "/", url, sizeof(url)), h, NULL, 0, T, &r);
-    cr_assert_eq(r.rc, 0, "%s: curl error %d", id, r.rc);
-    long status = r.status;
-    http_free(&r);
-    return status;
-}
-
 /* 900 requests one after another over a name of 300 addresses, round-robin: every address gets
  * first attempts (3 each with even weights; at least one whatever the weights), and /upstreams
  * lists the 300, each healthy. With the cap of 64 the other 236 got none. */
@@ -94,7 +78,7 @@ Test(endpoints_many, three_hundred_addresses_all_get_attempts)
     for (int q = 0; q < 3 * ADDRS; q++) {
         char id[32];
         snprintf(id, sizeof(id), "q%d", q);
-        cr_assert_eq(get(id, NULL), 200, "%s", id);
+        cr_assert_eq(fx_get_id_plan(id, NULL), 200, "%s", id);
     }
     int64_t took = now_ms() - t0;
     static unsigned got[ADDRS];
@@ -142,7 +126,7 @@ Test(endpoints_many, a_retry_goes_to_another_of_three_hundred)
     for (int q = 0; q < RETRIED; q++) {
         char id[32];
         snprintf(id, sizeof(id), "f%d", q);
-        cr_assert_eq(get(id, "fail=2"), 200, "%s", id);
+        cr_assert_eq(fx_get_id_plan(id, "fail=2"), 200, "%s", id);
     }
     cr_assert_eq(tup_count(pods), 3 * RETRIED);
     for (int q = 0; q < RETRIED; q++) {

@@ -339,13 +339,15 @@ int dnsm_query(const char *server, const char *name, char *out, size_t cap)
         struct pollfd p[ARES_GETSOCK_MAXNUM];
         nfds_t np = 0;
         /* writable too: an answer past 512 bytes comes again over TCP, whose connect and
-         * question wait for it */
-        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++)
-            if (ARES_GETSOCK_READABLE(bits, i) || ARES_GETSOCK_WRITABLE(bits, i))
+         * question wait for it (bits read unsigned: c-ares' macro shifts 1 into the sign bit) */
+        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
+            bool rd = ((unsigned)bits >> i) & 1,
+                 wr = ((unsigned)bits >> (i + ARES_GETSOCK_MAXNUM)) & 1;
+            if (rd || wr)
                 p[np++] =
                     (struct pollfd){ .fd = fds[i],
-                                     .events = (ARES_GETSOCK_READABLE(bits, i) ? POLLIN : 0) |
-                                               (ARES_GETSOCK_WRITABLE(bits, i) ? POLLOUT : 0) };
+                                     .events = (short)((rd ? POLLIN : 0) | (wr ? POLLOUT : 0)) };
+        }
         int rc = poll(p, np, 50);
         for (nfds_t i = 0; rc > 0 && i < np; i++)
             if (p[i].revents)
