@@ -10,7 +10,8 @@
 # every one of them), and BIN runs under callgrind with one worker and a route to
 # http://many.bench:PORT balanced by BALANCE (round_robin: every request on the next address).
 # h2load --h1 -c4 sends N1 requests, then, in a second run, N2; the difference over N2 - N1
-# requests cancels start-up and shutdown. Printed per request: the whole process's instructions,
+# requests cancels start-up and shutdown (but for the check of the listening port at start,
+# whose cost follows the machine's sockets, left out). Printed per request: the whole process's instructions,
 # and balance_pick()'s inclusive ones (the choice: the views, the candidates, their weights and
 # the pick, proxy/core/balance.c). The whole includes what a request costs besides the choice,
 # and with many endpoints a connection per endpoint: more connects while idle ones are fewer
@@ -71,15 +72,18 @@ count() {
     kill "$up" "$dns" 2> /dev/null || true
     wait "$up" 2> /dev/null || true
     [ -n "${KEEP:-}" ] && cp "$d/cg.out" "$KEEP.$na.$n"
-    local total pick conns weights
+    local total pick conns weights start
     conns=$(grep -o 'on [0-9]* connections' "$d/up.err" | awk '{print $2}')
-    total=$(grep -m1 '^summary\|^totals' "$d/cg.out" | awk '{print $2}')
     # balance_pick()'s inclusive cost: the "=> ...:balance_pick (Nx)" lines under its callers;
     # and how many weights were computed (score_weight() calls)
     callgrind_annotate --inclusive=yes --threshold=100 "$d/cg.out" > "$d/cg.txt" 2> /dev/null
     pick=$(awk '/=> .*:balance_pick \(/ {gsub(",", "", $1); s += $1} END {print s + 0}' "$d/cg.txt")
+    # the check at start for another listener on the port reads /proc/net/tcp (proxy/listen.c):
+    # its cost follows every socket on the machine, not the requests, and is left out
+    start=$(awk '/=> .*:find_listener \(/ {gsub(",", "", $1); s += $1} END {print s + 0}' "$d/cg.txt")
     weights=$(awk '/=> .*:score_weight \(/ {c = $NF; gsub("[(),x]", "", c); s += c} END {print s + 0}' \
         "$d/cg.txt")
+    total=$(($(grep -m1 '^summary\|^totals' "$d/cg.out" | awk '{print $2}') - start))
     echo "$total ${pick:-0} ${conns:-0} ${weights:-0}"
 }
 
