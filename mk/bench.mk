@@ -21,6 +21,9 @@
 #                        producers of 1 KiB bodies, group commit against one transaction per
 #                        accept in the same run (bench/store_bench.c; not in make bench).
 #                        STORE_ARGS="--seconds 10 --reps 3 --dir DIR" (DIR on the disk to measure)
+#   make bench-endpoints the endpoint choice's cost per request with 3 and with 1,000 endpoints
+#                        (callgrind instructions, balance_pick's inclusive share: bench/endpoints.sh;
+#                        in make bench). COUNTS="3 1000" N1=2000 N2=6000 BALANCE=round_robin
 #   make bench-build     build what the runs need, run nothing
 #
 # Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
@@ -32,7 +35,7 @@ FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
 BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters $(BUILD)/bench/h2hold $(BUILD)/bench/store_bench
 
-.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up bench-store bench-share
+.PHONY: bench bench-build bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up bench-store bench-share bench-endpoints
 
 $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
 	@mkdir -p $(dir $@)
@@ -54,6 +57,7 @@ bench: bench-build
 	$(BENCH_RUN) all
 	BUILD=$(BUILD) bench/h2peers.sh
 	BUILD=$(BUILD) bench/share.sh
+	UPB=$(BUILD)/tests/upstream bench/endpoints.sh $(BIN)
 bench-peers: bench-build
 	$(BENCH_RUN) peers
 bench-memory: bench-build
@@ -70,6 +74,8 @@ bench-h2up: $(BIN)
 	BUILD=$(BUILD) bench/h2up.sh
 bench-share: $(BIN) $(BUILD)/tests/upstream
 	BUILD=$(BUILD) bench/share.sh
+bench-endpoints: $(BIN) $(BUILD)/tests/upstream
+	UPB=$(BUILD)/tests/upstream bench/endpoints.sh $(BIN)
 
 STORE_BENCH_OBJ := $(filter $(BUILD)/obj/proxy/store/%,$(LIB_OBJ))
 $(BUILD)/bench/store_bench: $(BUILD)/obj/bench/store_bench.o $(STORE_BENCH_OBJ)

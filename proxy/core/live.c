@@ -50,6 +50,7 @@ void live_free(struct live *l)
                 pthread_mutex_destroy(&u->up.ep[i]->mu);
                 free(u->up.ep[i]);
             }
+            free(u->up.ep);
             free(u);
         }
         strmap_free(&e->ups_by_url);
@@ -157,52 +158,93 @@ static void forget_health(struct live_upstream *u, struct live_endpoint *e)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* A slot for an address that joins: one never used, else one whose address left and that
- * nothing uses any more (its health went with its address). Under u->mu. */
-static struct live_endpoint *free_slot(struct live_upstream *u)
+/* A new slot at the end of the table, which grows by half as much again when full. Under u->mu.
+ * NULL out of memory. */
+static struct live_endpoint *new_slot(struct live_upstream *u)
 {
-    for (size_t i = 0; i < u->n; i++) {
-        struct live_endpoint *e = u->ep[i];
-        if (!e->used)
-            return e;
+    if (u->n == u->cap) {
+        size_t cap = u->cap ? u->cap + u->cap / 2 : 8;
+        struct live_endpoint **ep = realloc(u->ep, cap * sizeof(*ep));
+        if (!ep)
+            return NULL;
+        u->ep = ep;
+        u->cap = cap;
     }
-    for (size_t i = 0; i < u->n; i++) {
-        struct live_endpoint *e = u->ep[i];
-        if (!e->present && atomic_load(&e->in_flight) == 0 && atomic_load(&e->conns) == 0)
-            return e;
-    }
-    if (u->n == LIVE_ENDPOINTS_MAX)
-        return NULL;
     struct live_endpoint *e = calloc(1, sizeof(*e));
     if (!e)
         return NULL;
     pthread_mutex_init(&e->mu, NULL);
-    e->index = (uint8_t)u->n;
     u->ep[u->n++] = e;
     return e;
 }
 
+/* qsort() and bsearch() order of slot pointers, by address. */
+static int slot_cmp(const void *x, const void *y)
+{
+    const struct live_endpoint *a = *(struct live_endpoint *const *)x;
+    const struct live_endpoint *b = *(struct live_endpoint *const *)y;
+    return dns_addr_cmp(&a->addr, &b->addr);
+}
+
+/* The used slot holding address 'a' among 'by' (sorted by slot_cmp), NULL: none. */
+static struct live_endpoint *slot_of(struct live_endpoint **by, size_t n, const struct dns_addr *a)
+{
+    struct live_endpoint key = { .addr = *a }, *k = &key;
+    struct live_endpoint **hit = n ? bsearch(&k, by, n, sizeof(*by), slot_cmp) : NULL;
+    return hit ? *hit : NULL;
+}
+
+/* Each address finds its slot by a binary search in the used slots sorted by address, so a
+ * record of a thousand addresses syncs in thousands of comparisons, not a million. */
 void live_upstream_sync(struct live_upstream *u, const struct dns_addr *a, size_t n,
                         struct live_endpoint **out)
 {
     pthread_mutex_lock(&u->mu);
+    struct live_endpoint **by = u->n ? malloc(u->n * sizeof(*by)) : NULL;
+    size_t m = 0;
+    for (size_t i = 0; i < u->n; i++) {
+        u->ep[i]->seen = false;
+        if (by && u->ep[i]->used)
+            by[m++] = u->ep[i];
+    }
+    if (by)
+        qsort(by, m, sizeof(*by), slot_cmp);
+    else
+        m = 0; /* out of memory: (at worst) an address takes a new slot */
+    for (size_t k = 0; k < n; k++)
+        if ((out[k] = slot_of(by, m, &a[k])) != NULL)
+            out[k]->seen = true;
+    free(by);
     for (size_t i = 0; i < u->n; i++) {
         struct live_endpoint *e = u->ep[i];
         bool was = e->present;
-        e->present = false;
-        for (size_t k = 0; e->used && k < n && !e->present; k++)
-            e->present = dns_addr_cmp(&e->addr, &a[k]) == 0;
+        e->present = e->used && e->seen;
         if (was && !e->present)
             forget_health(u, e);
     }
+    /* the addresses that joined: slots never used first, then those whose address left and
+     * that nothing uses any more (their health went with their address), then new ones; one
+     * pass over the table, whatever the number that joined */
+    size_t free_i = 0, gone_i = 0;
     for (size_t k = 0; k < n; k++) {
-        out[k] = NULL;
-        for (size_t i = 0; i < u->n && !out[k]; i++)
-            if (u->ep[i]->used && dns_addr_cmp(&u->ep[i]->addr, &a[k]) == 0)
-                out[k] = u->ep[i];
-        if (!out[k] && (out[k] = free_slot(u)) != NULL) {
-            out[k]->addr = a[k];
-            out[k]->used = out[k]->present = true;
+        if (out[k])
+            continue;
+        struct live_endpoint *e = NULL;
+        while (!e && free_i < u->n) {
+            struct live_endpoint *c = u->ep[free_i++];
+            e = !c->used ? c : NULL;
+        }
+        while (!e && gone_i < u->n) {
+            struct live_endpoint *c = u->ep[gone_i++];
+            if (c->used && !c->present && atomic_load(&c->in_flight) == 0 &&
+                atomic_load(&c->conns) == 0)
+                e = c;
+        }
+        if (!e)
+            e = new_slot(u);
+        if ((out[k] = e) != NULL) {
+            e->addr = a[k];
+            e->used = e->present = e->seen = true;
         }
     }
     pthread_mutex_unlock(&u->mu);
@@ -229,11 +271,10 @@ void live_endpoint_read(struct live_endpoint *e, struct health *out)
     pthread_mutex_unlock(&e->mu);
 }
 
-size_t live_upstream_endpoints(struct live_upstream *u, uint64_t now_ms, struct live_ep_row *out,
-                               size_t max)
+/* live_upstream_endpoints(), under u->mu. */
+static size_t rows_of(struct live_upstream *u, uint64_t now_ms, struct live_ep_row *out, size_t max)
 {
     size_t n = 0;
-    pthread_mutex_lock(&u->mu);
     for (size_t i = 0; i < u->n && n < max; i++) {
         struct live_endpoint *e = u->ep[i];
         int64_t in_flight = atomic_load(&e->in_flight), conns = atomic_load(&e->conns);
@@ -248,7 +289,32 @@ size_t live_upstream_endpoints(struct live_upstream *u, uint64_t now_ms, struct 
                      : health_available(&row->h, now_ms) ? LIVE_EP_HEALTHY
                                                          : LIVE_EP_EJECTED;
     }
+    return n;
+}
+
+size_t live_upstream_endpoints(struct live_upstream *u, uint64_t now_ms, struct live_ep_row *out,
+                               size_t max)
+{
+    pthread_mutex_lock(&u->mu);
+    size_t n = rows_of(u, now_ms, out, max);
     pthread_mutex_unlock(&u->mu);
+    return n;
+}
+
+size_t live_upstream_endpoints_all(struct live_upstream *u, uint64_t now_ms,
+                                   struct live_ep_row **out)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&u->mu);
+    /* the table's size now: it cannot grow while the mutex is held */
+    *out = u->n ? malloc(u->n * sizeof(**out)) : NULL;
+    if (*out)
+        n = rows_of(u, now_ms, *out, u->n);
+    pthread_mutex_unlock(&u->mu);
+    if (!n) {
+        free(*out);
+        *out = NULL;
+    }
     return n;
 }
 
@@ -294,8 +360,8 @@ size_t live_upstream_rows(void *live, struct metrics_upstream **rows)
     size_t i = 0;
     for (struct live_entry *e = l->head; e; e = e->next) {
         for (struct live_up_entry *u = e->ups; u; u = u->next) {
-            struct live_ep_row eps[LIVE_ENDPOINTS_MAX];
-            size_t m = live_upstream_endpoints(&u->up, now, eps, LIVE_ENDPOINTS_MAX);
+            struct live_ep_row *eps;
+            size_t m = live_upstream_endpoints_all(&u->up, now, &eps);
             struct metrics_upstream *row = &out[i++];
             *row = (struct metrics_upstream){ .route = e->name,
                                               .url = u->url,
@@ -311,6 +377,7 @@ size_t live_upstream_rows(void *live, struct metrics_upstream **rows)
             for (size_t k = 0; k < m; k++)
                 row->endpoints[eps[k].state]++;
             worst_endpoints(eps, m, now, row);
+            free(eps);
         }
     }
     *rows = out;

@@ -49,16 +49,15 @@ uint32_t live_route_backoff_peek(struct live_route *lr, const struct backoff_spe
 void live_route_backoff_take(struct live_route *lr, const struct backoff_spec *b, uint64_t now_ms,
                              struct rng *r, const struct live_backoff_mark *m);
 
-/* An upstream's endpoints (docs/endpoints.md): one slot per address its name resolves to, at
- * most LIVE_ENDPOINTS_MAX; more addresses are not used. A slot keeps its address while the
- * address stays in the record, and while attempts or connections still use it after it left
- * (it is then "leaving"); an address that joins takes a free slot, or one whose address left
+/* An upstream's endpoints (docs/endpoints.md): one slot per address its name resolves to, as
+ * many as it has (no cap: the resolver keeps what a DNS answer holds). A slot keeps its address
+ * while the address stays in the record, and while attempts or connections still use it after it
+ * left (it is then "leaving"); an address that joins takes a free slot, or one whose address left
  * and is no longer used. Health belongs to the pod, not the address: when the address leaves,
  * the slot's health is cleared and its epoch moves, so the same address coming back (a new pod
  * on a reused IP) starts healthy. A slot is never freed before the registry, so the workers'
  * pointers to it stay valid; its epoch tells a worker holding it for an address it has since
  * left or been given away from. */
-#define LIVE_ENDPOINTS_MAX 64
 
 struct live_endpoint {
     pthread_mutex_t mu; /* guards 'h': taken once per attempt, on routes with ejection on */
@@ -68,28 +67,32 @@ struct live_endpoint {
     _Atomic int64_t conns;     /* connections open to it now (the transports count them) */
     _Atomic uint32_t epoch;    /* moves when its address leaves (and so before the slot is
                                   given to another) */
-    uint8_t index;             /* its place among the upstream's slots */
     /* under the upstream's mutex */
     bool used;    /* holds 'addr' */
     bool present; /* 'addr' is in the name's last record */
+    bool seen;    /* live_upstream_sync(): 'addr' is in the record being synced */
     struct dns_addr addr;
 };
 
-/* One upstream of one route (routes[].upstreams, kept by URL across reloads): its endpoints. */
+/* One upstream of one route (routes[].upstreams, kept by URL across reloads): its endpoints.
+ * The table of slots grows as addresses join; it holds pointers, so a slot never moves when it
+ * grows and a worker's pointer to one stays valid. Only the table's readers under 'mu' (the
+ * admin view, the metrics, a sync) see the table itself. */
 struct live_upstream {
-    pthread_mutex_t mu;      /* guards the slots' addresses: taken when a record changes */
+    pthread_mutex_t mu;      /* guards the table and the slots' addresses */
     atomic_bool ejection;    /* the route's ejection is on, as the last snapshot says */
     uint64_t ejections_gone; /* ejections of addresses whose slots went to others */
-    size_t n;                /* slots made so far */
-    struct live_endpoint *ep[LIVE_ENDPOINTS_MAX];
+    size_t n, cap;           /* slots made so far, and room in 'ep' */
+    struct live_endpoint **ep;
 };
 
 /* The upstream 'url' on route 'name', created on first use; the route's state must exist
  * (live_route()). Thread-safe; for snapshot installation. NULL if out of memory. */
 struct live_upstream *live_upstream(struct live *l, const char *name, const char *url);
 
-/* The 'n' addresses of the upstream name's current record each get their slot, in out[i]
- * (NULL past LIVE_ENDPOINTS_MAX, or out of memory); the other slots' addresses are leaving.
+/* The 'n' addresses (distinct, as a name's set is) of the upstream name's current record each
+ * get their slot, in out[i]
+ * (NULL out of memory); the other slots' addresses are leaving. O((n + slots) log slots).
  * Thread-safe; when a worker sees the record change, not per request. */
 void live_upstream_sync(struct live_upstream *u, const struct dns_addr *a, size_t n,
                         struct live_endpoint **out);
@@ -120,6 +123,10 @@ struct live_ep_row {
  * in slot order, as of 'now_ms'. Returns how many. Thread-safe. */
 size_t live_upstream_endpoints(struct live_upstream *u, uint64_t now_ms, struct live_ep_row *out,
                                size_t max);
+/* The same, all of them, in a new array in *out (free() it; NULL when there are none, or out
+ * of memory: then 0). */
+size_t live_upstream_endpoints_all(struct live_upstream *u, uint64_t now_ms,
+                                   struct live_ep_row **out);
 
 /* Every upstream tracked so far, as metrics_set_upstreams() reads them ('live' is the struct
  * live; "ejected" as of CLOCK_MONOTONIC, the loops' clock). */

@@ -131,6 +131,7 @@ static void req_free(struct retry_req *r)
     free(r->saved.body);
     free(r->held.body);
     free(r->delays);
+    choose_tried_free(&r->tried);
     rt_unref(r->rt);
     DLIST_UNLINK(r->w->reqs, r);
     atomic_store_explicit(&r->w->requests,
@@ -318,7 +319,7 @@ void req_start_attempt(struct retry_req *r)
     uint32_t *rr = r->rt == w->rt ? &w->rr[rt - r->cfg->routes] : NULL;
     struct trial *t = r->cur;
     tally_endpoint_free(t);
-    struct endpoint *e = balance_pick(w, r->rt, r->rtr, r->tried, now, rr);
+    struct endpoint *e = balance_pick(w, r->rt, r->rtr, &r->tried, now, rr);
     if (!e && edge_no_address(r))
         return; /* no address for any name of the route: answered, no attempt, no wait */
     t->flags = 0;
@@ -326,7 +327,7 @@ void req_start_attempt(struct retry_req *r)
     t->number = r->attempts;
     tally_endpoint_in(t, e);
     if (e)
-        r->tried |= e->bit;
+        choose_tried_add(&r->tried, e->le);
     t->start_us = loop_clock_us(l); /* its duration includes a wait for a slot (metrics.md) */
     if (!attempt_queue(&t->att, trial_upstream(r, t)->origin, e ? e->to : NULL, r->front->share))
         req_attempt_ops.go(&t->att); /* else it starts when a slot frees */

@@ -23,6 +23,7 @@ static void rt_free(struct rt *rt)
             free((void *)x->reasons);
             size_t n_up = rt->cfg->routes[i].n_upstreams;
             balance_views_free(x->views, (size_t)rt->n_workers * n_up);
+            balance_sets_free(x->sets, rt->n_workers);
             for (size_t k = 0; k < n_up; k++) {
                 if (x->urls)
                     upstream_url_free(x->urls[k]);
@@ -68,8 +69,9 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
         x->ups = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->ups));
         x->views = calloc((size_t)rt->n_workers * (r->n_upstreams ? r->n_upstreams : 1),
                           sizeof(*x->views));
+        x->sets = balance_sets_new(rt->n_workers);
         if (!reasons || !x->metrics || !x->live || !x->urls || !x->targets || !x->names ||
-            !x->ups || !x->views)
+            !x->ups || !x->views || !x->sets)
             goto fail;
         throttle_set_window(&x->live->throttle, r->throttle.window_ms);
         for (size_t k = 0; k < r->n_upstreams; k++)
@@ -96,9 +98,10 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
                 continue;
             /* its endpoints are seen (/upstreams) before a request picks one */
             struct dns_addrs *as = dns_name_addrs(name);
-            struct live_endpoint *le[LIVE_ENDPOINTS_MAX];
-            live_upstream_sync(rt->routes[i].ups[k], as->a,
-                               as->n < LIVE_ENDPOINTS_MAX ? as->n : LIVE_ENDPOINTS_MAX, le);
+            struct live_endpoint **le = as->n ? calloc(as->n, sizeof(*le)) : NULL;
+            if (le || !as->n) /* else (out of memory) the workers' first sync makes them */
+                live_upstream_sync(rt->routes[i].ups[k], as->a, as->n, le);
+            free(le);
             dns_addrs_unref(as);
         }
     return rt;

@@ -23,6 +23,7 @@
 struct upstream_url; /* proxy/upstream/upstream.h */
 struct dns_name;     /* proxy/dns/resolve.h */
 struct bal_view;     /* proxy/core/balance.h */
+struct bal_set;      /* proxy/core/balance.h */
 struct proxy;
 
 struct rt_route {
@@ -34,6 +35,7 @@ struct rt_route {
     struct dns_name **names; /* each upstream's host (NULL: no resolver, the URL's) */
     struct live_upstream **ups;      /* each upstream's endpoints, kept by URL */
     struct bal_view *views;          /* [worker][upstream]: each worker's (proxy/core/balance.h) */
+    struct bal_set *sets;            /* [worker]: each worker's candidates, its views together */
     struct metrics_target **targets; /* each upstream's series, resolved once per snapshot */
 };
 

@@ -16,9 +16,6 @@
 #include "proxy/base/loop.h"
 #include "proxy/dns/resolve.h"
 
-/* Most addresses kept of one name: a headless Service's pods, with room to spare. */
-#define MAX_ADDRS 256
-
 struct lookup;
 struct metrics_name;
 

@@ -64,14 +64,22 @@ static int addr_cmp(const void *x, const void *y)
     return dns_addr_cmp(x, y);
 }
 
-/* The set of an answer, sorted and without duplicates; its least TTL in *ttl. */
+/* The set of an answer, sorted and without duplicates; its least TTL in *ttl. Every address
+ * of the answer is kept: no cap but the DNS message's own (64 KiB over TCP, about 4,000 A
+ * records), so a Service of a thousand pods is a thousand endpoints (docs/endpoints.md). NULL
+ * out of memory. */
 static struct dns_addrs *addrs_of(const struct ares_addrinfo *res, uint32_t *ttl)
 {
-    struct dns_addr tmp[MAX_ADDRS];
+    size_t max = 0;
+    for (const struct ares_addrinfo_node *p = res ? res->nodes : NULL; p; p = p->ai_next)
+        max++;
+    struct dns_addrs *set = addrs_new(max);
+    if (!set)
+        return NULL;
+    struct dns_addr *tmp = set->a;
     size_t n = 0;
     *ttl = UINT32_MAX;
-    for (const struct ares_addrinfo_node *p = res ? res->nodes : NULL; p && n < MAX_ADDRS;
-         p = p->ai_next) {
+    for (const struct ares_addrinfo_node *p = res ? res->nodes : NULL; p; p = p->ai_next) {
         struct dns_addr *a = &tmp[n];
         memset(a, 0, sizeof(*a));
         if (p->ai_family == AF_INET && p->ai_addrlen >= sizeof(struct sockaddr_in))
@@ -93,10 +101,8 @@ static struct dns_addrs *addrs_of(const struct ares_addrinfo *res, uint32_t *ttl
     for (size_t i = 0; i < n; i++)
         if (k == 0 || addr_cmp(&tmp[k - 1], &tmp[i]) != 0)
             tmp[k++] = tmp[i];
-    struct dns_addrs *a = addrs_new(k);
-    if (a)
-        memcpy(a->a, tmp, k * sizeof(tmp[0]));
-    return a;
+    set->n = k;
+    return set;
 }
 
 static bool addrs_equal(const struct dns_addrs *a, const struct dns_addrs *b)

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "policy/health.h"
@@ -84,8 +85,8 @@ static json_t *upstream_json(const struct cfg_route *r, const struct rt_route *x
                              uint32_t fastest, uint64_t now, int64_t wall_ms, size_t *n_ep,
                              size_t *n_ejected)
 {
-    struct live_ep_row rows[LIVE_ENDPOINTS_MAX];
-    size_t n = live_upstream_endpoints(x->ups[k], now, rows, LIVE_ENDPOINTS_MAX);
+    struct live_ep_row *rows;
+    size_t n = live_upstream_endpoints_all(x->ups[k], now, &rows);
     json_t *eps = json_array();
     size_t in_rotation = 0, ejected = 0;
     uint64_t back = UINT64_MAX, failures = 0, ejections = 0, seq = 0;
@@ -105,6 +106,7 @@ static json_t *upstream_json(const struct cfg_route *r, const struct rt_route *x
         uint64_t s = health_sequence(&e->h, &r->ejection.health, now);
         seq = s > seq ? s : seq;
     }
+    free(rows);
     bool all = in_rotation && ejected == in_rotation;
     uint64_t left = all ? back - now : 0;
     *n_ep += in_rotation;
@@ -123,13 +125,14 @@ static uint32_t fastest_of(const struct cfg_route *r, const struct rt_route *x, 
 {
     uint32_t fastest = 0;
     for (size_t k = 0; k < r->n_upstreams; k++) {
-        struct live_ep_row rows[LIVE_ENDPOINTS_MAX];
-        size_t n = live_upstream_endpoints(x->ups[k], now, rows, LIVE_ENDPOINTS_MAX);
+        struct live_ep_row *rows;
+        size_t n = live_upstream_endpoints_all(x->ups[k], now, &rows);
         for (size_t i = 0; i < n; i++) {
             uint32_t lat = rows[i].h.score.lat_us;
             if (rows[i].state != LIVE_EP_LEAVING && lat && (!fastest || lat < fastest))
                 fastest = lat;
         }
+        free(rows);
     }
     return fastest;
 }

@@ -72,16 +72,7 @@ static void start(const char *more)
 /* One GET with request id 'id' and plan 'plan' (NULL: the pod's default); its status. */
 static long get(const char *id, const char *plan)
 {
-    char ih[96], ph[128], url[256];
-    snprintf(ih, sizeof(ih), "X-Request-Id: %s", id);
-    snprintf(ph, sizeof(ph), "X-Test-Plan: %s", plan ? plan : "");
-    const char *h[] = { ih, plan ? ph : NULL, NULL };
-    struct http_resp r;
-    http_do("GET", px_url(px, "/", url, sizeof(url)), h, NULL, 0, T, &r);
-    cr_assert_eq(r.rc, 0, "%s: curl error %d", id, r.rc);
-    long status = r.status;
-    http_free(&r);
-    return status;
+    return fx_get_id_plan(id, plan);
 }
 
 static size_t got(size_t i)

@@ -185,22 +185,32 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Sorted text of 'k' addresses p[0..k), distinct, joined by ',' into out[cap]. */
+static void joined(char **p, size_t k, char *out, size_t cap)
+{
+    qsort(p, k, sizeof(p[0]), cmp_str);
+    size_t len = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < k && len < cap; i++)
+        if (i == 0 || strcmp(p[i], p[i - 1]) != 0)
+            len += (size_t)snprintf(out + len, cap - len, "%s%s", len ? "," : "", p[i]);
+}
+
 /* addrs as dnsm_query() gives them: each made canonical, sorted, joined by ','. */
 static void canonical(const char *const *addrs, size_t n, char *out, size_t cap)
 {
-    char text[8][48];
-    char *p[8];
+    char(*text)[48] = calloc(n ? n : 1, sizeof(*text));
+    char **p = calloc(n ? n : 1, sizeof(*p));
     size_t k = 0;
-    for (size_t i = 0; i < n && k < 8; i++) {
+    for (size_t i = 0; text && p && i < n; i++) {
         unsigned char b[16];
         int fam = strchr(addrs[i], ':') ? AF_INET6 : AF_INET;
         if (inet_pton(fam, addrs[i], b) == 1 && inet_ntop(fam, b, text[k], sizeof(text[k])))
             p[k] = text[k], k++;
     }
-    qsort(p, k, sizeof(p[0]), cmp_str);
-    out[0] = '\0';
-    for (size_t i = 0; i < k; i++)
-        snprintf(out + strlen(out), cap - strlen(out), "%s%s", i ? "," : "", p[i]);
+    joined(p, k, out, cap);
+    free(p);
+    free(text);
 }
 
 int dnsm_set(struct dnsm *d, const char *name, const char *const *addrs, size_t n)
@@ -214,20 +224,28 @@ int dnsm_set(struct dnsm *d, const char *name, const char *const *addrs, size_t 
         snprintf(d->names[i].name, sizeof(d->names[i].name), "%s", name);
         d->nnames++;
     }
+    free(d->names[i].addrs);
+    d->names[i].addrs = calloc(n ? n : 1, sizeof(*d->names[i].addrs));
     d->names[i].n = 0;
-    for (size_t k = 0; k < n && k < 8; k++)
+    for (size_t k = 0; d->names[i].addrs && k < n; k++)
         snprintf(d->names[i].addrs[d->names[i].n++], 48, "%s", addrs[k]);
     if (write_hosts(d) < 0 || d->pid <= 0 || kill(d->pid, SIGHUP) < 0)
         return -1;
-    char want[512], got[512];
-    canonical(addrs, n, want, sizeof(want));
-    for (int64_t until = now_ms() + 5000; now_ms() < until; sleep_ms(20)) {
-        int st = dnsm_query(d->server, name, got, sizeof(got));
-        if ((st == ARES_SUCCESS || st == ARES_ENOTFOUND || st == ARES_ENODATA) &&
-            strcmp(got, want) == 0)
-            return 0;
+    size_t cap = 64 + n * 48;
+    char *want = malloc(cap), *got = malloc(cap);
+    int rc = -1;
+    if (want && got) {
+        canonical(addrs, n, want, cap);
+        for (int64_t until = now_ms() + 5000; rc < 0 && now_ms() < until; sleep_ms(20)) {
+            int st = dnsm_query(d->server, name, got, cap);
+            if ((st == ARES_SUCCESS || st == ARES_ENOTFOUND || st == ARES_ENODATA) &&
+                strcmp(got, want) == 0)
+                rc = 0;
+        }
     }
-    return -1;
+    free(want);
+    free(got);
+    return rc;
 }
 
 void dnsm_kill(struct dnsm *d)
@@ -260,6 +278,8 @@ void dnsm_stop(struct dnsm *d)
     dnsm_kill(d);
     track(d, false);
     rm_tree(d->dir);
+    for (size_t i = 0; i < d->nnames; i++)
+        free(d->names[i].addrs);
     free(d);
 }
 
@@ -278,10 +298,13 @@ static void on_answer(void *arg, int status, int timeouts, struct ares_addrinfo 
     struct answer *a = arg;
     a->done = true;
     a->status = status;
-    char text[16][48];
-    char *p[16];
+    size_t max = 0;
+    for (struct ares_addrinfo_node *n = res ? res->nodes : NULL; n; n = n->ai_next)
+        max++;
+    char(*text)[48] = calloc(max ? max : 1, sizeof(*text));
+    char **p = calloc(max ? max : 1, sizeof(*p));
     size_t k = 0;
-    for (struct ares_addrinfo_node *n = res ? res->nodes : NULL; n && k < 16; n = n->ai_next) {
+    for (struct ares_addrinfo_node *n = res ? res->nodes : NULL; text && p && n; n = n->ai_next) {
         const void *src =
             n->ai_family == AF_INET
                 ? (const void *)&((struct sockaddr_in *)(void *)n->ai_addr)->sin_addr
@@ -289,12 +312,9 @@ static void on_answer(void *arg, int status, int timeouts, struct ares_addrinfo 
         if (inet_ntop(n->ai_family, src, text[k], sizeof(text[k])))
             p[k] = text[k], k++;
     }
-    qsort(p, k, sizeof(p[0]), cmp_str);
-    a->out[0] = '\0';
-    for (size_t i = 0; i < k; i++)
-        if (i == 0 || strcmp(p[i], p[i - 1]) != 0)
-            snprintf(a->out + strlen(a->out), a->cap - strlen(a->out), "%s%s", a->out[0] ? "," : "",
-                     p[i]);
+    joined(p, k, a->out, a->cap);
+    free(p);
+    free(text);
     ares_freeaddrinfo(res);
 }
 
@@ -318,13 +338,22 @@ int dnsm_query(const char *server, const char *name, char *out, size_t cap)
         int bits = ares_getsock(ch, fds, ARES_GETSOCK_MAXNUM);
         struct pollfd p[ARES_GETSOCK_MAXNUM];
         nfds_t np = 0;
-        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++)
-            if (ARES_GETSOCK_READABLE(bits, i))
-                p[np++] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
+        /* writable too: an answer past 512 bytes comes again over TCP, whose connect and
+         * question wait for it (bits read unsigned: c-ares' macro shifts 1 into the sign bit) */
+        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
+            bool rd = ((unsigned)bits >> i) & 1,
+                 wr = ((unsigned)bits >> (i + ARES_GETSOCK_MAXNUM)) & 1;
+            if (rd || wr)
+                p[np++] =
+                    (struct pollfd){ .fd = fds[i],
+                                     .events = (short)((rd ? POLLIN : 0) | (wr ? POLLOUT : 0)) };
+        }
         int rc = poll(p, np, 50);
         for (nfds_t i = 0; rc > 0 && i < np; i++)
             if (p[i].revents)
-                ares_process_fd(ch, p[i].fd, ARES_SOCKET_BAD);
+                ares_process_fd(
+                    ch, p[i].revents & (POLLIN | POLLERR | POLLHUP) ? p[i].fd : ARES_SOCKET_BAD,
+                    p[i].revents & POLLOUT ? p[i].fd : ARES_SOCKET_BAD);
         ares_process_fd(ch, ARES_SOCKET_BAD, ARES_SOCKET_BAD);
     }
     ares_destroy(ch); /* an unfinished query ends here (a.done) */

@@ -20,7 +20,7 @@ struct dnsm {
     char hosts[96];
     struct {
         char name[64];
-        char addrs[8][48];
+        char (*addrs)[48]; /* n of them, on the heap: a name may have hundreds */
         size_t n;
     } names[16]; /* what the hosts file holds */
     size_t nnames;
@@ -30,8 +30,9 @@ struct dnsm {
  * could not be started within a few tries. From the test's main thread: it dies with the
  * thread that started it. */
 struct dnsm *dnsm_start(void);
-/* Gives 'name' the addresses addrs[0..n) (IPv4 or IPv6 text; n 0: none, so NXDOMAIN), and
- * waits until the server answers that set (at most 5 s). 0, or -1. Other names keep theirs. */
+/* Gives 'name' the addresses addrs[0..n) (IPv4 or IPv6 text; n 0: none, so NXDOMAIN; any
+ * number: an answer past 512 bytes goes over TCP), and waits until the server answers that set
+ * (at most 5 s). 0, or -1. Other names keep theirs. */
 int dnsm_set(struct dnsm *d, const char *name, const char *const *addrs, size_t n);
 /* SIGKILL: its port refuses from now on. */
 void dnsm_kill(struct dnsm *d);
@@ -42,7 +43,7 @@ void dnsm_thaw(struct dnsm *d);
 void dnsm_stop(struct dnsm *d);
 
 /* The addresses the server at 'server' ("IP:PORT") gives 'name' (A and AAAA), as sorted text
- * joined by ',' into out[cap] ("" for none); the c-ares status (ARES_SUCCESS...). */
+ * joined by ',' into out[cap] ("" for none; cut at 'cap'); the c-ares status (ARES_SUCCESS...). */
 int dnsm_query(const char *server, const char *name, char *out, size_t cap);
 
 #endif

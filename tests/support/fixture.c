@@ -341,9 +341,15 @@ static json_t *admin_json(const char *method, const char *path, long want, long 
 
 long fx_get_id(const char *id)
 {
-    char ih[96], url[256];
+    return fx_get_id_plan(id, NULL);
+}
+
+long fx_get_id_plan(const char *id, const char *plan)
+{
+    char ih[96], ph[128], url[256];
     snprintf(ih, sizeof(ih), "X-Request-Id: %s", id);
-    const char *h[] = { ih, NULL };
+    snprintf(ph, sizeof(ph), "X-Test-Plan: %s", plan ? plan : "");
+    const char *h[] = { ih, plan ? ph : NULL, NULL };
     struct http_resp r;
     http_do("GET", px_url(px, "/", url, sizeof(url)), h, NULL, 0, 20000, &r);
     cr_assert_eq(r.rc, 0, "%s: curl error %d", id, r.rc);

@@ -130,6 +130,8 @@ json_t *fx_read_jsonl(const char *path);
 /* One GET of "/" through the proxy with X-Request-Id 'id' (20 s at most); its status. A
  * transfer that fails (no status) fails the test. */
 long fx_get_id(const char *id);
+/* The same with X-Test-Plan 'plan' (NULL: none). */
+long fx_get_id_plan(const char *id, const char *plan);
 
 /* GET 'path' on the admin listener, status 200 and a JSON body asserted (caller decrefs). */
 json_t *fx_admin_get_json(const char *path);

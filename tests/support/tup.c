@@ -100,6 +100,7 @@ struct cur {
 struct conn {
     int fd;
     uint64_t id;
+    char local[48]; /* the address the client connected to */
     unsigned n_reqs;
     enum state state;
     uint32_t events;
@@ -1595,6 +1596,7 @@ static int parse_head_complete(struct tup *t, struct conn *c, size_t end)
      * head may have come in an earlier read than the newest: then this is a little late. */
     r->arrival_ns = c->last_read_ns;
     r->conn_id = c->id;
+    memcpy(r->local, c->local, sizeof(r->local));
     r->conn_index = ++c->n_reqs;
     cu->head_method = strcmp(r->method, "HEAD") == 0;
     cu->hash = TUP_HASH_INIT;
@@ -1843,6 +1845,10 @@ static void do_accept(struct tup *t)
         struct conn *c = xcalloc(1, sizeof *c);
         c->fd = fd;
         c->id = ++t->next_conn_id;
+        struct sockaddr_in la;
+        socklen_t lalen = sizeof(la);
+        if (getsockname(fd, (struct sockaddr *)&la, &lalen) == 0 && la.sin_family == AF_INET)
+            inet_ntop(AF_INET, &la.sin_addr, c->local, sizeof(c->local));
         c->state = ST_HEAD;
         c->heap_idx = SIZE_MAX;
         c->events = EPOLLIN;

@@ -82,6 +82,7 @@ struct tup_req {
     unsigned key_attempt;       /* this key's attempt number, 1-based */
     size_t n_trailers;
     struct tup_header *trailers; /* a chunked body's trailer fields, in received order */
+    char local[48]; /* the address it was sent to: on a tup bound to 0.0.0.0, which 127.x */
 };
 
 /* Start on 127.0.0.1 with an ephemeral port. Aborts with a message on any setup failure. */
@@ -93,7 +94,9 @@ struct tup *tup_start_port(uint16_t port);
 struct tup *tup_try_start(uint16_t port, const char *default_plan, FILE *log, char *err,
                           size_t errlen);
 /* The same on IPv4 address 'ip' (NULL: 127.0.0.1): 127.0.0.2, .3... stand for the pods of one
- * service, on one port (docs/endpoints.md). */
+ * service, on one port (docs/endpoints.md). "0.0.0.0" answers on every loopback address at once
+ * (127.0.0.0/8 is all loopback on Linux): hundreds of pods in one upstream, each request's
+ * 'local' saying which it was sent to. */
 struct tup *tup_try_start_at(const char *ip, uint16_t port, const char *default_plan, FILE *log,
                              char *err, size_t errlen);
 uint16_t tup_port(const struct tup *t);

@@ -20,12 +20,14 @@
 
 static void usage(FILE *f)
 {
-    fputs("usage: upstream [--port N] [--plan PLAN]\n"
+    fputs("usage: upstream [--port N] [--plan PLAN] [--bind IP]\n"
           "\n"
           "Test HTTP/1.1 upstream on 127.0.0.1. Each request follows its X-Test-Plan header,\n"
           "or PLAN when it has none: directives 'key=value' separated by ';'.\n"
           "\n"
           "  --port N     listen on port N (default 0: an ephemeral port)\n"
+          "  --bind IP    listen on IPv4 address IP (default 127.0.0.1; 0.0.0.0: every\n"
+          "               127.x address at once, the pods of a name with many addresses)\n"
           "  --plan PLAN  plan for requests without X-Test-Plan (default: answer 200 \"ok\")\n"
           "  --help       this text\n"
           "\n"
@@ -53,7 +55,7 @@ static int parse_port(const char *s, uint16_t *port)
 int main(int argc, char **argv)
 {
     uint16_t port = 0;
-    const char *plan = NULL;
+    const char *plan = NULL, *addr = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = NULL;
@@ -65,7 +67,10 @@ int main(int argc, char **argv)
             val = a + 7;
         } else if (strncmp(a, "--plan=", 7) == 0) {
             val = a + 7;
-        } else if (strcmp(a, "--port") == 0 || strcmp(a, "--plan") == 0) {
+        } else if (strncmp(a, "--bind=", 7) == 0) {
+            val = a + 7;
+        } else if (strcmp(a, "--port") == 0 || strcmp(a, "--plan") == 0 ||
+                   strcmp(a, "--bind") == 0) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "upstream: %s needs a value\n", a);
                 usage(stderr);
@@ -82,6 +87,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "upstream: bad port '%s'\n", val);
                 return 2;
             }
+        } else if (strncmp(a, "--bind", 6) == 0) {
+            addr = val;
         } else {
             plan = val;
         }
@@ -102,12 +109,12 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
     char err[256];
-    struct tup *t = tup_try_start(port, plan, stderr, err, sizeof err);
+    struct tup *t = tup_try_start_at(addr, port, plan, stderr, err, sizeof err);
     if (!t) {
         fprintf(stderr, "upstream: cannot listen: %s\n", err);
         return 1;
     }
-    printf("listening on 127.0.0.1:%u\n", tup_port(t));
+    printf("listening on %s:%u\n", addr ? addr : "127.0.0.1", tup_port(t));
     fflush(stdout);
 
     int sig = 0;
@@ -115,9 +122,9 @@ int main(int argc, char **argv)
     if (rc != 0)
         fprintf(stderr, "upstream: sigwait: %s\n", strerror(rc));
     else
-        fprintf(stderr, "127.0.0.1:%u %s, stopping after %zu requests on %llu connections\n",
-                tup_port(t), sig == SIGINT ? "SIGINT" : "SIGTERM", tup_count(t),
-                (unsigned long long)tup_connections(t));
+        fprintf(stderr, "%s:%u %s, stopping after %zu requests on %llu connections\n",
+                addr ? addr : "127.0.0.1", tup_port(t), sig == SIGINT ? "SIGINT" : "SIGTERM",
+                tup_count(t), (unsigned long long)tup_connections(t));
     tup_stop(t);
     return rc == 0 ? 0 : 1;
 }

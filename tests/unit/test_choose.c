@@ -138,6 +138,8 @@ Test(choose, one_candidate_whatever_the_bits)
                  0);
 }
 
+/* The mask form takes CHOOSE_MASK_MAX candidates at most; balance.c gives more to choose_many()
+ * (tests/unit/test_choose_many.c). */
 Test(choose, sixty_four_candidates_at_most)
 {
     uint32_t rr = 0;

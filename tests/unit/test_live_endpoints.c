@@ -1,6 +1,6 @@
 /* live_upstream_sync(): each address of an upstream's record gets an endpoint slot, kept while
  * it stays (its health with it), given to another address only once its own left and nothing
- * uses it, and at most LIVE_ENDPOINTS_MAX of them (docs/endpoints.md). */
+ * uses it, as many as the record has (docs/endpoints.md). */
 #include <criterion/criterion.h>
 
 #include <arpa/inet.h>
@@ -99,22 +99,55 @@ Test(live_endpoints, a_left_address_that_nothing_uses_gives_its_slot_and_health_
     cr_expect_eq(u->ejections_gone, 1, "the old address's ejection still counts");
 }
 
-Test(live_endpoints, at_most_sixty_four)
+/* The slot table grows with the record (no cap): each of 5,000 addresses gets its own slot, the
+ * slots made first stay where they were while the table grows (the workers hold pointers to
+ * them), and a record that then changes half its addresses keeps the others' slots and gives
+ * the left ones' to those that joined. */
+Test(live_endpoints, five_thousand_addresses_get_five_thousand_slots)
 {
-    struct dns_addr a[70];
-    struct live_endpoint *e[70];
-    for (int i = 0; i < 70; i++) {
+    enum { N = 5000 };
+    struct dns_addr *a = calloc(N, sizeof(*a));
+    struct live_endpoint **e = calloc(N, sizeof(*e)), **f = calloc(N, sizeof(*f));
+    cr_assert(a && e && f);
+    for (int i = 0; i < N; i++) {
         char s[32];
-        snprintf(s, sizeof(s), "10.0.1.%d", i + 1);
+        snprintf(s, sizeof(s), "10.1.%d.%d", i / 250, i % 250 + 1);
         a[i] = v4(s);
     }
-    live_upstream_sync(u, a, 70, e);
-    for (int i = 0; i < 64; i++)
-        cr_expect_not_null(e[i]);
-    for (int i = 64; i < 70; i++)
-        cr_expect_null(e[i], "address %d has no slot", i);
-    struct live_ep_row rows[LIVE_ENDPOINTS_MAX];
-    cr_expect_eq(live_upstream_endpoints(u, 0, rows, LIVE_ENDPOINTS_MAX), 64);
+    live_upstream_sync(u, a, 8, e); /* the table's first size */
+    struct live_endpoint *first = e[0];
+    live_upstream_sync(u, a, N, e);
+    cr_expect_eq(e[0], first, "a slot stays where it was while the table grows");
+    size_t distinct = 0;
+    for (int i = 0; i < N; i++) {
+        cr_expect_not_null(e[i], "address %d has no slot", i);
+        cr_expect_eq(dns_addr_cmp(&e[i]->addr, &a[i]), 0);
+        distinct += i == 0 || e[i] != e[i - 1];
+    }
+    cr_expect_eq(distinct, N);
+    struct live_ep_row *rows;
+    cr_expect_eq(live_upstream_endpoints_all(u, 0, &rows), N);
+    free(rows);
+    /* the even ones leave, as many new ones join */
+    for (int i = 0; i < N; i += 2) {
+        char s[32];
+        snprintf(s, sizeof(s), "10.2.%d.%d", i / 250, i % 250 + 1);
+        a[i] = v4(s);
+    }
+    live_upstream_sync(u, a, N, f);
+    size_t kept = 0, reused = 0;
+    for (int i = 0; i < N; i++) {
+        kept += i % 2 == 1 && f[i] == e[i];
+        reused += i % 2 == 0 && f[i] != NULL;
+    }
+    cr_expect_eq(kept, N / 2, "the addresses that stayed keep their slots");
+    cr_expect_eq(reused, N / 2);
+    cr_expect_eq(u->n, (size_t)N, "the left addresses' slots went to those that joined");
+    cr_expect_eq(live_upstream_endpoints_all(u, 0, &rows), N);
+    free(rows);
+    free(a);
+    free(e);
+    free(f);
 }
 
 /* upstream_endpoint_failure_ratio's rows (docs/metrics.md): an upstream's worst endpoints by
