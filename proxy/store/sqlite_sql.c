@@ -46,6 +46,9 @@ static const char *const sql_text[S_COUNT] = {
     [S_BY_KEY] = "SELECT id, body_hash, body FROM deliveries WHERE route = ? AND idem_key = ?",
     [S_DUE] = "SELECT id, state FROM deliveries WHERE (state = 0 AND next_at <= ?1)"
               " OR (state = 1 AND claimed_until <= ?1) ORDER BY next_at LIMIT ?2",
+    [S_DUE_ROUTE] = "SELECT id, state FROM deliveries WHERE route = ?3 AND ((state = 0 AND"
+                    " next_at <= ?1) OR (state = 1 AND claimed_until <= ?1)) ORDER BY next_at"
+                    " LIMIT ?2",
     [S_LEASE] = "UPDATE deliveries SET state = 1, claimed_until = ?, claimed_by = ?,"
                 " attempts = attempts + ? WHERE id = ?",
     [S_ADD_TRY] = "INSERT INTO attempts(delivery, at, duration_ms, status, outcome)"
@@ -400,9 +403,11 @@ static int op_claim(struct store_impl *s, struct store_call *c)
         r = STORE_EIO;
         goto out;
     }
-    sqlite3_stmt *st = s->st[S_DUE];
+    sqlite3_stmt *st = s->st[c->key ? S_DUE_ROUTE : S_DUE];
     sqlite3_bind_int64(st, 1, (sqlite3_int64)now);
     sqlite3_bind_int64(st, 2, (sqlite3_int64)cap);
+    if (c->key)
+        sqlite3_bind_text(st, 3, c->key, -1, SQLITE_STATIC);
     while (n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         snprintf(ids[n], STORE_ID_SIZE, "%s", (const char *)sqlite3_column_text(st, 0));
         was[n++] = sqlite3_column_int(st, 1);
@@ -433,6 +438,31 @@ out:
     free(ids);
     free(was);
     return r;
+}
+
+int sql_recover(struct store_impl *s)
+{
+    char sql[512];
+    uint64_t now = sql_now(s);
+    snprintf(sql, sizeof(sql),
+             "BEGIN IMMEDIATE;"
+             "INSERT INTO attempts(delivery, at, duration_ms, status, outcome)"
+             " SELECT id, %llu, 0, 0, 'lease_expired' FROM deliveries WHERE state = 1;"
+             "UPDATE deliveries SET state = 0, next_at = %llu, attempts = attempts + 1,"
+             " claimed_until = NULL, claimed_by = NULL WHERE state = 1;",
+             (unsigned long long)now, (unsigned long long)now);
+    if (sqlite3_exec(s->db, sql, NULL, NULL, NULL) != SQLITE_OK) {
+        int r = sql_error(sqlite3_errcode(s->db));
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return r ? r : STORE_EIO;
+    }
+    int n = sqlite3_changes(s->db);
+    int rc = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return sql_error(rc) ? sql_error(rc) : STORE_EIO;
+    }
+    return n;
 }
 
 /* complete, reschedule, bury: the lease's owner ends an attempt. */
