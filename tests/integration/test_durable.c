@@ -1,0 +1,458 @@
+/* Durable routes end to end (docs/delivery.md): the real binary, a real SQLite file in the
+ * test's own directory, the test upstream. What a caller gets (202 and its id, 413, 422, 503),
+ * what the upstream received (the body, the id header), and what the store kept (the row's
+ * state, its attempts, a dead letter's reason and final head), read from the file itself.
+ *
+ * Policies are short (fixed backoffs of a few hundred ms, no jitter); the courier looks for due
+ * deliveries every 200 ms, so spacings are asserted with that much slack and more (a loaded
+ * machine), and every wait is bounded.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/support/fixture.h"
+
+#define T 20000 /* ms: upper bound for any single request */
+
+static char store_path[160];
+
+static void setup(void)
+{
+    fx_upstreams(1);
+    snprintf(store_path, sizeof(store_path), "%s/store.db", fx_config_dir("durable"));
+}
+
+TestSuite(durable, .init = setup, .fini = fx_stop);
+
+/* The config: 'store' members besides its path; route "r" durable, a fixed 300 ms backoff, with
+ * 'retry' and 'delivery' members more, and 'route' members (each "" or ", "-led text). */
+static char *durable_cfg(const char *store, const char *retry, const char *delivery,
+                         const char *route)
+{
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"%s}", store_path, store);
+    cfgb_route(b, "r",
+               "\"delivery\": {\"mode\": \"durable\"%s}, \"retry\": {" CFG_FIXED(300) "%s}%s",
+               delivery, retry, route);
+    return cfgb_text(b);
+}
+
+static void start(const char *store, const char *retry, const char *delivery, const char *route)
+{
+    char *json = durable_cfg(store, retry, delivery, route);
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+}
+
+/* POST 'body' to the durable route with X-Request-Id 'id' and 'more' headers (NULL-ended). */
+static void post(const char *id, const char *body, const char *const *more, struct http_resp *out)
+{
+    char idh[128];
+    snprintf(idh, sizeof(idh), "X-Request-Id: %s", id);
+    const char *h[8] = { idh };
+    for (size_t i = 0; more && more[i] && i < 6; i++)
+        h[i + 1] = more[i];
+    http_do("POST", fx_url("/hook"), h, body, strlen(body), T, out);
+    cr_assert_eq(out->rc, 0, "the accept's transfer failed");
+}
+
+/* ---- the store's file, read by the test ---- */
+
+static sqlite3 *db_open(void)
+{
+    sqlite3 *db = NULL;
+    cr_assert_eq(sqlite3_open_v2(store_path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK,
+                 "cannot open %s", store_path);
+    sqlite3_busy_timeout(db, 5000);
+    return db;
+}
+
+/* One integer of 'sql' (with 'id' bound to ?1 when not NULL); -1 when no row. */
+static long long db_int(const char *sql, const char *id)
+{
+    sqlite3 *db = db_open();
+    sqlite3_stmt *st = NULL;
+    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql,
+                 sqlite3_errmsg(db));
+    if (id)
+        sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+    long long v = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
+/* One text of 'sql' for 'id', malloc'd ("" when none). */
+static char *db_text(const char *sql, const char *id)
+{
+    sqlite3 *db = db_open();
+    sqlite3_stmt *st = NULL;
+    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s", sql);
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+    char *v = NULL;
+    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+        const void *p = sqlite3_column_blob(st, 0);
+        int n = sqlite3_column_bytes(st, 0);
+        v = strndup(p, (size_t)n);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v ? v : strdup("");
+}
+
+static long long state_of(const char *id)
+{
+    return db_int("SELECT state FROM deliveries WHERE id = ?1", id);
+}
+
+struct state_wait {
+    const char *id;
+    long long want;
+};
+
+static bool has_state(void *arg)
+{
+    struct state_wait *w = arg;
+    return state_of(w->id) == w->want;
+}
+
+/* Waits up to 'ms' for delivery 'id' to reach state 'want' (2 delivered, 3 dead); asserts. */
+static void wait_state(const char *id, long long want, int ms)
+{
+    struct state_wait w = { id, want };
+    cr_assert(fx_wait(has_state, &w, ms, 50), "delivery %s: state %lld, not %lld after %d ms", id,
+              state_of(id), want, ms);
+}
+
+/* The delivery's id from a 202, copied to 'id' (33 bytes); asserts the 202's shape. */
+static void accepted(struct http_resp *r, char *id)
+{
+    cr_assert_eq(r->status, 202, "status %ld: %.*s", r->status, (int)r->body_len,
+                 (const char *)r->body);
+    const char *h = http_hdr(r, "X-Delivery-Id");
+    cr_assert_not_null(h, "no X-Delivery-Id");
+    cr_assert_eq(strlen(h), 32, "X-Delivery-Id %s", h);
+    snprintf(id, 33, "%s", h);
+    char loc[64];
+    snprintf(loc, sizeof(loc), "/deliveries/%s", id);
+    cr_assert_str_eq(http_hdr(r, "Location"), loc);
+    char want[128];
+    snprintf(want, sizeof(want), "\"id\": \"%s\"", id);
+    cr_assert_not_null(memmem(r->body, r->body_len, want, strlen(want)), "body %.*s",
+                       (int)r->body_len, (const char *)r->body);
+}
+
+/* ---- accepted, then delivered ---- */
+
+Test(durable, accepted_then_delivered_with_its_body_and_id)
+{
+    start("", "", "", "");
+    struct http_resp r;
+    const char *body = "{\"event\": \"paid\", \"order\": 42}";
+    post("dlv-1", body, NULL, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    fx_wait_upstream("dlv-1", 1);
+    const struct tup_req *q = tup_get(up, 0);
+    cr_assert_str_eq(q->method, "POST");
+    cr_assert_str_eq(q->target, "/hook");
+    cr_assert_eq(q->body_len, strlen(body));
+    cr_assert_eq(q->body_hash, tup_hash(body, strlen(body)), "the body delivered differs");
+    cr_assert_str_eq(tup_req_header(q, "webhook-id"), id);
+    wait_state(id, 2, 5000);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 1);
+    cr_assert_eq(db_int("SELECT status FROM attempts WHERE delivery = ?1", id), 200);
+}
+
+/* An HTTP/2 caller is accepted the same way: the core answers, the front end only relays. */
+Test(durable, accepted_over_http2)
+{
+    start("", "", "", "");
+    struct http_resp r;
+    const char *h[] = { "X-Request-Id: dlv-h2", NULL };
+    http_do_h2("POST", fx_url("/hook"), h, "h2 body", 7, T, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    fx_wait_upstream("dlv-h2", 1);
+    cr_assert_str_eq(tup_req_header(tup_get(up, 0), "webhook-id"), id);
+    wait_state(id, 2, 5000);
+}
+
+/* ---- retried by the route's policy ---- */
+
+Test(durable, retried_by_the_policy_then_delivered)
+{
+    start("", ", \"max_attempts\": 5", "", "");
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=2", NULL };
+    post("dlv-retry", "x", plan, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    wait_state(id, 2, 10000);
+    cr_assert_eq(tup_count_id(up, "dlv-retry"), 3);
+    /* spaced by the policy's 300 ms: at least that, at most that and the courier's poll and a
+     * loaded machine's slack */
+    for (size_t i = 1; i < 3; i++) {
+        int64_t gap_ms = (tup_get(up, i)->arrival_ns - tup_get(up, i - 1)->arrival_ns) / 1000000;
+        cr_assert_geq(gap_ms, 280, "attempt %zu came %lld ms after the one before", i + 1,
+                      (long long)gap_ms);
+        cr_assert_leq(gap_ms, 3000, "attempt %zu came %lld ms after", i + 1, (long long)gap_ms);
+    }
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 3);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503", id),
+                 2);
+    cr_assert_eq(db_int("SELECT attempts FROM deliveries WHERE id = ?1", id), 3);
+}
+
+/* ---- dead letters ---- */
+
+Test(durable, dead_after_max_attempts_with_every_attempt_and_the_final_head)
+{
+    start("", ", \"max_attempts\": 3", "", "");
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503; header=X-Why:down", NULL };
+    post("dlv-dead", "x", plan, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    wait_state(id, 3, 10000);
+    cr_assert_eq(tup_count_id(up, "dlv-dead"), 3);
+    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(reason, "attempts");
+    free(reason);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503", id),
+                 3);
+    cr_assert_eq(db_int("SELECT min(duration_ms) >= 0 AND min(at) > 0 FROM attempts WHERE "
+                        "delivery = ?1",
+                        id),
+                 1);
+    char *head = db_text("SELECT final_head FROM deliveries WHERE id = ?1", id);
+    cr_assert_not_null(strstr(head, "503"), "final head: %s", head);
+    cr_assert_not_null(strstr(head, "X-Why: down"), "final head: %s", head);
+    free(head);
+}
+
+Test(durable, dead_at_once_on_a_final_4xx)
+{
+    start("", "", "", "");
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=100; status=400", NULL };
+    post("dlv-400", "x", plan, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    wait_state(id, 3, 10000);
+    cr_assert_eq(tup_count_id(up, "dlv-400"), 1, "a final answer is not retried");
+    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(reason, "final");
+    free(reason);
+    char *body = db_text("SELECT final_body FROM deliveries WHERE id = ?1", id);
+    cr_assert_gt(strlen(body), 0, "the final body's first bytes are kept");
+    free(body);
+}
+
+Test(durable, dead_when_its_age_runs_out)
+{
+    start("", ", \"max_attempts\": 50", ", \"max_age_ms\": 700", "");
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=100", NULL };
+    post("dlv-age", "x", plan, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    wait_state(id, 3, 10000);
+    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(reason, "age");
+    free(reason);
+    size_t n = tup_count_id(up, "dlv-age");
+    cr_assert(n >= 2 && n <= 3, "%zu attempts in 700 ms at 300 ms apart", n);
+}
+
+/* ---- what is refused, before anything is stored ---- */
+
+Test(durable, too_large_is_413_and_nothing_is_stored)
+{
+    start("", "", ", \"max_body_bytes\": 16", "");
+    struct http_resp r;
+    post("big-cl", "0123456789abcdefXYZ", NULL, &r);
+    cr_assert_eq(r.status, 413);
+    http_free(&r);
+    /* a chunked body is refused once it grows past the bound */
+    const char *chunked[] = { "Transfer-Encoding: chunked", NULL };
+    post("big-chunked", "0123456789abcdefXYZ", chunked, &r);
+    cr_assert_eq(r.status, 413);
+    http_free(&r);
+    post("small", "0123456789", NULL, &r);
+    cr_assert_eq(r.status, 202);
+    http_free(&r);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1);
+}
+
+Test(durable, same_idempotency_key_same_id_other_body_422)
+{
+    start("", "", "", "");
+    struct http_resp r;
+    const char *key[] = { "Idempotency-Key: k-1", NULL };
+    post("idem-a", "same body", key, &r);
+    char id1[33], id2[33];
+    accepted(&r, id1);
+    http_free(&r);
+    post("idem-b", "same body", key, &r);
+    accepted(&r, id2);
+    http_free(&r);
+    cr_assert_str_eq(id1, id2, "the same key and body: the same delivery");
+    post("idem-c", "another body", key, &r);
+    cr_assert_eq(r.status, 422);
+    cr_assert_null(http_hdr(&r, "X-Delivery-Id"));
+    http_free(&r);
+    wait_state(id1, 2, 5000);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1);
+    cr_assert_eq(tup_count_id(up, "idem-a"), 1);
+    cr_assert_str_eq(tup_req_header(tup_get(up, 0), "Idempotency-Key"), "k-1");
+}
+
+Test(durable, full_store_is_503_with_retry_after)
+{
+    char route[96];
+    snprintf(route, sizeof(route), ", \"upstreams\": [\"http://127.0.0.1:%u\"]",
+             (unsigned)fx_closed_port());
+    start(", \"max_count\": 1", "", "", route);
+    struct http_resp r;
+    post("full-1", "x", NULL, &r);
+    cr_assert_eq(r.status, 202);
+    http_free(&r);
+    post("full-2", "x", NULL, &r);
+    cr_assert_eq(r.status, 503, "status %ld", r.status);
+    cr_assert_not_null(http_hdr(&r, "Retry-After"));
+    cr_assert_gt(atoi(http_hdr(&r, "Retry-After")), 0);
+    cr_assert_not_null(memmem(r.body, r.body_len, "store_full", 10));
+    http_free(&r);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1);
+}
+
+/* ---- the process's own file ---- */
+
+Test(durable, a_second_proxy_on_the_same_store_exits_naming_it)
+{
+    start("", "", "", "");
+    char *json = durable_cfg("", "", "", "");
+    char cfg[256];
+    snprintf(cfg, sizeof(cfg), "%s.second.json", store_path);
+    FILE *f = fopen(cfg, "w");
+    cr_assert_not_null(f);
+    fputs(json, f);
+    fclose(f);
+    free(json);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "%s -c %s --listen 127.0.0.1:0 >/dev/null 2>%s.err",
+             getenv("RETRYPROXY_BIN"), cfg, cfg);
+    cr_assert_eq(fx_sh(cmd), 1, "the second proxy must not start");
+    snprintf(cmd, sizeof(cmd), "grep -q 'store.db.lock' %s.err", cfg);
+    cr_assert_eq(fx_sh(cmd), 0, "its error names the lock file");
+}
+
+/* ---- at least once across a crash ---- */
+
+/* An attempt in flight when the process is killed: at the next start it is made again at once
+ * (the lease's 30 s and more are not waited out), the lost one recorded. */
+Test(durable, killed_during_an_attempt_then_resumed_at_start)
+{
+    char *json = durable_cfg("", "", "", ", \"timeout_ms\": 60000");
+    fx_start(json, "--workers", "2", NULL);
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=1; action=hang", NULL };
+    post("crash-1", "x", plan, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    fx_wait_upstream("crash-1", 1); /* the first attempt hangs */
+    kill(px->pid, SIGKILL);
+    px_stop(px, 5000);
+    px = NULL;
+    cr_assert_eq(state_of(id), 1, "in flight when killed");
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+    wait_state(id, 2, 10000);
+    cr_assert_eq(tup_count_id(up, "crash-1"), 2);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND "
+                        "outcome = 'lease_expired'",
+                        id),
+                 1);
+}
+
+/* The upstream down at the accept and when the proxy is killed; up when it starts again. */
+Test(durable, accepted_while_the_upstream_is_down_delivered_after_a_restart)
+{
+    uint16_t port = fx_free_port();
+    char route[96];
+    snprintf(route, sizeof(route), ", \"upstreams\": [\"http://127.0.0.1:%u\"]", (unsigned)port);
+    char *json = durable_cfg("", "", "", route);
+    fx_start(json, "--workers", "2", NULL);
+    struct http_resp r;
+    post("down-1", "payload", NULL, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    usleep(500 * 1000); /* an attempt or two refused */
+    kill(px->pid, SIGKILL);
+    px_stop(px, 5000);
+    px = NULL;
+    struct tup *later = tup_start_port(port);
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+    wait_state(id, 2, 10000);
+    cr_assert_eq(tup_count_id(later, "down-1"), 1);
+    cr_assert_str_eq(tup_req_header(tup_get(later, 0), "webhook-id"), id);
+    tup_stop(later);
+}
+
+/* A store on tmpfs is lost at every reboot: `check` and the start say so. */
+Test(durable, a_store_on_tmpfs_is_warned_of_by_check_and_at_start)
+{
+    char shm[64];
+    snprintf(shm, sizeof(shm), "/dev/shm/retryproxy-durable-XXXXXX");
+    cr_assert_not_null(mkdtemp(shm));
+    snprintf(store_path, sizeof(store_path), "%s/store.db", shm);
+    char *json = durable_cfg("", "", "", "");
+    char cfg[192], cmd[600];
+    snprintf(cfg, sizeof(cfg), "%s/config.json", shm);
+    FILE *f = fopen(cfg, "w");
+    cr_assert_not_null(f);
+    fputs(json, f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s check -c %s 2>%s/err >/dev/null && grep -q 'is on tmpfs' %s/err",
+             getenv("RETRYPROXY_BIN"), cfg, shm, shm);
+    cr_expect_eq(fx_sh(cmd), 0, "check warns of tmpfs");
+    fx_start(json, "--workers", "1", NULL);
+    free(json);
+    json_t *line =
+        fx_logged("delivery store on tmpfs: lost at reboot, or with its pod", "path", store_path);
+    cr_expect_not_null(line, "the start warns of tmpfs");
+    json_decref(line);
+    px_stop(px, 10000);
+    px = NULL;
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", shm);
+    fx_sh(cmd);
+    /* and a store on a disk is not warned of */
+    snprintf(store_path, sizeof(store_path), "%s/store.db", fx_config_dir("durable-disk"));
+    json = durable_cfg("", "", "", "");
+    snprintf(cfg, sizeof(cfg), "%s.json", store_path);
+    f = fopen(cfg, "w");
+    fputs(json, f);
+    fclose(f);
+    free(json);
+    snprintf(cmd, sizeof(cmd), "%s check -c %s 2>&1 | grep -q tmpfs", getenv("RETRYPROXY_BIN"),
+             cfg);
+    cr_expect_neq(fx_sh(cmd), 0, "no warning for a disk");
+}
