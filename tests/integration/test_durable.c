@@ -10,7 +10,10 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -355,7 +358,10 @@ Test(durable, a_second_proxy_on_the_same_store_exits_naming_it)
     fclose(f);
     free(json);
     char cmd[600];
-    snprintf(cmd, sizeof(cmd), "%s -c %s --listen 127.0.0.1:0 >/dev/null 2>%s.err",
+    /* bounded: a second proxy that did start would serve until stopped (timeout's 124) */
+    snprintf(cmd, sizeof(cmd),
+             "timeout -s KILL 10 %s -c %s --listen 127.0.0.1:0 --admin 127.0.0.1:0 >/dev/null "
+             "2>%s.err",
              getenv("RETRYPROXY_BIN"), cfg, cfg);
     cr_assert_eq(fx_sh(cmd), 1, "the second proxy must not start");
     snprintf(cmd, sizeof(cmd), "grep -q 'store.db.lock' %s.err", cfg);
@@ -455,4 +461,111 @@ Test(durable, a_store_on_tmpfs_is_warned_of_by_check_and_at_start)
     snprintf(cmd, sizeof(cmd), "%s check -c %s 2>&1 | grep -q tmpfs", getenv("RETRYPROXY_BIN"),
              cfg);
     cr_expect_neq(fx_sh(cmd), 0, "no warning for a disk");
+}
+
+/* ---- the crash test (issue 39, "How it is checked") ---- */
+
+#define CRASHES   25    /* SIGKILLs, each followed by a start on the same file */
+#define CRASH_MAX 20000 /* requests the sender may send at most */
+
+/* The sender: durable requests one after another to whichever proxy runs now, each with an
+ * X-Request-Id of its own; those answered 202 are the ones that must arrive. */
+static struct {
+    pthread_mutex_t mu;
+    uint16_t port; /* 0 while the proxy is down */
+    atomic_bool stop;
+    size_t n, acked;
+    char acked_ids[CRASH_MAX][16];
+    char delivery[CRASH_MAX][33];
+} snd = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static void *sender(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&snd.stop) && snd.n < CRASH_MAX) {
+        pthread_mutex_lock(&snd.mu);
+        uint16_t port = snd.port;
+        pthread_mutex_unlock(&snd.mu);
+        if (!port) {
+            usleep(5000);
+            continue;
+        }
+        char url[64], idh[48], rid[16];
+        snprintf(url, sizeof(url), "http://127.0.0.1:%u/hook", (unsigned)port);
+        snprintf(rid, sizeof(rid), "c-%zu", snd.n++);
+        snprintf(idh, sizeof(idh), "X-Request-Id: %s", rid);
+        const char *h[] = { idh, NULL };
+        struct http_resp r;
+        http_do("POST", url, h, rid, strlen(rid), 5000, &r);
+        const char *dh = r.rc == 0 && r.status == 202 ? http_hdr(&r, "X-Delivery-Id") : NULL;
+        if (dh) {
+            snprintf(snd.acked_ids[snd.acked], sizeof(snd.acked_ids[0]), "%s", rid);
+            snprintf(snd.delivery[snd.acked], sizeof(snd.delivery[0]), "%s", dh);
+            snd.acked++;
+        } else if (r.rc != 0) {
+            usleep(2000); /* the proxy is going or coming */
+        }
+        http_free(&r);
+    }
+    return NULL;
+}
+
+static bool all_delivered(void *arg)
+{
+    (void)arg;
+    return db_int("SELECT count(*) FROM deliveries WHERE state <> 2", NULL) == 0;
+}
+
+/* Requests keep coming while the proxy is killed at random moments and started again: every
+ * one that got a 202 reaches the upstream at least once, and none more often than once plus
+ * the crashes that came during its attempts (each recorded as a lease_expired attempt). The
+ * upstream answers at once: with two workers and a request every few ms, a few attempts are in
+ * flight at most kills (4 to 10 of 25 in runs here). */
+Test(durable, crash_test_every_202_arrives_and_duplicates_are_bounded, .timeout = 180)
+{
+    fx_init_curl();
+    char *json = durable_cfg("", "", ", \"max_per_second\": 100000, \"max_in_flight\": 256", "");
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    cr_log_info("crash test seed %u", seed);
+    pthread_t th;
+    fx_start(json, "--workers", "2", NULL);
+    snd.port = px->port;
+    pthread_create(&th, NULL, sender, NULL);
+    for (int k = 0; k < CRASHES; k++) {
+        usleep((useconds_t)(100 + rand() % 400) * 1000);
+        pthread_mutex_lock(&snd.mu);
+        snd.port = 0;
+        pthread_mutex_unlock(&snd.mu);
+        kill(px->pid, SIGKILL);
+        px_stop(px, 5000);
+        px = NULL;
+        fx_start(json, "--workers", "2", NULL);
+        pthread_mutex_lock(&snd.mu);
+        snd.port = px->port;
+        pthread_mutex_unlock(&snd.mu);
+    }
+    atomic_store(&snd.stop, true);
+    pthread_join(th, NULL);
+    free(json);
+    cr_assert_gt(snd.acked, CRASHES, "only %zu accepts in the run", snd.acked);
+    cr_assert(fx_wait(all_delivered, NULL, 60000, 100), "%lld deliveries still pending",
+              db_int("SELECT count(*) FROM deliveries WHERE state <> 2", NULL));
+    size_t dups = 0, lost_attempts = 0;
+    for (size_t i = 0; i < snd.acked; i++) {
+        size_t got = tup_count_id(up, snd.acked_ids[i]);
+        long long crashed = db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND "
+                                   "outcome = 'lease_expired'",
+                                   snd.delivery[i]);
+        cr_assert_geq(got, 1, "%s (delivery %s) was accepted and never arrived", snd.acked_ids[i],
+                      snd.delivery[i]);
+        cr_assert_leq((long long)got, 1 + crashed,
+                      "%s arrived %zu times with %lld crashes during its attempts",
+                      snd.acked_ids[i], got, crashed);
+        dups += got - 1;
+        lost_attempts += (size_t)crashed;
+    }
+    cr_log_info("crash test: %zu sent, %zu accepted, %d crashes, %zu attempts cut by a crash, "
+                "%zu duplicates at the upstream",
+                snd.n, snd.acked, CRASHES, lost_attempts, dups);
 }
