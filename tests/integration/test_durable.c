@@ -9,6 +9,7 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <jansson.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -568,4 +569,90 @@ Test(durable, crash_test_every_202_arrives_and_duplicates_are_bounded, .timeout 
     cr_log_info("crash test: %zu sent, %zu accepted, %d crashes, %zu attempts cut by a crash, "
                 "%zu duplicates at the upstream",
                 snd.n, snd.acked, CRASHES, lost_attempts, dups);
+}
+
+/* ---- reloads ---- */
+
+/* The proxy on fx_cfg_path (beside the store), so that a test can rewrite it. */
+static void start_on_file(const char *json)
+{
+    cfg_write_renamed(fx_cfg_path, json);
+    const char *args[] = { "-c",          fx_cfg_path, "--listen", "127.0.0.1:0", "--admin",
+                           "127.0.0.1:0", "--workers", "2",        NULL };
+    fx_start_argv(args);
+}
+
+static bool generation_2(void *arg)
+{
+    (void)arg;
+    json_t *c = fx_admin_get_json("/config");
+    json_t *g = json_object_get(c, "generation");
+    bool ok = json_is_integer(g) && json_integer_value(g) >= 2;
+    json_decref(c);
+    return ok;
+}
+
+/* The gap between the upstream's attempts i-1 and i, ms. */
+static int64_t gap_ms(size_t i)
+{
+    return (tup_get(up, i)->arrival_ns - tup_get(up, i - 1)->arrival_ns) / 1000000;
+}
+
+/* A reload that raises the route's backoff applies to the next delay of a delivery already
+ * pending: its policy is read from the current snapshot at each attempt's end. */
+Test(durable, a_reload_raising_the_backoff_changes_the_next_delay_of_a_pending_delivery)
+{
+    char *before = durable_cfg("", ", \"max_attempts\": 20", "", "");
+    start_on_file(before);
+    free(before);
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=100", NULL };
+    post("reload-1", "x", plan, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    cr_assert_eq(tup_wait_count(up, 2, 10000), 0, "two attempts 300 ms apart");
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "r",
+               "\"delivery\": {\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 20, "
+               "\"backoff\": {\"policy\": \"fixed\", \"base_ms\": 2000, \"cap_ms\": 2000, "
+               "\"jitter\": \"none\"}}");
+    char *after = cfgb_text(b);
+    cfg_write_renamed(fx_cfg_path, after);
+    free(after);
+    cr_assert(fx_wait(generation_2, NULL, 10000, 50), "the reload was not seen");
+    /* the attempt after the reload was waited for by the old policy at most; the one after it
+     * by the new */
+    size_t seen = tup_count(up);
+    cr_assert_eq(tup_wait_count(up, seen + 2, 15000), 0, "no attempts after the reload");
+    int64_t g = gap_ms(seen + 1);
+    cr_assert_geq(g, 1900, "the delay after the reload was %lld ms, not 2000", (long long)g);
+    for (size_t i = 1; i + 1 < seen; i++)
+        cr_assert_lt(gap_ms(i), 1900, "a delay before the reload was already long");
+}
+
+/* A route a reload removes keeps its pending deliveries: they are delivered under the last
+ * snapshot that had it. */
+Test(durable, a_route_removed_by_a_reload_keeps_delivering_what_is_pending)
+{
+    char *before = durable_cfg("", ", \"max_attempts\": 10", "", "");
+    start_on_file(before);
+    free(before);
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=3", NULL };
+    post("removed-1", "x", plan, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    cr_assert_eq(tup_wait_count(up, 1, 10000), 0);
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "other", "\"match\": {\"path_prefix\": \"/other\"}");
+    char *after = cfgb_text(b);
+    cfg_write_renamed(fx_cfg_path, after);
+    free(after);
+    cr_assert(fx_wait(generation_2, NULL, 10000, 50), "the reload was not seen");
+    wait_state(id, 2, 15000);
+    cr_assert_eq(tup_count_id(up, "removed-1"), 4, "three failures, then delivered");
 }
