@@ -155,18 +155,27 @@ static void answer_full(struct retry_req *r)
                       extra);
 }
 
-static const char *result_word(int result, bool dup)
+static enum metrics_accept result_of(int result, bool dup)
 {
     switch (result) {
     case 0:
-        return dup ? "duplicate" : "accepted";
+        return dup ? METRICS_ACCEPT_DUPLICATE : METRICS_ACCEPT_ACCEPTED;
     case STORE_ECONFLICT:
-        return "conflict";
+        return METRICS_ACCEPT_CONFLICT;
     case STORE_EFULL:
-        return "full";
+        return METRICS_ACCEPT_FULL;
     default:
-        return "error";
+        return METRICS_ACCEPT_ERROR;
     }
+}
+
+/* The words of delivery_accepts_total{result}, which the log says too. */
+static const char *const result_words[METRICS_ACCEPT_COUNT] = { "accepted", "duplicate", "conflict",
+                                                                "full",     "too_large", "error" };
+
+static void count(struct retry_req *r, enum metrics_accept a)
+{
+    metrics_delivery_accept(r->m, r->w->id, a);
 }
 
 /* The store's answer, in the worker's thread. */
@@ -175,7 +184,9 @@ static void accept_done(struct store_call *c)
     struct accept_job *j = c->arg;
     struct retry_req *r = j->r;
     struct worker *w = r->w;
-    const char *word = result_word(c->result, c->dup);
+    enum metrics_accept res = result_of(c->result, c->dup);
+    const char *word = result_words[res];
+    count(r, res);
     if (c->result == 0)
         log_event(CFG_LOG_INFO, "delivery accepted", "route", r->route->name, "result", word, "id",
                   c->id, "request_id", r->request_id, NULL);
@@ -209,10 +220,12 @@ bool accept_plan(struct retry_req *r, bool has_body, int64_t length)
 {
     const struct cfg_delivery *d = &r->route->delivery;
     if (!r->w->px->store || !r->w->cq) {
+        count(r, METRICS_ACCEPT_ERROR);
         edge_error(r, 503, "store_unavailable", "no delivery store is open");
         return false;
     }
     if (length > 0 && (uint64_t)length > d->max_body_bytes) {
+        count(r, METRICS_ACCEPT_TOO_LARGE);
         edge_error(r, 413, "body_too_large",
                    "the request body is larger than routes[].delivery.max_body_bytes");
         return false;
@@ -229,6 +242,7 @@ bool accept_plan(struct retry_req *r, bool has_body, int64_t length)
 void accept_too_large(struct retry_req *r)
 {
     r->flags |= RF_OVER_LIMIT;
+    count(r, METRICS_ACCEPT_TOO_LARGE);
     edge_error(r, 413, "body_too_large",
                "the request body is larger than routes[].delivery.max_body_bytes");
 }
@@ -238,6 +252,7 @@ void accept_store(struct retry_req *r)
 {
     struct accept_job *j = calloc(1, sizeof(*j));
     if (!j) {
+        count(r, METRICS_ACCEPT_ERROR);
         edge_error(r, 503, "store_unavailable", "out of memory: nothing was stored");
         return;
     }
@@ -246,6 +261,7 @@ void accept_store(struct retry_req *r)
     r->front->ops->fields(r->front, add_field, j);
     if (j->nomem) {
         job_free(j);
+        count(r, METRICS_ACCEPT_ERROR);
         edge_error(r, 503, "store_unavailable", "out of memory: nothing was stored");
         return;
     }
@@ -269,6 +285,7 @@ void accept_store(struct retry_req *r)
         r->state = RS_BODY;
         log_event(CFG_LOG_WARN, "delivery refused", "route", r->route->name, "result", "error",
                   "request_id", r->request_id, NULL);
+        count(r, METRICS_ACCEPT_ERROR);
         job_free(j);
         edge_error(r, 503, "store_unavailable",
                    "the delivery store is closing: nothing was stored");

@@ -43,6 +43,7 @@
 #include "proxy/core/worker.h"
 #include "proxy/store/store.h"
 #include "proxy/telemetry/log.h"
+#include "proxy/telemetry/metrics.h"
 
 /* How often due deliveries are looked for when no accept says so: the delay a rescheduled
  * delivery may wait past its time. */
@@ -82,6 +83,7 @@ struct dlv {
 struct croute {
     struct croute *next;
     char *name;
+    struct metrics_route *m; /* its series (by name: they outlive any snapshot) */
     struct rt *rt;
     uint32_t in_flight;
     double tokens;
@@ -406,8 +408,13 @@ static bool retryable(const struct dlv *d)
     return d->status == 408 || d->status == 429;
 }
 
-static void bury(struct dlv *d, const char *reason, const struct store_attempt *a)
+static void bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a)
 {
+    static const char *const reasons[METRICS_DEAD_COUNT] = { "attempts", "age", "final",
+                                                             "route_gone" };
+    const char *reason = reasons[why];
+    metrics_dead_letter(d->cr->m, d->c->w->id, why);
+    metrics_delivery_attempt(d->cr->m, d->c->w->id, METRICS_DELIVERY_DEAD);
     d->dead = (struct store_dead){ .reason = reason,
                                    .head = d->head,
                                    .head_len = d->head_len,
@@ -431,6 +438,7 @@ static void on_end(struct loop_timer *t)
     }
     /* the drain's deadline cut it: its lease stays, the next start makes it again */
     if (c->stopped || strcmp(d->stop, "draining") == 0 || strcmp(d->code, "draining") == 0) {
+        metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_INTERRUPTED);
         dlv_free(d);
         return;
     }
@@ -450,20 +458,22 @@ static void on_end(struct loop_timer *t)
     d->call.done = on_written;
     d->call.arg = d;
     if (ok) {
+        metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_DELIVERED);
         if (store_complete(c->store, &d->call, d->rec.id, c->owner, &d->att) < 0)
             dlv_free(d);
         return;
     }
     if (!rt || (d->ours && strcmp(d->code, "no_route") == 0)) {
-        bury(d, "route_gone", &d->att); /* no snapshot has its route: nothing to deliver to */
+        bury(d, METRICS_DEAD_ROUTE_GONE,
+             &d->att); /* no snapshot has its route: nothing to deliver to */
         return;
     }
     if (!retryable(d)) {
-        bury(d, "final", &d->att);
+        bury(d, METRICS_DEAD_FINAL, &d->att);
         return;
     }
     if (n >= rt->retry.max_attempts) {
-        bury(d, "attempts", &d->att);
+        bury(d, METRICS_DEAD_ATTEMPTS, &d->att);
         return;
     }
     uint32_t delay = backoff_delay(&rt->retry.backoff, n, 0, &c->w->rng);
@@ -472,9 +482,10 @@ static void on_end(struct loop_timer *t)
                                ? d->retry_after_ms
                                : rt->retry.retry_after_max_ms);
     if (now + delay > d->rec.created_at + rt->delivery.max_age_ms) {
-        bury(d, "age", &d->att);
+        bury(d, METRICS_DEAD_AGE, &d->att);
         return;
     }
+    metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_RESCHEDULED);
     if (store_reschedule(c->store, &d->call, d->rec.id, c->owner, &d->att, now + delay) < 0)
         dlv_free(d);
 }
@@ -535,6 +546,7 @@ static struct croute *croute_of(struct courier *c, const char *name)
         return NULL;
     }
     cr->c = c;
+    cr->m = metrics_route(c->w->px->metrics, name);
     cr->next = c->routes;
     c->routes = cr;
     return cr;

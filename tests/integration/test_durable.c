@@ -175,6 +175,12 @@ Test(durable, accepted_then_delivered_with_its_body_and_id)
     wait_state(id, 2, 5000);
     cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 1);
     cr_assert_eq(db_int("SELECT status FROM attempts WHERE delivery = ?1", id), 200);
+    cr_assert_eq(fx_metric("retryproxy_delivery_accepts_total{route=\"r\",result=\"accepted\"}"),
+                 1);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_delivery_attempts_total{route=\"r\",outcome=\"delivered\"}", 1,
+                       5000),
+        1);
 }
 
 /* An HTTP/2 caller is accepted the same way: the core answers, the front end only relays. */
@@ -217,6 +223,8 @@ Test(durable, retried_by_the_policy_then_delivered)
     cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503", id),
                  2);
     cr_assert_eq(db_int("SELECT attempts FROM deliveries WHERE id = ?1", id), 3);
+    cr_assert_eq(
+        fx_metric("retryproxy_delivery_attempts_total{route=\"r\",outcome=\"rescheduled\"}"), 2);
 }
 
 /* ---- dead letters ---- */
@@ -241,6 +249,10 @@ Test(durable, dead_after_max_attempts_with_every_attempt_and_the_final_head)
                         "delivery = ?1",
                         id),
                  1);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
+        1);
+    cr_assert_eq(fx_metric("retryproxy_delivery_attempts_total{route=\"r\",outcome=\"dead\"}"), 1);
     char *head = db_text("SELECT final_head FROM deliveries WHERE id = ?1", id);
     cr_assert_not_null(strstr(head, "503"), "final head: %s", head);
     cr_assert_not_null(strstr(head, "X-Why: down"), "final head: %s", head);
@@ -261,6 +273,8 @@ Test(durable, dead_at_once_on_a_final_4xx)
     char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
     cr_assert_str_eq(reason, "final");
     free(reason);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"final\"}", 1, 5000), 1);
     char *body = db_text("SELECT final_body FROM deliveries WHERE id = ?1", id);
     cr_assert_gt(strlen(body), 0, "the final body's first bytes are kept");
     free(body);
@@ -279,6 +293,8 @@ Test(durable, dead_when_its_age_runs_out)
     char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
     cr_assert_str_eq(reason, "age");
     free(reason);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"age\"}", 1, 5000), 1);
     size_t n = tup_count_id(up, "dlv-age");
     cr_assert(n >= 2 && n <= 3, "%zu attempts in 700 ms at 300 ms apart", n);
 }
@@ -301,6 +317,8 @@ Test(durable, too_large_is_413_and_nothing_is_stored)
     cr_assert_eq(r.status, 202);
     http_free(&r);
     cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1);
+    cr_assert_eq(fx_metric("retryproxy_delivery_accepts_total{route=\"r\",result=\"too_large\"}"),
+                 2);
 }
 
 Test(durable, same_idempotency_key_same_id_other_body_422)
@@ -324,6 +342,10 @@ Test(durable, same_idempotency_key_same_id_other_body_422)
     cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1);
     cr_assert_eq(tup_count_id(up, "idem-a"), 1);
     cr_assert_str_eq(tup_req_header(tup_get(up, 0), "Idempotency-Key"), "k-1");
+    cr_assert_eq(fx_metric("retryproxy_delivery_accepts_total{route=\"r\",result=\"duplicate\"}"),
+                 1);
+    cr_assert_eq(fx_metric("retryproxy_delivery_accepts_total{route=\"r\",result=\"conflict\"}"),
+                 1);
 }
 
 Test(durable, full_store_is_503_with_retry_after)
@@ -342,6 +364,7 @@ Test(durable, full_store_is_503_with_retry_after)
     cr_assert_gt(atoi(http_hdr(&r, "Retry-After")), 0);
     cr_assert_not_null(memmem(r.body, r.body_len, "store_full", 10));
     http_free(&r);
+    cr_assert_eq(fx_metric("retryproxy_delivery_accepts_total{route=\"r\",result=\"full\"}"), 1);
     cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1);
 }
 
