@@ -48,6 +48,11 @@
 /* How often due deliveries are looked for when no accept says so: the delay a rescheduled
  * delivery may wait past its time. */
 #define COURIER_POLL_MS 200
+/* Every this many ticks (about 5 s), and at the first, the deliveries of routes no claimer asks
+ * for are looked for: a route gone from the config since they were accepted (a restart on a
+ * config without it; a reload keeps the old snapshot instead). So many at a time. */
+#define ORPHAN_TICKS 25
+#define ORPHAN_MAX   16
 
 struct croute;
 
@@ -77,6 +82,7 @@ struct dlv {
     struct store_attempt att;
     struct store_dead dead;
     struct store_call call;
+    bool writing; /* 'call' is with the store: on_written() frees it */
 };
 
 /* A route deliveries are claimed for: its bounds' state, and the last snapshot that had it. */
@@ -103,6 +109,11 @@ struct courier {
     struct croute *routes;
     struct dlv *live;
     bool stopped;
+    unsigned ticks;
+    /* the sweep for deliveries of no claimed route: its call, and the names it borrows */
+    struct store_call orphans;
+    const char **names;
+    bool sweeping;
 };
 
 /* The front state in the request's allocation. */
@@ -408,13 +419,24 @@ static bool retryable(const struct dlv *d)
     return d->status == 408 || d->status == 429;
 }
 
+/* A store call for its end was handed over (rc 0), or not: then nothing more is written, and
+ * its lease runs out (it is attempted again). */
+static void handed(struct dlv *d, int rc)
+{
+    if (rc < 0)
+        dlv_free(d);
+    else
+        d->writing = true;
+}
+
 static void bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a)
 {
     static const char *const reasons[METRICS_DEAD_COUNT] = { "attempts", "age", "final",
                                                              "route_gone" };
     const char *reason = reasons[why];
     metrics_dead_letter(d->cr->m, d->c->w->id, why);
-    metrics_delivery_attempt(d->cr->m, d->c->w->id, METRICS_DELIVERY_DEAD);
+    if (a)
+        metrics_delivery_attempt(d->cr->m, d->c->w->id, METRICS_DELIVERY_DEAD);
     d->dead = (struct store_dead){ .reason = reason,
                                    .head = d->head,
                                    .head_len = d->head_len,
@@ -422,8 +444,7 @@ static void bury(struct dlv *d, enum metrics_dead why, const struct store_attemp
                                    .body_len = d->body_len };
     log_event(CFG_LOG_WARN, "delivery dead", "id", d->rec.id, "route", d->cr->name, "reason",
               reason, LOG_NUM("attempts", d->rec.attempts + 1), LOG_NUM("status", d->status), NULL);
-    if (store_bury(d->c->store, &d->call, d->rec.id, d->c->owner, a, &d->dead) < 0)
-        dlv_free(d);
+    handed(d, store_bury(d->c->store, &d->call, d->rec.id, d->c->owner, a, &d->dead));
 }
 
 static void on_end(struct loop_timer *t)
@@ -454,13 +475,9 @@ static void on_end(struct loop_timer *t)
                           : "status");
     const struct cfg_route *rt = route_now(c, d->cr);
     uint32_t n = d->rec.attempts + 1; /* this one's number */
-    d->call.cq = c->w->cq;
-    d->call.done = on_written;
-    d->call.arg = d;
     if (ok) {
         metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_DELIVERED);
-        if (store_complete(c->store, &d->call, d->rec.id, c->owner, &d->att) < 0)
-            dlv_free(d);
+        handed(d, store_complete(c->store, &d->call, d->rec.id, c->owner, &d->att));
         return;
     }
     if (!rt || (d->ours && strcmp(d->code, "no_route") == 0)) {
@@ -486,29 +503,41 @@ static void on_end(struct loop_timer *t)
         return;
     }
     metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_RESCHEDULED);
-    if (store_reschedule(c->store, &d->call, d->rec.id, c->owner, &d->att, now + delay) < 0)
-        dlv_free(d);
+    handed(d, store_reschedule(c->store, &d->call, d->rec.id, c->owner, &d->att, now + delay));
 }
 
 /* ---- claims ---- */
 
-static void start(struct courier *c, struct croute *cr, struct store_delivery *rec)
+/* A claimed delivery, taken from 'rec' (cleared), counted in flight; NULL out of memory (its
+ * lease runs out and it is claimed again). */
+static struct dlv *dlv_new(struct courier *c, struct croute *cr, struct store_delivery *rec)
 {
     struct dlv *d = calloc(1, sizeof(*d));
     if (!d) {
-        store_delivery_clear(rec); /* its lease runs out and it is claimed again */
-        return;
+        store_delivery_clear(rec);
+        return NULL;
     }
     d->c = c;
     d->cr = cr;
     d->rec = *rec;
     memset(rec, 0, sizeof(*rec));
-    d->rt = rt_ref(cr->rt);
+    d->rt = cr->rt ? rt_ref(cr->rt) : NULL; /* none: its route is gone */
     d->start_ms = wall_ms();
     d->start_mono = loop_now(c->w->loop);
     d->next = c->live;
     c->live = d;
     cr->in_flight++;
+    d->call.cq = c->w->cq;
+    d->call.done = on_written;
+    d->call.arg = d;
+    return d;
+}
+
+static void start(struct courier *c, struct croute *cr, struct store_delivery *rec)
+{
+    struct dlv *d = dlv_new(c, cr, rec);
+    if (!d)
+        return;
     struct front *f = retry_req_new(c->w, &courier_ops, sizeof(struct cfront), FRONT_HTTP1,
                                     d->rec.target, "", 0, REFUSE_NONE);
     if (!f) {
@@ -583,6 +612,58 @@ static void claim(struct courier *c, struct croute *cr, const struct cfg_route *
     }
 }
 
+/* What the sweep found: a route of the current snapshot (one no longer durable) is delivered
+ * as its route is; one of no route is a dead letter, "route_gone", without an attempt. */
+static void on_orphans(struct store_call *call)
+{
+    struct courier *c = call->arg;
+    c->sweeping = false;
+    free(c->names);
+    c->names = NULL;
+    for (size_t i = 0; i < call->n; i++) {
+        struct store_delivery *rec = &call->items[i];
+        struct croute *cr = c->stopped ? NULL : croute_of(c, rec->route);
+        if (!cr) {
+            store_delivery_clear(rec);
+            continue;
+        }
+        if (!cr->rt && route_in(c->w->rt, cr->name))
+            cr->rt = rt_ref(c->w->rt);
+        if (cr->rt) {
+            start(c, cr, rec);
+            continue;
+        }
+        struct dlv *d = dlv_new(c, cr, rec);
+        if (d)
+            bury(d, METRICS_DEAD_ROUTE_GONE, NULL);
+    }
+    store_call_clear(call);
+}
+
+/* Looks for due deliveries of the routes no claimer asks for. */
+static void sweep(struct courier *c)
+{
+    size_t n = 0;
+    for (struct croute *cr = c->routes; cr; cr = cr->next)
+        n++;
+    c->names = calloc(n ? n : 1, sizeof(*c->names));
+    if (!c->names)
+        return;
+    n = 0;
+    for (struct croute *cr = c->routes; cr; cr = cr->next)
+        if (cr->rt) /* one with no route is not asked for by its name */
+            c->names[n++] = cr->name;
+    c->orphans.cq = c->w->cq;
+    c->orphans.done = on_orphans;
+    c->orphans.arg = c;
+    if (store_claim_except(c->store, &c->orphans, c->owner, c->names, n, ORPHAN_MAX) == 0) {
+        c->sweeping = true;
+    } else {
+        free(c->names);
+        c->names = NULL;
+    }
+}
+
 static void on_tick(struct loop_timer *t)
 {
     struct courier *c = t->arg;
@@ -607,6 +688,8 @@ static void on_tick(struct loop_timer *t)
         if (rt)
             claim(c, cr, rt, now);
     }
+    if (c->ticks++ % ORPHAN_TICKS == 0 && !c->sweeping)
+        sweep(c);
     arm_tick(c, COURIER_POLL_MS);
 }
 
@@ -674,7 +757,7 @@ void courier_stop(struct courier *c)
             ((struct cfront *)(void *)f)->d = NULL;
             retry_req_completed(f->req);
         }
-        if (!d->call.cq) /* no store call of its own pending */
+        if (!d->writing)
             dlv_free(d);
     }
 }
@@ -685,6 +768,8 @@ void courier_free(struct courier *c)
         return;
     while (c->live)
         dlv_free(c->live);
+    store_call_clear(&c->orphans);
+    free(c->names);
     for (struct croute *cr = c->routes, *next; cr; cr = next) {
         next = cr->next;
         store_call_clear(&cr->claim);

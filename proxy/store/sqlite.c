@@ -178,6 +178,19 @@ static int s_claim_route(struct store_impl *s, struct store_call *c, const char 
     return submit(s, c, OP_CLAIM);
 }
 
+static int s_claim_except(struct store_impl *s, struct store_call *c, const char *owner,
+                          const char *const *routes, size_t n, size_t max)
+{
+    if (!owner || max == 0 || (n && !routes))
+        return STORE_EINVAL;
+    c->owner = owner;
+    c->key = NULL;
+    c->in = routes;
+    c->when = n;
+    c->max = max;
+    return submit(s, c, OP_CLAIM_EXCEPT);
+}
+
 static int s_claim_due(struct store_impl *s, struct store_call *c, const char *owner, size_t max)
 {
     return s_claim_route(s, c, owner, NULL, max);
@@ -285,6 +298,7 @@ static const struct store_ops sqlite_ops = {
     .enqueue = s_enqueue,
     .claim_due = s_claim_due,
     .claim_route = s_claim_route,
+    .claim_except = s_claim_except,
     .complete = s_complete,
     .reschedule = s_reschedule,
     .bury = s_bury,

@@ -16,6 +16,7 @@
 enum sql_op {
     OP_ENQUEUE,
     OP_CLAIM,
+    OP_CLAIM_EXCEPT,
     OP_COMPLETE,
     OP_RESCHEDULE,
     OP_BURY,
@@ -30,6 +31,7 @@ enum sql_stmt {
     S_BY_KEY,
     S_DUE,
     S_DUE_ROUTE,
+    S_DUE_ALL,
     S_LEASE,
     S_ADD_TRY,
     S_READ,

@@ -49,6 +49,8 @@ static const char *const sql_text[S_COUNT] = {
     [S_DUE_ROUTE] = "SELECT id, state FROM deliveries WHERE route = ?3 AND ((state = 0 AND"
                     " next_at <= ?1) OR (state = 1 AND claimed_until <= ?1)) ORDER BY next_at"
                     " LIMIT ?2",
+    [S_DUE_ALL] = "SELECT id, state, route FROM deliveries WHERE (state = 0 AND next_at <= ?1)"
+                  " OR (state = 1 AND claimed_until <= ?1) ORDER BY next_at",
     [S_LEASE] = "UPDATE deliveries SET state = 1, claimed_until = ?, claimed_by = ?,"
                 " attempts = attempts + ? WHERE id = ?",
     [S_ADD_TRY] = "INSERT INTO attempts(delivery, at, duration_ms, status, outcome)"
@@ -390,6 +392,16 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
     return r;
 }
 
+/* Whether 'route' is one of the 'n' names of 'routes'. */
+static bool named(const void *routes, size_t n, const char *route)
+{
+    const char *const *r = routes;
+    for (size_t i = 0; route && i < n; i++)
+        if (strcmp(r[i], route) == 0)
+            return true;
+    return false;
+}
+
 /* Due rows, oldest due first, each leased to the caller; one whose lease ran out had an
  * attempt under way when its owner died: that attempt is recorded as lost and counted. */
 static int op_claim(struct store_impl *s, struct store_call *c)
@@ -403,12 +415,16 @@ static int op_claim(struct store_impl *s, struct store_call *c)
         r = STORE_EIO;
         goto out;
     }
-    sqlite3_stmt *st = s->st[c->key ? S_DUE_ROUTE : S_DUE];
+    bool except = c->op == OP_CLAIM_EXCEPT;
+    sqlite3_stmt *st = s->st[except ? S_DUE_ALL : c->key ? S_DUE_ROUTE : S_DUE];
     sqlite3_bind_int64(st, 1, (sqlite3_int64)now);
-    sqlite3_bind_int64(st, 2, (sqlite3_int64)cap);
+    if (!except)
+        sqlite3_bind_int64(st, 2, (sqlite3_int64)cap);
     if (c->key)
         sqlite3_bind_text(st, 3, c->key, -1, SQLITE_STATIC);
     while (n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (except && named(c->in, (size_t)c->when, (const char *)sqlite3_column_text(st, 2)))
+            continue; /* its route's claimer takes it */
         snprintf(ids[n], STORE_ID_SIZE, "%s", (const char *)sqlite3_column_text(st, 0));
         was[n++] = sqlite3_column_int(st, 1);
     }
@@ -573,6 +589,7 @@ int sql_run(struct store_impl *s, struct store_call *c)
     case OP_ENQUEUE:
         return op_enqueue(s, c);
     case OP_CLAIM:
+    case OP_CLAIM_EXCEPT:
         return op_claim(s, c);
     case OP_COMPLETE:
     case OP_RESCHEDULE:

@@ -185,6 +185,10 @@ struct store_ops {
      * (routes[].delivery.max_in_flight) takes no more of a route than it has room for. */
     int (*claim_route)(struct store_impl *s, struct store_call *c, const char *owner,
                        const char *route, size_t max);
+    /* The same, of the routes NOT among the 'n' names of 'routes': what no claimer asks for by
+     * its route (a route gone from the config since the accept). */
+    int (*claim_except)(struct store_impl *s, struct store_call *c, const char *owner,
+                        const char *const *routes, size_t n, size_t max);
     /* The three ends of an attempt, by the lease's owner only (STORE_ESTALE otherwise). 'a' is
      * recorded and counted; bury's 'a' may be NULL (the age ran out between attempts). */
     int (*complete)(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
@@ -256,6 +260,11 @@ static inline int store_claim_route(struct store *s, struct store_call *c, const
                                     const char *route, size_t max)
 {
     return s->ops->claim_route(s->impl, c, owner, route, max);
+}
+static inline int store_claim_except(struct store *s, struct store_call *c, const char *owner,
+                                     const char *const *routes, size_t n, size_t max)
+{
+    return s->ops->claim_except(s->impl, c, owner, routes, n, max);
 }
 static inline int store_complete(struct store *s, struct store_call *c, const char *id,
                                  const char *owner, const struct store_attempt *a)

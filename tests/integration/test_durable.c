@@ -679,3 +679,33 @@ Test(durable, a_route_removed_by_a_reload_keeps_delivering_what_is_pending)
     wait_state(id, 2, 15000);
     cr_assert_eq(tup_count_id(up, "removed-1"), 4, "three failures, then delivered");
 }
+
+/* A delivery whose route is in no config any more (a restart on a config without it) is a dead
+ * letter, "route_gone", at once: nothing could deliver it. */
+Test(durable, a_delivery_of_a_route_gone_after_a_restart_is_dead)
+{
+    char route[96];
+    snprintf(route, sizeof(route), ", \"upstreams\": [\"http://127.0.0.1:%u\"]",
+             (unsigned)fx_closed_port());
+    start("", "", "", route);
+    struct http_resp r;
+    post("gone-1", "x", NULL, &r);
+    char id[33];
+    accepted(&r, id);
+    http_free(&r);
+    px_stop(px, 10000);
+    px = NULL;
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "other", "\"delivery\": {\"mode\": \"durable\"}");
+    char *json = cfgb_text(b);
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+    wait_state(id, 3, 10000);
+    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(reason, "route_gone");
+    free(reason);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"route_gone\"}", 1, 5000),
+        1);
+}

@@ -759,3 +759,21 @@ Test(store, claim_route_takes_only_that_route)
     cr_assert_eq(claim(s, "me", 5, NULL), 1, "route one's is still due");
     store_close(s);
 }
+
+Test(store, claim_except_takes_the_routes_not_named)
+{
+    struct store *s = open_default();
+    char a[STORE_ID_SIZE], b[STORE_ID_SIZE], g[STORE_ID_SIZE];
+    cr_assert_eq(enqueue(s, "one", NULL, "x", 0, a), 0);
+    cr_assert_eq(enqueue(s, "gone", NULL, "y", 0, g), 0);
+    cr_assert_eq(enqueue(s, "two", NULL, "z", 0, b), 0);
+    const char *const named[] = { "one", "two" };
+    struct store_call c = { .cq = cq };
+    cr_assert_eq(wait_for(&c, store_claim_except(s, &c, "me", named, 2, 5)), 0);
+    cr_assert_eq(c.n, 1);
+    cr_assert_str_eq(c.items[0].id, g);
+    cr_assert_str_eq(c.items[0].route, "gone");
+    store_call_clear(&c);
+    cr_assert_eq(claim(s, "me", 5, NULL), 2, "the named routes' are still due");
+    store_close(s);
+}
