@@ -709,3 +709,44 @@ Test(durable, a_delivery_of_a_route_gone_after_a_restart_is_dead)
         fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"route_gone\"}", 1, 5000),
         1);
 }
+
+/* ---- bounds on the way out ---- */
+
+/* A backlog due at once reaches the upstream paced: max_per_second attempts a second (a
+ * second's worth at once), and never more than max_in_flight of them running. */
+Test(durable, a_backlog_is_paced_by_max_per_second)
+{
+    start("", "", ", \"max_per_second\": 5", "");
+    for (int i = 0; i < 15; i++) {
+        char id[16];
+        snprintf(id, sizeof(id), "pace-%d", i);
+        struct http_resp r;
+        post(id, "x", NULL, &r);
+        cr_assert_eq(r.status, 202);
+        http_free(&r);
+    }
+    cr_assert_eq(tup_wait_count(up, 15, 20000), 0, "not all delivered");
+    int64_t span = (tup_get(up, 14)->arrival_ns - tup_get(up, 0)->arrival_ns) / 1000000;
+    /* 5 at once, then 5 a second: the 15th about 2 s after the first */
+    cr_assert_geq(span, 1500, "15 deliveries in %lld ms at 5 a second", (long long)span);
+    cr_log_info("15 deliveries at max_per_second 5: %lld ms from the first to the last",
+                (long long)span);
+}
+
+Test(durable, no_more_than_max_in_flight_attempts_run_at_once)
+{
+    start("", "", ", \"max_in_flight\": 2", "");
+    tup_set_default_plan(up, "delay=600");
+    for (int i = 0; i < 4; i++) {
+        char id[16];
+        snprintf(id, sizeof(id), "infl-%d", i);
+        struct http_resp r;
+        post(id, "x", NULL, &r);
+        cr_assert_eq(r.status, 202);
+        http_free(&r);
+    }
+    cr_assert_eq(tup_wait_count(up, 4, 20000), 0, "not all delivered");
+    /* the third starts once one of the first two has ended */
+    int64_t gap = (tup_get(up, 2)->arrival_ns - tup_get(up, 0)->arrival_ns) / 1000000;
+    cr_assert_geq(gap, 550, "the third attempt came %lld ms after the first", (long long)gap);
+}
