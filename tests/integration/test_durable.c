@@ -154,17 +154,52 @@ static void accepted(struct http_resp *r, char *id)
                        (int)r->body_len, (const char *)r->body);
 }
 
+/* POSTs as post() does and asserts its 202; the delivery's id into 'id' (33 bytes). */
+static void post_accepted(const char *rid, const char *body, const char *const *more, char *id)
+{
+    struct http_resp r;
+    post(rid, body, more, &r);
+    accepted(&r, id);
+    http_free(&r);
+}
+
+/* 'n' requests with ids PREFIX-0 ..., each answered 202. */
+static void post_many(const char *prefix, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char rid[32], id[33];
+        snprintf(rid, sizeof(rid), "%s-%d", prefix, i);
+        post_accepted(rid, "x", NULL, id);
+    }
+}
+
+/* ms from the upstream's request 'a' to its request 'b' (tup's records, by arrival). */
+static int64_t between_ms(size_t a, size_t b)
+{
+    return (tup_get(up, b)->arrival_ns - tup_get(up, a)->arrival_ns) / 1000000;
+}
+
+/* Delivery 'id' of route "r" becomes a dead letter for 'reason' (within 10 s), counted so. */
+static void wait_dead(const char *id, const char *reason)
+{
+    wait_state(id, 3, 10000);
+    char *got = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(got, reason, "delivery %s", id);
+    free(got);
+    char series[128];
+    snprintf(series, sizeof(series), "retryproxy_dead_letters_total{route=\"r\",reason=\"%s\"}",
+             reason);
+    cr_assert_eq(fx_wait_metric(series, 1, 5000), 1, "%s", series);
+}
+
 /* ---- accepted, then delivered ---- */
 
 Test(durable, accepted_then_delivered_with_its_body_and_id)
 {
     start("", "", "", "");
-    struct http_resp r;
     const char *body = "{\"event\": \"paid\", \"order\": 42}";
-    post("dlv-1", body, NULL, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
+    post_accepted("dlv-1", body, NULL, id);
     fx_wait_upstream("dlv-1", 1);
     const struct tup_req *q = tup_get(up, 0);
     cr_assert_str_eq(q->method, "POST");
@@ -203,18 +238,15 @@ Test(durable, accepted_over_http2)
 Test(durable, retried_by_the_policy_then_delivered)
 {
     start("", ", \"max_attempts\": 5", "", "");
-    struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=2", NULL };
-    post("dlv-retry", "x", plan, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
+    post_accepted("dlv-retry", "x", plan, id);
     wait_state(id, 2, 10000);
     cr_assert_eq(tup_count_id(up, "dlv-retry"), 3);
     /* spaced by the policy's 300 ms: at least that, at most that and the courier's poll and a
      * loaded machine's slack */
     for (size_t i = 1; i < 3; i++) {
-        int64_t gap_ms = (tup_get(up, i)->arrival_ns - tup_get(up, i - 1)->arrival_ns) / 1000000;
+        int64_t gap_ms = between_ms(i - 1, i);
         cr_assert_geq(gap_ms, 280, "attempt %zu came %lld ms after the one before", i + 1,
                       (long long)gap_ms);
         cr_assert_leq(gap_ms, 3000, "attempt %zu came %lld ms after", i + 1, (long long)gap_ms);
@@ -232,26 +264,17 @@ Test(durable, retried_by_the_policy_then_delivered)
 Test(durable, dead_after_max_attempts_with_every_attempt_and_the_final_head)
 {
     start("", ", \"max_attempts\": 3", "", "");
-    struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=100; status=503; header=X-Why:down", NULL };
-    post("dlv-dead", "x", plan, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
-    wait_state(id, 3, 10000);
+    post_accepted("dlv-dead", "x", plan, id);
+    wait_dead(id, "attempts");
     cr_assert_eq(tup_count_id(up, "dlv-dead"), 3);
-    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
-    cr_assert_str_eq(reason, "attempts");
-    free(reason);
     cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503", id),
                  3);
     cr_assert_eq(db_int("SELECT min(duration_ms) >= 0 AND min(at) > 0 FROM attempts WHERE "
                         "delivery = ?1",
                         id),
                  1);
-    cr_assert_eq(
-        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
-        1);
     cr_assert_eq(fx_metric("retryproxy_delivery_attempts_total{route=\"r\",outcome=\"dead\"}"), 1);
     char *head = db_text("SELECT final_head FROM deliveries WHERE id = ?1", id);
     cr_assert_not_null(strstr(head, "503"), "final head: %s", head);
@@ -262,19 +285,11 @@ Test(durable, dead_after_max_attempts_with_every_attempt_and_the_final_head)
 Test(durable, dead_at_once_on_a_final_4xx)
 {
     start("", "", "", "");
-    struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=100; status=400", NULL };
-    post("dlv-400", "x", plan, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
-    wait_state(id, 3, 10000);
+    post_accepted("dlv-400", "x", plan, id);
+    wait_dead(id, "final");
     cr_assert_eq(tup_count_id(up, "dlv-400"), 1, "a final answer is not retried");
-    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
-    cr_assert_str_eq(reason, "final");
-    free(reason);
-    cr_assert_eq(
-        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"final\"}", 1, 5000), 1);
     char *body = db_text("SELECT final_body FROM deliveries WHERE id = ?1", id);
     cr_assert_gt(strlen(body), 0, "the final body's first bytes are kept");
     free(body);
@@ -283,18 +298,10 @@ Test(durable, dead_at_once_on_a_final_4xx)
 Test(durable, dead_when_its_age_runs_out)
 {
     start("", ", \"max_attempts\": 50", ", \"max_age_ms\": 700", "");
-    struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=100", NULL };
-    post("dlv-age", "x", plan, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
-    wait_state(id, 3, 10000);
-    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
-    cr_assert_str_eq(reason, "age");
-    free(reason);
-    cr_assert_eq(
-        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"age\"}", 1, 5000), 1);
+    post_accepted("dlv-age", "x", plan, id);
+    wait_dead(id, "age");
     size_t n = tup_count_id(up, "dlv-age");
     cr_assert(n >= 2 && n <= 3, "%zu attempts in 700 ms at 300 ms apart", n);
 }
@@ -400,12 +407,9 @@ Test(durable, killed_during_an_attempt_then_resumed_at_start)
 {
     char *json = durable_cfg("", "", "", ", \"timeout_ms\": 60000");
     fx_start(json, "--workers", "2", NULL);
-    struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=1; action=hang", NULL };
-    post("crash-1", "x", plan, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
+    post_accepted("crash-1", "x", plan, id);
     fx_wait_upstream("crash-1", 1); /* the first attempt hangs */
     kill(px->pid, SIGKILL);
     px_stop(px, 5000);
@@ -429,11 +433,8 @@ Test(durable, accepted_while_the_upstream_is_down_delivered_after_a_restart)
     snprintf(route, sizeof(route), ", \"upstreams\": [\"http://127.0.0.1:%u\"]", (unsigned)port);
     char *json = durable_cfg("", "", "", route);
     fx_start(json, "--workers", "2", NULL);
-    struct http_resp r;
-    post("down-1", "payload", NULL, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
+    post_accepted("down-1", "payload", NULL, id);
     usleep(500 * 1000); /* an attempt or two refused */
     kill(px->pid, SIGKILL);
     px_stop(px, 5000);
@@ -615,12 +616,6 @@ static bool generation_2(void *arg)
     return ok;
 }
 
-/* The gap between the upstream's attempts i-1 and i, ms. */
-static int64_t gap_ms(size_t i)
-{
-    return (tup_get(up, i)->arrival_ns - tup_get(up, i - 1)->arrival_ns) / 1000000;
-}
-
 /* A reload that raises the route's backoff applies to the next delay of a delivery already
  * pending: its policy is read from the current snapshot at each attempt's end. */
 Test(durable, a_reload_raising_the_backoff_changes_the_next_delay_of_a_pending_delivery)
@@ -628,12 +623,9 @@ Test(durable, a_reload_raising_the_backoff_changes_the_next_delay_of_a_pending_d
     char *before = durable_cfg("", ", \"max_attempts\": 20", "", "");
     start_on_file(before);
     free(before);
-    struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=100", NULL };
-    post("reload-1", "x", plan, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
+    post_accepted("reload-1", "x", plan, id);
     cr_assert_eq(tup_wait_count(up, 2, 10000), 0, "two attempts 300 ms apart");
     struct cfgb *b = cfgb_new();
     cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
@@ -649,10 +641,10 @@ Test(durable, a_reload_raising_the_backoff_changes_the_next_delay_of_a_pending_d
      * by the new */
     size_t seen = tup_count(up);
     cr_assert_eq(tup_wait_count(up, seen + 2, 15000), 0, "no attempts after the reload");
-    int64_t g = gap_ms(seen + 1);
+    int64_t g = between_ms(seen, seen + 1);
     cr_assert_geq(g, 1900, "the delay after the reload was %lld ms, not 2000", (long long)g);
     for (size_t i = 1; i + 1 < seen; i++)
-        cr_assert_lt(gap_ms(i), 1900, "a delay before the reload was already long");
+        cr_assert_lt(between_ms(i - 1, i), 1900, "a delay before the reload was already long");
 }
 
 /* A route a reload removes keeps its pending deliveries: they are delivered under the last
@@ -662,12 +654,9 @@ Test(durable, a_route_removed_by_a_reload_keeps_delivering_what_is_pending)
     char *before = durable_cfg("", ", \"max_attempts\": 10", "", "");
     start_on_file(before);
     free(before);
-    struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=3", NULL };
-    post("removed-1", "x", plan, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
+    post_accepted("removed-1", "x", plan, id);
     cr_assert_eq(tup_wait_count(up, 1, 10000), 0);
     struct cfgb *b = cfgb_new();
     cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
@@ -688,11 +677,8 @@ Test(durable, a_delivery_of_a_route_gone_after_a_restart_is_dead)
     snprintf(route, sizeof(route), ", \"upstreams\": [\"http://127.0.0.1:%u\"]",
              (unsigned)fx_closed_port());
     start("", "", "", route);
-    struct http_resp r;
-    post("gone-1", "x", NULL, &r);
     char id[33];
-    accepted(&r, id);
-    http_free(&r);
+    post_accepted("gone-1", "x", NULL, id);
     px_stop(px, 10000);
     px = NULL;
     struct cfgb *b = cfgb_new();
@@ -701,13 +687,7 @@ Test(durable, a_delivery_of_a_route_gone_after_a_restart_is_dead)
     char *json = cfgb_text(b);
     fx_start(json, "--workers", "2", NULL);
     free(json);
-    wait_state(id, 3, 10000);
-    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
-    cr_assert_str_eq(reason, "route_gone");
-    free(reason);
-    cr_assert_eq(
-        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"route_gone\"}", 1, 5000),
-        1);
+    wait_dead(id, "route_gone");
 }
 
 /* ---- bounds on the way out ---- */
@@ -717,16 +697,9 @@ Test(durable, a_delivery_of_a_route_gone_after_a_restart_is_dead)
 Test(durable, a_backlog_is_paced_by_max_per_second)
 {
     start("", "", ", \"max_per_second\": 5", "");
-    for (int i = 0; i < 15; i++) {
-        char id[16];
-        snprintf(id, sizeof(id), "pace-%d", i);
-        struct http_resp r;
-        post(id, "x", NULL, &r);
-        cr_assert_eq(r.status, 202);
-        http_free(&r);
-    }
+    post_many("pace", 15);
     cr_assert_eq(tup_wait_count(up, 15, 20000), 0, "not all delivered");
-    int64_t span = (tup_get(up, 14)->arrival_ns - tup_get(up, 0)->arrival_ns) / 1000000;
+    int64_t span = between_ms(0, 14);
     /* 5 at once, then 5 a second: the 15th about 2 s after the first */
     cr_assert_geq(span, 1500, "15 deliveries in %lld ms at 5 a second", (long long)span);
     cr_log_info("15 deliveries at max_per_second 5: %lld ms from the first to the last",
@@ -737,16 +710,9 @@ Test(durable, no_more_than_max_in_flight_attempts_run_at_once)
 {
     start("", "", ", \"max_in_flight\": 2", "");
     tup_set_default_plan(up, "delay=600");
-    for (int i = 0; i < 4; i++) {
-        char id[16];
-        snprintf(id, sizeof(id), "infl-%d", i);
-        struct http_resp r;
-        post(id, "x", NULL, &r);
-        cr_assert_eq(r.status, 202);
-        http_free(&r);
-    }
+    post_many("infl", 4);
     cr_assert_eq(tup_wait_count(up, 4, 20000), 0, "not all delivered");
     /* the third starts once one of the first two has ended */
-    int64_t gap = (tup_get(up, 2)->arrival_ns - tup_get(up, 0)->arrival_ns) / 1000000;
+    int64_t gap = between_ms(0, 2);
     cr_assert_geq(gap, 550, "the third attempt came %lld ms after the first", (long long)gap);
 }
