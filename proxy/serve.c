@@ -190,8 +190,8 @@ static int open_store(const struct cfg *cfg, struct store **out)
     struct store_stats st;
     store_stats(*out, &st);
     if (store_on_tmpfs(cfg->store.path))
-        log_event(CFG_LOG_WARN, "delivery store on tmpfs: lost at reboot, or with its pod",
-                  "path", cfg->store.path, NULL);
+        log_event(CFG_LOG_WARN, "delivery store on tmpfs: lost at reboot, or with its pod", "path",
+                  cfg->store.path, NULL);
     log_event(CFG_LOG_INFO, "delivery store open", "path", cfg->store.path,
               LOG_NUM("kept", st.count), LOG_NUM("resumed_in_flight", st.recovered), NULL);
     return 0;
