@@ -35,13 +35,17 @@
 
 struct accept_job {
     struct store_call call;
-    struct store_new in;
+    struct store_dead_new in; /* an accept stores in.req alone */
     struct store_field *fields;
     size_t nfields, cap;
     bool nomem;
     char *idem_key;
     struct retry_req *r;
     const char *id_header; /* the route's, left out: every attempt carries its own */
+    /* a synchronous route's dead letter: its attempt, final head and first body bytes, and
+     * why (the stop, and whether the body could be kept) */
+    struct store_attempt att;
+    char *head, *final_body, reason[48];
 };
 
 /* The fields that are the request's own, as they go into the store: hop-by-hop and framing
@@ -92,6 +96,8 @@ static void job_free(struct accept_job *j)
     }
     free(j->fields);
     free(j->idem_key);
+    free(j->head);
+    free(j->final_body);
     store_call_clear(&j->call);
     free(j);
 }
@@ -265,20 +271,20 @@ void accept_store(struct retry_req *r)
         edge_error(r, 503, "store_unavailable", "out of memory: nothing was stored");
         return;
     }
-    j->in = (struct store_new){ .route = r->route->name,
-                                .method = r->method,
-                                .target = r->target,
-                                .fields = j->fields,
-                                .nfields = j->nfields,
-                                .body = r->body.body,
-                                .body_len = r->body.len,
-                                .idem_key = j->idem_key };
+    j->in.req = (struct store_new){ .route = r->route->name,
+                                    .method = r->method,
+                                    .target = r->target,
+                                    .fields = j->fields,
+                                    .nfields = j->nfields,
+                                    .body = r->body.body,
+                                    .body_len = r->body.len,
+                                    .idem_key = j->idem_key };
     j->call.cq = r->w->cq;
     j->call.done = accept_done;
     j->call.arg = j;
     r->state = RS_STORE;
     retry_req_hold(r); /* the store borrows its body and target until the call completes */
-    int rc = store_enqueue(r->w->px->store, &j->call, &j->in);
+    int rc = store_enqueue(r->w->px->store, &j->call, &j->in.req);
     if (rc < 0) {
         /* nothing was taken, and the call will not complete */
         retry_req_release(r);
@@ -290,4 +296,111 @@ void accept_store(struct retry_req *r)
         edge_error(r, 503, "store_unavailable",
                    "the delivery store is closing: nothing was stored");
     }
+}
+
+/* ---- dead letters of synchronous routes (routes[].delivery.dead_letter) ---- */
+
+/* Whether retrying ran out or was refused (the stops a dead letter is kept for): what is
+ * answered then is the last failure, and the request exists nowhere else. */
+static bool ran_out(const struct retry_req *r)
+{
+    switch (r->stop) {
+    case RETRY_STOP_MAX_ATTEMPTS:
+    case RETRY_STOP_BUDGET:
+    case RETRY_STOP_CONCURRENCY:
+    case RETRY_STOP_DEADLINE:
+    case RETRY_STOP_RETRY_AFTER:
+    case RETRY_STOP_PUSHBACK:
+    case RETRY_STOP_THROTTLED:
+        return true;
+    default:
+        return (r->flags & RF_THROTTLED) != 0;
+    }
+}
+
+static void dead_done(struct store_call *c)
+{
+    struct accept_job *j = c->arg;
+    struct retry_req *r = j->r;
+    if (c->result == 0) {
+        log_event(CFG_LOG_WARN, "delivery dead", "id", c->id, "route", r->route->name, "reason",
+                  j->reason, LOG_NUM("attempts", r->attempts), LOG_NUM("status", j->att.status),
+                  NULL);
+        metrics_dead_letter(r->m, r->w->id,
+                            r->stop == RETRY_STOP_MAX_ATTEMPTS ? METRICS_DEAD_ATTEMPTS
+                                                               : METRICS_DEAD_REFUSED);
+    } else {
+        /* refused, never evicted: nothing was kept (the store is full, or failed) */
+        log_event(CFG_LOG_WARN, "dead letter not kept", "route", r->route->name, "request_id",
+                  r->request_id, LOG_NUM("error", c->result), NULL);
+    }
+    job_free(j);
+    retry_req_release(r);
+}
+
+void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,
+                      size_t len)
+{
+    const struct cfg_route *rt = r->route;
+    struct worker *w = r->w;
+    if (!rt || rt->delivery.mode != CFG_DELIVERY_SYNC || rt->delivery.dead_letter <= 0 ||
+        !ran_out(r) || (status >= 200 && status < 400) || !w->px->store || !w->cq)
+        return;
+    struct accept_job *j = calloc(1, sizeof(*j));
+    if (!j)
+        goto nomem;
+    j->r = r;
+    j->id_header = rt->delivery.id_header;
+    r->front->ops->fields(r->front, add_field, j);
+    size_t cap = r->cfg->store.dead_body_bytes;
+    j->head = hlist_head_text(status, h, &j->in.dead.head_len);
+    j->final_body = malloc(cap ? cap : 1);
+    if (j->nomem || !j->head || !j->final_body)
+        goto nomem;
+    len = len < cap ? len : cap;
+    if (len)
+        memcpy(j->final_body, body, len);
+    /* the body is kept when it was buffered whole; one streamed once is not (docs/delivery.md) */
+    bool whole =
+        r->body.mode == INTAKE_NONE || (r->body.mode == INTAKE_BUFFER && (r->flags & RF_BODY_DONE));
+    snprintf(j->reason, sizeof(j->reason), "%s%s",
+             r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : "throttled",
+             whole ? "" : "; body not kept");
+    /* one row for the request's attempts: the sync path records no attempt by itself */
+    j->att = (struct store_attempt){
+        .at_ms = (uint64_t)r->start_unix_ms,
+        .duration_ms = (uint32_t)((loop_clock_us(w->loop) - r->start_us) / 1000),
+        .status = status,
+    };
+    snprintf(j->att.outcome, sizeof(j->att.outcome), "%s",
+             r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : "throttled");
+    free(j->idem_key); /* a dead letter answers for no accept: its key stays among its fields */
+    j->idem_key = NULL;
+    j->in.req = (struct store_new){ .route = rt->name,
+                                    .method = r->method,
+                                    .target = r->target,
+                                    .fields = j->fields,
+                                    .nfields = j->nfields,
+                                    .body = whole ? r->body.body : NULL,
+                                    .body_len = whole ? r->body.len : 0 };
+    j->in.attempts = r->attempts;
+    j->in.tries = &j->att;
+    j->in.ntries = 1;
+    j->in.dead = (struct store_dead){ .reason = j->reason,
+                                      .head = j->head,
+                                      .head_len = j->in.dead.head_len,
+                                      .body = j->final_body,
+                                      .body_len = len };
+    j->call.cq = w->cq;
+    j->call.done = dead_done;
+    j->call.arg = j;
+    retry_req_hold(r); /* the store borrows its body and target until the call completes */
+    if (store_insert_dead(w->px->store, &j->call, &j->in) == 0)
+        return;
+    retry_req_release(r);
+nomem:
+    log_event(CFG_LOG_WARN, "dead letter not kept", "route", rt->name, "request_id", r->request_id,
+              LOG_NUM("error", STORE_EIO), NULL);
+    if (j)
+        job_free(j);
 }

@@ -427,6 +427,9 @@ void edge_stream(struct retry_req *r)
         return;
     }
     r->front->ops->response(r->front, r->cur->att.status, &r->cur->att.head, &tag);
+    /* the last failure streams: its head is kept, not its body */
+    if (r->stop != RETRY_STOP_NONE)
+        durable_answered(r, r->cur->att.status, &r->cur->att.head, NULL, 0);
 }
 
 /* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
@@ -439,6 +442,8 @@ void edge_error(struct retry_req *r, unsigned status, const char *code, const ch
         tag.allow = EDGE_ALLOW;
     r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
     answered(r);
+    if (r->stop != RETRY_STOP_NONE || (r->flags & RF_THROTTLED))
+        durable_answered(r, (int)status, NULL, message, strlen(message));
 }
 
 /* The saved retryable response, when retrying stopped after it. */
@@ -450,6 +455,8 @@ void edge_saved(struct retry_req *r)
     r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len,
                          &r->saved.trailers, &tag);
     answered(r);
+    if (r->stop != RETRY_STOP_NONE)
+        durable_answered(r, r->saved.status, &r->saved.h, r->saved.body, r->saved.len);
 }
 
 /* Retrying is over without a response to stream: the last upstream response if we have it

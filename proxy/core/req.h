@@ -243,6 +243,12 @@ void accept_too_large(struct retry_req *r);
 /* Its body is in: to the store, answered once the store has it (RS_STORE). */
 void accept_store(struct retry_req *r);
 
+/* A request of a synchronous route was answered 'status' ('h', 'body': the answer's head and
+ * body as given): when its retries ran out or were refused and the route keeps dead letters,
+ * it is stored as one (the caller's answer is not held). Costs nothing otherwise. */
+void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,
+                      size_t len);
+
 /* ---- keep.c: responses kept rather than streamed ---- */
 
 /* A gRPC response head without a status: held back until its trailers (RS_HOLD)? */

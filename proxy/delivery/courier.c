@@ -199,30 +199,19 @@ static void answered(struct dlv *d, struct front *f, int status)
     loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), on_end, d);
 }
 
+/* The answer's head as a dead letter keeps it, and its Retry-After for the next delay. */
 static void keep_head(struct dlv *d, int status, const struct hlist *h)
 {
-    size_t cap = 32, pos = 0;
-    struct hfield hf;
-    while (h && hlist_next_n(h, &pos, &hf))
-        cap += hf.name_len + hf.value_len + 4;
     free(d->head);
-    d->head = malloc(cap);
-    if (!d->head)
-        return;
-    size_t n = (size_t)snprintf(d->head, cap, "HTTP/1.1 %d\r\n", status);
-    pos = 0;
-    while (h && hlist_next_n(h, &pos, &hf)) {
-        n += (size_t)snprintf(d->head + n, cap - n, "%.*s: %.*s\r\n", (int)hf.name_len, hf.name,
-                              (int)hf.value_len, hf.value);
-        if (hf.name_len == 11 && strncasecmp(hf.name, "retry-after", 11) == 0) {
-            uint64_t ms;
-            if (retry_after_parse(hf.value, hf.value_len, (int64_t)wall_ms(), &ms) == 0) {
-                d->has_retry_after = true;
-                d->retry_after_ms = ms;
-            }
-        }
+    d->head = hlist_head_text(status, h, &d->head_len);
+    const char *ra;
+    size_t ra_len;
+    uint64_t ms;
+    if (h && hlist_values(h, "Retry-After", &ra, &ra_len, 1) &&
+        retry_after_parse(ra, ra_len, (int64_t)wall_ms(), &ms) == 0) {
+        d->has_retry_after = true;
+        d->retry_after_ms = ms;
     }
-    d->head_len = n;
 }
 
 static void keep_body(struct dlv *d, const char *p, size_t n)
@@ -432,7 +421,7 @@ static void handed(struct dlv *d, int rc)
 static void bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a)
 {
     static const char *const reasons[METRICS_DEAD_COUNT] = { "attempts", "age", "final",
-                                                             "route_gone" };
+                                                             "route_gone", "refused" };
     const char *reason = reasons[why];
     metrics_dead_letter(d->cr->m, d->c->w->id, why);
     if (a)

@@ -158,10 +158,15 @@ static bool id_ok(const char *id)
     return id && strlen(id) == STORE_ID_SIZE - 1;
 }
 
+static bool new_ok(const struct store_new *d)
+{
+    return d->route && d->method && d->target && (!d->nfields || d->fields) &&
+           (!d->body_len || d->body) && d->body_len <= INT32_MAX;
+}
+
 static int s_enqueue(struct store_impl *s, struct store_call *c, const struct store_new *d)
 {
-    if (!d->route || !d->method || !d->target || (d->nfields && !d->fields) ||
-        (d->body_len && !d->body) || d->body_len > INT32_MAX)
+    if (!new_ok(d))
         return STORE_EINVAL;
     c->in = d;
     return submit(s, c, OP_ENQUEUE);
@@ -227,6 +232,14 @@ static int s_bury(struct store_impl *s, struct store_call *c, const char *id, co
         return STORE_EINVAL;
     c->in = dead;
     return end(s, c, OP_BURY, id, owner, a);
+}
+
+static int s_insert_dead(struct store_impl *s, struct store_call *c, const struct store_dead_new *d)
+{
+    if (!new_ok(&d->req) || d->req.idem_key || (d->ntries && !d->tries))
+        return STORE_EINVAL;
+    c->in = d;
+    return submit(s, c, OP_INSERT_DEAD);
 }
 
 static int s_list(struct store_impl *s, struct store_call *c, const struct store_filter *f)
@@ -302,6 +315,7 @@ static const struct store_ops sqlite_ops = {
     .complete = s_complete,
     .reschedule = s_reschedule,
     .bury = s_bury,
+    .insert_dead = s_insert_dead,
     .list = s_list,
     .get = s_get,
     .replay = s_replay,

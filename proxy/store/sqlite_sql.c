@@ -61,6 +61,8 @@ static const char *const sql_text[S_COUNT] = {
               " reason = ?4, final_head = ?5, final_body = ?6"
               " WHERE id = ?7 AND state = 1 AND claimed_by = ?8",
     [S_STATE] = "SELECT state, claimed_until FROM deliveries WHERE id = ?",
+    [S_MAKE_DEAD] = "UPDATE deliveries SET state = 3, attempts = ?1, reason = ?2, final_head = ?3,"
+                    " final_body = ?4 WHERE id = ?5",
     [S_TRIES] = "SELECT at, duration_ms, status, outcome FROM attempts WHERE delivery = ?"
                 " ORDER BY rowid",
     [S_REPLAY] = "UPDATE deliveries SET state = 0, next_at = ?, replays = replays + 1,"
@@ -392,6 +394,33 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
     return r;
 }
 
+/* insert_dead: the row as an enqueue makes it (the same bounds), then dead at once, with its
+ * attempts and final answer. */
+static int op_insert_dead(struct store_impl *s, struct store_call *c)
+{
+    const struct store_dead_new *d = c->in;
+    if (d->req.idem_key)
+        return STORE_EINVAL;
+    int r = op_enqueue(s, c); /* reads d->req, the first member */
+    if (r < 0)
+        return r;
+    size_t cap = s->o.dead_body_bytes ? s->o.dead_body_bytes : 4096;
+    sqlite3_stmt *st = s->st[S_MAKE_DEAD];
+    sqlite3_bind_int64(st, 1, d->attempts);
+    sqlite3_bind_text(st, 2, d->dead.reason ? d->dead.reason : "", -1, SQLITE_STATIC);
+    if (d->dead.head)
+        sqlite3_bind_blob(st, 3, d->dead.head, (int)d->dead.head_len, SQLITE_STATIC);
+    if (d->dead.body)
+        sqlite3_bind_blob(st, 4, d->dead.body,
+                          (int)(d->dead.body_len < cap ? d->dead.body_len : cap), SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, c->id, -1, SQLITE_STATIC);
+    r = sql_error(sql_step_reset(st));
+    sqlite3_clear_bindings(st);
+    for (size_t i = 0; r == 0 && i < d->ntries; i++)
+        r = add_try(s, c->id, &d->tries[i]);
+    return r;
+}
+
 /* Whether 'route' is one of the 'n' names of 'routes'. */
 static bool named(const void *routes, size_t n, const char *route)
 {
@@ -595,6 +624,8 @@ int sql_run(struct store_impl *s, struct store_call *c)
     case OP_RESCHEDULE:
     case OP_BURY:
         return op_end(s, c);
+    case OP_INSERT_DEAD:
+        return op_insert_dead(s, c);
     case OP_LIST:
         return op_list(s, c);
     case OP_GET:

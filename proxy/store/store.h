@@ -127,6 +127,16 @@ struct store_dead {
     size_t body_len;
 };
 
+/* What insert_dead stores (borrowed): a request that was never a delivery, kept as a dead
+ * letter at once (a synchronous route's whose retries ran out: routes[].delivery.dead_letter). */
+struct store_dead_new {
+    struct store_new req; /* its idem_key must be NULL: a dead letter answers for no accept */
+    uint32_t attempts;    /* attempts made */
+    const struct store_attempt *tries;
+    size_t ntries;
+    struct store_dead dead;
+};
+
 /* list's filter: NULL route and state -1 match all; 'limit' rows from 'offset', by the order
  * they were accepted in. */
 struct store_filter {
@@ -197,6 +207,9 @@ struct store_ops {
                       const struct store_attempt *a, uint64_t next_at);
     int (*bury)(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
                 const struct store_attempt *a, const struct store_dead *dead);
+    /* A new row in state dead, with its attempts and final answer; STORE_EFULL at a bound, as
+     * enqueue. */
+    int (*insert_dead)(struct store_impl *s, struct store_call *c, const struct store_dead_new *d);
     int (*list)(struct store_impl *s, struct store_call *c, const struct store_filter *f);
     int (*get)(struct store_impl *s, struct store_call *c, const char *id);
     /* Back to scheduled, due now, same id and history (a dead or delivered one, or a
@@ -282,6 +295,11 @@ static inline int store_bury(struct store *s, struct store_call *c, const char *
                              const struct store_dead *dead)
 {
     return s->ops->bury(s->impl, c, id, owner, a, dead);
+}
+static inline int store_insert_dead(struct store *s, struct store_call *c,
+                                    const struct store_dead_new *d)
+{
+    return s->ops->insert_dead(s->impl, c, d);
 }
 static inline int store_list(struct store *s, struct store_call *c, const struct store_filter *f)
 {

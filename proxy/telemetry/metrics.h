@@ -73,6 +73,7 @@ enum metrics_dead {
     METRICS_DEAD_AGE,
     METRICS_DEAD_FINAL,
     METRICS_DEAD_ROUTE_GONE,
+    METRICS_DEAD_REFUSED, /* a synchronous route's, its retries refused (budget, deadline...) */
     METRICS_DEAD_COUNT
 };
 

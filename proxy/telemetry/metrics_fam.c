@@ -25,7 +25,8 @@ const char *const accept_names[METRICS_ACCEPT_COUNT] = { "accepted", "duplicate"
                                                          "full",     "too_large", "error" };
 const char *const delivery_names[METRICS_DELIVERY_COUNT] = { "delivered", "rescheduled", "dead",
                                                              "interrupted" };
-const char *const dead_names[METRICS_DEAD_COUNT] = { "attempts", "age", "final", "route_gone" };
+const char *const dead_names[METRICS_DEAD_COUNT] = { "attempts", "age", "final", "route_gone",
+                                                     "refused" };
 const char *const result_names[] = { "success", "failure" };
 const char *const protocol_names[METRICS_PROTO_COUNT] = { "http1", "http2" };
 const char *const upgrade_names[METRICS_UPGRADE_COUNT] = { "tunnelled", "refused" };
@@ -96,8 +97,10 @@ const struct family_def metrics_families[FAM_COUNT] = {
     [FAM_DEAD_LETTERS] = { "dead_letters_total", "counter", "route, reason", dead_names,
                            METRICS_DEAD_COUNT,
                            "Dead letters kept, by route and why: attempts (retry.max_attempts "
-                           "spent), age (delivery.max_age_ms), final (an answer not to retry), "
-                           "route_gone (no route of its name after a restart)." },
+                           "spent; a synchronous route's too), age (delivery.max_age_ms), final "
+                           "(an answer not to retry), route_gone (no route of its name after a "
+                           "restart), refused (a synchronous route's request whose retry a "
+                           "budget, the deadline, Retry-After, pushback or throttling refused)." },
     [FAM_RETRY_AFTER] = { "retry_after_honored_total", "counter", "route", NULL, 0,
                           "Retries whose wait followed an upstream Retry-After." },
     [FAM_THROTTLED] = { "throttled_total", "counter", "route", NULL, 0,

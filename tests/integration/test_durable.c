@@ -716,3 +716,56 @@ Test(durable, no_more_than_max_in_flight_attempts_run_at_once)
     int64_t gap = between_ms(0, 2);
     cr_assert_geq(gap, 550, "the third attempt came %lld ms after the first", (long long)gap);
 }
+
+/* ---- dead letters of synchronous routes ---- */
+
+/* A sync route with dead_letter: the caller's answer is what it would be, at once; a request
+ * whose retries ran out is kept dead with its attempts, its body and the final answer. A
+ * request that succeeded, or one on a route without dead_letter, leaves nothing. */
+Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_letter)
+{
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "plain", "\"match\": {\"path_prefix\": \"/plain\"}, \"retry\": {" CFG_FAST "}");
+    cfgb_route(b, "r",
+               "\"delivery\": {\"dead_letter\": true}, \"retry\": {\"max_attempts\": 2, "
+               "\"methods\": [\"POST\"], " CFG_FAST "}");
+    char *json = cfgb_text(b);
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503; header=X-Why:down", NULL };
+    post("sync-dead", "the payment", plan, &r);
+    cr_assert_eq(r.status, 503, "the caller gets the last answer, unchanged");
+    cr_assert_str_eq(http_hdr(&r, "X-Retry-Stop"), "max-attempts");
+    cr_assert_null(http_hdr(&r, "X-Delivery-Id"));
+    http_free(&r);
+    const char *ok[] = { "X-Test-Plan: fail=0", NULL };
+    post("sync-ok", "fine", ok, &r);
+    cr_assert_eq(r.status, 200);
+    http_free(&r);
+    const char *h[] = { "X-Request-Id: plain-dead", "X-Test-Plan: fail=100", NULL };
+    http_do("POST", fx_url("/plain"), h, "x", 1, T, &r);
+    cr_assert_eq(r.status, 503);
+    http_free(&r);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
+        1);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1, "one dead letter, no more");
+    char *id = db_text("SELECT id FROM deliveries WHERE route = ?1", "r");
+    cr_assert_eq(state_of(id), 3);
+    cr_assert_eq(db_int("SELECT attempts FROM deliveries WHERE id = ?1", id), 2);
+    char *reason = db_text("SELECT reason FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(reason, "max-attempts");
+    free(reason);
+    char *body = db_text("SELECT body FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(body, "the payment");
+    free(body);
+    char *head = db_text("SELECT final_head FROM deliveries WHERE id = ?1", id);
+    cr_assert_not_null(strstr(head, "HTTP/1.1 503"), "%s", head);
+    cr_assert_not_null(strstr(head, "X-Why: down"), "%s", head);
+    free(head);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503", id),
+                 1);
+    free(id);
+}

@@ -777,3 +777,47 @@ Test(store, claim_except_takes_the_routes_not_named)
     cr_assert_eq(claim(s, "me", 5, NULL), 2, "the named routes' are still due");
     store_close(s);
 }
+
+Test(store, insert_dead_keeps_a_dead_letter_at_once)
+{
+    struct store_opts o = opts();
+    o.max_count = 1;
+    struct store *s = open_with(&o);
+    struct store_attempt a = try_of(503, "max-attempts");
+    struct store_field f[] = { { "x-a", "1" } };
+    struct store_dead_new d = { .req = { .route = "sync",
+                                         .method = "POST",
+                                         .target = "/pay",
+                                         .fields = f,
+                                         .nfields = 1,
+                                         .body = "b",
+                                         .body_len = 1 },
+                                .attempts = 3,
+                                .tries = &a,
+                                .ntries = 1,
+                                .dead = { .reason = "max-attempts",
+                                          .head = "HTTP/1.1 503\r\n",
+                                          .head_len = 14,
+                                          .body = "down",
+                                          .body_len = 4 } };
+    struct store_call c = { .cq = cq };
+    cr_assert_eq(wait_for(&c, store_insert_dead(s, &c, &d)), 0);
+    char id[STORE_ID_SIZE];
+    memcpy(id, c.id, sizeof(id));
+    store_call_clear(&c);
+    struct store_delivery got;
+    cr_assert_eq(get(s, id, &got), 0);
+    cr_assert_eq(got.state, STORE_DEAD);
+    cr_assert_eq(got.attempts, 3);
+    cr_assert_str_eq(got.reason, "max-attempts");
+    cr_assert_eq(got.ntries, 1);
+    cr_assert_eq(got.tries[0].status, 503);
+    cr_assert_eq(got.final_body_len, 4);
+    store_delivery_clear(&got);
+    cr_assert_eq(claim(s, "me", 5, NULL), 0, "a dead letter is not due");
+    /* the count bound holds for dead letters too */
+    c = (struct store_call){ .cq = cq };
+    cr_assert_eq(wait_for(&c, store_insert_dead(s, &c, &d)), STORE_EFULL);
+    store_call_clear(&c);
+    store_close(s);
+}
