@@ -95,6 +95,7 @@ struct croute {
     double tokens;
     uint64_t filled_ms;
     struct store_call claim;
+    size_t asked; /* by the claim under way, its tokens taken */
     bool claiming;
     struct courier *c;
 };
@@ -544,6 +545,8 @@ static void on_claimed(struct store_call *call)
     struct croute *cr = call->arg;
     struct courier *c = cr->c;
     cr->claiming = false;
+    if (call->n < cr->asked) /* fewer were due: their tokens come back */
+        cr->tokens += (double)(cr->asked - call->n);
     for (size_t i = 0; i < call->n; i++) {
         if (c->stopped) /* its lease stays: the next start takes it */
             store_delivery_clear(&call->items[i]);
@@ -597,7 +600,8 @@ static void claim(struct courier *c, struct croute *cr, const struct cfg_route *
     cr->claim.arg = cr;
     if (store_claim_route(c->store, &cr->claim, c->owner, cr->name, room) == 0) {
         cr->claiming = true;
-        cr->tokens -= (double)room; /* unused ones come back below */
+        cr->asked = room;
+        cr->tokens -= (double)room; /* those not used come back in on_claimed() */
     }
 }
 
