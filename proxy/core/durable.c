@@ -343,8 +343,10 @@ void durable_answered(struct retry_req *r, int status, const struct hlist *h, co
 {
     const struct cfg_route *rt = r->route;
     struct worker *w = r->w;
+    /* a delivery's attempt (the courier's) is the courier's to bury */
     if (!rt || rt->delivery.mode != CFG_DELIVERY_SYNC || rt->delivery.dead_letter <= 0 ||
-        !ran_out(r) || (status >= 200 && status < 400) || !w->px->store || !w->cq)
+        !ran_out(r) || (status >= 200 && status < 400) || !w->px->store || !w->cq ||
+        r->front->ops->delivery)
         return;
     struct accept_job *j = calloc(1, sizeof(*j));
     if (!j)
