@@ -769,3 +769,31 @@ Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_lette
                  1);
     free(id);
 }
+
+/* A delivery of a route that is no longer durable (a restart on a config that made it sync,
+ * keeping dead letters) is delivered as its route is, and its attempts are the courier's: none
+ * is also kept as a synchronous dead letter. */
+Test(durable, a_delivery_of_a_route_made_sync_is_delivered_and_not_kept_twice)
+{
+    char *before = durable_cfg("", ", \"max_attempts\": 10", "", "");
+    fx_start(before, "--workers", "2", NULL);
+    free(before);
+    const char *plan[] = { "X-Test-Plan: fail=3", NULL };
+    char id[33];
+    post_accepted("to-sync", "x", plan, id);
+    cr_assert_eq(tup_wait_count(up, 1, 10000), 0);
+    px_stop(px, 10000);
+    px = NULL;
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(
+        b, "r",
+        "\"delivery\": {\"dead_letter\": true}, \"retry\": {\"max_attempts\": 10, " CFG_FIXED(
+            300) "}");
+    char *after = cfgb_text(b);
+    fx_start(after, "--workers", "2", NULL);
+    free(after);
+    wait_state(id, 2, 15000);
+    cr_assert_eq(tup_count_id(up, "to-sync"), 4);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1, "kept once");
+}
