@@ -26,12 +26,13 @@
 
 #define T 20000 /* ms: upper bound for any single request */
 
-static char store_path[160];
+static char store_path[160], disk_store[160]; /* the store, and where setup() put it */
 
 static void setup(void)
 {
     fx_upstreams(1);
     snprintf(store_path, sizeof(store_path), "%s/store.db", fx_config_dir("durable"));
+    snprintf(disk_store, sizeof(disk_store), "%s", store_path);
 }
 
 TestSuite(durable, .init = setup, .fini = fx_stop);
@@ -476,7 +477,7 @@ Test(durable, a_store_on_tmpfs_is_warned_of_by_check_and_at_start)
     snprintf(cmd, sizeof(cmd), "rm -rf %s", shm);
     fx_sh(cmd);
     /* and a store on a disk is not warned of */
-    snprintf(store_path, sizeof(store_path), "%s/store.db", fx_config_dir("durable-disk"));
+    snprintf(store_path, sizeof(store_path), "%s", disk_store); /* fx_stop removes its dir */
     json = durable_cfg("", "", "", "");
     snprintf(cfg, sizeof(cfg), "%s.json", store_path);
     f = fopen(cfg, "w");
