@@ -139,6 +139,25 @@ struct cfg_tls {
     enum cfg_http2 http2;
 };
 
+/* Durable delivery (routes[].delivery, docs/delivery.md). */
+enum cfg_delivery_mode {
+    CFG_DELIVERY_SYNC,    /* retries while the caller waits (the default) */
+    CFG_DELIVERY_DURABLE, /* 202 once stored; delivered by the route's retry policy later */
+};
+struct cfg_delivery {
+    enum cfg_delivery_mode mode;
+    /* Keep a request whose attempts are spent (or whose final answer is no success) as a dead
+     * letter. -1 while walking: not written, the mode decides (durable: true, sync: false);
+     * 0 or 1 in a snapshot. */
+    int dead_letter;
+    uint64_t max_age_ms;     /* a durable delivery not done this long after its accept is dead */
+    const char *id_header;   /* carries the delivery's id on every attempt ("webhook-id") */
+    uint64_t max_body_bytes; /* a larger durable request is answered 413, nothing stored */
+    uint32_t max_in_flight;  /* the route's durable attempts running at once, process-wide */
+    uint32_t max_in_flight_per_upstream; /* ... of them, to one of its upstreams */
+    uint32_t max_per_second; /* durable attempts started per second at most: a backlog is paced */
+};
+
 /* An upgrade token a route tunnels (routes[].upgrades, docs/upgrades.md). */
 struct cfg_upgrade {
     const char *token; /* as written; compared without regard to case */
@@ -165,6 +184,27 @@ struct cfg_route {
     struct cfg_tls tls;                 /* https upstreams */
     const struct cfg_upgrade *upgrades; /* the upgrade tokens tunnelled */
     size_t n_upgrades;
+    struct cfg_delivery delivery; /* durable delivery and dead letters */
+};
+
+/* A header field's name in a list of them (store.sensitive_fields). */
+struct cfg_field_name {
+    const char *name; /* as written */
+};
+
+/* The delivery store ("store", docs/delivery.md): where durable requests and dead letters are
+ * kept. path NULL: none (no route may then be durable or keep dead letters). */
+struct cfg_store {
+    const char *path;     /* the SQLite file */
+    const char *key_file; /* the AES-256-GCM key of the sensitive fields; NULL: none */
+    const struct cfg_field_name *sensitive; /* fields kept only encrypted, besides
+                                               Authorization, Cookie, Proxy-Authorization */
+    size_t n_sensitive;
+    uint64_t max_bytes;         /* accepts refused (503) beyond this size */
+    uint64_t max_count;         /* ... or this many deliveries kept, delivered ones aside */
+    uint32_t dead_body_bytes;   /* of a dead letter's final response body */
+    uint64_t delivered_keep_ms; /* a delivered one is deleted this long after (0: at once) */
+    uint64_t dead_keep_ms;      /* a dead letter is deleted this long after (0: never) */
 };
 
 /* One DNS server of resolver.servers (docs/endpoints.md). */
@@ -207,6 +247,7 @@ struct cfg {
     uint64_t max_buffered_body_bytes;
     struct budget_limits budget;
     struct cfg_resolver resolver;
+    struct cfg_store store;
     struct cfg_route defaults; /* the resolved "defaults" object (no name, match, upstreams) */
     const struct cfg_route *routes;
     size_t n_routes;

@@ -113,6 +113,41 @@ static void check_tls(struct walk *w, const struct ctx *x, void *dst)
                    "holds no private key: name the key's file in key_file");
 }
 
+/* dead_letter not written: the mode decides, for each route ("defaults" keeps null, so that
+ * a durable route inheriting it still keeps dead letters). */
+static void check_delivery(struct walk *w, const struct ctx *x, void *dst)
+{
+    (void)w;
+    struct cfg_delivery *d = dst;
+    if (d->dead_letter < 0 && !x->in_defaults)
+        d->dead_letter = d->mode == CFG_DELIVERY_DURABLE;
+}
+
+/* A route that keeps requests needs somewhere to keep them. */
+static void check_root(struct walk *w, const struct ctx *x, void *dst)
+{
+    (void)x;
+    const struct cfg *c = dst;
+    if (c->store.path)
+        return;
+    for (size_t i = 0; i < c->n_routes; i++) {
+        const struct cfg_route *r = &c->routes[i];
+        bool durable = r->delivery.mode == CFG_DELIVERY_DURABLE;
+        if (!r->name || (!durable && r->delivery.dead_letter <= 0))
+            continue;
+        const char *route = jpos_path_index(&w->tmp, "$.routes", i);
+        struct at at = schema_child_at(w, route, "delivery");
+        if (!at.pos)
+            at = schema_child_at(w, "$", "defaults");
+        schema_err_at(w, &at,
+                      "route \"%s\" %s, but no store is configured: set store.path "
+                      "(docs/delivery.md)",
+                      r->name,
+                      durable ? "is durable (delivery.mode \"durable\")"
+                              : "keeps dead letters (delivery.dead_letter)");
+    }
+}
+
 static void check_route(struct walk *w, const struct ctx *x, void *dst)
 {
     const struct cfg_route *r = dst;
@@ -386,6 +421,44 @@ static const struct field match_fields[] = {
 };
 static const struct schema match_schema = SCHEMA(match_fields, NULL);
 
+static const char *const delivery_mode_names[] = {
+    [CFG_DELIVERY_SYNC] = "sync", [CFG_DELIVERY_DURABLE] = "durable"
+};
+
+static const struct field delivery_fields[] = {
+    ENUM_FIELD("mode", struct cfg_delivery, mode, delivery_mode_names, "\"sync\"",
+               "sync: retries while the caller waits; durable: the caller gets 202 Accepted with "
+               "X-Delivery-Id once the request is stored, and the proxy delivers it by the "
+               "route's retry policy (docs/delivery.md)"),
+    { .key = "dead_letter",
+      .type = FT_CUSTOM,
+      .offset = offsetof(struct cfg_delivery, dead_letter),
+      .def = "null",
+      .parse = schema_parse_dead_letter,
+      .dump = schema_dump_dead_letter,
+      .type_doc = "boolean or null",
+      .doc = "keep a request whose attempts are spent, or whose final answer is no success, as "
+             "a dead letter to replay (null: true for durable routes, false for sync ones, "
+             "whose callers still get the final answer at once)" },
+    UINT_FIELD("max_age_ms", struct cfg_delivery, max_age_ms, 1, 2592000000.0, "86400000",
+               "a durable delivery not done this long after its accept is dead, whatever "
+               "retry.max_attempts says (at most 30 days)"),
+    STRING_FIELD("id_header", struct cfg_delivery, id_header, 0, schema_check_header_name,
+                 "\"webhook-id\"",
+                 "carries the delivery's id on every attempt, so that the upstream can "
+                 "de-duplicate (a caller's Idempotency-Key is forwarded as well)"),
+    UINT_FIELD("max_body_bytes", struct cfg_delivery, max_body_bytes, 0, 67108864.0, "1048576",
+               "a larger durable request is answered 413 before anything is stored"),
+    UINT_FIELD("max_in_flight", struct cfg_delivery, max_in_flight, 1, 100000, "64",
+               "the route's durable attempts running at once in the process; more wait, due"),
+    UINT_FIELD("max_in_flight_per_upstream", struct cfg_delivery, max_in_flight_per_upstream, 1,
+               100000, "32", "... of them, to one of the route's upstreams"),
+    UINT_FIELD("max_per_second", struct cfg_delivery, max_per_second, 1, 1000000, "100",
+               "durable attempts started per second on this route at most: a backlog due at "
+               "once (a replay, the end of an outage) reaches a recovering upstream paced"),
+};
+static const struct schema delivery_schema = SCHEMA(delivery_fields, check_delivery);
+
 static const struct field route_fields[] = {
     STRING_FIELD("name", struct cfg_route, name, F_REQUIRED | F_ROUTE_ONLY, schema_check_route_name,
                  NULL, "unique name, used in metrics, logs and /schedule"),
@@ -435,6 +508,8 @@ static const struct field route_fields[] = {
                "[\"websocket\"]",
                "HTTP/1.1 upgrade tokens tunnelled to the upstream once it answers 101 (any case; "
                "[]: none); a request for another is answered 501 (docs/upgrades.md)"),
+    OBJ_FIELD("delivery", struct cfg_route, delivery, delivery_schema, 0,
+              "durable delivery and dead letters (docs/delivery.md)"),
 };
 static const struct schema route_schema = SCHEMA(route_fields, check_route);
 
@@ -527,6 +602,34 @@ static const struct field resolver_fields[] = {
 };
 static const struct schema resolver_schema = SCHEMA(resolver_fields, check_resolver);
 
+static const struct field store_fields[] = {
+    STRING_FIELD("path", struct cfg_store, path, F_NULLABLE | F_RESTART, schema_check_path, "null",
+                 "the SQLite file of durable deliveries and dead letters, on a volume that "
+                 "outlives the process (null: no store; docs/delivery.md)"),
+    STRING_FIELD("key_file", struct cfg_store, key_file, F_NULLABLE | F_RESTART,
+                 schema_check_store_key_file, "null",
+                 "a 256-bit key (32 bytes, or 64 hex digits) that encrypts the sensitive fields "
+                 "of stored requests (AES-256-GCM); null: those fields are not stored"),
+    LIST_FIELD("sensitive_fields", struct cfg_store, sensitive, n_sensitive, schema_field_name_list,
+               0, NULL, "[]",
+               "request fields that carry credentials besides Authorization, Cookie and "
+               "Proxy-Authorization: never shown by the admin API, the CLI or the log, never "
+               "stored in clear"),
+    UINT_FIELD_F("max_bytes", struct cfg_store, max_bytes, F_RESTART, 1048576, 1099511627776.0,
+                 "1073741824",
+                 "accepts are refused (503 with Retry-After) once the store is this large"),
+    UINT_FIELD_F("max_count", struct cfg_store, max_count, F_RESTART, 1, 1000000000, "1000000",
+                 "... or holds this many deliveries and dead letters (delivered ones aside)"),
+    UINT_FIELD("dead_body_bytes", struct cfg_store, dead_body_bytes, 0, 1048576, "4096",
+               "the first bytes of a dead letter's final response body kept with it"),
+    UINT_FIELD("delivered_keep_ms", struct cfg_store, delivered_keep_ms, 0, 2592000000.0,
+               "86400000", "a delivered request is deleted this long after (0: at once)"),
+    UINT_FIELD("dead_keep_ms", struct cfg_store, dead_keep_ms, 0, 31536000000.0, "0",
+               "a dead letter is deleted this long after it died (0: never; a full store then "
+               "refuses new ones, never drops old ones)"),
+};
+static const struct schema store_schema = SCHEMA(store_fields, NULL);
+
 /* ---- routes, "defaults" and the root ---- */
 
 /* Walks the route object 'v' written at 'at' (NULL: not written) into 'dst': a route, over
@@ -607,6 +710,8 @@ static const struct field root_fields[] = {
     OBJ_FIELD("budget", struct cfg, budget, top_budget_schema, 0, "the process-wide retry budget"),
     OBJ_FIELD("resolver", struct cfg, resolver, resolver_schema, 0,
               "how the upstreams' host names are resolved and followed (docs/endpoints.md)"),
+    OBJ_FIELD("store", struct cfg, store, store_schema, 0,
+              "where durable deliveries and dead letters are kept (docs/delivery.md)"),
     { .key = "defaults",
       .type = FT_CUSTOM,
       .offset = 0,
@@ -617,4 +722,4 @@ static const struct field root_fields[] = {
     LIST_FIELD("routes", struct cfg, routes, n_routes, route_list, F_REQUIRED,
                "must hold at least one route", NULL, "at least one route"),
 };
-const struct schema schema_root = SCHEMA(root_fields, NULL);
+const struct schema schema_root = SCHEMA(root_fields, check_root);

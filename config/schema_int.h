@@ -27,7 +27,7 @@
 /* Durations are integer milliseconds up to one day (docs/config.md). */
 #define MS_MAX     86400000.0
 #define NO_MAX     DBL_MAX
-#define MAX_FIELDS 16
+#define MAX_FIELDS 20
 #define COUNT(a)   (sizeof(a) / sizeof((a)[0]))
 
 struct walk;
@@ -186,5 +186,14 @@ extern const struct list_kind schema_retry_on_list;   /* retry_on, ejection.on *
 extern const struct list_kind schema_upstream_list;   /* a route's upstream URLs */
 extern const struct list_kind schema_upgrade_list;    /* a route's upgrade tokens */
 extern const struct list_kind schema_dns_server_list; /* resolver.servers */
+extern const struct list_kind schema_field_name_list; /* store.sensitive_fields */
+
+/* A file of a 256-bit key: 32 bytes, or 64 hex digits and a newline. */
+const char *schema_check_store_key_file(const char *s, size_t len);
+/* A file path that is not empty. */
+const char *schema_check_path(const char *s, size_t len);
+/* routes[].delivery.dead_letter: true, false or null (the mode decides). */
+int schema_parse_dead_letter(struct walk *w, const struct at *at, const json_t *v, void *dst);
+json_t *schema_dump_dead_letter(const void *src);
 
 #endif

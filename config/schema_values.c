@@ -6,6 +6,7 @@
 #include "config/schema_int.h"
 
 #include <arpa/inet.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -573,3 +574,81 @@ static int parse_dns_server(struct walk *w, const struct at *at, const json_t *v
 const struct list_kind schema_dns_server_list =
     STRING_LIST("an array of \"IP:PORT\" strings", "a DNS server as \"IP:PORT\"",
                 struct cfg_dns_server, addr, parse_dns_server);
+
+/* A header field's name (store.sensitive_fields). */
+static int parse_field_name(struct walk *w, const struct at *at, const json_t *v, void *elem)
+{
+    struct cfg_field_name *f = elem;
+    const char *s = json_string_value(v);
+    size_t len = json_string_length(v);
+    const char *why = schema_check_field_name(s, len);
+    if (why) {
+        schema_err_at(w, at, "\"%s\" %s", s, why);
+        return -1;
+    }
+    f->name = arena_strndup(w->a, s, len);
+    return 0;
+}
+
+const struct list_kind schema_field_name_list =
+    STRING_LIST("an array of header field names", "a header field name (\"X-Api-Key\")",
+                struct cfg_field_name, name, parse_field_name);
+
+const char *schema_check_path(const char *s, size_t len)
+{
+    if (len == 0 || memchr(s, '\0', len))
+        return "must name a file";
+    return NULL;
+}
+
+static int hex_digit(int c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* Read at load, as the TLS files are: a key that cannot be read is found by `check`, not by
+ * the first durable request. */
+const char *schema_check_store_key_file(const char *s, size_t len)
+{
+    if (len == 0 || memchr(s, '\0', len))
+        return "must name a file holding a 256-bit key";
+    FILE *f = fopen(s, "rb");
+    if (!f)
+        return "cannot be read (it must hold a 256-bit key: 32 bytes, or 64 hex digits)";
+    unsigned char buf[80];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    if (n == 32)
+        return NULL;
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        n--;
+    bool hex = n == 64;
+    for (size_t i = 0; hex && i < n; i++)
+        hex = hex_digit(buf[i]) >= 0;
+    return hex ? NULL : "must hold a 256-bit key: 32 bytes, or 64 hex digits";
+}
+
+int schema_parse_dead_letter(struct walk *w, const struct at *at, const json_t *v, void *dst)
+{
+    int *d = dst;
+    if (!v || json_is_null(v)) {
+        *d = -1;
+        return 0;
+    }
+    if (!json_is_boolean(v)) {
+        schema_err_at(w, at, "expected true, false or null, got %s", schema_kind(v));
+        *d = -1;
+        return -1;
+    }
+    *d = json_is_true(v);
+    return 0;
+}
+
+json_t *schema_dump_dead_letter(const void *src)
+{
+    int d = *(const int *)src;
+    return d < 0 ? json_null() : json_boolean(d);
+}

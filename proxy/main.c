@@ -20,6 +20,7 @@
 #include "proxy/base/cpus.h"
 #include "proxy/telemetry/metrics.h"
 #include "proxy/serve.h"
+#include "proxy/store/store.h"
 #include "proxy/ops/simulate.h"
 #include "proxy/version.h"
 
@@ -270,6 +271,12 @@ static int cmd_check(int argc, char **argv)
     } else {
         printf("%s: OK (%zu route%s)\n", cl.path, c->n_routes, c->n_routes == 1 ? "" : "s");
     }
+    /* valid, but what it keeps would not outlive a reboot (docs/delivery.md) */
+    if (c->store.path && store_on_tmpfs(c->store.path))
+        fprintf(stderr,
+                "retryproxy: warning: store.path %s is on tmpfs: its deliveries are lost at "
+                "reboot, and in Kubernetes with the pod (docs/delivery.md)\n",
+                c->store.path);
     cfg_unref(c);
     return 0;
 }

@@ -27,6 +27,8 @@
 #include "proxy/http1/server.h"
 #include "proxy/http1/wiretab.h"
 #include "proxy/core/worker.h"
+#include "proxy/delivery/courier.h"
+#include "proxy/store/store.h"
 
 #define EXIT_STARTUP 1
 #define EXIT_BIND    3
@@ -158,6 +160,43 @@ static void on_dns_change(void *arg)
         worker_wake(ctl->workers[i]);
 }
 
+/* A durable attempt's lease outlasts any attempt: the longest durable route's timeout and a
+ * margin for the answer's way to the store. */
+#define LEASE_MARGIN_MS 30000
+
+/* Opens the delivery store of store.path (docs/delivery.md), the process's own (an flock on
+ * PATH.lock): what a process before left in flight is due at once. 0, or -1 with a line on
+ * stderr. No store.path: 0 and none. */
+static int open_store(const struct cfg *cfg, struct store **out)
+{
+    *out = NULL;
+    if (!cfg->store.path)
+        return 0;
+    uint64_t lease = 0;
+    for (size_t i = 0; i < cfg->n_routes; i++)
+        if (cfg->routes[i].timeout_ms > lease)
+            lease = cfg->routes[i].timeout_ms;
+    struct store_opts so = { .path = cfg->store.path,
+                             .max_bytes = cfg->store.max_bytes,
+                             .max_count = cfg->store.max_count,
+                             .lease_ms = lease + LEASE_MARGIN_MS,
+                             .dead_body_bytes = cfg->store.dead_body_bytes,
+                             .exclusive = true };
+    struct store_err err;
+    if (store_sqlite_open(&so, out, &err) < 0) {
+        fprintf(stderr, "retryproxy: store: %s\n", err.msg);
+        return -1;
+    }
+    struct store_stats st;
+    store_stats(*out, &st);
+    if (store_on_tmpfs(cfg->store.path))
+        log_event(CFG_LOG_WARN, "delivery store on tmpfs: lost at reboot, or with its pod", "path",
+                  cfg->store.path, NULL);
+    log_event(CFG_LOG_INFO, "delivery store open", "path", cfg->store.path,
+              LOG_NUM("kept", st.count), LOG_NUM("resumed_in_flight", st.recovered), NULL);
+    return 0;
+}
+
 /* Binds the admin listener; on failure says why on stderr. */
 static int open_admin(const char *addr, int *fd, char *bound, size_t cap)
 {
@@ -178,6 +217,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     struct proxy px = { 0 };
     struct control ctl = { .sfd = -1 };
     struct admin *admin = NULL;
+    struct courier *courier = NULL;
     unsigned n = o->workers, started = 0;
     /* by default one per CPU the process may use: its container's quota included */
     struct cpus cpus = { .n = n };
@@ -249,6 +289,12 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
         rc = EXIT_BIND;
         goto out;
     }
+    if (open_store(cfg, &px.store) < 0) {
+        for (unsigned k = 0; k < n; k++)
+            close(fds[k]);
+        close(admin_fd);
+        goto out;
+    }
     unsigned per_worker = (cfg->max_connections + n - 1) / n;
     for (unsigned i = 0; i < n; i++) {
         workers[i] = worker_new(i, fds[i], per_worker, &px, random_seed(), server_serve);
@@ -258,6 +304,13 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
             close(admin_fd);
             goto out;
         }
+    }
+    if (px.store) {
+        /* in worker 0's loop, armed before its thread starts */
+        if (!(courier = courier_new(workers[0])))
+            goto out;
+        px.accepted_arg = courier;
+        px.accepted = courier_kick;
     }
     reload_set_workers(ctl.rl, workers, n);
     ctl.px = &px;
@@ -289,6 +342,13 @@ out:
     for (unsigned i = 0; i < started; i++)
         worker_stop(workers[i]);
     admin_stop(admin);
+    /* the store last: its deliveries' attempts end first (their leases kept), then every call
+     * handed to it completes, and what those calls held is let go */
+    courier_stop(courier);
+    store_close(px.store);
+    for (unsigned i = 0; i < n; i++)
+        worker_store_closed(workers[i]);
+    courier_free(courier);
     for (unsigned i = 0; i < n; i++)
         worker_free(workers[i]);
     reload_free(ctl.rl);

@@ -122,6 +122,24 @@ static bool plan_upgrade(struct retry_req *r, const struct head_scan *s, bool ha
     return true;
 }
 
+/* A stored request being delivered (front_ops.delivery): it runs under the snapshot the
+ * courier gives (the last one that had its route, docs/delivery.md "Reloads") and goes to its
+ * route by name (none: the caller answers 404). */
+static void delivery_route(struct retry_req *r)
+{
+    const char *name = NULL;
+    struct rt *rt = r->front->ops->delivery(r->front, &name);
+    if (rt && rt != r->rt) {
+        rt_unref(r->rt);
+        r->rt = rt_ref(rt);
+        r->cfg = rt->cfg;
+        r->m = rt->no_route;
+    }
+    for (size_t i = 0; name && i < r->cfg->n_routes && !r->route; i++)
+        if (strcmp(r->cfg->routes[i].name, name) == 0)
+            r->route = &r->cfg->routes[i];
+}
+
 /* First call of the access handler: the head is complete, no body byte read yet. Either an
  * answer is made at once (400, 404, 405, 413) or the request is set up to go upstream. */
 void edge_begin(struct retry_req *r, const char *method)
@@ -207,8 +225,11 @@ void edge_begin(struct retry_req *r, const char *method)
     }
     const char *q = strchr(r->target, '?');
     size_t path_len = q ? (size_t)(q - r->target) : strlen(r->target);
-    r->route = head_route(r->cfg, s.value[HF_HOST], s.value_len[HF_HOST], r->target, path_len,
-                          r->method_bit);
+    if (r->front->ops->delivery)
+        delivery_route(r);
+    else
+        r->route = head_route(r->cfg, s.value[HF_HOST], s.value_len[HF_HOST], r->target, path_len,
+                              r->method_bit);
     if (!r->route) {
         edge_error(r, 404, "no_route", "no route matches this request");
         return;
@@ -231,6 +252,11 @@ void edge_begin(struct retry_req *r, const char *method)
         return;
     }
 
+    if (r->route->delivery.mode == CFG_DELIVERY_DURABLE && !r->front->ops->delivery) {
+        accept_plan(r, chunked || cl >= 0, chunked ? -1 : cl); /* stored, not forwarded */
+        return;
+    }
+
     if (s.value[HF_UPGRADE] && r->front->proto == FRONT_HTTP1 &&
         head_connection_names(&s, "upgrade") && !plan_upgrade(r, &s, chunked || cl >= 0))
         return;
@@ -241,6 +267,11 @@ void edge_begin(struct retry_req *r, const char *method)
          !head_connection_names(&s, "Idempotency-Key")))
         r->flags |= RF_RETRYABLE;
     r->max_attempts = policy->max_attempts;
+    if (r->front->ops->delivery) {
+        /* one attempt of a delivery: the courier waits out the backoff in the store */
+        r->flags |= RF_RETRYABLE;
+        r->max_attempts = 1;
+    }
     if (field[HF_MAX_ATTEMPTS]) {
         int64_t m = hdr_value_uint(field[HF_MAX_ATTEMPTS], field_len[HF_MAX_ATTEMPTS]);
         if (m >= 1 && (uint64_t)m < r->max_attempts)
@@ -396,6 +427,9 @@ void edge_stream(struct retry_req *r)
         return;
     }
     r->front->ops->response(r->front, r->cur->att.status, &r->cur->att.head, &tag);
+    /* the last failure streams: its head is kept, not its body */
+    if (r->stop != RETRY_STOP_NONE)
+        durable_answered(r, r->cur->att.status, &r->cur->att.head, NULL, 0);
 }
 
 /* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
@@ -408,6 +442,8 @@ void edge_error(struct retry_req *r, unsigned status, const char *code, const ch
         tag.allow = EDGE_ALLOW;
     r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
     answered(r);
+    if (r->stop != RETRY_STOP_NONE || (r->flags & RF_THROTTLED))
+        durable_answered(r, (int)status, NULL, message, strlen(message));
 }
 
 /* The saved retryable response, when retrying stopped after it. */
@@ -419,6 +455,8 @@ void edge_saved(struct retry_req *r)
     r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len,
                          &r->saved.trailers, &tag);
     answered(r);
+    if (r->stop != RETRY_STOP_NONE)
+        durable_answered(r, r->saved.status, &r->saved.h, r->saved.body, r->saved.len);
 }
 
 /* Retrying is over without a response to stream: the last upstream response if we have it

@@ -27,6 +27,7 @@ struct metrics;
 struct metrics_route;
 struct tunnel;
 struct tunnel_up;
+struct rt;
 
 /* front_ops.body(): no room, offer the bytes again after retry_req_room(). */
 #define FRONT_FULL ((size_t)-1)
@@ -92,6 +93,12 @@ struct front_ops {
      * life, and calls it whenever a request is in flight: proxy/http1/relay.h.) */
     void (*watch)(struct front *f);
     void (*unwatch)(struct front *f);
+    /* NULL but for a stored request being delivered (proxy/delivery/courier.c): the snapshot
+     * it runs under (borrowed: the courier holds it while the request lives; NULL: the
+     * worker's) and in *route the name of the route it goes to, whatever its head would match.
+     * Such a request makes one attempt (the courier schedules the next one), retryable
+     * whatever its method (every attempt carries the delivery's id: docs/delivery.md). */
+    struct rt *(*delivery)(struct front *f, const char **route);
     /* The request is freed: let go of what the front end's state holds. */
     void (*fini)(struct front *f);
 };

@@ -13,7 +13,8 @@
 #include "proxy/telemetry/metrics.h"
 #include "proxy/core/runtime.h"
 
-struct dns; /* proxy/dns/resolve.h */
+struct dns;   /* proxy/dns/resolve.h */
+struct store; /* proxy/store/store.h */
 
 struct proxy {
     struct rt_cell cell;
@@ -29,6 +30,13 @@ struct proxy {
     atomic_uint_fast64_t body_bytes;
     /* Upgraded connections open in every worker, against limits.max_tunnels. */
     atomic_uint tunnels;
+    /* The delivery store (store.path; docs/delivery.md), opened before the workers start and
+     * closed after they stopped; NULL: none. */
+    struct store *store;
+    /* A durable accept committed: the courier (proxy/delivery/courier.h) looks for due
+     * deliveries now rather than at its next poll. Any thread; NULL: no courier. */
+    void (*accepted)(void *arg);
+    void *accepted_arg;
     unsigned n_workers;
     uint32_t head_max; /* limits.max_header_bytes as started with (read at start only) */
 };

@@ -39,6 +39,7 @@ enum req_state {
     RS_STREAM,   /* the upstream's response is going to the client */
     RS_ANSWERED, /* a complete answer of our own (or a saved one) is ready */
     RS_LAG,      /* retrying has stopped, but earlier attempts run on (hedging): wait for them */
+    RS_STORE,    /* a durable route's request on its way to the store (durable.c) */
 };
 
 /* Request flags (struct retry_req 'flags'). */
@@ -61,6 +62,7 @@ enum {
     RF_BAD_HEAD = 1u << 15,   /* a head refused as malformed or ambiguous: the connection closes */
     RF_CONNECTION = 1u << 16, /* its head has a Connection field (edge_trailer) */
     RF_CUT_SHORT = 1u << 17,  /* its client left while its answer went out (edge_cut_short) */
+    RF_DURABLE = 1u << 18,    /* to a durable route: stored once its body is in (durable.c) */
 };
 
 /* Trial flags (struct trial 'flags'). */
@@ -233,6 +235,22 @@ void edge_final(struct retry_req *r);
 bool edge_no_address(struct retry_req *r);
 /* The client left while its answer's body was still coming from the upstream. */
 void edge_cut_short(struct retry_req *r);
+
+/* ---- durable.c: a durable route's request, stored and answered 202 ---- */
+
+/* The head of a request to a durable route: its body is to be taken whole (RF_DURABLE); false
+ * when it was answered (413, no store). */
+bool accept_plan(struct retry_req *r, bool has_body, int64_t length);
+/* Its body outgrew routes[].delivery.max_body_bytes: 413, nothing stored. */
+void accept_too_large(struct retry_req *r);
+/* Its body is in: to the store, answered once the store has it (RS_STORE). */
+void accept_store(struct retry_req *r);
+
+/* A request of a synchronous route was answered 'status' ('h', 'body': the answer's head and
+ * body as given): when its retries ran out or were refused and the route keeps dead letters,
+ * it is stored as one (the caller's answer is not held). Costs nothing otherwise. */
+void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,
+                      size_t len);
 
 /* ---- keep.c: responses kept rather than streamed ---- */
 

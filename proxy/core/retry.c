@@ -175,7 +175,9 @@ void retry_req_end(struct retry_req *r)
         return;
     r->flags |= RF_BODY_DONE;
     attempt_resume_upload(&r->cur->att); /* the end of a streamed body */
-    if (r->state == RS_BODY)
+    if (r->state == RS_BODY && (r->flags & RF_DURABLE))
+        accept_store(r); /* stored, not forwarded */
+    else if (r->state == RS_BODY)
         req_start_attempt(r);
 }
 
@@ -260,7 +262,9 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
     bool live = upload_live(r);
     if (in->mode == INTAKE_BUFFER || in->mode == INTAKE_TEE) {
         bool tee = in->mode == INTAKE_TEE;
-        switch (intake_buffer(in, data, n, r->route->retry.max_retry_body_bytes)) {
+        uint64_t max = r->flags & RF_DURABLE ? r->route->delivery.max_body_bytes
+                                             : r->route->retry.max_retry_body_bytes;
+        switch (intake_buffer(in, data, n, max)) {
         case INTAKE_TOOK:
             if (tee && live)
                 attempt_resume_upload(&r->cur->att);
@@ -268,6 +272,11 @@ static size_t take_body(struct retry_req *r, const char *data, size_t n)
         case INTAKE_NOMEM:
             return 0;
         case INTAKE_OVERFLOW:
+            if (r->flags & RF_DURABLE) { /* stored whole or not at all */
+                r->discarded = n;
+                accept_too_large(r);
+                return n;
+            }
             if (!tee)
                 req_start_attempt(r); /* it streams now, what was buffered first */
             live = upload_live(r);
@@ -747,7 +756,8 @@ static void on_deadline(struct loop_timer *t)
  * acts on a request once it answers it. */
 static void expire(struct retry_req *r)
 {
-    if (r->front->answered || r->state == RS_HEADERS || r->state == RS_STREAM || !r->route)
+    if (r->front->answered || r->state == RS_HEADERS || r->state == RS_STREAM || !r->route ||
+        r->state == RS_STORE) /* a durable accept: answered by its commit, in a moment */
         return;
     if (r->state == RS_BACKOFF)
         req_cut_wait_short(r);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "proxy/core/balance.h"
+#include "proxy/store/store.h"
 #include "proxy/upstream/upstream.h"
 
 /* This worker's share of limits.max_upstream_requests, and how it is shared out. */
@@ -77,6 +78,13 @@ static void on_wake(struct loop_watch *lw, uint32_t events)
         balance_sync_all(w, w->rt);
 }
 
+static void on_store(struct loop_watch *lw, uint32_t events)
+{
+    (void)events;
+    struct worker *w = lw->arg;
+    store_cq_drain(w->cq);
+}
+
 /* Once per loop turn, before waiting: what the turn logged goes out in one write. */
 static void on_idle(void *arg)
 {
@@ -104,6 +112,10 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
         loop_watch_add(w->loop, &w->wake_watch, w->wake_fd, EPOLLIN, on_wake, w) < 0)
         goto fail;
     loop_set_idle(w->loop, on_idle, w);
+    if (px->store &&
+        (!(w->cq = store_cq_new()) ||
+         loop_watch_add(w->loop, &w->cq_watch, store_cq_fd(w->cq), EPOLLIN, on_store, w) < 0))
+        goto fail;
     w->up = upstream_new(w->loop, metrics_h2up_counts(w->px->metrics, w->id));
     if (w->up)
         slots_count_waits(upstream_slots(w->up), metrics_upstream_waiting(w->px->metrics, w->id));
@@ -172,6 +184,12 @@ void worker_stop(struct worker *w)
     pthread_join(w->thread, NULL);
 }
 
+void worker_store_closed(struct worker *w)
+{
+    if (w && w->cq)
+        store_cq_drain(w->cq);
+}
+
 void worker_free(struct worker *w)
 {
     if (!w)
@@ -179,6 +197,7 @@ void worker_free(struct worker *w)
     stop_service(w); /* completes the requests still alive, cancelling their transfers */
     upstream_free(w->up);
     loop_free(w->loop);
+    store_cq_free(w->cq); /* after the loop that watched it */
     if (w->wake_fd >= 0)
         close(w->wake_fd); /* after the loop that watched it */
     log_buf_free(w->log);

@@ -16,6 +16,7 @@
 #include "proxy/core/runtime.h"
 
 struct upstream; /* proxy/upstream/upstream.h */
+struct store_cq; /* proxy/store/store.h */
 
 struct worker;
 struct retry_req;
@@ -58,6 +59,10 @@ struct worker {
     struct tunnel *tunnels; /* upgraded connections open in this worker (proxy/http1/tunnel.h) */
     uint64_t body_freed;    /* replay-buffer bytes freed since the memory was last trimmed */
     atomic_size_t requests; /* how many (written by the worker, read while draining) */
+    /* With a delivery store (px->store): where this worker's store calls complete, watched by
+     * its loop (a durable accept waits on it as on a backoff timer: the loop never blocks). */
+    struct store_cq *cq;
+    struct loop_watch cq_watch;
 };
 
 /* A worker serving 'listen_fd' (which it owns from now on) through 'serve', with the snapshot
@@ -90,6 +95,10 @@ void worker_drain(struct worker *w, bool expire);
 
 /* Asks the worker to stop (from any thread) and waits for its thread to end. */
 void worker_stop(struct worker *w);
+
+/* After the store was closed (every call handed to it completed): runs what completed on the
+ * worker's queue since its loop stopped, so that what those calls hold is let go. */
+void worker_store_closed(struct worker *w);
 
 /* Frees a stopped (or never started) worker. Accepts NULL. */
 void worker_free(struct worker *w);

@@ -1,6 +1,7 @@
 #include "proxy/http/hlist.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -107,6 +108,24 @@ int hlist_extend_last(struct hlist *h, const char *v, size_t vl)
     lengths_get(h->buf + h->last, &nl, &was);
     lengths_set(h->buf + h->last, nl, was + 1 + vl);
     return 0;
+}
+
+char *hlist_head_text(int status, const struct hlist *h, size_t *len)
+{
+    size_t cap = 32, pos = 0;
+    struct hfield f;
+    while (h && hlist_next_n(h, &pos, &f))
+        cap += f.name_len + f.value_len + 4;
+    char *t = malloc(cap);
+    if (!t)
+        return NULL;
+    size_t n = (size_t)snprintf(t, cap, "HTTP/1.1 %d\r\n", status);
+    pos = 0;
+    while (h && hlist_next_n(h, &pos, &f) && n < cap)
+        n += (size_t)snprintf(t + n, cap - n, "%.*s: %.*s\r\n", (int)f.name_len, f.name,
+                              (int)f.value_len, f.value);
+    *len = n < cap ? n : cap - 1;
+    return t;
 }
 
 bool hlist_next_n(const struct hlist *h, size_t *pos, struct hfield *f)

@@ -44,6 +44,10 @@ int hlist_extend_last(struct hlist *h, const char *v, size_t vl);
 bool hlist_next(const struct hlist *h, size_t *pos, const char **name, const char **value);
 /* The same, with the lengths: 'f' gets the next field. */
 bool hlist_next_n(const struct hlist *h, size_t *pos, struct hfield *f);
+/* A response head as text, "HTTP/1.1 STATUS\r\n" then "Name: value\r\n" per field of 'h'
+ * (NULL: none), as a dead letter keeps it (docs/delivery.md): malloc'd, its length in *len;
+ * NULL out of memory. */
+char *hlist_head_text(int status, const struct hlist *h, size_t *len);
 /* The first value of 'name' (any case), or NULL. */
 const char *hlist_get(const struct hlist *h, const char *name);
 /* How many fields 'name' has; the first 'max' of their values go to vals/lens. */

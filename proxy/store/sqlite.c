@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 static const struct store_ops sqlite_ops;
 
@@ -155,22 +158,47 @@ static bool id_ok(const char *id)
     return id && strlen(id) == STORE_ID_SIZE - 1;
 }
 
+static bool new_ok(const struct store_new *d)
+{
+    return d->route && d->method && d->target && (!d->nfields || d->fields) &&
+           (!d->body_len || d->body) && d->body_len <= INT32_MAX;
+}
+
 static int s_enqueue(struct store_impl *s, struct store_call *c, const struct store_new *d)
 {
-    if (!d->route || !d->method || !d->target || (d->nfields && !d->fields) ||
-        (d->body_len && !d->body) || d->body_len > INT32_MAX)
+    if (!new_ok(d))
         return STORE_EINVAL;
     c->in = d;
     return submit(s, c, OP_ENQUEUE);
 }
 
-static int s_claim_due(struct store_impl *s, struct store_call *c, const char *owner, size_t max)
+static int s_claim_route(struct store_impl *s, struct store_call *c, const char *owner,
+                         const char *route, size_t max)
 {
     if (!owner || max == 0)
         return STORE_EINVAL;
     c->owner = owner;
+    c->key = route;
     c->max = max;
     return submit(s, c, OP_CLAIM);
+}
+
+static int s_claim_except(struct store_impl *s, struct store_call *c, const char *owner,
+                          const char *const *routes, size_t n, size_t max)
+{
+    if (!owner || max == 0 || (n && !routes))
+        return STORE_EINVAL;
+    c->owner = owner;
+    c->key = NULL;
+    c->in = routes;
+    c->when = n;
+    c->max = max;
+    return submit(s, c, OP_CLAIM_EXCEPT);
+}
+
+static int s_claim_due(struct store_impl *s, struct store_call *c, const char *owner, size_t max)
+{
+    return s_claim_route(s, c, owner, NULL, max);
 }
 
 static int end(struct store_impl *s, struct store_call *c, int op, const char *id,
@@ -204,6 +232,14 @@ static int s_bury(struct store_impl *s, struct store_call *c, const char *id, co
         return STORE_EINVAL;
     c->in = dead;
     return end(s, c, OP_BURY, id, owner, a);
+}
+
+static int s_insert_dead(struct store_impl *s, struct store_call *c, const struct store_dead_new *d)
+{
+    if (!new_ok(&d->req) || d->req.idem_key || (d->ntries && !d->tries))
+        return STORE_EINVAL;
+    c->in = d;
+    return submit(s, c, OP_INSERT_DEAD);
 }
 
 static int s_list(struct store_impl *s, struct store_call *c, const struct store_filter *f)
@@ -245,6 +281,7 @@ static void s_stats(struct store_impl *s, struct store_stats *out)
     out->count = atomic_load(&s->live_pub);
     out->bytes = atomic_load(&s->bytes);
     out->commit_us = atomic_load(&s->commit_us);
+    out->recovered = atomic_load(&s->recovered);
 }
 
 static void free_impl(struct store_impl *s)
@@ -253,6 +290,8 @@ static void free_impl(struct store_impl *s)
     sqlite3_close(s->db);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    if (s->lock_fd >= 0)
+        close(s->lock_fd); /* the flock goes with it */
     free((char *)s->o.path);
     free(s);
 }
@@ -271,9 +310,12 @@ static const struct store_ops sqlite_ops = {
     .name = "sqlite",
     .enqueue = s_enqueue,
     .claim_due = s_claim_due,
+    .claim_route = s_claim_route,
+    .claim_except = s_claim_except,
     .complete = s_complete,
     .reschedule = s_reschedule,
     .bury = s_bury,
+    .insert_dead = s_insert_dead,
     .list = s_list,
     .get = s_get,
     .replay = s_replay,
@@ -303,6 +345,29 @@ static int pragma(struct store_impl *s, const char *sql, const char *want, struc
     return r;
 }
 
+/* store_opts.exclusive: PATH.lock beside the file, flock'd for as long as the store is open.
+ * A second retryproxy on the same file would claim the first one's deliveries once their
+ * leases ran out, and recover() would take them at once: so it does not start. */
+static int take_lock(struct store_impl *s, struct store_err *err)
+{
+    char *lock = NULL;
+    int r = 0;
+    if (asprintf(&lock, "%s.lock", s->o.path) < 0)
+        return STORE_EIO;
+    s->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (s->lock_fd < 0) {
+        snprintf(err->msg, sizeof(err->msg), "%s: %s", lock, strerror(errno));
+        r = STORE_EIO;
+    } else if (flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        bool held = errno == EWOULDBLOCK;
+        snprintf(err->msg, sizeof(err->msg), "%s is in use by another process (%s is %s)",
+                 s->o.path, lock, held ? "locked" : strerror(errno));
+        r = STORE_EBUSY;
+    }
+    free(lock);
+    return r;
+}
+
 int store_sqlite_open(const struct store_opts *o, struct store **out, struct store_err *err)
 {
     int r = STORE_EIO;
@@ -320,6 +385,9 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
     pthread_cond_init(&s->cv, NULL);
     s->pub.ops = &sqlite_ops;
     s->pub.impl = s;
+    s->lock_fd = -1;
+    if (o->exclusive && (r = take_lock(s, err)) < 0)
+        goto fail;
     /* NOMUTEX: after this function, only the store thread touches the connection. */
     int rc = sqlite3_open_v2(
         o->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
@@ -342,6 +410,16 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
     s->page_size = 4096;
     if ((r = sql_setup(s, err)) < 0)
         goto fail;
+    if (o->exclusive) {
+        int n = sql_recover(s);
+        if (n < 0) {
+            snprintf(err->msg, sizeof(err->msg), "%s: resuming the deliveries left in flight: %s",
+                     o->path, sqlite3_errmsg(s->db));
+            r = n;
+            goto fail;
+        }
+        atomic_store(&s->recovered, (uint64_t)n);
+    }
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db, "PRAGMA page_size", -1, &st, NULL) == SQLITE_OK &&
         sqlite3_step(st) == SQLITE_ROW)

@@ -16,9 +16,11 @@
 enum sql_op {
     OP_ENQUEUE,
     OP_CLAIM,
+    OP_CLAIM_EXCEPT,
     OP_COMPLETE,
     OP_RESCHEDULE,
     OP_BURY,
+    OP_INSERT_DEAD,
     OP_LIST,
     OP_GET,
     OP_REPLAY,
@@ -29,11 +31,14 @@ enum sql_stmt {
     S_INSERT,
     S_BY_KEY,
     S_DUE,
+    S_DUE_ROUTE,
+    S_DUE_ALL,
     S_LEASE,
     S_ADD_TRY,
     S_READ,
     S_END,
     S_STATE,
+    S_MAKE_DEAD,
     S_TRIES,
     S_REPLAY,
     S_DROP,
@@ -58,6 +63,7 @@ struct store_impl {
     sqlite3 *db;
     sqlite3_stmt *st[S_COUNT];
     uint64_t page_size;
+    int lock_fd; /* PATH.lock, flock'd (store_opts.exclusive); -1: none */
     /* The store thread's view: deliveries kept but the delivered ones, and the change the
      * open transaction makes to it (applied once committed). */
     uint64_t live;
@@ -70,7 +76,7 @@ struct store_impl {
     struct store_call *head, *tail;
     bool closing;
     /* For stats(), from any thread. */
-    _Atomic uint64_t commits, enqueued, refused, live_pub, bytes, commit_us;
+    _Atomic uint64_t commits, enqueued, refused, live_pub, bytes, commit_us, recovered;
 };
 
 /* The store's wall clock, ms. */
@@ -82,6 +88,9 @@ int sql_setup(struct store_impl *s, struct store_err *err);
 void sql_finalize(struct store_impl *s);
 /* Runs one call inside the open transaction; its result (0 or STORE_E*). */
 int sql_run(struct store_impl *s, struct store_call *c);
+/* An exclusive opener's recovery: every delivery in flight (its process is gone) is due now,
+ * its lost attempt recorded. How many, or STORE_E*. */
+int sql_recover(struct store_impl *s);
 /* The file's size in use (pages but the free ones). */
 uint64_t sql_bytes(struct store_impl *s);
 /* Runs a statement without rows (BEGIN, SAVEPOINT...); its result code. */

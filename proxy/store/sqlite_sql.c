@@ -46,6 +46,11 @@ static const char *const sql_text[S_COUNT] = {
     [S_BY_KEY] = "SELECT id, body_hash, body FROM deliveries WHERE route = ? AND idem_key = ?",
     [S_DUE] = "SELECT id, state FROM deliveries WHERE (state = 0 AND next_at <= ?1)"
               " OR (state = 1 AND claimed_until <= ?1) ORDER BY next_at LIMIT ?2",
+    [S_DUE_ROUTE] = "SELECT id, state FROM deliveries WHERE route = ?3 AND ((state = 0 AND"
+                    " next_at <= ?1) OR (state = 1 AND claimed_until <= ?1)) ORDER BY next_at"
+                    " LIMIT ?2",
+    [S_DUE_ALL] = "SELECT id, state, route FROM deliveries WHERE (state = 0 AND next_at <= ?1)"
+                  " OR (state = 1 AND claimed_until <= ?1) ORDER BY next_at",
     [S_LEASE] = "UPDATE deliveries SET state = 1, claimed_until = ?, claimed_by = ?,"
                 " attempts = attempts + ? WHERE id = ?",
     [S_ADD_TRY] = "INSERT INTO attempts(delivery, at, duration_ms, status, outcome)"
@@ -56,6 +61,8 @@ static const char *const sql_text[S_COUNT] = {
               " reason = ?4, final_head = ?5, final_body = ?6"
               " WHERE id = ?7 AND state = 1 AND claimed_by = ?8",
     [S_STATE] = "SELECT state, claimed_until FROM deliveries WHERE id = ?",
+    [S_MAKE_DEAD] = "UPDATE deliveries SET state = 3, attempts = ?1, reason = ?2, final_head = ?3,"
+                    " final_body = ?4 WHERE id = ?5",
     [S_TRIES] = "SELECT at, duration_ms, status, outcome FROM attempts WHERE delivery = ?"
                 " ORDER BY rowid",
     [S_REPLAY] = "UPDATE deliveries SET state = 0, next_at = ?, replays = replays + 1,"
@@ -387,6 +394,43 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
     return r;
 }
 
+/* insert_dead: the row as an enqueue makes it (the same bounds), then dead at once, with its
+ * attempts and final answer. */
+static int op_insert_dead(struct store_impl *s, struct store_call *c)
+{
+    const struct store_dead_new *d = c->in;
+    if (d->req.idem_key)
+        return STORE_EINVAL;
+    int r = op_enqueue(s, c); /* reads d->req, the first member */
+    if (r < 0)
+        return r;
+    size_t cap = s->o.dead_body_bytes ? s->o.dead_body_bytes : 4096;
+    sqlite3_stmt *st = s->st[S_MAKE_DEAD];
+    sqlite3_bind_int64(st, 1, d->attempts);
+    sqlite3_bind_text(st, 2, d->dead.reason ? d->dead.reason : "", -1, SQLITE_STATIC);
+    if (d->dead.head)
+        sqlite3_bind_blob(st, 3, d->dead.head, (int)d->dead.head_len, SQLITE_STATIC);
+    if (d->dead.body)
+        sqlite3_bind_blob(st, 4, d->dead.body,
+                          (int)(d->dead.body_len < cap ? d->dead.body_len : cap), SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, c->id, -1, SQLITE_STATIC);
+    r = sql_error(sql_step_reset(st));
+    sqlite3_clear_bindings(st);
+    for (size_t i = 0; r == 0 && i < d->ntries; i++)
+        r = add_try(s, c->id, &d->tries[i]);
+    return r;
+}
+
+/* Whether 'route' is one of the 'n' names of 'routes'. */
+static bool named(const void *routes, size_t n, const char *route)
+{
+    const char *const *r = routes;
+    for (size_t i = 0; route && i < n; i++)
+        if (strcmp(r[i], route) == 0)
+            return true;
+    return false;
+}
+
 /* Due rows, oldest due first, each leased to the caller; one whose lease ran out had an
  * attempt under way when its owner died: that attempt is recorded as lost and counted. */
 static int op_claim(struct store_impl *s, struct store_call *c)
@@ -400,10 +444,16 @@ static int op_claim(struct store_impl *s, struct store_call *c)
         r = STORE_EIO;
         goto out;
     }
-    sqlite3_stmt *st = s->st[S_DUE];
+    bool except = c->op == OP_CLAIM_EXCEPT;
+    sqlite3_stmt *st = s->st[except ? S_DUE_ALL : c->key ? S_DUE_ROUTE : S_DUE];
     sqlite3_bind_int64(st, 1, (sqlite3_int64)now);
-    sqlite3_bind_int64(st, 2, (sqlite3_int64)cap);
+    if (!except)
+        sqlite3_bind_int64(st, 2, (sqlite3_int64)cap);
+    if (c->key)
+        sqlite3_bind_text(st, 3, c->key, -1, SQLITE_STATIC);
     while (n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (except && named(c->in, (size_t)c->when, (const char *)sqlite3_column_text(st, 2)))
+            continue; /* its route's claimer takes it */
         snprintf(ids[n], STORE_ID_SIZE, "%s", (const char *)sqlite3_column_text(st, 0));
         was[n++] = sqlite3_column_int(st, 1);
     }
@@ -433,6 +483,31 @@ out:
     free(ids);
     free(was);
     return r;
+}
+
+int sql_recover(struct store_impl *s)
+{
+    char sql[512];
+    uint64_t now = sql_now(s);
+    snprintf(sql, sizeof(sql),
+             "BEGIN IMMEDIATE;"
+             "INSERT INTO attempts(delivery, at, duration_ms, status, outcome)"
+             " SELECT id, %llu, 0, 0, 'lease_expired' FROM deliveries WHERE state = 1;"
+             "UPDATE deliveries SET state = 0, next_at = %llu, attempts = attempts + 1,"
+             " claimed_until = NULL, claimed_by = NULL WHERE state = 1;",
+             (unsigned long long)now, (unsigned long long)now);
+    if (sqlite3_exec(s->db, sql, NULL, NULL, NULL) != SQLITE_OK) {
+        int r = sql_error(sqlite3_errcode(s->db));
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return r ? r : STORE_EIO;
+    }
+    int n = sqlite3_changes(s->db);
+    int rc = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return sql_error(rc) ? sql_error(rc) : STORE_EIO;
+    }
+    return n;
 }
 
 /* complete, reschedule, bury: the lease's owner ends an attempt. */
@@ -543,11 +618,14 @@ int sql_run(struct store_impl *s, struct store_call *c)
     case OP_ENQUEUE:
         return op_enqueue(s, c);
     case OP_CLAIM:
+    case OP_CLAIM_EXCEPT:
         return op_claim(s, c);
     case OP_COMPLETE:
     case OP_RESCHEDULE:
     case OP_BURY:
         return op_end(s, c);
+    case OP_INSERT_DEAD:
+        return op_insert_dead(s, c);
     case OP_LIST:
         return op_list(s, c);
     case OP_GET:

@@ -2,11 +2,14 @@
 #include "proxy/store/store.h"
 
 #include <poll.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <linux/magic.h>
 #include <sys/random.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 static const char *const state_names[STORE_STATES] = {
@@ -184,6 +187,21 @@ uint64_t store_body_hash(const char *body, size_t len)
         h *= 1099511628211ULL;
     }
     return h;
+}
+
+bool store_on_tmpfs(const char *path)
+{
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    struct statfs st;
+    return statfs(dir, &st) == 0 && st.f_type == TMPFS_MAGIC;
 }
 
 void store_close(struct store *s)

@@ -127,6 +127,16 @@ struct store_dead {
     size_t body_len;
 };
 
+/* What insert_dead stores (borrowed): a request that was never a delivery, kept as a dead
+ * letter at once (a synchronous route's whose retries ran out: routes[].delivery.dead_letter). */
+struct store_dead_new {
+    struct store_new req; /* its idem_key must be NULL: a dead letter answers for no accept */
+    uint32_t attempts;    /* attempts made */
+    const struct store_attempt *tries;
+    size_t ntries;
+    struct store_dead dead;
+};
+
 /* list's filter: NULL route and state -1 match all; 'limit' rows from 'offset', by the order
  * they were accepted in. */
 struct store_filter {
@@ -170,6 +180,7 @@ struct store_stats {
     uint64_t count;     /* deliveries kept, but the delivered */
     uint64_t bytes;     /* the store's size */
     uint64_t commit_us; /* the last commit's time */
+    uint64_t recovered; /* in flight at an exclusive open: made due at once (lease_expired) */
 };
 
 struct store_impl;
@@ -180,6 +191,14 @@ struct store_ops {
     /* Up to 'max' deliveries due now (scheduled with next_at passed, or in flight with their
      * lease run out: those get a "lease_expired" attempt), leased to 'owner'. */
     int (*claim_due)(struct store_impl *s, struct store_call *c, const char *owner, size_t max);
+    /* The same, of route 'route' only: a claimer that bounds each route's deliveries in flight
+     * (routes[].delivery.max_in_flight) takes no more of a route than it has room for. */
+    int (*claim_route)(struct store_impl *s, struct store_call *c, const char *owner,
+                       const char *route, size_t max);
+    /* The same, of the routes NOT among the 'n' names of 'routes': what no claimer asks for by
+     * its route (a route gone from the config since the accept). */
+    int (*claim_except)(struct store_impl *s, struct store_call *c, const char *owner,
+                        const char *const *routes, size_t n, size_t max);
     /* The three ends of an attempt, by the lease's owner only (STORE_ESTALE otherwise). 'a' is
      * recorded and counted; bury's 'a' may be NULL (the age ran out between attempts). */
     int (*complete)(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
@@ -188,6 +207,9 @@ struct store_ops {
                       const struct store_attempt *a, uint64_t next_at);
     int (*bury)(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
                 const struct store_attempt *a, const struct store_dead *dead);
+    /* A new row in state dead, with its attempts and final answer; STORE_EFULL at a bound, as
+     * enqueue. */
+    int (*insert_dead)(struct store_impl *s, struct store_call *c, const struct store_dead_new *d);
     int (*list)(struct store_impl *s, struct store_call *c, const struct store_filter *f);
     int (*get)(struct store_impl *s, struct store_call *c, const char *id);
     /* Back to scheduled, due now, same id and history (a dead or delivered one, or a
@@ -219,6 +241,11 @@ struct store_opts {
     size_t max_batch;        /* calls per transaction; 0: all that are ready (1: the floor) */
     store_clock_fn clock;    /* NULL: CLOCK_REALTIME */
     void *clock_arg;
+    /* The process's own file: an flock on PATH.lock, held until close, keeps a second process
+     * out (its open fails naming the file); and since no one else can hold a lease on it, every
+     * delivery left in flight by a process before is due at once, its lost attempt recorded as
+     * "lease_expired", instead of waiting out its lease (docs/delivery.md). */
+    bool exclusive;
 };
 
 /* Why an open failed. */
@@ -242,6 +269,16 @@ static inline int store_claim_due(struct store *s, struct store_call *c, const c
 {
     return s->ops->claim_due(s->impl, c, owner, max);
 }
+static inline int store_claim_route(struct store *s, struct store_call *c, const char *owner,
+                                    const char *route, size_t max)
+{
+    return s->ops->claim_route(s->impl, c, owner, route, max);
+}
+static inline int store_claim_except(struct store *s, struct store_call *c, const char *owner,
+                                     const char *const *routes, size_t n, size_t max)
+{
+    return s->ops->claim_except(s->impl, c, owner, routes, n, max);
+}
 static inline int store_complete(struct store *s, struct store_call *c, const char *id,
                                  const char *owner, const struct store_attempt *a)
 {
@@ -258,6 +295,11 @@ static inline int store_bury(struct store *s, struct store_call *c, const char *
                              const struct store_dead *dead)
 {
     return s->ops->bury(s->impl, c, id, owner, a, dead);
+}
+static inline int store_insert_dead(struct store *s, struct store_call *c,
+                                    const struct store_dead_new *d)
+{
+    return s->ops->insert_dead(s->impl, c, d);
 }
 static inline int store_list(struct store *s, struct store_call *c, const struct store_filter *f)
 {
@@ -279,6 +321,10 @@ static inline void store_stats(struct store *s, struct store_stats *out)
 {
     s->ops->stats(s->impl, out);
 }
+
+/* Whether the directory of 'path' is on tmpfs: a store there is lost at every reboot, and in
+ * Kubernetes an emptyDir of medium Memory dies with its pod (docs/delivery.md). */
+bool store_on_tmpfs(const char *path);
 
 /* The state's name ("scheduled"...), and back (-1 for an unknown name). */
 const char *store_state_name(enum store_state st);

@@ -295,6 +295,27 @@ void metrics_retry(struct metrics_route *r, unsigned w, unsigned reason)
         bump(&s->retries[reason < METRICS_MAX_REASONS ? reason : REASON_OTHER], 1);
 }
 
+void metrics_delivery_accept(struct metrics_route *r, unsigned w, enum metrics_accept a)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s && (unsigned)a < METRICS_ACCEPT_COUNT)
+        bump(&s->accepts[a], 1);
+}
+
+void metrics_delivery_attempt(struct metrics_route *r, unsigned w, enum metrics_delivery o)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s && (unsigned)o < METRICS_DELIVERY_COUNT)
+        bump(&s->deliveries[o], 1);
+}
+
+void metrics_dead_letter(struct metrics_route *r, unsigned w, enum metrics_dead why)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s && (unsigned)why < METRICS_DEAD_COUNT)
+        bump(&s->dead[why], 1);
+}
+
 void metrics_retry_success(struct metrics_route *r, unsigned w)
 {
     struct route_slot *s = slot_of(r, w);

@@ -48,6 +48,35 @@ enum metrics_denied {
     METRICS_DENIED_COUNT
 };
 
+/* Durable routes (docs/delivery.md). delivery_accepts_total{result}: what a durable route's
+ * request was answered (202 new or duplicate, 422, 503 full, 413, 503 other). */
+enum metrics_accept {
+    METRICS_ACCEPT_ACCEPTED,
+    METRICS_ACCEPT_DUPLICATE,
+    METRICS_ACCEPT_CONFLICT,
+    METRICS_ACCEPT_FULL,
+    METRICS_ACCEPT_TOO_LARGE,
+    METRICS_ACCEPT_ERROR,
+    METRICS_ACCEPT_COUNT
+};
+/* delivery_attempts_total{outcome}: what an attempt of a delivery made of it. */
+enum metrics_delivery {
+    METRICS_DELIVERY_DELIVERED,
+    METRICS_DELIVERY_RESCHEDULED,
+    METRICS_DELIVERY_DEAD,
+    METRICS_DELIVERY_INTERRUPTED, /* cut by the drain's deadline: its lease stays */
+    METRICS_DELIVERY_COUNT
+};
+/* dead_letters_total{reason} */
+enum metrics_dead {
+    METRICS_DEAD_ATTEMPTS,
+    METRICS_DEAD_AGE,
+    METRICS_DEAD_FINAL,
+    METRICS_DEAD_ROUTE_GONE,
+    METRICS_DEAD_REFUSED, /* a synchronous route's, its retries refused (budget, deadline...) */
+    METRICS_DEAD_COUNT
+};
+
 /* Distinct retry_on tokens counted per route (retries_total{reason}); more share "other". */
 #define METRICS_MAX_REASONS 32
 
@@ -107,6 +136,11 @@ void metrics_retry(struct metrics_route *r, unsigned w, unsigned reason);
 void metrics_retry_success(struct metrics_route *r, unsigned w);
 /* retries_denied_total{route, reason} */
 void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied reason);
+/* delivery_accepts_total{route, result}, delivery_attempts_total{route, outcome},
+ * dead_letters_total{route, reason} */
+void metrics_delivery_accept(struct metrics_route *r, unsigned w, enum metrics_accept a);
+void metrics_delivery_attempt(struct metrics_route *r, unsigned w, enum metrics_delivery o);
+void metrics_dead_letter(struct metrics_route *r, unsigned w, enum metrics_dead why);
 /* throttled_total{route}: an attempt client-side throttling rejected */
 void metrics_throttled(struct metrics_route *r, unsigned w);
 /* hedges_total{route}: an attempt started while an earlier one of its request runs on */

@@ -21,6 +21,12 @@ const char *const denied_names[METRICS_DENIED_COUNT] = {
     "not-retryable", "body-too-large", "draining",    "pushback", "throttled"
 };
 
+const char *const accept_names[METRICS_ACCEPT_COUNT] = { "accepted", "duplicate", "conflict",
+                                                         "full",     "too_large", "error" };
+const char *const delivery_names[METRICS_DELIVERY_COUNT] = { "delivered", "rescheduled", "dead",
+                                                             "interrupted" };
+const char *const dead_names[METRICS_DEAD_COUNT] = { "attempts", "age", "final", "route_gone",
+                                                     "refused" };
 const char *const result_names[] = { "success", "failure" };
 const char *const protocol_names[METRICS_PROTO_COUNT] = { "http1", "http2" };
 const char *const upgrade_names[METRICS_UPGRADE_COUNT] = { "tunnelled", "refused" };
@@ -75,6 +81,26 @@ const struct family_def metrics_families[FAM_COUNT] = {
                      "Retries not made, by route and the reason (as X-Retry-Stop)." },
     [FAM_IN_FLIGHT] = { "retries_in_flight", "gauge", "", NULL, 0,
                         "Retries decided and not yet finished, backoff waits included." },
+    [FAM_DELIVERY_ACCEPTS] = { "delivery_accepts_total", "counter", "route, result", accept_names,
+                               METRICS_ACCEPT_COUNT,
+                               "Requests to durable routes, by what they were answered: accepted "
+                               "(202), duplicate (202, an Idempotency-Key and body accepted "
+                               "before), conflict (422), full (503, the store at a bound), "
+                               "too_large (413), error (503, the store failed); "
+                               "docs/delivery.md." },
+    [FAM_DELIVERY_ATTEMPTS] = { "delivery_attempts_total", "counter", "route, outcome",
+                                delivery_names, METRICS_DELIVERY_COUNT,
+                                "Attempts of durable deliveries, by what they made of the "
+                                "delivery: delivered, rescheduled (a retry later), dead, "
+                                "interrupted (cut by the drain's deadline: resumed at the next "
+                                "start)." },
+    [FAM_DEAD_LETTERS] = { "dead_letters_total", "counter", "route, reason", dead_names,
+                           METRICS_DEAD_COUNT,
+                           "Dead letters kept, by route and why: attempts (retry.max_attempts "
+                           "spent; a synchronous route's too), age (delivery.max_age_ms), final "
+                           "(an answer not to retry), route_gone (no route of its name after a "
+                           "restart), refused (a synchronous route's request whose retry a "
+                           "budget, the deadline, Retry-After, pushback or throttling refused)." },
     [FAM_RETRY_AFTER] = { "retry_after_honored_total", "counter", "route", NULL, 0,
                           "Retries whose wait followed an upstream Retry-After." },
     [FAM_THROTTLED] = { "throttled_total", "counter", "route", NULL, 0,

@@ -29,11 +29,13 @@ MAY_CALL = {
     'upstream': ['base', 'telemetry', 'http'],
     'dns': ['base', 'telemetry'],
     'store': ['base', 'telemetry'],
-    'core': ['base', 'telemetry', 'http', 'upstream', 'dns'],
+    'core': ['base', 'telemetry', 'http', 'upstream', 'dns', 'store'],
+    'delivery': ['base', 'telemetry', 'http', 'core', 'store'],
     'http2': ['base', 'telemetry', 'http', 'core', 'upstream'],
     'http1': ['base', 'telemetry', 'http', 'core', 'upstream', 'http2'],
     'ops': ['base', 'telemetry', 'http', 'core', 'upstream', 'dns'],
-    '': ['base', 'telemetry', 'http', 'core', 'upstream', 'http1', 'http2', 'ops', 'dns'],
+    '': ['base', 'telemetry', 'http', 'core', 'upstream', 'http1', 'http2', 'ops', 'dns', 'store',
+         'delivery'],
 }
 # The request core's files that may call into upstream/ only through the interface. The worker
 # (a thread's context) and the runtime (a snapshot as it runs) make the transports, and are not

@@ -617,7 +617,7 @@ Test(config, errors_come_sorted_by_position)
     cr_expect_str_eq(e, "2:16: $.routes[0].timeout_ms: must be an integer from 1 to 86400000, "
                         "got 0\n"
                         "3:2: $.zzz: unknown key \"zzz\" (expected one of: listen, admin, log, "
-                        "drain_timeout_ms, limits, budget, resolver, defaults, routes)\n"
+                        "drain_timeout_ms, limits, budget, resolver, store, defaults, routes)\n"
                         "3:32: $.drain_timeout_ms: must be an integer from 0 to 86400000, "
                         "got -1\n");
     free(e);

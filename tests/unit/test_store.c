@@ -696,3 +696,128 @@ Test(store, every_acknowledged_id_survives_sigkill, .timeout = 300)
     cr_log_info("%zu acknowledged ids over 30 kills, all on disk", acked);
     cr_expect_gt(acked, 0, "the children acknowledged nothing: the test tested nothing");
 }
+
+/* ---- the process's own file (store_opts.exclusive) ---- */
+
+Test(store, exclusive_open_keeps_a_second_out_naming_the_lock)
+{
+    struct store_opts o = opts();
+    o.exclusive = true;
+    struct store *s = open_with(&o);
+    struct store *second = NULL;
+    struct store_err err;
+    cr_assert_eq(store_sqlite_open(&o, &second, &err), STORE_EBUSY);
+    cr_assert_null(second);
+    cr_assert_not_null(strstr(err.msg, "deliveries.db.lock"), "%s", err.msg);
+    store_close(s);
+    /* closed: the lock went with it */
+    s = open_with(&o);
+    store_close(s);
+}
+
+/* A delivery in flight when its process went away is due at once at an exclusive open, its
+ * lost attempt recorded; a shared open leaves it to its lease. */
+Test(store, exclusive_open_makes_what_was_in_flight_due_at_once)
+{
+    struct store *s = open_default();
+    char id[STORE_ID_SIZE], got[1][STORE_ID_SIZE];
+    cr_assert_eq(enqueue(s, "r", NULL, "b", 0, id), 0);
+    cr_assert_eq(claim(s, "dead-process", 1, got), 1);
+    store_close(s);
+    s = open_default(); /* not exclusive: the lease (1 s) holds */
+    cr_assert_eq(claim(s, "next", 1, NULL), 0);
+    store_close(s);
+    struct store_opts o = opts();
+    o.exclusive = true;
+    s = open_with(&o);
+    struct store_stats st;
+    store_stats(s, &st);
+    cr_assert_eq(st.recovered, 1);
+    cr_assert_eq(claim(s, "next", 1, got), 1, "due at once, the lease not waited out");
+    cr_assert_str_eq(got[0], id);
+    struct store_delivery d;
+    cr_assert_eq(get(s, id, &d), 0);
+    cr_assert_eq(d.ntries, 1);
+    cr_assert_str_eq(d.tries[0].outcome, "lease_expired");
+    cr_assert_eq(d.attempts, 1);
+    store_delivery_clear(&d);
+    store_close(s);
+}
+
+Test(store, claim_route_takes_only_that_route)
+{
+    struct store *s = open_default();
+    char a[STORE_ID_SIZE], b[STORE_ID_SIZE];
+    cr_assert_eq(enqueue(s, "one", NULL, "x", 0, a), 0);
+    cr_assert_eq(enqueue(s, "two", NULL, "y", 0, b), 0);
+    struct store_call c = { .cq = cq };
+    cr_assert_eq(wait_for(&c, store_claim_route(s, &c, "me", "two", 5)), 0);
+    cr_assert_eq(c.n, 1);
+    cr_assert_str_eq(c.items[0].id, b);
+    cr_assert_str_eq(c.items[0].route, "two");
+    store_call_clear(&c);
+    cr_assert_eq(claim(s, "me", 5, NULL), 1, "route one's is still due");
+    store_close(s);
+}
+
+Test(store, claim_except_takes_the_routes_not_named)
+{
+    struct store *s = open_default();
+    char a[STORE_ID_SIZE], b[STORE_ID_SIZE], g[STORE_ID_SIZE];
+    cr_assert_eq(enqueue(s, "one", NULL, "x", 0, a), 0);
+    cr_assert_eq(enqueue(s, "gone", NULL, "y", 0, g), 0);
+    cr_assert_eq(enqueue(s, "two", NULL, "z", 0, b), 0);
+    const char *const named[] = { "one", "two" };
+    struct store_call c = { .cq = cq };
+    cr_assert_eq(wait_for(&c, store_claim_except(s, &c, "me", named, 2, 5)), 0);
+    cr_assert_eq(c.n, 1);
+    cr_assert_str_eq(c.items[0].id, g);
+    cr_assert_str_eq(c.items[0].route, "gone");
+    store_call_clear(&c);
+    cr_assert_eq(claim(s, "me", 5, NULL), 2, "the named routes' are still due");
+    store_close(s);
+}
+
+Test(store, insert_dead_keeps_a_dead_letter_at_once)
+{
+    struct store_opts o = opts();
+    o.max_count = 1;
+    struct store *s = open_with(&o);
+    struct store_attempt a = try_of(503, "max-attempts");
+    struct store_field f[] = { { "x-a", "1" } };
+    struct store_dead_new d = { .req = { .route = "sync",
+                                         .method = "POST",
+                                         .target = "/pay",
+                                         .fields = f,
+                                         .nfields = 1,
+                                         .body = "b",
+                                         .body_len = 1 },
+                                .attempts = 3,
+                                .tries = &a,
+                                .ntries = 1,
+                                .dead = { .reason = "max-attempts",
+                                          .head = "HTTP/1.1 503\r\n",
+                                          .head_len = 14,
+                                          .body = "down",
+                                          .body_len = 4 } };
+    struct store_call c = { .cq = cq };
+    cr_assert_eq(wait_for(&c, store_insert_dead(s, &c, &d)), 0);
+    char id[STORE_ID_SIZE];
+    memcpy(id, c.id, sizeof(id));
+    store_call_clear(&c);
+    struct store_delivery got;
+    cr_assert_eq(get(s, id, &got), 0);
+    cr_assert_eq(got.state, STORE_DEAD);
+    cr_assert_eq(got.attempts, 3);
+    cr_assert_str_eq(got.reason, "max-attempts");
+    cr_assert_eq(got.ntries, 1);
+    cr_assert_eq(got.tries[0].status, 503);
+    cr_assert_eq(got.final_body_len, 4);
+    store_delivery_clear(&got);
+    cr_assert_eq(claim(s, "me", 5, NULL), 0, "a dead letter is not due");
+    /* the count bound holds for dead letters too */
+    c = (struct store_call){ .cq = cq };
+    cr_assert_eq(wait_for(&c, store_insert_dead(s, &c, &d)), STORE_EFULL);
+    store_call_clear(&c);
+    store_close(s);
+}

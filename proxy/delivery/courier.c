@@ -1,0 +1,776 @@
+/* courier -- delivers what durable routes stored (proxy/delivery/courier.h, docs/delivery.md).
+ *
+ * Why one courier, in one worker: deliveries are paced (routes[].delivery.max_per_second and
+ * max_in_flight), so the work of starting them is small next to the attempts themselves, and
+ * those run in the upstream machinery of the worker's loop as any attempt does; one claimer
+ * also keeps the store's claims from competing with each other.
+ *
+ * A tick (every COURIER_POLL_MS, and at once after an accept committed anywhere) claims, per
+ * route, as many due deliveries as the route has room for: its in-flight bound and its token
+ * bucket (max_per_second, a second's worth of burst). Each claimed delivery becomes a request
+ * of the core with this file's front_ops: one attempt (front_ops.delivery), whose answer comes
+ * back as a client's would. Its end goes to the store under the claim's lease:
+ *
+ *   2xx                               -> complete (delivered)
+ *   what retry_on names (the core       -> reschedule at now + the backoff policy's delay for
+ *   stopped at its one attempt), a       attempt n (Retry-After first, within
+ *   reset, no connection, 408, 429       retry_after.max_ms), or bury "attempts" once n reaches
+ *                                        retry.max_attempts, or "age" past delivery.max_age_ms
+ *   anything else                      -> bury "final", with the answer's head and first bytes
+ *
+ * The policy read is that of the route in the worker's current snapshot, so a reload applies to
+ * the next delay of every pending delivery. A route a reload removed keeps being delivered under
+ * the last snapshot that had it, which its entry here holds.
+ */
+#include "proxy/delivery/courier.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "policy/backoff.h"
+#include "policy/retry_after.h"
+#include "proxy/core/front.h"
+#include "proxy/core/proxy.h"
+#include "proxy/core/retry.h"
+#include "proxy/core/runtime.h"
+#include "proxy/core/worker.h"
+#include "proxy/store/store.h"
+#include "proxy/telemetry/log.h"
+#include "proxy/telemetry/metrics.h"
+
+/* How often due deliveries are looked for when no accept says so: the delay a rescheduled
+ * delivery may wait past its time. */
+#define COURIER_POLL_MS 200
+/* Every this many ticks (about 5 s), and at the first, the deliveries of routes no claimer asks
+ * for are looked for: a route gone from the config since they were accepted (a restart on a
+ * config without it; a reload keeps the old snapshot instead). So many at a time. */
+#define ORPHAN_TICKS 25
+#define ORPHAN_MAX   16
+
+struct croute;
+
+/* One claimed delivery: its attempt, then its end's store call. */
+struct dlv {
+    struct dlv *next;
+    struct courier *c;
+    struct croute *cr;
+    struct rt *rt; /* the snapshot its attempt runs under (a reference) */
+    struct store_delivery rec;
+    struct front *f; /* its request's front, until fini */
+    size_t body_off; /* body bytes the core took */
+    char length[24]; /* its Content-Length */
+    uint64_t start_ms, start_mono;
+    /* the answer */
+    bool answered, ours, failed;
+    int status;
+    char stop[24], code[24];
+    char *head;
+    size_t head_len;
+    char *body;
+    size_t body_len, body_cap;
+    uint64_t retry_after_ms;
+    bool has_retry_after;
+    struct loop_timer end_timer; /* the answer is acted on in the next turn, out of the core */
+    /* what its end's store call borrows until it completes */
+    struct store_attempt att;
+    struct store_dead dead;
+    struct store_call call;
+    bool writing; /* 'call' is with the store: on_written() frees it */
+};
+
+/* A route deliveries are claimed for: its bounds' state, and the last snapshot that had it. */
+struct croute {
+    struct croute *next;
+    char *name;
+    struct metrics_route *m; /* its series (by name: they outlive any snapshot) */
+    struct rt *rt;
+    uint32_t in_flight;
+    double tokens;
+    uint64_t filled_ms;
+    struct store_call claim;
+    size_t asked; /* by the claim under way, its tokens taken */
+    bool claiming;
+    struct courier *c;
+};
+
+struct courier {
+    struct worker *w;
+    struct store *store;
+    char owner[64];
+    struct loop_timer tick;
+    int kick_fd;
+    struct loop_watch kick_watch;
+    struct croute *routes;
+    struct dlv *live;
+    bool stopped;
+    unsigned ticks;
+    /* the sweep for deliveries of no claimed route: its call, and the names it borrows */
+    struct store_call orphans;
+    const char **names;
+    bool sweeping;
+};
+
+/* The front state in the request's allocation. */
+struct cfront {
+    struct front f;
+    struct dlv *d;
+};
+
+static struct dlv *of_front(struct front *f)
+{
+    return ((struct cfront *)(void *)f)->d;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void arm_tick(struct courier *c, uint64_t in_ms)
+{
+    struct loop *l = c->w->loop;
+    uint64_t when = loop_now(l) + in_ms;
+    if (!loop_timer_armed(&c->tick) || c->tick.when_ms > when) {
+        loop_timer_stop(l, &c->tick);
+        loop_timer_start(l, &c->tick, when, c->tick.fn, c);
+    }
+}
+
+/* ---- the route's policy as it is now ---- */
+
+/* The route 'name' in snapshot 'rt', or NULL. */
+static const struct cfg_route *route_in(const struct rt *rt, const char *name)
+{
+    for (size_t i = 0; rt && i < rt->cfg->n_routes; i++)
+        if (strcmp(rt->cfg->routes[i].name, name) == 0)
+            return &rt->cfg->routes[i];
+    return NULL;
+}
+
+/* The route of 'cr' in the worker's current snapshot, else in the last one that had it. */
+static const struct cfg_route *route_now(struct courier *c, struct croute *cr)
+{
+    const struct cfg_route *r = route_in(c->w->rt, cr->name);
+    return r ? r : route_in(cr->rt, cr->name);
+}
+
+/* ---- the front end of a stored request ---- */
+
+static void c_fields(struct front *f,
+                     void (*fn)(void *arg, const char *k, size_t kl, const char *v, size_t vl),
+                     void *arg)
+{
+    struct dlv *d = of_front(f);
+    const struct store_delivery *rec = &d->rec;
+    for (size_t i = 0; i < rec->nfields; i++)
+        fn(arg, rec->fields[i].name, strlen(rec->fields[i].name), rec->fields[i].value,
+           strlen(rec->fields[i].value));
+    const struct cfg_route *rt = route_now(d->c, d->cr);
+    const char *idh = rt ? rt->delivery.id_header : "webhook-id";
+    fn(arg, idh, strlen(idh), rec->id, strlen(rec->id));
+    /* the body is framed again (the accept kept no framing field) */
+    bool bodied = rec->body_len || strcmp(rec->method, "POST") == 0 ||
+                  strcmp(rec->method, "PUT") == 0 || strcmp(rec->method, "PATCH") == 0;
+    if (bodied) { /* kept in 'd': the core keeps pointers to the values it is given */
+        int n = snprintf(d->length, sizeof(d->length), "%zu", rec->body_len);
+        fn(arg, "Content-Length", 14, d->length, (size_t)n);
+    }
+}
+
+static void on_end(struct loop_timer *t);
+
+/* The answer is in: acted on in the next turn, once the core is out of its call. */
+static void answered(struct dlv *d, struct front *f, int status)
+{
+    d->answered = true;
+    d->status = status;
+    f->answered = true;
+    f->status = (unsigned)status;
+    f->sent = true;
+    retry_req_sending(f->req);
+    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), on_end, d);
+}
+
+/* The answer's head as a dead letter keeps it, and its Retry-After for the next delay. */
+static void keep_head(struct dlv *d, int status, const struct hlist *h)
+{
+    free(d->head);
+    d->head = hlist_head_text(status, h, &d->head_len);
+    const char *ra;
+    size_t ra_len;
+    uint64_t ms;
+    if (h && hlist_values(h, "Retry-After", &ra, &ra_len, 1) &&
+        retry_after_parse(ra, ra_len, (int64_t)wall_ms(), &ms) == 0) {
+        d->has_retry_after = true;
+        d->retry_after_ms = ms;
+    }
+}
+
+static void keep_body(struct dlv *d, const char *p, size_t n)
+{
+    size_t cap = d->c->w->rt->cfg->store.dead_body_bytes;
+    if (d->body_len >= cap)
+        return;
+    if (n > cap - d->body_len)
+        n = cap - d->body_len;
+    if (!d->body && !(d->body = malloc(cap ? cap : 1)))
+        return;
+    memcpy(d->body + d->body_len, p, n);
+    d->body_len += n;
+}
+
+static void c_error(struct front *f, unsigned status, const char *code, const char *route,
+                    const char *message, const struct front_tag *tag)
+{
+    (void)route;
+    struct dlv *d = of_front(f);
+    d->ours = true;
+    snprintf(d->code, sizeof(d->code), "%s", code);
+    snprintf(d->stop, sizeof(d->stop), "%s", tag->stop ? tag->stop : "");
+    keep_head(d, (int)status, NULL);
+    keep_body(d, message, strlen(message));
+    answered(d, f, (int)status);
+}
+
+static void c_saved(struct front *f, int status, const struct hlist *h, const char *body,
+                    size_t len, const struct hlist *trailers, const struct front_tag *tag)
+{
+    (void)trailers;
+    struct dlv *d = of_front(f);
+    snprintf(d->stop, sizeof(d->stop), "%s", tag->stop ? tag->stop : "");
+    keep_head(d, status, h);
+    keep_body(d, body, len);
+    answered(d, f, status);
+}
+
+static void c_response(struct front *f, int status, const struct hlist *h,
+                       const struct front_tag *tag)
+{
+    struct dlv *d = of_front(f);
+    snprintf(d->stop, sizeof(d->stop), "%s", tag->stop ? tag->stop : "");
+    keep_head(d, status, h);
+    d->status = status;
+    f->status = (unsigned)status;
+    f->sent = true;
+    f->answered = true;
+    retry_req_sending(f->req);
+}
+
+static size_t c_body(struct front *f, const char *p, size_t n)
+{
+    struct dlv *d = of_front(f);
+    keep_body(d, p, n);
+    f->body_sent += n;
+    return n;
+}
+
+static void c_end(struct front *f, const struct hlist *trailers, bool failed)
+{
+    (void)trailers;
+    struct dlv *d = of_front(f);
+    if (d->answered)
+        return;
+    d->failed = failed;
+    d->answered = true;
+    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), on_end, d);
+}
+
+static void c_reset(struct front *f, unsigned status)
+{
+    struct dlv *d = of_front(f);
+    if (d->answered)
+        return;
+    d->failed = true;
+    snprintf(d->code, sizeof(d->code), "reset");
+    f->answered = true;
+    f->status = status;
+    d->answered = true;
+    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), on_end, d);
+}
+
+static void offer_body(struct dlv *d);
+
+static void c_wait_upload(struct front *f)
+{
+    (void)f; /* the rest is offered again at upload_room() */
+}
+
+static void c_upload_room(struct front *f)
+{
+    offer_body(of_front(f));
+}
+
+static void c_nothing(struct front *f)
+{
+    (void)f;
+}
+
+static struct rt *c_delivery(struct front *f, const char **route)
+{
+    struct dlv *d = of_front(f);
+    *route = d->cr->name;
+    return d->rt;
+}
+
+static void c_fini(struct front *f)
+{
+    struct dlv *d = of_front(f);
+    if (d)
+        d->f = NULL;
+}
+
+/* upgrade is never asked: a stored head carries no Upgrade field (durable.c keeps no
+ * hop-by-hop field). */
+static const struct front_ops courier_ops = {
+    .fields = c_fields,
+    .error = c_error,
+    .saved = c_saved,
+    .response = c_response,
+    .body = c_body,
+    .end = c_end,
+    .reset = c_reset,
+    .wait_upload = c_wait_upload,
+    .upload_room = c_upload_room,
+    .watch = c_nothing,
+    .unwatch = c_nothing,
+    .delivery = c_delivery,
+    .fini = c_fini,
+};
+
+static void offer_body(struct dlv *d)
+{
+    while (d->f && !d->f->answered && d->body_off < d->rec.body_len) {
+        size_t took =
+            retry_req_body(d->f->req, d->rec.body + d->body_off, d->rec.body_len - d->body_off);
+        if (took == RETRY_BODY_CLOSE || took == 0)
+            return;
+        d->body_off += took;
+    }
+    if (d->f && d->body_off == d->rec.body_len)
+        retry_req_end(d->f->req);
+}
+
+/* ---- an attempt's end ---- */
+
+static void dlv_free(struct dlv *d)
+{
+    struct courier *c = d->c;
+    for (struct dlv **p = &c->live; *p; p = &(*p)->next)
+        if (*p == d) {
+            *p = d->next;
+            break;
+        }
+    d->cr->in_flight--;
+    loop_timer_stop(c->w->loop, &d->end_timer);
+    rt_unref(d->rt);
+    store_delivery_clear(&d->rec);
+    store_call_clear(&d->call);
+    free(d->head);
+    free(d->body);
+    free(d);
+}
+
+static void on_written(struct store_call *call)
+{
+    struct dlv *d = call->arg;
+    if (call->result == STORE_ESTALE)
+        log_event(CFG_LOG_WARN, "delivery lease lost: its outcome was not written", "id", d->rec.id,
+                  "route", d->cr->name, NULL);
+    else if (call->result < 0)
+        log_event(CFG_LOG_ERROR, "delivery outcome not written", "id", d->rec.id, "route",
+                  d->cr->name, LOG_NUM("error", call->result), NULL);
+    struct courier *c = d->c;
+    dlv_free(d);
+    if (!c->stopped)
+        arm_tick(c, 0); /* room for the next */
+}
+
+/* Whether the answer is one the route's policy would have retried. */
+static bool retryable(const struct dlv *d)
+{
+    if (d->failed || strcmp(d->code, "reset") == 0)
+        return true;
+    if (strcmp(d->stop, "max-attempts") == 0 || strcmp(d->stop, "body-too-large") == 0)
+        return true;
+    if (d->ours &&
+        (strcmp(d->code, "no_address") == 0 || strcmp(d->code, "throttled") == 0 ||
+         strcmp(d->code, "upstream_timeout") == 0 || strcmp(d->code, "upstream_unavailable") == 0 ||
+         strcmp(d->code, "internal") == 0))
+        return true;
+    return d->status == 408 || d->status == 429;
+}
+
+/* A store call for its end was handed over (rc 0), or not: then nothing more is written, and
+ * its lease runs out (it is attempted again). */
+static void handed(struct dlv *d, int rc)
+{
+    if (rc < 0)
+        dlv_free(d);
+    else
+        d->writing = true;
+}
+
+static void bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a)
+{
+    static const char *const reasons[METRICS_DEAD_COUNT] = { "attempts", "age", "final",
+                                                             "route_gone", "refused" };
+    const char *reason = reasons[why];
+    metrics_dead_letter(d->cr->m, d->c->w->id, why);
+    if (a)
+        metrics_delivery_attempt(d->cr->m, d->c->w->id, METRICS_DELIVERY_DEAD);
+    d->dead = (struct store_dead){ .reason = reason,
+                                   .head = d->head,
+                                   .head_len = d->head_len,
+                                   .body = d->body,
+                                   .body_len = d->body_len };
+    log_event(CFG_LOG_WARN, "delivery dead", "id", d->rec.id, "route", d->cr->name, "reason",
+              reason, LOG_NUM("attempts", d->rec.attempts + 1), LOG_NUM("status", d->status), NULL);
+    handed(d, store_bury(d->c->store, &d->call, d->rec.id, d->c->owner, a, &d->dead));
+}
+
+static void on_end(struct loop_timer *t)
+{
+    struct dlv *d = t->arg;
+    struct courier *c = d->c;
+    struct front *f = d->f;
+    if (f) {
+        d->f = NULL;
+        ((struct cfront *)(void *)f)->d = NULL;
+        retry_req_completed(f->req);
+    }
+    /* the drain's deadline cut it: its lease stays, the next start makes it again */
+    if (c->stopped || strcmp(d->stop, "draining") == 0 || strcmp(d->code, "draining") == 0) {
+        metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_INTERRUPTED);
+        dlv_free(d);
+        return;
+    }
+    uint64_t now = wall_ms();
+    d->att =
+        (struct store_attempt){ .at_ms = d->start_ms,
+                                .duration_ms = (uint32_t)(loop_now(c->w->loop) - d->start_mono),
+                                .status = d->failed ? 0 : d->status };
+    bool ok = !d->ours && !d->failed && d->status >= 200 && d->status < 300;
+    snprintf(d->att.outcome, sizeof(d->att.outcome), "%s",
+             ok           ? "ok"
+             : d->code[0] ? d->code
+                          : "status");
+    const struct cfg_route *rt = route_now(c, d->cr);
+    uint32_t n = d->rec.attempts + 1; /* this one's number */
+    if (ok) {
+        metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_DELIVERED);
+        handed(d, store_complete(c->store, &d->call, d->rec.id, c->owner, &d->att));
+        return;
+    }
+    if (!rt || (d->ours && strcmp(d->code, "no_route") == 0)) {
+        bury(d, METRICS_DEAD_ROUTE_GONE,
+             &d->att); /* no snapshot has its route: nothing to deliver to */
+        return;
+    }
+    if (!retryable(d)) {
+        bury(d, METRICS_DEAD_FINAL, &d->att);
+        return;
+    }
+    if (n >= rt->retry.max_attempts) {
+        bury(d, METRICS_DEAD_ATTEMPTS, &d->att);
+        return;
+    }
+    uint32_t delay = backoff_delay(&rt->retry.backoff, n, 0, &c->w->rng);
+    if (d->has_retry_after && rt->retry.retry_after_honor)
+        delay = (uint32_t)(d->retry_after_ms < rt->retry.retry_after_max_ms
+                               ? d->retry_after_ms
+                               : rt->retry.retry_after_max_ms);
+    if (now + delay > d->rec.created_at + rt->delivery.max_age_ms) {
+        bury(d, METRICS_DEAD_AGE, &d->att);
+        return;
+    }
+    metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_RESCHEDULED);
+    handed(d, store_reschedule(c->store, &d->call, d->rec.id, c->owner, &d->att, now + delay));
+}
+
+/* ---- claims ---- */
+
+/* A claimed delivery, taken from 'rec' (cleared), counted in flight; NULL out of memory (its
+ * lease runs out and it is claimed again). */
+static struct dlv *dlv_new(struct courier *c, struct croute *cr, struct store_delivery *rec)
+{
+    struct dlv *d = calloc(1, sizeof(*d));
+    if (!d) {
+        store_delivery_clear(rec);
+        return NULL;
+    }
+    d->c = c;
+    d->cr = cr;
+    d->rec = *rec;
+    memset(rec, 0, sizeof(*rec));
+    d->rt = cr->rt ? rt_ref(cr->rt) : NULL; /* none: its route is gone */
+    d->start_ms = wall_ms();
+    d->start_mono = loop_now(c->w->loop);
+    d->next = c->live;
+    c->live = d;
+    cr->in_flight++;
+    d->call.cq = c->w->cq;
+    d->call.done = on_written;
+    d->call.arg = d;
+    return d;
+}
+
+static void start(struct courier *c, struct croute *cr, struct store_delivery *rec)
+{
+    struct dlv *d = dlv_new(c, cr, rec);
+    if (!d)
+        return;
+    struct front *f = retry_req_new(c->w, &courier_ops, sizeof(struct cfront), FRONT_HTTP1,
+                                    d->rec.target, "", 0, REFUSE_NONE);
+    if (!f) {
+        dlv_free(d);
+        return;
+    }
+    ((struct cfront *)(void *)f)->d = d;
+    d->f = f;
+    retry_req_head(f->req, d->rec.method);
+    offer_body(d);
+}
+
+static void on_claimed(struct store_call *call)
+{
+    struct croute *cr = call->arg;
+    struct courier *c = cr->c;
+    cr->claiming = false;
+    if (call->n < cr->asked) /* fewer were due: their tokens come back */
+        cr->tokens += (double)(cr->asked - call->n);
+    for (size_t i = 0; i < call->n; i++) {
+        if (c->stopped) /* its lease stays: the next start takes it */
+            store_delivery_clear(&call->items[i]);
+        else
+            start(c, cr, &call->items[i]);
+    }
+    store_call_clear(call);
+}
+
+static struct croute *croute_of(struct courier *c, const char *name)
+{
+    for (struct croute *cr = c->routes; cr; cr = cr->next)
+        if (strcmp(cr->name, name) == 0)
+            return cr;
+    struct croute *cr = calloc(1, sizeof(*cr));
+    if (!cr || !(cr->name = strdup(name))) {
+        free(cr);
+        return NULL;
+    }
+    cr->c = c;
+    cr->m = metrics_route(c->w->px->metrics, name);
+    cr->next = c->routes;
+    c->routes = cr;
+    return cr;
+}
+
+/* Claims for one route: as many as its in-flight bound and its token bucket leave room for. */
+static void claim(struct courier *c, struct croute *cr, const struct cfg_route *rt, uint64_t now)
+{
+    const struct cfg_delivery *dv = &rt->delivery;
+    double rate = dv->max_per_second;
+    if (cr->filled_ms == 0)
+        cr->tokens = rate;
+    else
+        cr->tokens += rate * (double)(now - cr->filled_ms) / 1000.0;
+    if (cr->tokens > rate)
+        cr->tokens = rate; /* a second's worth of burst */
+    cr->filled_ms = now;
+    /* the per-upstream bound, as the route's share of it: the core picks the endpoint */
+    uint64_t bound = dv->max_in_flight;
+    uint64_t per_up = (uint64_t)dv->max_in_flight_per_upstream * rt->n_upstreams;
+    if (per_up < bound)
+        bound = per_up;
+    if (cr->claiming || cr->in_flight >= bound || cr->tokens < 1)
+        return;
+    size_t room = (size_t)(bound - cr->in_flight);
+    if ((double)room > cr->tokens)
+        room = (size_t)cr->tokens;
+    cr->claim.cq = c->w->cq;
+    cr->claim.done = on_claimed;
+    cr->claim.arg = cr;
+    if (store_claim_route(c->store, &cr->claim, c->owner, cr->name, room) == 0) {
+        cr->claiming = true;
+        cr->asked = room;
+        cr->tokens -= (double)room; /* those not used come back in on_claimed() */
+    }
+}
+
+/* What the sweep found: a route of the current snapshot (one no longer durable) is delivered
+ * as its route is; one of no route is a dead letter, "route_gone", without an attempt. */
+static void on_orphans(struct store_call *call)
+{
+    struct courier *c = call->arg;
+    c->sweeping = false;
+    free(c->names);
+    c->names = NULL;
+    for (size_t i = 0; i < call->n; i++) {
+        struct store_delivery *rec = &call->items[i];
+        struct croute *cr = c->stopped ? NULL : croute_of(c, rec->route);
+        if (!cr) {
+            store_delivery_clear(rec);
+            continue;
+        }
+        if (!cr->rt && route_in(c->w->rt, cr->name))
+            cr->rt = rt_ref(c->w->rt);
+        if (cr->rt) {
+            start(c, cr, rec);
+            continue;
+        }
+        struct dlv *d = dlv_new(c, cr, rec);
+        if (d)
+            bury(d, METRICS_DEAD_ROUTE_GONE, NULL);
+    }
+    store_call_clear(call);
+}
+
+/* Looks for due deliveries of the routes no claimer asks for. */
+static void sweep(struct courier *c)
+{
+    size_t n = 0;
+    for (struct croute *cr = c->routes; cr; cr = cr->next)
+        n++;
+    c->names = calloc(n ? n : 1, sizeof(*c->names));
+    if (!c->names)
+        return;
+    n = 0;
+    for (struct croute *cr = c->routes; cr; cr = cr->next)
+        if (cr->rt) /* one with no route is not asked for by its name */
+            c->names[n++] = cr->name;
+    c->orphans.cq = c->w->cq;
+    c->orphans.done = on_orphans;
+    c->orphans.arg = c;
+    if (store_claim_except(c->store, &c->orphans, c->owner, c->names, n, ORPHAN_MAX) == 0) {
+        c->sweeping = true;
+    } else {
+        free(c->names);
+        c->names = NULL;
+    }
+}
+
+static void on_tick(struct loop_timer *t)
+{
+    struct courier *c = t->arg;
+    struct worker *w = c->w;
+    if (c->stopped || atomic_load_explicit(&w->px->draining, memory_order_relaxed))
+        return; /* no new claims while draining */
+    worker_refresh(w);
+    uint64_t now = loop_now(w->loop);
+    /* the routes of the current snapshot, which they are claimed under from now on */
+    for (size_t i = 0; w->rt && i < w->rt->cfg->n_routes; i++) {
+        const struct cfg_route *rt = &w->rt->cfg->routes[i];
+        if (rt->delivery.mode != CFG_DELIVERY_DURABLE)
+            continue;
+        struct croute *cr = croute_of(c, rt->name);
+        if (cr && cr->rt != w->rt) {
+            rt_unref(cr->rt);
+            cr->rt = rt_ref(w->rt);
+        }
+    }
+    for (struct croute *cr = c->routes; cr; cr = cr->next) {
+        const struct cfg_route *rt = route_in(cr->rt, cr->name);
+        if (rt)
+            claim(c, cr, rt, now);
+    }
+    if (c->ticks++ % ORPHAN_TICKS == 0 && !c->sweeping)
+        sweep(c);
+    arm_tick(c, COURIER_POLL_MS);
+}
+
+static void on_kick(struct loop_watch *lw, uint32_t events)
+{
+    (void)events;
+    struct courier *c = lw->arg;
+    uint64_t v;
+    if (read(c->kick_fd, &v, sizeof(v)) < 0) {
+        /* EAGAIN: another read took it */
+    }
+    if (!c->stopped)
+        arm_tick(c, 0);
+}
+
+void courier_kick(void *arg)
+{
+    struct courier *c = arg;
+    uint64_t one = 1;
+    if (write(c->kick_fd, &one, sizeof(one)) < 0) {
+        /* a full counter already means "look" */
+    }
+}
+
+struct courier *courier_new(struct worker *w)
+{
+    struct courier *c = calloc(1, sizeof(*c));
+    if (!c)
+        goto fail;
+    c->w = w;
+    c->store = w->px->store;
+    c->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    /* the lease's owner: this process, told apart from the one before it on the same file */
+    snprintf(c->owner, sizeof(c->owner), "retryproxy-%ld-%" PRIu64, (long)getpid(), wall_ms());
+    if (c->kick_fd < 0 ||
+        loop_watch_add(w->loop, &c->kick_watch, c->kick_fd, EPOLLIN, on_kick, c) < 0)
+        goto fail;
+    c->tick.fn = on_tick;
+    loop_timer_start(w->loop, &c->tick, loop_now(w->loop), on_tick, c);
+    return c;
+fail:
+    fprintf(stderr, "retryproxy: cannot start the courier of durable deliveries\n");
+    if (c && c->kick_fd >= 0)
+        close(c->kick_fd);
+    free(c);
+    return NULL;
+}
+
+void courier_stop(struct courier *c)
+{
+    if (!c)
+        return;
+    c->stopped = true;
+    loop_timer_stop(c->w->loop, &c->tick);
+    /* attempts still running: they end without an outcome, their leases kept */
+    for (struct dlv *d = c->live, *next; d; d = next) {
+        next = d->next;
+        if (d->f && !d->f->answered) {
+            struct front *f = d->f;
+            retry_req_client_gone(f->req);
+        }
+        if (d->f) {
+            struct front *f = d->f;
+            d->f = NULL;
+            ((struct cfront *)(void *)f)->d = NULL;
+            retry_req_completed(f->req);
+        }
+        if (!d->writing)
+            dlv_free(d);
+    }
+}
+
+void courier_free(struct courier *c)
+{
+    if (!c)
+        return;
+    while (c->live)
+        dlv_free(c->live);
+    store_call_clear(&c->orphans);
+    free(c->names);
+    for (struct croute *cr = c->routes, *next; cr; cr = next) {
+        next = cr->next;
+        store_call_clear(&cr->claim);
+        rt_unref(cr->rt);
+        free(cr->name);
+        free(cr);
+    }
+    loop_watch_del(c->w->loop, &c->kick_watch);
+    close(c->kick_fd);
+    free(c);
+}
