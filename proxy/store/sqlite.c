@@ -30,7 +30,19 @@ static uint64_t mono_us(void)
 
 static bool writes(const struct store_call *c)
 {
-    return c->op != OP_LIST && c->op != OP_GET;
+    return c->op != OP_LIST && c->op != OP_GET && c->op != OP_FIND && c->op != OP_COUNTS;
+}
+
+/* The commit latency histogram (store_stats). */
+static void observe_commit(struct store_impl *s, uint64_t us)
+{
+    for (int i = 0; i < STORE_COMMIT_BUCKETS; i++)
+        if ((double)us / 1e6 <= STORE_COMMIT_LE[i]) {
+            atomic_fetch_add(&s->commit_le[i], 1);
+            break;
+        }
+    atomic_fetch_add(&s->commit_n, 1);
+    atomic_fetch_add(&s->commit_sum_us, us);
 }
 
 /* Runs one batch of calls in one transaction and finishes them all. */
@@ -81,6 +93,7 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
     } else {
         s->live = (uint64_t)((int64_t)s->live + s->live_delta);
         atomic_fetch_add(&s->commits, 1);
+        observe_commit(s, mono_us() - t0);
     }
     atomic_store(&s->live_pub, s->live);
     atomic_store(&s->bytes, sql_bytes(s));
@@ -102,8 +115,23 @@ static void *store_thread(void *arg)
     size_t max = s->o.max_batch ? s->o.max_batch : SIZE_MAX;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->head && !s->closing)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->head && !s->closing) {
+            if (!s->o.retention) {
+                pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            /* With retention on, the thread wakes each second to sweep, calls or not. */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0)
+                break;
+        }
+        if (!s->head && !s->closing) {
+            pthread_mutex_unlock(&s->mu);
+            sql_sweep(s); /* retention, at most once a second (sqlite_ops.c) */
+            continue;
+        }
         struct store_call *batch = s->head, *last = s->head;
         if (!batch) { /* closing, and everything handed over is finished */
             pthread_mutex_unlock(&s->mu);
@@ -116,6 +144,7 @@ static void *store_thread(void *arg)
             s->tail = NULL;
         last->next = NULL;
         pthread_mutex_unlock(&s->mu);
+        sql_sweep(s); /* before the batch: what it reads is as retention leaves it */
         run_batch(s, batch);
     }
     return NULL;
@@ -237,8 +266,34 @@ static int s_drop(struct store_impl *s, struct store_call *c, const char *id)
     return by_id(s, c, id, OP_DROP);
 }
 
+static int s_find(struct store_impl *s, struct store_call *c, const struct store_match *m)
+{
+    if (!m || m->state >= STORE_STATES || m->limit > STORE_FIND_MAX)
+        return STORE_EINVAL;
+    c->in = m;
+    return submit(s, c, OP_FIND);
+}
+
+static int s_bulk(struct store_impl *s, struct store_call *c, const struct store_bulk *b)
+{
+    if (!b || b->m.state >= STORE_STATES || (b->replay && !b->rate))
+        return STORE_EINVAL;
+    c->in = b;
+    return submit(s, c, OP_BULK);
+}
+
+static int s_counts(struct store_impl *s, struct store_call *c)
+{
+    return submit(s, c, OP_COUNTS);
+}
+
 static void s_stats(struct store_impl *s, struct store_stats *out)
 {
+    for (int i = 0; i < STORE_COMMIT_BUCKETS; i++)
+        out->commit_le[i] = atomic_load(&s->commit_le[i]);
+    out->commit_n = atomic_load(&s->commit_n);
+    out->commit_sum_s = (double)atomic_load(&s->commit_sum_us) / 1e6;
+    out->swept = atomic_load(&s->swept);
     out->commits = atomic_load(&s->commits);
     out->enqueued = atomic_load(&s->enqueued);
     out->refused = atomic_load(&s->refused);
@@ -254,6 +309,10 @@ static void free_impl(struct store_impl *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free((char *)s->o.path);
+    for (size_t i = 0; i < s->o.n_sensitive; i++)
+        free((char *)s->o.sensitive[i]);
+    free((void *)s->o.sensitive);
+    explicit_bzero(s->key, sizeof(s->key));
     free(s);
 }
 
@@ -278,6 +337,9 @@ static const struct store_ops sqlite_ops = {
     .get = s_get,
     .replay = s_replay,
     .drop = s_drop,
+    .find = s_find,
+    .bulk = s_bulk,
+    .counts = s_counts,
     .stats = s_stats,
     .close = s_close,
 };
@@ -316,6 +378,18 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
         return STORE_EIO;
     s->o = *o;
     s->o.path = strdup(o->path);
+    /* The key and the names are the store's own copies: the config may go before it. */
+    if (o->key) {
+        memcpy(s->key, o->key, sizeof(s->key));
+        s->o.key = s->key;
+    }
+    s->o.sensitive = NULL;
+    s->o.n_sensitive = 0;
+    char **names = o->n_sensitive ? calloc(o->n_sensitive, sizeof(*names)) : NULL;
+    for (size_t i = 0; names && i < o->n_sensitive; i++)
+        if ((names[i] = strdup(o->sensitive[i])))
+            s->o.n_sensitive = i + 1;
+    s->o.sensitive = (const char *const *)names;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->pub.ops = &sqlite_ops;
@@ -323,7 +397,7 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
     /* NOMUTEX: after this function, only the store thread touches the connection. */
     int rc = sqlite3_open_v2(
         o->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
-    if (!s->o.path || rc != SQLITE_OK) {
+    if (!s->o.path || rc != SQLITE_OK || s->o.n_sensitive != o->n_sensitive) {
         snprintf(err->msg, sizeof(err->msg), "%s: %s", o->path,
                  s->db ? sqlite3_errmsg(s->db) : "out of memory");
         goto fail;

@@ -23,6 +23,9 @@ enum sql_op {
     OP_GET,
     OP_REPLAY,
     OP_DROP,
+    OP_FIND,
+    OP_BULK,
+    OP_COUNTS,
 };
 
 enum sql_stmt {
@@ -71,6 +74,9 @@ struct store_impl {
     bool closing;
     /* For stats(), from any thread. */
     _Atomic uint64_t commits, enqueued, refused, live_pub, bytes, commit_us;
+    _Atomic uint64_t commit_le[STORE_COMMIT_BUCKETS], commit_n, commit_sum_us, swept;
+    uint64_t last_sweep;   /* the store clock's ms of the last retention sweep */
+    unsigned char key[32]; /* o.key points here when set; o.sensitive is a copy */
 };
 
 /* The store's wall clock, ms. */
@@ -86,5 +92,19 @@ int sql_run(struct store_impl *s, struct store_call *c);
 uint64_t sql_bytes(struct store_impl *s);
 /* Runs a statement without rows (BEGIN, SAVEPOINT...); its result code. */
 int sql_step_reset(sqlite3_stmt *st);
+
+/* sqlite_ops.c: the operators' operations (find, bulk, counts) inside the open transaction;
+ * retention, in a transaction of its own, when a second has passed since the last. */
+int sql_ops_setup(struct store_impl *s, struct store_err *err);
+int sql_ops_run(struct store_impl *s, struct store_call *c);
+void sql_sweep(struct store_impl *s);
+/* The sensitive fields of delivery 'id' sealed (or left out without a key) into a new array
+ * *out of *nout, whose strings are 'in''s or malloc'd (free with sql_fields_free). 0 or
+ * STORE_EIO. And a read delivery's sealed values opened (left sealed without a key or when one
+ * does not open: never shown, see seal.h). */
+int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
+                    struct store_field **out, size_t *nout);
+void sql_fields_free(const struct store_field *in, struct store_field *out, size_t nout);
+void sql_open_fields(struct store_impl *s, struct store_delivery *d);
 
 #endif

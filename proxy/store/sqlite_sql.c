@@ -160,7 +160,7 @@ int sql_setup(struct store_impl *s, struct store_err *err)
                                      NULL)) != SQLITE_OK)
             goto fail;
     s->live = one_int(s->st[S_LIVE]);
-    return 0;
+    return sql_ops_setup(s, err);
 fail:
     snprintf(err->msg, sizeof(err->msg), "%s: %s", s->o.path, sqlite3_errmsg(s->db));
     sqlite3_finalize(st);
@@ -284,6 +284,8 @@ static int read_one(struct store_impl *s, const char *id, struct store_delivery 
             : rc == SQLITE_DONE ? STORE_ENOTFOUND
                                 : sql_error(rc);
     sqlite3_reset(st);
+    if (r == 0)
+        sql_open_fields(s, d);
     if (r < 0 || !tries)
         return r;
     st = s->st[S_TRIES];
@@ -308,6 +310,8 @@ static int read_one(struct store_impl *s, const char *id, struct store_delivery 
     if (r == 0 && rc != SQLITE_DONE)
         r = sql_error(rc);
     sqlite3_reset(st);
+    if (d->ntries)
+        d->last_status = d->tries[d->ntries - 1].status;
     return r;
 }
 
@@ -348,12 +352,17 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
         if (rc != SQLITE_DONE)
             return sql_error(rc);
     }
-    size_t flen = 0;
-    char *fields = fields_pack(d->fields, d->nfields, &flen);
-    if (!fields || store_new_id(c->id) < 0) {
-        free(fields);
-        return STORE_EIO;
+    size_t flen = 0, nkept = 0;
+    struct store_field *kept = NULL;
+    char *fields = NULL;
+    /* The id first: it is the sealed values' additional data (seal.h). */
+    if (store_new_id(c->id) == 0 &&
+        sql_seal_fields(s, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
+        fields = fields_pack(kept, nkept, &flen);
+        sql_fields_free(d->fields, kept, nkept);
     }
+    if (!fields)
+        return STORE_EIO;
     /* A row's size, roughly: what the bound needs until the commit tells the file's. */
     uint64_t size = d->body_len + flen + strlen(d->route) + strlen(d->target) + 256;
     if ((s->o.max_count && s->live + (uint64_t)s->live_delta >= s->o.max_count) ||
@@ -559,6 +568,10 @@ int sql_run(struct store_impl *s, struct store_call *c)
     case OP_REPLAY:
     case OP_DROP:
         return op_change(s, c);
+    case OP_FIND:
+    case OP_BULK:
+    case OP_COUNTS:
+        return sql_ops_run(s, c);
     }
     return STORE_EINVAL;
 }

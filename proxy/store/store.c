@@ -1,6 +1,7 @@
 /* store -- what every backend shares: the completion queues, the records' ownership, ids. */
 #include "proxy/store/store.h"
 
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -140,8 +141,18 @@ void store_delivery_clear(struct store_delivery *d)
     memset(d, 0, sizeof(*d));
 }
 
+const double STORE_COMMIT_LE[STORE_COMMIT_BUCKETS] = { 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                       0.05,  0.1,    0.25,  1,    INFINITY };
+
 void store_call_clear(struct store_call *c)
 {
+    for (size_t i = 0; i < c->ncounts; i++)
+        free(c->counts[i].route);
+    free(c->counts);
+    c->counts = NULL;
+    c->ncounts = 0;
+    c->cursor = 0;
+    c->more = false;
     for (size_t i = 0; i < c->n; i++)
         store_delivery_clear(&c->items[i]);
     free(c->items);

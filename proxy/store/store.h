@@ -105,6 +105,8 @@ struct store_delivery {
     size_t final_body_len;
     struct store_attempt *tries; /* get: every attempt, oldest first */
     size_t ntries;
+    uint64_t seq;    /* find: its place in the order of accepts (the cursor of paging) */
+    int last_status; /* find, get: the last attempt's HTTP status, 0 for none */
 };
 
 /* What enqueue stores (borrowed). */
@@ -136,6 +138,44 @@ struct store_filter {
     uint32_t limit;
 };
 
+/* find's, replay_match's and drop_match's filter (docs/delivery.md, "Admin API"). */
+struct store_match {
+    const char *route;     /* NULL: any */
+    int state;             /* an enum store_state, -1: any */
+    uint64_t since, until; /* accepted at in [since, until), ms since the epoch; 0: open */
+    int status;            /* the last attempt's HTTP status; 0: any */
+    uint64_t cursor;       /* find: rows after this one (a store_delivery.seq); 0: from the start */
+    bool newest_first;     /* find: the order (the cursor then goes back in time) */
+    uint32_t limit;        /* find: rows at most, 1 to STORE_FIND_MAX; 0: 100 */
+};
+#define STORE_FIND_MAX 1000
+
+/* replay_match and drop_match work through the matching rows in transactions of at most this
+ * many, each its own call, so that accepts and claims run between them. */
+#define STORE_BULK_BATCH 500
+
+/* A bulk replay or drop: one batch of the rows matching 'm' after 'cursor' (oldest first).
+ * A replay takes dead and delivered rows only (a state filter of another state matches
+ * nothing) and makes the i-th one due at first_at + i * 1000 / rate ms, i counted from 'done'
+ * (the rows of the batches before): the courier sends them at 'rate' per second at most.
+ * 'dry_run' changes nothing and counts every match at once (c->total). */
+struct store_bulk {
+    struct store_match m;
+    bool replay;
+    bool dry_run;
+    uint32_t rate;     /* replay: per second, >= 1 */
+    uint64_t first_at; /* replay: the first one's due time; 0: now */
+    uint64_t done;     /* rows replayed or dropped by the batches before */
+};
+
+/* counts: deliveries by route and state, and the oldest pending (scheduled or in flight) of
+ * each route, by when it was accepted. */
+struct store_count {
+    char *route;
+    uint64_t n[STORE_STATES];
+    uint64_t oldest_pending; /* ms since the epoch; 0: none pending */
+};
+
 struct store_cq;
 struct store_call;
 typedef void (*store_done_fn)(struct store_call *c);
@@ -152,7 +192,11 @@ struct store_call {
     char id[STORE_ID_SIZE];       /* enqueue: the delivery's id */
     struct store_delivery *items; /* claim, list; get: one */
     size_t n;
-    uint64_t total; /* list: rows matching the filter */
+    uint64_t total;  /* list, find: rows matching the filter; bulk dry run: the count */
+    uint64_t cursor; /* find, bulk: the last row's seq (find's next page, bulk's next batch) */
+    bool more;       /* find, bulk: rows are left after this page or batch */
+    struct store_count *counts; /* counts: one per route */
+    size_t ncounts;
     /* The backend's. */
     int op;
     const void *in;
@@ -163,6 +207,10 @@ struct store_call {
     struct store_call *next;
 };
 
+/* The commit latency histogram's bounds, seconds (the last is +Inf). */
+#define STORE_COMMIT_BUCKETS 10
+extern const double STORE_COMMIT_LE[STORE_COMMIT_BUCKETS];
+
 struct store_stats {
     uint64_t commits;   /* transactions committed */
     uint64_t enqueued;  /* new deliveries committed */
@@ -170,6 +218,11 @@ struct store_stats {
     uint64_t count;     /* deliveries kept, but the delivered */
     uint64_t bytes;     /* the store's size */
     uint64_t commit_us; /* the last commit's time */
+    /* Every commit's time: how many took at most STORE_COMMIT_LE[i] seconds, their sum. */
+    uint64_t commit_le[STORE_COMMIT_BUCKETS];
+    uint64_t commit_n;
+    double commit_sum_s;
+    uint64_t swept; /* rows retention deleted */
 };
 
 struct store_impl;
@@ -194,6 +247,13 @@ struct store_ops {
      * scheduled one: nothing changes); STORE_EBUSY while a lease holds. */
     int (*replay)(struct store_impl *s, struct store_call *c, const char *id);
     int (*drop)(struct store_impl *s, struct store_call *c, const char *id);
+    /* The operators' (docs/delivery.md): a page of deliveries matching a filter, every row's
+     * count (c->total) and the cursor of the next page; one batch of a replay or drop by
+     * filter (struct store_bulk: the ids done in c->items, id and route only); the counts by
+     * route and state. */
+    int (*find)(struct store_impl *s, struct store_call *c, const struct store_match *m);
+    int (*bulk)(struct store_impl *s, struct store_call *c, const struct store_bulk *b);
+    int (*counts)(struct store_impl *s, struct store_call *c);
     /* Synchronous, from any thread. */
     void (*stats)(struct store_impl *s, struct store_stats *out);
     /* Finishes what was handed over (every call completes), then frees the store. */
@@ -219,6 +279,16 @@ struct store_opts {
     size_t max_batch;        /* calls per transaction; 0: all that are ready (1: the floor) */
     store_clock_fn clock;    /* NULL: CLOCK_REALTIME */
     void *clock_arg;
+    /* Secrets at rest (proxy/store/seal.h): the key that seals the sensitive fields (NULL:
+     * they are not stored), the names sensitive besides the three credential fields. */
+    const unsigned char *key;
+    const char *const *sensitive;
+    size_t n_sensitive;
+    /* Retention: when set, the store thread deletes delivered rows delivered_keep_ms after
+     * their last attempt (0: at once), and dead letters dead_keep_ms after (0: never), in
+     * batches, at most once a second (the process sets it; the CLI does not). */
+    bool retention;
+    uint64_t delivered_keep_ms, dead_keep_ms;
 };
 
 /* Why an open failed. */
@@ -274,6 +344,18 @@ static inline int store_replay(struct store *s, struct store_call *c, const char
 static inline int store_drop(struct store *s, struct store_call *c, const char *id)
 {
     return s->ops->drop(s->impl, c, id);
+}
+static inline int store_find(struct store *s, struct store_call *c, const struct store_match *m)
+{
+    return s->ops->find(s->impl, c, m);
+}
+static inline int store_bulk(struct store *s, struct store_call *c, const struct store_bulk *b)
+{
+    return s->ops->bulk(s->impl, c, b);
+}
+static inline int store_counts(struct store *s, struct store_call *c)
+{
+    return s->ops->counts(s->impl, c);
 }
 static inline void store_stats(struct store *s, struct store_stats *out)
 {

@@ -32,8 +32,8 @@ MAY_CALL = {
     'core': ['base', 'telemetry', 'http', 'upstream', 'dns'],
     'http2': ['base', 'telemetry', 'http', 'core', 'upstream'],
     'http1': ['base', 'telemetry', 'http', 'core', 'upstream', 'http2'],
-    'ops': ['base', 'telemetry', 'http', 'core', 'upstream', 'dns'],
-    '': ['base', 'telemetry', 'http', 'core', 'upstream', 'http1', 'http2', 'ops', 'dns'],
+    'ops': ['base', 'telemetry', 'http', 'core', 'upstream', 'dns', 'store'],
+    '': ['base', 'telemetry', 'http', 'core', 'upstream', 'http1', 'http2', 'ops', 'dns', 'store'],
 }
 # The request core's files that may call into upstream/ only through the interface. The worker
 # (a thread's context) and the runtime (a snapshot as it runs) make the transports, and are not
@@ -52,6 +52,8 @@ LIBRARIES = {
     'SSL_': {'upstream'},
     'ares_': {'dns'},                # the resolver's channel
     'sqlite3_': {'store'},           # the durable deliveries' file
+    'EVP_': {'store'},               # libcrypto: the sealed fields of stored requests (seal.c)
+    'RAND_': {'store'},
     'json_': {'ops', ''},
     'epoll_': {'base'},
     'inotify_': set(),               # config/watch.c
