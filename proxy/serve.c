@@ -18,6 +18,7 @@
 #include "proxy/base/cpus.h"
 #include "proxy/dns/resolve.h"
 #include "proxy/ops/admin.h"
+#include "proxy/ops/deliveries.h"
 #include "proxy/listen.h"
 #include "proxy/telemetry/log.h"
 #include "proxy/base/loop.h"
@@ -71,6 +72,28 @@ static int init_wiretab(void)
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < n)
         n = (size_t)rl.rlim_cur;
     return wiretab_init(n);
+}
+
+/* The store's commits, into the store_commit_seconds histogram (from the store's thread). */
+static void store_commit(void *arg, double seconds)
+{
+    metrics_store_commit(arg, seconds);
+}
+
+/* The delivery store, when the config names one (store.path; docs/delivery.md): opened once
+ * at start (its keys apply at restart), retention on. 0 (and *out NULL without a store), or -1
+ * with the reason on stderr. */
+static int open_store(const struct cfg *cfg, struct metrics *m, struct store **out)
+{
+    char why[512];
+    *out = NULL;
+    if (!cfg->store.path)
+        return 0;
+    if (deliveries_open(cfg, true, store_commit, m, out, why, sizeof(why)) < 0) {
+        fprintf(stderr, "retryproxy: store: %s\n", why);
+        return -1;
+    }
+    return 0;
 }
 
 static uint64_t random_seed(void)
@@ -178,6 +201,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     struct proxy px = { 0 };
     struct control ctl = { .sfd = -1 };
     struct admin *admin = NULL;
+    struct store *store = NULL;
     unsigned n = o->workers, started = 0;
     /* by default one per CPU the process may use: its container's quota included */
     struct cpus cpus = { .n = n };
@@ -238,6 +262,9 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
         goto out;
     }
 
+    if (open_store(cfg, px.metrics, &store) < 0)
+        goto out;
+    px.store = store;
     if (listen_open(addr, n, fds, bound, sizeof(bound), why, sizeof(why)) < 0) {
         fprintf(stderr, "retryproxy: %s\n", why);
         rc = EXIT_BIND;
@@ -264,7 +291,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     ctl.workers = workers;
     ctl.n = n;
     dns_on_change(px.dns, on_dns_change, &ctl);
-    admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl);
+    admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl, store);
     if (!admin || loop_watch_add(ctl.loop, &ctl.sig_watch, ctl.sfd, EPOLLIN, on_signal, &ctl) < 0)
         goto out;
     reload_attach(ctl.rl, ctl.loop);
@@ -291,6 +318,7 @@ out:
     admin_stop(admin);
     for (unsigned i = 0; i < n; i++)
         worker_free(workers[i]);
+    store_close(store); /* after everything that calls it: every call handed over finishes */
     reload_free(ctl.rl);
     if (ctl.sfd >= 0)
         close(ctl.sfd);

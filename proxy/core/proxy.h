@@ -13,7 +13,8 @@
 #include "proxy/telemetry/metrics.h"
 #include "proxy/core/runtime.h"
 
-struct dns; /* proxy/dns/resolve.h */
+struct dns;   /* proxy/dns/resolve.h */
+struct store; /* proxy/store/store.h */
 
 struct proxy {
     struct rt_cell cell;
@@ -21,6 +22,7 @@ struct proxy {
     struct budget budget; /* the top-level "budget": every retry passes it */
     struct live *live;    /* per-route budgets and route-scoped backoff, by route name */
     struct dns *dns;      /* the upstreams' names (control thread; NULL in some tests) */
+    struct store *store;  /* durable deliveries and dead letters (NULL: no store.path) */
     atomic_bool draining;
     /* Loop-clock ms at which requests still waiting are answered (0: not draining). */
     atomic_uint_fast64_t drain_deadline_ms;

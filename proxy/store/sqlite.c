@@ -33,17 +33,6 @@ static bool writes(const struct store_call *c)
     return c->op != OP_LIST && c->op != OP_GET && c->op != OP_FIND && c->op != OP_COUNTS;
 }
 
-/* The commit latency histogram (store_stats). */
-static void observe_commit(struct store_impl *s, uint64_t us)
-{
-    for (int i = 0; i < STORE_COMMIT_BUCKETS; i++)
-        if ((double)us / 1e6 <= STORE_COMMIT_LE[i]) {
-            atomic_fetch_add(&s->commit_le[i], 1);
-            break;
-        }
-    atomic_fetch_add(&s->commit_n, 1);
-    atomic_fetch_add(&s->commit_sum_us, us);
-}
 
 /* Runs one batch of calls in one transaction and finishes them all. */
 static void run_batch(struct store_impl *s, struct store_call *batch)
@@ -93,7 +82,8 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
     } else {
         s->live = (uint64_t)((int64_t)s->live + s->live_delta);
         atomic_fetch_add(&s->commits, 1);
-        observe_commit(s, mono_us() - t0);
+        if (s->o.on_commit)
+            s->o.on_commit(s->o.on_commit_arg, (double)(mono_us() - t0) / 1e6);
     }
     atomic_store(&s->live_pub, s->live);
     atomic_store(&s->bytes, sql_bytes(s));
@@ -289,10 +279,6 @@ static int s_counts(struct store_impl *s, struct store_call *c)
 
 static void s_stats(struct store_impl *s, struct store_stats *out)
 {
-    for (int i = 0; i < STORE_COMMIT_BUCKETS; i++)
-        out->commit_le[i] = atomic_load(&s->commit_le[i]);
-    out->commit_n = atomic_load(&s->commit_n);
-    out->commit_sum_s = (double)atomic_load(&s->commit_sum_us) / 1e6;
     out->swept = atomic_load(&s->swept);
     out->commits = atomic_load(&s->commits);
     out->enqueued = atomic_load(&s->enqueued);

@@ -74,7 +74,7 @@ struct store_impl {
     bool closing;
     /* For stats(), from any thread. */
     _Atomic uint64_t commits, enqueued, refused, live_pub, bytes, commit_us;
-    _Atomic uint64_t commit_le[STORE_COMMIT_BUCKETS], commit_n, commit_sum_us, swept;
+    _Atomic uint64_t swept;
     uint64_t last_sweep;   /* the store clock's ms of the last retention sweep */
     unsigned char key[32]; /* o.key points here when set; o.sensitive is a copy */
 };

@@ -1,7 +1,6 @@
 /* store -- what every backend shares: the completion queues, the records' ownership, ids. */
 #include "proxy/store/store.h"
 
-#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -140,9 +139,6 @@ void store_delivery_clear(struct store_delivery *d)
     free(d->tries);
     memset(d, 0, sizeof(*d));
 }
-
-const double STORE_COMMIT_LE[STORE_COMMIT_BUCKETS] = { 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                       0.05,  0.1,    0.25,  1,    INFINITY };
 
 void store_call_clear(struct store_call *c)
 {

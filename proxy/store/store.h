@@ -207,10 +207,6 @@ struct store_call {
     struct store_call *next;
 };
 
-/* The commit latency histogram's bounds, seconds (the last is +Inf). */
-#define STORE_COMMIT_BUCKETS 10
-extern const double STORE_COMMIT_LE[STORE_COMMIT_BUCKETS];
-
 struct store_stats {
     uint64_t commits;   /* transactions committed */
     uint64_t enqueued;  /* new deliveries committed */
@@ -218,11 +214,7 @@ struct store_stats {
     uint64_t count;     /* deliveries kept, but the delivered */
     uint64_t bytes;     /* the store's size */
     uint64_t commit_us; /* the last commit's time */
-    /* Every commit's time: how many took at most STORE_COMMIT_LE[i] seconds, their sum. */
-    uint64_t commit_le[STORE_COMMIT_BUCKETS];
-    uint64_t commit_n;
-    double commit_sum_s;
-    uint64_t swept; /* rows retention deleted */
+    uint64_t swept;     /* rows retention deleted */
 };
 
 struct store_impl;
@@ -289,6 +281,9 @@ struct store_opts {
      * batches, at most once a second (the process sets it; the CLI does not). */
     bool retention;
     uint64_t delivered_keep_ms, dead_keep_ms;
+    /* Each commit's time, from the store thread (the commit latency histogram); NULL: none. */
+    void (*on_commit)(void *arg, double seconds);
+    void *on_commit_arg;
 };
 
 /* Why an open failed. */

@@ -1,0 +1,309 @@
+/* deliveries -- the admin API's and the CLI's shared part (deliveries.h). */
+#include "proxy/ops/deliveries.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "config/utf8.h"
+#include "proxy/store/seal.h"
+#include "proxy/telemetry/log.h"
+
+/* A lease longer than any attempt can last (routes' timeouts are capped well below it); the
+ * courier's own (the durable route's) is what counts, this one is for the CLI's process. */
+#define LEASE_MS 600000
+
+const char *const dq_keys[] = { "route",  "state", "since", "until",   "status", "limit",
+                                "cursor", "order", "rate",  "dry_run", NULL };
+
+void dq_init(struct dq *q)
+{
+    memset(q, 0, sizeof(*q));
+    q->m.state = -1;
+    q->rate = DELIVERIES_RATE_DEFAULT;
+}
+
+static int whole(const char *s, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (!s || !*s)
+        return -1;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (max - (uint64_t)(*p - '0')) / 10)
+            return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* ms since the epoch, or RFC 3339 ("2026-11-28T20:00:00Z", fraction and offset optional). */
+static int parse_time(const char *s, uint64_t *out)
+{
+    if (whole(s, UINT64_MAX / 2, out) == 0)
+        return 0;
+    struct tm tm = { 0 };
+    const char *p = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (!p)
+        return -1;
+    int64_t ms = (int64_t)timegm(&tm) * 1000;
+    if (*p == '.') {
+        int64_t scale = 100;
+        for (p++; *p >= '0' && *p <= '9'; p++, scale /= 10)
+            ms += (*p - '0') * scale;
+    }
+    if (*p == 'Z' || *p == 'z') {
+        p++;
+    } else if ((*p == '+' || *p == '-') && strlen(p) == 6 && p[3] == ':') {
+        int h = (p[1] - '0') * 10 + (p[2] - '0'), m = (p[4] - '0') * 10 + (p[5] - '0');
+        int64_t off = ((int64_t)h * 60 + m) * 60000;
+        ms += *p == '+' ? -off : off;
+        p += 6;
+    } else {
+        return -1;
+    }
+    if (*p || ms < 0)
+        return -1;
+    *out = (uint64_t)ms;
+    return 0;
+}
+
+int dq_set(struct dq *q, const char *key, const char *value, char *err, size_t cap)
+{
+    uint64_t v;
+    bool filter = true;
+    if (strcmp(key, "route") == 0) {
+        q->m.route = value;
+    } else if (strcmp(key, "state") == 0) {
+        if ((q->m.state = store_state_parse(value)) < 0)
+            goto bad;
+    } else if (strcmp(key, "since") == 0 || strcmp(key, "until") == 0) {
+        if (parse_time(value, &v) < 0 || v == 0)
+            goto bad;
+        *(key[0] == 's' ? &q->m.since : &q->m.until) = v;
+    } else if (strcmp(key, "status") == 0) {
+        if (whole(value, 599, &v) < 0 || v < 100)
+            goto bad;
+        q->m.status = (int)v;
+    } else if (strcmp(key, "limit") == 0) {
+        if (whole(value, STORE_FIND_MAX, &v) < 0 || v == 0)
+            goto bad;
+        q->m.limit = (uint32_t)v;
+        filter = false;
+    } else if (strcmp(key, "cursor") == 0) {
+        if (whole(value, INT64_MAX, &v) < 0)
+            goto bad;
+        q->m.cursor = v;
+        filter = false;
+    } else if (strcmp(key, "order") == 0) {
+        if (strcmp(value, "newest") != 0 && strcmp(value, "oldest") != 0)
+            goto bad;
+        q->m.newest_first = value[0] == 'n';
+        filter = false;
+    } else if (strcmp(key, "rate") == 0) {
+        if (whole(value, DELIVERIES_RATE_MAX, &v) < 0 || v == 0)
+            goto bad;
+        q->rate = (uint32_t)v;
+        filter = false;
+    } else if (strcmp(key, "dry_run") == 0) {
+        if (strcmp(value, "1") != 0 && strcmp(value, "0") != 0 && strcmp(value, "true") != 0 &&
+            strcmp(value, "false") != 0)
+            goto bad;
+        q->dry_run = value[0] == '1' || value[0] == 't';
+        filter = false;
+    } else {
+        return 1;
+    }
+    q->filtered |= filter;
+    return 0;
+bad:;
+    static const char *const want[][2] = {
+        { "state", "scheduled, in_flight, delivered or dead" },
+        { "since", "ms since the epoch or an RFC 3339 time (2026-11-28T20:00:00Z)" },
+        { "until", "ms since the epoch or an RFC 3339 time (2026-11-28T20:00:00Z)" },
+        { "status", "an HTTP status from 100 to 599" },
+        { "limit", "a whole number from 1 to 1000" },
+        { "cursor", "the next_cursor of the page before" },
+        { "order", "newest or oldest" },
+        { "rate", "a whole number from 1 to 1000 (per second)" },
+        { "dry_run", "1 or 0" },
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (strcmp(key, want[i][0]) == 0)
+            snprintf(err, cap, "%s must be %s, got '%s'", key, want[i][1], value);
+    return -1;
+}
+
+int deliveries_open(const struct cfg *cfg, bool retention, void (*on_commit)(void *, double),
+                    void *arg, struct store **out, char *err, size_t cap)
+{
+    const struct cfg_store *cs = &cfg->store;
+    unsigned char key[SEAL_KEY_BYTES];
+    const char **names = NULL;
+    int r = -1;
+    if (!cs->path) {
+        snprintf(err, cap, "the config names no store (store.path)");
+        return -1;
+    }
+    if (cs->key_file && seal_key_load(cs->key_file, key, err, cap) < 0)
+        return -1;
+    if (cs->n_sensitive && !(names = calloc(cs->n_sensitive, sizeof(*names)))) {
+        snprintf(err, cap, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < cs->n_sensitive; i++)
+        names[i] = cs->sensitive[i].name;
+    struct store_opts o = { .path = cs->path,
+                            .max_bytes = cs->max_bytes,
+                            .max_count = cs->max_count,
+                            .lease_ms = LEASE_MS,
+                            .dead_body_bytes = cs->dead_body_bytes,
+                            .key = cs->key_file ? key : NULL,
+                            .sensitive = names,
+                            .n_sensitive = cs->n_sensitive,
+                            .retention = retention,
+                            .delivered_keep_ms = cs->delivered_keep_ms,
+                            .dead_keep_ms = cs->dead_keep_ms,
+                            .on_commit = on_commit,
+                            .on_commit_arg = arg };
+    struct store_err e;
+    if (store_sqlite_open(&o, out, &e) < 0) {
+        snprintf(err, cap, "%s", e.msg[0] ? e.msg : "cannot open the store");
+        goto out;
+    }
+    r = 0;
+out:
+    free(names);
+    explicit_bzero(key, sizeof(key));
+    return r;
+}
+
+void deliveries_time(uint64_t ms, char *out, size_t cap)
+{
+    time_t s = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, cap - n, ".%03dZ", (int)(ms % 1000));
+}
+
+static json_t *time_json(uint64_t ms)
+{
+    char t[40];
+    if (!ms)
+        return json_null();
+    deliveries_time(ms, t, sizeof(t));
+    return json_string(t);
+}
+
+static bool is_utf8(const char *s, size_t n)
+{
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = utf8_len((const unsigned char *)s + i, n - i)) || s[i] == '\0')
+            return false;
+    return true;
+}
+
+/* Bytes as {"text": ...} when they are UTF-8, else {"base64": ...}. */
+static json_t *bytes_json(const char *b, size_t n)
+{
+    if (!b)
+        return json_null();
+    if (is_utf8(b, n))
+        return json_pack("{s:s%}", "text", b, n);
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *o = malloc(4 * ((n + 2) / 3) + 1), *p = o;
+    if (!o)
+        return json_null();
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned char)b[i] << 16;
+        if (i + 1 < n)
+            v |= (unsigned char)b[i + 1] << 8;
+        if (i + 2 < n)
+            v |= (unsigned char)b[i + 2];
+        *p++ = tab[v >> 18 & 63];
+        *p++ = tab[v >> 12 & 63];
+        *p++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
+        *p++ = i + 2 < n ? tab[v & 63] : '=';
+    }
+    *p = '\0';
+    json_t *j = json_pack("{s:s}", "base64", o);
+    free(o);
+    return j;
+}
+
+static bool sensitive(const char *name, const struct cfg *cfg)
+{
+    const struct cfg_store *cs = &cfg->store;
+    if (seal_sensitive(name, NULL, 0))
+        return true;
+    for (size_t i = 0; i < cs->n_sensitive; i++)
+        if (strcasecmp(name, cs->sensitive[i].name) == 0)
+            return true;
+    return false;
+}
+
+json_t *deliveries_json(const struct store_delivery *d, bool full, const struct cfg *cfg)
+{
+    json_t *j = json_pack(
+        "{s:s, s:s, s:s, s:s, s:s, s:I, s:o, s:o, s:I, s:I, s:o, s:o, s:o}", "id", d->id, "route",
+        d->route, "state", store_state_name(d->state), "method", d->method, "target", d->target,
+        "body_bytes", (json_int_t)d->body_len, "accepted_at", time_json(d->created_at), "next_at",
+        d->state == STORE_SCHEDULED ? time_json(d->next_at) : json_null(), "attempts",
+        (json_int_t)d->attempts, "replays", (json_int_t)d->replays, "last_status",
+        d->last_status ? json_integer(d->last_status) : json_null(), "idempotency_key",
+        d->idem_key ? json_string(d->idem_key) : json_null(), "reason",
+        d->reason && d->reason[0] ? json_string(d->reason) : json_null());
+    if (!j || !full)
+        return j;
+    json_t *fields = json_array(), *tries = json_array();
+    for (size_t i = 0; i < d->nfields; i++) {
+        const struct store_field *f = &d->fields[i];
+        bool hide = sensitive(f->name, cfg) || seal_is_sealed(f->value);
+        json_array_append_new(fields,
+                              json_pack("[s, s]", f->name, hide ? SEAL_REDACTED : f->value));
+    }
+    for (size_t i = 0; i < d->ntries; i++) {
+        const struct store_attempt *a = &d->tries[i];
+        json_array_append_new(tries, json_pack("{s:o, s:I, s:o, s:s}", "at", time_json(a->at_ms),
+                                               "duration_ms", (json_int_t)a->duration_ms, "status",
+                                               a->status ? json_integer(a->status) : json_null(),
+                                               "outcome", a->outcome));
+    }
+    json_object_set_new(j, "fields", fields);
+    json_object_set_new(j, "body", bytes_json(d->body, d->body_len));
+    json_object_set_new(j, "attempts_made", tries);
+    if (d->state == STORE_DEAD) {
+        json_object_set_new(j, "final_head", bytes_json(d->final_head, d->final_head_len));
+        json_object_set_new(j, "final_body", bytes_json(d->final_body, d->final_body_len));
+    }
+    return j;
+}
+
+json_t *deliveries_page_json(const struct store_call *c, const struct cfg *cfg)
+{
+    json_t *list = json_array();
+    for (size_t i = 0; i < c->n; i++)
+        json_array_append_new(list, deliveries_json(&c->items[i], false, cfg));
+    return json_pack("{s:o, s:I, s:o}", "deliveries", list, "total", (json_int_t)c->total,
+                     "next_cursor", c->more ? json_integer((json_int_t)c->cursor) : json_null());
+}
+
+void deliveries_log_one(bool replay, const char *id, const char *route, const char *how)
+{
+    log_event(CFG_LOG_INFO, replay ? "delivery replayed" : "delivery dropped", "id", id, "route",
+              route ? route : "", "by", how, NULL);
+}
+
+void deliveries_log_bulk(bool replay, const struct dq *q, uint64_t n, const char *how)
+{
+    const struct store_match *m = &q->m;
+    log_event(CFG_LOG_INFO,
+              replay ? "deliveries replayed by filter" : "deliveries dropped by filter", "route",
+              m->route ? m->route : "", "state",
+              m->state >= 0 ? store_state_name((enum store_state)m->state) : "",
+              LOG_NUM("since", m->since), LOG_NUM("until", m->until), LOG_NUM("status", m->status),
+              LOG_NUM("count", n), LOG_NUM("rate", replay ? q->rate : 0), "by", how, NULL);
+}
