@@ -293,17 +293,26 @@ json_t *deliveries_page_json(const struct store_call *c, const struct cfg *cfg)
 
 void deliveries_log_one(bool replay, const char *id, const char *route, const char *how)
 {
-    log_event(CFG_LOG_INFO, replay ? "delivery replayed" : "delivery dropped", "id", id, "route",
-              route ? route : "", "by", how, NULL);
+    if (!route)
+        route = "";
+    if (replay)
+        log_event(CFG_LOG_INFO, "delivery replayed", "id", id, "route", route, "by", how, NULL);
+    else
+        log_event(CFG_LOG_INFO, "delivery dropped", "id", id, "route", route, "by", how, NULL);
 }
 
 void deliveries_log_bulk(bool replay, const struct dq *q, uint64_t n, const char *how)
 {
     const struct store_match *m = &q->m;
-    log_event(CFG_LOG_INFO,
-              replay ? "deliveries replayed by filter" : "deliveries dropped by filter", "route",
-              m->route ? m->route : "", "state",
-              m->state >= 0 ? store_state_name((enum store_state)m->state) : "",
-              LOG_NUM("since", m->since), LOG_NUM("until", m->until), LOG_NUM("status", m->status),
-              LOG_NUM("count", n), LOG_NUM("rate", replay ? q->rate : 0), "by", how, NULL);
+    const char *route = m->route ? m->route : "";
+    const char *state = m->state >= 0 ? store_state_name((enum store_state)m->state) : "";
+    if (replay)
+        log_event(CFG_LOG_INFO, "deliveries replayed by filter", "route", route, "state", state,
+                  LOG_NUM("since", m->since), LOG_NUM("until", m->until),
+                  LOG_NUM("status", m->status), LOG_NUM("count", n), LOG_NUM("rate", q->rate), "by",
+                  how, NULL);
+    else
+        log_event(CFG_LOG_INFO, "deliveries dropped by filter", "route", route, "state", state,
+                  LOG_NUM("since", m->since), LOG_NUM("until", m->until),
+                  LOG_NUM("status", m->status), LOG_NUM("count", n), "by", how, NULL);
 }

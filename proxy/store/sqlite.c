@@ -33,6 +33,13 @@ static bool writes(const struct store_call *c)
     return c->op != OP_LIST && c->op != OP_GET && c->op != OP_FIND && c->op != OP_COUNTS;
 }
 
+/* One call in the open transaction: the operators' ops are sqlite_ops.c's, the rest
+ * sqlite_sql.c's. */
+static int run_one(struct store_impl *s, struct store_call *c)
+{
+    bool ops = c->op == OP_FIND || c->op == OP_BULK || c->op == OP_COUNTS;
+    return ops ? sql_ops_run(s, c) : sql_run(s, c);
+}
 
 /* Runs one batch of calls in one transaction and finishes them all. */
 static void run_batch(struct store_impl *s, struct store_call *batch)
@@ -44,13 +51,13 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
     struct store_call *c;
     for (c = batch; c && !lost; c = c->next) {
         if (!writes(c)) {
-            c->result = sql_run(s, c);
+            c->result = run_one(s, c);
             continue;
         }
         int r = sql_error(sql_step_reset(s->st[S_SAVEPOINT]));
         int64_t delta = s->live_delta;
         uint64_t added = s->bytes_added;
-        if (r == 0 && (r = sql_run(s, c)) < 0) {
+        if (r == 0 && (r = run_one(s, c)) < 0) {
             sql_step_reset(s->st[S_ROLLBACK_TO]);
             s->live_delta = delta;
             s->bytes_added = added;
@@ -400,7 +407,7 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
         (o->max_file_bytes && (r = pragma(s, cap, NULL, err)) < 0))
         goto fail;
     s->page_size = 4096;
-    if ((r = sql_setup(s, err)) < 0)
+    if ((r = sql_setup(s, err)) < 0 || (r = sql_ops_setup(s, err)) < 0)
         goto fail;
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db, "PRAGMA page_size", -1, &st, NULL) == SQLITE_OK &&

@@ -93,12 +93,13 @@ uint64_t sql_bytes(struct store_impl *s);
 /* Runs a statement without rows (BEGIN, SAVEPOINT...); its result code. */
 int sql_step_reset(sqlite3_stmt *st);
 
-/* sqlite_ops.c: the operators' operations (find, bulk, counts) inside the open transaction;
- * retention, in a transaction of its own, when a second has passed since the last. */
+/* sqlite_ops.c: the indexes its filters need (at open); the operators' operations (find,
+ * bulk, counts) inside the open transaction; retention, in a transaction of its own, when a
+ * second has passed since the last. */
 int sql_ops_setup(struct store_impl *s, struct store_err *err);
 int sql_ops_run(struct store_impl *s, struct store_call *c);
 void sql_sweep(struct store_impl *s);
-/* The sensitive fields of delivery 'id' sealed (or left out without a key) into a new array
+/* sqlite_seal.c: the sensitive fields of delivery 'id' sealed (or left out without a key) into a new array
  * *out of *nout, whose strings are 'in''s or malloc'd (free with sql_fields_free). 0 or
  * STORE_EIO. And a read delivery's sealed values opened (left sealed without a key or when one
  * does not open: never shown, see seal.h). */

@@ -1,14 +1,13 @@
 /* sqlite_ops -- the operators' side of the SQLite store (docs/delivery.md, "Admin API" and
  * "Retention"): find with filters and a cursor, replay and drop by filter in bounded batches,
- * the counts the gauges read, retention sweeps, and the sealing of sensitive fields on their
- * way in and out (proxy/store/seal.c).
+ * the counts the gauges read, retention sweeps. sqlite.c runs them; they use sqlite_sql.c's
+ * helpers, which never call back here.
  *
  * Run by the store thread only, like sqlite_sql.c: find, bulk and counts inside the batch's
  * transaction (sql_ops_run), a sweep in a transaction of its own between batches. The
  * statements with a variable filter are prepared per call (an operator's request, not the
  * accept path); the indexes they need are created at open (IF NOT EXISTS: no schema version).
  */
-#include "proxy/store/seal.h"
 #include "proxy/store/sqlite_int.h"
 
 #include <stdio.h>
@@ -34,55 +33,6 @@ int sql_ops_setup(struct store_impl *s, struct store_err *err)
         return STORE_EIO;
     }
     return 0;
-}
-
-/* ---- sealing (seal.h) ---- */
-
-int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
-                    struct store_field **out, size_t *nout)
-{
-    struct store_field *f = calloc(n ? n : 1, sizeof(*f));
-    size_t k = 0;
-    if (!f)
-        return STORE_EIO;
-    for (size_t i = 0; i < n; i++) {
-        bool secret = seal_sensitive(in[i].name, s->o.sensitive, s->o.n_sensitive);
-        if (secret && !s->o.key)
-            continue; /* no key: not stored at all (docs/delivery.md) */
-        f[k].name = strdup(in[i].name);
-        f[k].value = secret ? seal_value(s->o.key, id, in[i].value) : strdup(in[i].value);
-        k++;
-        if (!f[k - 1].name || !f[k - 1].value) {
-            sql_fields_free(in, f, k);
-            return STORE_EIO;
-        }
-    }
-    *out = f;
-    *nout = k;
-    return 0;
-}
-
-void sql_fields_free(const struct store_field *in, struct store_field *out, size_t nout)
-{
-    (void)in;
-    for (size_t i = 0; i < nout; i++) {
-        free(out[i].name);
-        free(out[i].value);
-    }
-    free(out);
-}
-
-void sql_open_fields(struct store_impl *s, struct store_delivery *d)
-{
-    for (size_t i = 0; s->o.key && i < d->nfields; i++) {
-        if (!seal_is_sealed(d->fields[i].value))
-            continue;
-        char *clear = seal_open(s->o.key, d->id, d->fields[i].value);
-        if (clear) {
-            free(d->fields[i].value);
-            d->fields[i].value = clear;
-        }
-    }
 }
 
 /* ---- find and bulk: one filter, written as SQL with only the conditions asked for ---- */

@@ -160,7 +160,7 @@ int sql_setup(struct store_impl *s, struct store_err *err)
                                      NULL)) != SQLITE_OK)
             goto fail;
     s->live = one_int(s->st[S_LIVE]);
-    return sql_ops_setup(s, err);
+    return 0;
 fail:
     snprintf(err->msg, sizeof(err->msg), "%s: %s", s->o.path, sqlite3_errmsg(s->db));
     sqlite3_finalize(st);
@@ -571,7 +571,7 @@ int sql_run(struct store_impl *s, struct store_call *c)
     case OP_FIND:
     case OP_BULK:
     case OP_COUNTS:
-        return sql_ops_run(s, c);
+        break; /* sqlite_ops.c's, run by sqlite.c */
     }
     return STORE_EINVAL;
 }
