@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "config/utf8.h"
+#include "proxy/ops/upstreams.h"
 #include "proxy/store/seal.h"
 #include "proxy/telemetry/log.h"
 
@@ -180,21 +181,12 @@ out:
     return r;
 }
 
-void deliveries_time(uint64_t ms, char *out, size_t cap)
-{
-    time_t s = (time_t)(ms / 1000);
-    struct tm tm;
-    gmtime_r(&s, &tm);
-    size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out + n, cap - n, ".%03dZ", (int)(ms % 1000));
-}
-
 static json_t *time_json(uint64_t ms)
 {
     char t[40];
     if (!ms)
         return json_null();
-    deliveries_time(ms, t, sizeof(t));
+    upstreams_rfc3339((int64_t)ms, t, sizeof(t));
     return json_string(t);
 }
 

@@ -58,7 +58,4 @@ json_t *deliveries_page_json(const struct store_call *c, const struct cfg *cfg);
 void deliveries_log_one(bool replay, const char *id, const char *route, const char *how);
 void deliveries_log_bulk(bool replay, const struct dq *q, uint64_t n, const char *how);
 
-/* ms since the epoch as RFC 3339 with milliseconds, UTC. */
-void deliveries_time(uint64_t ms, char *out, size_t cap);
-
 #endif

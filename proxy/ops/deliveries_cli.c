@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/store/seal.h"
+#include "proxy/ops/upstreams.h"
 #include "proxy/telemetry/log.h"
 
 /* A call's bound: long enough for a busy proxy's lock (the store's busy timeout is 5 s). */
@@ -51,7 +51,7 @@ static void table(FILE *out, const struct store_call *c)
     for (size_t i = 0; i < c->n; i++) {
         const struct store_delivery *d = &c->items[i];
         char when[40], last[8] = "-";
-        deliveries_time(d->created_at, when, sizeof(when));
+        upstreams_rfc3339((int64_t)d->created_at, when, sizeof(when));
         if (d->last_status)
             snprintf(last, sizeof(last), "%d", d->last_status);
         fprintf(out, "%-32s  %-9s  %-16s  %8u  %6s  %s\n", d->id, store_state_name(d->state),

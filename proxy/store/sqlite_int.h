@@ -99,8 +99,8 @@ int sql_step_reset(sqlite3_stmt *st);
 int sql_ops_setup(struct store_impl *s, struct store_err *err);
 int sql_ops_run(struct store_impl *s, struct store_call *c);
 void sql_sweep(struct store_impl *s);
-/* sqlite_seal.c: the sensitive fields of delivery 'id' sealed (or left out without a key) into a new array
- * *out of *nout, whose strings are 'in''s or malloc'd (free with sql_fields_free). 0 or
+/* sqlite_seal.c: the sensitive fields of delivery 'id' sealed (or left out without a key) into a
+ * new array *out of *nout, whose strings are 'in''s or malloc'd (free with sql_fields_free). 0 or
  * STORE_EIO. And a read delivery's sealed values opened (left sealed without a key or when one
  * does not open: never shown, see seal.h). */
 int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
