@@ -137,12 +137,31 @@ bad:;
     return -1;
 }
 
+/* The settings of 'cfg' a reload may change, its names in *names (malloc'd, freed by the
+ * caller). 0, or -1 when out of memory. */
+static int tuning_of(const struct cfg *cfg, struct store_tuning *t, const char ***names)
+{
+    const struct cfg_store *cs = &cfg->store;
+    *names = cs->n_sensitive ? calloc(cs->n_sensitive, sizeof(**names)) : NULL;
+    if (cs->n_sensitive && !*names)
+        return -1;
+    for (size_t i = 0; i < cs->n_sensitive; i++)
+        (*names)[i] = cs->sensitive[i].name;
+    *t = (struct store_tuning){ .sensitive = *names,
+                                .n_sensitive = cs->n_sensitive,
+                                .dead_body_bytes = cs->dead_body_bytes,
+                                .delivered_keep_ms = cs->delivered_keep_ms,
+                                .dead_keep_ms = cs->dead_keep_ms };
+    return 0;
+}
+
 int deliveries_open(const struct cfg *cfg, bool retention, void (*on_commit)(void *, double),
                     void *arg, struct store **out, char *err, size_t cap)
 {
     const struct cfg_store *cs = &cfg->store;
     unsigned char key[SEAL_KEY_BYTES];
     const char **names = NULL;
+    struct store_tuning t;
     int r = -1;
     if (!cs->path) {
         snprintf(err, cap, "the config names no store (store.path)");
@@ -150,23 +169,21 @@ int deliveries_open(const struct cfg *cfg, bool retention, void (*on_commit)(voi
     }
     if (cs->key_file && seal_key_load(cs->key_file, key, err, cap) < 0)
         return -1;
-    if (cs->n_sensitive && !(names = calloc(cs->n_sensitive, sizeof(*names)))) {
+    if (tuning_of(cfg, &t, &names) < 0) {
         snprintf(err, cap, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < cs->n_sensitive; i++)
-        names[i] = cs->sensitive[i].name;
     struct store_opts o = { .path = cs->path,
                             .max_bytes = cs->max_bytes,
                             .max_count = cs->max_count,
                             .lease_ms = LEASE_MS,
-                            .dead_body_bytes = cs->dead_body_bytes,
+                            .dead_body_bytes = t.dead_body_bytes,
                             .key = cs->key_file ? key : NULL,
-                            .sensitive = names,
-                            .n_sensitive = cs->n_sensitive,
+                            .sensitive = t.sensitive,
+                            .n_sensitive = t.n_sensitive,
                             .retention = retention,
-                            .delivered_keep_ms = cs->delivered_keep_ms,
-                            .dead_keep_ms = cs->dead_keep_ms,
+                            .delivered_keep_ms = t.delivered_keep_ms,
+                            .dead_keep_ms = t.dead_keep_ms,
                             .on_commit = on_commit,
                             .on_commit_arg = arg };
     struct store_err e;
@@ -179,6 +196,15 @@ out:
     free(names);
     explicit_bzero(key, sizeof(key));
     return r;
+}
+
+int deliveries_tune(struct store *s, const struct cfg *cfg)
+{
+    const char **names = NULL;
+    struct store_tuning t;
+    int r = s && tuning_of(cfg, &t, &names) == 0 ? store_tune(s, &t) : -1;
+    free(names);
+    return s ? r : 0;
 }
 
 static json_t *time_json(uint64_t ms)

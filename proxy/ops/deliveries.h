@@ -45,6 +45,10 @@ extern const char *const dq_keys[];
 int deliveries_open(const struct cfg *cfg, bool retention, void (*on_commit)(void *, double),
                     void *arg, struct store **out, char *err, size_t cap);
 
+/* A reload's settings of the store (store.sensitive_fields, dead_body_bytes,
+ * delivered_keep_ms, dead_keep_ms) handed to the open store 's' (NULL: nothing). 0 or -1. */
+int deliveries_tune(struct store *s, const struct cfg *cfg);
+
 /* A delivery as JSON (a new reference): the list form, or 'full' (get) with its fields,
  * body, attempts and, for a dead letter, its final response. Sensitive fields (those of
  * 'cfg', seal.h) and any value still sealed show "[redacted]". */

@@ -20,6 +20,7 @@
 #include <time.h>
 
 static const struct store_ops sqlite_ops;
+static void take_tuning(struct store_impl *s);
 
 static uint64_t mono_us(void)
 {
@@ -124,6 +125,7 @@ static void *store_thread(void *arg)
             if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0)
                 break;
         }
+        take_tuning(s);
         if (!s->head && !s->closing) {
             pthread_mutex_unlock(&s->mu);
             sql_sweep(s); /* retention, at most once a second (sqlite_ops.c) */
@@ -156,6 +158,7 @@ static int submit(struct store_impl *s, struct store_call *c, int op)
     c->result = 0;
     c->finished = false;
     c->dup = false;
+    c->left_out = 0;
     c->items = NULL;
     c->n = 0;
     c->total = 0;
@@ -295,6 +298,64 @@ static void s_stats(struct store_impl *s, struct store_stats *out)
     out->commit_us = atomic_load(&s->commit_us);
 }
 
+/* A copy of 'n' names (NULL and 0 for none); NULL when out of memory. */
+static char **copy_names(const char *const *names, size_t n, bool *ok)
+{
+    char **c = n ? calloc(n, sizeof(*c)) : NULL;
+    *ok = !n || c;
+    for (size_t i = 0; c && i < n; i++)
+        *ok = *ok && (c[i] = strdup(names[i])) != NULL;
+    return c;
+}
+
+static void free_names(const char *const *names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        free((char *)names[i]);
+    free((void *)names);
+}
+
+static int s_tune(struct store_impl *s, const struct store_tuning *t)
+{
+    struct store_opts *o = calloc(1, sizeof(*o));
+    bool ok = o != NULL;
+    char **names = o ? copy_names(t->sensitive, t->n_sensitive, &ok) : NULL;
+    if (!ok) {
+        free_names((const char *const *)names, t->n_sensitive);
+        free(o);
+        return STORE_EIO;
+    }
+    o->sensitive = (const char *const *)names;
+    o->n_sensitive = t->n_sensitive;
+    o->dead_body_bytes = t->dead_body_bytes;
+    o->delivered_keep_ms = t->delivered_keep_ms;
+    o->dead_keep_ms = t->dead_keep_ms;
+    pthread_mutex_lock(&s->mu);
+    struct store_opts *old = s->tuned;
+    s->tuned = o;
+    pthread_mutex_unlock(&s->mu);
+    if (old)
+        free_names(old->sensitive, old->n_sensitive);
+    free(old);
+    return 0;
+}
+
+/* The store thread takes a reload's settings (under mu). */
+static void take_tuning(struct store_impl *s)
+{
+    struct store_opts *t = s->tuned;
+    if (!t)
+        return;
+    s->tuned = NULL;
+    free_names(s->o.sensitive, s->o.n_sensitive);
+    s->o.sensitive = t->sensitive;
+    s->o.n_sensitive = t->n_sensitive;
+    s->o.dead_body_bytes = t->dead_body_bytes;
+    s->o.delivered_keep_ms = t->delivered_keep_ms;
+    s->o.dead_keep_ms = t->dead_keep_ms;
+    free(t);
+}
+
 static void free_impl(struct store_impl *s)
 {
     sql_finalize(s);
@@ -302,9 +363,10 @@ static void free_impl(struct store_impl *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free((char *)s->o.path);
-    for (size_t i = 0; i < s->o.n_sensitive; i++)
-        free((char *)s->o.sensitive[i]);
-    free((void *)s->o.sensitive);
+    free_names(s->o.sensitive, s->o.n_sensitive);
+    if (s->tuned)
+        free_names(s->tuned->sensitive, s->tuned->n_sensitive);
+    free(s->tuned);
     explicit_bzero(s->key, sizeof(s->key));
     free(s);
 }
@@ -333,6 +395,7 @@ static const struct store_ops sqlite_ops = {
     .find = s_find,
     .bulk = s_bulk,
     .counts = s_counts,
+    .tune = s_tune,
     .stats = s_stats,
     .close = s_close,
 };
@@ -376,13 +439,13 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
         memcpy(s->key, o->key, sizeof(s->key));
         s->o.key = s->key;
     }
-    s->o.sensitive = NULL;
-    s->o.n_sensitive = 0;
-    char **names = o->n_sensitive ? calloc(o->n_sensitive, sizeof(*names)) : NULL;
-    for (size_t i = 0; names && i < o->n_sensitive; i++)
-        if ((names[i] = strdup(o->sensitive[i])))
-            s->o.n_sensitive = i + 1;
-    s->o.sensitive = (const char *const *)names;
+    bool names_ok;
+    s->o.sensitive = (const char *const *)copy_names(o->sensitive, o->n_sensitive, &names_ok);
+    if (!names_ok) {
+        free_names(s->o.sensitive, o->n_sensitive);
+        s->o.sensitive = NULL;
+        s->o.n_sensitive = 0;
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->pub.ops = &sqlite_ops;
@@ -390,7 +453,7 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
     /* NOMUTEX: after this function, only the store thread touches the connection. */
     int rc = sqlite3_open_v2(
         o->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
-    if (!s->o.path || rc != SQLITE_OK || s->o.n_sensitive != o->n_sensitive) {
+    if (!s->o.path || rc != SQLITE_OK || !names_ok) {
         snprintf(err->msg, sizeof(err->msg), "%s: %s", o->path,
                  s->db ? sqlite3_errmsg(s->db) : "out of memory");
         goto fail;

@@ -77,6 +77,8 @@ struct store_impl {
     _Atomic uint64_t swept;
     uint64_t last_sweep;   /* the store clock's ms of the last retention sweep */
     unsigned char key[32]; /* o.key points here when set; o.sensitive is a copy */
+    /* A reload's settings, under mu until the store thread takes them (store_tune()). */
+    struct store_opts *tuned;
 };
 
 /* The store's wall clock, ms. */

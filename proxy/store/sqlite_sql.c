@@ -359,6 +359,7 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
     if (store_new_id(c->id) == 0 &&
         sql_seal_fields(s, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
         fields = fields_pack(kept, nkept, &flen);
+        c->left_out = (uint32_t)(d->nfields - nkept);
         sql_fields_free(d->fields, kept, nkept);
     }
     if (!fields)

@@ -158,6 +158,7 @@ void store_call_clear(struct store_call *c)
     c->result = 0;
     c->finished = false;
     c->dup = false;
+    c->left_out = 0;
     c->id[0] = '\0';
 }
 

@@ -176,6 +176,14 @@ struct store_count {
     uint64_t oldest_pending; /* ms since the epoch; 0: none pending */
 };
 
+/* What a reload may change of an open store (store_opts has the same). */
+struct store_tuning {
+    const char *const *sensitive;
+    size_t n_sensitive;
+    size_t dead_body_bytes;
+    uint64_t delivered_keep_ms, dead_keep_ms;
+};
+
 struct store_cq;
 struct store_call;
 typedef void (*store_done_fn)(struct store_call *c);
@@ -186,10 +194,11 @@ struct store_call {
     store_done_fn done; /* may be NULL (store_call_wait) */
     void *arg;
     /* Results, from the completion on. */
-    int result;                   /* 0 or a STORE_E* */
-    bool finished;                /* set by store_cq_drain() before done() */
-    bool dup;                     /* enqueue: 'id' is an earlier accept's (same key and body) */
-    char id[STORE_ID_SIZE];       /* enqueue: the delivery's id */
+    int result;             /* 0 or a STORE_E* */
+    bool finished;          /* set by store_cq_drain() before done() */
+    bool dup;               /* enqueue: 'id' is an earlier accept's (same key and body) */
+    uint32_t left_out;      /* enqueue: sensitive fields not stored (no key: docs/delivery.md) */
+    char id[STORE_ID_SIZE]; /* enqueue: the delivery's id */
     struct store_delivery *items; /* claim, list; get: one */
     size_t n;
     uint64_t total;  /* list, find: rows matching the filter; bulk dry run: the count */
@@ -246,6 +255,10 @@ struct store_ops {
     int (*find)(struct store_impl *s, struct store_call *c, const struct store_match *m);
     int (*bulk)(struct store_impl *s, struct store_call *c, const struct store_bulk *b);
     int (*counts)(struct store_impl *s, struct store_call *c);
+    /* The settings a reload may change (struct store_tuning), copied; the store's thread
+     * takes them before its next transaction. Synchronous, from any thread; 0 or
+     * STORE_EIO (out of memory: the old ones stay). */
+    int (*tune)(struct store_impl *s, const struct store_tuning *t);
     /* Synchronous, from any thread. */
     void (*stats)(struct store_impl *s, struct store_stats *out);
     /* Finishes what was handed over (every call completes), then frees the store. */
@@ -351,6 +364,10 @@ static inline int store_bulk(struct store *s, struct store_call *c, const struct
 static inline int store_counts(struct store *s, struct store_call *c)
 {
     return s->ops->counts(s->impl, c);
+}
+static inline int store_tune(struct store *s, const struct store_tuning *t)
+{
+    return s->ops->tune(s->impl, t);
 }
 static inline void store_stats(struct store *s, struct store_stats *out)
 {

@@ -935,6 +935,7 @@ static void secrets_round_trip(struct store_opts *o, struct store_delivery *out)
                            .body_len = 1 };
     struct store_call c = { .cq = cq };
     cr_assert_eq(wait_for(&c, store_enqueue(s, &c, &d)), 0);
+    cr_expect_eq(c.left_out, o->key ? 0 : 3, "the accept is told what was left out");
     store_call_clear(&c);
     char wal[160];
     snprintf(wal, sizeof(wal), "%s-wal", path);
@@ -1018,4 +1019,35 @@ Test(store, retention_deletes_delivered_after_their_keep_and_dead_letters_only_w
         atomic_store(&fake_now, t0);
         unlink(path);
     }
+}
+
+Test(store, a_tuned_sensitive_list_seals_from_the_next_accept_on)
+{
+    unsigned char key[32] = { 1, 2, 3 };
+    struct store_opts o = opts();
+    o.key = key;
+    struct store *s = open_with(&o);
+    struct store_field f[] = { { "X-Token", "t0ken-before-tune" } };
+    struct store_new d = { .route = "r",
+                           .method = "POST",
+                           .target = "/",
+                           .fields = f,
+                           .nfields = 1,
+                           .body = "b",
+                           .body_len = 1 };
+    struct store_call c = { .cq = cq };
+    cr_assert_eq(wait_for(&c, store_enqueue(s, &c, &d)), 0);
+    store_call_clear(&c);
+    static const char *const extra[] = { "x-token" };
+    struct store_tuning t = { .sensitive = extra, .n_sensitive = 1, .dead_body_bytes = 4096 };
+    cr_assert_eq(store_tune(s, &t), 0);
+    f[0].value = "t0ken-after-tune";
+    cr_assert_eq(wait_for(&c, store_enqueue(s, &c, &d)), 0);
+    store_call_clear(&c);
+    char wal[160];
+    snprintf(wal, sizeof(wal), "%s-wal", path);
+    cr_expect(file_has(wal, "t0ken-before-tune"), "not sensitive then: kept as it came");
+    cr_expect_not(file_has(wal, "t0ken-after-tune"), "sensitive since the tune: sealed");
+    cr_expect_not(file_has(path, "t0ken-after-tune"));
+    store_close(s);
 }
