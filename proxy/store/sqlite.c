@@ -359,6 +359,7 @@ static void take_tuning(struct store_impl *s)
 static void free_impl(struct store_impl *s)
 {
     sql_finalize(s);
+    sql_ops_finalize(s);
     sqlite3_close(s->db);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

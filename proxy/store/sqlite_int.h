@@ -55,11 +55,15 @@ enum sql_stmt {
     S_COUNT,
 };
 
+/* sqlite_ops.c's statements prepared at open. */
+enum ops_stmt { OPS_DROP_TRIES, OPS_DROP, OPS_REPLAY, OPS_COUNT };
+
 struct store_impl {
     struct store pub;
     struct store_opts o;
     sqlite3 *db;
     sqlite3_stmt *st[S_COUNT];
+    sqlite3_stmt *ops_st[OPS_COUNT];
     uint64_t page_size;
     /* The store thread's view: deliveries kept but the delivered ones, and the change the
      * open transaction makes to it (applied once committed). */
@@ -99,6 +103,7 @@ int sql_step_reset(sqlite3_stmt *st);
  * bulk, counts) inside the open transaction; retention, in a transaction of its own, when a
  * second has passed since the last. */
 int sql_ops_setup(struct store_impl *s, struct store_err *err);
+void sql_ops_finalize(struct store_impl *s);
 int sql_ops_run(struct store_impl *s, struct store_call *c);
 void sql_sweep(struct store_impl *s);
 /* sqlite_seal.c: the sensitive fields of delivery 'id' sealed (or left out without a key) into a

@@ -22,17 +22,39 @@ static const char ops_indexes[] =
 
 /* Retention deletes at most this many rows of a state per sweep, and sweeps again a second
  * later (or at the next batch when it found more). */
-#define SWEEP_BATCH    500
+#define SWEEP_BATCH    200
 #define SWEEP_EVERY_MS 1000
+
+/* The statements a bulk replay or drop runs per row (the filtered ones are per call). */
+static const char *const ops_sql[OPS_COUNT] = {
+    [OPS_DROP_TRIES] = "DELETE FROM attempts WHERE delivery = ?1",
+    [OPS_DROP] = "DELETE FROM deliveries WHERE id = ?1",
+    [OPS_REPLAY] = "UPDATE deliveries SET state = 0, next_at = ?2, replays = replays + 1,"
+                   " claimed_until = NULL, claimed_by = NULL WHERE id = ?1",
+};
 
 int sql_ops_setup(struct store_impl *s, struct store_err *err)
 {
-    if (sqlite3_exec(s->db, ops_indexes, NULL, NULL, NULL) != SQLITE_OK) {
-        snprintf(err->msg, sizeof(err->msg), "%s: creating the filters' indexes: %s", s->o.path,
-                 sqlite3_errmsg(s->db));
-        return STORE_EIO;
-    }
+    const char *what = "creating the filters' indexes";
+    if (sqlite3_exec(s->db, ops_indexes, NULL, NULL, NULL) != SQLITE_OK)
+        goto fail;
+    what = "preparing";
+    for (int i = 0; i < OPS_COUNT; i++)
+        if (sqlite3_prepare_v3(s->db, ops_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->ops_st[i],
+                               NULL) != SQLITE_OK)
+            goto fail;
     return 0;
+fail:
+    snprintf(err->msg, sizeof(err->msg), "%s: %s: %s", s->o.path, what, sqlite3_errmsg(s->db));
+    return STORE_EIO;
+}
+
+void sql_ops_finalize(struct store_impl *s)
+{
+    for (int i = 0; i < OPS_COUNT; i++) {
+        sqlite3_finalize(s->ops_st[i]);
+        s->ops_st[i] = NULL;
+    }
 }
 
 /* ---- find and bulk: one filter, written as SQL with only the conditions asked for ---- */
@@ -178,27 +200,24 @@ out:
     return r;
 }
 
-/* Runs "sql" with ?1 = id (and ?2 = v when given). 0 or a STORE_E*. */
-static int exec_id(struct store_impl *s, const char *sql, const char *id, const uint64_t *v)
+/* Runs statement 'which' with ?1 = id (and ?2 = v when given). 0 or a STORE_E*. */
+static int exec_id(struct store_impl *s, int which, const char *id, const uint64_t *v)
 {
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v3(s->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL);
-    if (rc == SQLITE_OK) {
-        sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-        if (v)
-            sqlite3_bind_int64(st, 2, (sqlite3_int64)*v);
-        rc = sqlite3_step(st);
-    }
-    sqlite3_finalize(st);
+    sqlite3_stmt *st = s->ops_st[which];
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    if (v)
+        sqlite3_bind_int64(st, 2, (sqlite3_int64)*v);
+    int rc = sql_step_reset(st);
+    sqlite3_clear_bindings(st);
     return sql_error(rc) ? sql_error(rc) : rc == SQLITE_DONE ? 0 : STORE_EIO;
 }
 
 /* Removes a row and its attempts; the live count follows. */
 static int remove_row(struct store_impl *s, const char *id, int state)
 {
-    int r = exec_id(s, "DELETE FROM attempts WHERE delivery = ?1", id, NULL);
+    int r = exec_id(s, OPS_DROP_TRIES, id, NULL);
     if (r == 0)
-        r = exec_id(s, "DELETE FROM deliveries WHERE id = ?1", id, NULL);
+        r = exec_id(s, OPS_DROP, id, NULL);
     if (r == 0 && state != STORE_DELIVERED)
         s->live_delta--;
     return r;
@@ -251,10 +270,7 @@ static int op_bulk(struct store_impl *s, struct store_call *c)
             continue;
         }
         uint64_t at = first + (b->done + i) * 1000 / rate;
-        r = exec_id(s,
-                    "UPDATE deliveries SET state = 0, next_at = ?2, replays = replays + 1,"
-                    " claimed_until = NULL, claimed_by = NULL WHERE id = ?1",
-                    c->items[i].id, &at);
+        r = exec_id(s, OPS_REPLAY, c->items[i].id, &at);
         if (r == 0 && states[i] == STORE_DELIVERED)
             s->live_delta++;
         c->items[i].state = STORE_SCHEDULED;

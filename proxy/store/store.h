@@ -150,9 +150,9 @@ struct store_match {
 };
 #define STORE_FIND_MAX 1000
 
-/* replay_match and drop_match work through the matching rows in transactions of at most this
- * many, each its own call, so that accepts and claims run between them. */
-#define STORE_BULK_BATCH 500
+/* A bulk replay or drop (store_bulk()) works through the matching rows in transactions of at most
+ * this many, each its own call, so that accepts and claims run between them. */
+#define STORE_BULK_BATCH 200
 
 /* A bulk replay or drop: one batch of the rows matching 'm' after 'cursor' (oldest first).
  * A replay takes dead and delivered rows only (a state filter of another state matches
