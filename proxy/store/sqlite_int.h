@@ -114,5 +114,12 @@ int sql_seal_fields(struct store_impl *s, const char *id, const struct store_fie
                     struct store_field **out, size_t *nout);
 void sql_fields_free(const struct store_field *in, struct store_field *out, size_t nout);
 void sql_open_fields(struct store_impl *s, struct store_delivery *d);
+/* The head's fields as they are kept in the file: one blob of "name\0value\0" pairs, 'n'
+ * fields of no NUL each packed into a malloc'd blob of *len bytes (NULL when out of memory),
+ * and a blob read back into d->fields and d->nfields. A blob that is not such pairs (a NUL
+ * missing at its end, a name without its value) is a damaged row: STORE_EIO, not fields lost
+ * quietly. d->fields is d's to free either way. */
+char *sql_fields_pack(const struct store_field *f, size_t n, size_t *len);
+int sql_fields_unpack(struct store_delivery *d, const char *b, size_t len);
 
 #endif
