@@ -9,8 +9,12 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include "config/keyfile.h"
+
 #define NONCE_BYTES 12
 #define TAG_BYTES   16
+
+_Static_assert(SEAL_KEY_BYTES == CFG_KEY_BYTES, "the key file holds the cipher's key");
 
 static const char *const credential_fields[] = { "authorization", "cookie", "proxy-authorization" };
 
@@ -25,50 +29,14 @@ bool seal_sensitive(const char *name, const char *const *extra, size_t n)
     return false;
 }
 
-static int hex_digit(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int seal_key_load(const char *path, unsigned char key[SEAL_KEY_BYTES], char *err, size_t cap)
 {
-    unsigned char buf[80];
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    int r = cfg_key_file_read(path, key);
+    if (r == -1)
         snprintf(err, cap, "%s: cannot be read", path);
-        return -1;
-    }
-    size_t n = fread(buf, 1, sizeof(buf), f);
-    fclose(f);
-    int r = -1;
-    if (n == SEAL_KEY_BYTES) {
-        memcpy(key, buf, SEAL_KEY_BYTES);
-        r = 0;
-        goto out;
-    }
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-        n--;
-    if (n == 2 * SEAL_KEY_BYTES) {
-        r = 0;
-        for (size_t i = 0; i < SEAL_KEY_BYTES && r == 0; i++) {
-            int hi = hex_digit(buf[2 * i]), lo = hex_digit(buf[2 * i + 1]);
-            if (hi < 0 || lo < 0)
-                r = -1;
-            else
-                key[i] = (unsigned char)(hi << 4 | lo);
-        }
-    }
-out:
-    if (r < 0)
+    else if (r < 0)
         snprintf(err, cap, "%s: must hold a 256-bit key: 32 bytes, or 64 hex digits", path);
-    OPENSSL_cleanse(buf, sizeof(buf));
-    return r;
+    return r < 0 ? -1 : 0;
 }
 
 /* One AES-256-GCM pass: encrypt (tag out) or decrypt (tag checked). 0 or -1. */
