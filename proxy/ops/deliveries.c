@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 
 #include "config/utf8.h"
 #include "proxy/ops/upstreams.h"
@@ -15,127 +14,6 @@
 /* A lease longer than any attempt can last (routes' timeouts are capped well below it); the
  * courier's own (the durable route's) is what counts, this one is for the CLI's process. */
 #define LEASE_MS 600000
-
-const char *const dq_keys[] = { "route",  "state", "since", "until",   "status", "limit",
-                                "cursor", "order", "rate",  "dry_run", NULL };
-
-void dq_init(struct dq *q)
-{
-    memset(q, 0, sizeof(*q));
-    q->m.state = -1;
-    q->rate = DELIVERIES_RATE_DEFAULT;
-}
-
-static int whole(const char *s, uint64_t max, uint64_t *out)
-{
-    uint64_t v = 0;
-    if (!s || !*s)
-        return -1;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9' || v > (max - (uint64_t)(*p - '0')) / 10)
-            return -1;
-        v = v * 10 + (uint64_t)(*p - '0');
-    }
-    *out = v;
-    return 0;
-}
-
-/* ms since the epoch, or RFC 3339 ("2026-11-28T20:00:00Z", fraction and offset optional). */
-static int parse_time(const char *s, uint64_t *out)
-{
-    if (whole(s, UINT64_MAX / 2, out) == 0)
-        return 0;
-    struct tm tm = { 0 };
-    const char *p = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
-    if (!p)
-        return -1;
-    int64_t ms = (int64_t)timegm(&tm) * 1000;
-    if (*p == '.') {
-        int64_t scale = 100;
-        for (p++; *p >= '0' && *p <= '9'; p++, scale /= 10)
-            ms += (*p - '0') * scale;
-    }
-    if (*p == 'Z' || *p == 'z') {
-        p++;
-    } else if ((*p == '+' || *p == '-') && strlen(p) == 6 && p[3] == ':') {
-        int h = (p[1] - '0') * 10 + (p[2] - '0'), m = (p[4] - '0') * 10 + (p[5] - '0');
-        int64_t off = ((int64_t)h * 60 + m) * 60000;
-        ms += *p == '+' ? -off : off;
-        p += 6;
-    } else {
-        return -1;
-    }
-    if (*p || ms < 0)
-        return -1;
-    *out = (uint64_t)ms;
-    return 0;
-}
-
-int dq_set(struct dq *q, const char *key, const char *value, char *err, size_t cap)
-{
-    uint64_t v;
-    bool filter = true;
-    if (strcmp(key, "route") == 0) {
-        q->m.route = value;
-    } else if (strcmp(key, "state") == 0) {
-        if ((q->m.state = store_state_parse(value)) < 0)
-            goto bad;
-    } else if (strcmp(key, "since") == 0 || strcmp(key, "until") == 0) {
-        if (parse_time(value, &v) < 0 || v == 0)
-            goto bad;
-        *(key[0] == 's' ? &q->m.since : &q->m.until) = v;
-    } else if (strcmp(key, "status") == 0) {
-        if (whole(value, 599, &v) < 0 || v < 100)
-            goto bad;
-        q->m.status = (int)v;
-    } else if (strcmp(key, "limit") == 0) {
-        if (whole(value, STORE_FIND_MAX, &v) < 0 || v == 0)
-            goto bad;
-        q->m.limit = (uint32_t)v;
-        filter = false;
-    } else if (strcmp(key, "cursor") == 0) {
-        if (whole(value, INT64_MAX, &v) < 0)
-            goto bad;
-        q->m.cursor = v;
-        filter = false;
-    } else if (strcmp(key, "order") == 0) {
-        if (strcmp(value, "newest") != 0 && strcmp(value, "oldest") != 0)
-            goto bad;
-        q->m.newest_first = value[0] == 'n';
-        filter = false;
-    } else if (strcmp(key, "rate") == 0) {
-        if (whole(value, DELIVERIES_RATE_MAX, &v) < 0 || v == 0)
-            goto bad;
-        q->rate = (uint32_t)v;
-        filter = false;
-    } else if (strcmp(key, "dry_run") == 0) {
-        if (strcmp(value, "1") != 0 && strcmp(value, "0") != 0 && strcmp(value, "true") != 0 &&
-            strcmp(value, "false") != 0)
-            goto bad;
-        q->dry_run = value[0] == '1' || value[0] == 't';
-        filter = false;
-    } else {
-        return 1;
-    }
-    q->filtered |= filter;
-    return 0;
-bad:;
-    static const char *const want[][2] = {
-        { "state", "scheduled, in_flight, delivered or dead" },
-        { "since", "ms since the epoch or an RFC 3339 time (2026-11-28T20:00:00Z)" },
-        { "until", "ms since the epoch or an RFC 3339 time (2026-11-28T20:00:00Z)" },
-        { "status", "an HTTP status from 100 to 599" },
-        { "limit", "a whole number from 1 to 1000" },
-        { "cursor", "the next_cursor of the page before" },
-        { "order", "newest or oldest" },
-        { "rate", "a whole number from 1 to 1000 (per second)" },
-        { "dry_run", "1 or 0" },
-    };
-    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
-        if (strcmp(key, want[i][0]) == 0)
-            snprintf(err, cap, "%s must be %s, got '%s'", key, want[i][1], value);
-    return -1;
-}
 
 /* The settings of 'cfg' a reload may change, its names in *names (malloc'd, freed by the
  * caller). 0, or -1 when out of memory. */

@@ -115,6 +115,13 @@ Test(deliveries_admin, list_filters_by_route_state_status_and_time_and_pages)
     cr_expect_not_null(strstr(json_str(j, "message"), "scheduled, in_flight, delivered or dead"));
     json_decref(j);
     json_decref(call("GET", "/deliveries?limit=1001", 400));
+    /* a value of any bytes is quoted escaped: raw, jansson refused the message and the
+     * connection was closed without an answer */
+    j = call("GET", "/deliveries?state=dead%FF%0A", 400);
+    cr_expect_not_null(strstr(json_str(j, "message"), "got 'dead\\xff\\n'"), "%s",
+                       json_str(j, "message"));
+    json_decref(j);
+    json_decref(call("GET", "/deliveries?since=2026-02-31T00:00:00Z", 400));
 }
 
 Test(deliveries_admin, show_has_attempts_and_the_final_response_with_credentials_redacted)

@@ -65,3 +65,71 @@ Test(key_file, a_key_with_anything_after_its_line_ends_is_refused)
     cr_expect_eq(key[31], 0xff);
     unlink(path);
 }
+/* dq_set(key, value): its result, the since/until it set in *ms. */
+static int set_time(const char *key, const char *value, uint64_t *ms)
+{
+    struct dq q;
+    char err[200];
+    dq_init(&q);
+    int r = dq_set(&q, key, value, err, sizeof(err));
+    *ms = key[0] == 's' ? q.m.since : q.m.until;
+    return r;
+}
+
+Test(deliveries_query, rfc3339_times_are_taken_as_written)
+{
+    uint64_t ms;
+    cr_assert_eq(set_time("since", "2026-11-28T20:00:00Z", &ms), 0);
+    cr_expect_eq(ms, 1795896000000ULL);
+    cr_assert_eq(set_time("until", "2026-11-28T21:30:00.25+01:30", &ms), 0);
+    cr_expect_eq(ms, 1795896000250ULL);
+    cr_assert_eq(set_time("since", "2026-11-28t20:00:00.0001z", &ms), 0, "T and Z in lower case");
+    cr_expect_eq(ms, 1795896000000ULL);
+    cr_assert_eq(set_time("since", "2028-02-29T00:00:00Z", &ms), 0, "a leap day");
+    cr_assert_eq(set_time("since", "2016-12-31T23:59:60Z", &ms), 0, "a leap second");
+    cr_expect_eq(ms, 1483228800000ULL, "the next minute's first second");
+}
+
+Test(deliveries_query, rfc3339_times_not_in_the_calendar_or_not_as_written_are_refused)
+{
+    static const char *const bad[] = {
+        "2026-02-31T00:00:00Z",      /* was taken as March 3 */
+        "2026-02-29T00:00:00Z",      /* not a leap year */
+        "2026-04-31T00:00:00Z",      /* April has 30 days */
+        " 2026-11-28T20:00:00Z",     /* a space before a number */
+        "2026-11-28T20: 0:00Z",      /* a space for a digit */
+        "2026-1-28T20:00:00Z",       /* one digit for two */
+        "2026-11-28T20:00:61Z",      /* a 61st second */
+        "2026-11-28T20:00:00+0a:00", /* an offset of letters */
+        "2026-11-28T20:00:00+24:00", /* an offset beyond 23:59 */
+        "2026-11-28T20:00:00.Z",     /* a fraction without digits */
+        "2026-11-28T20:00:00",       /* no offset */
+        "1969-12-31T23:59:59Z",      /* before 1970 */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint64_t ms;
+        cr_expect_eq(set_time("since", bad[i], &ms), -1, "%s taken as %llu", bad[i],
+                     (unsigned long long)ms);
+    }
+}
+
+Test(deliveries_query, a_refused_value_is_quoted_as_one_line_of_utf8)
+{
+    struct dq q;
+    char err[200];
+    dq_init(&q);
+    cr_assert_eq(dq_set(&q, "state", "dead\xff\n\x1b[31m", err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "state must be scheduled, in_flight, delivered or dead, got "
+                          "'dead\\xff\\n\\u001b[31m'");
+    /* what the admin API answers: jansson refused the raw byte, and nothing was answered */
+    json_t *j = json_string(err);
+    cr_expect_not_null(j);
+    json_decref(j);
+
+    char big[400];
+    memset(big, 0x01, sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    cr_assert_eq(dq_set(&q, "order", big, err, sizeof(err)), -1);
+    cr_expect(strlen(err) < sizeof(err) - 1, "the message fits, shortened: %s", err);
+    cr_expect(strstr(err, "...'") != NULL, "a shortened value ends in ...: %s", err);
+}
