@@ -33,13 +33,12 @@ void cfg_errs_clear(struct cfg_errs *e)
     cfg_errs_init(e);
 }
 
-/* The message as it is kept, in 'out' (at least 6 * strlen(msg) + 4 bytes). Messages quote
- * strings from the file, which may hold any character once their escapes are decoded, and end
- * up in line-oriented output and in JSON (the admin API): a control character is written as
- * an escape ("\n", "\u001b"), so that one error stays one line, and a byte that is not part of
- * a well-formed UTF-8 character as "\xNN" (jansson refuses to hold invalid UTF-8). A message
- * cut short ('cut', or a character cut at its end) ends in "...". */
-static void tidy_message(char *out, const char *msg, int cut)
+/* Messages quote strings from the file, which may hold any character once their escapes are
+ * decoded, and end up in line-oriented output and in JSON (the admin API): a control character
+ * is written as an escape ("\n", "\u001b"), so that one error stays one line, and a byte that
+ * is not part of a well-formed UTF-8 character as "\xNN" (jansson refuses to hold invalid
+ * UTF-8). A message cut short ('cut', or a character cut at its end) ends in "...". */
+void cfg_errs_tidy(char *out, const char *msg, int cut)
 {
     const unsigned char *p = (const unsigned char *)msg;
     size_t n = strlen(msg);
@@ -89,7 +88,7 @@ void cfg_errs_add(struct cfg_errs *e, const char *path, uint32_t line, uint32_t 
     int full = vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
     char msg[6 * sizeof(raw) + 4];
-    tidy_message(msg, raw, full < 0 || (size_t)full >= sizeof(raw));
+    cfg_errs_tidy(msg, raw, full < 0 || (size_t)full >= sizeof(raw));
 
     for (size_t i = 0; i < e->n; i++) {
         const struct cfg_err *x = &e->v[i];

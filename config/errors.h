@@ -35,6 +35,11 @@ void cfg_errs_clear(struct cfg_errs *e);
 void cfg_errs_add(struct cfg_errs *e, const char *path, uint32_t line, uint32_t col,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* 'msg' as a message is kept, in 'out' (at least 6 * strlen(msg) + 4 bytes): one line of valid
+ * UTF-8 whatever 'msg' holds, control characters and bad bytes escaped, ending in "..." when
+ * 'cut'. Also for messages that quote other untrusted text (the admin API's query values). */
+void cfg_errs_tidy(char *out, const char *msg, int cut);
+
 /* Orders errors by position in the file (errors without a position first), keeping the order
  * in which they were found among equals. */
 void cfg_errs_sort(struct cfg_errs *e);

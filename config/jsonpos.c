@@ -204,22 +204,11 @@ static int syntax_at(struct scan *sc, const char *path, uint32_t line, uint32_t 
     return -1;
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static int read_hex4(struct scan *sc, const char *path, unsigned *out)
 {
     unsigned v = 0;
     for (int k = 0; k < 4; k++) {
-        int h = hexval(peek(sc));
+        int h = utf8_hex_digit(peek(sc));
         if (h < 0)
             return syntax(sc, path, "invalid \\u escape: expected 4 hex digits");
         v = v * 16 + (unsigned)h;

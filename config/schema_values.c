@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config/keyfile.h"
 #include "config/pem.h"
 
 /* ---- string checks ---- */
@@ -601,34 +602,19 @@ const char *schema_check_path(const char *s, size_t len)
     return NULL;
 }
 
-static int hex_digit(int c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 /* Read at load, as the TLS files are: a key that cannot be read is found by `check`, not by
- * the first durable request. */
+ * the first durable request. The store reads it again with the same rule (keyfile.h). */
 const char *schema_check_store_key_file(const char *s, size_t len)
 {
+    unsigned char key[CFG_KEY_BYTES];
     if (len == 0 || memchr(s, '\0', len))
         return "must name a file holding a 256-bit key";
-    FILE *f = fopen(s, "rb");
-    if (!f)
+    int r = cfg_key_file_read(s, key);
+    memset(key, 0, sizeof(key));
+    __asm__ __volatile__("" : : "r"(key) : "memory");
+    if (r == -1)
         return "cannot be read (it must hold a 256-bit key: 32 bytes, or 64 hex digits)";
-    unsigned char buf[80];
-    size_t n = fread(buf, 1, sizeof(buf), f);
-    fclose(f);
-    if (n == 32)
-        return NULL;
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-        n--;
-    bool hex = n == 64;
-    for (size_t i = 0; hex && i < n; i++)
-        hex = hex_digit(buf[i]) >= 0;
-    return hex ? NULL : "must hold a 256-bit key: 32 bytes, or 64 hex digits";
+    return r < 0 ? "must hold a 256-bit key: 32 bytes, or 64 hex digits" : NULL;
 }
 
 int schema_parse_dead_letter(struct walk *w, const struct at *at, const json_t *v, void *dst)

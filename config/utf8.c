@@ -31,3 +31,14 @@ size_t utf8_len(const unsigned char *s, size_t n)
     }
     return 0;
 }
+
+int utf8_hex_digit(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}

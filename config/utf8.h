@@ -10,4 +10,8 @@
  * U+10FFFF, or a character cut short by the end at n. */
 size_t utf8_len(const unsigned char *s, size_t n);
 
+/* The value of the hex digit 'c' (either case), -1 for any other character: the config's
+ * "\uXXXX" escapes (jsonpos.c) and the store's key file (keyfile.c). */
+int utf8_hex_digit(int c);
+
 #endif

@@ -80,7 +80,7 @@ bench-endpoints: $(BIN) $(BUILD)/tests/upstream
 STORE_BENCH_OBJ := $(filter $(BUILD)/obj/proxy/store/%,$(LIB_OBJ))
 $(BUILD)/bench/store_bench: $(BUILD)/obj/bench/store_bench.o $(STORE_BENCH_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(shell pkg-config --libs sqlite3) -lpthread
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(shell pkg-config --libs sqlite3 libcrypto) -lpthread
 
 # The files go under $(BUILD)/ (the worktree's disk) unless STORE_ARGS names a --dir.
 STORE_ARGS ?=

@@ -1,5 +1,5 @@
-/* main -- the command line (docs/cli.md): run, check, schedule, simulate, reference, --version,
- * --help.
+/* main -- the command line (docs/cli.md): run, check, schedule, simulate, deliveries, reference,
+ * --version, --help.
  *
  * Exit codes: 0 success, 1 invalid config (or unknown route), 2 usage error, 3 cannot bind.
  */
@@ -21,6 +21,7 @@
 #include "proxy/telemetry/metrics.h"
 #include "proxy/serve.h"
 #include "proxy/store/store.h"
+#include "proxy/ops/deliveries_cli.h"
 #include "proxy/ops/simulate.h"
 #include "proxy/version.h"
 
@@ -42,6 +43,9 @@ static const char usage_text[] =
     "                  [--policy SPEC]... [--outage A-B] [--failure-rate P]\n"
     "                  [--capacity N/W] [--latency MS] [--retry-after MS] [--seed S]\n"
     "                  [--svg FILE]\n"
+    "       retryproxy deliveries list|show|replay|drop [ID] -c FILE [--route R]\n"
+    "                  [--state S] [--since T] [--until T] [--status N] [--limit N]\n"
+    "                  [--cursor C] [--order newest|oldest] [--rate N] [--dry-run] [--json]\n"
     "       retryproxy reference [--metrics]\n"
     "       retryproxy --version | --help\n"
     "\n"
@@ -58,6 +62,10 @@ static const char usage_text[] =
     "             the route's policy and each --policy SPEC (backoff keys as JSON over the\n"
     "             route's): calls, success, completion times, retries denied; --svg FILE\n"
     "             draws the calls over time\n"
+    "  deliveries the store's durable deliveries and dead letters (docs/delivery.md): list\n"
+    "             them (the filters; a page of --limit, 100), show ID, replay or drop ID,\n"
+    "             or every one the filters match (replay: --rate per second, 10; --dry-run\n"
+    "             counts them); a table, or --json\n"
     "  reference  print every config key with its type, range, default and meaning\n"
     "             (--metrics: every metric with its type, labels and meaning)\n"
     "\n"
@@ -451,6 +459,74 @@ static int cmd_simulate(int argc, char **argv)
     return rc;
 }
 
+/* deliveries ACTION [ID] -c FILE [filters]: ID right after the action, the options after. */
+static int cmd_deliveries(int argc, char **argv)
+{
+    static const char *const actions[] = { "list", "show", "replay", "drop" };
+    static const struct option opts[] = { ARG("config", 'c'),   ARG("route", 'r'),
+                                          ARG("state", 's'),    ARG("since", 'S'),
+                                          ARG("until", 'U'),    ARG("status", 'x'),
+                                          ARG("limit", 'n'),    ARG("cursor", 'C'),
+                                          ARG("order", 'o'),    ARG("rate", 'R'),
+                                          FLAG("dry-run", 'd'), FLAG("json", 'j'),
+                                          FLAG("help", 'h'),    OPT_END };
+    if (argc < 2 || argv[1][0] == '-')
+        return usage_error("%s", "deliveries: name an action: list, show, replay or drop");
+    int action = -1;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(argv[1], actions[i]) == 0)
+            action = i;
+    if (action < 0)
+        return usage_error("deliveries: unknown action '%s' (list, show, replay or drop)", argv[1]);
+    const char *id = NULL;
+    int skip = 1;
+    if (action != DCLI_LIST && argc >= 3 && argv[2][0] != '-') {
+        id = argv[2];
+        skip = 2;
+        if (strlen(id) != STORE_ID_SIZE - 1 || strspn(id, "0123456789abcdef") != strlen(id))
+            return usage_error("deliveries: '%s' is no delivery id (32 lowercase hex digits)", id);
+    }
+    struct cmdline cl = { argc - skip, argv + skip, "deliveries", "+:c:h", opts, NULL, 0 };
+    struct dq q;
+    dq_init(&q);
+    bool json = false;
+    int o;
+    char why[200];
+    static const struct {
+        int opt;
+        const char *key;
+    } keys[] = { { 'r', "route" },  { 's', "state" },  { 'S', "since" },
+                 { 'U', "until" },  { 'x', "status" }, { 'n', "limit" },
+                 { 'C', "cursor" }, { 'o', "order" },  { 'R', "rate" } };
+    while ((o = next_opt(&cl)) > 0) {
+        if (o == 'j') {
+            json = true;
+            continue;
+        }
+        if (o == 'd') {
+            q.dry_run = true;
+            continue;
+        }
+        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            if (keys[i].opt == o && dq_set(&q, keys[i].key, optarg, why, sizeof(why)) < 0)
+                return usage_error("deliveries: --%s", why);
+    }
+    if (o < 0)
+        return cl.status;
+    if (action == DCLI_SHOW && !id)
+        return usage_error("%s", "deliveries: show needs an ID");
+    if ((action == DCLI_REPLAY || action == DCLI_DROP) && !id && !q.filtered)
+        return usage_error("deliveries: %s needs an ID or a filter (--route, --state, --since, "
+                           "--until, --status)",
+                           actions[action]);
+    struct cfg *c = load_or_report(&cl.path, stderr);
+    if (!c)
+        return EXIT_CONFIG;
+    int rc = dcli_run(c, (enum dcli_action)action, id, &q, json, stdout, stderr);
+    cfg_unref(c);
+    return rc;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = { ARG("config", 'c'),     ARG("listen", 'l'),
@@ -526,6 +602,8 @@ int main(int argc, char **argv)
         return cmd_schedule(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "simulate") == 0)
         return cmd_simulate(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "deliveries") == 0)
+        return cmd_deliveries(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "reference") == 0) {
         bool metrics = argc > 2 && strcmp(argv[2], "--metrics") == 0;
         if (argc > 2 + metrics)

@@ -18,6 +18,7 @@
 #include "proxy/base/cpus.h"
 #include "proxy/dns/resolve.h"
 #include "proxy/ops/admin.h"
+#include "proxy/ops/deliveries.h"
 #include "proxy/listen.h"
 #include "proxy/telemetry/log.h"
 #include "proxy/base/loop.h"
@@ -73,6 +74,12 @@ static int init_wiretab(void)
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < n)
         n = (size_t)rl.rlim_cur;
     return wiretab_init(n);
+}
+
+/* The store's commits, into the store_commit_seconds histogram (from the store's thread). */
+static void store_commit(void *arg, double seconds)
+{
+    metrics_store_commit(arg, seconds);
 }
 
 static uint64_t random_seed(void)
@@ -160,31 +167,17 @@ static void on_dns_change(void *arg)
         worker_wake(ctl->workers[i]);
 }
 
-/* A durable attempt's lease outlasts any attempt: the longest durable route's timeout and a
- * margin for the answer's way to the store. */
-#define LEASE_MARGIN_MS 30000
-
 /* Opens the delivery store of store.path (docs/delivery.md), the process's own (an flock on
  * PATH.lock): what a process before left in flight is due at once. 0, or -1 with a line on
  * stderr. No store.path: 0 and none. */
-static int open_store(const struct cfg *cfg, struct store **out)
+static int open_store(const struct cfg *cfg, struct metrics *m, struct store **out)
 {
     *out = NULL;
     if (!cfg->store.path)
         return 0;
-    uint64_t lease = 0;
-    for (size_t i = 0; i < cfg->n_routes; i++)
-        if (cfg->routes[i].timeout_ms > lease)
-            lease = cfg->routes[i].timeout_ms;
-    struct store_opts so = { .path = cfg->store.path,
-                             .max_bytes = cfg->store.max_bytes,
-                             .max_count = cfg->store.max_count,
-                             .lease_ms = lease + LEASE_MARGIN_MS,
-                             .dead_body_bytes = cfg->store.dead_body_bytes,
-                             .exclusive = true };
-    struct store_err err;
-    if (store_sqlite_open(&so, out, &err) < 0) {
-        fprintf(stderr, "retryproxy: store: %s\n", err.msg);
+    char why[512];
+    if (deliveries_open(cfg, true, store_commit, m, out, why, sizeof(why)) < 0) {
+        fprintf(stderr, "retryproxy: store: %s\n", why);
         return -1;
     }
     struct store_stats st;
@@ -289,7 +282,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
         rc = EXIT_BIND;
         goto out;
     }
-    if (open_store(cfg, &px.store) < 0) {
+    if (open_store(cfg, px.metrics, &px.store) < 0) {
         for (unsigned k = 0; k < n; k++)
             close(fds[k]);
         close(admin_fd);
@@ -317,7 +310,7 @@ int serve_run(struct cfg *cfg, const struct serve_opts *o)
     ctl.workers = workers;
     ctl.n = n;
     dns_on_change(px.dns, on_dns_change, &ctl);
-    admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl);
+    admin = admin_start(ctl.loop, admin_fd, &px, ctl.rl, px.store);
     if (!admin || loop_watch_add(ctl.loop, &ctl.sig_watch, ctl.sfd, EPOLLIN, on_signal, &ctl) < 0)
         goto out;
     reload_attach(ctl.rl, ctl.loop);

@@ -194,8 +194,11 @@ static void accept_done(struct store_call *c)
     const char *word = result_words[res];
     count(r, res);
     if (c->result == 0)
+        /* fields_left_out: credentials not stored, there being no store.key_file
+         * (docs/delivery.md "Secrets at rest"): the upstream will not get them */
         log_event(CFG_LOG_INFO, "delivery accepted", "route", r->route->name, "result", word, "id",
-                  c->id, "request_id", r->request_id, NULL);
+                  c->id, "request_id", r->request_id, LOG_NUM("fields_left_out", c->left_out),
+                  NULL);
     else
         log_event(CFG_LOG_WARN, "delivery refused", "route", r->route->name, "result", word,
                   "request_id", r->request_id, NULL);

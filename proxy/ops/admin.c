@@ -17,6 +17,8 @@
 #include "policy/health.h"
 #include "proxy/telemetry/metrics.h"
 #include "proxy/core/runtime.h"
+#include "proxy/ops/deliveries_admin.h"
+#include "proxy/ops/reply.h"
 #include "proxy/ops/upstreams.h"
 
 /* /schedule answers at most this many delays: enough to study any policy. */
@@ -29,6 +31,7 @@ struct admin {
     struct loop_timer timer;
     struct proxy *px;
     struct reload *rl;
+    struct dadmin *dl; /* /deliveries and the store's gauges */
 };
 
 static void schedule_run(struct admin *a);
@@ -64,48 +67,6 @@ static void schedule_run(struct admin *a)
         loop_timer_stop(a->loop, &a->timer);
 }
 
-static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type,
-                                 char *body, size_t len, enum MHD_ResponseMemoryMode mode,
-                                 const char *allow)
-{
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", type);
-    MHD_add_response_header(r, "Cache-Control", "no-store");
-    if (allow)
-        MHD_add_response_header(r, "Allow", allow);
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
-/* Sends 'j' (a new reference, consumed) as JSON. */
-static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j,
-                                 const char *allow)
-{
-    char *text = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15)) : NULL;
-    json_decref(j);
-    if (!text)
-        return MHD_NO;
-    size_t len = strlen(text);
-    /* a trailing newline for humans with curl */
-    char *withnl = realloc(text, len + 2);
-    if (!withnl) {
-        free(text);
-        return MHD_NO;
-    }
-    withnl[len] = '\n';
-    withnl[len + 1] = '\0';
-    return send_text(c, status, "application/json", withnl, len + 1, MHD_RESPMEM_MUST_FREE, allow);
-}
-
-static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *error,
-                                  const char *message, const char *allow)
-{
-    return send_json(c, status, json_pack("{s:s, s:s}", "error", error, "message", message), allow);
-}
-
 static enum MHD_Result get_config(struct admin *a, struct MHD_Connection *c)
 {
     struct rt *rt = rt_cell_get(&a->px->cell);
@@ -126,7 +87,7 @@ static enum MHD_Result get_config(struct admin *a, struct MHD_Connection *c)
                           "restart_required", restart_list, "config",
                           reload_config_in_force(a->rl, rt->cfg));
     rt_unref(rt);
-    return send_json(c, MHD_HTTP_OK, j, NULL);
+    return reply_json(c, MHD_HTTP_OK, j, NULL);
 }
 
 /* A whole decimal number in [0, max] in *out and 0, or -1. */
@@ -157,17 +118,17 @@ static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
     const char *retries_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "retries");
     const char *seed_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "seed");
     if (!name)
-        return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "route=NAME is required", NULL);
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request", "route=NAME is required", NULL);
     long long retries = retries_s ? parse_arg(retries_s, SCHEDULE_MAX_RETRIES) : -2;
     if (retries == -1)
-        return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                          "retries must be a whole number from 0 to 1000", NULL);
+        return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                           "retries must be a whole number from 0 to 1000", NULL);
     unsigned long long seed;
     if (seed_s) {
         /* without a sign or base, up to 2^64-1 as `schedule --seed` takes */
         if (parse_u64(seed_s, UINT64_MAX, &seed) < 0)
-            return send_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
-                              "seed must be a whole number from 0 to 2^64-1", NULL);
+            return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
+                               "seed must be a whole number from 0 to 2^64-1", NULL);
     } else {
         if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
             seed = (unsigned long long)time(NULL);
@@ -178,7 +139,7 @@ static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
     const struct cfg_route *r = cfg_route_by_name(rt->cfg, name);
     if (!r) {
         rt_unref(rt);
-        return send_error(c, MHD_HTTP_NOT_FOUND, "no_route", "no route has that name", NULL);
+        return reply_error(c, MHD_HTTP_NOT_FOUND, "no_route", "no route has that name", NULL);
     }
     uint32_t n = retries >= 0 ? (uint32_t)retries : r->retry.max_attempts - 1;
     uint32_t *d = calloc(n ? n : 1, sizeof(*d));
@@ -204,7 +165,7 @@ static enum MHD_Result get_schedule(struct admin *a, struct MHD_Connection *c)
     }
     len = (size_t)snprintf(body, len + 32, "%.*s,\"seed\":%llu}\n", (int)(len - 1), text, seed);
     free(text);
-    return send_text(c, MHD_HTTP_OK, "application/json", body, len, MHD_RESPMEM_MUST_FREE, NULL);
+    return reply_text(c, MHD_HTTP_OK, "application/json", body, len, MHD_RESPMEM_MUST_FREE, NULL);
 }
 
 /* Every route of the running config with its upstreams' endpoints (proxy/ops/upstreams.h). */
@@ -217,7 +178,7 @@ static enum MHD_Result get_upstreams(struct admin *a, struct MHD_Connection *c)
     int64_t wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     json_t *j = upstreams_json(rt, now, wall_ms);
     rt_unref(rt);
-    return send_json(c, MHD_HTTP_OK, j, NULL);
+    return reply_json(c, MHD_HTTP_OK, j, NULL);
 }
 
 static enum MHD_Result post_reload(struct admin *a, struct MHD_Connection *c)
@@ -227,7 +188,7 @@ static enum MHD_Result post_reload(struct admin *a, struct MHD_Connection *c)
     uint64_t gen;
     enum MHD_Result ret;
     if (reload_force(a->rl, &errs, &gen) == 0) {
-        ret = send_json(c, MHD_HTTP_OK, json_pack("{s:I}", "generation", (json_int_t)gen), NULL);
+        ret = reply_json(c, MHD_HTTP_OK, json_pack("{s:I}", "generation", (json_int_t)gen), NULL);
     } else {
         json_t *list = json_array();
         for (size_t i = 0; i < errs.n; i++) {
@@ -245,9 +206,9 @@ static enum MHD_Result post_reload(struct admin *a, struct MHD_Connection *c)
             if (n >= 0)
                 free(line);
         }
-        ret =
-            send_json(c, MHD_HTTP_UNPROCESSABLE_CONTENT,
-                      json_pack("{s:o, s:I}", "errors", list, "generation", (json_int_t)gen), NULL);
+        ret = reply_json(c, MHD_HTTP_UNPROCESSABLE_CONTENT,
+                         json_pack("{s:o, s:I}", "errors", list, "generation", (json_int_t)gen),
+                         NULL);
     }
     cfg_errs_clear(&errs);
     return ret;
@@ -292,13 +253,18 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         if (!admin_allows(ci ? ci->client_addr : NULL, url))
-            return send_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
-                              "only /healthz, /readyz and /metrics answer clients that are not on "
-                              "a loopback address",
-                              NULL);
+            return reply_error(c, MHD_HTTP_FORBIDDEN, "forbidden",
+                               "only /healthz, /readyz and /metrics answer clients that are not on "
+                               "a loopback address",
+                               NULL);
         *con_cls = a;
         return MHD_YES;
     }
+    /* Back from a suspension for the store (deliveries_admin.h): /metrics renders with the
+     * gauges just read, anything else has its answer. */
+    bool resumed = *con_cls != a;
+    if (resumed && strcmp(url, "/metrics") != 0)
+        return dadmin_resumed(c, *con_cls);
     if (*upload_data_size) {
         *upload_data_size = 0;
         return MHD_YES;
@@ -306,10 +272,12 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;
 
+    if (dadmin_owns(url))
+        return dadmin_answer(a->dl, c, url, method, con_cls);
     if (strcmp(url, "/reload") == 0) {
         if (!post)
-            return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "use POST",
-                              "POST");
+            return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "use POST",
+                               "POST");
         return post_reload(a, c);
     }
     static const char *const gets[] = { "/healthz", "/readyz",   "/metrics",
@@ -318,25 +286,27 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     for (size_t i = 0; i < sizeof(gets) / sizeof(gets[0]); i++)
         known |= strcmp(url, gets[i]) == 0;
     if (!known)
-        return send_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such admin endpoint", NULL);
+        return reply_error(c, MHD_HTTP_NOT_FOUND, "not_found", "no such admin endpoint", NULL);
     if (!get)
-        return send_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "use GET",
-                          "GET, HEAD");
+        return reply_error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "use GET",
+                           "GET, HEAD");
 
     if (strcmp(url, "/healthz") == 0)
-        return send_json(c, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"), NULL);
+        return reply_json(c, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"), NULL);
     if (strcmp(url, "/readyz") == 0) {
         bool draining = atomic_load(&a->px->draining);
-        return send_json(c, draining ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK,
-                         json_pack("{s:s}", "status", draining ? "draining" : "ready"), NULL);
+        return reply_json(c, draining ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK,
+                          json_pack("{s:s}", "status", draining ? "draining" : "ready"), NULL);
     }
     if (strcmp(url, "/metrics") == 0) {
+        if (!resumed && dadmin_metrics(a->dl, c, con_cls))
+            return MHD_YES; /* resumed once the store's counts are in */
         size_t len;
         char *text = metrics_render(a->px->metrics, &len);
         if (!text)
             return MHD_NO;
-        return send_text(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text, len,
-                         MHD_RESPMEM_MUST_FREE, NULL);
+        return reply_text(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text, len,
+                          MHD_RESPMEM_MUST_FREE, NULL);
     }
     if (strcmp(url, "/config") == 0)
         return get_config(a, c);
@@ -345,7 +315,27 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     return get_schedule(a, c);
 }
 
-struct admin *admin_start(struct loop *l, int listen_fd, struct proxy *px, struct reload *rl)
+/* The end of a request: the state of one that waited for the store goes. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode why)
+{
+    (void)c;
+    (void)why;
+    if (*con_cls && *con_cls != cls)
+        dadmin_conn_free(*con_cls);
+    *con_cls = NULL;
+}
+
+/* Store calls completed and resumed connections: libmicrohttpd runs them now. */
+static void kick(void *arg)
+{
+    struct admin *a = arg;
+    MHD_run(a->d);
+    schedule_run(a);
+}
+
+struct admin *admin_start(struct loop *l, int listen_fd, struct proxy *px, struct reload *rl,
+                          struct store *store)
 {
     struct admin *a = calloc(1, sizeof(*a));
     if (!a) {
@@ -355,9 +345,17 @@ struct admin *admin_start(struct loop *l, int listen_fd, struct proxy *px, struc
     a->loop = l;
     a->px = px;
     a->rl = rl;
+    a->dl = dadmin_new(l, store, px, kick, a);
+    if (!a->dl) {
+        close(listen_fd);
+        free(a);
+        return NULL;
+    }
     /* clang-format off */
-    a->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_access, a,
+    a->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME, 0,
+                            NULL, NULL, on_access, a,
                             MHD_OPTION_LISTEN_SOCKET, listen_fd,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
                             MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL,
@@ -371,6 +369,7 @@ struct admin *admin_start(struct loop *l, int listen_fd, struct proxy *px, struc
             MHD_stop_daemon(a->d);
         else
             close(listen_fd);
+        dadmin_free(a->dl);
         free(a);
         return NULL;
     }
@@ -382,6 +381,9 @@ void admin_stop(struct admin *a)
 {
     if (!a)
         return;
+    dadmin_free(a->dl); /* first: it waits for the store's calls and resumes their requests */
+    a->dl = NULL;
+    MHD_run(a->d);
     loop_watch_del(a->loop, &a->watch);
     loop_timer_stop(a->loop, &a->timer);
     MHD_stop_daemon(a->d);

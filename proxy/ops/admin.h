@@ -7,6 +7,7 @@
  *                   config with defaults filled in
  *   GET  /schedule?route=NAME&retries=N&seed=S   {"route": ..., "delays_ms": [...], "seed": S}
  *   POST /reload    200 {"generation": N} or 422 {"errors": [...]}
+ *   /deliveries...  the delivery store (proxy/ops/deliveries_admin.h, docs/delivery.md)
  *
  * Other methods on these paths get 405 with Allow; other paths 404. Answers are JSON except
  * /metrics. Nothing here shows request header values or credentials.
@@ -26,12 +27,15 @@
 #include "proxy/base/loop.h"
 #include "proxy/core/proxy.h"
 #include "proxy/ops/reload.h"
+#include "proxy/store/store.h"
 
 struct admin;
 
-/* Serves on 'listen_fd' (bound, listening, non-blocking; owned from now on) from loop 'l'.
+/* Serves on 'listen_fd' (bound, listening, non-blocking; owned from now on) from loop 'l';
+ * 'store' (NULL: none) answers /deliveries (proxy/ops/deliveries_admin.h) and outlives it.
  * NULL with a message on stderr on failure. */
-struct admin *admin_start(struct loop *l, int listen_fd, struct proxy *px, struct reload *rl);
+struct admin *admin_start(struct loop *l, int listen_fd, struct proxy *px, struct reload *rl,
+                          struct store *store);
 void admin_stop(struct admin *a); /* accepts NULL */
 
 /* Whether a client at 'peer' may ask for 'path' (the request path, without its query): true

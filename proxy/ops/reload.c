@@ -1,3 +1,4 @@
+#include "proxy/ops/deliveries.h"
 #include "proxy/ops/reload.h"
 
 #include <errno.h>
@@ -116,6 +117,9 @@ static int publish(struct reload *rl, struct cfg *c)
     for (unsigned i = 0; i < rl->n_workers; i++)
         worker_wake(rl->workers[i]);
     apply_log_settings(rl, c);
+    /* the store's settings that apply on reload (docs/config.md): sealing and retention */
+    if (rl->generation > 1 && deliveries_tune(rl->px->store, c) < 0)
+        log_event(CFG_LOG_WARN, "the store keeps its settings: out of memory", NULL);
     free(rl->last_error);
     rl->last_error = NULL;
     metrics_reload(rl->px->metrics, true, rl->generation, (double)rl->loaded_at / 1000.0);

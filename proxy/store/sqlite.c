@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 static const struct store_ops sqlite_ops;
+static void take_tuning(struct store_impl *s);
 
 static uint64_t mono_us(void)
 {
@@ -33,7 +34,15 @@ static uint64_t mono_us(void)
 
 static bool writes(const struct store_call *c)
 {
-    return c->op != OP_LIST && c->op != OP_GET;
+    return c->op != OP_LIST && c->op != OP_GET && c->op != OP_FIND && c->op != OP_COUNTS;
+}
+
+/* One call in the open transaction: the operators' ops are sqlite_ops.c's, the rest
+ * sqlite_sql.c's. */
+static int run_one(struct store_impl *s, struct store_call *c)
+{
+    bool ops = c->op == OP_FIND || c->op == OP_BULK || c->op == OP_COUNTS;
+    return ops ? sql_ops_run(s, c) : sql_run(s, c);
 }
 
 /* Runs one batch of calls in one transaction and finishes them all. */
@@ -46,13 +55,13 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
     struct store_call *c;
     for (c = batch; c && !lost; c = c->next) {
         if (!writes(c)) {
-            c->result = sql_run(s, c);
+            c->result = run_one(s, c);
             continue;
         }
         int r = sql_error(sql_step_reset(s->st[S_SAVEPOINT]));
         int64_t delta = s->live_delta;
         uint64_t added = s->bytes_added;
-        if (r == 0 && (r = sql_run(s, c)) < 0) {
+        if (r == 0 && (r = run_one(s, c)) < 0) {
             sql_step_reset(s->st[S_ROLLBACK_TO]);
             s->live_delta = delta;
             s->bytes_added = added;
@@ -84,6 +93,8 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
     } else {
         s->live = (uint64_t)((int64_t)s->live + s->live_delta);
         atomic_fetch_add(&s->commits, 1);
+        if (s->o.on_commit)
+            s->o.on_commit(s->o.on_commit_arg, (double)(mono_us() - t0) / 1e6);
     }
     atomic_store(&s->live_pub, s->live);
     atomic_store(&s->bytes, sql_bytes(s));
@@ -105,8 +116,24 @@ static void *store_thread(void *arg)
     size_t max = s->o.max_batch ? s->o.max_batch : SIZE_MAX;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->head && !s->closing)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->head && !s->closing) {
+            if (!s->o.retention) {
+                pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            /* With retention on, the thread wakes each second to sweep, calls or not. */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0)
+                break;
+        }
+        take_tuning(s);
+        if (!s->head && !s->closing) {
+            pthread_mutex_unlock(&s->mu);
+            sql_sweep(s); /* retention, at most once a second (sqlite_ops.c) */
+            continue;
+        }
         struct store_call *batch = s->head, *last = s->head;
         if (!batch) { /* closing, and everything handed over is finished */
             pthread_mutex_unlock(&s->mu);
@@ -119,6 +146,7 @@ static void *store_thread(void *arg)
             s->tail = NULL;
         last->next = NULL;
         pthread_mutex_unlock(&s->mu);
+        sql_sweep(s); /* before the batch: what it reads is as retention leaves it */
         run_batch(s, batch);
     }
     return NULL;
@@ -133,6 +161,7 @@ static int submit(struct store_impl *s, struct store_call *c, int op)
     c->result = 0;
     c->finished = false;
     c->dup = false;
+    c->left_out = 0;
     c->items = NULL;
     c->n = 0;
     c->total = 0;
@@ -273,8 +302,30 @@ static int s_drop(struct store_impl *s, struct store_call *c, const char *id)
     return by_id(s, c, id, OP_DROP);
 }
 
+static int s_find(struct store_impl *s, struct store_call *c, const struct store_match *m)
+{
+    if (!m || m->state >= STORE_STATES || m->limit > STORE_FIND_MAX)
+        return STORE_EINVAL;
+    c->in = m;
+    return submit(s, c, OP_FIND);
+}
+
+static int s_bulk(struct store_impl *s, struct store_call *c, const struct store_bulk *b)
+{
+    if (!b || b->m.state >= STORE_STATES || (b->replay && !b->rate))
+        return STORE_EINVAL;
+    c->in = b;
+    return submit(s, c, OP_BULK);
+}
+
+static int s_counts(struct store_impl *s, struct store_call *c)
+{
+    return submit(s, c, OP_COUNTS);
+}
+
 static void s_stats(struct store_impl *s, struct store_stats *out)
 {
+    out->swept = atomic_load(&s->swept);
     out->commits = atomic_load(&s->commits);
     out->enqueued = atomic_load(&s->enqueued);
     out->refused = atomic_load(&s->refused);
@@ -284,15 +335,79 @@ static void s_stats(struct store_impl *s, struct store_stats *out)
     out->recovered = atomic_load(&s->recovered);
 }
 
+/* A copy of 'n' names (NULL and 0 for none); NULL when out of memory. */
+static char **copy_names(const char *const *names, size_t n, bool *ok)
+{
+    char **c = n ? calloc(n, sizeof(*c)) : NULL;
+    *ok = !n || c;
+    for (size_t i = 0; c && i < n; i++)
+        *ok = *ok && (c[i] = strdup(names[i])) != NULL;
+    return c;
+}
+
+static void free_names(const char *const *names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        free((char *)names[i]);
+    free((void *)names);
+}
+
+static int s_tune(struct store_impl *s, const struct store_tuning *t)
+{
+    struct store_opts *o = calloc(1, sizeof(*o));
+    bool ok = o != NULL;
+    char **names = o ? copy_names(t->sensitive, t->n_sensitive, &ok) : NULL;
+    if (!ok) {
+        free_names((const char *const *)names, t->n_sensitive);
+        free(o);
+        return STORE_EIO;
+    }
+    o->sensitive = (const char *const *)names;
+    o->n_sensitive = t->n_sensitive;
+    o->dead_body_bytes = t->dead_body_bytes;
+    o->delivered_keep_ms = t->delivered_keep_ms;
+    o->dead_keep_ms = t->dead_keep_ms;
+    pthread_mutex_lock(&s->mu);
+    struct store_opts *old = s->tuned;
+    s->tuned = o;
+    pthread_mutex_unlock(&s->mu);
+    if (old)
+        free_names(old->sensitive, old->n_sensitive);
+    free(old);
+    return 0;
+}
+
+/* The store thread takes a reload's settings (under mu). */
+static void take_tuning(struct store_impl *s)
+{
+    struct store_opts *t = s->tuned;
+    if (!t)
+        return;
+    s->tuned = NULL;
+    free_names(s->o.sensitive, s->o.n_sensitive);
+    s->o.sensitive = t->sensitive;
+    s->o.n_sensitive = t->n_sensitive;
+    s->o.dead_body_bytes = t->dead_body_bytes;
+    s->o.delivered_keep_ms = t->delivered_keep_ms;
+    s->o.dead_keep_ms = t->dead_keep_ms;
+    free(t);
+}
+
 static void free_impl(struct store_impl *s)
 {
     sql_finalize(s);
+    sql_ops_finalize(s);
     sqlite3_close(s->db);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     if (s->lock_fd >= 0)
         close(s->lock_fd); /* the flock goes with it */
     free((char *)s->o.path);
+    free_names(s->o.sensitive, s->o.n_sensitive);
+    if (s->tuned)
+        free_names(s->tuned->sensitive, s->tuned->n_sensitive);
+    free(s->tuned);
+    explicit_bzero(s->key, sizeof(s->key));
     free(s);
 }
 
@@ -320,6 +435,10 @@ static const struct store_ops sqlite_ops = {
     .get = s_get,
     .replay = s_replay,
     .drop = s_drop,
+    .find = s_find,
+    .bulk = s_bulk,
+    .counts = s_counts,
+    .tune = s_tune,
     .stats = s_stats,
     .close = s_close,
 };
@@ -381,6 +500,18 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
         return STORE_EIO;
     s->o = *o;
     s->o.path = strdup(o->path);
+    /* The key and the names are the store's own copies: the config may go before it. */
+    if (o->key) {
+        memcpy(s->key, o->key, sizeof(s->key));
+        s->o.key = s->key;
+    }
+    bool names_ok;
+    s->o.sensitive = (const char *const *)copy_names(o->sensitive, o->n_sensitive, &names_ok);
+    if (!names_ok) {
+        free_names(s->o.sensitive, o->n_sensitive);
+        s->o.sensitive = NULL;
+        s->o.n_sensitive = 0;
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->pub.ops = &sqlite_ops;
@@ -391,7 +522,7 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
     /* NOMUTEX: after this function, only the store thread touches the connection. */
     int rc = sqlite3_open_v2(
         o->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
-    if (!s->o.path || rc != SQLITE_OK) {
+    if (!s->o.path || rc != SQLITE_OK || !names_ok) {
         snprintf(err->msg, sizeof(err->msg), "%s: %s", o->path,
                  s->db ? sqlite3_errmsg(s->db) : "out of memory");
         goto fail;
@@ -408,7 +539,7 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
         (o->max_file_bytes && (r = pragma(s, cap, NULL, err)) < 0))
         goto fail;
     s->page_size = 4096;
-    if ((r = sql_setup(s, err)) < 0)
+    if ((r = sql_setup(s, err)) < 0 || (r = sql_ops_setup(s, err)) < 0)
         goto fail;
     if (o->exclusive) {
         int n = sql_recover(s);

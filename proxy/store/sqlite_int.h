@@ -25,6 +25,9 @@ enum sql_op {
     OP_GET,
     OP_REPLAY,
     OP_DROP,
+    OP_FIND,
+    OP_BULK,
+    OP_COUNTS,
 };
 
 enum sql_stmt {
@@ -57,11 +60,15 @@ enum sql_stmt {
     S_COUNT,
 };
 
+/* sqlite_ops.c's statements prepared at open. */
+enum ops_stmt { OPS_DROP_TRIES, OPS_DROP, OPS_REPLAY, OPS_COUNT };
+
 struct store_impl {
     struct store pub;
     struct store_opts o;
     sqlite3 *db;
     sqlite3_stmt *st[S_COUNT];
+    sqlite3_stmt *ops_st[OPS_COUNT];
     uint64_t page_size;
     int lock_fd; /* PATH.lock, flock'd (store_opts.exclusive); -1: none */
     /* The store thread's view: deliveries kept but the delivered ones, and the change the
@@ -77,6 +84,11 @@ struct store_impl {
     bool closing;
     /* For stats(), from any thread. */
     _Atomic uint64_t commits, enqueued, refused, live_pub, bytes, commit_us, recovered;
+    _Atomic uint64_t swept;
+    uint64_t last_sweep;   /* the store clock's ms of the last retention sweep */
+    unsigned char key[32]; /* o.key points here when set; o.sensitive is a copy */
+    /* A reload's settings, under mu until the store thread takes them (store_tune()). */
+    struct store_opts *tuned;
 };
 
 /* The store's wall clock, ms. */
@@ -95,5 +107,28 @@ int sql_recover(struct store_impl *s);
 uint64_t sql_bytes(struct store_impl *s);
 /* Runs a statement without rows (BEGIN, SAVEPOINT...); its result code. */
 int sql_step_reset(sqlite3_stmt *st);
+
+/* sqlite_ops.c: the indexes its filters need (at open); the operators' operations (find,
+ * bulk, counts) inside the open transaction; retention, in a transaction of its own, when a
+ * second has passed since the last. */
+int sql_ops_setup(struct store_impl *s, struct store_err *err);
+void sql_ops_finalize(struct store_impl *s);
+int sql_ops_run(struct store_impl *s, struct store_call *c);
+void sql_sweep(struct store_impl *s);
+/* sqlite_seal.c: the sensitive fields of delivery 'id' sealed (or left out without a key) into a
+ * new array *out of *nout, whose strings are 'in''s or malloc'd (free with sql_fields_free). 0 or
+ * STORE_EIO. And a read delivery's sealed values opened (left sealed without a key or when one
+ * does not open: never shown, see seal.h). */
+int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
+                    struct store_field **out, size_t *nout);
+void sql_fields_free(const struct store_field *in, struct store_field *out, size_t nout);
+void sql_open_fields(struct store_impl *s, struct store_delivery *d);
+/* The head's fields as they are kept in the file: one blob of "name\0value\0" pairs, 'n'
+ * fields of no NUL each packed into a malloc'd blob of *len bytes (NULL when out of memory),
+ * and a blob read back into d->fields and d->nfields. A blob that is not such pairs (a NUL
+ * missing at its end, a name without its value) is a damaged row: STORE_EIO, not fields lost
+ * quietly. d->fields is d's to free either way. */
+char *sql_fields_pack(const struct store_field *f, size_t n, size_t *len);
+int sql_fields_unpack(struct store_delivery *d, const char *b, size_t len);
 
 #endif

@@ -182,47 +182,6 @@ void sql_finalize(struct store_impl *s)
     }
 }
 
-/* The head's fields as one blob of "name\0value\0" pairs (malloc'd), and back. */
-static char *fields_pack(const struct store_field *f, size_t n, size_t *len)
-{
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++)
-        total += strlen(f[i].name) + strlen(f[i].value) + 2;
-    char *b = malloc(total ? total : 1), *p = b;
-    if (!b)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        size_t a = strlen(f[i].name) + 1, v = strlen(f[i].value) + 1;
-        memcpy(p, f[i].name, a);
-        memcpy(p + a, f[i].value, v);
-        p += a + v;
-    }
-    *len = total;
-    return b;
-}
-
-static int fields_unpack(struct store_delivery *d, const char *b, size_t len)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < len; i++)
-        n += b[i] == '\0';
-    n /= 2;
-    d->fields = calloc(n ? n : 1, sizeof(*d->fields));
-    if (!d->fields)
-        return STORE_EIO;
-    const char *p = b, *end = b + len;
-    for (size_t i = 0; i < n && p < end; i++) {
-        d->fields[i].name = strdup(p);
-        p += strlen(p) + 1;
-        d->fields[i].value = strdup(p);
-        p += strlen(p) + 1;
-        d->nfields = i + 1;
-        if (!d->fields[i].name || !d->fields[i].value)
-            return STORE_EIO;
-    }
-    return 0;
-}
-
 static char *col_text(sqlite3_stmt *st, int i)
 {
     const unsigned char *t = sqlite3_column_text(st, i);
@@ -258,7 +217,7 @@ static int read_row(sqlite3_stmt *st, struct store_delivery *d, bool full)
     if (full) {
         size_t n;
         char *f = col_blob(st, 4, &n);
-        int r = f ? fields_unpack(d, f, n) : STORE_EIO;
+        int r = f ? sql_fields_unpack(d, f, n) : STORE_EIO;
         free(f);
         if (r < 0)
             return r;
@@ -291,6 +250,8 @@ static int read_one(struct store_impl *s, const char *id, struct store_delivery 
             : rc == SQLITE_DONE ? STORE_ENOTFOUND
                                 : sql_error(rc);
     sqlite3_reset(st);
+    if (r == 0)
+        sql_open_fields(s, d);
     if (r < 0 || !tries)
         return r;
     st = s->st[S_TRIES];
@@ -315,6 +276,8 @@ static int read_one(struct store_impl *s, const char *id, struct store_delivery 
     if (r == 0 && rc != SQLITE_DONE)
         r = sql_error(rc);
     sqlite3_reset(st);
+    if (d->ntries)
+        d->last_status = d->tries[d->ntries - 1].status;
     return r;
 }
 
@@ -355,12 +318,18 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
         if (rc != SQLITE_DONE)
             return sql_error(rc);
     }
-    size_t flen = 0;
-    char *fields = fields_pack(d->fields, d->nfields, &flen);
-    if (!fields || store_new_id(c->id) < 0) {
-        free(fields);
-        return STORE_EIO;
+    size_t flen = 0, nkept = 0;
+    struct store_field *kept = NULL;
+    char *fields = NULL;
+    /* The id first: it is the sealed values' additional data (seal.h). */
+    if (store_new_id(c->id) == 0 &&
+        sql_seal_fields(s, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
+        fields = sql_fields_pack(kept, nkept, &flen);
+        c->left_out = (uint32_t)(d->nfields - nkept);
+        sql_fields_free(d->fields, kept, nkept);
     }
+    if (!fields)
+        return STORE_EIO;
     /* A row's size, roughly: what the bound needs until the commit tells the file's. */
     uint64_t size = d->body_len + flen + strlen(d->route) + strlen(d->target) + 256;
     if ((s->o.max_count && s->live + (uint64_t)s->live_delta >= s->o.max_count) ||
@@ -637,6 +606,10 @@ int sql_run(struct store_impl *s, struct store_call *c)
     case OP_REPLAY:
     case OP_DROP:
         return op_change(s, c);
+    case OP_FIND:
+    case OP_BULK:
+    case OP_COUNTS:
+        break; /* sqlite_ops.c's, run by sqlite.c */
     }
     return STORE_EINVAL;
 }

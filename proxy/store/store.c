@@ -145,6 +145,13 @@ void store_delivery_clear(struct store_delivery *d)
 
 void store_call_clear(struct store_call *c)
 {
+    for (size_t i = 0; i < c->ncounts; i++)
+        free(c->counts[i].route);
+    free(c->counts);
+    c->counts = NULL;
+    c->ncounts = 0;
+    c->cursor = 0;
+    c->more = false;
     for (size_t i = 0; i < c->n; i++)
         store_delivery_clear(&c->items[i]);
     free(c->items);
@@ -154,6 +161,7 @@ void store_call_clear(struct store_call *c)
     c->result = 0;
     c->finished = false;
     c->dup = false;
+    c->left_out = 0;
     c->id[0] = '\0';
 }
 

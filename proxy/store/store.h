@@ -105,6 +105,8 @@ struct store_delivery {
     size_t final_body_len;
     struct store_attempt *tries; /* get: every attempt, oldest first */
     size_t ntries;
+    uint64_t seq;    /* find: its place in the order of accepts (the cursor of paging) */
+    int last_status; /* find, get: the last attempt's HTTP status, 0 for none */
 };
 
 /* What enqueue stores (borrowed). */
@@ -146,6 +148,52 @@ struct store_filter {
     uint32_t limit;
 };
 
+/* find's, replay_match's and drop_match's filter (docs/delivery.md, "Admin API"). */
+struct store_match {
+    const char *route;     /* NULL: any */
+    int state;             /* an enum store_state, -1: any */
+    uint64_t since, until; /* accepted at in [since, until), ms since the epoch; 0: open */
+    int status;            /* the last attempt's HTTP status; 0: any */
+    uint64_t cursor;       /* find: rows after this one (a store_delivery.seq); 0: from the start */
+    bool newest_first;     /* find: the order (the cursor then goes back in time) */
+    uint32_t limit;        /* find: rows at most, 1 to STORE_FIND_MAX; 0: 100 */
+};
+#define STORE_FIND_MAX 1000
+
+/* A bulk replay or drop (store_bulk()) works through the matching rows in transactions of at most
+ * this many, each its own call, so that accepts and claims run between them. */
+#define STORE_BULK_BATCH 200
+
+/* A bulk replay or drop: one batch of the rows matching 'm' after 'cursor' (oldest first).
+ * A replay takes dead and delivered rows only (a state filter of another state matches
+ * nothing) and makes the i-th one due at first_at + i * 1000 / rate ms, i counted from 'done'
+ * (the rows of the batches before): the courier sends them at 'rate' per second at most.
+ * 'dry_run' changes nothing and counts every match at once (c->total). */
+struct store_bulk {
+    struct store_match m;
+    bool replay;
+    bool dry_run;
+    uint32_t rate;     /* replay: per second, >= 1 */
+    uint64_t first_at; /* replay: the first one's due time; 0: now */
+    uint64_t done;     /* rows replayed or dropped by the batches before */
+};
+
+/* counts: deliveries by route and state, and the oldest pending (scheduled or in flight) of
+ * each route, by when it was accepted. */
+struct store_count {
+    char *route;
+    uint64_t n[STORE_STATES];
+    uint64_t oldest_pending; /* ms since the epoch; 0: none pending */
+};
+
+/* What a reload may change of an open store (store_opts has the same). */
+struct store_tuning {
+    const char *const *sensitive;
+    size_t n_sensitive;
+    size_t dead_body_bytes;
+    uint64_t delivered_keep_ms, dead_keep_ms;
+};
+
 struct store_cq;
 struct store_call;
 typedef void (*store_done_fn)(struct store_call *c);
@@ -156,13 +204,18 @@ struct store_call {
     store_done_fn done; /* may be NULL (store_call_wait) */
     void *arg;
     /* Results, from the completion on. */
-    int result;                   /* 0 or a STORE_E* */
-    bool finished;                /* set by store_cq_drain() before done() */
-    bool dup;                     /* enqueue: 'id' is an earlier accept's (same key and body) */
-    char id[STORE_ID_SIZE];       /* enqueue: the delivery's id */
+    int result;             /* 0 or a STORE_E* */
+    bool finished;          /* set by store_cq_drain() before done() */
+    bool dup;               /* enqueue: 'id' is an earlier accept's (same key and body) */
+    uint32_t left_out;      /* enqueue: sensitive fields not stored (no key: docs/delivery.md) */
+    char id[STORE_ID_SIZE]; /* enqueue: the delivery's id */
     struct store_delivery *items; /* claim, list; get: one */
     size_t n;
-    uint64_t total; /* list: rows matching the filter */
+    uint64_t total;  /* list, find: rows matching the filter; bulk dry run: the count */
+    uint64_t cursor; /* find, bulk: the last row's seq (find's next page, bulk's next batch) */
+    bool more;       /* find, bulk: rows are left after this page or batch */
+    struct store_count *counts; /* counts: one per route */
+    size_t ncounts;
     /* The backend's. */
     int op;
     const void *in;
@@ -181,6 +234,7 @@ struct store_stats {
     uint64_t bytes;     /* the store's size */
     uint64_t commit_us; /* the last commit's time */
     uint64_t recovered; /* in flight at an exclusive open: made due at once (lease_expired) */
+    uint64_t swept;     /* rows retention deleted */
 };
 
 struct store_impl;
@@ -216,6 +270,17 @@ struct store_ops {
      * scheduled one: nothing changes); STORE_EBUSY while a lease holds. */
     int (*replay)(struct store_impl *s, struct store_call *c, const char *id);
     int (*drop)(struct store_impl *s, struct store_call *c, const char *id);
+    /* The operators' (docs/delivery.md): a page of deliveries matching a filter, every row's
+     * count (c->total) and the cursor of the next page; one batch of a replay or drop by
+     * filter (struct store_bulk: the ids done in c->items, id and route only); the counts by
+     * route and state. */
+    int (*find)(struct store_impl *s, struct store_call *c, const struct store_match *m);
+    int (*bulk)(struct store_impl *s, struct store_call *c, const struct store_bulk *b);
+    int (*counts)(struct store_impl *s, struct store_call *c);
+    /* The settings a reload may change (struct store_tuning), copied; the store's thread
+     * takes them before its next transaction. Synchronous, from any thread; 0 or
+     * STORE_EIO (out of memory: the old ones stay). */
+    int (*tune)(struct store_impl *s, const struct store_tuning *t);
     /* Synchronous, from any thread. */
     void (*stats)(struct store_impl *s, struct store_stats *out);
     /* Finishes what was handed over (every call completes), then frees the store. */
@@ -246,6 +311,19 @@ struct store_opts {
      * delivery left in flight by a process before is due at once, its lost attempt recorded as
      * "lease_expired", instead of waiting out its lease (docs/delivery.md). */
     bool exclusive;
+    /* Secrets at rest (proxy/store/seal.h): the key that seals the sensitive fields (NULL:
+     * they are not stored), the names sensitive besides the three credential fields. */
+    const unsigned char *key;
+    const char *const *sensitive;
+    size_t n_sensitive;
+    /* Retention: when set, the store thread deletes delivered rows delivered_keep_ms after
+     * their last attempt (0: at once), and dead letters dead_keep_ms after (0: never), in
+     * batches, at most once a second (the process sets it; the CLI does not). */
+    bool retention;
+    uint64_t delivered_keep_ms, dead_keep_ms;
+    /* Each commit's time, from the store thread (the commit latency histogram); NULL: none. */
+    void (*on_commit)(void *arg, double seconds);
+    void *on_commit_arg;
 };
 
 /* Why an open failed. */
@@ -316,6 +394,22 @@ static inline int store_replay(struct store *s, struct store_call *c, const char
 static inline int store_drop(struct store *s, struct store_call *c, const char *id)
 {
     return s->ops->drop(s->impl, c, id);
+}
+static inline int store_find(struct store *s, struct store_call *c, const struct store_match *m)
+{
+    return s->ops->find(s->impl, c, m);
+}
+static inline int store_bulk(struct store *s, struct store_call *c, const struct store_bulk *b)
+{
+    return s->ops->bulk(s->impl, c, b);
+}
+static inline int store_counts(struct store *s, struct store_call *c)
+{
+    return s->ops->counts(s->impl, c);
+}
+static inline int store_tune(struct store *s, const struct store_tuning *t)
+{
+    return s->ops->tune(s->impl, t);
 }
 static inline void store_stats(struct store *s, struct store_stats *out)
 {

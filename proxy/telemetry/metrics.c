@@ -478,6 +478,21 @@ void metrics_set_upstreams(struct metrics *m,
     m->upstreams_arg = arg;
 }
 
+void metrics_set_store(struct metrics *m, bool (*fn)(void *arg, struct metrics_store_view *v),
+                       void *arg)
+{
+    if (!m)
+        return;
+    m->store_fn = fn;
+    m->store_arg = arg;
+}
+
+void metrics_store_commit(struct metrics *m, double seconds)
+{
+    if (m)
+        hist_add(&m->store_commit, seconds);
+}
+
 void metrics_route_budget(struct metrics_route *r, const struct budget_limits *l)
 {
     if (!r || !l)

@@ -237,6 +237,25 @@ void metrics_dns_result(struct metrics_name *n, enum metrics_dns r);
 /* 1 while the name runs on addresses kept after a failed lookup. */
 void metrics_dns_stale(struct metrics_name *n, bool stale);
 
+/* The durable deliveries' store (docs/delivery.md): deliveries{route, state},
+ * delivery_oldest_seconds{route}, store_bytes, store_rows, read at each scrape from what
+ * fn(arg, &view) fills (borrowed until the scrape ends; false: no store, no series), called
+ * without the registry's lock from the scraping thread. Set once at start. */
+struct metrics_delivery_row {
+    const char *route;
+    uint64_t n[4];         /* scheduled, in_flight, delivered, dead */
+    double oldest_seconds; /* the oldest pending one's age; < 0: none pending */
+};
+struct metrics_store_view {
+    const struct metrics_delivery_row *rows;
+    size_t n;
+    uint64_t bytes, rows_total;
+};
+void metrics_set_store(struct metrics *m, bool (*fn)(void *arg, struct metrics_store_view *v),
+                       void *arg);
+/* store_commit_seconds: one commit of the store took 'seconds'. Any thread (the store's). */
+void metrics_store_commit(struct metrics *m, double seconds);
+
 /* The whole exposition in Prometheus text format 0.0.4: every family with # HELP and # TYPE,
  * names prefixed retryproxy_, series sorted by route name, label values escaped. Returns a
  * malloc'd NUL-terminated buffer (length in *len), or NULL if out of memory. */

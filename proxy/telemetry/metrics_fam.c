@@ -13,6 +13,8 @@ const char *const hist_le[HIST_BUCKETS] = { "0.0001", "0.00025", "0.0005", "0.00
                                             "0.25",   "0.5",     "1",      "2.5",   "5",
                                             "10",     "30",      "60",     "+Inf" };
 
+const char *const delivery_states[4] = { "scheduled", "in_flight", "delivered", "dead" };
+
 const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",     "3xx",
                                                        "4xx",   "5xx",     "connect_failure",
                                                        "reset", "timeout", "cancelled" };
@@ -166,6 +168,20 @@ const struct family_def metrics_families[FAM_COUNT] = {
     [FAM_DNS_STALE] = { "dns_stale", "gauge", "name", NULL, 0,
                         "1 while the name runs on the addresses kept after its last lookup "
                         "failed, else 0." },
+    [FAM_DELIVERIES] = { "deliveries", "gauge", "route, state", delivery_states, 4,
+                         "Durable deliveries and dead letters in the store now, by route and "
+                         "state (docs/delivery.md); read from the store at most once a second." },
+    [FAM_DELIVERY_OLDEST] = { "delivery_oldest_seconds", "gauge", "route", NULL, 0,
+                              "Age of the route's oldest pending delivery (scheduled or in "
+                              "flight), from its accept; 0 when none is pending." },
+    [FAM_STORE_BYTES] = { "store_bytes", "gauge", "", NULL, 0,
+                          "The delivery store's size in use (its file's pages but the free "
+                          "ones), against store.max_bytes." },
+    [FAM_STORE_ROWS] = { "store_rows", "gauge", "", NULL, 0,
+                         "Deliveries kept in the store, delivered ones included." },
+    [FAM_STORE_COMMIT] = { "store_commit_seconds", "histogram", "", NULL, 0,
+                           "Time of each of the store's transactions (a group commit: every "
+                           "accept ready at once, fsync included)." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
     [FAM_TUNNELS_OPEN] = { "tunnels_open", "gauge", "", NULL, 0,

@@ -24,6 +24,7 @@ extern const char *const endpoint_states[];
 extern const char *const limit_names[METRICS_LIMIT_COUNT];
 extern const char *const dns_result_names[METRICS_DNS_COUNT];
 extern const char *const h2up_result_names[H2UP_OPENED_COUNT];
+extern const char *const delivery_states[4];
 
 enum family {
     FAM_REQUESTS,
@@ -59,6 +60,11 @@ enum family {
     FAM_UPSTREAM_ENDPOINT_FAILURE,
     FAM_DNS_RESOLUTIONS,
     FAM_DNS_STALE,
+    FAM_DELIVERIES,
+    FAM_DELIVERY_OLDEST,
+    FAM_STORE_BYTES,
+    FAM_STORE_ROWS,
+    FAM_STORE_COMMIT,
     FAM_CONNECTIONS,
     FAM_TUNNELS_OPEN,
     FAM_H2UP_OPEN,

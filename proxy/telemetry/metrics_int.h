@@ -124,6 +124,10 @@ struct metrics {
     /* Set once at start: the upstreams' health rows (metrics_set_upstreams()). */
     size_t (*upstreams_fn)(void *arg, struct metrics_upstream **rows);
     void *upstreams_arg;
+    /* Set once at start: the store's view (metrics_set_store()), its commits' histogram. */
+    bool (*store_fn)(void *arg, struct metrics_store_view *v);
+    void *store_arg;
+    struct hist_slot store_commit;
     /* Under lock: the host names' series, in the order they were added. */
     struct metrics_name **names;
     size_t nnames, capnames;

@@ -475,8 +475,46 @@ static void render_dns(FILE *f, const struct metrics *m)
     }
 }
 
+/* The store's families: series only when there is a store (the view says so). */
+static void render_store(FILE *f, struct metrics *m, const struct metrics_store_view *v)
+{
+    const char *name = put_family(f, FAM_DELIVERIES);
+    for (size_t i = 0; v && i < v->n; i++)
+        for (size_t s = 0; s < 4; s++) {
+            fprintf(f, "retryproxy_%s{route=\"", name);
+            put_label(f, v->rows[i].route);
+            fprintf(f, "\",state=\"%s\"} %" PRIu64 "\n", delivery_states[s], v->rows[i].n[s]);
+        }
+    name = put_family(f, FAM_DELIVERY_OLDEST);
+    for (size_t i = 0; v && i < v->n; i++) {
+        fprintf(f, "retryproxy_%s{route=\"", name);
+        put_label(f, v->rows[i].route);
+        double age = v->rows[i].oldest_seconds;
+        fprintf(f, "\"} %.3f\n", age > 0 ? age : 0);
+    }
+    name = put_family(f, FAM_STORE_BYTES);
+    if (v)
+        fprintf(f, "retryproxy_%s %" PRIu64 "\n", name, v->bytes);
+    name = put_family(f, FAM_STORE_ROWS);
+    if (v)
+        fprintf(f, "retryproxy_%s %" PRIu64 "\n", name, v->rows_total);
+    name = put_family(f, FAM_STORE_COMMIT);
+    if (v) {
+        /* put_hist()'s lines without a route label */
+        uint64_t cum = 0, sum_us = peek(&m->store_commit.sum_us);
+        for (size_t b = 0; b < HIST_BUCKETS; b++) {
+            cum += peek(&m->store_commit.buckets[b]);
+            fprintf(f, "retryproxy_%s_bucket{le=\"%s\"} %" PRIu64 "\n", name, hist_le[b], cum);
+        }
+        fprintf(f, "retryproxy_%s_sum %" PRIu64 ".%06" PRIu64 "\n", name, sum_us / 1000000,
+                sum_us % 1000000);
+        fprintf(f, "retryproxy_%s_count %" PRIu64 "\n", name, cum);
+    }
+}
+
 /* Every family in enum family order, the order of the table above. */
-static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
+static void render_all(FILE *f, struct metrics *m, const struct scrape *sc,
+                       const struct metrics_store_view *store)
 {
     render_requests(f, sc);
     render_labeled(f, sc, FAM_PROTOCOL, "protocol", offsetof(struct route_totals, protocol));
@@ -508,6 +546,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc)
     render_upstreams(f, sc);
     render_worst(f, sc);
     render_dns(f, m);
+    render_store(f, m, store);
     render_process(f, m);
     render_limits(f, m);
     render_proc(f);
@@ -530,6 +569,8 @@ char *metrics_render(struct metrics *m, size_t *len)
     size_t n_ups = m->upstreams_fn ? m->upstreams_fn(m->upstreams_arg, &ups) : 0;
     if (n_ups)
         qsort(ups, n_ups, sizeof(*ups), by_route_url);
+    struct metrics_store_view store = { 0 };
+    bool has_store = m->store_fn && m->store_fn(m->store_arg, &store);
 
     /* The lock keeps the route list and reason names still while they are printed; workers
      * never take it, so a scrape only ever delays a config install. */
@@ -556,7 +597,7 @@ char *metrics_render(struct metrics *m, size_t *len)
         sc.routes[sc.n++] = r;
     }
     if (!failed)
-        render_all(f, m, &sc);
+        render_all(f, m, &sc, has_store ? &store : NULL);
     pthread_mutex_unlock(&m->lock);
     free(sc.routes);
     free(sc.totals);

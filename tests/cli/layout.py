@@ -33,7 +33,7 @@ MAY_CALL = {
     'delivery': ['base', 'telemetry', 'http', 'core', 'store'],
     'http2': ['base', 'telemetry', 'http', 'core', 'upstream'],
     'http1': ['base', 'telemetry', 'http', 'core', 'upstream', 'http2'],
-    'ops': ['base', 'telemetry', 'http', 'core', 'upstream', 'dns'],
+    'ops': ['base', 'telemetry', 'http', 'core', 'upstream', 'dns', 'store'],
     '': ['base', 'telemetry', 'http', 'core', 'upstream', 'http1', 'http2', 'ops', 'dns', 'store',
          'delivery'],
 }
@@ -54,6 +54,8 @@ LIBRARIES = {
     'SSL_': {'upstream'},
     'ares_': {'dns'},                # the resolver's channel
     'sqlite3_': {'store'},           # the durable deliveries' file
+    'EVP_': {'store'},               # libcrypto: the sealed fields of stored requests (seal.c)
+    'RAND_': {'store'},
     'json_': {'ops', ''},
     'epoll_': {'base'},
     'inotify_': set(),               # config/watch.c

@@ -27,6 +27,7 @@
 
 #include "tests/support/dnsmasq.h"
 #include "tests/support/fixture.h"
+#include "tests/support/seed.h"
 
 #define RULES      "deploy/prometheus/retryproxy-rules.yml"
 #define RULES_TEST "deploy/prometheus/retryproxy-rules.test.yml"
@@ -45,7 +46,8 @@ static const char *const target_labels[] = { "job", "instance" };
 static const char *const runbook_anchors[] = {
     "retry-storm",      "retries-denied",   "upstream-failures", "grpc-failures",
     "upstream-ejected", "endpoint-failing", "panic-mode",        "no-endpoints",
-    "dns-stale",        "reload-failures",  "draining"
+    "dns-stale",        "reload-failures",  "draining",          "delivery-backlog",
+    "old-delivery",     "dead-letters",     "store-full"
 };
 static const char *const severities[] = { "info", "warning", "critical" };
 
@@ -204,8 +206,15 @@ static void learn_exports(void)
     cr_assert_not_null(dns);
     const char *lo[] = { "127.0.0.1" };
     cr_assert_eq(dnsm_set(dns, "svc.test", lo, 1), 0);
+    /* a delivery store with deliveries in every state a gauge shows (tests/support/seed.h) */
+    const char *dir = fx_config_dir("monitoring");
+    char db[160];
+    snprintf(db, sizeof(db), "%s/deliveries.db", dir);
+    struct seeded sd;
+    seed_store(db, &sd);
     struct cfgb *b = cfgb_new();
-    cfgb_top(b, "\"resolver\": {\"servers\": [\"%s\"]}", dns->server);
+    cfgb_top(b, "\"resolver\": {\"servers\": [\"%s\"]}, \"store\": {\"path\": \"%s\"}", dns->server,
+             db);
     /* ejection on (never reached here) so that the upstream families show their series */
     cfgb_route(b, "r",
                "\"match\": {\"path_prefix\": \"/r\"}, \"retry\": {" CFG_FAST "}, "

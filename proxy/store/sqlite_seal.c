@@ -1,0 +1,99 @@
+/* sqlite_seal -- a stored request's fields on their way into the file and out, for
+ * sqlite_sql.c's enqueue and reads: the sensitive ones sealed and opened again (seal.h,
+ * docs/delivery.md "Secrets at rest"), and all of them packed into the row's blob and read
+ * back from it. Store thread only; no SQLite call, so tests/fuzz/fuzz_seal.c links it. */
+#include "proxy/store/seal.h"
+#include "proxy/store/sqlite_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
+                    struct store_field **out, size_t *nout)
+{
+    struct store_field *f = calloc(n ? n : 1, sizeof(*f));
+    size_t k = 0;
+    if (!f)
+        return STORE_EIO;
+    for (size_t i = 0; i < n; i++) {
+        bool secret = seal_sensitive(in[i].name, s->o.sensitive, s->o.n_sensitive);
+        if (secret && !s->o.key)
+            continue; /* no key: not stored at all (docs/delivery.md) */
+        f[k].name = strdup(in[i].name);
+        f[k].value = secret ? seal_value(s->o.key, id, in[i].value) : strdup(in[i].value);
+        k++;
+        if (!f[k - 1].name || !f[k - 1].value) {
+            sql_fields_free(in, f, k);
+            return STORE_EIO;
+        }
+    }
+    *out = f;
+    *nout = k;
+    return 0;
+}
+
+void sql_fields_free(const struct store_field *in, struct store_field *out, size_t nout)
+{
+    (void)in;
+    for (size_t i = 0; i < nout; i++) {
+        free(out[i].name);
+        free(out[i].value);
+    }
+    free(out);
+}
+
+void sql_open_fields(struct store_impl *s, struct store_delivery *d)
+{
+    for (size_t i = 0; s->o.key && i < d->nfields; i++) {
+        if (!seal_is_sealed(d->fields[i].value))
+            continue;
+        char *clear = seal_open(s->o.key, d->id, d->fields[i].value);
+        if (clear) {
+            free(d->fields[i].value);
+            d->fields[i].value = clear;
+        }
+    }
+}
+
+char *sql_fields_pack(const struct store_field *f, size_t n, size_t *len)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += strlen(f[i].name) + strlen(f[i].value) + 2;
+    char *b = malloc(total ? total : 1), *p = b;
+    if (!b)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        size_t a = strlen(f[i].name) + 1, v = strlen(f[i].value) + 1;
+        memcpy(p, f[i].name, a);
+        memcpy(p + a, f[i].value, v);
+        p += a + v;
+    }
+    *len = total;
+    return b;
+}
+
+int sql_fields_unpack(struct store_delivery *d, const char *b, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += b[i] == '\0';
+    /* every string ends in its NUL, and names and values come in pairs */
+    if (n % 2 || (len && b[len - 1] != '\0'))
+        return STORE_EIO;
+    n /= 2;
+    d->fields = calloc(n ? n : 1, sizeof(*d->fields));
+    if (!d->fields)
+        return STORE_EIO;
+    const char *p = b;
+    for (size_t i = 0; i < n; i++) {
+        d->fields[i].name = strdup(p);
+        p += strlen(p) + 1;
+        d->fields[i].value = strdup(p);
+        p += strlen(p) + 1;
+        d->nfields = i + 1;
+        if (!d->fields[i].name || !d->fields[i].value)
+            return STORE_EIO;
+    }
+    return 0;
+}
