@@ -341,6 +341,29 @@ static void dead_done(struct store_call *c)
     retry_req_release(r);
 }
 
+/* Only a synchronous route's own requests are recorded (a delivery's attempt is the courier's),
+ * in an array made at the first attempt's end, as long as max_attempts: a hedged request's
+ * attempts count among them too, so no more ever come. */
+void durable_note_attempt(struct retry_req *r, const struct trial *t, enum metrics_outcome o)
+{
+    if (r->route->delivery.mode != CFG_DELIVERY_SYNC || r->front->ops->delivery)
+        return;
+    uint32_t cap = r->max_attempts ? r->max_attempts : 1;
+    if (!r->dl_tries && !(r->dl_tries = calloc(cap, sizeof(*r->dl_tries))))
+        return; /* out of memory: the dead letter keeps its one row for the request */
+    if (r->dl_ntries >= cap)
+        return;
+    uint64_t now = loop_clock_us(r->w->loop);
+    struct store_attempt *a = &r->dl_tries[r->dl_ntries++];
+    /* its start in wall time: the request's, plus the loop's clock since */
+    *a = (struct store_attempt){
+        .at_ms = (uint64_t)r->start_unix_ms + (t->start_us - r->start_us) / 1000,
+        .duration_ms = (uint32_t)((now - t->start_us) / 1000),
+        .status = t->att.status,
+    };
+    snprintf(a->outcome, sizeof(a->outcome), "%s", metrics_outcome_name(o));
+}
+
 void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,
                       size_t len)
 {
@@ -371,7 +394,7 @@ void durable_answered(struct retry_req *r, int status, const struct hlist *h, co
     snprintf(j->reason, sizeof(j->reason), "%s%s",
              r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : "throttled",
              whole ? "" : "; body not kept");
-    /* one row for the request's attempts: the sync path records no attempt by itself */
+    /* no attempt went (throttled, no address): one row for the request, its answer's status */
     j->att = (struct store_attempt){
         .at_ms = (uint64_t)r->start_unix_ms,
         .duration_ms = (uint32_t)((loop_clock_us(w->loop) - r->start_us) / 1000),
@@ -389,8 +412,8 @@ void durable_answered(struct retry_req *r, int status, const struct hlist *h, co
                                     .body = whole ? r->body.body : NULL,
                                     .body_len = whole ? r->body.len : 0 };
     j->in.attempts = r->attempts;
-    j->in.tries = &j->att;
-    j->in.ntries = 1;
+    j->in.tries = r->dl_ntries ? r->dl_tries : &j->att;
+    j->in.ntries = r->dl_ntries ? r->dl_ntries : 1;
     j->in.dead = (struct store_dead){ .reason = j->reason,
                                       .head = j->head,
                                       .head_len = j->in.dead.head_len,

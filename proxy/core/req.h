@@ -25,6 +25,8 @@
 #include "proxy/telemetry/metrics.h"
 #include "proxy/http/refusal.h"
 
+struct store_attempt;
+
 /* What the log and requests_total say of a request whose client left before its answer
  * (nginx's "client closed request"); nothing is sent. */
 #define CLIENT_CLOSED_STATUS 499
@@ -120,6 +122,10 @@ struct retry_req {
     uint64_t deadline_ms;
     uint32_t *delays; /* the waits taken, for the log */
     size_t n_delays;
+    /* a route keeping dead letters (delivery.dead_letter): each attempt as the store keeps it,
+     * from the first attempt's end on (max_attempts of them at most); NULL on any other route */
+    struct store_attempt *dl_tries;
+    uint32_t dl_ntries;
 
     /* the request as received */
     char *target;
@@ -251,6 +257,9 @@ void accept_store(struct retry_req *r);
  * it is stored as one (the caller's answer is not held). Costs nothing otherwise. */
 void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,
                       size_t len);
+/* Attempt 't' ended in 'o' (tally_trial(), once per attempt that went): recorded for the dead
+ * letter a route with delivery.dead_letter may keep. */
+void durable_note_attempt(struct retry_req *r, const struct trial *t, enum metrics_outcome o);
 
 /* ---- keep.c: responses kept rather than streamed ---- */
 

@@ -90,6 +90,8 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
     /* the upstream's series by its index in the route, found when the snapshot was made */
     metrics_attempt(r->rtr->targets[t->ep ? t->ep->k : 0], w->id, o,
                     (double)(loop_clock_us(w->loop) - t->start_us) / 1e6);
+    if (r->route->delivery.dead_letter > 0) /* the one test other routes pay (durable.c) */
+        durable_note_attempt(r, t, o);
     return true;
 }
 

@@ -112,6 +112,8 @@ void metrics_request(struct metrics_route *r, unsigned w, int code);
 /* attempts_total{route, upstream, outcome} and attempt_duration_seconds{route, upstream}: an
  * attempt on upstream 't' ended in 'o' after 'seconds'. */
 void metrics_attempt(struct metrics_target *t, unsigned w, enum metrics_outcome o, double seconds);
+/* The word of outcome 'o', as attempts_total{outcome} says it. */
+const char *metrics_outcome_name(enum metrics_outcome o);
 
 /* upgrades_total{route, outcome}: an upgrade the route tunnels, answered with a 101 (a tunnel)
  * or not (the upstream, or retryproxy itself, answered otherwise). */

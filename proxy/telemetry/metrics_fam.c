@@ -18,6 +18,11 @@ const char *const delivery_states[4] = { "scheduled", "in_flight", "delivered", 
 const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",     "3xx",
                                                        "4xx",   "5xx",     "connect_failure",
                                                        "reset", "timeout", "cancelled" };
+const char *metrics_outcome_name(enum metrics_outcome o)
+{
+    return o < METRICS_OUT_COUNT ? outcome_names[o] : "";
+}
+
 const char *const denied_names[METRICS_DENIED_COUNT] = {
     "max-attempts",  "budget",         "concurrency", "deadline", "retry-after",
     "not-retryable", "body-too-large", "draining",    "pushback", "throttled"

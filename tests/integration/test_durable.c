@@ -766,8 +766,48 @@ Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_lette
     cr_assert_not_null(strstr(head, "HTTP/1.1 503"), "%s", head);
     cr_assert_not_null(strstr(head, "X-Why: down"), "%s", head);
     free(head);
-    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503", id),
-                 1);
+    /* each attempt its own row: its start, duration, status and outcome, in order */
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 2);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503 AND "
+                        "outcome = '5xx' AND at > 0 AND duration_ms >= 0",
+                        id),
+                 2);
+    cr_assert_eq(db_int("SELECT max(at) - min(at) >= 0 FROM attempts WHERE delivery = ?1", id), 1);
+    free(id);
+}
+
+/* A request whose first attempt found no upstream (connection refused) and whose second was
+ * answered 503 keeps both, each with its own outcome: the dead letter says what each did. */
+Test(durable, a_sync_dead_letter_keeps_each_attempt_with_its_own_outcome)
+{
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "r",
+               "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], \"delivery\": "
+               "{\"dead_letter\": true}, \"retry\": {\"max_attempts\": 3, \"methods\": "
+               "[\"POST\"], " CFG_FAST "}",
+               (unsigned)fx_closed_port(), fx_up_url(0));
+    char *json = cfgb_text(b);
+    fx_start(json, "--workers", "1", NULL);
+    free(json);
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
+    post("sync-each", "x", plan, &r);
+    cr_assert_eq(r.status, 503);
+    http_free(&r);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
+        1);
+    char *id = db_text("SELECT id FROM deliveries WHERE route = ?1", "r");
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 3);
+    cr_assert_geq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 0 AND "
+                         "outcome = 'connect_failure'",
+                         id),
+                  1);
+    cr_assert_geq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503 AND "
+                         "outcome = '5xx'",
+                         id),
+                  1);
     free(id);
 }
 
