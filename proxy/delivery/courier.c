@@ -483,7 +483,8 @@ static void on_end(struct loop_timer *t)
         bury(d, METRICS_DEAD_ATTEMPTS, &d->att);
         return;
     }
-    uint32_t delay = backoff_delay(&rt->retry.backoff, n, 0, &c->w->rng);
+    /* the previous delay as the store kept it: decorrelated goes on from it, not from base_ms */
+    uint32_t delay = backoff_delay(&rt->retry.backoff, n, d->rec.last_delay_ms, &c->w->rng);
     if (d->has_retry_after && rt->retry.retry_after_honor)
         delay = (uint32_t)(d->retry_after_ms < rt->retry.retry_after_max_ms
                                ? d->retry_after_ms
@@ -493,6 +494,7 @@ static void on_end(struct loop_timer *t)
         return;
     }
     metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_RESCHEDULED);
+    d->att.delay_ms = delay;
     handed(d, store_reschedule(c->store, &d->call, d->rec.id, c->owner, &d->att, now + delay));
 }
 

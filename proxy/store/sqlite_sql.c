@@ -34,11 +34,14 @@ static const char *const migrations[SQL_SCHEMA_VERSION] = {
     " delivery TEXT NOT NULL, at INTEGER NOT NULL, duration_ms INTEGER NOT NULL,"
     " status INTEGER NOT NULL, outcome TEXT NOT NULL);"
     "CREATE INDEX attempts_delivery ON attempts(delivery);",
+    /* 2: the delay a reschedule waited, the previous delay of the next (decorrelated backoff) */
+    "ALTER TABLE deliveries ADD COLUMN last_delay INTEGER NOT NULL DEFAULT 0;",
 };
 
 #define COLS                                                                                       \
     "id, route, method, target, fields, body, idem_key, body_hash, created_at, next_at,"           \
-    " attempts, replays, state, claimed_until, claimed_by, reason, final_head, final_body"
+    " attempts, replays, state, claimed_until, claimed_by, reason, final_head, final_body,"        \
+    " last_delay"
 
 static const char *const sql_text[S_COUNT] = {
     [S_INSERT] = "INSERT INTO deliveries(id, route, method, target, fields, body, idem_key,"
@@ -56,10 +59,11 @@ static const char *const sql_text[S_COUNT] = {
     [S_ADD_TRY] = "INSERT INTO attempts(delivery, at, duration_ms, status, outcome)"
                   " VALUES(?,?,?,?,?)",
     [S_READ] = "SELECT " COLS " FROM deliveries WHERE id = ?",
-    [S_END] = "UPDATE deliveries SET state = ?1, next_at = coalesce(?2, next_at),"
-              " attempts = attempts + ?3, claimed_until = NULL, claimed_by = NULL,"
-              " reason = ?4, final_head = ?5, final_body = ?6"
-              " WHERE id = ?7 AND state = 1 AND claimed_by = ?8",
+    [S_END] =
+        "UPDATE deliveries SET state = ?1, next_at = coalesce(?2, next_at),"
+        " attempts = attempts + ?3, claimed_until = NULL, claimed_by = NULL,"
+        " reason = ?4, final_head = ?5, final_body = ?6, last_delay = coalesce(?9, last_delay)"
+        " WHERE id = ?7 AND state = 1 AND claimed_by = ?8",
     [S_STATE] = "SELECT state, claimed_until FROM deliveries WHERE id = ?",
     [S_MAKE_DEAD] = "UPDATE deliveries SET state = 3, attempts = ?1, reason = ?2, final_head = ?3,"
                     " final_body = ?4 WHERE id = ?5",
@@ -237,6 +241,7 @@ static int read_row(sqlite3_stmt *st, struct store_delivery *d, bool full)
     d->claimed_until = (uint64_t)sqlite3_column_int64(st, 13);
     d->claimed_by = col_text(st, 14);
     d->reason = col_text(st, 15);
+    d->last_delay_ms = (uint32_t)sqlite3_column_int64(st, 18);
     return d->route && d->method && d->target ? 0 : STORE_EIO;
 }
 
@@ -488,8 +493,11 @@ static int op_end(struct store_impl *s, struct store_call *c)
                                                    : STORE_DEAD;
     sqlite3_stmt *st = s->st[S_END];
     sqlite3_bind_int(st, 1, to);
-    if (c->op == OP_RESCHEDULE)
+    if (c->op == OP_RESCHEDULE) {
         sqlite3_bind_int64(st, 2, (sqlite3_int64)c->when);
+        if (c->attempt)
+            sqlite3_bind_int64(st, 9, c->attempt->delay_ms);
+    }
     sqlite3_bind_int(st, 3, c->attempt != NULL);
     if (dead) {
         size_t cap = s->o.dead_body_bytes ? s->o.dead_body_bytes : 4096;

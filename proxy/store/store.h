@@ -76,6 +76,7 @@ struct store_attempt {
     uint32_t duration_ms; /* how long it took */
     int status;           /* the HTTP status, 0 for none */
     char outcome[24];
+    uint32_t delay_ms; /* reschedule: the wait decided after it (kept as the row's last_delay) */
 };
 
 /* A stored delivery, as claim, list and get return it. Every pointer is owned by the record
@@ -107,6 +108,9 @@ struct store_delivery {
     size_t ntries;
     uint64_t seq;    /* find: its place in the order of accepts (the cursor of paging) */
     int last_status; /* find, get: the last attempt's HTTP status, 0 for none */
+    /* claim, get: the wait its last reschedule decided (the previous delay of a decorrelated
+     * backoff, docs/backoff.md); 0 before any */
+    uint32_t last_delay_ms;
 };
 
 /* What enqueue stores (borrowed). */

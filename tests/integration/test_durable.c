@@ -648,6 +648,69 @@ Test(durable, a_reload_raising_the_backoff_changes_the_next_delay_of_a_pending_d
         cr_assert_lt(between_ms(i - 1, i), 1900, "a delay before the reload was already long");
 }
 
+/* The delay a reschedule decided for delivery 'id' after its attempt 'n' (the row is scheduled
+ * again and has made n attempts): next_at less the end of its last attempt, as the store has
+ * them (a few ms more than the delay: the attempt's end is taken before the decision); -1 when
+ * the row is not so now. */
+static long long delay_after(const char *id, long long n)
+{
+    sqlite3 *db = db_open();
+    sqlite3_stmt *st = NULL;
+    const char *sql = "SELECT d.next_at - (SELECT at + duration_ms FROM attempts WHERE delivery ="
+                      " d.id ORDER BY rowid DESC LIMIT 1) FROM deliveries d WHERE id = ?1 AND"
+                      " state = 0 AND attempts = ?2";
+    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, 2, n);
+    long long v = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
+/* decorrelated backoff goes on from the delay before across reschedules (the store keeps it):
+ * after the first (base_ms), each is drawn from [base_ms, 3 * the one before). Were the previous
+ * delay forgotten, every one would be base_ms again; with it, three in a row within 30 ms of
+ * base_ms come once in about 30,000 runs. */
+Test(durable, decorrelated_backoff_goes_on_from_the_previous_delay_across_reschedules)
+{
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "r",
+               "\"delivery\": {\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 5, "
+               "\"backoff\": {\"policy\": \"decorrelated\", \"base_ms\": 300, \"cap_ms\": 1500, "
+               "\"jitter\": \"none\"}}");
+    char *json = cfgb_text(b);
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+    const char *plan[] = { "X-Test-Plan: fail=100", NULL };
+    char id[33];
+    post_accepted("decor-1", "x", plan, id);
+    long long delays[5] = { -1, -1, -1, -1, -1 };
+    /* each delay is read while the row waits for its next attempt (300 ms at least); bounded */
+    for (int i = 0; i < 600 && state_of(id) != 3; i++) {
+        for (long long n = 1; n < 5; n++)
+            if (delays[n] < 0)
+                delays[n] = delay_after(id, n);
+        usleep(20 * 1000);
+    }
+    wait_dead(id, "attempts");
+    int seen = 0, off_base = 0;
+    for (int n = 1; n < 5; n++) {
+        cr_log_info("decorrelated: delay after attempt %d: %lld ms", n, delays[n]);
+        if (delays[n] < 0)
+            continue;
+        cr_assert_geq(delays[n], 290, "delay after attempt %d: %lld ms", n, delays[n]);
+        cr_assert_leq(delays[n], 1600, "delay after attempt %d: %lld ms", n, delays[n]);
+        if (n >= 2) {
+            seen++;
+            off_base += delays[n] > 330;
+        }
+    }
+    cr_assert_geq(seen, 2, "too few delays seen");
+    cr_assert_gt(off_base, 0, "every delay after the first was base_ms: the previous was lost");
+}
+
 /* A route a reload removes keeps its pending deliveries: they are delivered under the last
  * snapshot that had it. */
 Test(durable, a_route_removed_by_a_reload_keeps_delivering_what_is_pending)
