@@ -424,16 +424,27 @@ static void bury(struct dlv *d, enum metrics_dead why, const struct store_attemp
     static const char *const reasons[METRICS_DEAD_COUNT] = { "attempts", "age", "final",
                                                              "route_gone", "refused" };
     const char *reason = reasons[why];
-    metrics_dead_letter(d->cr->m, d->c->w->id, why);
+    /* a route saying delivery.dead_letter false keeps none: deleted, and said and counted so
+     * that nothing goes silently (one whose route is gone is kept: no config says otherwise) */
+    const struct cfg_route *rt = route_now(d->c, d->cr);
+    bool discard = rt && rt->delivery.mode == CFG_DELIVERY_DURABLE && rt->delivery.dead_letter == 0;
+    (discard ? metrics_discarded : metrics_dead_letter)(d->cr->m, d->c->w->id, why);
     if (a)
         metrics_delivery_attempt(d->cr->m, d->c->w->id, METRICS_DELIVERY_DEAD);
     d->dead = (struct store_dead){ .reason = reason,
                                    .head = d->head,
                                    .head_len = d->head_len,
                                    .body = d->body,
-                                   .body_len = d->body_len };
-    log_event(CFG_LOG_WARN, "delivery dead", "id", d->rec.id, "route", d->cr->name, "reason",
-              reason, LOG_NUM("attempts", d->rec.attempts + 1), LOG_NUM("status", d->status), NULL);
+                                   .body_len = d->body_len,
+                                   .discard = discard };
+    if (discard)
+        log_event(CFG_LOG_WARN, "delivery discarded", "id", d->rec.id, "route", d->cr->name,
+                  "reason", reason, LOG_NUM("attempts", d->rec.attempts + (a != NULL)),
+                  LOG_NUM("status", d->status), NULL);
+    else
+        log_event(CFG_LOG_WARN, "delivery dead", "id", d->rec.id, "route", d->cr->name, "reason",
+                  reason, LOG_NUM("attempts", d->rec.attempts + 1), LOG_NUM("status", d->status),
+                  NULL);
     handed(d, store_bury(d->c->store, &d->call, d->rec.id, d->c->owner, a, &d->dead));
 }
 

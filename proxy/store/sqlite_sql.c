@@ -518,6 +518,16 @@ static int op_end(struct store_impl *s, struct store_call *c)
         r = sqlite3_step(st) == SQLITE_ROW ? STORE_ESTALE : STORE_ENOTFOUND;
         sqlite3_reset(st);
     }
+    if (r == 0 && dead && dead->discard) { /* nothing of it is kept: no attempt row either */
+        st = s->st[S_DROP_TRIES];
+        sqlite3_bind_text(st, 1, c->key, -1, SQLITE_STATIC);
+        r = sql_error(sql_step_reset(st));
+        st = s->st[S_DROP];
+        sqlite3_bind_text(st, 1, c->key, -1, SQLITE_STATIC);
+        if (r == 0 && (r = sql_error(sql_step_reset(st))) == 0)
+            s->live_delta--;
+        return r;
+    }
     if (r == 0 && c->attempt)
         r = add_try(s, c->key, c->attempt);
     if (r == 0 && to == STORE_DELIVERED)

@@ -131,6 +131,9 @@ struct store_dead {
     size_t head_len;
     const char *body; /* truncated to store_opts.dead_body_bytes */
     size_t body_len;
+    /* bury: delete the row and its attempts instead, in the same transaction (its route says
+     * delivery.dead_letter false); the lease is checked as for any end */
+    bool discard;
 };
 
 /* What insert_dead stores (borrowed): a request that was never a delivery, kept as a dead

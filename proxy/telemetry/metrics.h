@@ -143,6 +143,8 @@ void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied rea
 void metrics_delivery_accept(struct metrics_route *r, unsigned w, enum metrics_accept a);
 void metrics_delivery_attempt(struct metrics_route *r, unsigned w, enum metrics_delivery o);
 void metrics_dead_letter(struct metrics_route *r, unsigned w, enum metrics_dead why);
+/* deliveries_discarded_total{route, reason}: one a route with dead_letter false did not keep */
+void metrics_discarded(struct metrics_route *r, unsigned w, enum metrics_dead why);
 /* throttled_total{route}: an attempt client-side throttling rejected */
 void metrics_throttled(struct metrics_route *r, unsigned w);
 /* hedges_total{route}: an attempt started while an earlier one of its request runs on */

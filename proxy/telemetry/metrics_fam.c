@@ -101,6 +101,11 @@ const struct family_def metrics_families[FAM_COUNT] = {
                                 "delivery: delivered, rescheduled (a retry later), dead, "
                                 "interrupted (cut by the drain's deadline: resumed at the next "
                                 "start)." },
+    [FAM_DISCARDED] = { "deliveries_discarded_total", "counter", "route, reason", dead_names,
+                        METRICS_DEAD_COUNT,
+                        "Durable deliveries deleted where they would have been dead letters, "
+                        "their route saying delivery.dead_letter false, by route and why (as "
+                        "dead_letters_total); each is logged (delivery discarded)." },
     [FAM_DEAD_LETTERS] = { "dead_letters_total", "counter", "route, reason", dead_names,
                            METRICS_DEAD_COUNT,
                            "Dead letters kept, by route and why: attempts (retry.max_attempts "

@@ -307,6 +307,31 @@ Test(durable, dead_when_its_age_runs_out)
     cr_assert(n >= 2 && n <= 3, "%zu attempts in 700 ms at 300 ms apart", n);
 }
 
+/* dead_letter false on a durable route: a delivery whose attempts are spent is deleted, not
+ * kept, and never silently: a warn line names it and why, and a counter counts it. */
+Test(durable, dead_letter_false_deletes_a_spent_delivery_with_a_log_line_and_a_count)
+{
+    start("", ", \"max_attempts\": 2", ", \"dead_letter\": false", "");
+    const char *plan[] = { "X-Test-Plan: fail=100", NULL };
+    char id[33];
+    post_accepted("discard-1", "x", plan, id);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_deliveries_discarded_total{route=\"r\",reason=\"attempts\"}", 1,
+                       10000),
+        1);
+    json_t *line = fx_logged("delivery discarded", "id", id);
+    cr_assert_not_null(line, "no 'delivery discarded' line for %s", id);
+    cr_expect_str_eq(json_str(line, "level"), "warn");
+    cr_expect_str_eq(json_str(line, "reason"), "attempts");
+    cr_expect_eq(json_integer_value(json_object_get(line, "attempts")), 2);
+    json_decref(line);
+    cr_assert_eq(tup_count_id(up, "discard-1"), 2);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 0, "nothing is kept");
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts", NULL), 0, "nor its attempts");
+    double dead = fx_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}");
+    cr_assert(dead != dead || dead == 0, "counted as a dead letter kept: %g", dead);
+}
+
 /* ---- what is refused, before anything is stored ---- */
 
 Test(durable, too_large_is_413_and_nothing_is_stored)
