@@ -341,27 +341,10 @@ static void dead_done(struct store_call *c)
     retry_req_release(r);
 }
 
-/* Only a synchronous route's own requests are recorded (a delivery's attempt is the courier's),
- * in an array made at the first attempt's end, as long as max_attempts: a hedged request's
- * attempts count among them too, so no more ever come. */
-void durable_note_attempt(struct retry_req *r, const struct trial *t, enum metrics_outcome o)
+const char *retry_req_upstream(const struct retry_req *r)
 {
-    if (r->route->delivery.mode != CFG_DELIVERY_SYNC || r->front->ops->delivery)
-        return;
-    uint32_t cap = r->max_attempts ? r->max_attempts : 1;
-    if (!r->dl_tries && !(r->dl_tries = calloc(cap, sizeof(*r->dl_tries))))
-        return; /* out of memory: the dead letter keeps its one row for the request */
-    if (r->dl_ntries >= cap)
-        return;
-    uint64_t now = loop_clock_us(r->w->loop);
-    struct store_attempt *a = &r->dl_tries[r->dl_ntries++];
-    /* its start in wall time: the request's, plus the loop's clock since */
-    *a = (struct store_attempt){
-        .at_ms = (uint64_t)r->start_unix_ms + (t->start_us - r->start_us) / 1000,
-        .duration_ms = (uint32_t)((now - t->start_us) / 1000),
-        .status = t->att.status,
-    };
-    snprintf(a->outcome, sizeof(a->outcome), "%s", metrics_outcome_name(o));
+    const struct cfg_upstream *u = r->attempts ? trial_upstream(r, r->cur) : NULL;
+    return u ? u->url : NULL;
 }
 
 void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,

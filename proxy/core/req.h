@@ -257,9 +257,6 @@ void accept_store(struct retry_req *r);
  * it is stored as one (the caller's answer is not held). Costs nothing otherwise. */
 void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,
                       size_t len);
-/* Attempt 't' ended in 'o' (tally_trial(), once per attempt that went): recorded for the dead
- * letter a route with delivery.dead_letter may keep. */
-void durable_note_attempt(struct retry_req *r, const struct trial *t, enum metrics_outcome o);
 
 /* ---- keep.c: responses kept rather than streamed ---- */
 
@@ -299,6 +296,9 @@ void race_other_done(struct retry_req *r, struct trial *t);
 enum metrics_outcome tally_outcome(enum retry_outcome o, int status);
 void tally_stop(struct retry_req *r, enum retry_stop stop);
 bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
+/* Attempt 't' ended in 'o' (tally_trial(), once per attempt that went): recorded in r->dl_tries
+ * for the dead letter a route with delivery.dead_letter may keep (durable_answered()). */
+void tally_dead_letter_try(struct retry_req *r, const struct trial *t, enum metrics_outcome o);
 /* The upstream of trial 't' (NULL before its first attempt): its endpoint's, or the route's
  * first when it has none (no resolver). */
 static inline const struct cfg_upstream *trial_upstream(const struct retry_req *r,

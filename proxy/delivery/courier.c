@@ -75,6 +75,7 @@ struct dlv {
     size_t head_len;
     char *body;
     size_t body_len, body_cap;
+    char *upstream; /* its attempt's, copied before its request goes (NULL: none went) */
     uint64_t retry_after_ms;
     bool has_retry_after;
     struct loop_timer end_timer; /* the answer is acted on in the next turn, out of the core */
@@ -376,6 +377,7 @@ static void dlv_free(struct dlv *d)
     store_call_clear(&d->call);
     free(d->head);
     free(d->body);
+    free(d->upstream);
     free(d);
 }
 
@@ -456,6 +458,8 @@ static void on_end(struct loop_timer *t)
     if (f) {
         d->f = NULL;
         ((struct cfront *)(void *)f)->d = NULL;
+        const char *up = retry_req_upstream(f->req);
+        d->upstream = up ? strdup(up) : NULL; /* out of memory: recorded as none */
         retry_req_completed(f->req);
     }
     /* the drain's deadline cut it: its lease stays, the next start makes it again */
@@ -468,7 +472,8 @@ static void on_end(struct loop_timer *t)
     d->att =
         (struct store_attempt){ .at_ms = d->start_ms,
                                 .duration_ms = (uint32_t)(loop_now(c->w->loop) - d->start_mono),
-                                .status = d->failed ? 0 : d->status };
+                                .status = d->failed ? 0 : d->status,
+                                .upstream = d->upstream };
     bool ok = !d->ours && !d->failed && d->status >= 200 && d->status < 300;
     snprintf(d->att.outcome, sizeof(d->att.outcome), "%s",
              ok           ? "ok"

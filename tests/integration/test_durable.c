@@ -332,6 +332,75 @@ Test(durable, dead_letter_false_deletes_a_spent_delivery_with_a_log_line_and_a_c
     cr_assert(dead != dead || dead == 0, "counted as a dead letter kept: %g", dead);
 }
 
+/* The upstream of each attempt is kept, and the operators filter by it: the list, a replay by
+ * filter (dry run) and the CLI see only the deliveries whose last attempt went to it. */
+Test(durable, deliveries_are_filtered_by_the_upstream_their_last_attempt_went_to)
+{
+    char closed[64], a_id[33], b_id[33];
+    snprintf(closed, sizeof(closed), "http://127.0.0.1:%u", (unsigned)fx_closed_port());
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "a",
+               "\"match\": {\"path_prefix\": \"/a\"}, \"delivery\": {\"mode\": \"durable\"}, "
+               "\"retry\": {\"max_attempts\": 1}");
+    cfgb_route(b, "b",
+               "\"match\": {\"path_prefix\": \"/b\"}, \"upstreams\": [\"%s\"], \"delivery\": "
+               "{\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 1}",
+               closed);
+    char *json = cfgb_text(b);
+    cfg_write_renamed(fx_cfg_path, json); /* for the CLI */
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+    const char *h[] = { "X-Request-Id: up-a", "X-Test-Plan: fail=100", NULL };
+    struct http_resp r;
+    http_do("POST", fx_url("/a"), h, "x", 1, T, &r);
+    accepted(&r, a_id);
+    http_free(&r);
+    http_do("POST", fx_url("/b"), NULL, "x", 1, T, &r);
+    accepted(&r, b_id);
+    http_free(&r);
+    wait_state(a_id, 3, 10000);
+    wait_state(b_id, 3, 10000);
+
+    char path[256];
+    snprintf(path, sizeof(path), "/deliveries?upstream=%s", fx_up_url(0));
+    long status = 0;
+    json_t *j = fx_admin_json("GET", path, &status);
+    cr_assert_eq(status, 200);
+    json_t *list = json_object_get(j, "deliveries");
+    cr_assert_eq(json_array_size(list), 1, "one delivery went to %s", fx_up_url(0));
+    cr_expect_str_eq(json_str(json_array_get(list, 0), "id"), a_id);
+    cr_expect_str_eq(json_str(json_array_get(list, 0), "upstream"), fx_up_url(0));
+    json_decref(j);
+    snprintf(path, sizeof(path), "/deliveries/%s", b_id);
+    j = fx_admin_json("GET", path, &status);
+    json_t *tries = json_object_get(j, "attempts_made");
+    cr_assert_eq(json_array_size(tries), 1);
+    cr_expect_str_eq(json_str(json_array_get(tries, 0), "upstream"), closed);
+    json_decref(j);
+    snprintf(path, sizeof(path), "/deliveries/replay?upstream=%s&dry_run=1", closed);
+    j = fx_admin_json("POST", path, &status);
+    cr_assert_eq(status, 200);
+    cr_expect_eq(json_integer_value(json_object_get(j, "count")), 1);
+    json_decref(j);
+    snprintf(path, sizeof(path), "/deliveries?upstream=%s", "http://nowhere:1");
+    j = fx_admin_json("GET", path, &status);
+    cr_expect_eq(json_array_size(json_object_get(j, "deliveries")), 0);
+    json_decref(j);
+
+    /* the CLI, on the same file */
+    char cmd[1024], out[4096] = "";
+    snprintf(cmd, sizeof(cmd), "%s deliveries list -c %s --upstream %s --json", proc_bin(),
+             fx_cfg_path, closed);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t got = fread(out, 1, sizeof(out) - 1, p);
+    out[got] = '\0';
+    cr_assert_eq(pclose(p), 0, "%s: %s", cmd, out);
+    cr_expect_not_null(strstr(out, b_id), "%s", out);
+    cr_expect_null(strstr(out, a_id), "%s", out);
+}
+
 /* ---- what is refused, before anything is stored ---- */
 
 Test(durable, too_large_is_413_and_nothing_is_stored)
@@ -896,6 +965,21 @@ Test(durable, a_sync_dead_letter_keeps_each_attempt_with_its_own_outcome)
                          "outcome = '5xx'",
                          id),
                   1);
+    /* each with the upstream it went to, and the row with its last one's */
+    char *last = db_text("SELECT upstream FROM attempts WHERE delivery = ?1 ORDER BY rowid DESC "
+                         "LIMIT 1",
+                         id);
+    char *row = db_text("SELECT upstream FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(row, last);
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM attempts WHERE delivery = ?1 AND (status = 503) = (upstream = "
+             "'%s')",
+             fx_up_url(0));
+    cr_assert_eq(db_int(sql, id), 3, "the 503s came from %s, the failures to connect not",
+                 fx_up_url(0));
+    free(last);
+    free(row);
     free(id);
 }
 
