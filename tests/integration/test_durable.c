@@ -57,6 +57,17 @@ static void start(const char *store, const char *retry, const char *delivery, co
     free(json);
 }
 
+/* The proxy on the store and route "r" of 'members' alone (its JSON members, as written). */
+static void start_route(const char *members)
+{
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "r", "%s", members);
+    char *json = cfgb_text(b);
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+}
+
 /* POST 'body' to the durable route with X-Request-Id 'id' and 'more' headers (NULL-ended). */
 static void post(const char *id, const char *body, const char *const *more, struct http_resp *out)
 {
@@ -768,15 +779,9 @@ static long long delay_after(const char *id, long long n)
  * base_ms come once in about 30,000 runs. */
 Test(durable, decorrelated_backoff_goes_on_from_the_previous_delay_across_reschedules)
 {
-    struct cfgb *b = cfgb_new();
-    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
-    cfgb_route(b, "r",
-               "\"delivery\": {\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 5, "
-               "\"backoff\": {\"policy\": \"decorrelated\", \"base_ms\": 300, \"cap_ms\": 1500, "
-               "\"jitter\": \"none\"}}");
-    char *json = cfgb_text(b);
-    fx_start(json, "--workers", "2", NULL);
-    free(json);
+    start_route("\"delivery\": {\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 5, "
+                "\"backoff\": {\"policy\": \"decorrelated\", \"base_ms\": 300, \"cap_ms\": 1500, "
+                "\"jitter\": \"none\"}}");
     const char *plan[] = { "X-Test-Plan: fail=100", NULL };
     char id[33];
     post_accepted("decor-1", "x", plan, id);
@@ -937,16 +942,13 @@ Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_lette
  * answered 503 keeps both, each with its own outcome: the dead letter says what each did. */
 Test(durable, a_sync_dead_letter_keeps_each_attempt_with_its_own_outcome)
 {
-    struct cfgb *b = cfgb_new();
-    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
-    cfgb_route(b, "r",
-               "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], \"delivery\": "
-               "{\"dead_letter\": true}, \"retry\": {\"max_attempts\": 3, \"methods\": "
-               "[\"POST\"], " CFG_FAST "}",
-               (unsigned)fx_closed_port(), fx_up_url(0));
-    char *json = cfgb_text(b);
-    fx_start(json, "--workers", "1", NULL);
-    free(json);
+    char route[512];
+    snprintf(route, sizeof(route),
+             "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], \"delivery\": "
+             "{\"dead_letter\": true}, \"retry\": {\"max_attempts\": 3, \"methods\": "
+             "[\"POST\"], " CFG_FAST "}",
+             (unsigned)fx_closed_port(), fx_up_url(0));
+    start_route(route);
     struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
     post("sync-each", "x", plan, &r);
