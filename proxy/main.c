@@ -44,8 +44,9 @@ static const char usage_text[] =
     "                  [--capacity N/W] [--latency MS] [--retry-after MS] [--seed S]\n"
     "                  [--svg FILE]\n"
     "       retryproxy deliveries list|show|replay|drop [ID] -c FILE [--route R]\n"
-    "                  [--state S] [--since T] [--until T] [--status N] [--limit N]\n"
-    "                  [--cursor C] [--order newest|oldest] [--rate N] [--dry-run] [--json]\n"
+    "                  [--state S] [--since T] [--until T] [--status N] [--upstream URL]\n"
+    "                  [--limit N] [--cursor C] [--order newest|oldest] [--rate N] [--dry-run]\n"
+    "                  [--json]\n"
     "       retryproxy reference [--metrics]\n"
     "       retryproxy --version | --help\n"
     "\n"
@@ -463,13 +464,13 @@ static int cmd_simulate(int argc, char **argv)
 static int cmd_deliveries(int argc, char **argv)
 {
     static const char *const actions[] = { "list", "show", "replay", "drop" };
-    static const struct option opts[] = { ARG("config", 'c'),   ARG("route", 'r'),
-                                          ARG("state", 's'),    ARG("since", 'S'),
-                                          ARG("until", 'U'),    ARG("status", 'x'),
-                                          ARG("limit", 'n'),    ARG("cursor", 'C'),
-                                          ARG("order", 'o'),    ARG("rate", 'R'),
-                                          FLAG("dry-run", 'd'), FLAG("json", 'j'),
-                                          FLAG("help", 'h'),    OPT_END };
+    static const struct option opts[] = {
+        ARG("config", 'c'),   ARG("route", 'r'), ARG("state", 's'),
+        ARG("since", 'S'),    ARG("until", 'U'), ARG("status", 'x'),
+        ARG("upstream", 'u'), ARG("limit", 'n'), ARG("cursor", 'C'),
+        ARG("order", 'o'),    ARG("rate", 'R'),  FLAG("dry-run", 'd'),
+        FLAG("json", 'j'),    FLAG("help", 'h'), OPT_END
+    };
     if (argc < 2 || argv[1][0] == '-')
         return usage_error("%s", "deliveries: name an action: list, show, replay or drop");
     int action = -1;
@@ -495,9 +496,9 @@ static int cmd_deliveries(int argc, char **argv)
     static const struct {
         int opt;
         const char *key;
-    } keys[] = { { 'r', "route" },  { 's', "state" },  { 'S', "since" },
-                 { 'U', "until" },  { 'x', "status" }, { 'n', "limit" },
-                 { 'C', "cursor" }, { 'o', "order" },  { 'R', "rate" } };
+    } keys[] = { { 'r', "route" },  { 's', "state" },    { 'S', "since" }, { 'U', "until" },
+                 { 'x', "status" }, { 'u', "upstream" }, { 'n', "limit" }, { 'C', "cursor" },
+                 { 'o', "order" },  { 'R', "rate" } };
     while ((o = next_opt(&cl)) > 0) {
         if (o == 'j') {
             json = true;
@@ -517,7 +518,7 @@ static int cmd_deliveries(int argc, char **argv)
         return usage_error("%s", "deliveries: show needs an ID");
     if ((action == DCLI_REPLAY || action == DCLI_DROP) && !id && !q.filtered)
         return usage_error("deliveries: %s needs an ID or a filter (--route, --state, --since, "
-                           "--until, --status)",
+                           "--until, --status, --upstream)",
                            actions[action]);
     struct cfg *c = load_or_report(&cl.path, stderr);
     if (!c)

@@ -341,6 +341,12 @@ static void dead_done(struct store_call *c)
     retry_req_release(r);
 }
 
+const char *retry_req_upstream(const struct retry_req *r)
+{
+    const struct cfg_upstream *u = r->attempts ? trial_upstream(r, r->cur) : NULL;
+    return u ? u->url : NULL;
+}
+
 void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,
                       size_t len)
 {
@@ -371,7 +377,7 @@ void durable_answered(struct retry_req *r, int status, const struct hlist *h, co
     snprintf(j->reason, sizeof(j->reason), "%s%s",
              r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : "throttled",
              whole ? "" : "; body not kept");
-    /* one row for the request's attempts: the sync path records no attempt by itself */
+    /* no attempt went (throttled, no address): one row for the request, its answer's status */
     j->att = (struct store_attempt){
         .at_ms = (uint64_t)r->start_unix_ms,
         .duration_ms = (uint32_t)((loop_clock_us(w->loop) - r->start_us) / 1000),
@@ -389,8 +395,8 @@ void durable_answered(struct retry_req *r, int status, const struct hlist *h, co
                                     .body = whole ? r->body.body : NULL,
                                     .body_len = whole ? r->body.len : 0 };
     j->in.attempts = r->attempts;
-    j->in.tries = &j->att;
-    j->in.ntries = 1;
+    j->in.tries = r->dl_ntries ? r->dl_tries : &j->att;
+    j->in.ntries = r->dl_ntries ? r->dl_ntries : 1;
     j->in.dead = (struct store_dead){ .reason = j->reason,
                                       .head = j->head,
                                       .head_len = j->in.dead.head_len,

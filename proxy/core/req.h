@@ -25,6 +25,8 @@
 #include "proxy/telemetry/metrics.h"
 #include "proxy/http/refusal.h"
 
+struct store_attempt;
+
 /* What the log and requests_total say of a request whose client left before its answer
  * (nginx's "client closed request"); nothing is sent. */
 #define CLIENT_CLOSED_STATUS 499
@@ -120,6 +122,10 @@ struct retry_req {
     uint64_t deadline_ms;
     uint32_t *delays; /* the waits taken, for the log */
     size_t n_delays;
+    /* a route keeping dead letters (delivery.dead_letter): each attempt as the store keeps it,
+     * from the first attempt's end on (max_attempts of them at most); NULL on any other route */
+    struct store_attempt *dl_tries;
+    uint32_t dl_ntries;
 
     /* the request as received */
     char *target;
@@ -290,6 +296,9 @@ void race_other_done(struct retry_req *r, struct trial *t);
 enum metrics_outcome tally_outcome(enum retry_outcome o, int status);
 void tally_stop(struct retry_req *r, enum retry_stop stop);
 bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o);
+/* Attempt 't' ended in 'o' (tally_trial(), once per attempt that went): recorded in r->dl_tries
+ * for the dead letter a route with delivery.dead_letter may keep (durable_answered()). */
+void tally_dead_letter_try(struct retry_req *r, const struct trial *t, enum metrics_outcome o);
 /* The upstream of trial 't' (NULL before its first attempt): its endpoint's, or the route's
  * first when it has none (no resolver). */
 static inline const struct cfg_upstream *trial_upstream(const struct retry_req *r,

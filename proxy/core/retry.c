@@ -131,6 +131,7 @@ static void req_free(struct retry_req *r)
     free(r->saved.body);
     free(r->held.body);
     free(r->delays);
+    free(r->dl_tries);
     choose_tried_free(&r->tried);
     rt_unref(r->rt);
     DLIST_UNLINK(r->w->reqs, r);

@@ -55,6 +55,9 @@ void retry_req_end(struct retry_req *r);
 
 /* The client side is done with the request (answered, reset, or the client went away). */
 void retry_req_completed(struct retry_req *r);
+/* The upstream (its URL as configured, the request's snapshot's) of the request's last
+ * attempt, NULL when none went: what a delivery records (proxy/core/durable.c). */
+const char *retry_req_upstream(const struct retry_req *r);
 
 /* The client went away, seen while the core could not have (a suspended HTTP/1.1 connection,
  * a backoff wait). Before its answer started, its attempts and waits end, and the front end is

@@ -11,6 +11,7 @@
 #include "proxy/telemetry/log.h"
 #include "proxy/core/runtime.h"
 #include "proxy/core/worker.h"
+#include "proxy/store/store.h"
 
 enum metrics_outcome tally_outcome(enum retry_outcome o, int status)
 {
@@ -90,7 +91,35 @@ bool tally_trial(struct retry_req *r, struct trial *t, enum metrics_outcome o)
     /* the upstream's series by its index in the route, found when the snapshot was made */
     metrics_attempt(r->rtr->targets[t->ep ? t->ep->k : 0], w->id, o,
                     (double)(loop_clock_us(w->loop) - t->start_us) / 1e6);
+    if (r->route->delivery.dead_letter > 0) /* the one test other routes pay */
+        tally_dead_letter_try(r, t, o);
     return true;
+}
+
+/* An attempt as a dead letter keeps it (durable_answered() stores them). Only a synchronous
+ * route's own requests are recorded (a delivery's attempt is the courier's), in an array made at
+ * the first attempt's end, as long as max_attempts: a hedged request's attempts count among
+ * them too, so no more ever come. */
+void tally_dead_letter_try(struct retry_req *r, const struct trial *t, enum metrics_outcome o)
+{
+    if (r->route->delivery.mode != CFG_DELIVERY_SYNC || r->front->ops->delivery)
+        return;
+    uint32_t cap = r->max_attempts ? r->max_attempts : 1;
+    if (!r->dl_tries && !(r->dl_tries = calloc(cap, sizeof(*r->dl_tries))))
+        return; /* out of memory: the dead letter keeps its one row for the request */
+    if (r->dl_ntries >= cap)
+        return;
+    uint64_t now = loop_clock_us(r->w->loop);
+    struct store_attempt *a = &r->dl_tries[r->dl_ntries++];
+    /* its start in wall time: the request's, plus the loop's clock since */
+    *a = (struct store_attempt){
+        .at_ms = (uint64_t)r->start_unix_ms + (t->start_us - r->start_us) / 1000,
+        .duration_ms = (uint32_t)((now - t->start_us) / 1000),
+        .status = t->att.status,
+    };
+    snprintf(a->outcome, sizeof(a->outcome), "%s", metrics_outcome_name(o));
+    const struct cfg_upstream *u = trial_upstream(r, t);
+    a->upstream = u ? u->url : NULL; /* the request's snapshot's, which it holds */
 }
 
 /* The debug log line of attempt 't' (docs/logs.md), its outcome given as text. */

@@ -75,6 +75,7 @@ struct dlv {
     size_t head_len;
     char *body;
     size_t body_len, body_cap;
+    char *upstream; /* its attempt's, copied before its request goes (NULL: none went) */
     uint64_t retry_after_ms;
     bool has_retry_after;
     struct loop_timer end_timer; /* the answer is acted on in the next turn, out of the core */
@@ -376,6 +377,7 @@ static void dlv_free(struct dlv *d)
     store_call_clear(&d->call);
     free(d->head);
     free(d->body);
+    free(d->upstream);
     free(d);
 }
 
@@ -424,16 +426,27 @@ static void bury(struct dlv *d, enum metrics_dead why, const struct store_attemp
     static const char *const reasons[METRICS_DEAD_COUNT] = { "attempts", "age", "final",
                                                              "route_gone", "refused" };
     const char *reason = reasons[why];
-    metrics_dead_letter(d->cr->m, d->c->w->id, why);
+    /* a route saying delivery.dead_letter false keeps none: deleted, and said and counted so
+     * that nothing goes silently (one whose route is gone is kept: no config says otherwise) */
+    const struct cfg_route *rt = route_now(d->c, d->cr);
+    bool discard = rt && rt->delivery.mode == CFG_DELIVERY_DURABLE && rt->delivery.dead_letter == 0;
+    (discard ? metrics_discarded : metrics_dead_letter)(d->cr->m, d->c->w->id, why);
     if (a)
         metrics_delivery_attempt(d->cr->m, d->c->w->id, METRICS_DELIVERY_DEAD);
     d->dead = (struct store_dead){ .reason = reason,
                                    .head = d->head,
                                    .head_len = d->head_len,
                                    .body = d->body,
-                                   .body_len = d->body_len };
-    log_event(CFG_LOG_WARN, "delivery dead", "id", d->rec.id, "route", d->cr->name, "reason",
-              reason, LOG_NUM("attempts", d->rec.attempts + 1), LOG_NUM("status", d->status), NULL);
+                                   .body_len = d->body_len,
+                                   .discard = discard };
+    if (discard)
+        log_event(CFG_LOG_WARN, "delivery discarded", "id", d->rec.id, "route", d->cr->name,
+                  "reason", reason, LOG_NUM("attempts", d->rec.attempts + (a != NULL)),
+                  LOG_NUM("status", d->status), NULL);
+    else
+        log_event(CFG_LOG_WARN, "delivery dead", "id", d->rec.id, "route", d->cr->name, "reason",
+                  reason, LOG_NUM("attempts", d->rec.attempts + 1), LOG_NUM("status", d->status),
+                  NULL);
     handed(d, store_bury(d->c->store, &d->call, d->rec.id, d->c->owner, a, &d->dead));
 }
 
@@ -445,6 +458,8 @@ static void on_end(struct loop_timer *t)
     if (f) {
         d->f = NULL;
         ((struct cfront *)(void *)f)->d = NULL;
+        const char *up = retry_req_upstream(f->req);
+        d->upstream = up ? strdup(up) : NULL; /* out of memory: recorded as none */
         retry_req_completed(f->req);
     }
     /* the drain's deadline cut it: its lease stays, the next start makes it again */
@@ -457,7 +472,8 @@ static void on_end(struct loop_timer *t)
     d->att =
         (struct store_attempt){ .at_ms = d->start_ms,
                                 .duration_ms = (uint32_t)(loop_now(c->w->loop) - d->start_mono),
-                                .status = d->failed ? 0 : d->status };
+                                .status = d->failed ? 0 : d->status,
+                                .upstream = d->upstream };
     bool ok = !d->ours && !d->failed && d->status >= 200 && d->status < 300;
     snprintf(d->att.outcome, sizeof(d->att.outcome), "%s",
              ok           ? "ok"
@@ -483,7 +499,8 @@ static void on_end(struct loop_timer *t)
         bury(d, METRICS_DEAD_ATTEMPTS, &d->att);
         return;
     }
-    uint32_t delay = backoff_delay(&rt->retry.backoff, n, 0, &c->w->rng);
+    /* the previous delay as the store kept it: decorrelated goes on from it, not from base_ms */
+    uint32_t delay = backoff_delay(&rt->retry.backoff, n, d->rec.last_delay_ms, &c->w->rng);
     if (d->has_retry_after && rt->retry.retry_after_honor)
         delay = (uint32_t)(d->retry_after_ms < rt->retry.retry_after_max_ms
                                ? d->retry_after_ms
@@ -493,6 +510,7 @@ static void on_end(struct loop_timer *t)
         return;
     }
     metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_RESCHEDULED);
+    d->att.delay_ms = delay;
     handed(d, store_reschedule(c->store, &d->call, d->rec.id, c->owner, &d->att, now + delay));
 }
 

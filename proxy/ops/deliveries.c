@@ -164,6 +164,8 @@ json_t *deliveries_json(const struct store_delivery *d, bool full, const struct 
         d->last_status ? json_integer(d->last_status) : json_null(), "idempotency_key",
         d->idem_key ? json_string(d->idem_key) : json_null(), "reason",
         d->reason && d->reason[0] ? json_string(d->reason) : json_null());
+    if (j)
+        json_object_set_new(j, "upstream", d->upstream ? json_string(d->upstream) : json_null());
     if (!j || !full)
         return j;
     json_t *fields = json_array(), *tries = json_array();
@@ -175,10 +177,12 @@ json_t *deliveries_json(const struct store_delivery *d, bool full, const struct 
     }
     for (size_t i = 0; i < d->ntries; i++) {
         const struct store_attempt *a = &d->tries[i];
-        json_array_append_new(tries, json_pack("{s:o, s:I, s:o, s:s}", "at", time_json(a->at_ms),
-                                               "duration_ms", (json_int_t)a->duration_ms, "status",
-                                               a->status ? json_integer(a->status) : json_null(),
-                                               "outcome", a->outcome));
+        json_array_append_new(tries,
+                              json_pack("{s:o, s:I, s:o, s:s, s:o}", "at", time_json(a->at_ms),
+                                        "duration_ms", (json_int_t)a->duration_ms, "status",
+                                        a->status ? json_integer(a->status) : json_null(),
+                                        "outcome", a->outcome, "upstream",
+                                        a->upstream ? json_string(a->upstream) : json_null()));
     }
     json_object_set_new(j, "fields", fields);
     json_object_set_new(j, "body", bytes_json(d->body, d->body_len));
@@ -212,15 +216,15 @@ void deliveries_log_one(bool replay, const char *id, const char *route, const ch
 void deliveries_log_bulk(bool replay, const struct dq *q, uint64_t n, const char *how)
 {
     const struct store_match *m = &q->m;
-    const char *route = m->route ? m->route : "";
+    const char *route = m->route ? m->route : "", *upstream = m->upstream ? m->upstream : "";
     const char *state = m->state >= 0 ? store_state_name((enum store_state)m->state) : "";
     if (replay)
         log_event(CFG_LOG_INFO, "deliveries replayed by filter", "route", route, "state", state,
-                  LOG_NUM("since", m->since), LOG_NUM("until", m->until),
+                  "upstream", upstream, LOG_NUM("since", m->since), LOG_NUM("until", m->until),
                   LOG_NUM("status", m->status), LOG_NUM("count", n), LOG_NUM("rate", q->rate), "by",
                   how, NULL);
     else
         log_event(CFG_LOG_INFO, "deliveries dropped by filter", "route", route, "state", state,
-                  LOG_NUM("since", m->since), LOG_NUM("until", m->until),
+                  "upstream", upstream, LOG_NUM("since", m->since), LOG_NUM("until", m->until),
                   LOG_NUM("status", m->status), LOG_NUM("count", n), "by", how, NULL);
 }

@@ -353,7 +353,7 @@ enum MHD_Result dadmin_answer(struct dadmin *d, struct MHD_Connection *c, const 
             free(dc);
             return reply_error(c, MHD_HTTP_BAD_REQUEST, "bad_request",
                                "a replay or drop by filter needs a filter: route, state, since, "
-                               "until or status",
+                               "until, status or upstream",
                                NULL);
         }
         dc->b.m = dc->q.m;

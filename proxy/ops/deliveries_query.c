@@ -11,8 +11,8 @@
 
 #include "config/errors.h"
 
-const char *const dq_keys[] = { "route",  "state", "since", "until",   "status", "limit",
-                                "cursor", "order", "rate",  "dry_run", NULL };
+const char *const dq_keys[] = { "route", "state",  "since", "until", "status",  "upstream",
+                                "limit", "cursor", "order", "rate",  "dry_run", NULL };
 
 void dq_init(struct dq *q)
 {
@@ -116,6 +116,8 @@ int dq_set(struct dq *q, const char *key, const char *value, char *err, size_t c
     bool filter = true;
     if (strcmp(key, "route") == 0) {
         q->m.route = value;
+    } else if (strcmp(key, "upstream") == 0) {
+        q->m.upstream = value; /* compared as it is written in the config */
     } else if (strcmp(key, "state") == 0) {
         if ((q->m.state = store_state_parse(value)) < 0)
             goto bad;

@@ -11,7 +11,7 @@
 
 /* The schema's version (PRAGMA user_version): each change adds a migration step in
  * sqlite_sql.c and raises it. A file of a newer version is refused. */
-#define SQL_SCHEMA_VERSION 1
+#define SQL_SCHEMA_VERSION 3
 
 enum sql_op {
     OP_ENQUEUE,

@@ -82,6 +82,8 @@ static void where_of(const struct store_match *m, bool cursor, bool replay, char
         ADD(" AND created_at < :until");
     if (m->status)
         ADD(" AND " LAST_STATUS " = :status");
+    if (m->upstream)
+        ADD(" AND upstream = :upstream");
     if (cursor && m->cursor)
         ADD(" AND seq %s :cursor", m->newest_first ? "<" : ">");
 #undef ADD
@@ -99,6 +101,8 @@ static void bind_match(sqlite3_stmt *st, const struct store_match *m)
     int i = sqlite3_bind_parameter_index(st, ":route");
     if (i > 0)
         sqlite3_bind_text(st, i, m->route, -1, SQLITE_STATIC);
+    if ((i = sqlite3_bind_parameter_index(st, ":upstream")) > 0)
+        sqlite3_bind_text(st, i, m->upstream, -1, SQLITE_STATIC);
     bind_named(st, ":state", m->state);
     bind_named(st, ":since", (sqlite3_int64)m->since);
     bind_named(st, ":until", (sqlite3_int64)m->until);
@@ -156,7 +160,7 @@ static int op_find(struct store_impl *s, struct store_call *c)
         (r = prepare(s, &st,
                      "SELECT id, route, method, target, length(body), idem_key, created_at,"
                      " next_at, attempts, replays, state, claimed_until, claimed_by, reason, "
-                     "seq, " LAST_STATUS " FROM deliveries d",
+                     "seq, " LAST_STATUS ", upstream FROM deliveries d",
                      m, true, false, tail)) < 0)
         goto out;
     c->items = calloc(limit, sizeof(*c->items));
@@ -187,6 +191,7 @@ static int op_find(struct store_impl *s, struct store_call *c)
         d->reason = text_of(st, 13);
         d->seq = (uint64_t)sqlite3_column_int64(st, 14);
         d->last_status = sqlite3_column_int(st, 15);
+        d->upstream = text_of(st, 16);
         c->cursor = d->seq;
         if (!d->route || !d->method || !d->target) {
             r = STORE_EIO;

@@ -34,11 +34,18 @@ static const char *const migrations[SQL_SCHEMA_VERSION] = {
     " delivery TEXT NOT NULL, at INTEGER NOT NULL, duration_ms INTEGER NOT NULL,"
     " status INTEGER NOT NULL, outcome TEXT NOT NULL);"
     "CREATE INDEX attempts_delivery ON attempts(delivery);",
+    /* 2: the delay a reschedule waited, the previous delay of the next (decorrelated backoff) */
+    "ALTER TABLE deliveries ADD COLUMN last_delay INTEGER NOT NULL DEFAULT 0;",
+    /* 3: the upstream (its URL as configured) of each attempt, and of the row's last one (the
+     * operators' upstream filter); NULL in the rows before */
+    "ALTER TABLE attempts ADD COLUMN upstream TEXT;"
+    "ALTER TABLE deliveries ADD COLUMN upstream TEXT;",
 };
 
 #define COLS                                                                                       \
     "id, route, method, target, fields, body, idem_key, body_hash, created_at, next_at,"           \
-    " attempts, replays, state, claimed_until, claimed_by, reason, final_head, final_body"
+    " attempts, replays, state, claimed_until, claimed_by, reason, final_head, final_body,"        \
+    " last_delay, upstream"
 
 static const char *const sql_text[S_COUNT] = {
     [S_INSERT] = "INSERT INTO deliveries(id, route, method, target, fields, body, idem_key,"
@@ -53,17 +60,19 @@ static const char *const sql_text[S_COUNT] = {
                   " OR (state = 1 AND claimed_until <= ?1) ORDER BY next_at",
     [S_LEASE] = "UPDATE deliveries SET state = 1, claimed_until = ?, claimed_by = ?,"
                 " attempts = attempts + ? WHERE id = ?",
-    [S_ADD_TRY] = "INSERT INTO attempts(delivery, at, duration_ms, status, outcome)"
-                  " VALUES(?,?,?,?,?)",
+    [S_ADD_TRY] = "INSERT INTO attempts(delivery, at, duration_ms, status, outcome, upstream)"
+                  " VALUES(?,?,?,?,?,?)",
     [S_READ] = "SELECT " COLS " FROM deliveries WHERE id = ?",
-    [S_END] = "UPDATE deliveries SET state = ?1, next_at = coalesce(?2, next_at),"
-              " attempts = attempts + ?3, claimed_until = NULL, claimed_by = NULL,"
-              " reason = ?4, final_head = ?5, final_body = ?6"
-              " WHERE id = ?7 AND state = 1 AND claimed_by = ?8",
+    [S_END] =
+        "UPDATE deliveries SET state = ?1, next_at = coalesce(?2, next_at),"
+        " attempts = attempts + ?3, claimed_until = NULL, claimed_by = NULL,"
+        " reason = ?4, final_head = ?5, final_body = ?6, last_delay = coalesce(?9, last_delay),"
+        " upstream = coalesce(?10, upstream)"
+        " WHERE id = ?7 AND state = 1 AND claimed_by = ?8",
     [S_STATE] = "SELECT state, claimed_until FROM deliveries WHERE id = ?",
     [S_MAKE_DEAD] = "UPDATE deliveries SET state = 3, attempts = ?1, reason = ?2, final_head = ?3,"
-                    " final_body = ?4 WHERE id = ?5",
-    [S_TRIES] = "SELECT at, duration_ms, status, outcome FROM attempts WHERE delivery = ?"
+                    " final_body = ?4, upstream = ?6 WHERE id = ?5",
+    [S_TRIES] = "SELECT at, duration_ms, status, outcome, upstream FROM attempts WHERE delivery = ?"
                 " ORDER BY rowid",
     [S_REPLAY] = "UPDATE deliveries SET state = 0, next_at = ?, replays = replays + 1,"
                  " claimed_until = NULL, claimed_by = NULL WHERE id = ?",
@@ -237,6 +246,8 @@ static int read_row(sqlite3_stmt *st, struct store_delivery *d, bool full)
     d->claimed_until = (uint64_t)sqlite3_column_int64(st, 13);
     d->claimed_by = col_text(st, 14);
     d->reason = col_text(st, 15);
+    d->last_delay_ms = (uint32_t)sqlite3_column_int64(st, 18);
+    d->upstream = col_text(st, 19);
     return d->route && d->method && d->target ? 0 : STORE_EIO;
 }
 
@@ -272,6 +283,7 @@ static int read_one(struct store_impl *s, const char *id, struct store_delivery 
         a->duration_ms = (uint32_t)sqlite3_column_int64(st, 1);
         a->status = sqlite3_column_int(st, 2);
         snprintf(a->outcome, sizeof(a->outcome), "%s", (const char *)sqlite3_column_text(st, 3));
+        a->upstream = col_text(st, 4);
     }
     if (r == 0 && rc != SQLITE_DONE)
         r = sql_error(rc);
@@ -289,6 +301,10 @@ static int add_try(struct store_impl *s, const char *id, const struct store_atte
     sqlite3_bind_int64(st, 3, a->duration_ms);
     sqlite3_bind_int(st, 4, a->status);
     sqlite3_bind_text(st, 5, a->outcome, -1, SQLITE_STATIC);
+    if (a->upstream)
+        sqlite3_bind_text(st, 6, a->upstream, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 6);
     return sql_error(sql_step_reset(st));
 }
 
@@ -383,6 +399,8 @@ static int op_insert_dead(struct store_impl *s, struct store_call *c)
         sqlite3_bind_blob(st, 4, d->dead.body,
                           (int)(d->dead.body_len < cap ? d->dead.body_len : cap), SQLITE_STATIC);
     sqlite3_bind_text(st, 5, c->id, -1, SQLITE_STATIC);
+    if (d->ntries && d->tries[d->ntries - 1].upstream)
+        sqlite3_bind_text(st, 6, d->tries[d->ntries - 1].upstream, -1, SQLITE_STATIC);
     r = sql_error(sql_step_reset(st));
     sqlite3_clear_bindings(st);
     for (size_t i = 0; r == 0 && i < d->ntries; i++)
@@ -488,8 +506,13 @@ static int op_end(struct store_impl *s, struct store_call *c)
                                                    : STORE_DEAD;
     sqlite3_stmt *st = s->st[S_END];
     sqlite3_bind_int(st, 1, to);
-    if (c->op == OP_RESCHEDULE)
+    if (c->op == OP_RESCHEDULE) {
         sqlite3_bind_int64(st, 2, (sqlite3_int64)c->when);
+        if (c->attempt)
+            sqlite3_bind_int64(st, 9, c->attempt->delay_ms);
+    }
+    if (c->attempt && c->attempt->upstream)
+        sqlite3_bind_text(st, 10, c->attempt->upstream, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 3, c->attempt != NULL);
     if (dead) {
         size_t cap = s->o.dead_body_bytes ? s->o.dead_body_bytes : 4096;
@@ -509,6 +532,16 @@ static int op_end(struct store_impl *s, struct store_call *c)
         sqlite3_bind_text(st, 1, c->key, -1, SQLITE_STATIC);
         r = sqlite3_step(st) == SQLITE_ROW ? STORE_ESTALE : STORE_ENOTFOUND;
         sqlite3_reset(st);
+    }
+    if (r == 0 && dead && dead->discard) { /* nothing of it is kept: no attempt row either */
+        st = s->st[S_DROP_TRIES];
+        sqlite3_bind_text(st, 1, c->key, -1, SQLITE_STATIC);
+        r = sql_error(sql_step_reset(st));
+        st = s->st[S_DROP];
+        sqlite3_bind_text(st, 1, c->key, -1, SQLITE_STATIC);
+        if (r == 0 && (r = sql_error(sql_step_reset(st))) == 0)
+            s->live_delta--;
+        return r;
     }
     if (r == 0 && c->attempt)
         r = add_try(s, c->key, c->attempt);

@@ -139,7 +139,10 @@ void store_delivery_clear(struct store_delivery *d)
     free(d->reason);
     free(d->final_head);
     free(d->final_body);
+    for (size_t i = 0; i < d->ntries; i++)
+        free((char *)d->tries[i].upstream); /* the record's own copy (store.h) */
     free(d->tries);
+    free(d->upstream);
     memset(d, 0, sizeof(*d));
 }
 

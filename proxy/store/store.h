@@ -76,6 +76,11 @@ struct store_attempt {
     uint32_t duration_ms; /* how long it took */
     int status;           /* the HTTP status, 0 for none */
     char outcome[24];
+    uint32_t delay_ms; /* reschedule: the wait decided after it (kept as the row's last_delay) */
+    /* the upstream it went to, its URL as configured; NULL: none (no attempt went, a lost
+     * lease, a row of schema version 2 or before). Borrowed when written; in a record (get),
+     * its own copy, freed by store_delivery_clear() */
+    const char *upstream;
 };
 
 /* A stored delivery, as claim, list and get return it. Every pointer is owned by the record
@@ -107,6 +112,10 @@ struct store_delivery {
     size_t ntries;
     uint64_t seq;    /* find: its place in the order of accepts (the cursor of paging) */
     int last_status; /* find, get: the last attempt's HTTP status, 0 for none */
+    /* claim, get: the wait its last reschedule decided (the previous delay of a decorrelated
+     * backoff, docs/backoff.md); 0 before any */
+    uint32_t last_delay_ms;
+    char *upstream; /* find, get: its last attempt's upstream (store_attempt.upstream); NULL */
 };
 
 /* What enqueue stores (borrowed). */
@@ -127,6 +136,9 @@ struct store_dead {
     size_t head_len;
     const char *body; /* truncated to store_opts.dead_body_bytes */
     size_t body_len;
+    /* bury: delete the row and its attempts instead, in the same transaction (its route says
+     * delivery.dead_letter false); the lease is checked as for any end */
+    bool discard;
 };
 
 /* What insert_dead stores (borrowed): a request that was never a delivery, kept as a dead
@@ -154,6 +166,7 @@ struct store_match {
     int state;             /* an enum store_state, -1: any */
     uint64_t since, until; /* accepted at in [since, until), ms since the epoch; 0: open */
     int status;            /* the last attempt's HTTP status; 0: any */
+    const char *upstream;  /* the last attempt's upstream, its URL as configured; NULL: any */
     uint64_t cursor;       /* find: rows after this one (a store_delivery.seq); 0: from the start */
     bool newest_first;     /* find: the order (the cursor then goes back in time) */
     uint32_t limit;        /* find: rows at most, 1 to STORE_FIND_MAX; 0: 100 */

@@ -316,6 +316,13 @@ void metrics_dead_letter(struct metrics_route *r, unsigned w, enum metrics_dead 
         bump(&s->dead[why], 1);
 }
 
+void metrics_discarded(struct metrics_route *r, unsigned w, enum metrics_dead why)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s && (unsigned)why < METRICS_DEAD_COUNT)
+        bump(&s->discarded[why], 1);
+}
+
 void metrics_retry_success(struct metrics_route *r, unsigned w)
 {
     struct route_slot *s = slot_of(r, w);

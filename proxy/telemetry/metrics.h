@@ -112,6 +112,8 @@ void metrics_request(struct metrics_route *r, unsigned w, int code);
 /* attempts_total{route, upstream, outcome} and attempt_duration_seconds{route, upstream}: an
  * attempt on upstream 't' ended in 'o' after 'seconds'. */
 void metrics_attempt(struct metrics_target *t, unsigned w, enum metrics_outcome o, double seconds);
+/* The word of outcome 'o', as attempts_total{outcome} says it. */
+const char *metrics_outcome_name(enum metrics_outcome o);
 
 /* upgrades_total{route, outcome}: an upgrade the route tunnels, answered with a 101 (a tunnel)
  * or not (the upstream, or retryproxy itself, answered otherwise). */
@@ -141,6 +143,8 @@ void metrics_denied(struct metrics_route *r, unsigned w, enum metrics_denied rea
 void metrics_delivery_accept(struct metrics_route *r, unsigned w, enum metrics_accept a);
 void metrics_delivery_attempt(struct metrics_route *r, unsigned w, enum metrics_delivery o);
 void metrics_dead_letter(struct metrics_route *r, unsigned w, enum metrics_dead why);
+/* deliveries_discarded_total{route, reason}: one a route with dead_letter false did not keep */
+void metrics_discarded(struct metrics_route *r, unsigned w, enum metrics_dead why);
 /* throttled_total{route}: an attempt client-side throttling rejected */
 void metrics_throttled(struct metrics_route *r, unsigned w);
 /* hedges_total{route}: an attempt started while an earlier one of its request runs on */

@@ -18,6 +18,11 @@ const char *const delivery_states[4] = { "scheduled", "in_flight", "delivered", 
 const char *const outcome_names[METRICS_OUT_COUNT] = { "1xx",   "2xx",     "3xx",
                                                        "4xx",   "5xx",     "connect_failure",
                                                        "reset", "timeout", "cancelled" };
+const char *metrics_outcome_name(enum metrics_outcome o)
+{
+    return o < METRICS_OUT_COUNT ? outcome_names[o] : "";
+}
+
 const char *const denied_names[METRICS_DENIED_COUNT] = {
     "max-attempts",  "budget",         "concurrency", "deadline", "retry-after",
     "not-retryable", "body-too-large", "draining",    "pushback", "throttled"
@@ -96,6 +101,11 @@ const struct family_def metrics_families[FAM_COUNT] = {
                                 "delivery: delivered, rescheduled (a retry later), dead, "
                                 "interrupted (cut by the drain's deadline: resumed at the next "
                                 "start)." },
+    [FAM_DISCARDED] = { "deliveries_discarded_total", "counter", "route, reason", dead_names,
+                        METRICS_DEAD_COUNT,
+                        "Durable deliveries deleted where they would have been dead letters, "
+                        "their route saying delivery.dead_letter false, by route and why (as "
+                        "dead_letters_total); each is logged (delivery discarded)." },
     [FAM_DEAD_LETTERS] = { "dead_letters_total", "counter", "route, reason", dead_names,
                            METRICS_DEAD_COUNT,
                            "Dead letters kept, by route and why: attempts (retry.max_attempts "

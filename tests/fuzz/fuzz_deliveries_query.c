@@ -198,6 +198,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (strcmp(key, "route") == 0) {
         ok = true;
         FUZZ_CHECK(q.m.route == value, "route not kept");
+    } else if (strcmp(key, "upstream") == 0) {
+        ok = true; /* any text: compared with the URLs as the config writes them */
+        FUZZ_CHECK(q.m.upstream == value, "upstream not kept");
     } else if (strcmp(key, "state") == 0) {
         int st = store_state_parse(value);
         ok = st >= 0;
@@ -233,7 +236,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                ok ? "takes it" : "refuses it");
     bool filter = strcmp(key, "route") == 0 || strcmp(key, "state") == 0 ||
                   strcmp(key, "since") == 0 || strcmp(key, "until") == 0 ||
-                  strcmp(key, "status") == 0;
+                  strcmp(key, "status") == 0 || strcmp(key, "upstream") == 0;
     FUZZ_CHECK(q.filtered == (r == 0 && filter), "filtered %d after %s", q.filtered, key);
 out:
     free(err);

@@ -57,6 +57,17 @@ static void start(const char *store, const char *retry, const char *delivery, co
     free(json);
 }
 
+/* The proxy on the store and route "r" of 'members' alone (its JSON members, as written). */
+static void start_route(const char *members)
+{
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "r", "%s", members);
+    char *json = cfgb_text(b);
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+}
+
 /* POST 'body' to the durable route with X-Request-Id 'id' and 'more' headers (NULL-ended). */
 static void post(const char *id, const char *body, const char *const *more, struct http_resp *out)
 {
@@ -305,6 +316,100 @@ Test(durable, dead_when_its_age_runs_out)
     wait_dead(id, "age");
     size_t n = tup_count_id(up, "dlv-age");
     cr_assert(n >= 2 && n <= 3, "%zu attempts in 700 ms at 300 ms apart", n);
+}
+
+/* dead_letter false on a durable route: a delivery whose attempts are spent is deleted, not
+ * kept, and never silently: a warn line names it and why, and a counter counts it. */
+Test(durable, dead_letter_false_deletes_a_spent_delivery_with_a_log_line_and_a_count)
+{
+    start("", ", \"max_attempts\": 2", ", \"dead_letter\": false", "");
+    const char *plan[] = { "X-Test-Plan: fail=100", NULL };
+    char id[33];
+    post_accepted("discard-1", "x", plan, id);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_deliveries_discarded_total{route=\"r\",reason=\"attempts\"}", 1,
+                       10000),
+        1);
+    json_t *line = fx_logged("delivery discarded", "id", id);
+    cr_assert_not_null(line, "no 'delivery discarded' line for %s", id);
+    cr_expect_str_eq(json_str(line, "level"), "warn");
+    cr_expect_str_eq(json_str(line, "reason"), "attempts");
+    cr_expect_eq(json_integer_value(json_object_get(line, "attempts")), 2);
+    json_decref(line);
+    cr_assert_eq(tup_count_id(up, "discard-1"), 2);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 0, "nothing is kept");
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts", NULL), 0, "nor its attempts");
+    double dead = fx_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}");
+    cr_assert(dead != dead || dead == 0, "counted as a dead letter kept: %g", dead);
+}
+
+/* The upstream of each attempt is kept, and the operators filter by it: the list, a replay by
+ * filter (dry run) and the CLI see only the deliveries whose last attempt went to it. */
+Test(durable, deliveries_are_filtered_by_the_upstream_their_last_attempt_went_to)
+{
+    char closed[64], a_id[33], b_id[33];
+    snprintf(closed, sizeof(closed), "http://127.0.0.1:%u", (unsigned)fx_closed_port());
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(b, "a",
+               "\"match\": {\"path_prefix\": \"/a\"}, \"delivery\": {\"mode\": \"durable\"}, "
+               "\"retry\": {\"max_attempts\": 1}");
+    cfgb_route(b, "b",
+               "\"match\": {\"path_prefix\": \"/b\"}, \"upstreams\": [\"%s\"], \"delivery\": "
+               "{\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 1}",
+               closed);
+    char *json = cfgb_text(b);
+    cfg_write_renamed(fx_cfg_path, json); /* for the CLI */
+    fx_start(json, "--workers", "2", NULL);
+    free(json);
+    const char *h[] = { "X-Request-Id: up-a", "X-Test-Plan: fail=100", NULL };
+    struct http_resp r;
+    http_do("POST", fx_url("/a"), h, "x", 1, T, &r);
+    accepted(&r, a_id);
+    http_free(&r);
+    http_do("POST", fx_url("/b"), NULL, "x", 1, T, &r);
+    accepted(&r, b_id);
+    http_free(&r);
+    wait_state(a_id, 3, 10000);
+    wait_state(b_id, 3, 10000);
+
+    char path[256];
+    snprintf(path, sizeof(path), "/deliveries?upstream=%s", fx_up_url(0));
+    long status = 0;
+    json_t *j = fx_admin_json("GET", path, &status);
+    cr_assert_eq(status, 200);
+    json_t *list = json_object_get(j, "deliveries");
+    cr_assert_eq(json_array_size(list), 1, "one delivery went to %s", fx_up_url(0));
+    cr_expect_str_eq(json_str(json_array_get(list, 0), "id"), a_id);
+    cr_expect_str_eq(json_str(json_array_get(list, 0), "upstream"), fx_up_url(0));
+    json_decref(j);
+    snprintf(path, sizeof(path), "/deliveries/%s", b_id);
+    j = fx_admin_json("GET", path, &status);
+    json_t *tries = json_object_get(j, "attempts_made");
+    cr_assert_eq(json_array_size(tries), 1);
+    cr_expect_str_eq(json_str(json_array_get(tries, 0), "upstream"), closed);
+    json_decref(j);
+    snprintf(path, sizeof(path), "/deliveries/replay?upstream=%s&dry_run=1", closed);
+    j = fx_admin_json("POST", path, &status);
+    cr_assert_eq(status, 200);
+    cr_expect_eq(json_integer_value(json_object_get(j, "count")), 1);
+    json_decref(j);
+    snprintf(path, sizeof(path), "/deliveries?upstream=%s", "http://nowhere:1");
+    j = fx_admin_json("GET", path, &status);
+    cr_expect_eq(json_array_size(json_object_get(j, "deliveries")), 0);
+    json_decref(j);
+
+    /* the CLI, on the same file */
+    char cmd[1024], out[4096] = "";
+    snprintf(cmd, sizeof(cmd), "%s deliveries list -c %s --upstream %s --json", proc_bin(),
+             fx_cfg_path, closed);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t got = fread(out, 1, sizeof(out) - 1, p);
+    out[got] = '\0';
+    cr_assert_eq(pclose(p), 0, "%s: %s", cmd, out);
+    cr_expect_not_null(strstr(out, b_id), "%s", out);
+    cr_expect_null(strstr(out, a_id), "%s", out);
 }
 
 /* ---- what is refused, before anything is stored ---- */
@@ -648,6 +753,63 @@ Test(durable, a_reload_raising_the_backoff_changes_the_next_delay_of_a_pending_d
         cr_assert_lt(between_ms(i - 1, i), 1900, "a delay before the reload was already long");
 }
 
+/* The delay a reschedule decided for delivery 'id' after its attempt 'n' (the row is scheduled
+ * again and has made n attempts): next_at less the end of its last attempt, as the store has
+ * them (a few ms more than the delay: the attempt's end is taken before the decision); -1 when
+ * the row is not so now. */
+static long long delay_after(const char *id, long long n)
+{
+    sqlite3 *db = db_open();
+    sqlite3_stmt *st = NULL;
+    const char *sql = "SELECT d.next_at - (SELECT at + duration_ms FROM attempts WHERE delivery ="
+                      " d.id ORDER BY rowid DESC LIMIT 1) FROM deliveries d WHERE id = ?1 AND"
+                      " state = 0 AND attempts = ?2";
+    cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, 2, n);
+    long long v = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
+/* decorrelated backoff goes on from the delay before across reschedules (the store keeps it):
+ * after the first (base_ms), each is drawn from [base_ms, 3 * the one before). Were the previous
+ * delay forgotten, every one would be base_ms again; with it, three in a row within 30 ms of
+ * base_ms come once in about 30,000 runs. */
+Test(durable, decorrelated_backoff_goes_on_from_the_previous_delay_across_reschedules)
+{
+    start_route("\"delivery\": {\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 5, "
+                "\"backoff\": {\"policy\": \"decorrelated\", \"base_ms\": 300, \"cap_ms\": 1500, "
+                "\"jitter\": \"none\"}}");
+    const char *plan[] = { "X-Test-Plan: fail=100", NULL };
+    char id[33];
+    post_accepted("decor-1", "x", plan, id);
+    long long delays[5] = { -1, -1, -1, -1, -1 };
+    /* each delay is read while the row waits for its next attempt (300 ms at least); bounded */
+    for (int i = 0; i < 600 && state_of(id) != 3; i++) {
+        for (long long n = 1; n < 5; n++)
+            if (delays[n] < 0)
+                delays[n] = delay_after(id, n);
+        usleep(20 * 1000);
+    }
+    wait_dead(id, "attempts");
+    int seen = 0, off_base = 0;
+    for (int n = 1; n < 5; n++) {
+        cr_log_info("decorrelated: delay after attempt %d: %lld ms", n, delays[n]);
+        if (delays[n] < 0)
+            continue;
+        cr_assert_geq(delays[n], 290, "delay after attempt %d: %lld ms", n, delays[n]);
+        cr_assert_leq(delays[n], 1600, "delay after attempt %d: %lld ms", n, delays[n]);
+        if (n >= 2) {
+            seen++;
+            off_base += delays[n] > 330;
+        }
+    }
+    cr_assert_geq(seen, 2, "too few delays seen");
+    cr_assert_gt(off_base, 0, "every delay after the first was base_ms: the previous was lost");
+}
+
 /* A route a reload removes keeps its pending deliveries: they are delivered under the last
  * snapshot that had it. */
 Test(durable, a_route_removed_by_a_reload_keeps_delivering_what_is_pending)
@@ -766,8 +928,60 @@ Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_lette
     cr_assert_not_null(strstr(head, "HTTP/1.1 503"), "%s", head);
     cr_assert_not_null(strstr(head, "X-Why: down"), "%s", head);
     free(head);
-    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503", id),
-                 1);
+    /* each attempt its own row: its start, duration, status and outcome, in order */
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 2);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503 AND "
+                        "outcome = '5xx' AND at > 0 AND duration_ms >= 0",
+                        id),
+                 2);
+    cr_assert_eq(db_int("SELECT max(at) - min(at) >= 0 FROM attempts WHERE delivery = ?1", id), 1);
+    free(id);
+}
+
+/* A request whose first attempt found no upstream (connection refused) and whose second was
+ * answered 503 keeps both, each with its own outcome: the dead letter says what each did. */
+Test(durable, a_sync_dead_letter_keeps_each_attempt_with_its_own_outcome)
+{
+    char route[512];
+    snprintf(route, sizeof(route),
+             "\"upstreams\": [\"http://127.0.0.1:%u\", \"%s\"], \"delivery\": "
+             "{\"dead_letter\": true}, \"retry\": {\"max_attempts\": 3, \"methods\": "
+             "[\"POST\"], " CFG_FAST "}",
+             (unsigned)fx_closed_port(), fx_up_url(0));
+    start_route(route);
+    struct http_resp r;
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
+    post("sync-each", "x", plan, &r);
+    cr_assert_eq(r.status, 503);
+    http_free(&r);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
+        1);
+    char *id = db_text("SELECT id FROM deliveries WHERE route = ?1", "r");
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 3);
+    cr_assert_geq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 0 AND "
+                         "outcome = 'connect_failure'",
+                         id),
+                  1);
+    cr_assert_geq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 503 AND "
+                         "outcome = '5xx'",
+                         id),
+                  1);
+    /* each with the upstream it went to, and the row with its last one's */
+    char *last = db_text("SELECT upstream FROM attempts WHERE delivery = ?1 ORDER BY rowid DESC "
+                         "LIMIT 1",
+                         id);
+    char *row = db_text("SELECT upstream FROM deliveries WHERE id = ?1", id);
+    cr_assert_str_eq(row, last);
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM attempts WHERE delivery = ?1 AND (status = 503) = (upstream = "
+             "'%s')",
+             fx_up_url(0));
+    cr_assert_eq(db_int(sql, id), 3, "the 503s came from %s, the failures to connect not",
+                 fx_up_url(0));
+    free(last);
+    free(row);
     free(id);
 }
 

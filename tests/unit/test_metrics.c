@@ -127,6 +127,7 @@ static const struct {
     { "delivery_accepts_total", "counter" },
     { "delivery_attempts_total", "counter" },
     { "dead_letters_total", "counter" },
+    { "deliveries_discarded_total", "counter" },
     { "retry_after_honored_total", "counter" },
     { "throttled_total", "counter" },
     { "hedges_total", "counter" },

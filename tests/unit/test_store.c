@@ -212,6 +212,7 @@ Test(store, reschedule_records_the_attempt_and_waits_for_next_at)
     cr_assert_eq(enqueue(s, "hooks", NULL, "x", 0, id), 0);
     cr_assert_eq(claim(s, "w1", 1, NULL), 1);
     struct store_attempt a = try_of(503, "status");
+    a.delay_ms = 500;
     struct store_call c = { .cq = cq };
     cr_assert_eq(wait_for(&c, store_reschedule(s, &c, id, "w1", &a, t + 500)), 0);
     cr_expect_eq(claim(s, "w1", 1, NULL), 0);
@@ -221,6 +222,7 @@ Test(store, reschedule_records_the_attempt_and_waits_for_next_at)
     cr_assert_eq(get(s, id, &d), 0);
     cr_expect_eq(d.attempts, 1);
     cr_expect_eq(d.next_at, t + 500);
+    cr_expect_eq(d.last_delay_ms, 500, "the delay is kept for the next one (decorrelated)");
     cr_assert_eq(d.ntries, 1);
     cr_expect_eq(d.tries[0].status, 503);
     cr_expect_str_eq(d.tries[0].outcome, "status");
@@ -485,6 +487,51 @@ Test(store, a_newer_schema_is_refused)
     struct store_err err;
     cr_assert_eq(store_sqlite_open(&o, &s, &err), STORE_EINVAL);
     cr_expect(strstr(err.msg, "version 99") != NULL, "%s", err.msg);
+}
+
+/* A file written by the first schema (version 1, as that program made it) opens: it is
+ * migrated, and what it kept is read as it was, its rows' last delay 0. */
+Test(store, a_file_of_schema_version_1_is_migrated_and_keeps_its_rows)
+{
+    sqlite3 *db;
+    cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+    const char *v1 =
+        "CREATE TABLE deliveries(seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE,"
+        " route TEXT NOT NULL, method TEXT NOT NULL, target TEXT NOT NULL,"
+        " fields BLOB NOT NULL, body BLOB NOT NULL, idem_key TEXT, body_hash INTEGER NOT NULL,"
+        " created_at INTEGER NOT NULL, next_at INTEGER NOT NULL,"
+        " attempts INTEGER NOT NULL DEFAULT 0, replays INTEGER NOT NULL DEFAULT 0,"
+        " state INTEGER NOT NULL, claimed_until INTEGER, claimed_by TEXT,"
+        " reason TEXT, final_head BLOB, final_body BLOB);"
+        "CREATE TABLE attempts(delivery TEXT NOT NULL, at INTEGER NOT NULL,"
+        " duration_ms INTEGER NOT NULL, status INTEGER NOT NULL, outcome TEXT NOT NULL);"
+        "INSERT INTO deliveries(id, route, method, target, fields, body, body_hash, created_at,"
+        " next_at, attempts, state) VALUES('0123456789abcdef0123456789abcdef', 'hooks', 'POST',"
+        " '/x', x'', 'old body', 0, 1, 1, 1, 0);"
+        "INSERT INTO attempts VALUES('0123456789abcdef0123456789abcdef', 1, 5, 503, 'status');"
+        "PRAGMA user_version = 1;";
+    cr_assert_eq(sqlite3_exec(db, v1, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+    sqlite3_close(db);
+    struct store *s = open_default();
+    struct store_delivery d;
+    cr_assert_eq(get(s, "0123456789abcdef0123456789abcdef", &d), 0);
+    cr_expect_str_eq(d.body, "old body");
+    cr_expect_eq(d.attempts, 1);
+    cr_expect_eq(d.last_delay_ms, 0);
+    cr_expect_null(d.upstream, "no upstream was recorded then");
+    cr_assert_eq(d.ntries, 1);
+    cr_expect_null(d.tries[0].upstream);
+    cr_expect_eq(d.tries[0].status, 503);
+    store_delivery_clear(&d);
+    cr_expect_eq(claim(s, "w1", 1, NULL), 1, "it is due, as it was");
+    store_close(s);
+    cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_stmt *st;
+    cr_assert_eq(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL), SQLITE_OK);
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+    cr_expect_geq(sqlite3_column_int(st, 0), 3);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
 }
 
 static void on_cq(struct loop_watch *w, uint32_t events)
