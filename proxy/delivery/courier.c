@@ -254,6 +254,32 @@ static struct rt *c_delivery(struct front *f, const char **route)
     return d->rt;
 }
 
+/* The core picked upstream 'k' of the route for the attempt: counted against it, unless it has
+ * max_in_flight_per_upstream of the route's deliveries in flight already (the bound as the
+ * route is now: a reload applies at the next pick). */
+static bool c_attempting(struct front *f, size_t k)
+{
+    struct dlv *d = of_front(f);
+    struct croute *cr = d->cr;
+    const struct cfg_route *rt = courier_route_now(d->c, cr);
+    if (!rt || d->counted)
+        return true;
+    if (k >= cr->n_up) {
+        uint32_t *v = realloc(cr->up_in_flight, (k + 1) * sizeof(*v));
+        if (!v)
+            return true; /* out of memory: not counted, not refused */
+        memset(v + cr->n_up, 0, (k + 1 - cr->n_up) * sizeof(*v));
+        cr->up_in_flight = v;
+        cr->n_up = k + 1;
+    }
+    if (cr->up_in_flight[k] >= rt->delivery.max_in_flight_per_upstream)
+        return false;
+    cr->up_in_flight[k]++;
+    d->up = k;
+    d->counted = true;
+    return true;
+}
+
 static void c_fini(struct front *f)
 {
     struct dlv *d = of_front(f);
@@ -276,6 +302,7 @@ static const struct front_ops courier_ops = {
     .watch = c_nothing,
     .unwatch = c_nothing,
     .delivery = c_delivery,
+    .attempting = c_attempting,
     .fini = c_fini,
 };
 
@@ -381,7 +408,8 @@ static void claim(struct courier *c, struct croute *cr, const struct cfg_route *
     if (cr->tokens > rate)
         cr->tokens = rate; /* a second's worth of burst */
     cr->filled_ms = now;
-    /* the per-upstream bound, as the route's share of it: the core picks the endpoint */
+    /* no more than every upstream's bound together: each one's own is kept at the pick
+     * (c_attempting), for the core picks the upstream */
     uint64_t bound = dv->max_in_flight;
     uint64_t per_up = (uint64_t)dv->max_in_flight_per_upstream * rt->n_upstreams;
     if (per_up < bound)
@@ -565,6 +593,7 @@ void courier_free(struct courier *c)
         store_call_clear(&cr->claim);
         rt_unref(cr->rt);
         free(cr->name);
+        free(cr->up_in_flight);
         free(cr);
     }
     loop_watch_del(c->w->loop, &c->kick_watch);

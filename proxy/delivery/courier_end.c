@@ -16,6 +16,17 @@
 
 /* ---- an attempt's end ---- */
 
+/* How long a delivery whose upstream was at its bound waits before it is claimed again (and its
+ * upstream picked anew): about a tick of the courier, so that a storm is paced. */
+#define BUSY_RETRY_MS 200
+
+void dlv_uncount(struct dlv *d)
+{
+    if (d->counted)
+        d->cr->up_in_flight[d->up]--;
+    d->counted = false;
+}
+
 void dlv_free(struct dlv *d)
 {
     struct courier *c = d->c;
@@ -25,6 +36,7 @@ void dlv_free(struct dlv *d)
             break;
         }
     d->cr->in_flight--;
+    dlv_uncount(d);
     loop_timer_stop(c->w->loop, &d->end_timer);
     rt_unref(d->rt);
     store_delivery_clear(&d->rec);
@@ -116,6 +128,7 @@ void dlv_on_end(struct loop_timer *t)
         d->upstream = up ? strdup(up) : NULL; /* out of memory: recorded as none */
         retry_req_completed(f->req);
     }
+    dlv_uncount(d);
     /* the drain's deadline cut it: its lease stays, the next start makes it again */
     if (c->stopped || strcmp(d->stop, "draining") == 0 || strcmp(d->code, "draining") == 0) {
         metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_INTERRUPTED);
@@ -123,6 +136,13 @@ void dlv_on_end(struct loop_timer *t)
         return;
     }
     uint64_t now = courier_wall_ms();
+    if (d->ours && strcmp(d->code, "upstream_busy") == 0) {
+        /* nothing was sent: back to scheduled a little later, with no attempt recorded or
+         * counted towards max_attempts, so that deliveries to other upstreams go on */
+        handed(d, store_reschedule(c->store, &d->call, d->rec.id, c->owner, NULL,
+                                   now + BUSY_RETRY_MS));
+        return;
+    }
     d->att =
         (struct store_attempt){ .at_ms = d->start_ms,
                                 .duration_ms = (uint32_t)(loop_now(c->w->loop) - d->start_mono),

@@ -38,6 +38,9 @@ struct dlv {
     char *upstream; /* its attempt's, copied before its request goes (NULL: none went) */
     uint64_t retry_after_ms;
     bool has_retry_after;
+    /* the upstream (its index in the route's) its attempt counts against, while 'counted' */
+    size_t up;
+    bool counted;
     struct loop_timer end_timer; /* the answer is acted on in the next turn, out of the core */
     /* what its end's store call borrows until it completes */
     struct store_attempt att;
@@ -53,6 +56,10 @@ struct croute {
     struct metrics_route *m; /* its series (by name: they outlive any snapshot) */
     struct rt *rt;
     uint32_t in_flight;
+    /* ... of them to each upstream, by its index in the route's upstreams (the attempt's
+     * snapshot's: a reload that reorders them mixes counts until those in flight end) */
+    uint32_t *up_in_flight;
+    size_t n_up;
     double tokens;
     uint64_t filled_ms;
     struct store_call claim;
@@ -97,5 +104,7 @@ void dlv_on_end(struct loop_timer *t);
 void dlv_on_written(struct store_call *call);
 void dlv_bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a);
 void dlv_free(struct dlv *d);
+/* Its attempt no longer counts against its upstream (once only). */
+void dlv_uncount(struct dlv *d);
 
 #endif
