@@ -532,6 +532,18 @@ bool edge_no_address(struct retry_req *r)
     return true;
 }
 
+/* A stored delivery's upstream has as many of its route's deliveries in flight as
+ * routes[].delivery.max_in_flight_per_upstream allows (front_ops.attempting said so): the
+ * attempt being started is not made, and not counted, and the courier puts the delivery back
+ * for a later pick (docs/delivery.md "Bounds"). */
+void edge_busy(struct retry_req *r)
+{
+    r->attempts--;
+    loop_timer_stop(r->w->loop, &r->deadline_timer);
+    req_end_retry_in_flight(r);
+    edge_error(r, 503, "upstream_busy", "the upstream has its bound of deliveries in flight");
+}
+
 /* ---- the client going away ---- */
 
 /* The client left while its answer went out, the upstream still sending its body: the answer

@@ -99,6 +99,11 @@ struct front_ops {
      * Such a request makes one attempt (the courier schedules the next one), retryable
      * whatever its method (every attempt carries the delivery's id: docs/delivery.md). */
     struct rt *(*delivery)(struct front *f, const char **route);
+    /* NULL but for a stored request: called once the attempt's upstream (the index of the
+     * route's upstreams) is picked, before anything is sent. False: that upstream has
+     * routes[].delivery.max_in_flight_per_upstream of the route's deliveries in flight, so no
+     * attempt is made and the answer is an error "upstream_busy" (docs/delivery.md). */
+    bool (*attempting)(struct front *f, size_t upstream);
     /* The request is freed: let go of what the front end's state holds. */
     void (*fini)(struct front *f);
 };

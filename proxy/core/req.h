@@ -239,6 +239,9 @@ void edge_final(struct retry_req *r);
 /* No name of the route has an address: answered at once (503 no_address) and true, or false
  * when the attempt is to go on as a connect failure. */
 bool edge_no_address(struct retry_req *r);
+/* A stored delivery's upstream is at its bound: answered at once (503 upstream_busy), no
+ * attempt made. */
+void edge_busy(struct retry_req *r);
 /* The client left while its answer's body was still coming from the upstream. */
 void edge_cut_short(struct retry_req *r);
 

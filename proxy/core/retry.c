@@ -332,6 +332,11 @@ void req_start_attempt(struct retry_req *r)
     struct endpoint *e = balance_pick(w, r->rt, r->rtr, &r->tried, now, rr);
     if (!e && edge_no_address(r))
         return; /* no address for any name of the route: answered, no attempt, no wait */
+    if (r->front->ops->attempting && !r->front->ops->attempting(r->front, e ? e->k : 0)) {
+        endpoint_unref(e);
+        edge_busy(r);
+        return; /* a stored delivery whose upstream is at its bound: put back, not sent */
+    }
     t->flags = 0;
     t->sent = 0; /* its upload reads from the start */
     t->number = r->attempts;

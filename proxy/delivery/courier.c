@@ -21,8 +21,12 @@
  * The policy read is that of the route in the worker's current snapshot, so a reload applies to
  * the next delay of every pending delivery. A route a reload removed keeps being delivered under
  * the last snapshot that had it, which its entry here holds.
+ *
+ * This file and courier_end.c (an attempt's end and its store writes) are one state machine, a
+ * delivery's: they call each other, through courier_int.h.
  */
 #include "proxy/delivery/courier.h"
+#include "proxy/delivery/courier_int.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -54,89 +58,19 @@
 #define ORPHAN_TICKS 25
 #define ORPHAN_MAX   16
 
-struct croute;
-
-/* One claimed delivery: its attempt, then its end's store call. */
-struct dlv {
-    struct dlv *next;
-    struct courier *c;
-    struct croute *cr;
-    struct rt *rt; /* the snapshot its attempt runs under (a reference) */
-    struct store_delivery rec;
-    struct front *f; /* its request's front, until fini */
-    size_t body_off; /* body bytes the core took */
-    char length[24]; /* its Content-Length */
-    uint64_t start_ms, start_mono;
-    /* the answer */
-    bool answered, ours, failed;
-    int status;
-    char stop[24], code[24];
-    char *head;
-    size_t head_len;
-    char *body;
-    size_t body_len, body_cap;
-    char *upstream; /* its attempt's, copied before its request goes (NULL: none went) */
-    uint64_t retry_after_ms;
-    bool has_retry_after;
-    struct loop_timer end_timer; /* the answer is acted on in the next turn, out of the core */
-    /* what its end's store call borrows until it completes */
-    struct store_attempt att;
-    struct store_dead dead;
-    struct store_call call;
-    bool writing; /* 'call' is with the store: on_written() frees it */
-};
-
-/* A route deliveries are claimed for: its bounds' state, and the last snapshot that had it. */
-struct croute {
-    struct croute *next;
-    char *name;
-    struct metrics_route *m; /* its series (by name: they outlive any snapshot) */
-    struct rt *rt;
-    uint32_t in_flight;
-    double tokens;
-    uint64_t filled_ms;
-    struct store_call claim;
-    size_t asked; /* by the claim under way, its tokens taken */
-    bool claiming;
-    struct courier *c;
-};
-
-struct courier {
-    struct worker *w;
-    struct store *store;
-    char owner[64];
-    struct loop_timer tick;
-    int kick_fd;
-    struct loop_watch kick_watch;
-    struct croute *routes;
-    struct dlv *live;
-    bool stopped;
-    unsigned ticks;
-    /* the sweep for deliveries of no claimed route: its call, and the names it borrows */
-    struct store_call orphans;
-    const char **names;
-    bool sweeping;
-};
-
-/* The front state in the request's allocation. */
-struct cfront {
-    struct front f;
-    struct dlv *d;
-};
-
 static struct dlv *of_front(struct front *f)
 {
     return ((struct cfront *)(void *)f)->d;
 }
 
-static uint64_t wall_ms(void)
+uint64_t courier_wall_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static void arm_tick(struct courier *c, uint64_t in_ms)
+void courier_arm(struct courier *c, uint64_t in_ms)
 {
     struct loop *l = c->w->loop;
     uint64_t when = loop_now(l) + in_ms;
@@ -158,7 +92,7 @@ static const struct cfg_route *route_in(const struct rt *rt, const char *name)
 }
 
 /* The route of 'cr' in the worker's current snapshot, else in the last one that had it. */
-static const struct cfg_route *route_now(struct courier *c, struct croute *cr)
+const struct cfg_route *courier_route_now(struct courier *c, struct croute *cr)
 {
     const struct cfg_route *r = route_in(c->w->rt, cr->name);
     return r ? r : route_in(cr->rt, cr->name);
@@ -175,7 +109,7 @@ static void c_fields(struct front *f,
     for (size_t i = 0; i < rec->nfields; i++)
         fn(arg, rec->fields[i].name, strlen(rec->fields[i].name), rec->fields[i].value,
            strlen(rec->fields[i].value));
-    const struct cfg_route *rt = route_now(d->c, d->cr);
+    const struct cfg_route *rt = courier_route_now(d->c, d->cr);
     const char *idh = rt ? rt->delivery.id_header : "webhook-id";
     fn(arg, idh, strlen(idh), rec->id, strlen(rec->id));
     /* the body is framed again (the accept kept no framing field) */
@@ -187,8 +121,6 @@ static void c_fields(struct front *f,
     }
 }
 
-static void on_end(struct loop_timer *t);
-
 /* The answer is in: acted on in the next turn, once the core is out of its call. */
 static void answered(struct dlv *d, struct front *f, int status)
 {
@@ -198,7 +130,7 @@ static void answered(struct dlv *d, struct front *f, int status)
     f->status = (unsigned)status;
     f->sent = true;
     retry_req_sending(f->req);
-    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), on_end, d);
+    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), dlv_on_end, d);
 }
 
 /* The answer's head as a dead letter keeps it, and its Retry-After for the next delay. */
@@ -210,7 +142,7 @@ static void keep_head(struct dlv *d, int status, const struct hlist *h)
     size_t ra_len;
     uint64_t ms;
     if (h && hlist_values(h, "Retry-After", &ra, &ra_len, 1) &&
-        retry_after_parse(ra, ra_len, (int64_t)wall_ms(), &ms) == 0) {
+        retry_after_parse(ra, ra_len, (int64_t)courier_wall_ms(), &ms) == 0) {
         d->has_retry_after = true;
         d->retry_after_ms = ms;
     }
@@ -282,7 +214,7 @@ static void c_end(struct front *f, const struct hlist *trailers, bool failed)
         return;
     d->failed = failed;
     d->answered = true;
-    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), on_end, d);
+    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), dlv_on_end, d);
 }
 
 static void c_reset(struct front *f, unsigned status)
@@ -295,7 +227,7 @@ static void c_reset(struct front *f, unsigned status)
     f->answered = true;
     f->status = status;
     d->answered = true;
-    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), on_end, d);
+    loop_timer_start(d->c->w->loop, &d->end_timer, loop_now(d->c->w->loop), dlv_on_end, d);
 }
 
 static void offer_body(struct dlv *d);
@@ -322,6 +254,32 @@ static struct rt *c_delivery(struct front *f, const char **route)
     return d->rt;
 }
 
+/* The core picked upstream 'k' of the route for the attempt: counted against it, unless it has
+ * max_in_flight_per_upstream of the route's deliveries in flight already (the bound as the
+ * route is now: a reload applies at the next pick). */
+static bool c_attempting(struct front *f, size_t k)
+{
+    struct dlv *d = of_front(f);
+    struct croute *cr = d->cr;
+    const struct cfg_route *rt = courier_route_now(d->c, cr);
+    if (!rt || d->counted)
+        return true;
+    if (k >= cr->n_up) {
+        uint32_t *v = realloc(cr->up_in_flight, (k + 1) * sizeof(*v));
+        if (!v)
+            return true; /* out of memory: not counted, not refused */
+        memset(v + cr->n_up, 0, (k + 1 - cr->n_up) * sizeof(*v));
+        cr->up_in_flight = v;
+        cr->n_up = k + 1;
+    }
+    if (cr->up_in_flight[k] >= rt->delivery.max_in_flight_per_upstream)
+        return false;
+    cr->up_in_flight[k]++;
+    d->up = k;
+    d->counted = true;
+    return true;
+}
+
 static void c_fini(struct front *f)
 {
     struct dlv *d = of_front(f);
@@ -344,6 +302,7 @@ static const struct front_ops courier_ops = {
     .watch = c_nothing,
     .unwatch = c_nothing,
     .delivery = c_delivery,
+    .attempting = c_attempting,
     .fini = c_fini,
 };
 
@@ -358,160 +317,6 @@ static void offer_body(struct dlv *d)
     }
     if (d->f && d->body_off == d->rec.body_len)
         retry_req_end(d->f->req);
-}
-
-/* ---- an attempt's end ---- */
-
-static void dlv_free(struct dlv *d)
-{
-    struct courier *c = d->c;
-    for (struct dlv **p = &c->live; *p; p = &(*p)->next)
-        if (*p == d) {
-            *p = d->next;
-            break;
-        }
-    d->cr->in_flight--;
-    loop_timer_stop(c->w->loop, &d->end_timer);
-    rt_unref(d->rt);
-    store_delivery_clear(&d->rec);
-    store_call_clear(&d->call);
-    free(d->head);
-    free(d->body);
-    free(d->upstream);
-    free(d);
-}
-
-static void on_written(struct store_call *call)
-{
-    struct dlv *d = call->arg;
-    if (call->result == STORE_ESTALE)
-        log_event(CFG_LOG_WARN, "delivery lease lost: its outcome was not written", "id", d->rec.id,
-                  "route", d->cr->name, NULL);
-    else if (call->result < 0)
-        log_event(CFG_LOG_ERROR, "delivery outcome not written", "id", d->rec.id, "route",
-                  d->cr->name, LOG_NUM("error", call->result), NULL);
-    struct courier *c = d->c;
-    dlv_free(d);
-    if (!c->stopped)
-        arm_tick(c, 0); /* room for the next */
-}
-
-/* Whether the answer is one the route's policy would have retried. */
-static bool retryable(const struct dlv *d)
-{
-    if (d->failed || strcmp(d->code, "reset") == 0)
-        return true;
-    if (strcmp(d->stop, "max-attempts") == 0 || strcmp(d->stop, "body-too-large") == 0)
-        return true;
-    if (d->ours &&
-        (strcmp(d->code, "no_address") == 0 || strcmp(d->code, "throttled") == 0 ||
-         strcmp(d->code, "upstream_timeout") == 0 || strcmp(d->code, "upstream_unavailable") == 0 ||
-         strcmp(d->code, "internal") == 0))
-        return true;
-    return d->status == 408 || d->status == 429;
-}
-
-/* A store call for its end was handed over (rc 0), or not: then nothing more is written, and
- * its lease runs out (it is attempted again). */
-static void handed(struct dlv *d, int rc)
-{
-    if (rc < 0)
-        dlv_free(d);
-    else
-        d->writing = true;
-}
-
-static void bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a)
-{
-    static const char *const reasons[METRICS_DEAD_COUNT] = { "attempts", "age", "final",
-                                                             "route_gone", "refused" };
-    const char *reason = reasons[why];
-    /* a route saying delivery.dead_letter false keeps none: deleted, and said and counted so
-     * that nothing goes silently (one whose route is gone is kept: no config says otherwise) */
-    const struct cfg_route *rt = route_now(d->c, d->cr);
-    bool discard = rt && rt->delivery.mode == CFG_DELIVERY_DURABLE && rt->delivery.dead_letter == 0;
-    (discard ? metrics_discarded : metrics_dead_letter)(d->cr->m, d->c->w->id, why);
-    if (a)
-        metrics_delivery_attempt(d->cr->m, d->c->w->id, METRICS_DELIVERY_DEAD);
-    d->dead = (struct store_dead){ .reason = reason,
-                                   .head = d->head,
-                                   .head_len = d->head_len,
-                                   .body = d->body,
-                                   .body_len = d->body_len,
-                                   .discard = discard };
-    if (discard)
-        log_event(CFG_LOG_WARN, "delivery discarded", "id", d->rec.id, "route", d->cr->name,
-                  "reason", reason, LOG_NUM("attempts", d->rec.attempts + (a != NULL)),
-                  LOG_NUM("status", d->status), NULL);
-    else
-        log_event(CFG_LOG_WARN, "delivery dead", "id", d->rec.id, "route", d->cr->name, "reason",
-                  reason, LOG_NUM("attempts", d->rec.attempts + 1), LOG_NUM("status", d->status),
-                  NULL);
-    handed(d, store_bury(d->c->store, &d->call, d->rec.id, d->c->owner, a, &d->dead));
-}
-
-static void on_end(struct loop_timer *t)
-{
-    struct dlv *d = t->arg;
-    struct courier *c = d->c;
-    struct front *f = d->f;
-    if (f) {
-        d->f = NULL;
-        ((struct cfront *)(void *)f)->d = NULL;
-        const char *up = retry_req_upstream(f->req);
-        d->upstream = up ? strdup(up) : NULL; /* out of memory: recorded as none */
-        retry_req_completed(f->req);
-    }
-    /* the drain's deadline cut it: its lease stays, the next start makes it again */
-    if (c->stopped || strcmp(d->stop, "draining") == 0 || strcmp(d->code, "draining") == 0) {
-        metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_INTERRUPTED);
-        dlv_free(d);
-        return;
-    }
-    uint64_t now = wall_ms();
-    d->att =
-        (struct store_attempt){ .at_ms = d->start_ms,
-                                .duration_ms = (uint32_t)(loop_now(c->w->loop) - d->start_mono),
-                                .status = d->failed ? 0 : d->status,
-                                .upstream = d->upstream };
-    bool ok = !d->ours && !d->failed && d->status >= 200 && d->status < 300;
-    snprintf(d->att.outcome, sizeof(d->att.outcome), "%s",
-             ok           ? "ok"
-             : d->code[0] ? d->code
-                          : "status");
-    const struct cfg_route *rt = route_now(c, d->cr);
-    uint32_t n = d->rec.attempts + 1; /* this one's number */
-    if (ok) {
-        metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_DELIVERED);
-        handed(d, store_complete(c->store, &d->call, d->rec.id, c->owner, &d->att));
-        return;
-    }
-    if (!rt || (d->ours && strcmp(d->code, "no_route") == 0)) {
-        bury(d, METRICS_DEAD_ROUTE_GONE,
-             &d->att); /* no snapshot has its route: nothing to deliver to */
-        return;
-    }
-    if (!retryable(d)) {
-        bury(d, METRICS_DEAD_FINAL, &d->att);
-        return;
-    }
-    if (n >= rt->retry.max_attempts) {
-        bury(d, METRICS_DEAD_ATTEMPTS, &d->att);
-        return;
-    }
-    /* the previous delay as the store kept it: decorrelated goes on from it, not from base_ms */
-    uint32_t delay = backoff_delay(&rt->retry.backoff, n, d->rec.last_delay_ms, &c->w->rng);
-    if (d->has_retry_after && rt->retry.retry_after_honor)
-        delay = (uint32_t)(d->retry_after_ms < rt->retry.retry_after_max_ms
-                               ? d->retry_after_ms
-                               : rt->retry.retry_after_max_ms);
-    if (now + delay > d->rec.created_at + rt->delivery.max_age_ms) {
-        bury(d, METRICS_DEAD_AGE, &d->att);
-        return;
-    }
-    metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_RESCHEDULED);
-    d->att.delay_ms = delay;
-    handed(d, store_reschedule(c->store, &d->call, d->rec.id, c->owner, &d->att, now + delay));
 }
 
 /* ---- claims ---- */
@@ -530,13 +335,13 @@ static struct dlv *dlv_new(struct courier *c, struct croute *cr, struct store_de
     d->rec = *rec;
     memset(rec, 0, sizeof(*rec));
     d->rt = cr->rt ? rt_ref(cr->rt) : NULL; /* none: its route is gone */
-    d->start_ms = wall_ms();
+    d->start_ms = courier_wall_ms();
     d->start_mono = loop_now(c->w->loop);
     d->next = c->live;
     c->live = d;
     cr->in_flight++;
     d->call.cq = c->w->cq;
-    d->call.done = on_written;
+    d->call.done = dlv_on_written;
     d->call.arg = d;
     return d;
 }
@@ -603,7 +408,8 @@ static void claim(struct courier *c, struct croute *cr, const struct cfg_route *
     if (cr->tokens > rate)
         cr->tokens = rate; /* a second's worth of burst */
     cr->filled_ms = now;
-    /* the per-upstream bound, as the route's share of it: the core picks the endpoint */
+    /* no more than every upstream's bound together: each one's own is kept at the pick
+     * (c_attempting), for the core picks the upstream */
     uint64_t bound = dv->max_in_flight;
     uint64_t per_up = (uint64_t)dv->max_in_flight_per_upstream * rt->n_upstreams;
     if (per_up < bound)
@@ -646,7 +452,7 @@ static void on_orphans(struct store_call *call)
         }
         struct dlv *d = dlv_new(c, cr, rec);
         if (d)
-            bury(d, METRICS_DEAD_ROUTE_GONE, NULL);
+            dlv_bury(d, METRICS_DEAD_ROUTE_GONE, NULL);
     }
     store_call_clear(call);
 }
@@ -701,7 +507,7 @@ static void on_tick(struct loop_timer *t)
     }
     if (c->ticks++ % ORPHAN_TICKS == 0 && !c->sweeping)
         sweep(c);
-    arm_tick(c, COURIER_POLL_MS);
+    courier_arm(c, COURIER_POLL_MS);
 }
 
 static void on_kick(struct loop_watch *lw, uint32_t events)
@@ -713,7 +519,7 @@ static void on_kick(struct loop_watch *lw, uint32_t events)
         /* EAGAIN: another read took it */
     }
     if (!c->stopped)
-        arm_tick(c, 0);
+        courier_arm(c, 0);
 }
 
 void courier_kick(void *arg)
@@ -734,7 +540,8 @@ struct courier *courier_new(struct worker *w)
     c->store = w->px->store;
     c->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     /* the lease's owner: this process, told apart from the one before it on the same file */
-    snprintf(c->owner, sizeof(c->owner), "retryproxy-%ld-%" PRIu64, (long)getpid(), wall_ms());
+    snprintf(c->owner, sizeof(c->owner), "retryproxy-%ld-%" PRIu64, (long)getpid(),
+             courier_wall_ms());
     if (c->kick_fd < 0 ||
         loop_watch_add(w->loop, &c->kick_watch, c->kick_fd, EPOLLIN, on_kick, c) < 0)
         goto fail;
@@ -786,6 +593,7 @@ void courier_free(struct courier *c)
         store_call_clear(&cr->claim);
         rt_unref(cr->rt);
         free(cr->name);
+        free(cr->up_in_flight);
         free(cr);
     }
     loop_watch_del(c->w->loop, &c->kick_watch);

@@ -233,7 +233,7 @@ static int s_claim_due(struct store_impl *s, struct store_call *c, const char *o
 static int end(struct store_impl *s, struct store_call *c, int op, const char *id,
                const char *owner, const struct store_attempt *a)
 {
-    if (!id_ok(id) || !owner || (!a && op != OP_BURY))
+    if (!id_ok(id) || !owner || (!a && op == OP_COMPLETE))
         return STORE_EINVAL;
     c->key = id;
     c->owner = owner;

@@ -267,7 +267,9 @@ struct store_ops {
     int (*claim_except)(struct store_impl *s, struct store_call *c, const char *owner,
                         const char *const *routes, size_t n, size_t max);
     /* The three ends of an attempt, by the lease's owner only (STORE_ESTALE otherwise). 'a' is
-     * recorded and counted; bury's 'a' may be NULL (the age ran out between attempts). */
+     * recorded and counted; bury's 'a' may be NULL (the age ran out between attempts), and
+     * so may reschedule's: a release (no attempt was made: its upstream was at its bound),
+     * back to scheduled at next_at, the lease dropped, the count and history unchanged. */
     int (*complete)(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
                     const struct store_attempt *a);
     int (*reschedule)(struct store_impl *s, struct store_call *c, const char *id, const char *owner,

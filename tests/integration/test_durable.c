@@ -880,6 +880,55 @@ Test(durable, no_more_than_max_in_flight_attempts_run_at_once)
     cr_assert_geq(gap, 550, "the third attempt came %lld ms after the first", (long long)gap);
 }
 
+/* Upstream 't' never had more than 2 requests at once: each is held 'hold_ms' from its arrival,
+ * so a third within that after the first of two would make 3. Returns the closest such gap. */
+static int64_t at_most_two_at_once(struct tup *t, int64_t hold_ms)
+{
+    int64_t closest = INT64_MAX;
+    for (size_t i = 0; i + 2 < tup_count(t); i++) {
+        int64_t g = (tup_get(t, i + 2)->arrival_ns - tup_get(t, i)->arrival_ns) / 1000000;
+        cr_assert_geq(g, hold_ms * 9 / 10, "requests %zu and %zu came %lld ms apart (held %lld)",
+                      i + 1, i + 3, (long long)g, (long long)hold_ms);
+        closest = g < closest ? g : closest;
+    }
+    return closest;
+}
+
+/* max_in_flight_per_upstream holds for each upstream on its own: a backlog over two upstreams
+ * (round robin), one holding every request 1 s and one 300 ms, never has more than 2 attempts at
+ * either at once (max_in_flight is 8), while the quicker one takes most of the backlog; a
+ * delivery put back for a busy upstream records no attempt. */
+Test(durable, no_more_than_max_in_flight_per_upstream_attempts_run_at_one_upstream)
+{
+    fx_upstreams(2);
+    struct tup *slow = fx_up(1);
+    tup_set_default_plan(up, "delay=300");
+    tup_set_default_plan(slow, "delay=1000");
+    char members[512];
+    snprintf(members, sizeof(members),
+             "\"upstreams\": [\"%s\", \"%s\"], \"balance\": \"round_robin\", \"delivery\": "
+             "{\"mode\": \"durable\", \"max_in_flight\": 8, \"max_in_flight_per_upstream\": 2}",
+             fx_up_url(0), fx_up_url(1));
+    start_route(members);
+    post_many("perup", 16);
+    for (int i = 0; i < 300 && db_int("SELECT count(*) FROM deliveries WHERE state = 2", NULL) < 16;
+         i++)
+        usleep(100 * 1000);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries WHERE state = 2", NULL), 16,
+                 "not all delivered");
+    size_t n_slow = tup_count(slow), n_fast = tup_count(up);
+    cr_assert_eq(n_slow + n_fast, 16, "each delivery reached one upstream once: %zu + %zu", n_slow,
+                 n_fast);
+    cr_assert_geq(n_slow, 3, "the slow one had a backlog to bound (%zu)", n_slow);
+    int64_t slow_gap = at_most_two_at_once(slow, 1000), fast_gap = at_most_two_at_once(up, 300);
+    cr_assert_gt(n_fast, n_slow, "the quicker upstream took more: %zu, %zu", n_fast, n_slow);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts", NULL), 16, "one attempt each");
+    cr_assert_eq(db_int("SELECT max(attempts) FROM deliveries", NULL), 1);
+    cr_log_info("per-upstream bound 2: %zu deliveries to the 1 s upstream (closest third %lld ms "
+                "after the first), %zu to the 300 ms one (%lld ms)",
+                n_slow, (long long)slow_gap, n_fast, (long long)fast_gap);
+}
+
 /* ---- dead letters of synchronous routes ---- */
 
 /* A sync route with dead_letter: the caller's answer is what it would be, at once; a request

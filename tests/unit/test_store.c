@@ -204,13 +204,20 @@ Test(store, complete_makes_it_delivered_with_its_attempt)
     store_close(s);
 }
 
-Test(store, reschedule_records_the_attempt_and_waits_for_next_at)
+/* The default store with one delivery of route "hooks", 'id', claimed by "w1". */
+static struct store *claimed_one(char *id)
 {
     struct store *s = open_default();
-    uint64_t t = atomic_load(&fake_now);
-    char id[STORE_ID_SIZE];
     cr_assert_eq(enqueue(s, "hooks", NULL, "x", 0, id), 0);
     cr_assert_eq(claim(s, "w1", 1, NULL), 1);
+    return s;
+}
+
+Test(store, reschedule_records_the_attempt_and_waits_for_next_at)
+{
+    uint64_t t = atomic_load(&fake_now);
+    char id[STORE_ID_SIZE];
+    struct store *s = claimed_one(id);
     struct store_attempt a = try_of(503, "status");
     a.delay_ms = 500;
     struct store_call c = { .cq = cq };
@@ -226,6 +233,26 @@ Test(store, reschedule_records_the_attempt_and_waits_for_next_at)
     cr_assert_eq(d.ntries, 1);
     cr_expect_eq(d.tries[0].status, 503);
     cr_expect_str_eq(d.tries[0].outcome, "status");
+    store_delivery_clear(&d);
+    store_close(s);
+}
+
+/* A reschedule without an attempt (the courier's release: its upstream was at its bound and
+ * nothing was sent) waits for next_at and changes neither the count nor the history. */
+Test(store, reschedule_without_an_attempt_releases_the_claim_and_records_nothing)
+{
+    uint64_t t = atomic_load(&fake_now);
+    char id[STORE_ID_SIZE];
+    struct store *s = claimed_one(id);
+    struct store_call c = { .cq = cq };
+    cr_assert_eq(wait_for(&c, store_reschedule(s, &c, id, "w1", NULL, t + 200)), 0);
+    cr_expect_eq(claim(s, "w1", 1, NULL), 0, "not due before next_at");
+    atomic_store(&fake_now, t + 200);
+    cr_expect_eq(claim(s, "w2", 1, NULL), 1, "the lease is dropped: another owner claims it");
+    struct store_delivery d;
+    cr_assert_eq(get(s, id, &d), 0);
+    cr_expect_eq(d.attempts, 0);
+    cr_expect_eq(d.ntries, 0);
     store_delivery_clear(&d);
     store_close(s);
 }
