@@ -77,7 +77,9 @@ bench-share: $(BIN) $(BUILD)/tests/upstream
 bench-endpoints: $(BIN) $(BUILD)/tests/upstream
 	UPB=$(BUILD)/tests/upstream bench/endpoints.sh $(BIN)
 
-STORE_BENCH_OBJ := $(filter $(BUILD)/obj/proxy/store/%,$(LIB_OBJ))
+# The store and what it calls outside proxy/store/: the key file reader (store.key_file).
+STORE_BENCH_OBJ := $(filter $(BUILD)/obj/proxy/store/% $(BUILD)/obj/config/keyfile.o \
+	$(BUILD)/obj/config/utf8.o,$(LIB_OBJ))
 $(BUILD)/bench/store_bench: $(BUILD)/obj/bench/store_bench.o $(STORE_BENCH_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(shell pkg-config --libs sqlite3 libcrypto) -lpthread
