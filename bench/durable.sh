@@ -22,7 +22,8 @@
 # courier delivers as fast as it can on the same two cores (the delivered count is printed).
 #
 # Settings (environment): SECS [10] REPS [3] CONNS [64] BODY [1024] WORKERS [1]
-# UPSTREAM [down] BIN [$BUILD/retryproxy] (another build, for an A/B) STORE_DIR
+# UPSTREAM [down] BIN [$BUILD/retryproxy] (another build, for an A/B: run the script itself,
+# make sets BIN to its own) STORE_DIR
 # [$BUILD/bench-durable]: a directory on the disk to measure (refused on a tmpfs). BUILD [build].
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -58,13 +59,9 @@ proxy_run() {
     lp=$(free_port)
     local deliv='"mode": "durable"' retry='"max_attempts": 12, "backoff": {"policy": "fixed", "base_ms": 60000, "cap_ms": 60000}'
     if [ "$UPSTREAM" = up ]; then
-        "$UPB" --port 0 > "$DIR/up-$rep.out" 2>&1 & up=$!
-        PIDS+=("$up")
-        for _ in $(seq 50); do
-            up_url=$(grep -o ':[0-9]\+' "$DIR/up-$rep.out" | head -1 | tr -d :) && [ -n "$up_url" ] && break
-            sleep 0.1
-        done
-        up_url="http://127.0.0.1:$up_url"
+        test_upstream "$DIR/up-$rep.out"
+        up=$UP_PID
+        up_url="http://127.0.0.1:$UP_PORT"
         deliv="$deliv, \"max_in_flight\": 1024, \"max_in_flight_per_upstream\": 1024, \"max_per_second\": 1000000"
     else
         up_url="http://127.0.0.1:$(free_port)" # nothing listens there
