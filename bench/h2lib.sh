@@ -33,3 +33,17 @@ need() {
         systemctl disable --now "$cp" >/dev/null 2>&1 || service "$cp" stop >/dev/null 2>&1 || true
     done
 }
+
+# test_upstream FILE: starts $UPB (the project's test upstream, $(BUILD)/tests/upstream) on a
+# port the kernel picks, its output in FILE, where it says the port; sets UP_PID (in PIDS too)
+# and UP_PORT. Not in a $(...): those two would stay in the subshell.
+test_upstream() {
+    "$UPB" --port 0 > "$1" 2>&1 & UP_PID=$!
+    PIDS+=("$UP_PID")
+    for _ in $(seq 50); do
+        UP_PORT=$(grep -o ':[0-9]\+' "$1" | head -1 | tr -d :) && [ -n "$UP_PORT" ] && return 0
+        sleep 0.1
+    done
+    echo "the test upstream never said its port ($1)" >&2
+    exit 1
+}

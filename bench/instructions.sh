@@ -11,7 +11,10 @@
 # CONNS and STREAMS (4 and 4) set h2load's -c and -m for h2 and grpc; bench/README.md's issue 30
 # figures use CONNS=16 STREAMS=10 (make bench-h2's load) with N1=5000 N2=15000. HTTP/2's framing batches differently from run to run: take the median of
 # several runs, alternating the builds. UPSTREAMS=3 gives the route three upstreams (three
-# endpoints, balanced per request: docs/endpoints.md) instead of one.
+# endpoints, balanced per request: docs/endpoints.md) instead of one. DEAD_LETTER=true or false
+# gives the route "delivery": {"dead_letter": ...} and the config a store (a SQLite file in the
+# run's directory): a synchronous route's cost per request with dead letters on against off,
+# requests that succeed (issue 39; bench/README.md "Durable accepts").
 set -euo pipefail
 BIN=$1
 MODE=$2
@@ -19,6 +22,7 @@ N1=${3:-1000}
 N2=${4:-3000}
 UPB=${UPB:-build/tests/upstream}
 UPSTREAMS=${UPSTREAMS:-1}
+DEAD_LETTER=${DEAD_LETTER:-}
 CONNS=${CONNS:-4}
 STREAMS=${STREAMS:-4}
 DIR=$(mktemp -d /tmp/retryproxy-instr-XXXXXX)
@@ -29,14 +33,9 @@ count() {
     d=$(mktemp -d "$DIR/run-XXXXXX")
     for i in $(seq "$UPSTREAMS"); do
         if [ "$MODE" = h1 ]; then
-            "$UPB" --port 0 > "$d/up$i.out" 2>&1 & up=$!
-            PIDS+=("$up")
-            ups+=("$up")
-            for _ in $(seq 50); do
-                url=$(grep -o ':[0-9]\+' "$d/up$i.out" | head -1 | tr -d :) && [ -n "$url" ] && break
-                sleep 0.1
-            done
-            url="http://127.0.0.1:$url"
+            test_upstream "$d/up$i.out"
+            ups+=("$UP_PID")
+            url="http://127.0.0.1:$UP_PORT"
         else
             local p
             p=$(free_port)
@@ -56,8 +55,13 @@ count() {
         urls="$urls${urls:+, }\"$url\""
     done
     lp=$(free_port)
-    printf '{"listen": "127.0.0.1:%s", "log": {"level": "warn"},\n "routes": [{"name": "ok", "upstreams": [%s]}]}\n' \
-        "$lp" "$urls" > "$d/c.json"
+    local store="" delivery=""
+    if [ -n "$DEAD_LETTER" ]; then
+        store=", \"store\": {\"path\": \"$d/store.db\"}"
+        delivery=", \"delivery\": {\"dead_letter\": $DEAD_LETTER}"
+    fi
+    printf '{"listen": "127.0.0.1:%s", "log": {"level": "warn"}%s,\n "routes": [{"name": "ok", "upstreams": [%s]%s}]}\n' \
+        "$lp" "$store" "$urls" "$delivery" > "$d/c.json"
     valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "$BIN" -c "$d/c.json" --workers 1 --admin 127.0.0.1:0 \
         > "$d/px.log" 2>&1 & px=$!
     PIDS+=("$px")
