@@ -104,6 +104,13 @@ void tally_dead_letter_try(struct retry_req *r, const struct trial *t, enum metr
 {
     if (r->route->delivery.mode != CFG_DELIVERY_SYNC || r->front->ops->delivery)
         return;
+    /* a first attempt answered 2xx or 3xx is nearly always the request's answer, and no dead
+     * letter: nothing is made for it (the success path of such a route costs what any other's
+     * does). The exception, a retry_on condition on a header or a gRPC status in the trailers of
+     * a 200, leaves that first attempt out of the dead letter's rows (its 'attempts' still
+     * counts it: docs/delivery.md) */
+    if (!r->dl_tries && (o == METRICS_OUT_2XX || o == METRICS_OUT_3XX))
+        return;
     uint32_t cap = r->max_attempts ? r->max_attempts : 1;
     if (!r->dl_tries && !(r->dl_tries = calloc(cap, sizeof(*r->dl_tries))))
         return; /* out of memory: the dead letter keeps its one row for the request */
