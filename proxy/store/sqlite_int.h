@@ -11,7 +11,7 @@
 
 /* The schema's version (PRAGMA user_version): each change adds a migration step in
  * sqlite_sql.c and raises it. A file of a newer version is refused. */
-#define SQL_SCHEMA_VERSION 3
+#define SQL_SCHEMA_VERSION 4
 
 enum sql_op {
     OP_ENQUEUE,
@@ -35,7 +35,7 @@ enum sql_stmt {
     S_BY_KEY,
     S_DUE,
     S_DUE_ROUTE,
-    S_DUE_ALL,
+    S_NEXT_ROUTE,
     S_LEASE,
     S_ADD_TRY,
     S_READ,

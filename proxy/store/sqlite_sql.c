@@ -40,6 +40,9 @@ static const char *const migrations[SQL_SCHEMA_VERSION] = {
      * operators' upstream filter); NULL in the rows before */
     "ALTER TABLE attempts ADD COLUMN upstream TEXT;"
     "ALTER TABLE deliveries ADD COLUMN upstream TEXT;",
+    /* 4: a route's due rows in the order they are claimed, read off the index a few at a time
+     * (a backlog of thousands was read and sorted whole at every claim: bench/README.md) */
+    "CREATE INDEX deliveries_route_due ON deliveries(route, state, next_at);",
 };
 
 #define COLS                                                                                       \
@@ -51,13 +54,24 @@ static const char *const sql_text[S_COUNT] = {
     [S_INSERT] = "INSERT INTO deliveries(id, route, method, target, fields, body, idem_key,"
                  " body_hash, created_at, next_at, state) VALUES(?,?,?,?,?,?,?,?,?,?,0)",
     [S_BY_KEY] = "SELECT id, body_hash, body FROM deliveries WHERE route = ? AND idem_key = ?",
-    [S_DUE] = "SELECT id, state FROM deliveries WHERE (state = 0 AND next_at <= ?1)"
-              " OR (state = 1 AND claimed_until <= ?1) ORDER BY next_at LIMIT ?2",
-    [S_DUE_ROUTE] = "SELECT id, state FROM deliveries WHERE route = ?3 AND ((state = 0 AND"
-                    " next_at <= ?1) OR (state = 1 AND claimed_until <= ?1)) ORDER BY next_at"
-                    " LIMIT ?2",
-    [S_DUE_ALL] = "SELECT id, state, route FROM deliveries WHERE (state = 0 AND next_at <= ?1)"
-                  " OR (state = 1 AND claimed_until <= ?1) ORDER BY next_at",
+    /* Due: scheduled rows whose time came, and in-flight ones whose lease ran out, each side
+     * read off its index in order and cut at the LIMIT before the two are merged: a backlog is
+     * never read whole (deliveries_due, deliveries_lease; deliveries_route_due and
+     * deliveries_route for one route's) */
+    [S_DUE] = "SELECT id, state FROM ("
+              "SELECT * FROM (SELECT id, state, next_at FROM deliveries"
+              " WHERE state = 0 AND next_at <= ?1 ORDER BY next_at LIMIT ?2)"
+              " UNION ALL SELECT * FROM (SELECT id, state, next_at FROM deliveries"
+              " WHERE state = 1 AND claimed_until <= ?1 ORDER BY claimed_until LIMIT ?2))"
+              " ORDER BY next_at LIMIT ?2",
+    [S_DUE_ROUTE] = "SELECT id, state FROM ("
+                    "SELECT * FROM (SELECT id, state, next_at FROM deliveries"
+                    " WHERE route = ?3 AND state = 0 AND next_at <= ?1 ORDER BY next_at LIMIT ?2)"
+                    " UNION ALL SELECT * FROM (SELECT id, state, next_at FROM deliveries"
+                    " WHERE route = ?3 AND state = 1 AND claimed_until <= ?1 LIMIT ?2))"
+                    " ORDER BY next_at LIMIT ?2",
+    /* The routes the rows name, one after another by index seeks: a few, however many rows */
+    [S_NEXT_ROUTE] = "SELECT route FROM deliveries WHERE route > ?1 ORDER BY route LIMIT 1",
     [S_LEASE] = "UPDATE deliveries SET state = 1, claimed_until = ?, claimed_by = ?,"
                 " attempts = attempts + ? WHERE id = ?",
     [S_ADD_TRY] = "INSERT INTO attempts(delivery, at, duration_ms, status, outcome, upstream)"
@@ -418,6 +432,25 @@ static bool named(const void *routes, size_t n, const char *route)
     return false;
 }
 
+/* Up to 'max' due rows of 'route' (NULL: any), oldest due first, into ids and was (their
+ * state). How many. */
+static size_t due_rows(struct store_impl *s, const char *route, uint64_t now, size_t max,
+                       char (*ids)[STORE_ID_SIZE], int *was)
+{
+    sqlite3_stmt *st = s->st[route ? S_DUE_ROUTE : S_DUE];
+    size_t n = 0;
+    sqlite3_bind_int64(st, 1, (sqlite3_int64)now);
+    sqlite3_bind_int64(st, 2, (sqlite3_int64)max);
+    if (route)
+        sqlite3_bind_text(st, 3, route, -1, SQLITE_STATIC);
+    while (n < max && sqlite3_step(st) == SQLITE_ROW) {
+        snprintf(ids[n], STORE_ID_SIZE, "%s", (const char *)sqlite3_column_text(st, 0));
+        was[n++] = sqlite3_column_int(st, 1);
+    }
+    sqlite3_reset(st);
+    return n;
+}
+
 /* Due rows, oldest due first, each leased to the caller; one whose lease ran out had an
  * attempt under way when its owner died: that attempt is recorded as lost and counted. */
 static int op_claim(struct store_impl *s, struct store_call *c)
@@ -426,25 +459,31 @@ static int op_claim(struct store_impl *s, struct store_call *c)
     size_t cap = c->max, n = 0;
     char(*ids)[STORE_ID_SIZE] = calloc(cap, sizeof(*ids));
     int *was = calloc(cap, sizeof(*was));
-    int r = 0, rc;
+    int r = 0;
     if (!ids || !was) {
         r = STORE_EIO;
         goto out;
     }
-    bool except = c->op == OP_CLAIM_EXCEPT;
-    sqlite3_stmt *st = s->st[except ? S_DUE_ALL : c->key ? S_DUE_ROUTE : S_DUE];
-    sqlite3_bind_int64(st, 1, (sqlite3_int64)now);
-    if (!except)
-        sqlite3_bind_int64(st, 2, (sqlite3_int64)cap);
-    if (c->key)
-        sqlite3_bind_text(st, 3, c->key, -1, SQLITE_STATIC);
-    while (n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (except && named(c->in, (size_t)c->when, (const char *)sqlite3_column_text(st, 2)))
-            continue; /* its route's claimer takes it */
-        snprintf(ids[n], STORE_ID_SIZE, "%s", (const char *)sqlite3_column_text(st, 0));
-        was[n++] = sqlite3_column_int(st, 1);
+    sqlite3_stmt *st;
+    if (c->op == OP_CLAIM_EXCEPT) {
+        /* the routes no claimer names, found one after another by index seeks */
+        char *last = strdup("");
+        while (last && n < cap) {
+            st = s->st[S_NEXT_ROUTE];
+            sqlite3_bind_text(st, 1, last, -1, SQLITE_TRANSIENT);
+            const unsigned char *route =
+                sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_text(st, 0) : NULL;
+            char *next = route ? strdup((const char *)route) : NULL;
+            sqlite3_reset(st);
+            free(last);
+            last = next;
+            if (last && !named(c->in, (size_t)c->when, last))
+                n += due_rows(s, last, now, cap - n, ids + n, was + n);
+        }
+        free(last);
+    } else {
+        n = due_rows(s, c->key, now, cap, ids, was);
     }
-    sqlite3_reset(st);
     c->items = calloc(n ? n : 1, sizeof(*c->items));
     if (!c->items) {
         r = STORE_EIO;
