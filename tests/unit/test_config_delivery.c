@@ -10,29 +10,14 @@
 #include <unistd.h>
 
 #include "config/cfg.h"
+#include "tests/support/cfgtext.h"
 
 TestSuite(config_delivery, .timeout = 60);
-
-/* The config 'text'; NULL and its errors in *errors when refused. */
-static struct cfg *load(const char *text, char **errors)
-{
-    struct cfg_errs errs;
-    cfg_errs_init(&errs);
-    struct cfg *c = cfg_load_buffer(text, strlen(text), "test", &errs);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&buf, &len);
-    cfg_errs_print(m, NULL, &errs);
-    fclose(m);
-    cfg_errs_clear(&errs);
-    *errors = buf;
-    return c;
-}
 
 static struct cfg *load_ok(const char *text)
 {
     char *errors;
-    struct cfg *c = load(text, &errors);
+    struct cfg *c = cfgt_load(text, &errors);
     cr_assert_not_null(c, "refused: %s", errors);
     free(errors);
     return c;
@@ -41,7 +26,7 @@ static struct cfg *load_ok(const char *text)
 static char *load_err(const char *text)
 {
     char *errors;
-    struct cfg *c = load(text, &errors);
+    struct cfg *c = cfgt_load(text, &errors);
     cr_assert_null(c, "accepted: %s", text);
     return errors;
 }
@@ -155,7 +140,7 @@ Test(config_delivery, the_key_file_is_read_at_load)
                  " \"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://10.0.0.1\"]}]}",
                  dir, path);
         char *errors;
-        struct cfg *c = load(text, &errors);
+        struct cfg *c = cfgt_load(text, &errors);
         if (i < 2) {
             cr_expect_not_null(c, "key %d refused: %s", i, errors);
         } else {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config/cfg.h"
+#include "tests/support/cfgtext.h"
 
 TestSuite(config_tls, .timeout = 60);
 
@@ -48,17 +49,7 @@ static struct cfg *load(const char *tls, char **errors)
              " \"upstreams\": [\"https://10.0.0.1:8443\"],\n"
              " \"tls\": %s}]}",
              tls);
-    struct cfg_errs errs;
-    cfg_errs_init(&errs);
-    struct cfg *c = cfg_load_buffer(text, strlen(text), "test", &errs);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&buf, &len);
-    cfg_errs_print(m, NULL, &errs);
-    fclose(m);
-    cfg_errs_clear(&errs);
-    *errors = buf;
-    return c;
+    return cfgt_load(text, errors);
 }
 
 static void expect_error(const char *tls, const char *want)
