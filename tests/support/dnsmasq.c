@@ -236,11 +236,17 @@ int dnsm_set(struct dnsm *d, const char *name, const char *const *addrs, size_t 
     int rc = -1;
     if (want && got) {
         canonical(addrs, n, want, cap);
-        for (int64_t until = now_ms() + 5000; rc < 0 && now_ms() < until; sleep_ms(20)) {
+        /* a loaded machine may take seconds; the hosts file is read again at each SIGHUP, and
+         * one that came while the last read was under way may be folded into it: ask again
+         * every second until the answer is the new one */
+        int64_t start = now_ms(), hup = start;
+        for (int64_t until = start + 20000; rc < 0 && now_ms() < until; sleep_ms(20)) {
             int st = dnsm_query(d->server, name, got, cap);
             if ((st == ARES_SUCCESS || st == ARES_ENOTFOUND || st == ARES_ENODATA) &&
                 strcmp(got, want) == 0)
                 rc = 0;
+            else if (now_ms() - hup >= 1000 && kill(d->pid, SIGHUP) == 0)
+                hup = now_ms();
         }
     }
     free(want);
