@@ -90,11 +90,7 @@ static void add_field(void *arg, const char *k, size_t kl, const char *v, size_t
 
 static void job_free(struct accept_job *j)
 {
-    for (size_t i = 0; i < j->nfields; i++) {
-        free(j->fields[i].name);
-        free(j->fields[i].value);
-    }
-    free(j->fields);
+    store_fields_free(j->fields, j->nfields);
     free(j->idem_key);
     free(j->head);
     free(j->final_body);

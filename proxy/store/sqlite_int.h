@@ -116,12 +116,11 @@ void sql_ops_finalize(struct store_impl *s);
 int sql_ops_run(struct store_impl *s, struct store_call *c);
 void sql_sweep(struct store_impl *s);
 /* sqlite_seal.c: the sensitive fields of delivery 'id' sealed (or left out without a key) into a
- * new array *out of *nout, whose strings are 'in''s or malloc'd (free with sql_fields_free). 0 or
+ * new array *out of *nout, every string its own copy (free with store_fields_free()). 0 or
  * STORE_EIO. And a read delivery's sealed values opened (left sealed without a key or when one
  * does not open: never shown, see seal.h). */
 int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
                     struct store_field **out, size_t *nout);
-void sql_fields_free(const struct store_field *in, struct store_field *out, size_t nout);
 void sql_open_fields(struct store_impl *s, struct store_delivery *d);
 /* The head's fields as they are kept in the file: one blob of "name\0value\0" pairs, 'n'
  * fields of no NUL each packed into a malloc'd blob of *len bytes (NULL when out of memory),

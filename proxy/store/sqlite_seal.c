@@ -23,23 +23,13 @@ int sql_seal_fields(struct store_impl *s, const char *id, const struct store_fie
         f[k].value = secret ? seal_value(s->o.key, id, in[i].value) : strdup(in[i].value);
         k++;
         if (!f[k - 1].name || !f[k - 1].value) {
-            sql_fields_free(in, f, k);
+            store_fields_free(f, k);
             return STORE_EIO;
         }
     }
     *out = f;
     *nout = k;
     return 0;
-}
-
-void sql_fields_free(const struct store_field *in, struct store_field *out, size_t nout)
-{
-    (void)in;
-    for (size_t i = 0; i < nout; i++) {
-        free(out[i].name);
-        free(out[i].value);
-    }
-    free(out);
 }
 
 void sql_open_fields(struct store_impl *s, struct store_delivery *d)

@@ -356,7 +356,7 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
         sql_seal_fields(s, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
         fields = sql_fields_pack(kept, nkept, &flen);
         c->left_out = (uint32_t)(d->nfields - nkept);
-        sql_fields_free(d->fields, kept, nkept);
+        store_fields_free(kept, nkept);
     }
     if (!fields)
         return STORE_EIO;

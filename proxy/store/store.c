@@ -123,16 +123,21 @@ int store_call_wait(struct store_call *c, int timeout_ms)
     return 0;
 }
 
+void store_fields_free(struct store_field *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(f[i].name);
+        free(f[i].value);
+    }
+    free(f);
+}
+
 void store_delivery_clear(struct store_delivery *d)
 {
     free(d->route);
     free(d->method);
     free(d->target);
-    for (size_t i = 0; i < d->nfields; i++) {
-        free(d->fields[i].name);
-        free(d->fields[i].value);
-    }
-    free(d->fields);
+    store_fields_free(d->fields, d->nfields);
     free(d->body);
     free(d->idem_key);
     free(d->claimed_by);

@@ -454,6 +454,8 @@ int store_call_wait(struct store_call *c, int timeout_ms);
 void store_call_clear(struct store_call *c);
 /* Frees what a delivery record holds. */
 void store_delivery_clear(struct store_delivery *d);
+/* Frees 'n' fields whose names and values were allocated one by one, and their array. */
+void store_fields_free(struct store_field *f, size_t n);
 
 /* For backends: hands a finished call to its queue (any thread). */
 void store_call_finish(struct store_call *c, int result);
