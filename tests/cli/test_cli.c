@@ -26,11 +26,8 @@ static struct proc_result rp_env(char *const env[], const char *a0, ...)
     char *argv[16] = { (char *)proc_bin() };
     va_list ap;
     va_start(ap, a0);
-    size_t n = 1;
-    for (const char *a = a0; a && n < 15; a = va_arg(ap, const char *))
-        argv[n++] = (char *)a;
+    proc_args(argv, 16, 1, a0, ap);
     va_end(ap);
-    argv[n] = NULL;
     struct proc_result r;
     cr_assert_eq(proc_run(argv, env, 10000, &r), 0, "cannot run %s", argv[0]);
     cr_assert_neq(r.status, -1, "%s timed out", argv[0]);

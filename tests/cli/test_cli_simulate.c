@@ -46,13 +46,10 @@ TestSuite(cli_simulate, .init = setup, .fini = teardown);
 static struct proc_result sim(const char *a0, ...)
 {
     char *argv[24] = { (char *)proc_bin(), "simulate", "-c", cfg_path, "--route", "api" };
-    size_t n = 6;
     va_list ap;
     va_start(ap, a0);
-    for (const char *a = a0; a && n < 23; a = va_arg(ap, const char *))
-        argv[n++] = (char *)a;
+    proc_args(argv, 24, 6, a0, ap);
     va_end(ap);
-    argv[n] = NULL;
     struct proc_result r;
     cr_assert_eq(proc_run(argv, NULL, 30000, &r), 0, "cannot run %s", argv[0]);
     cr_assert_neq(r.status, -1, "simulate timed out");

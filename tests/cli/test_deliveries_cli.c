@@ -40,13 +40,10 @@ static void seed(void)
 static struct proc_result dl(const char *a0, ...)
 {
     char *argv[24] = { (char *)proc_bin(), "deliveries" };
-    size_t n = 2;
     va_list ap;
     va_start(ap, a0);
-    for (const char *a = a0; a && n < 23; a = va_arg(ap, const char *))
-        argv[n++] = (char *)a;
+    proc_args(argv, 24, 2, a0, ap);
     va_end(ap);
-    argv[n] = NULL;
     struct proc_result r;
     cr_assert_eq(proc_run(argv, NULL, 60000, &r), 0);
     cr_assert_neq(r.status, -1, "timed out");

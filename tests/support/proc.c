@@ -341,6 +341,14 @@ out:
     return rc;
 }
 
+size_t proc_args(char **argv, size_t cap, size_t n, const char *a0, va_list ap)
+{
+    for (const char *a = a0; a && n + 1 < cap; a = va_arg(ap, const char *))
+        argv[n++] = (char *)a;
+    argv[n] = NULL;
+    return n;
+}
+
 void proc_result_free(struct proc_result *r)
 {
     free(r->out);

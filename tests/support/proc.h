@@ -5,6 +5,7 @@
 #define RETRYPROXY_TESTS_PROC_H
 
 #include <curl/curl.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -25,6 +26,11 @@ const char *proc_bin(void);
 int proc_run(char *const argv[], char *const env_extra[], int timeout_ms, struct proc_result *r);
 
 void proc_result_free(struct proc_result *r);
+
+/* Appends to argv[0..n) the strings from 'a0' on until a NULL, as many as fit in 'cap' with a
+ * NULL after them, which it writes; returns how many argv then holds. For a test's runner taking
+ * its arguments as a NULL-ended list. */
+size_t proc_args(char **argv, size_t cap, size_t n, const char *a0, va_list ap);
 
 /* A helper process that runs until its stdin closes: argv (argv[0] the program path) with a
  * pipe as its stdin, whose first line of output (a port, say) is read into line[cap] within
