@@ -186,14 +186,24 @@ $(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) | 
 
 check-tests: $(BIN) $(TEST_BIN) $(TOOL_BIN)
 
-# Every suite runs even when an earlier one fails; the target fails if any did.
+# Every suite runs even when an earlier one fails; the target fails if any did. Each suite's
+# output is kept in $(BUILD)/test-logs/, and the failures of every failed suite (Criterion's
+# assertion and [FAIL] lines, a sanitizer's report) are printed again at the end, where a CI
+# log that keeps only its tail still shows them.
 # RETRYPROXY_BIN and RETRYPROXY_TOOLS tell the CLI and integration tests what to run.
+TEST_LOGS = $(BUILD)/test-logs
 test: check-tests
-	@failed=""; \
+	@failed=""; mkdir -p $(TEST_LOGS); \
 	for t in $(TEST_BIN); do \
-	  echo "== $$t"; \
+	  echo "== $$t"; log=$(TEST_LOGS)/$$(echo $$t | tr / _).log; \
 	  RETRYPROXY_BIN=$(abspath $(BIN)) RETRYPROXY_TOOLS=$(abspath $(BUILD)/tests) \
-	    $$t --jobs $(TEST_JOBS) --short-filename || failed="$$failed $$t"; \
+	    $$t --jobs $(TEST_JOBS) --short-filename >$$log 2>&1; rc=$$?; cat $$log; \
+	  [ $$rc = 0 ] || failed="$$failed $$t"; \
+	done; \
+	for t in $$failed; do \
+	  log=$(TEST_LOGS)/$$(echo $$t | tr / _).log; echo "== what failed in $$t (all of it: $$log)"; \
+	  grep -E '^\[(FAIL|----\] +[^ ])|Sanitizer|runtime error|SUMMARY|Timed out|CRASH|signal' \
+	    $$log | head -n 60; \
 	done; \
 	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi; \
 	echo "all test suites passed"
