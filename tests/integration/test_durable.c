@@ -933,6 +933,80 @@ Test(durable, no_more_than_max_in_flight_per_upstream_attempts_run_at_one_upstre
                 n_slow, (long long)slow_gap, n_fast, (long long)fast_gap);
 }
 
+/* ---- retry budgets ---- */
+
+/* Route "r" durable with a fixed 300 ms backoff, 20 attempts, 'delivery' members more and the
+ * route's budget 'budget' (JSON), on fx_cfg_path so that a reload may change it. */
+static void start_budget(const char *delivery, const char *budget)
+{
+    char route[256];
+    snprintf(route, sizeof(route), ", \"budget\": %s", budget);
+    char *json = durable_cfg("", ", \"max_attempts\": 20", delivery, route);
+    start_on_file(json);
+    free(json);
+}
+
+/* A delivery's first attempt is a request for the budgets and each later one a retry, as the
+ * sync path counts them: a route budget of retry_ratio 0.2 and no retries a second allows 2
+ * retries for 10 first attempts. The others are refused: no attempt, no attempt row, the
+ * delivery scheduled again (not dead), counted in retries_denied_total{reason="budget"} and
+ * logged (once a second at most). A reload that makes the budget roomy lets them go. */
+Test(durable, a_retry_budget_holds_re_attempts_back_without_killing_the_deliveries)
+{
+    start_budget("", "{\"retry_ratio\": 0.2, \"min_retries_per_second\": 0, "
+                     "\"window_ms\": 600000}");
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
+    char id[33];
+    for (int i = 0; i < 10; i++) {
+        char rid[32];
+        snprintf(rid, sizeof(rid), "budget-%d", i);
+        post_accepted(rid, "x", plan, id);
+    }
+    cr_assert_eq(tup_wait_count(up, 12, 10000), 0, "10 first attempts and the 2 retries allowed");
+    /* many backoff periods (300 ms): without the budget each would have been tried again */
+    sleep_ms(2000);
+    size_t held = tup_count(up);
+    cr_assert_eq(held, 12, "%zu attempts: the budget allows 10 + 0.2 * 10", held);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts", NULL), 12, "a refusal is no attempt");
+    cr_assert_eq(db_int("SELECT sum(attempts) FROM deliveries", NULL), 12);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries WHERE state IN (0, 1)", NULL), 10,
+                 "every delivery still pending, none dead");
+    double denied = fx_metric("retryproxy_retries_denied_total{route=\"r\",reason=\"budget\"}");
+    cr_assert_geq(denied, 8, "refusals counted: %g", denied);
+    json_t *line = fx_logged("delivery re-attempts refused by the retry budget", "route", "r");
+    cr_assert_not_null(line, "no log line for the refusals");
+    cr_expect_str_eq(json_str(line, "reason"), "budget");
+    json_decref(line);
+    cr_log_info("budget 0.2 of 10: %zu attempts held over 2 s, %g refusals", held, denied);
+
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
+    cfgb_route(
+        b, "r",
+        "\"delivery\": {\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 20, " CFG_FIXED(
+            300) "}, \"budget\": {\"retry_ratio\": 10, "
+                 "\"min_retries_per_second\": 100}");
+    char *roomy = cfgb_text(b);
+    cfg_write_renamed(fx_cfg_path, roomy);
+    free(roomy);
+    cr_assert(fx_wait(generation_2, NULL, 10000, 50), "the reload was not seen");
+    cr_assert_eq(tup_wait_count(up, 22, 10000), 0, "a roomy budget lets each be retried");
+}
+
+/* A delivery the budget never lets go again still dies when its age runs out: a dead letter,
+ * reason "age", with its one attempt. */
+Test(durable, a_delivery_held_by_the_budget_is_dead_when_its_age_runs_out)
+{
+    start_budget(", \"max_age_ms\": 1500", "{\"retry_ratio\": 0, \"min_retries_per_second\": 0}");
+    const char *plan[] = { "X-Test-Plan: fail=100", NULL };
+    char id[33];
+    post_accepted("budget-age", "x", plan, id);
+    wait_dead(id, "age");
+    cr_assert_eq(tup_count_id(up, "budget-age"), 1, "no retry: the budget allows none");
+    cr_assert_eq(db_int("SELECT attempts FROM deliveries WHERE id = ?1", id), 1);
+    cr_assert_geq(fx_metric("retryproxy_retries_denied_total{route=\"r\",reason=\"budget\"}"), 1);
+}
+
 /* ---- dead letters of synchronous routes ---- */
 
 /* A sync route with dead_letter: the caller's answer is what it would be, at once; a request
