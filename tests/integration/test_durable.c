@@ -1009,20 +1009,30 @@ Test(durable, a_delivery_held_by_the_budget_is_dead_when_its_age_runs_out)
 
 /* ---- dead letters of synchronous routes ---- */
 
-/* A sync route with dead_letter: the caller's answer is what it would be, at once; a request
- * whose retries ran out is kept dead with its attempts, its body and the final answer. A
- * request that succeeded, or one on a route without dead_letter, leaves nothing. */
-Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_letter)
+/* The proxy with sync route "r" keeping dead letters (2 attempts, POST retried) and 'store'
+ * members besides the store's path; with 'plain', route "plain" (at /plain, keeping none)
+ * first. */
+static void start_sync_dead(const char *store, bool plain)
 {
     struct cfgb *b = cfgb_new();
-    cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
-    cfgb_route(b, "plain", "\"match\": {\"path_prefix\": \"/plain\"}, \"retry\": {" CFG_FAST "}");
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"%s}", store_path, store);
+    if (plain)
+        cfgb_route(b, "plain",
+                   "\"match\": {\"path_prefix\": \"/plain\"}, \"retry\": {" CFG_FAST "}");
     cfgb_route(b, "r",
                "\"delivery\": {\"dead_letter\": true}, \"retry\": {\"max_attempts\": 2, "
                "\"methods\": [\"POST\"], " CFG_FAST "}");
     char *json = cfgb_text(b);
     fx_start(json, "--workers", "2", NULL);
     free(json);
+}
+
+/* A sync route with dead_letter: the caller's answer is what it would be, at once; a request
+ * whose retries ran out is kept dead with its attempts, its body and the final answer. A
+ * request that succeeded, or one on a route without dead_letter, leaves nothing. */
+Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_letter)
+{
+    start_sync_dead("", true);
     struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=100; status=503; header=X-Why:down", NULL };
     post("sync-dead", "the payment", plan, &r);
@@ -1065,6 +1075,21 @@ Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_lette
     free(id);
 }
 
+/* POSTs 'body' as 'rid' to sync route "r" (dead_letter true), whose upstream answers 503: the
+ * caller gets the 503, and the route's first dead letter is kept and counted. Its id, malloc'd. */
+static char *post_first_sync_dead(const char *rid, const char *body)
+{
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
+    struct http_resp r;
+    post(rid, body, plan, &r);
+    cr_assert_eq(r.status, 503);
+    http_free(&r);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
+        1);
+    return db_text("SELECT id FROM deliveries WHERE route = ?1", "r");
+}
+
 /* A request whose first attempt found no upstream (connection refused) and whose second was
  * answered 503 keeps both, each with its own outcome: the dead letter says what each did. */
 Test(durable, a_sync_dead_letter_keeps_each_attempt_with_its_own_outcome)
@@ -1076,15 +1101,7 @@ Test(durable, a_sync_dead_letter_keeps_each_attempt_with_its_own_outcome)
              "[\"POST\"], " CFG_FAST "}",
              (unsigned)fx_closed_port(), fx_up_url(0));
     start_route(route);
-    struct http_resp r;
-    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
-    post("sync-each", "x", plan, &r);
-    cr_assert_eq(r.status, 503);
-    http_free(&r);
-    cr_assert_eq(
-        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
-        1);
-    char *id = db_text("SELECT id FROM deliveries WHERE route = ?1", "r");
+    char *id = post_first_sync_dead("sync-each", "x");
     cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 3);
     cr_assert_geq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 0 AND "
                          "outcome = 'connect_failure'",
@@ -1138,4 +1155,35 @@ Test(durable, a_delivery_of_a_route_made_sync_is_delivered_and_not_kept_twice)
     wait_state(id, 2, 15000);
     cr_assert_eq(tup_count_id(up, "to-sync"), 4);
     cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1, "kept once");
+}
+
+/* A sync route's dead letter beyond store.max_count is refused: its caller still gets its answer
+ * at once, a warn line and dead_letters_refused_total say so, and the dead letter kept before
+ * stays (nothing is evicted). */
+Test(durable, a_dead_letter_the_full_store_refuses_is_logged_and_counted)
+{
+    start_sync_dead(", \"max_count\": 1", false);
+    char *kept = post_first_sync_dead("kept-1", "first");
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
+    struct http_resp r;
+    const char *series = "retryproxy_dead_letters_refused_total{route=\"r\"}";
+    for (int n = 1; n <= 2; n++) {
+        char rid[32];
+        snprintf(rid, sizeof(rid), "refused-%d", n);
+        post(rid, "later", plan, &r);
+        cr_assert_eq(r.status, 503, "the caller gets its final answer");
+        cr_assert_str_eq(http_hdr(&r, "X-Retry-Stop"), "max-attempts");
+        http_free(&r);
+        cr_assert_eq(fx_wait_metric(series, n, 5000), n, "%s", series);
+        json_t *line = fx_logged("dead letter not kept", "request_id", rid);
+        cr_assert_not_null(line, "no 'dead letter not kept' line for %s", rid);
+        cr_expect_str_eq(json_str(line, "level"), "warn");
+        cr_expect_str_eq(json_str(line, "route"), "r");
+        json_decref(line);
+    }
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1, "nothing more was kept");
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries WHERE id = ?1", kept), 1,
+                 "and nothing was evicted");
+    cr_assert_eq(fx_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}"), 1);
+    free(kept);
 }
