@@ -151,10 +151,14 @@ void retry_decide(const struct cfg_retry *r, const struct retry_facts *f, struct
     v->delay_ms = (uint32_t)delay;
 }
 
-/* A retry the policy asked for must also fit the process-wide budget and the route's
- * (concurrency first, then the ratio) and, while draining, end its wait before the drain
- * deadline. An admitted retry holds a concurrency slot in both budgets. */
-static enum retry_stop admit(const struct decide_budgets *b, uint64_t now, uint32_t delay_ms)
+void decide_note_request(const struct decide_budgets *b, uint64_t now_ms)
+{
+    budget_note_request(b->global, now_ms);
+    budget_note_request(b->route, now_ms);
+}
+
+/* Concurrency first, then the ratio (docs/budgets.md "Order of the checks"). */
+enum retry_stop decide_admit(const struct decide_budgets *b, uint64_t now, uint32_t delay_ms)
 {
     if (wait_passes_drain(b, now, delay_ms))
         return RETRY_STOP_DRAINING;
@@ -195,7 +199,7 @@ void decide_attempt(const struct decide_req *d, struct retry_facts *f, struct re
         decide_note_final(d, f->now_ms);
     if (!v->fired || v->stop != RETRY_STOP_NONE)
         return;
-    v->stop = admit(&d->budgets, f->now_ms, v->delay_ms);
+    v->stop = decide_admit(&d->budgets, f->now_ms, v->delay_ms);
     if (v->stop != RETRY_STOP_NONE)
         return;
     if (throttling &&
@@ -222,8 +226,13 @@ enum retry_stop decide_wait_fits(const struct decide_req *d, uint64_t now_ms, ui
 
 void decide_release(const struct decide_req *d)
 {
-    budget_release(d->budgets.global);
-    budget_release(d->budgets.route);
+    decide_budgets_release(&d->budgets);
+}
+
+void decide_budgets_release(const struct decide_budgets *b)
+{
+    budget_release(b->global);
+    budget_release(b->route);
 }
 
 void decide_note_final(const struct decide_req *d, uint64_t now_ms)

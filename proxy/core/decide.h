@@ -100,6 +100,18 @@ struct decide_budgets {
     uint64_t drain_deadline_ms; /* 0: not draining */
 };
 
+/* A first attempt: the base of both ratio budgets. */
+void decide_note_request(const struct decide_budgets *b, uint64_t now_ms);
+
+/* A retry the policy asked for must also fit the process-wide budget and the route's and, while
+ * draining, end its wait of 'delay_ms' before the drain deadline: RETRY_STOP_NONE, or
+ * RETRY_STOP_DRAINING, RETRY_STOP_CONCURRENCY or RETRY_STOP_BUDGET. An admitted retry holds a
+ * concurrency slot in both budgets (decide_budgets_release() gives them back) and is counted in
+ * both windows; a refused one takes nothing. decide_attempt() calls it for a request's retry,
+ * the courier for a durable delivery's re-attempt (docs/delivery.md "Retry budgets"). */
+enum retry_stop decide_admit(const struct decide_budgets *b, uint64_t now_ms, uint32_t delay_ms);
+void decide_budgets_release(const struct decide_budgets *b);
+
 /* One request's view of retrying. */
 struct decide_req {
     const struct cfg_retry *policy;

@@ -317,6 +317,16 @@ static bool ran_out(const struct retry_req *r)
     }
 }
 
+/* A dead letter the store refused (full, failing) or that could not be made (out of memory):
+ * refused, never evicted, so nothing was kept, and an operator is told: a warn line and
+ * dead_letters_refused_total (alerted on: docs/operations.md). */
+static void not_kept(struct retry_req *r, int error)
+{
+    log_event(CFG_LOG_WARN, "dead letter not kept", "route", r->route->name, "request_id",
+              r->request_id, LOG_NUM("error", error), NULL);
+    metrics_dead_refused(r->m, r->w->id);
+}
+
 static void dead_done(struct store_call *c)
 {
     struct accept_job *j = c->arg;
@@ -329,9 +339,7 @@ static void dead_done(struct store_call *c)
                             r->stop == RETRY_STOP_MAX_ATTEMPTS ? METRICS_DEAD_ATTEMPTS
                                                                : METRICS_DEAD_REFUSED);
     } else {
-        /* refused, never evicted: nothing was kept (the store is full, or failed) */
-        log_event(CFG_LOG_WARN, "dead letter not kept", "route", r->route->name, "request_id",
-                  r->request_id, LOG_NUM("error", c->result), NULL);
+        not_kept(r, c->result); /* the store is full, or failed */
     }
     job_free(j);
     retry_req_release(r);
@@ -406,8 +414,7 @@ void durable_answered(struct retry_req *r, int status, const struct hlist *h, co
         return;
     retry_req_release(r);
 nomem:
-    log_event(CFG_LOG_WARN, "dead letter not kept", "route", rt->name, "request_id", r->request_id,
-              LOG_NUM("error", STORE_EIO), NULL);
+    not_kept(r, STORE_EIO);
     if (j)
         job_free(j);
 }

@@ -320,9 +320,9 @@ void req_start_attempt(struct retry_req *r)
         /* timeout_ms covers every attempt and wait, from the first attempt on */
         r->deadline_ms = now + r->timeout_ms;
         loop_timer_start(l, &r->deadline_timer, r->deadline_ms, on_deadline, r);
-        /* the base of both ratio budgets */
-        budget_note_request(&w->px->budget, now);
-        budget_note_request(&r->rtr->live->budget, now);
+        /* the base of both ratio budgets (a delivery's attempts are the courier's to count) */
+        if (!r->front->ops->delivery)
+            decide_note_request(&r->dr.budgets, now);
     }
     r->attempts++;
     r->state = RS_ATTEMPT;

@@ -9,7 +9,9 @@
  * route, as many due deliveries as the route has room for: its in-flight bound and its token
  * bucket (max_per_second, a second's worth of burst). Each claimed delivery becomes a request
  * of the core with this file's front_ops: one attempt (front_ops.delivery), whose answer comes
- * back as a client's would. Its end goes to the store under the claim's lease:
+ * back as a client's would. A re-attempt is a retry for the retry budgets (courier_end.c,
+ * dlv_admit()): one they refuse makes no attempt and is rescheduled after its backoff delay.
+ * Its end goes to the store under the claim's lease:
  *
  *   2xx                               -> complete (delivered)
  *   what retry_on names (the core       -> reschedule at now + the backoff policy's delay for
@@ -349,8 +351,8 @@ static struct dlv *dlv_new(struct courier *c, struct croute *cr, struct store_de
 static void start(struct courier *c, struct croute *cr, struct store_delivery *rec)
 {
     struct dlv *d = dlv_new(c, cr, rec);
-    if (!d)
-        return;
+    if (!d || !dlv_admit(d))
+        return; /* refused by the budgets: put back, its store call under way */
     struct front *f = retry_req_new(c->w, &courier_ops, sizeof(struct cfront), FRONT_HTTP1,
                                     d->rec.target, "", 0, REFUSE_NONE);
     if (!f) {

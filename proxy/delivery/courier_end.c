@@ -1,4 +1,5 @@
-/* courier_end -- a delivery's attempt ended: what the store is told (docs/delivery.md "The
+/* courier_end -- a claimed delivery's attempt, admitted by the retry budgets or put back
+ * (docs/delivery.md "Retry budgets"); its end: what the store is told (docs/delivery.md "The
  * courier"; the table of ends is at the top of courier.c), and the delivery let go of. This file
  * and courier.c are one state machine, a delivery's (they call each other: its claim and
  * attempt there, its end here, the next tick armed there).
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "policy/backoff.h"
+#include "proxy/core/decide.h"
 #include "proxy/core/proxy.h"
 #include "proxy/core/retry.h"
 #include "proxy/core/runtime.h"
@@ -25,6 +27,9 @@ void dlv_uncount(struct dlv *d)
     if (d->counted)
         d->cr->up_in_flight[d->up]--;
     d->counted = false;
+    if (d->budgeted)
+        decide_budgets_release(&d->budgets);
+    d->budgeted = false;
 }
 
 void dlv_free(struct dlv *d)
@@ -111,10 +116,75 @@ void dlv_bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *
                   LOG_NUM("status", d->status), NULL);
     else
         log_event(CFG_LOG_WARN, "delivery dead", "id", d->rec.id, "route", d->cr->name, "reason",
-                  reason, LOG_NUM("attempts", d->rec.attempts + 1), LOG_NUM("status", d->status),
-                  NULL);
+                  reason, LOG_NUM("attempts", d->rec.attempts + (a != NULL)),
+                  LOG_NUM("status", d->status), NULL);
     handed(d, store_bury(d->c->store, &d->call, d->rec.id, d->c->owner, a, &d->dead));
 }
+
+/* ---- before the attempt: the retry budgets (docs/delivery.md "Retry budgets") ---- */
+
+/* How often a route's refused re-attempts are logged, at most: a budget that refuses refuses
+ * many, and a line for each would flood the log in the outage it guards against. */
+#define REFUSED_LOG_MS 1000
+
+/* The budgets refused delivery 'd' its re-attempt ('stop': budget or concurrency): it is no
+ * attempt, so nothing is recorded and its count stays; it goes back to scheduled, due after
+ * the route's backoff delay for the same retry (a refusal moves no sequence, as a refused
+ * retry of the sync path does not), or is buried when its age would run out first. */
+static void refused(struct dlv *d, enum retry_stop stop)
+{
+    struct courier *c = d->c;
+    struct croute *cr = d->cr;
+    const struct cfg_route *rt = courier_route_now(c, cr);
+    uint64_t now = courier_wall_ms();
+    metrics_denied(cr->m, c->w->id,
+                   stop == RETRY_STOP_BUDGET ? METRICS_DENIED_BUDGET : METRICS_DENIED_CONCURRENCY);
+    uint64_t mono = loop_now(c->w->loop);
+    cr->refused++;
+    if (cr->refused_logged_ms == 0 || mono - cr->refused_logged_ms >= REFUSED_LOG_MS) {
+        log_event(CFG_LOG_INFO, "delivery re-attempts refused by the retry budget", "route",
+                  cr->name, "reason", retry_stop_name(stop), LOG_NUM("refused", cr->refused), NULL);
+        cr->refused = 0;
+        cr->refused_logged_ms = mono;
+    }
+    uint32_t delay =
+        backoff_delay(&rt->retry.backoff, d->rec.attempts, d->rec.last_delay_ms, &c->w->rng);
+    if (now + delay > d->rec.created_at + rt->delivery.max_age_ms) {
+        dlv_bury(d, METRICS_DEAD_AGE, NULL);
+        return;
+    }
+    handed(d, store_reschedule(c->store, &d->call, d->rec.id, c->owner, NULL, now + delay));
+}
+
+bool dlv_admit(struct dlv *d)
+{
+    struct rt *snap = d->rt;
+    size_t i = 0;
+    while (snap && i < snap->cfg->n_routes && strcmp(snap->cfg->routes[i].name, d->cr->name) != 0)
+        i++;
+    if (!snap || i == snap->cfg->n_routes || !snap->routes[i].live)
+        return true; /* no route to deliver to: the core says so, and it is buried */
+    d->budgets = (struct decide_budgets){ .global = &d->c->w->px->budget,
+                                          .global_limits = &snap->cfg->budget,
+                                          .route = &snap->routes[i].live->budget,
+                                          .route_limits = &snap->cfg->routes[i].budget };
+    uint64_t now = loop_now(d->c->w->loop);
+    /* its first attempt is a request, the ratio's base; every later one a retry, as the sync
+     * path counts them (the core counts none of a delivery's: retry.c) */
+    if (d->rec.attempts == 0) {
+        decide_note_request(&d->budgets, now);
+        return true;
+    }
+    enum retry_stop stop = decide_admit(&d->budgets, now, 0);
+    if (stop == RETRY_STOP_NONE) {
+        d->budgeted = true; /* its slots go back when its attempt ends (dlv_uncount) */
+        return true;
+    }
+    refused(d, stop);
+    return false;
+}
+
+/* ---- the attempt's end ---- */
 
 void dlv_on_end(struct loop_timer *t)
 {

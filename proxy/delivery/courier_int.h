@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proxy/core/decide.h"
 #include "proxy/core/front.h"
 #include "proxy/core/worker.h"
 #include "proxy/store/store.h"
@@ -41,6 +42,9 @@ struct dlv {
     /* the upstream (its index in the route's) its attempt counts against, while 'counted' */
     size_t up;
     bool counted;
+    /* a re-attempt the budgets admitted holds a concurrency slot in each, while 'budgeted' */
+    struct decide_budgets budgets;
+    bool budgeted;
     struct loop_timer end_timer; /* the answer is acted on in the next turn, out of the core */
     /* what its end's store call borrows until it completes */
     struct store_attempt att;
@@ -65,6 +69,8 @@ struct croute {
     struct store_call claim;
     size_t asked; /* by the claim under way, its tokens taken */
     bool claiming;
+    /* re-attempts the budgets refused since the last log line, and when that was */
+    uint64_t refused, refused_logged_ms;
     struct courier *c;
 };
 
@@ -98,13 +104,16 @@ void courier_arm(struct courier *c, uint64_t in_ms);
 /* The route of 'cr' in the worker's current snapshot, else in the last one that had it. */
 const struct cfg_route *courier_route_now(struct courier *c, struct croute *cr);
 
-/* courier_end.c: the attempt's end (the answer is in: its end_timer), its store call's
- * completion, a dead letter's write ('a' NULL: no attempt), and the delivery freed. */
+/* courier_end.c: whether the budgets let a claimed delivery's attempt go (false: it was put
+ * back, or buried when its age ran out: no attempt), the attempt's end (the answer is in: its
+ * end_timer), its store call's completion, a dead letter's write ('a' NULL: no attempt), and the
+ * delivery freed. */
+bool dlv_admit(struct dlv *d);
 void dlv_on_end(struct loop_timer *t);
 void dlv_on_written(struct store_call *call);
 void dlv_bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a);
 void dlv_free(struct dlv *d);
-/* Its attempt no longer counts against its upstream (once only). */
+/* Its attempt no longer counts against its upstream, nor holds the budgets' slots (once only). */
 void dlv_uncount(struct dlv *d);
 
 #endif

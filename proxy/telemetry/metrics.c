@@ -323,6 +323,13 @@ void metrics_discarded(struct metrics_route *r, unsigned w, enum metrics_dead wh
         bump(&s->discarded[why], 1);
 }
 
+void metrics_dead_refused(struct metrics_route *r, unsigned w)
+{
+    struct route_slot *s = slot_of(r, w);
+    if (s)
+        bump(&s->dead_refused, 1);
+}
+
 void metrics_retry_success(struct metrics_route *r, unsigned w)
 {
     struct route_slot *s = slot_of(r, w);

@@ -145,6 +145,8 @@ void metrics_delivery_attempt(struct metrics_route *r, unsigned w, enum metrics_
 void metrics_dead_letter(struct metrics_route *r, unsigned w, enum metrics_dead why);
 /* deliveries_discarded_total{route, reason}: one a route with dead_letter false did not keep */
 void metrics_discarded(struct metrics_route *r, unsigned w, enum metrics_dead why);
+/* dead_letters_refused_total{route}: a dead letter the store did not keep (full, failing) */
+void metrics_dead_refused(struct metrics_route *r, unsigned w);
 /* throttled_total{route}: an attempt client-side throttling rejected */
 void metrics_throttled(struct metrics_route *r, unsigned w);
 /* hedges_total{route}: an attempt started while an earlier one of its request runs on */

@@ -106,6 +106,11 @@ const struct family_def metrics_families[FAM_COUNT] = {
                         "Durable deliveries deleted where they would have been dead letters, "
                         "their route saying delivery.dead_letter false, by route and why (as "
                         "dead_letters_total); each is logged (delivery discarded)." },
+    [FAM_DEAD_REFUSED] = { "dead_letters_refused_total", "counter", "route", NULL, 0,
+                           "Dead letters not kept, by route: the store refused them (full at "
+                           "store.max_count, store.max_bytes or its disk, or failing); each is "
+                           "logged (dead letter not kept), and nothing kept before was "
+                           "evicted." },
     [FAM_DEAD_LETTERS] = { "dead_letters_total", "counter", "route, reason", dead_names,
                            METRICS_DEAD_COUNT,
                            "Dead letters kept, by route and why: attempts (retry.max_attempts "

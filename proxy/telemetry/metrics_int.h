@@ -55,6 +55,7 @@ struct route_slot {
     _Atomic uint64_t deliveries[METRICS_DELIVERY_COUNT];
     _Atomic uint64_t dead[METRICS_DEAD_COUNT];
     _Atomic uint64_t discarded[METRICS_DEAD_COUNT];
+    _Atomic uint64_t dead_refused;
     struct hist_slot hist[METRICS_HIST_COUNT];
 };
 
@@ -159,6 +160,7 @@ struct route_totals {
     uint64_t deliveries[METRICS_DELIVERY_COUNT];
     uint64_t dead[METRICS_DEAD_COUNT];
     uint64_t discarded[METRICS_DEAD_COUNT];
+    uint64_t dead_refused;
     uint64_t buckets[METRICS_HIST_COUNT][HIST_BUCKETS];
     uint64_t sum_us[METRICS_HIST_COUNT];
     bool any; /* some count is non-zero */

@@ -58,6 +58,7 @@ static void route_sum(const struct metrics_route *r, struct route_totals *t)
         any |= add_counts(t->deliveries, s->deliveries, METRICS_DELIVERY_COUNT);
         any |= add_counts(t->dead, s->dead, METRICS_DEAD_COUNT);
         any |= add_counts(t->discarded, s->discarded, METRICS_DEAD_COUNT);
+        any |= add_counts(&t->dead_refused, &s->dead_refused, 1);
         for (size_t h = 0; h < METRICS_HIST_COUNT; h++) {
             any |= add_counts(t->buckets[h], s->hist[h].buckets, HIST_BUCKETS);
             t->sum_us[h] += peek(&s->hist[h].sum_us);
@@ -533,6 +534,7 @@ static void render_all(FILE *f, struct metrics *m, const struct scrape *sc,
                    offsetof(struct route_totals, deliveries));
     render_labeled(f, sc, FAM_DEAD_LETTERS, "reason", offsetof(struct route_totals, dead));
     render_labeled(f, sc, FAM_DISCARDED, "reason", offsetof(struct route_totals, discarded));
+    render_route_counter(f, sc, FAM_DEAD_REFUSED, offsetof(struct route_totals, dead_refused));
     render_route_counter(f, sc, FAM_RETRY_AFTER,
                          offsetof(struct route_totals, retry_after_honored));
     render_route_counter(f, sc, FAM_THROTTLED, offsetof(struct route_totals, throttled));

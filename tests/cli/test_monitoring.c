@@ -47,7 +47,7 @@ static const char *const runbook_anchors[] = {
     "retry-storm",      "retries-denied",   "upstream-failures", "grpc-failures",
     "upstream-ejected", "endpoint-failing", "panic-mode",        "no-endpoints",
     "dns-stale",        "reload-failures",  "draining",          "delivery-backlog",
-    "old-delivery",     "dead-letters",     "store-full"
+    "old-delivery",     "dead-letters",     "store-full",        "dead-letters-refused"
 };
 static const char *const severities[] = { "info", "warning", "critical" };
 

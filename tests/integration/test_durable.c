@@ -933,22 +933,106 @@ Test(durable, no_more_than_max_in_flight_per_upstream_attempts_run_at_one_upstre
                 n_slow, (long long)slow_gap, n_fast, (long long)fast_gap);
 }
 
-/* ---- dead letters of synchronous routes ---- */
+/* ---- retry budgets ---- */
 
-/* A sync route with dead_letter: the caller's answer is what it would be, at once; a request
- * whose retries ran out is kept dead with its attempts, its body and the final answer. A
- * request that succeeded, or one on a route without dead_letter, leaves nothing. */
-Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_letter)
+/* Route "r" durable with a fixed 300 ms backoff, 20 attempts, 'delivery' members more and the
+ * route's budget 'budget' (JSON), on fx_cfg_path so that a reload may change it. */
+static void start_budget(const char *delivery, const char *budget)
 {
+    char route[256];
+    snprintf(route, sizeof(route), ", \"budget\": %s", budget);
+    char *json = durable_cfg("", ", \"max_attempts\": 20", delivery, route);
+    start_on_file(json);
+    free(json);
+}
+
+/* A delivery's first attempt is a request for the budgets and each later one a retry, as the
+ * sync path counts them: a route budget of retry_ratio 0.2 and no retries a second allows 2
+ * retries for 10 first attempts. The others are refused: no attempt, no attempt row, the
+ * delivery scheduled again (not dead), counted in retries_denied_total{reason="budget"} and
+ * logged (once a second at most). A reload that makes the budget roomy lets them go. */
+Test(durable, a_retry_budget_holds_re_attempts_back_without_killing_the_deliveries)
+{
+    start_budget("", "{\"retry_ratio\": 0.2, \"min_retries_per_second\": 0, "
+                     "\"window_ms\": 600000}");
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
+    char id[33];
+    for (int i = 0; i < 10; i++) {
+        char rid[32];
+        snprintf(rid, sizeof(rid), "budget-%d", i);
+        post_accepted(rid, "x", plan, id);
+    }
+    cr_assert_eq(tup_wait_count(up, 12, 10000), 0, "10 first attempts and the 2 retries allowed");
+    /* many backoff periods (300 ms): without the budget each would have been tried again */
+    sleep_ms(2000);
+    size_t held = tup_count(up);
+    cr_assert_eq(held, 12, "%zu attempts: the budget allows 10 + 0.2 * 10", held);
+    cr_assert_eq(db_int("SELECT count(*) FROM attempts", NULL), 12, "a refusal is no attempt");
+    cr_assert_eq(db_int("SELECT sum(attempts) FROM deliveries", NULL), 12);
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries WHERE state IN (0, 1)", NULL), 10,
+                 "every delivery still pending, none dead");
+    double denied = fx_metric("retryproxy_retries_denied_total{route=\"r\",reason=\"budget\"}");
+    cr_assert_geq(denied, 8, "refusals counted: %g", denied);
+    json_t *line = fx_logged("delivery re-attempts refused by the retry budget", "route", "r");
+    cr_assert_not_null(line, "no log line for the refusals");
+    cr_expect_str_eq(json_str(line, "reason"), "budget");
+    json_decref(line);
+    cr_log_info("budget 0.2 of 10: %zu attempts held over 2 s, %g refusals", held, denied);
+
     struct cfgb *b = cfgb_new();
     cfgb_top(b, "\"store\": {\"path\": \"%s\"}", store_path);
-    cfgb_route(b, "plain", "\"match\": {\"path_prefix\": \"/plain\"}, \"retry\": {" CFG_FAST "}");
+    cfgb_route(
+        b, "r",
+        "\"delivery\": {\"mode\": \"durable\"}, \"retry\": {\"max_attempts\": 20, " CFG_FIXED(
+            300) "}, \"budget\": {\"retry_ratio\": 10, "
+                 "\"min_retries_per_second\": 100}");
+    char *roomy = cfgb_text(b);
+    cfg_write_renamed(fx_cfg_path, roomy);
+    free(roomy);
+    cr_assert(fx_wait(generation_2, NULL, 10000, 50), "the reload was not seen");
+    cr_assert_eq(tup_wait_count(up, 22, 10000), 0, "a roomy budget lets each be retried");
+}
+
+/* A delivery the budget never lets go again still dies when its age runs out: a dead letter,
+ * reason "age", with its one attempt. */
+Test(durable, a_delivery_held_by_the_budget_is_dead_when_its_age_runs_out)
+{
+    start_budget(", \"max_age_ms\": 1500", "{\"retry_ratio\": 0, \"min_retries_per_second\": 0}");
+    const char *plan[] = { "X-Test-Plan: fail=100", NULL };
+    char id[33];
+    post_accepted("budget-age", "x", plan, id);
+    wait_dead(id, "age");
+    cr_assert_eq(tup_count_id(up, "budget-age"), 1, "no retry: the budget allows none");
+    cr_assert_eq(db_int("SELECT attempts FROM deliveries WHERE id = ?1", id), 1);
+    cr_assert_geq(fx_metric("retryproxy_retries_denied_total{route=\"r\",reason=\"budget\"}"), 1);
+}
+
+/* ---- dead letters of synchronous routes ---- */
+
+/* The proxy with sync route "r" keeping dead letters (2 attempts, POST retried) and 'store'
+ * members besides the store's path; with 'plain', route "plain" (at /plain, keeping none)
+ * first. */
+static void start_sync_dead(const char *store, bool plain)
+{
+    struct cfgb *b = cfgb_new();
+    cfgb_top(b, "\"store\": {\"path\": \"%s\"%s}", store_path, store);
+    if (plain)
+        cfgb_route(b, "plain",
+                   "\"match\": {\"path_prefix\": \"/plain\"}, \"retry\": {" CFG_FAST "}");
     cfgb_route(b, "r",
                "\"delivery\": {\"dead_letter\": true}, \"retry\": {\"max_attempts\": 2, "
                "\"methods\": [\"POST\"], " CFG_FAST "}");
     char *json = cfgb_text(b);
     fx_start(json, "--workers", "2", NULL);
     free(json);
+}
+
+/* A sync route with dead_letter: the caller's answer is what it would be, at once; a request
+ * whose retries ran out is kept dead with its attempts, its body and the final answer. A
+ * request that succeeded, or one on a route without dead_letter, leaves nothing. */
+Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_letter)
+{
+    start_sync_dead("", true);
     struct http_resp r;
     const char *plan[] = { "X-Test-Plan: fail=100; status=503; header=X-Why:down", NULL };
     post("sync-dead", "the payment", plan, &r);
@@ -991,6 +1075,21 @@ Test(durable, a_sync_route_keeps_a_request_whose_retries_ran_out_as_a_dead_lette
     free(id);
 }
 
+/* POSTs 'body' as 'rid' to sync route "r" (dead_letter true), whose upstream answers 503: the
+ * caller gets the 503, and the route's first dead letter is kept and counted. Its id, malloc'd. */
+static char *post_first_sync_dead(const char *rid, const char *body)
+{
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
+    struct http_resp r;
+    post(rid, body, plan, &r);
+    cr_assert_eq(r.status, 503);
+    http_free(&r);
+    cr_assert_eq(
+        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
+        1);
+    return db_text("SELECT id FROM deliveries WHERE route = ?1", "r");
+}
+
 /* A request whose first attempt found no upstream (connection refused) and whose second was
  * answered 503 keeps both, each with its own outcome: the dead letter says what each did. */
 Test(durable, a_sync_dead_letter_keeps_each_attempt_with_its_own_outcome)
@@ -1002,15 +1101,7 @@ Test(durable, a_sync_dead_letter_keeps_each_attempt_with_its_own_outcome)
              "[\"POST\"], " CFG_FAST "}",
              (unsigned)fx_closed_port(), fx_up_url(0));
     start_route(route);
-    struct http_resp r;
-    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
-    post("sync-each", "x", plan, &r);
-    cr_assert_eq(r.status, 503);
-    http_free(&r);
-    cr_assert_eq(
-        fx_wait_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}", 1, 5000),
-        1);
-    char *id = db_text("SELECT id FROM deliveries WHERE route = ?1", "r");
+    char *id = post_first_sync_dead("sync-each", "x");
     cr_assert_eq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1", id), 3);
     cr_assert_geq(db_int("SELECT count(*) FROM attempts WHERE delivery = ?1 AND status = 0 AND "
                          "outcome = 'connect_failure'",
@@ -1064,4 +1155,35 @@ Test(durable, a_delivery_of_a_route_made_sync_is_delivered_and_not_kept_twice)
     wait_state(id, 2, 15000);
     cr_assert_eq(tup_count_id(up, "to-sync"), 4);
     cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1, "kept once");
+}
+
+/* A sync route's dead letter beyond store.max_count is refused: its caller still gets its answer
+ * at once, a warn line and dead_letters_refused_total say so, and the dead letter kept before
+ * stays (nothing is evicted). */
+Test(durable, a_dead_letter_the_full_store_refuses_is_logged_and_counted)
+{
+    start_sync_dead(", \"max_count\": 1", false);
+    char *kept = post_first_sync_dead("kept-1", "first");
+    const char *plan[] = { "X-Test-Plan: fail=100; status=503", NULL };
+    struct http_resp r;
+    const char *series = "retryproxy_dead_letters_refused_total{route=\"r\"}";
+    for (int n = 1; n <= 2; n++) {
+        char rid[32];
+        snprintf(rid, sizeof(rid), "refused-%d", n);
+        post(rid, "later", plan, &r);
+        cr_assert_eq(r.status, 503, "the caller gets its final answer");
+        cr_assert_str_eq(http_hdr(&r, "X-Retry-Stop"), "max-attempts");
+        http_free(&r);
+        cr_assert_eq(fx_wait_metric(series, n, 5000), n, "%s", series);
+        json_t *line = fx_logged("dead letter not kept", "request_id", rid);
+        cr_assert_not_null(line, "no 'dead letter not kept' line for %s", rid);
+        cr_expect_str_eq(json_str(line, "level"), "warn");
+        cr_expect_str_eq(json_str(line, "route"), "r");
+        json_decref(line);
+    }
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries", NULL), 1, "nothing more was kept");
+    cr_assert_eq(db_int("SELECT count(*) FROM deliveries WHERE id = ?1", kept), 1,
+                 "and nothing was evicted");
+    cr_assert_eq(fx_metric("retryproxy_dead_letters_total{route=\"r\",reason=\"attempts\"}"), 1);
+    free(kept);
 }

@@ -128,6 +128,7 @@ static const struct {
     { "delivery_attempts_total", "counter" },
     { "dead_letters_total", "counter" },
     { "deliveries_discarded_total", "counter" },
+    { "dead_letters_refused_total", "counter" },
     { "retry_after_honored_total", "counter" },
     { "throttled_total", "counter" },
     { "hedges_total", "counter" },
