@@ -78,8 +78,9 @@ static void expect_run(const char *line, int workers, const char *option)
     char *err = px_stderr(p);
     cr_expect(strstr(err, line), "the start line: %s (wanted %s)", err, line);
     free(err);
-    char *out = px_stdout(p), want[32];
+    char want[32];
     snprintf(want, sizeof(want), "\"workers\":%d,", workers);
+    char *out = px_stdout_holding(p, "\"listening\"", 10000);
     cr_expect(strstr(out, want), "the listening event: %s (wanted %s)", out, want);
     free(out);
     px_stop_clean(p);

@@ -395,7 +395,8 @@ json_t *fx_request_logged(const char *key, const char *value)
 
 json_t *fx_logged(const char *msg, const char *key, const char *value)
 {
-    for (int64_t t0 = now_ms(); now_ms() - t0 < 2000; sleep_ms(20)) {
+    /* generous: a line is written after the answer it follows, on a machine maybe loaded */
+    for (int64_t t0 = now_ms(); now_ms() - t0 < 10000; sleep_ms(20)) {
         char *out = px_stdout(px);
         json_t *found = NULL;
         for (const char *line = out; line && *line && !found;) {

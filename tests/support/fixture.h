@@ -144,7 +144,7 @@ const char *json_str(const json_t *o, const char *key);
  * decrefs). */
 json_t *fx_log_line(const char *out, const char *msg);
 /* The request log line of the running proxy whose string member 'key' is 'value', polled for
- * up to 2 s: NULL if none came (caller decrefs). */
+ * up to 10 s: NULL if none came (caller decrefs). */
 json_t *fx_request_logged(const char *key, const char *value);
 /* The same for the running proxy's log line whose "msg" is 'msg'. */
 json_t *fx_logged(const char *msg, const char *key, const char *value);

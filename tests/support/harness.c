@@ -63,6 +63,18 @@ char *px_stdout(const struct px *p)
     return proc_read_file(p->out_path);
 }
 
+char *px_stdout_holding(const struct px *p, const char *needle, int timeout_ms)
+{
+    int64_t deadline = now_ms() + timeout_ms;
+    char *out = px_stdout(p);
+    while (!strstr(out, needle) && now_ms() < deadline) {
+        usleep(10000);
+        free(out);
+        out = px_stdout(p);
+    }
+    return out;
+}
+
 static struct px *px_new(void)
 {
     struct px *p = calloc(1, sizeof(*p));

@@ -65,6 +65,10 @@ long px_cpu_ms(const struct px *p);
 /* Its stderr/stdout so far (malloc'd, NUL-terminated). */
 char *px_stderr(const struct px *p);
 char *px_stdout(const struct px *p);
+/* Its stdout once it holds 'needle', waiting up to 'timeout_ms' (what it holds by then if
+ * never): the proxy writes its start line to stderr before its "listening" event to stdout,
+ * so a test reading stdout right after px_start*() may find it still empty. */
+char *px_stdout_holding(const struct px *p, const char *needle, int timeout_ms);
 
 struct http_resp {
     int rc; /* CURLcode */
