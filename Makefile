@@ -170,7 +170,7 @@ $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_O
 	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags jansson) -o $@ $< $(DECIDE_OBJ) \
 	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
 
-FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,upstream/attempt.o upstream/h1up.o upstream/h2up_attempt.o \ upstream/tunnel_up_attempt.o),$(LIB_OBJ))
+FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,upstream/attempt.o upstream/h1up.o upstream/h2up_attempt.o upstream/tunnel_up_attempt.o),$(LIB_OBJ))
 $(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) \
                                      $(BUILD)/obj/tests/support/promtext.o | deps-test
 	@mkdir -p $(dir $@)
