@@ -209,14 +209,20 @@ fail:
     return NULL;
 }
 
+/* A URL's or a target's HTTP/2 and upgrade origins, which may be one. */
+static void origins_free(struct origin *h2, struct origin *tun)
+{
+    if (tun != h2)
+        origin_free(tun);
+    origin_free(h2);
+}
+
 void attempt_url_free(struct attempt_url *url)
 {
     if (!url)
         return;
     h1up_url_free(url->h1);
-    if (url->tun != url->h2)
-        origin_free(url->tun);
-    origin_free(url->h2);
+    origins_free(url->h2, url->tun);
     free(url);
 }
 
@@ -242,9 +248,7 @@ void attempt_target_free(struct attempt_target *t)
     if (!t)
         return;
     slots_share_let_go(t->share);
-    if (t->tun != t->h2)
-        origin_free(t->tun);
-    origin_free(t->h2);
+    origins_free(t->h2, t->tun);
     h1up_pin_free(t->pin);
     free(t);
 }

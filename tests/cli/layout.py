@@ -91,6 +91,36 @@ LIBRARIES = {
     'inotify_': set(),               # config/watch.c
 }
 
+def circles(nodes, edges):
+    """The nodes on a circle of 'edges' (node -> its successors), as sorted lists, one per group
+    that reach each other (Tarjan's strongly connected components)."""
+    index, low, stack, on, comps = {}, {}, [], set(), []
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, {})):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+    sys.setrecursionlimit(10000)
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return comps
+
 def transport(name):
     return next((t for t, files in TRANSPORTS.items() if name in files), None)
 
@@ -137,33 +167,10 @@ def includes(part, moved, extra):
                 seen = ', '.join(f'{x}.h' for x in sorted(UPSTREAM_SEEN.get(pa, ())))
                 bad.append(f'{src} includes {h}: of upstream/, {pa or "proxy"}/ may include '
                            f'{seen + " only" if seen else "nothing"}')
-    # include circles (Tarjan's strongly connected components over files)
-    index, low, stack, on = {}, {}, [], set()
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges.get(v, {})):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                comp = set(comp)
-                why = sorted(edges[a][b] for a in comp for b in edges.get(a, {}) if b in comp)
-                bad.append(f'an include circle between {", ".join(sorted(comp))}: {"; ".join(why)}')
-    for v in sorted(set(edges) | {w for e in edges.values() for w in e}):
-        if v not in index:
-            visit(v)
+    # include circles
+    for comp in circles(set(edges) | {w for e in edges.values() for w in e}, edges):
+        why = sorted(edges[a][b] for a in comp for b in edges.get(a, {}) if b in comp)
+        bad.append(f'an include circle between {", ".join(comp)}: {"; ".join(why)}')
     return bad
 
 def main():
@@ -238,32 +245,8 @@ def main():
                 bad.append(f'{a} (core) calls {b}: {s}; the core reaches the upstream side only '
                            f'through {", ".join(sorted(CORE_UPSTREAM)) or "nothing"}')
     bad += includes(part, moved, extra)
-    # circles (Tarjan's strongly connected components)
-    index, low, stack, on, comps = {}, {}, [], set(), []
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in calls.get(v, {}):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                comps.append(sorted(comp))
-    sys.setrecursionlimit(10000)
-    for v in sorted(set(calls) | set(defs.values())):
-        if v not in index:
-            visit(v)
+    # call circles
+    comps = circles(set(calls) | set(defs.values()), calls)
     for comp in comps:
         parts = sorted({part.get(f, '?') for f in comp})
         if len(parts) > 1:
