@@ -5,6 +5,7 @@
 #   make asan         the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-asan/)
 #   make run          build and start the proxy on the bundled example config
 #   make format       rewrite sources in .clang-format style; make format-check only checks
+#   make check-history every commit since BASE (main) builds and has no conflict marker
 #
 # Dependencies come from Debian's packages. When pkg-config cannot find them, the build installs
 # them with apt-get if it runs as root, and otherwise prints the one command to run. Building and
@@ -64,7 +65,8 @@ BIN := $(BUILD)/retryproxy
 # Objects built through pattern rules are not intermediate files: keep them between runs.
 .SECONDARY:
 
-.PHONY: all deps test check-tests asan run demo-upstream docs format format-check clean
+.PHONY: all deps test check-tests asan run demo-upstream docs format format-check check-markers \
+        check-history clean
 all: $(BIN)
 
 # Installs what is missing of 'pkgs' (apt names) when 'cond' (a shell test) says so.
@@ -170,7 +172,7 @@ $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_O
 	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags jansson) -o $@ $< $(DECIDE_OBJ) \
 	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
 
-FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,upstream/attempt.o upstream/h1up.o upstream/h2up_attempt.o \ upstream/tunnel_up_attempt.o),$(LIB_OBJ))
+FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,upstream/attempt.o upstream/h1up.o upstream/h2up_attempt.o upstream/tunnel_up_attempt.o),$(LIB_OBJ))
 $(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) \
                                      $(BUILD)/obj/tests/support/promtext.o | deps-test
 	@mkdir -p $(dir $@)
@@ -243,11 +245,21 @@ FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null || find policy config 
 format:
 	clang-format -i $(FORMAT_SRC)
 
-format-check:
+format-check: check-markers
 	@if ! command -v clang-format >/dev/null; then \
 	  echo "format-check: clang-format is not installed (apt-get install -y clang-format)" >&2; \
 	  exit 1; fi
 	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: ok"
+
+# A tracked file holding a merge conflict's markers fails (.ci/conflict-markers; CI runs it).
+check-markers:
+	@.ci/conflict-markers && echo "check-markers: ok"
+
+# Every commit on HEAD's first-parent line since BASE holds no conflict marker and builds
+# (.ci/check-history; README.md, "Development"): before a branch or a merge goes to main.
+BASE ?= main
+check-history:
+	@.ci/check-history $(BASE)
 
 clean:
 	rm -rf build build-asan build-*

@@ -23,7 +23,7 @@
 #include "proxy/store/store.h"
 #include "proxy/ops/deliveries_cli.h"
 #include "proxy/ops/simulate.h"
-#include "proxy/version.h"
+#include "proxy/telemetry/version.h"
 
 #define VERSION        RETRYPROXY_VERSION
 #define DEFAULT_CONFIG "/etc/retryproxy/config.json"

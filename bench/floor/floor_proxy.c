@@ -155,7 +155,7 @@ static void finish_done(void)
 
 /* Events each curl socket is registered for in epoll (0: not registered), and whether curl
  * has stopped watching it. A kept-alive connection stays registered between transfers, as in
- * retryproxy (proxy/upstream/upstream.c), so that reusing it costs no epoll_ctl; its events are
+ * retryproxy (proxy/upstream/curlm.c), so that reusing it costs no epoll_ctl; its events are
  * ignored while parked, and a parked socket that turns readable (the upstream closed it) is dropped
  * from epoll until curl wants it again. */
 static uint32_t sock_events[MAX_FD];

@@ -2,12 +2,31 @@
 
 #include <stdlib.h>
 
+#include "config/cfg.h"
 #include "policy/score.h"
 #include "proxy/core/choose.h"
-#include "proxy/core/runtime.h"
-#include "proxy/core/worker.h"
 #include "proxy/dns/resolve.h"
 #include "proxy/upstream/attempt.h"
+
+/* A worker's endpoints of one upstream of a route in one snapshot. */
+struct bal_view {
+    uint64_t gen; /* the name's generation it follows; 0: not synced yet */
+    size_t n;
+    struct endpoint **ep;
+};
+
+/* A worker's candidates of one route (below). */
+struct bal_set;
+
+struct bal_route {
+    const struct cfg_route *r;
+    unsigned n_workers;
+    struct attempt_url *const *urls; /* [upstream], the snapshot's */
+    struct dns_name *const *names;
+    struct live_upstream *const *ups;
+    struct bal_view *views; /* [worker][upstream] */
+    struct bal_set *sets;   /* [worker]: each worker's candidates, its views together */
+};
 
 void endpoint_unref(struct endpoint *e)
 {
@@ -20,7 +39,7 @@ void endpoint_unref(struct endpoint *e)
     }
 }
 
-void balance_views_free(struct bal_view *v, size_t n)
+static void views_free(struct bal_view *v, size_t n)
 {
     for (size_t i = 0; v && i < n; i++) {
         for (size_t j = 0; j < v[i].n; j++)
@@ -62,8 +81,8 @@ static int endpoint_cmp(const void *x, const void *y)
  * kept, those that joined are made, those that left close their idle connections. The old
  * endpoints and the new slots are matched by a merge of both sorted by slot, O(n log n) for a
  * name of n addresses. */
-static void sync_view(struct worker *w, const struct rt_route *x, size_t k, struct bal_view *v,
-                      uint64_t gen)
+static void sync_view(const struct bal_worker *w, const struct bal_route *x, size_t k,
+                      struct bal_view *v, uint64_t gen)
 {
     struct dns_addrs *as = dns_name_addrs(x->names[k]);
     size_t n = as->n;
@@ -152,12 +171,7 @@ struct bal_set {
     uint64_t weighed_ms;
 };
 
-struct bal_set *balance_sets_new(size_t n)
-{
-    return calloc(n ? n : 1, sizeof(struct bal_set));
-}
-
-void balance_sets_free(struct bal_set *s, size_t n)
+static void sets_free(struct bal_set *s, size_t n)
 {
     for (size_t i = 0; s && i < n; i++) {
         free(s[i].ep);
@@ -165,6 +179,34 @@ void balance_sets_free(struct bal_set *s, size_t n)
         free(s[i].cum);
     }
     free(s);
+}
+
+struct bal_route *balance_route_new(const struct cfg_route *r, unsigned n_workers,
+                                    struct attempt_url *const *urls, struct dns_name *const *names,
+                                    struct live_upstream *const *ups)
+{
+    struct bal_route *b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    *b = (struct bal_route){
+        .r = r, .n_workers = n_workers, .urls = urls, .names = names, .ups = ups
+    };
+    b->views = calloc((size_t)n_workers * (r->n_upstreams ? r->n_upstreams : 1), sizeof(*b->views));
+    b->sets = calloc(n_workers ? n_workers : 1, sizeof(*b->sets));
+    if (!b->views || !b->sets) {
+        balance_route_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+void balance_route_free(struct bal_route *b)
+{
+    if (!b)
+        return;
+    views_free(b->views, (size_t)b->n_workers * b->r->n_upstreams);
+    sets_free(b->sets, b->n_workers);
+    free(b);
 }
 
 /* Set 's' takes the endpoints of the 'n_up' views 'v'. False out of memory (it stays as it
@@ -252,11 +294,10 @@ static int64_t cand_load(void *arg, size_t i)
 
 /* Worker 'w''s views of route 'x', synced with their names; its candidates are gathered again
  * when one of them synced. */
-static struct bal_view *views_of(struct worker *w, const struct rt *rt, const struct rt_route *x,
-                                 const struct cfg_route *r)
+static struct bal_view *views_of(const struct bal_worker *w, struct bal_route *x)
 {
-    size_t n_up = r->n_upstreams;
-    unsigned id = w->id < rt->n_workers ? w->id : 0;
+    size_t n_up = x->r->n_upstreams;
+    unsigned id = w->id < x->n_workers ? w->id : 0;
     struct bal_view *v = &x->views[id * n_up];
     for (size_t k = 0; k < n_up; k++) {
         if (!x->names[k])
@@ -289,12 +330,12 @@ static size_t pick_few(const struct cfg_route *r, const struct bal_set *s, const
                            p->tried->one ? NULL : rr, rng);
 }
 
-struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struct rt_route *x,
+struct endpoint *balance_pick(const struct bal_worker *w, struct bal_route *x,
                               const struct choose_tried *tried, uint64_t now_ms, uint32_t *rr)
 {
-    const struct cfg_route *r = &rt->cfg->routes[x - rt->routes];
-    struct bal_view *v = views_of(w, rt, x, r);
-    struct bal_set *s = &x->sets[w->id < rt->n_workers ? w->id : 0];
+    const struct cfg_route *r = x->r;
+    struct bal_view *v = views_of(w, x);
+    struct bal_set *s = &x->sets[w->id < x->n_workers ? w->id : 0];
     if (!s->current && !gather(s, v, r->n_upstreams))
         return NULL; /* out of memory: a connect failure */
     if (s->n == 0)
@@ -311,7 +352,7 @@ struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struc
                               .ejection = r->ejection.health.consecutive_failures > 0,
                               .now_ms = now_ms };
         if (s->n <= CHOOSE_MASK_MAX) {
-            i = pick_few(r, s, &p, rr, &w->rng);
+            i = pick_few(r, s, &p, rr, w->rng);
         } else {
             bool weighted = r->weigh_endpoints && !s->even;
             struct choose_set cs = { .n = s->n,
@@ -320,7 +361,7 @@ struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struc
                                      .state = cand_state,
                                      .load = cand_load,
                                      .ctx = &p };
-            i = choose_many(r->balance, &cs, tried->one != NULL, rr, &w->rng);
+            i = choose_many(r->balance, &cs, tried->one != NULL, rr, w->rng);
         }
     }
     struct endpoint *e = s->ep[i];
@@ -330,8 +371,7 @@ struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struc
     return e;
 }
 
-void balance_sync_all(struct worker *w, const struct rt *rt)
+void balance_sync(const struct bal_worker *w, struct bal_route *b)
 {
-    for (size_t i = 0; i < rt->cfg->n_routes; i++)
-        views_of(w, rt, &rt->routes[i], &rt->cfg->routes[i]);
+    views_of(w, b);
 }

@@ -23,53 +23,61 @@
 #include "proxy/core/choose.h"
 #include "proxy/core/live.h"
 
-struct rt;
-struct rt_route;
-struct worker;
-struct upstream;
-struct upstream_target;
+struct attempt_side;
+struct attempt_target;
+struct attempt_url;
+struct cfg_route;
+struct dns_name;
+struct rng;
 
 /* One worker's handle on an endpoint. */
 struct endpoint {
-    unsigned refs;              /* its view's, and each trial's that picked it */
-    uint32_t epoch;             /* the slot's when taken: a later one is another address's */
-    struct live_endpoint *le;   /* the shared slot */
-    struct upstream_target *to; /* where its transfers go; made on its first pick */
-    size_t k;                   /* its upstream's index in the route */
-    struct upstream *left;      /* it left the record: the worker's, whose idle connections to
-                                   it close once more when its last attempt lets go */
+    unsigned refs;             /* its view's, and each trial's that picked it */
+    uint32_t epoch;            /* the slot's when taken: a later one is another address's */
+    struct live_endpoint *le;  /* the shared slot */
+    struct attempt_target *to; /* where its transfers go; made on its first pick */
+    size_t k;                  /* its upstream's index in the route */
+    struct attempt_side *left; /* it left the record: the worker's, whose idle connections to
+                                  it close once more when its last attempt lets go */
     struct dns_addr addr;
 };
 
-/* A worker's endpoints of one upstream of a route in one snapshot. */
-struct bal_view {
-    uint64_t gen; /* the name's generation it follows; 0: not synced yet */
-    size_t n;
-    struct endpoint **ep;
+/* A route's endpoints as every worker of one snapshot sees them: each worker's views and
+ * candidates (balance.c). A config snapshot as it runs (proxy/core/runtime.h) holds one per
+ * route. */
+struct bal_route;
+
+/* The worker a pick or a sync is made in: its index among the snapshot's workers (one past
+ * them: the first's), its RNG, and its upstream side, where an endpoint that left closes its
+ * idle connections (proxy/upstream/attempt.h). */
+struct bal_worker {
+    unsigned id;
+    struct rng *rng;
+    struct attempt_side *up;
 };
 
-/* A worker's candidates of one route (balance.c). */
-struct bal_set;
+/* The views of route 'r' for 'n_workers' workers, each of its upstreams' endpoints reached
+ * through urls[k], named names[k] (NULL: none to follow) with their shared slots in ups[k]:
+ * arrays of r->n_upstreams, borrowed (the snapshot holds them and outlives these). NULL out of
+ * memory. */
+struct bal_route *balance_route_new(const struct cfg_route *r, unsigned n_workers,
+                                    struct attempt_url *const *urls, struct dns_name *const *names,
+                                    struct live_upstream *const *ups);
+/* Frees them (the snapshot is freed). Accepts NULL. */
+void balance_route_free(struct bal_route *b);
 
-/* The endpoint for the next attempt of a request on route 'x' of 'rt' that has tried 'tried'
- * (their slots, choose_tried_add(.., e->le)), at 'now_ms': its first attempt (none tried) in
- * turn from *rr (NULL: an older snapshot's request), a retry at random among those untried
- * (proxy/core/choose.h); with a reference the caller drops with endpoint_unref(). NULL when
- * the route has no endpoint (its names resolve to nothing) or out of memory: the attempt is a
- * connect failure. */
-struct endpoint *balance_pick(struct worker *w, const struct rt *rt, const struct rt_route *x,
+/* The endpoint for the next attempt of a request on route 'b' that has tried 'tried' (their
+ * slots, choose_tried_add(.., e->le)), at 'now_ms', in worker 'w': its first attempt (none
+ * tried) in turn from *rr (NULL: an older snapshot's request), a retry at random among those
+ * untried (proxy/core/choose.h); with a reference the caller drops with endpoint_unref(). NULL
+ * when the route has no endpoint (its names resolve to nothing) or out of memory: the attempt
+ * is a connect failure. */
+struct endpoint *balance_pick(const struct bal_worker *w, struct bal_route *b,
                               const struct choose_tried *tried, uint64_t now_ms, uint32_t *rr);
 
-/* Every view of worker 'w' in 'rt' follows its name now (the resolver woke the worker). */
-void balance_sync_all(struct worker *w, const struct rt *rt);
+/* Worker 'w''s views of route 'b' follow their names now (the resolver woke the worker). */
+void balance_sync(const struct bal_worker *w, struct bal_route *b);
 
 void endpoint_unref(struct endpoint *e); /* accepts NULL */
-
-/* Frees the views of route 'x' (its snapshot is freed): 'n' of them. */
-void balance_views_free(struct bal_view *v, size_t n);
-
-/* A route's candidates for 'n' workers, empty; NULL out of memory. */
-struct bal_set *balance_sets_new(size_t n);
-void balance_sets_free(struct bal_set *s, size_t n); /* accepts NULL */
 
 #endif

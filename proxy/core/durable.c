@@ -120,8 +120,8 @@ static void answer_with(struct retry_req *r, unsigned status, const char *body, 
     r->saved.len = len;
     r->saved.status = (int)status;
     /* no attempt was made, so the tag says 0 of them */
-    struct front_tag tag = { .request_id = r->request_id[0] ? r->request_id : NULL,
-                             .throttled = -1 };
+    struct answer_tag tag = { .request_id = r->request_id[0] ? r->request_id : NULL,
+                              .throttled = -1 };
     r->front->ops->saved(r->front, (int)status, h, r->saved.body, len, NULL, &tag);
     r->state = RS_ANSWERED;
 }

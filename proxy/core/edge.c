@@ -377,9 +377,9 @@ bool edge_saved_whole(const struct retry_req *r)
     return (r->flags & (RF_SAVED | RF_SAVED_WHOLE)) == (RF_SAVED | RF_SAVED_WHOLE);
 }
 
-static struct front_tag tag_of(const struct retry_req *r)
+static struct answer_tag tag_of(const struct retry_req *r)
 {
-    return (struct front_tag){
+    return (struct answer_tag){
         .attempts = r->attempts,
         .request_id = r->request_id[0] ? r->request_id : NULL,
         .stop = r->stop != RETRY_STOP_NONE ? retry_stop_name(r->stop) : NULL,
@@ -406,7 +406,7 @@ void edge_stream(struct retry_req *r)
     /* committed: a slow client must not hold a slot meant for upstream attempts */
     attempt_commit(&r->cur->att);
     r->state = RS_STREAM;
-    struct front_tag tag = tag_of(r);
+    struct answer_tag tag = tag_of(r);
     if (r->cur->att.status == 101) {
         /* an upgrade the upstream agreed to (proxy/upstream/h1resp.c): committed, and a tunnel once
          * the client has it; an upgrade refused is answered as it came, and the connection
@@ -437,7 +437,7 @@ void edge_error(struct retry_req *r, unsigned status, const char *code, const ch
 {
     if (r->flags & RF_GRPC)
         tally_grpc(r, (int)grpc_code_of_error(code, status));
-    struct front_tag tag = tag_of(r);
+    struct answer_tag tag = tag_of(r);
     if (status == 405) /* CONNECT, the one method not forwarded (RFC 9110 15.5.6) */
         tag.allow = EDGE_ALLOW;
     r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
@@ -449,7 +449,7 @@ void edge_error(struct retry_req *r, unsigned status, const char *code, const ch
 /* The saved retryable response, when retrying stopped after it. */
 void edge_saved(struct retry_req *r)
 {
-    struct front_tag tag = tag_of(r);
+    struct answer_tag tag = tag_of(r);
     if (r->flags & RF_GRPC)
         tally_grpc(r, grpc_status_seen(r->saved.status, &r->saved.h, &r->saved.trailers));
     r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len,

@@ -21,6 +21,7 @@
 
 #include "proxy/http/hlist.h"
 
+struct answer_tag; /* proxy/http/answer.h */
 struct front;
 struct retry_req;
 struct metrics;
@@ -31,16 +32,6 @@ struct rt;
 
 /* front_ops.body(): no room, offer the bytes again after retry_req_room(). */
 #define FRONT_FULL ((size_t)-1)
-
-/* What every answer carries besides its own fields (docs/forwarding.md). */
-struct front_tag {
-    uint32_t attempts;      /* X-Retry-Attempts */
-    bool close;             /* no more requests on this connection (draining, bad framing) */
-    const char *request_id; /* X-Request-Id, in place of the upstream's; NULL: none */
-    const char *stop;       /* X-Retry-Stop, NULL: none */
-    double throttled;       /* X-Retry-Throttled: the rejection probability; < 0: none */
-    const char *allow;      /* Allow, on a 405; NULL: none */
-};
 
 /* What an upgrade's tunnel (docs/upgrades.md) is opened with from the core, besides its two
  * ends: its limits, where it is counted and the names it is seen by. */
@@ -64,18 +55,18 @@ struct front_ops {
     /* An error of retryproxy's own, with its code ("no_route"), the route's name (NULL: none)
      * and a message for people. */
     void (*error)(struct front *f, unsigned status, const char *code, const char *route,
-                  const char *message, const struct front_tag *tag);
+                  const char *message, const struct answer_tag *tag);
     /* A response kept whole: its fields, body and trailers (NULL: none) as they came. */
     void (*saved)(struct front *f, int status, const struct hlist *h, const char *body, size_t len,
-                  const struct hlist *trailers, const struct front_tag *tag);
+                  const struct hlist *trailers, const struct answer_tag *tag);
     /* The upstream response whose head is 'h' (kept by the core until the request ends): its
      * body follows through body() and end(). */
     void (*response)(struct front *f, int status, const struct hlist *h,
-                     const struct front_tag *tag);
+                     const struct answer_tag *tag);
     /* An upgrade's 101 (docs/upgrades.md; HTTP/1.1 front ends only), its head 'h' as the
      * upstream sent it: once the client has it, bytes go both ways between the client and 'up'
      * (opened with 'conf'), which is the front end's to free from now on. end() follows. */
-    void (*upgrade)(struct front *f, const struct hlist *h, const struct front_tag *tag,
+    void (*upgrade)(struct front *f, const struct hlist *h, const struct answer_tag *tag,
                     struct tunnel_up *up, const struct front_tunnel *conf);
     /* Body bytes of that response: 'n' taken, FRONT_FULL, or 0 when no client takes them. */
     size_t (*body)(struct front *f, const char *p, size_t n);

@@ -81,7 +81,7 @@ void race_trial_init(struct retry_req *r, struct trial *t)
 {
     memset(t, 0, sizeof(*t));
     t->r = r;
-    attempt_init(&t->att, r->w->up, &req_attempt_ops, t);
+    attempt_init(&t->att, &r->w->up, &req_attempt_ops, t);
 }
 
 void race_trial_free(struct retry_req *r, struct trial *t)

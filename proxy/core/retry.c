@@ -329,7 +329,8 @@ void req_start_attempt(struct retry_req *r)
     uint32_t *rr = r->rt == w->rt ? &w->rr[rt - r->cfg->routes] : NULL;
     struct trial *t = r->cur;
     tally_endpoint_free(t);
-    struct endpoint *e = balance_pick(w, r->rt, r->rtr, &r->tried, now, rr);
+    struct bal_worker bw = { w->id, &w->rng, &w->up };
+    struct endpoint *e = balance_pick(&bw, r->rtr->bal, &r->tried, now, rr);
     if (!e && edge_no_address(r))
         return; /* no address for any name of the route: answered, no attempt, no wait */
     if (r->front->ops->attempting && !r->front->ops->attempting(r->front, e ? e->k : 0)) {

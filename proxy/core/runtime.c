@@ -4,9 +4,8 @@
 #include <sys/time.h>
 
 #include "proxy/core/balance.h"
-#include "proxy/core/proxy.h"
 #include "proxy/dns/resolve.h"
-#include "proxy/upstream/upstream.h"
+#include "proxy/upstream/attempt.h"
 
 static int64_t unix_ms(void)
 {
@@ -22,11 +21,10 @@ static void rt_free(struct rt *rt)
             struct rt_route *x = &rt->routes[i];
             free((void *)x->reasons);
             size_t n_up = rt->cfg->routes[i].n_upstreams;
-            balance_views_free(x->views, (size_t)rt->n_workers * n_up);
-            balance_sets_free(x->sets, rt->n_workers);
+            balance_route_free(x->bal);
             for (size_t k = 0; k < n_up; k++) {
                 if (x->urls)
-                    upstream_url_free(x->urls[k]);
+                    attempt_url_free(x->urls[k]);
                 if (x->names)
                     dns_name_unref(x->names[k]);
             }
@@ -40,10 +38,9 @@ static void rt_free(struct rt *rt)
     free(rt);
 }
 
-struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
+struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struct live *lv,
+                  struct dns *dns, unsigned n_workers)
 {
-    struct metrics *m = px->metrics;
-    struct live *lv = px->live;
     struct rt *rt = calloc(1, sizeof(*rt));
     if (!rt)
         return NULL;
@@ -51,7 +48,7 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
     rt->cfg = cfg_ref(cfg);
     rt->generation = generation;
     rt->loaded_unix_ms = unix_ms();
-    rt->n_workers = px->n_workers ? px->n_workers : 1;
+    rt->n_workers = n_workers ? n_workers : 1;
     rt->routes = calloc(cfg->n_routes, sizeof(*rt->routes));
     rt->no_route = metrics_route(m, "");
     if (!rt->routes || !rt->no_route)
@@ -67,21 +64,21 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
         x->targets = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->targets));
         x->names = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->names));
         x->ups = calloc(r->n_upstreams ? r->n_upstreams : 1, sizeof(*x->ups));
-        x->views = calloc((size_t)rt->n_workers * (r->n_upstreams ? r->n_upstreams : 1),
-                          sizeof(*x->views));
-        x->sets = balance_sets_new(rt->n_workers);
+        x->bal = x->urls && x->names && x->ups
+                     ? balance_route_new(r, rt->n_workers, x->urls, x->names, x->ups)
+                     : NULL;
         if (!reasons || !x->metrics || !x->live || !x->urls || !x->targets || !x->names ||
-            !x->ups || !x->views || !x->sets)
+            !x->ups || !x->bal)
             goto fail;
         throttle_set_window(&x->live->throttle, r->throttle.window_ms);
         for (size_t k = 0; k < r->n_upstreams; k++)
-            if (!(x->urls[k] = upstream_url_new(r->upstreams[k].origin, r->upstreams[k].host,
-                                                &r->tls, r->n_upgrades > 0)) ||
+            if (!(x->urls[k] = attempt_url_new(r->upstreams[k].origin, r->upstreams[k].host,
+                                               &r->tls, r->n_upgrades > 0)) ||
                 !(x->targets[k] = metrics_target(x->metrics, r->upstreams[k].url)))
                 goto fail;
         for (size_t k = 0; k < r->n_upstreams; k++) {
             if (!(x->ups[k] = live_upstream(lv, r->name, r->upstreams[k].url)) ||
-                (px->dns && !(x->names[k] = dns_name_start(px->dns, r->upstreams[k].host))))
+                (dns && !(x->names[k] = dns_name_start(dns, r->upstreams[k].host))))
                 goto fail;
             atomic_store(&x->ups[k]->ejection, r->ejection.health.consecutive_failures > 0);
         }
@@ -89,8 +86,8 @@ struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px)
             reasons[k] = metrics_reason(x->metrics, r->retry.on[k].token);
     }
     /* the new names are asked side by side: one resolver.timeout_ms at most in all */
-    if (px->dns)
-        dns_wait(px->dns);
+    if (dns)
+        dns_wait(dns);
     for (size_t i = 0; i < cfg->n_routes; i++)
         for (size_t k = 0; k < cfg->routes[i].n_upstreams; k++) {
             struct dns_name *name = rt->routes[i].names[k];

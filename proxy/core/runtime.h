@@ -20,22 +20,20 @@
 #include "proxy/core/live.h"
 #include "proxy/telemetry/metrics.h"
 
-struct upstream_url; /* proxy/upstream/upstream.h */
-struct dns_name;     /* proxy/dns/resolve.h */
-struct bal_view;     /* proxy/core/balance.h */
-struct bal_set;      /* proxy/core/balance.h */
-struct proxy;
+struct attempt_url; /* proxy/upstream/attempt.h */
+struct dns_name;    /* proxy/dns/resolve.h */
+struct dns;         /* proxy/dns/resolve.h */
+struct bal_route;   /* proxy/core/balance.h */
+struct live;        /* proxy/core/live.h */
 
 struct rt_route {
     struct metrics_route *metrics;
-    struct live_route *live; /* its budget and route-scoped backoff, kept across reloads */
-    const unsigned *reasons; /* the metrics reason slot of each retry_on condition */
-    struct upstream_url *
-        *urls;               /* each upstream's origin, parsed once (proxy/upstream/upstream.h) */
-    struct dns_name **names; /* each upstream's host (NULL: no resolver, the URL's) */
-    struct live_upstream **ups;      /* each upstream's endpoints, kept by URL */
-    struct bal_view *views;          /* [worker][upstream]: each worker's (proxy/core/balance.h) */
-    struct bal_set *sets;            /* [worker]: each worker's candidates, its views together */
+    struct live_route *live;    /* its budget and route-scoped backoff, kept across reloads */
+    const unsigned *reasons;    /* the metrics reason slot of each retry_on condition */
+    struct attempt_url **urls;  /* each upstream's origin, parsed once (proxy/upstream/attempt.h) */
+    struct dns_name **names;    /* each upstream's host (NULL: no resolver, the URL's) */
+    struct live_upstream **ups; /* each upstream's endpoints, kept by URL */
+    struct bal_route *bal;      /* every worker's view of them (proxy/core/balance.h) */
     struct metrics_target **targets; /* each upstream's series, resolved once per snapshot */
 };
 
@@ -49,10 +47,12 @@ struct rt {
     unsigned n_workers;             /* the views each route has per upstream */
 };
 
-/* A runtime snapshot for 'cfg' (a reference is taken) with series, live state, names and
- * workers of 'px'. On the control thread (a new name is resolved before it returns). NULL if out
- * of memory. Holds one reference. */
-struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct proxy *px);
+/* A runtime snapshot for 'cfg' (a reference is taken) with series in 'm', live state in 'lv',
+ * names in 'dns' (NULL: no resolver) for 'n_workers' workers (0: one): the process's
+ * (proxy/core/proxy.h). On the control thread (a new name is resolved before it returns). NULL
+ * if out of memory. Holds one reference. */
+struct rt *rt_new(struct cfg *cfg, uint64_t generation, struct metrics *m, struct live *lv,
+                  struct dns *dns, unsigned n_workers);
 struct rt *rt_ref(struct rt *rt);
 void rt_unref(struct rt *rt); /* accepts NULL */
 

@@ -10,15 +10,20 @@
 
 #include "proxy/core/balance.h"
 #include "proxy/store/store.h"
-#include "proxy/upstream/upstream.h"
+/* the transports' engines, which the worker makes and frees (the request path reaches them
+ * through proxy/upstream/attempt.h only) */
+#include "proxy/upstream/connect.h"
+#include "proxy/upstream/curlm.h"
+#include "proxy/upstream/h2up.h"
+#include "proxy/upstream/slots.h"
 
 /* This worker's share of limits.max_upstream_requests, and how it is shared out. */
 static void set_upstream_cap(struct worker *w)
 {
     unsigned n = w->px->n_workers ? w->px->n_workers : 1;
-    if (w->up && w->rt) {
+    if (w->up.slots && w->rt) {
         const struct cfg *cfg = w->rt->cfg;
-        struct slots *s = upstream_slots(w->up);
+        struct slots *s = w->up.slots;
         slots_set_shares(s, cfg->upstream_share_percent, cfg->connection_share_percent);
         slots_set_cap(s, (cfg->max_upstream_requests + n - 1) / n);
     }
@@ -74,8 +79,11 @@ static void on_wake(struct loop_watch *lw, uint32_t events)
     worker_refresh(w);
     /* a name's addresses may have changed (the resolver wakes every worker): endpoints that
      * left close their idle connections without waiting for a request */
-    if (w->rt)
-        balance_sync_all(w, w->rt);
+    if (w->rt) {
+        struct bal_worker bw = { w->id, &w->rng, &w->up };
+        for (size_t i = 0; i < w->rt->cfg->n_routes; i++)
+            balance_sync(&bw, w->rt->routes[i].bal);
+    }
 }
 
 static void on_store(struct loop_watch *lw, uint32_t events)
@@ -116,11 +124,12 @@ struct worker *worker_new(unsigned id, int listen_fd, unsigned conn_limit, struc
         (!(w->cq = store_cq_new()) ||
          loop_watch_add(w->loop, &w->cq_watch, store_cq_fd(w->cq), EPOLLIN, on_store, w) < 0))
         goto fail;
-    w->up = upstream_new(w->loop, metrics_h2up_counts(w->px->metrics, w->id));
-    if (w->up)
-        slots_count_waits(upstream_slots(w->up), metrics_upstream_waiting(w->px->metrics, w->id));
-    if (!w->up)
+    /* the upstream side: the slots every transport holds, then each transport's engine */
+    if (!(w->up.slots = slots_new(w->loop)) || !(w->up.curl = curlm_new(w->loop, w->up.slots)) ||
+        !(w->up.conn = connect_side_new(w->loop)) ||
+        !(w->up.h2 = h2up_new(w->up.conn, metrics_h2up_counts(w->px->metrics, w->id))))
         goto fail;
+    slots_count_waits(w->up.slots, metrics_upstream_waiting(w->px->metrics, w->id));
     set_upstream_cap(w);
     int served = serve(w, listen_fd);
     listen_fd = -1; /* the service's, started or not */
@@ -161,12 +170,14 @@ void worker_wake(struct worker *w)
 
 size_t worker_load(const struct worker *w)
 {
-    return atomic_load_explicit(&w->requests, memory_order_relaxed) + upstream_active(w->up);
+    return atomic_load_explicit(&w->requests, memory_order_relaxed) + curlm_active(w->up.curl);
 }
 
 void worker_trim(struct worker *w)
 {
-    upstream_trim(w->up);
+    slots_trim(w->up.slots); /* the shares of endpoints nothing uses go */
+    curlm_trim(w->up.curl);
+    h2up_trim(w->up.h2);
 }
 
 void worker_drain(struct worker *w, bool expire)
@@ -194,8 +205,11 @@ void worker_free(struct worker *w)
 {
     if (!w)
         return;
-    stop_service(w); /* completes the requests still alive, cancelling their transfers */
-    upstream_free(w->up);
+    stop_service(w);     /* completes the requests still alive, cancelling their transfers */
+    h2up_free(w->up.h2); /* its connections, before the TLS contexts they use */
+    connect_side_free(w->up.conn);
+    curlm_free(w->up.curl);
+    slots_free(w->up.slots); /* nothing holds or waits for a slot now */
     loop_free(w->loop);
     store_cq_free(w->cq); /* after the loop that watched it */
     if (w->wake_fd >= 0)

@@ -1,5 +1,6 @@
 /* worker -- one thread, one event loop: its own listener (SO_REUSEPORT), libmicrohttpd
- * daemon, curl multi handle, RNG and log buffer. Workers share nothing on the hot path.
+ * daemon, upstream side (each transport's engine, which it makes and frees:
+ * proxy/upstream/attempt.h), RNG and log buffer. Workers share nothing on the hot path.
  */
 #ifndef RETRYPROXY_PROXY_WORKER_H
 #define RETRYPROXY_PROXY_WORKER_H
@@ -14,8 +15,8 @@
 #include "proxy/base/loop.h"
 #include "proxy/core/proxy.h"
 #include "proxy/core/runtime.h"
+#include "proxy/upstream/attempt.h"
 
-struct upstream; /* proxy/upstream/upstream.h */
 struct store_cq; /* proxy/store/store.h */
 
 struct worker;
@@ -38,7 +39,7 @@ typedef int (*worker_serve_fn)(struct worker *w, int listen_fd);
 struct worker {
     unsigned id;
     struct loop *loop;
-    struct upstream *up;
+    struct attempt_side up; /* its upstream side: each transport's engine, made and freed here */
     struct worker_service service;
     void (*kick)(void *); /* has the service run this turn (set with it) */
     void *kick_arg;

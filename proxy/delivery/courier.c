@@ -47,6 +47,7 @@
 #include "proxy/core/retry.h"
 #include "proxy/core/runtime.h"
 #include "proxy/core/worker.h"
+#include "proxy/http/answer.h"
 #include "proxy/store/store.h"
 #include "proxy/telemetry/log.h"
 #include "proxy/telemetry/metrics.h"
@@ -164,7 +165,7 @@ static void keep_body(struct dlv *d, const char *p, size_t n)
 }
 
 static void c_error(struct front *f, unsigned status, const char *code, const char *route,
-                    const char *message, const struct front_tag *tag)
+                    const char *message, const struct answer_tag *tag)
 {
     (void)route;
     struct dlv *d = of_front(f);
@@ -177,7 +178,7 @@ static void c_error(struct front *f, unsigned status, const char *code, const ch
 }
 
 static void c_saved(struct front *f, int status, const struct hlist *h, const char *body,
-                    size_t len, const struct hlist *trailers, const struct front_tag *tag)
+                    size_t len, const struct hlist *trailers, const struct answer_tag *tag)
 {
     (void)trailers;
     struct dlv *d = of_front(f);
@@ -188,7 +189,7 @@ static void c_saved(struct front *f, int status, const struct hlist *h, const ch
 }
 
 static void c_response(struct front *f, int status, const struct hlist *h,
-                       const struct front_tag *tag)
+                       const struct answer_tag *tag)
 {
     struct dlv *d = of_front(f);
     snprintf(d->stop, sizeof(d->stop), "%s", tag->stop ? tag->stop : "");

@@ -11,7 +11,7 @@
 #define ADD(name, value, value_len)                                                                \
     add(arg, &(struct hfield){ name, value, sizeof(name) - 1, value_len, false })
 
-void answer_tag_fields(const struct front_tag *tag, void (*add)(void *arg, const struct hfield *f),
+void answer_tag_fields(const struct answer_tag *tag, void (*add)(void *arg, const struct hfield *f),
                        void *arg)
 {
     char n[24];

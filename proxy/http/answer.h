@@ -9,13 +9,24 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
-#include "proxy/core/front.h"
 #include "proxy/http/hlist.h"
+
+/* What every answer carries besides its own fields (docs/forwarding.md): the request core fills
+ * it in (proxy/core/edge.c), each front end puts it on its answer through answer_tag_fields(). */
+struct answer_tag {
+    uint32_t attempts;      /* X-Retry-Attempts */
+    bool close;             /* no more requests on this connection (draining, bad framing) */
+    const char *request_id; /* X-Request-Id, in place of the upstream's; NULL: none */
+    const char *stop;       /* X-Retry-Stop, NULL: none */
+    double throttled;       /* X-Retry-Throttled: the rejection probability; < 0: none */
+    const char *allow;      /* Allow, on a 405; NULL: none */
+};
 
 /* Calls add(arg, field) for each field 'tag' puts on an answer (NUL-terminated too), names as
  * HTTP/1.1 spells them ("X-Retry-Attempts"); Connection: close is the caller's. */
-void answer_tag_fields(const struct front_tag *tag, void (*add)(void *arg, const struct hfield *f),
+void answer_tag_fields(const struct answer_tag *tag, void (*add)(void *arg, const struct hfield *f),
                        void *arg);
 
 /* Whether a response of 'status' may have a body: 1xx, 204 and 304 never do (RFC 9110 6.4.1). */

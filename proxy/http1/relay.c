@@ -57,7 +57,7 @@ struct relay {
     unsigned flags;
     int status;                /* of the streamed response */
     const struct hlist *head;  /* its fields (the core keeps them until the request ends) */
-    struct front_tag tag;      /* what its answer carries */
+    struct answer_tag tag;     /* what its answer carries */
     struct MHD_Response *resp; /* the answer, until queued */
     size_t resp_len;           /* ... its body when in one piece (read_body() counts the rest) */
     struct ring down;          /* body bytes for the client */
@@ -144,7 +144,7 @@ static void add_field(void *resp, const struct hfield *f)
     MHD_add_response_header(resp, f->name, *f->value ? f->value : " ");
 }
 
-static void add_tag(struct MHD_Response *resp, const struct front_tag *tag)
+static void add_tag(struct MHD_Response *resp, const struct answer_tag *tag)
 {
     if (tag->close)
         MHD_add_response_header(resp, "Connection", "close"); /* no more requests here */
@@ -192,7 +192,7 @@ static void relay_reset(struct front *f, unsigned status)
 
 /* An error on a gRPC call: a Trailers-Only response, its status in the head (docs/grpc.md). */
 static void grpc_error(struct relay *rl, unsigned status, const char *code, const char *message,
-                       const struct front_tag *tag)
+                       const struct answer_tag *tag)
 {
     struct answer_grpc g;
     answer_grpc_error(code, status, message, &g);
@@ -208,7 +208,7 @@ static void grpc_error(struct relay *rl, unsigned status, const char *code, cons
 }
 
 static void relay_error(struct front *f, unsigned status, const char *code, const char *route,
-                        const char *message, const struct front_tag *tag)
+                        const char *message, const struct answer_tag *tag)
 {
     struct relay *rl = of_front(f);
     if (f->grpc) {
@@ -235,7 +235,7 @@ static void relay_error(struct front *f, unsigned status, const char *code, cons
  * Envoy's always_set_request_id_in_response does), and any named in a Connection field; then
  * ours. */
 static void copy_fields(struct MHD_Response *resp, const struct hlist *h,
-                        const struct front_tag *tag)
+                        const struct answer_tag *tag)
 {
     fields_down_each(h, tag->request_id != NULL, add_field, resp);
     add_tag(resp, tag);
@@ -280,7 +280,7 @@ static struct MHD_Response *head_only_response(int64_t cl)
 
 /* HTTP/1.1 trailers would need a chunked response: they are not relayed (relay_end). */
 static void relay_saved(struct front *f, int status, const struct hlist *h, const char *body,
-                        size_t len, const struct hlist *trailers, const struct front_tag *tag)
+                        size_t len, const struct hlist *trailers, const struct answer_tag *tag)
 {
     (void)trailers;
     struct relay *rl = of_front(f);
@@ -406,7 +406,7 @@ static bool wants_streaming(const struct hlist *h)
  * by then: what holding buys, since a response whose head has gone to the front end is the
  * answer, never retried. Any other streams at once. */
 static void relay_response(struct front *f, int status, const struct hlist *h,
-                           const struct front_tag *tag)
+                           const struct answer_tag *tag)
 {
     struct relay *rl = of_front(f);
     rl->status = status;
@@ -490,7 +490,7 @@ static void on_upgraded(void *cls, struct MHD_Connection *c, void *con_cls, cons
 
 /* The 101 with the upstream's fields: Upgrade as it came (a hop-by-hop field the answer must
  * carry), the others as for any response; libmicrohttpd adds Connection: Upgrade. */
-static void relay_upgrade(struct front *f, const struct hlist *h, const struct front_tag *tag,
+static void relay_upgrade(struct front *f, const struct hlist *h, const struct answer_tag *tag,
                           struct tunnel_up *up, const struct front_tunnel *conf)
 {
     struct relay *rl = of_front(f);

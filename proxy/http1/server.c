@@ -19,7 +19,6 @@
 #include "proxy/http1/relay.h"
 #include "proxy/core/retry.h"
 #include "proxy/http1/tunnel.h"
-#include "proxy/upstream/upstream.h"
 #include "proxy/http1/wire.h"
 #include "proxy/http1/wiretab.h"
 #include "proxy/core/worker.h"

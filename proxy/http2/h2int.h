@@ -15,6 +15,7 @@
 #include "proxy/core/front.h"
 #include "proxy/http2/h2front.h"
 #include "proxy/http2/h2guard.h"
+#include "proxy/http/answer.h"
 #include "proxy/http/hlist.h"
 #include "proxy/base/ring.h"
 #include "proxy/upstream/share.h"
@@ -28,7 +29,7 @@
 /* ... and all the connection's streams' together: an empty stream always takes a write, so
  * that a stream read promptly goes on however many are not read; each is sure of
  * H2_STREAM_SURE (one write of libcurl's, whose receive buffer is as large:
- * UPSTREAM_RECV_BUFFER in proxy/upstream/upstream.h), and what streams hold beyond that comes
+ * CURLM_RECV_BUFFER in proxy/upstream/curlm.h), and what streams hold beyond that comes
  * from H2_SHARED. A stream with no room for another write pauses its upstream at once, so an
  * unread stream holds one write here and none in libcurl (docs/http2.md). */
 #define H2_STREAM_SURE   (8 * 1024)
@@ -98,7 +99,7 @@ struct h2stream {
     struct hlist trailers;
     const struct hlist *head; /* the answer's upstream head (the core's), which the trailers'
                                * filter reads; NULL: none */
-    struct front_tag tag;     /* ... and its tag (pointers into the request) */
+    struct answer_tag tag;    /* ... and its tag (pointers into the request) */
     uint64_t local_end_ms;    /* loop ms when our END_STREAM went */
     char *up; /* upload bytes the core has not taken yet (within the stream's window) */
     size_t up_off, up_len, up_cap;

@@ -410,7 +410,7 @@ static void fail(struct h2stream *st)
  * upstream's 'h' (NULL: none) but those fields_down_drops() names, then 'ctype' and 'length' (< 0:
  * none), then the tag's. */
 static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
-                   const struct front_tag *tag, const char *ctype, int64_t length, bool has_body)
+                   const struct answer_tag *tag, const char *ctype, int64_t length, bool has_body)
 {
     struct h2conn *c = st->c;
     st->f.status = status;
@@ -449,7 +449,7 @@ static void submit(struct h2stream *st, unsigned status, const struct hlist *h,
 }
 
 static void h2_error(struct front *f, unsigned status, const char *code, const char *route,
-                     const char *message, const struct front_tag *tag)
+                     const char *message, const struct answer_tag *tag)
 {
     struct h2stream *st = of_front(f);
     if (f->grpc) {
@@ -496,7 +496,7 @@ static void copy_trailers(struct h2stream *st, const struct hlist *trailers)
 }
 
 static void h2_saved(struct front *f, int status, const struct hlist *h, const char *body,
-                     size_t len, const struct hlist *trailers, const struct front_tag *tag)
+                     size_t len, const struct hlist *trailers, const struct answer_tag *tag)
 {
     struct h2stream *st = of_front(f);
     st->body = body;
@@ -517,7 +517,7 @@ static void h2_saved(struct front *f, int status, const struct hlist *h, const c
 }
 
 static void h2_response(struct front *f, int status, const struct hlist *h,
-                        const struct front_tag *tag)
+                        const struct answer_tag *tag)
 {
     struct h2stream *st = of_front(f);
     /* a gRPC response whose head holds its status is Trailers-Only (gRPC's PROTOCOL-HTTP2.md)

@@ -96,7 +96,8 @@ static int publish(struct reload *rl, struct cfg *c)
     /* The new servers and bounds first: the snapshot's new names are asked with them. */
     if (rl->px->dns && rl->generation && dns_configure(rl->px->dns, &c->resolver) < 0)
         return -1;
-    struct rt *rt = rt_new(c, rl->generation + 1, rl->px);
+    struct rt *rt = rt_new(c, rl->generation + 1, rl->px->metrics, rl->px->live, rl->px->dns,
+                           rl->px->n_workers);
     if (!rt)
         return -1;
     budget_set_window(&rl->px->budget, c->budget.window_ms);

@@ -394,7 +394,7 @@ int64_t metrics_retries_in_flight(const struct metrics *m)
     return atomic_load_explicit(&m->retries_in_flight, memory_order_relaxed);
 }
 
-struct h2up_counts *metrics_h2up_counts(struct metrics *m, unsigned w)
+struct metrics_h2up *metrics_h2up_counts(struct metrics *m, unsigned w)
 {
     return m && w < m->workers ? &m->wslots[w].h2up : NULL;
 }

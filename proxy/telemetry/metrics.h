@@ -169,9 +169,19 @@ void metrics_connections_add(struct metrics *m, unsigned w, int delta);
 /* tunnels_open: per worker, summed at scrape. */
 void metrics_tunnels_add(struct metrics *m, unsigned w, int delta);
 /* upstream_h2_connections and upstream_h2_connections_total{result}: worker 'w''s counts, which
- * its HTTP/2 upstream pool keeps (proxy/upstream/h2up.h); NULL without metrics. */
-struct h2up_counts;
-struct h2up_counts *metrics_h2up_counts(struct metrics *m, unsigned w);
+ * its HTTP/2 upstream pool keeps (proxy/upstream/h2up.h): written by its worker only, read by a
+ * scrape from another thread; NULL without metrics. */
+enum metrics_h2up_opened {
+    METRICS_H2UP_H2,     /* the connection carries HTTP/2 (h2c, or h2 chosen by ALPN) */
+    METRICS_H2UP_HTTP1,  /* an https server chose http/1.1: its requests went to libcurl */
+    METRICS_H2UP_FAILED, /* no connection: TCP, TLS, the certificate, "required" without h2 */
+    METRICS_H2UP_COUNT
+};
+struct metrics_h2up {
+    _Atomic int64_t open;                       /* connections open now */
+    _Atomic int64_t opened[METRICS_H2UP_COUNT]; /* connections tried, by how they went */
+};
+struct metrics_h2up *metrics_h2up_counts(struct metrics *m, unsigned w);
 /* upstream_requests_waiting: worker 'w''s count of attempts waiting for an upstream transfer
  * slot (limits.max_upstream_requests and its shares), which its upstream keeps
  * (slots_count_waits()); NULL without metrics. */

@@ -50,8 +50,8 @@ const char *const limit_names[METRICS_LIMIT_COUNT] = {
     [METRICS_LIMIT_BUFFERED_BODY_BYTES] = "max_buffered_body_bytes"
 };
 const char *const dns_result_names[METRICS_DNS_COUNT] = { "ok", "nxdomain", "failure" };
-const char *const h2up_result_names[H2UP_OPENED_COUNT] = {
-    [H2UP_OPENED_H2] = "h2", [H2UP_OPENED_HTTP1] = "http1", [H2UP_OPENED_FAILED] = "failed"
+const char *const h2up_result_names[METRICS_H2UP_COUNT] = {
+    [METRICS_H2UP_H2] = "h2", [METRICS_H2UP_HTTP1] = "http1", [METRICS_H2UP_FAILED] = "failed"
 };
 
 /* Every family, in the order a scrape prints them. */
@@ -205,7 +205,7 @@ const struct family_def metrics_families[FAM_COUNT] = {
                         "HTTP/2 connections to upstreams open now (h2c, and https ones where the "
                         "server chose h2), connecting ones included." },
     [FAM_H2UP_OPENED] = { "upstream_h2_connections_total", "counter", "result", h2up_result_names,
-                          H2UP_OPENED_COUNT,
+                          METRICS_H2UP_COUNT,
                           "HTTP/2 upstream connections tried, by result: h2 (it carried HTTP/2), "
                           "http1 (an https server chose http/1.1 by ALPN: its requests went "
                           "through libcurl), failed (TCP, TLS or certificate failure, timeout, "

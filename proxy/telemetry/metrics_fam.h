@@ -23,7 +23,7 @@ extern const char *const scope_names[];
 extern const char *const endpoint_states[];
 extern const char *const limit_names[METRICS_LIMIT_COUNT];
 extern const char *const dns_result_names[METRICS_DNS_COUNT];
-extern const char *const h2up_result_names[H2UP_OPENED_COUNT];
+extern const char *const h2up_result_names[METRICS_H2UP_COUNT];
 extern const char *const delivery_states[4];
 
 enum family {

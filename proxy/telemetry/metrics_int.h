@@ -12,7 +12,6 @@
 #include <stdint.h>
 
 #include "policy/budget.h"
-#include "proxy/upstream/h2up.h"
 #include "proxy/telemetry/metrics.h"
 #include "proxy/base/strmap.h"
 
@@ -79,7 +78,7 @@ struct worker_slot {
     _Atomic int64_t tunnels;
     _Atomic int64_t upstream_waiting;
     _Atomic uint64_t limit_reached;
-    struct h2up_counts h2up; /* the worker's HTTP/2 upstream connections */
+    struct metrics_h2up h2up; /* the worker's HTTP/2 upstream connections */
 };
 
 struct metrics_route {

@@ -13,7 +13,7 @@
 #include "proxy/telemetry/metrics_fam.h"
 #include "proxy/telemetry/metrics_int.h"
 #include "proxy/telemetry/procstat.h"
-#include "proxy/version.h"
+#include "proxy/telemetry/version.h"
 
 /* Routes in name order, as a scrape prints them. */
 static int by_name(const void *a, const void *b)
@@ -331,11 +331,11 @@ static void render_process(FILE *f, struct metrics *m)
     const char *name = put_family(f, FAM_CONNECTIONS);
     fprintf(f, "retryproxy_%s %" PRId64 "\n", name, conns);
 
-    int64_t h2open = 0, h2opened[H2UP_OPENED_COUNT] = { 0 };
+    int64_t h2open = 0, h2opened[METRICS_H2UP_COUNT] = { 0 };
     for (unsigned w = 0; w < m->workers; w++) {
-        const struct h2up_counts *c = &m->wslots[w].h2up;
+        const struct metrics_h2up *c = &m->wslots[w].h2up;
         h2open += atomic_load_explicit(&c->open, memory_order_relaxed);
-        for (int k = 0; k < H2UP_OPENED_COUNT; k++)
+        for (int k = 0; k < METRICS_H2UP_COUNT; k++)
             h2opened[k] += atomic_load_explicit(&c->opened[k], memory_order_relaxed);
     }
     int64_t tunnels = 0;
@@ -346,7 +346,7 @@ static void render_process(FILE *f, struct metrics *m)
     name = put_family(f, FAM_H2UP_OPEN);
     fprintf(f, "retryproxy_%s %" PRId64 "\n", name, h2open);
     name = put_family(f, FAM_H2UP_OPENED);
-    for (int k = 0; k < H2UP_OPENED_COUNT; k++)
+    for (int k = 0; k < METRICS_H2UP_COUNT; k++)
         fprintf(f, "retryproxy_%s{result=\"%s\"} %" PRId64 "\n", name, h2up_result_names[k],
                 h2opened[k]);
 

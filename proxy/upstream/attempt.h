@@ -30,8 +30,24 @@
 struct attempt;
 struct share;
 struct tunnel_up;
-struct upstream;
-struct upstream_url;
+struct attempt_url;
+struct cfg_tls;
+struct slots;
+struct curlm;
+struct h2up;
+struct connect_side;
+
+/* A worker's upstream side: the attempt slots every transport holds (limits.max_upstream_requests)
+ * and each transport's engine, which the worker makes and frees (proxy/core/worker.c): libcurl's
+ * multi engine for HTTP/1.1, the HTTP/2 sessions, and the connector's side, on which the HTTP/2
+ * sessions and the upgrades' tunnels make their connections (the loop and the TLS contexts).
+ * Each transport gets what it runs on from here, never from another transport. */
+struct attempt_side {
+    struct slots *slots;       /* proxy/upstream/slots.h */
+    struct curlm *curl;        /* proxy/upstream/curlm.h */
+    struct h2up *h2;           /* proxy/upstream/h2up.h */
+    struct connect_side *conn; /* proxy/upstream/connect.h */
+};
 
 /* Returned by a body or upload callback: no bytes now, the attempt pauses that direction
  * until attempt_resume_body() / attempt_resume_upload(). */
@@ -96,7 +112,9 @@ struct attempt {
     _Alignas(8) unsigned char state[ATTEMPT_STATE_BYTES];
 };
 
-void attempt_init(struct attempt *a, struct upstream *up, const struct attempt_ops *ops, void *arg);
+/* 'up' outlives the attempt. */
+void attempt_init(struct attempt *a, struct attempt_side *up, const struct attempt_ops *ops,
+                  void *arg);
 /* Frees the buffers; the attempt must not be running (attempt_cancel()). */
 void attempt_fini(struct attempt *a);
 
@@ -104,29 +122,40 @@ void attempt_fini(struct attempt *a);
  * attempt's endpoint 'to' of 'origin' (cfg_upstream.origin; NULL 'to': the origin's own share)
  * or client connection 'conn' (NULL: none) are used up (slots_set_shares): the attempt is
  * queued and ops->go() is called once one frees; false: launch it now. */
-struct upstream_target;
-bool attempt_queue(struct attempt *a, const char *origin, struct upstream_target *to,
+struct attempt_target;
+bool attempt_queue(struct attempt *a, const char *origin, struct attempt_target *to,
                    struct share *conn);
 
 /* Starts the transfer to 'url' at its endpoint 'to' (attempt_target_new; NULL: where the URL
  * says, an IP literal's address or libcurl's own lookup) with the upstream's 'base_path'. 0, or
  * -1 if it could not start (handled as a connect failure; ops->done is not called). */
-struct upstream_target;
-int attempt_launch(struct attempt *a, const struct upstream_url *url,
-                   const struct upstream_target *to, const char *base_path,
+struct attempt_target;
+int attempt_launch(struct attempt *a, const struct attempt_url *url,
+                   const struct attempt_target *to, const char *base_path,
                    const struct attempt_req *req, uint64_t connect_timeout_ms);
+
+/* An upstream's origin ("http://host:port/", "https://...", "h2c://host:port/") of 'host'
+ * (cfg_upstream.host) parsed once, for every attempt to it, with its route's 'tls', for every
+ * transport that may carry it: libcurl's URL, the HTTP/2 origin (h2c, or https tried in HTTP/2
+ * first: routes[].tls.http2), and with 'tunnels' where an upgrade's tunnel connects (an http or
+ * https origin, resolved now: docs/upgrades.md). Read-only once made, so attempts of any worker
+ * may share it; it must outlive them (the config snapshot that names the upstream owns it). On
+ * the control thread; NULL if out of memory or curl refuses the URL. */
+struct attempt_url *attempt_url_new(const char *origin, const char *host, const struct cfg_tls *tls,
+                                    bool tunnels);
+void attempt_url_free(struct attempt_url *url); /* accepts NULL */
 
 /* An endpoint of 'url' at address 'addr' (docs/endpoints.md): what each transport connects to,
  * connections counted in 'conns'. It must outlive the transfers launched to it. NULL out of
  * memory. */
 struct dns_addr;
-struct upstream_target *attempt_target_new(const struct upstream_url *url,
-                                           const struct dns_addr *addr, _Atomic int64_t *conns);
+struct attempt_target *attempt_target_new(const struct attempt_url *url,
+                                          const struct dns_addr *addr, _Atomic int64_t *conns);
 /* Frees it, letting go of its share of the worker's slots; from any thread. Accepts NULL. */
-void attempt_target_free(struct upstream_target *t);
+void attempt_target_free(struct attempt_target *t);
 /* The endpoint left its name's record: the worker's idle connections to it close, busy ones
  * once their requests end. */
-void attempt_target_leave(struct upstream *up, const struct upstream_target *t);
+void attempt_target_leave(struct attempt_side *up, const struct attempt_target *t);
 
 /* Once it ended (ops->done): whether any of the request went out (curl was about to send it,
  * the stream's HEADERS went): if not, nothing reached the upstream, whatever the error. False

@@ -13,7 +13,9 @@
 #include <stddef.h>
 
 #include "proxy/upstream/attempt.h"
-#include "proxy/upstream/upstream.h"
+#include "proxy/upstream/curlm.h"
+
+struct h1up_url;
 
 /* What a running transport does for the dispatcher. */
 struct attempt_transport {
@@ -31,16 +33,17 @@ struct attempt_transport {
 #define ATTEMPT_TX_BYTES 64
 
 struct attempt_priv {
-    struct upstream *up;
+    struct attempt_side *up;
     const struct attempt_transport *tx; /* the running transport; NULL: none */
     char *target_buf;                   /* the upstream's base path + the target */
     struct upstream_wait slot;          /* queued for a transfer slot */
     /* The slot it holds (any transport), and libcurl's transfer (proxy/upstream/h1up.c). */
-    struct upstream_xfer xfer;
+    struct curlm_xfer xfer;
     /* An https attempt tried in HTTP/2 first: what it needs to go through libcurl instead if
      * the server chooses http/1.1 by ALPN (the request outlives the attempt). */
     struct {
-        const struct upstream_url *url; /* and its endpoint in xfer.to */
+        const struct h1up_url *url;   /* NULL: none (its endpoint's count in xfer.conns) */
+        const struct curl_slist *pin; /* its endpoint's (NULL: none) */
         const char *base_path;
         struct attempt_req req;
         uint64_t connect_timeout_ms;
@@ -73,18 +76,21 @@ static inline void attempt_running_as(struct attempt *a, const struct attempt_tr
 static inline void attempt_take_slot(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);
-    slots_take(upstream_slots(p->up), &p->xfer.hold);
+    slots_take(p->up->slots, &p->xfer.hold);
 }
 static inline void attempt_release_slot(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);
-    slots_release(upstream_slots(p->up), &p->xfer.hold);
+    slots_release(p->up->slots, &p->xfer.hold);
 }
 
 /* The transports' launches: 0, or -1 if it could not start (ops->done not called). */
-/* proxy/upstream/h1up.c: libcurl, HTTP/1.1. */
-int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct upstream_target *to,
-                const char *target, const struct attempt_req *req, uint64_t connect_timeout_ms);
+/* proxy/upstream/h1up.c: libcurl, HTTP/1.1, to 'url' (pinned to an endpoint's address by 'pin',
+ * NULL: none), a connection it opens counted in 'conns' (NULL: nowhere). */
+struct h1up_url;
+int h1up_launch(struct attempt *a, const struct h1up_url *url, const struct curl_slist *pin,
+                _Atomic int64_t *conns, const char *target, const struct attempt_req *req,
+                uint64_t connect_timeout_ms);
 /* The request's fields in libcurl's terms, built per attempt in one allocation (*block: the
  * nodes, then their text; freed when the transfer ends): "Name: value", or "Name;" for an
  * empty value (libcurl reads "Name:" as a removal). Led by 'host_field' ("Host: authority",
@@ -93,14 +99,30 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct 
  * removed after them. NULL for no field at all (or out of memory). (proxy/upstream/h1up.c) */
 struct curl_slist;
 struct curl_slist *h1up_fields(const char *host_field, const struct attempt_req *req, void **block);
+/* proxy/upstream/h1up_url.c: an upstream's URL as libcurl takes it (attempt_url_new()'s, for
+ * an http or https origin), NULL out of memory or when curl refuses it; an endpoint's pin to
+ * address 'a' in *pin (NULL for a URL whose host is an address: none needed), 0 or -1 out of
+ * memory; the URL set on an easy handle with the pin; the Host field libcurl must be given for
+ * 'url' ("Host: authority"), unless the request's fields hold one (preserve_host): NULL when
+ * the URL it has says the same. */
+struct cfg_tls;
+struct dns_addr;
+struct h1up_url *h1up_url_new(const char *origin, const char *host, const struct cfg_tls *tls);
+void h1up_url_free(struct h1up_url *url); /* accepts NULL */
+int h1up_url_pin(const struct h1up_url *url, const struct dns_addr *a, struct curl_slist **pin);
+void h1up_pin_free(struct curl_slist *pin); /* accepts NULL */
+void h1up_url_easy(CURL *e, const struct h1up_url *url, const struct curl_slist *pin);
+const char *h1up_url_host_field(const struct h1up_url *url);
 /* proxy/upstream/h2up_attempt.c: a stream of the worker's HTTP/2 sessions to 'o'. */
 struct h2up;
 struct origin;
 int h2up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *o,
                         const char *target, const struct attempt_req *req,
                         uint64_t connect_timeout_ms);
-/* proxy/upstream/tunnel_up_attempt.c: an upgrade's handshake on a connection of its own. */
-int tunnel_up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *o,
+/* proxy/upstream/tunnel_up_attempt.c: an upgrade's handshake on a connection of its own, made on
+ * the connector's side 'cs'. */
+struct connect_side;
+int tunnel_up_attempt_launch(struct attempt *a, struct connect_side *cs, const struct origin *o,
                              const char *target, const struct attempt_req *req,
                              uint64_t connect_timeout_ms);
 

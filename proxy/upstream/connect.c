@@ -25,6 +25,22 @@
 /* When this worker last logged a TLS failure (a worker is a thread). */
 static _Thread_local uint64_t tls_logged;
 
+struct connect_side *connect_side_new(struct loop *l)
+{
+    struct connect_side *cs = calloc(1, sizeof(*cs));
+    if (cs)
+        cs->loop = l;
+    return cs;
+}
+
+void connect_side_free(struct connect_side *cs)
+{
+    if (!cs)
+        return;
+    tls_ctxs_free(cs->tls);
+    free(cs);
+}
+
 bool connector_again(void)
 {
     return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
@@ -165,15 +181,16 @@ static void on_timeout(struct loop_timer *t)
     fail(t->arg, "connect timed out");
 }
 
-int connector_start(struct connector *k, struct loop *l, struct tls_ctxs **ctxs,
-                    const struct origin *o, enum tls_alpn alpn, uint64_t timeout_ms,
-                    const struct connector_ops *ops, void *arg)
+int connector_start(struct connector *k, struct connect_side *cs, const struct origin *o,
+                    enum tls_alpn alpn, uint64_t timeout_ms, const struct connector_ops *ops,
+                    void *arg)
 {
+    struct loop *l = cs->loop;
     connector_init(k);
     k->loop = l;
     k->ops = ops;
     k->arg = arg;
-    k->ctxs = ctxs;
+    k->ctxs = &cs->tls;
     k->alpn = alpn;
     if (!o->addr_len)
         return -1; /* a name: only its endpoints have addresses */

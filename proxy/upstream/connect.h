@@ -28,6 +28,21 @@
 
 struct origin;
 
+/* A worker's side of the connections it makes by itself (the HTTP/2 sessions of
+ * proxy/upstream/h2up.h, the upgrades' tunnels of proxy/upstream/tunnel_up.h): its loop and its
+ * TLS contexts (proxy/upstream/tls.h, made on the first TLS connection), which every connector
+ * of the worker shares. The worker makes and frees it (proxy/core/worker.c) and hands it to each
+ * transport that connects: no transport reaches into another for them. */
+struct connect_side {
+    struct loop *loop;
+    struct tls_ctxs *tls; /* NULL until the first TLS connection */
+};
+
+/* The side of loop 'l', or NULL out of memory. */
+struct connect_side *connect_side_new(struct loop *l);
+/* Frees it; every connection made on it is closed. Accepts NULL. */
+void connect_side_free(struct connect_side *cs);
+
 struct connector_ops {
     /* Connected (TLS done for an https origin): 'h2' whether the server chose h2 by ALPN. */
     void (*up)(void *arg, bool h2);
@@ -56,12 +71,12 @@ struct connector {
 };
 
 /* Starts connecting 'k' to 'o' (https: TLS offering 'alpn'), within 'timeout_ms' (0: no limit
- * of its own), in loop 'l' with the worker's TLS contexts '*ctxs'. 0, or -1 when no connect
+ * of its own), on the worker's side 'cs' (its loop and TLS contexts). 0, or -1 when no connect
  * could start (a name that did not resolve, no socket, out of memory): 'k' is closed, ops not
  * called. */
-int connector_start(struct connector *k, struct loop *l, struct tls_ctxs **ctxs,
-                    const struct origin *o, enum tls_alpn alpn, uint64_t timeout_ms,
-                    const struct connector_ops *ops, void *arg);
+int connector_start(struct connector *k, struct connect_side *cs, const struct origin *o,
+                    enum tls_alpn alpn, uint64_t timeout_ms, const struct connector_ops *ops,
+                    void *arg);
 /* From 'up': the protocol ALPN chose will not do. Logged as a TLS failure, then 'failed'. */
 void connector_refuse(struct connector *k, const char *why);
 /* Closes the connection (no close_notify) and frees what 'k' holds; again is harmless. A

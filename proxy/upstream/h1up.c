@@ -1,8 +1,8 @@
 /* h1up -- an attempt over HTTP/1.1 through libcurl (proxy/upstream/attempt.h's transport;
- * proxy/upstream/upstream.c is the multi-socket engine under it): the easy handle's setup, its
- * callbacks (the response head through proxy/upstream/h1resp.h, body bytes, the upload pulled from
- * the owner, request trailers), and the guard against libcurl sending a request again by itself.
- * With upstream.c, the only part that calls libcurl.
+ * proxy/upstream/curlm.c is the multi-socket engine under it, h1up_url.c the URLs): the easy
+ * handle's setup, its callbacks (the response head through proxy/upstream/h1resp.h, body bytes, the
+ * upload pulled from the owner, request trailers), and the guard against libcurl sending a request
+ * again by itself. With curlm.c and h1up_url.c, the only files that call libcurl.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,7 +131,7 @@ static void drop_fields(struct h1up *s)
     s->fields = NULL;
 }
 
-static void on_done(struct upstream_xfer *x, CURLcode rc)
+static void on_done(struct curlm_xfer *x, CURLcode rc)
 {
     struct attempt *a = x->arg;
     struct h1up *s = h1(a);
@@ -211,7 +211,7 @@ struct curl_slist *h1up_fields(const char *host_field, const struct attempt_req 
 static void h1_cancel(struct attempt *a)
 {
     struct attempt_priv *p = attempt_priv(a);
-    upstream_cancel(p->up, &p->xfer);
+    curlm_cancel(p->up->curl, &p->xfer);
     drop_fields(h1(a));
 }
 
@@ -274,17 +274,18 @@ static const struct attempt_transport h1_transport = { .cancel = h1_cancel,
                                                        .resume_body = h1_resume_body,
                                                        .resume_upload = h1_resume_upload };
 
-int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct upstream_target *to,
-                const char *target, const struct attempt_req *req, uint64_t connect_timeout_ms)
+int h1up_launch(struct attempt *a, const struct h1up_url *url, const struct curl_slist *pin,
+                _Atomic int64_t *conns, const char *target, const struct attempt_req *req,
+                uint64_t connect_timeout_ms)
 {
     struct attempt_priv *p = attempt_priv(a);
     struct h1up *s = h1(a);
-    CURL *e = upstream_easy_get(p->up);
+    CURL *e = curlm_easy_get(p->up->curl);
     if (!e)
         return -1;
     memset(s, 0, sizeof(*s));
     s->upload_end = req->body == ATTEMPT_BODY_NONE;
-    upstream_easy_url(e, url, to);
+    h1up_url_easy(e, url, pin);
     curl_easy_setopt(e, CURLOPT_REQUEST_TARGET, target);
     bool head = strcmp(req->method, "HEAD") == 0;
     h1resp_start(&s->resp, NULL, head);
@@ -309,15 +310,14 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct 
         curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE,
                          (curl_off_t)(buffer ? -1 : req->content_length));
         /* a streamed body of unknown length may end with trailers: only chunked ones can
-         * (and only they leave the handle spent, struct upstream_xfer) */
+         * (and only they leave the handle spent, struct curlm_xfer) */
         if (buffer || req->content_length < 0) {
             curl_easy_setopt(e, CURLOPT_TRAILERFUNCTION, on_trailers);
             curl_easy_setopt(e, CURLOPT_TRAILERDATA, a);
             p->xfer.spent = true;
         }
     }
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER,
-                     h1up_fields(upstream_url_host_field(url), req, &s->fields));
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h1up_fields(h1up_url_host_field(url), req, &s->fields));
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, a);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
@@ -326,8 +326,8 @@ int h1up_launch(struct attempt *a, const struct upstream_url *url, const struct 
     curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)connect_timeout_ms);
     p->xfer.easy = e;
-    p->xfer.to = to;
-    if (upstream_start(p->up, &p->xfer, on_done, a) < 0) {
+    p->xfer.conns = conns;
+    if (curlm_start(p->up->curl, &p->xfer, on_done, a) < 0) {
         drop_fields(s);
         return -1;
     }

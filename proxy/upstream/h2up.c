@@ -15,7 +15,6 @@
 #include "proxy/base/dlist.h"
 #include "proxy/base/pool.h"
 #include "proxy/upstream/origin.h"
-#include "proxy/upstream/tls.h"
 
 /* Kept body bytes go to the owner in pieces of at most this. */
 #define OFFER_MAX (16 * 1024)
@@ -334,14 +333,15 @@ nghttp2_session_callbacks *h2up_callbacks(void)
 
 /* ---- the API ---- */
 
-struct h2up *h2up_new(struct loop *l, struct h2up_counts *counts)
+struct h2up *h2up_new(struct connect_side *cs, struct metrics_h2up *counts)
 {
     struct h2up *h = calloc(1, sizeof(*h));
     if (!h || !(h->pool = pool_new())) {
         free(h);
         return NULL;
     }
-    h->loop = l;
+    h->loop = cs->loop;
+    h->side = cs;
     h->counts = counts;
     h->mem = (nghttp2_mem){ h->pool, pool_malloc, pool_release, pool_calloc, pool_realloc };
     return h;
@@ -355,7 +355,6 @@ void h2up_free(struct h2up *h)
         h2c_free(h->conns);
     for (size_t i = 0; i < H2UP_H1_MEMO_MAX; i++)
         free(h->h1[i].key);
-    tls_ctxs_free(h->tls);
     pool_free(h->pool); /* after the sessions */
     free(h);
 }
@@ -469,14 +468,4 @@ void h2up_resume_upload(struct h2up_stream *s)
 size_t h2up_connections(const struct h2up *h)
 {
     return h->nconns;
-}
-
-struct loop *h2up_loop(struct h2up *h)
-{
-    return h->loop;
-}
-
-struct tls_ctxs **h2up_tls_ctxs(struct h2up *h)
-{
-    return &h->tls;
 }

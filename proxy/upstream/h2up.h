@@ -24,6 +24,7 @@
 
 #include "proxy/http/hlist.h"
 #include "proxy/base/loop.h"
+#include "proxy/telemetry/metrics.h"
 
 #define H2UP_MAX_STREAMS 100   /* streams on one connection at most, whatever the peer allows */
 #define H2UP_MAX_CONNS   8     /* connections to one origin per worker */
@@ -87,21 +88,11 @@ struct h2up_req {
     const struct hlist *trailers;
 };
 
-/* What a pool counts for the metrics (docs/metrics.md, upstream_h2_connections): written by its
- * worker only, read by a scrape from another thread. */
-enum h2up_opened {
-    H2UP_OPENED_H2,     /* the connection carries HTTP/2 (h2c, or h2 chosen by ALPN) */
-    H2UP_OPENED_HTTP1,  /* an https server chose http/1.1: its requests went to libcurl */
-    H2UP_OPENED_FAILED, /* no connection: TCP, TLS, the certificate, "required" without h2 */
-    H2UP_OPENED_COUNT
-};
-struct h2up_counts {
-    _Atomic int64_t open;                      /* connections open now */
-    _Atomic int64_t opened[H2UP_OPENED_COUNT]; /* connections tried, by how they went */
-};
-
-/* A worker's pool on 'l', counting into 'counts' (NULL: nowhere), or NULL. */
-struct h2up *h2up_new(struct loop *l, struct h2up_counts *counts);
+/* A worker's pool, its connections made on the connector's side 'cs' (proxy/upstream/connect.h:
+ * the loop and the TLS contexts, which outlive the pool), counting into 'counts' (the worker's
+ * metrics; NULL: nowhere), or NULL. */
+struct connect_side;
+struct h2up *h2up_new(struct connect_side *cs, struct metrics_h2up *counts);
 /* Gives the memory its sessions no longer use back (after a burst). */
 void h2up_trim(struct h2up *h);
 /* Closes every connection; every stream must have ended or been cancelled. Accepts NULL. */
@@ -131,11 +122,6 @@ bool h2up_prefers_h1(struct h2up *h, const struct origin *o);
  * and each closes with a GOAWAY once its streams ended (at once when it has none). */
 void h2up_leave(struct h2up *h, const struct origin *o);
 
-/* The worker's loop and TLS contexts, which an upgrade's connection (proxy/upstream/tunnel_up.h)
- * uses too. */
-struct tls_ctxs;
-struct loop *h2up_loop(struct h2up *h);
-struct tls_ctxs **h2up_tls_ctxs(struct h2up *h);
 /* Connections open now (for tests and metrics). */
 size_t h2up_connections(const struct h2up *h);
 

@@ -45,7 +45,7 @@ static void count(_Atomic int64_t *c, int64_t delta)
                           memory_order_relaxed);
 }
 
-static void count_opened(struct conn *c, enum h2up_opened how)
+static void count_opened(struct conn *c, enum metrics_h2up_opened how)
 {
     if (c->h->counts)
         count(&c->h->counts->opened[how], 1);
@@ -57,7 +57,7 @@ void h2c_fail(struct conn *c)
         return;
     c->dead = true;
     if (!c->open)
-        count_opened(c, c->fell_back ? H2UP_OPENED_HTTP1 : H2UP_OPENED_FAILED);
+        count_opened(c, c->fell_back ? METRICS_H2UP_HTTP1 : METRICS_H2UP_FAILED);
     for (struct h2up_stream *s = c->streams; s; s = s->next) {
         h2up_closed(s);
         h2up_end_stream(s, (s->flags & SF_SENT) ? H2UP_BROKEN : H2UP_UNSENT, 0);
@@ -151,7 +151,7 @@ static void conn_read(struct conn *c)
 static void opened(struct conn *c)
 {
     c->open = true;
-    count_opened(c, H2UP_OPENED_H2);
+    count_opened(c, METRICS_H2UP_H2);
 }
 
 /* Remembers that origin 'key' answers in http/1.1, for H2UP_H1_MEMO_MS. */
@@ -338,8 +338,8 @@ static struct conn *conn_new(struct h2up *h, const struct origin *o, uint64_t ti
     if (nghttp2_submit_settings(c->s, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0])) != 0 ||
         nghttp2_session_set_local_window_size(c->s, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW) != 0)
         goto fail;
-    if (connector_start(&c->k, h->loop, &h->tls, o, c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2,
-                        timeout_ms, &conn_ops, c) < 0)
+    if (connector_start(&c->k, h->side, o, c->h1_too ? TLS_ALPN_H2_H1 : TLS_ALPN_H2, timeout_ms,
+                        &conn_ops, c) < 0)
         goto fail;
     nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cb);

@@ -15,7 +15,6 @@
 #include "proxy/upstream/h2up.h"
 
 struct origin;
-struct tls_ctxs;
 
 /* A growable byte buffer. */
 struct bytes {
@@ -76,12 +75,12 @@ struct conn {
 
 struct h2up {
     struct loop *loop;
-    struct pool *pool; /* the sessions' memory (proxy/base/pool.h) */
+    struct connect_side *side; /* where its connections are made (the loop's, the TLS contexts) */
+    struct pool *pool;         /* the sessions' memory (proxy/base/pool.h) */
     nghttp2_mem mem;
     struct conn *conns;
     size_t nconns;
-    struct tls_ctxs *tls;       /* proxy/upstream/tls.h, made when first needed */
-    struct h2up_counts *counts; /* NULL: none kept */
+    struct metrics_h2up *counts; /* NULL: none kept */
     struct {
         char *key; /* an origin's key; NULL: a free slot */
         uint64_t until;

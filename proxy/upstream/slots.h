@@ -4,7 +4,7 @@
  * socket or stream and its buffers, so a burst of attempts is bounded by this rather than by
  * the number of requests. Of those slots, the attempts to one endpoint and those of one client
  * connection hold at most their share (proxy/upstream/share.h). No library:
- * proxy/upstream/upstream.h makes a worker's, and proxy/upstream/attempt.c queues its attempts
+ * the worker makes its own (proxy/core/worker.c), and proxy/upstream/attempt.c queues its attempts
  * here.
  */
 #ifndef RETRYPROXY_PROXY_SLOTS_H

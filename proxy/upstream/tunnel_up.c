@@ -427,9 +427,8 @@ static void on_io(void *arg, uint32_t events)
 
 static const struct connector_ops tu_ops = { .up = on_up, .failed = on_failed, .io = on_io };
 
-struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
-                                  const struct tunnel_up_req *req, const struct tunnel_up_ops *ops,
-                                  void *arg)
+struct tunnel_up *tunnel_up_start(struct connect_side *cs, const struct tunnel_up_req *req,
+                                  const struct tunnel_up_ops *ops, void *arg)
 {
     const struct origin *o = req->o;
     if (!o || !o->addr_len)
@@ -437,7 +436,7 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     struct tunnel_up *u = calloc(1, sizeof(*u));
     if (!u)
         return NULL;
-    u->loop = l;
+    u->loop = cs->loop;
     u->ops = ops;
     u->arg = arg;
     connector_init(&u->k);
@@ -446,7 +445,7 @@ struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
     u->bytes_sent = req->bytes_sent;
     u->in.max = IN_MAX;
     if (!build_head(u, req) ||
-        connector_start(&u->k, l, tls, o, TLS_ALPN_H1, req->connect_timeout_ms, &tu_ops, u) < 0) {
+        connector_start(&u->k, cs, o, TLS_ALPN_H1, req->connect_timeout_ms, &tu_ops, u) < 0) {
         free(u->out);
         free(u);
         return NULL;

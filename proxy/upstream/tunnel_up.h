@@ -18,12 +18,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct connect_side;
 struct hfield;
 struct hlist;
-struct loop;
 struct origin;
 struct tls;
-struct tls_ctxs;
 struct tunnel_up;
 
 /* Returned by the body callback: no bytes now, offered again after tunnel_up_resume(). */
@@ -63,11 +62,11 @@ struct tunnel_up_req {
     uint64_t *bytes_sent; /* NULL: not counted */
 };
 
-/* Starts the attempt. NULL out of memory or when no socket can be made (a connect failure;
- * ops->done is not called). */
-struct tunnel_up *tunnel_up_start(struct loop *l, struct tls_ctxs **tls,
-                                  const struct tunnel_up_req *req, const struct tunnel_up_ops *ops,
-                                  void *arg);
+/* Starts the attempt, its connection made on the worker's connector side 'cs'
+ * (proxy/upstream/connect.h: the loop and the TLS contexts). NULL out of memory or when no
+ * socket can be made (a connect failure; ops->done is not called). */
+struct tunnel_up *tunnel_up_start(struct connect_side *cs, const struct tunnel_up_req *req,
+                                  const struct tunnel_up_ops *ops, void *arg);
 /* Ends it without ops->done and frees it. Not from inside its callbacks. Accepts NULL. */
 void tunnel_up_cancel(struct tunnel_up *u);
 /* Whether any of the request went out. */

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "proxy/upstream/attempt_int.h"
-#include "proxy/upstream/h2up.h"
 #include "proxy/upstream/tunnel_up.h"
 
 /* Its state, in the attempt (attempt_priv 't'). */
@@ -80,7 +79,7 @@ static const struct attempt_transport tun_transport = { .cancel = tun_cancel,
                                                         .resume_upload = tun_resume_upload,
                                                         .take_tunnel = tun_take };
 
-int tunnel_up_attempt_launch(struct attempt *a, struct h2up *h, const struct origin *o,
+int tunnel_up_attempt_launch(struct attempt *a, struct connect_side *cs, const struct origin *o,
                              const char *target, const struct attempt_req *req,
                              uint64_t connect_timeout_ms)
 {
@@ -95,7 +94,7 @@ int tunnel_up_attempt_launch(struct attempt *a, struct h2up *h, const struct ori
                                .no_body = strcmp(req->method, "HEAD") == 0,
                                .connect_timeout_ms = connect_timeout_ms };
     struct tunx *x = tunx(a);
-    if (!h || !(x->u = tunnel_up_start(h2up_loop(h), h2up_tls_ctxs(h), &r, &tun_ops, a)))
+    if (!(x->u = tunnel_up_start(cs, &r, &tun_ops, a)))
         return -1;
     attempt_running_as(a, &tun_transport);
     attempt_take_slot(a);

@@ -6,15 +6,26 @@
 OBJDIR is the build's objects of proxy/ (build/obj/proxy). Who calls whom is read from the
 objects (nm: what each one defines and what it needs), so the check sees calls, not includes.
 NAME=PART pretends a file lives in another part, --interface names other files as the upstream
-side's interface ("none": no file); the suite uses them to show that the check can fail. Exits 1 with
-one line per breach:
+side's interface ("none": no file), --makers=none takes the worker's leave to make the engines
+away, --transport=NAME=TRANSPORT pretends a file is of another transport, --include=FILE=HEADER
+that a file includes one more header; the suite uses them to show that the check can fail.
+Exits 1 with one line per breach:
 
   - every source of proxy/ is in a part's folder (or is one of the process's own files at the top);
   - a part calls only the parts below it (MAY_CALL), and a library only from its parts (LIBRARIES);
-  - the request core reaches the upstream side only through its interface (the functions of
-    proxy/upstream/attempt.h, CORE_UPSTREAM), the client side not at all (front.h's are pointers);
+  - a part includes only headers of the parts it may call (and of config/ and policy/), but for
+    a type it names (TYPES_FROM); config/ includes policy/ and config/, policy/ itself only;
+  - the request core reaches the upstream side only through its interface: it includes
+    proxy/upstream/attempt.h alone and calls its functions alone (CORE_UPSTREAM), but for the
+    worker, which makes and frees each transport's engine (CORE_MAKERS); the client side not at
+    all (front.h's are pointers); the other parts above upstream/ include of it only what
+    UPSTREAM_SEEN says;
+  - the upstream transports (TRANSPORTS) neither include nor call each other: what they share is
+    below them (the connector, TLS, origins, slots), and the dispatcher (attempt.c) above;
   - files that call each other in a circle are of one part, and each says at its top that they
     are one state machine ("one state machine");
+  - no include circle between files of proxy/, however far round (a .c and its .h are one file;
+    a private header, NAMEint.h, may include its folder's headers);
   - no two headers include each other, however far round;
   - no file of proxy/, policy/ or config/ is over 800 lines, but one whose top says why;
   - each fuzz target's "fuzz-link:" comment is one line naming sources that are there.
@@ -37,11 +48,30 @@ MAY_CALL = {
     '': ['base', 'telemetry', 'http', 'core', 'upstream', 'http1', 'http2', 'ops', 'dns', 'store',
          'delivery'],
 }
-# The request core's files that may call into upstream/ only through the interface. The worker
-# (a thread's context) and the runtime (a snapshot as it runs) make the transports, and are not
-# on the request's way.
-CORE_MAKERS = {'worker', 'runtime'}
+# The request core reaches upstream/ through the interface alone (CORE_UPSTREAM: its header is
+# the one upstream/ header the core includes). The worker (a thread's context, not on the
+# request's way) makes and frees each transport's engine and the slots they share, so it may
+# include and call these too.
 CORE_UPSTREAM = {'attempt'}
+CORE_MAKERS = {'worker': {'connect', 'curlm', 'h2up', 'slots'}}
+# What each part above upstream/ includes of it (the core: the interface alone; the worker's
+# engines are CORE_MAKERS'), so that no part outside reaches a transport's insides (issue 41).
+UPSTREAM_SEEN = {
+    'core': CORE_UPSTREAM,
+    'http1': {'tunnel_up', 'tls'},  # an upgrade's connection, the front end's after its 101
+    'http2': {'share'},             # a client connection's share of the upstream slots
+}
+# Headers a part includes for a type it names, from a part it does not call (the call check
+# shows it calls nothing there): an endpoint's address (struct dns_addr).
+TYPES_FROM = {'upstream': {'proxy/dns/resolve.h'}}
+# The upstream transports (docs/architecture.md), which neither include nor call each other.
+# What they share is below them (connect, tls, origin, h1resp, slots, share, attempt_int.h) and
+# the dispatcher that picks one (attempt.c) above.
+TRANSPORTS = {
+    'HTTP/1.1 (libcurl)': {'h1up', 'h1up_url', 'curlm'},
+    'HTTP/2': {'h2up', 'h2up_conn', 'h2up_int', 'h2up_attempt'},
+    'upgrade': {'tunnel_up', 'tunnel_up_attempt'},
+}
 # Symbols that are no call into a part: recv() is the binary's own (proxy/http1/recv_hook.c
 # stands in for libc's, for libmicrohttpd's reads).
 NOT_CALLS = {'recv'}
@@ -61,13 +91,107 @@ LIBRARIES = {
     'inotify_': set(),               # config/watch.c
 }
 
+def circles(nodes, edges):
+    """The nodes on a circle of 'edges' (node -> its successors), as sorted lists, one per group
+    that reach each other (Tarjan's strongly connected components)."""
+    index, low, stack, on, comps = {}, {}, [], set(), []
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, {})):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+    sys.setrecursionlimit(10000)
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return comps
+
+def transport(name):
+    return next((t for t, files in TRANSPORTS.items() if name in files), None)
+
+def stem(path):
+    """The file a .c or .h is (a .c and its .h are one)."""
+    return path[:-2]
+
+def includes(part, moved, extra):
+    """Breaches of the include rules, and include circles between files."""
+    bad = []
+    srcs = sorted(glob.glob('proxy/**/*.[ch]', recursive=True) + glob.glob('config/*.[ch]') +
+                  glob.glob('policy/*.[ch]'))
+    edges = collections.defaultdict(dict)  # file -> file -> the line that includes it
+    for src in srcs:
+        top = src.split('/')[0]
+        name = os.path.basename(src)[:-2]
+        pa = part.get(name) if top == 'proxy' else top
+        named = [m.group(1) for m in re.finditer(r'^#include "([^"]+\.h)"', open(src).read(), re.M)]
+        for h in named + extra.get(src, []):
+            if not os.path.exists(h):
+                continue  # a test's or a library's
+            hname = os.path.basename(h)[:-2]
+            htop = h.split('/')[0]
+            pb = moved.get(hname, os.path.dirname(os.path.relpath(h, 'proxy'))) \
+                if htop == 'proxy' else htop
+            if top == htop == 'proxy' and stem(h) != stem(src) and not (src.endswith('int.h') and
+                                              os.path.dirname(h) == os.path.dirname(src)):
+                edges[stem(src)].setdefault(stem(h), f'{src} includes {h}')
+            if top == 'policy' and htop != 'policy':
+                bad.append(f'{src} includes {h}: policy/ includes nothing of config/ or proxy/')
+            elif top == 'config' and htop == 'proxy':
+                bad.append(f'{src} includes {h}: config/ includes nothing of proxy/')
+            ta, tb = transport(name), transport(hname)
+            if top == htop == 'proxy' and ta and tb and ta != tb:
+                bad.append(f'{src} ({ta}) includes {h} ({tb}): a transport includes no other')
+            if top != 'proxy' or htop != 'proxy' or pa == pb:
+                continue
+            if pb not in MAY_CALL.get(pa, []) and h not in TYPES_FROM.get(pa, ()):
+                bad.append(f'{src} includes {h}: {pa or "proxy/"}/ may include '
+                           f'{", ".join(MAY_CALL.get(pa, [])) or "nothing of proxy/"} (and config/, '
+                           'policy/)')
+            elif (pb == 'upstream' and hname not in UPSTREAM_SEEN.get(pa, ()) and
+                  hname not in CORE_MAKERS.get(name, ())):
+                seen = ', '.join(f'{x}.h' for x in sorted(UPSTREAM_SEEN.get(pa, ())))
+                bad.append(f'{src} includes {h}: of upstream/, {pa or "proxy"}/ may include '
+                           f'{seen + " only" if seen else "nothing"}')
+    # include circles
+    for comp in circles(set(edges) | {w for e in edges.values() for w in e}, edges):
+        why = sorted(edges[a][b] for a in comp for b in edges.get(a, {}) if b in comp)
+        bad.append(f'an include circle between {", ".join(comp)}: {"; ".join(why)}')
+    return bad
+
 def main():
     objdir = sys.argv[1]
     moved = dict(a.split('=', 1) for a in sys.argv[2:] if '=' in a and not a.startswith('-'))
+    extra = collections.defaultdict(list)  # --include=FILE=HEADER: a pretended include
     for a in sys.argv[2:]:
-        if a.startswith('--interface='):
+        opt, _, val = a.partition('=')
+        if opt == '--interface':
             CORE_UPSTREAM.clear()
-            CORE_UPSTREAM.update(x for x in a.split('=', 1)[1].split(',') if x != 'none')
+            CORE_UPSTREAM.update(x for x in val.split(',') if x != 'none')
+        elif opt == '--makers' and val == 'none':
+            CORE_MAKERS.clear()
+        elif opt == '--transport':
+            name, group = val.split('=', 1)
+            for files in TRANSPORTS.values():
+                files.discard(name)
+            TRANSPORTS.setdefault(group, set()).add(name)
+        elif opt == '--include':
+            src, h = val.split('=', 1)
+            extra[src].append(h)
     bad = []
     part = {}
     for src in sorted(glob.glob('proxy/**/*.[ch]', recursive=True)):
@@ -108,40 +232,21 @@ def main():
     for a in sorted(calls):
         for b, s in sorted(calls[a].items()):
             pa, pb = part.get(a), part.get(b)
+            ta, tb = transport(a), transport(b)
+            if ta and tb and ta != tb:
+                bad.append(f'{a} ({ta}) calls {b} ({tb}): {s}; a transport calls no other')
             if pa is None or pb is None or pa == pb:
                 continue
             if pb not in MAY_CALL.get(pa, []):
                 bad.append(f'{a} ({pa or "proxy/"}) calls {b} ({pb}): {s}; {pa or "proxy/"} may '
                            f'call {", ".join(MAY_CALL.get(pa, [])) or "nothing"}')
-            elif pa == 'core' and pb == 'upstream' and a not in CORE_MAKERS and b not in CORE_UPSTREAM:
+            elif (pa == 'core' and pb == 'upstream' and b not in CORE_UPSTREAM and
+                  b not in CORE_MAKERS.get(a, ())):
                 bad.append(f'{a} (core) calls {b}: {s}; the core reaches the upstream side only '
-                           f'through {", ".join(sorted(CORE_UPSTREAM))}')
-    # circles (Tarjan's strongly connected components)
-    index, low, stack, on, comps = {}, {}, [], set(), []
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in calls.get(v, {}):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                comps.append(sorted(comp))
-    sys.setrecursionlimit(10000)
-    for v in sorted(set(calls) | set(defs.values())):
-        if v not in index:
-            visit(v)
+                           f'through {", ".join(sorted(CORE_UPSTREAM)) or "nothing"}')
+    bad += includes(part, moved, extra)
+    # call circles
+    comps = circles(set(calls) | set(defs.values()), calls)
     for comp in comps:
         parts = sorted({part.get(f, '?') for f in comp})
         if len(parts) > 1:

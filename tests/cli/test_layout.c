@@ -1,8 +1,11 @@
 /* The layout of proxy/ (docs/architecture.md) holds: tests/cli/layout.py reads who calls whom
- * from the build's objects and checks it against the parts and what each may call, the circles,
- * the libraries, the headers and the lengths. The check is shown to catch a file in the wrong
- * part, a circle across parts, the core calling a transport past its interface and a library
- * called from a part not its own. Run from the repository
+ * from the build's objects and who includes whom from the sources, and checks them against the
+ * parts and what each may call and include, the circles, the libraries, the headers and the
+ * lengths. The check is shown to catch a file in the wrong part, a circle across parts, the core
+ * calling a transport past its interface, a library called from a part not its own, and each
+ * wall issue 41 found crossed: a header of a part above, a core or front end file including a
+ * transport's insides, an engine made outside the worker, a transport reaching into another, and
+ * two files including each other. Run from the repository
  * root (make test does); the objects are those of the binary under test.
  */
 #include <criterion/criterion.h>
@@ -74,4 +77,51 @@ Test(layout, a_library_called_from_another_part_is_caught)
 {
     /* the HTTP/1.1 front end taken for a part of the core: the core would call libmicrohttpd */
     expect_breach("relay=core", "relay (core) calls MHD_");
+}
+
+Test(layout, a_header_of_a_part_above_is_caught)
+{
+    /* the shared HTTP layer taking the answer's tag from the core, as it once did */
+    expect_breach("--include=proxy/http/answer.h=proxy/core/front.h",
+                  "proxy/http/answer.h includes proxy/core/front.h: http/ may include base, "
+                  "telemetry");
+}
+
+Test(layout, the_core_includes_only_the_interface_of_the_upstream_side)
+{
+    expect_breach("--include=proxy/core/runtime.c=proxy/upstream/curlm.h",
+                  "proxy/core/runtime.c includes proxy/upstream/curlm.h: of upstream/, core/ may "
+                  "include attempt.h only");
+}
+
+Test(layout, a_front_end_includes_no_transport_engine)
+{
+    /* the HTTP/1.1 server once included libcurl's engine and used none of it */
+    expect_breach("--include=proxy/http1/server.c=proxy/upstream/curlm.h",
+                  "proxy/http1/server.c includes proxy/upstream/curlm.h: of upstream/, http1/ may "
+                  "include tls.h, tunnel_up.h only");
+}
+
+Test(layout, only_the_worker_makes_the_transport_engines)
+{
+    /* without its leave, the worker's making and freeing of the engines go past the interface */
+    expect_breach("--makers=none", "worker (core) calls curlm: ");
+    expect_breach("--makers=none", "proxy/core/worker.c includes proxy/upstream/curlm.h");
+}
+
+Test(layout, the_transports_neither_include_nor_call_each_other)
+{
+    /* the connector taken for the upgrade transport's own: the HTTP/2 sessions would reach into
+     * it, as the upgrade once took the HTTP/2 sessions' loop and TLS contexts */
+    expect_breach("--transport=connect=upgrade", "h2up_conn (HTTP/2) calls connect (upgrade): ");
+    expect_breach(
+        "--transport=connect=upgrade",
+        "proxy/upstream/h2up_conn.c (HTTP/2) includes proxy/upstream/connect.h (upgrade)");
+}
+
+Test(layout, two_files_including_each_other_are_caught)
+{
+    /* the balancer reading the snapshot's header, which includes the balancer's: as before */
+    expect_breach("--include=proxy/core/balance.c=proxy/core/runtime.h",
+                  "an include circle between proxy/core/balance, proxy/core/runtime");
 }

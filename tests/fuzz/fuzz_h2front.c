@@ -21,6 +21,7 @@
 
 #include "proxy/http2/h2front.h"
 #include "proxy/core/retry.h"
+#include "proxy/http/answer.h"
 #include "tests/fuzz/fuzz.h"
 
 struct retry_req {
@@ -79,7 +80,7 @@ static void count_field(void *arg, const char *k, size_t kl, const char *v, size
     *(size_t *)arg += kl + vl;
 }
 
-static const struct front_tag tag = { .attempts = 2, .request_id = "id-1", .throttled = -1 };
+static const struct answer_tag tag = { .attempts = 2, .request_id = "id-1", .throttled = -1 };
 
 /* The answer, by the method's first letter. */
 static void answer(struct retry_req *r)

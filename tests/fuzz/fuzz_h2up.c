@@ -24,6 +24,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "proxy/upstream/connect.h"
 #include "proxy/upstream/h2up.h"
 #include "proxy/upstream/origin.h"
 #include "tests/fuzz/fuzz.h"
@@ -131,8 +132,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o->host = strdup("upstream.test");
     o->key = strdup("fuzz");
     int ls = listener(o);
-    static struct h2up_counts counts;
-    struct h2up *h = h2up_new(l, &counts);
+    static struct metrics_h2up counts;
+    static struct connect_side cs;
+    cs.loop = l;
+    struct h2up *h = h2up_new(&cs, &counts);
     FUZZ_CHECK(h != NULL, "h2up_new");
     unsigned modes = size ? data[0] : 0;
     static const struct h2up_field field = { "x-fuzz", "1", 6, 1 };

@@ -372,7 +372,7 @@ Test(h2_flow, a_zero_window_attack_holds_a_bounded_memory_and_gives_back_its_des
 
 /* A burst's upstream connections do not outlive it: 300 calls answered at once after 300 ms
  * each took a connection of libcurl's, kept for a next transfer when theirs ended; once the
- * burst is over they are closed (proxy/upstream/upstream.c's trim), where libcurl would have
+ * burst is over they are closed (proxy/upstream/curlm.c's trim), where libcurl would have
  * kept them open until a transfer on the same multi handle found them dead. */
 Test(h2_flow, the_upstream_connections_of_a_burst_are_closed_once_it_is_over)
 {

@@ -28,7 +28,7 @@
  *     sockets to this upstream comes back to the count measured at idle before the load; those
  *     sockets are libcurl's cached connections, which it closes only when a transfer on the
  *     same multi handle looks at them, so they are allowed up to the cache's bound
- *     (UPSTREAM_MAX_CONNECTIONS per worker) and up to the connections the upstream still had
+ *     (CURLM_MAX_CONNECTIONS per worker) and up to the connections the upstream still had
  *     open when the load ended (a socket the upstream had closed before is a leak);
  *   - outcomes: at most 0.1 % of requests ended otherwise than described above;
  *   - config reloads took effect (config_generation) and the proxy exits 0 on SIGTERM;
@@ -61,7 +61,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proxy/upstream/upstream.h"
+#include "proxy/upstream/curlm.h"
 #include "tests/support/proc.h"
 
 extern char **environ;
@@ -915,13 +915,13 @@ int main(int argc, char **argv)
      * grace period. Those sockets are libcurl's connection caches: it notices that an upstream
      * closed an idle kept-alive connection only when a transfer on the same multi handle
      * starts (it then prunes every dead one, at most once a second), and a worker uses its
-     * later multi handles only under load (proxy/upstream/upstream.c), so some stay until the next
+     * later multi handles only under load (proxy/upstream/curlm.c), so some stay until the next
      * load. They may not outnumber the cache's bound, nor the connections the upstream still
      * had open when the load ended: the proxy holds no socket the upstream closed before
      * (a reset). While waiting, one request goes through every 250 ms, on a connection of its
      * own and answered with Connection: close: it prunes what it can and leaves nothing
      * behind, and a leaked descriptor stays counted. */
-    long up_bound = atol(workers) * UPSTREAM_MAX_CONNECTIONS;
+    long up_bound = atol(workers) * CURLM_MAX_CONNECTIONS;
     if ((long)atomic_load(&up.open) < up_bound)
         up_bound = (long)atomic_load(&up.open);
     atomic_store(&up.drain, true);

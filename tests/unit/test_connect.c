@@ -82,11 +82,12 @@ static struct origin *origin_on(uint16_t port, const struct origin_tls *tls)
 Test(connect, plain_tcp_is_up_with_nodelay_and_reads)
 {
     struct loop *l = loop_new();
+    struct connect_side cs = { .loop = l };
     uint16_t port;
     int lfd = fx_listen(&port);
     struct origin *o = origin_on(port, NULL);
     struct user u = { .read_max = sizeof(u.got) };
-    cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 5000, &ops, &u), 0);
+    cr_assert_eq(connector_start(&u.k, &cs, o, TLS_ALPN_H1, 5000, &ops, &u), 0);
     TURN_UNTIL(l, u.ups || u.fails);
     cr_assert_eq(u.ups, 1, "failed: %s", u.why);
     cr_expect(!u.h2);
@@ -112,10 +113,11 @@ Test(connect, plain_tcp_is_up_with_nodelay_and_reads)
 Test(connect, a_refused_connect_fails_with_its_reason)
 {
     struct loop *l = loop_new();
+    struct connect_side cs = { .loop = l };
     uint16_t port = fx_closed_port();
     struct origin *o = origin_on(port, NULL);
     struct user u = { .read_max = 1 };
-    cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 5000, &ops, &u), 0);
+    cr_assert_eq(connector_start(&u.k, &cs, o, TLS_ALPN_H1, 5000, &ops, &u), 0);
     TURN_UNTIL(l, u.ups || u.fails);
     cr_expect_eq(u.fails, 1);
     cr_expect_eq(u.ups, 0);
@@ -130,13 +132,14 @@ Test(connect, a_refused_connect_fails_with_its_reason)
 Test(connect, the_connect_timeout_is_a_timer_unless_0)
 {
     struct loop *l = loop_new();
+    struct connect_side cs = { .loop = l };
     uint16_t port;
     int lfd = fx_listen(&port);
     struct origin *o = origin_on(port, NULL);
     struct user u = { .read_max = 1 }, v = { .read_max = 1 };
-    cr_assert_eq(connector_start(&u.k, l, NULL, o, TLS_ALPN_H1, 0, &ops, &u), 0);
+    cr_assert_eq(connector_start(&u.k, &cs, o, TLS_ALPN_H1, 0, &ops, &u), 0);
     cr_expect_eq(loop_timer_count(l), 0);
-    cr_assert_eq(connector_start(&v.k, l, NULL, o, TLS_ALPN_H1, 5000, &ops, &v), 0);
+    cr_assert_eq(connector_start(&v.k, &cs, o, TLS_ALPN_H1, 5000, &ops, &v), 0);
     cr_expect_eq(loop_timer_count(l), 1);
     TURN_UNTIL(l, u.ups && v.ups);
     cr_expect_eq(loop_timer_count(l), 0);
@@ -211,7 +214,7 @@ Test(connect, tls_bytes_held_by_openssl_come_without_a_socket_event, .fini = rem
 {
     make_cert();
     struct loop *l = loop_new();
-    struct tls_ctxs *ctxs = NULL;
+    struct connect_side cs = { .loop = l }; /* its TLS contexts made on first use */
     struct server s = { .send = 16000 };
     uint16_t port;
     s.lfd = fx_listen(&port);
@@ -219,7 +222,7 @@ Test(connect, tls_bytes_held_by_openssl_come_without_a_socket_event, .fini = rem
     cr_assert_eq(pthread_create(&th, NULL, serve, &s), 0);
     struct origin *o = origin_on(port, &(struct origin_tls){ .ca_file = cert_path("pem") });
     struct user u = { .read_max = 100 };
-    cr_assert_eq(connector_start(&u.k, l, &ctxs, o, TLS_ALPN_H1, 10000, &ops, &u), 0);
+    cr_assert_eq(connector_start(&u.k, &cs, o, TLS_ALPN_H1, 10000, &ops, &u), 0);
     TURN_UNTIL(l, u.ups || u.fails);
     cr_assert_eq(u.ups, 1, "failed: %s", u.why);
     cr_assert_not_null(u.k.tls);
@@ -230,7 +233,7 @@ Test(connect, tls_bytes_held_by_openssl_come_without_a_socket_event, .fini = rem
     pthread_join(th, NULL);
     close(s.lfd);
     origin_free(o);
-    tls_ctxs_free(ctxs);
+    tls_ctxs_free(cs.tls);
     loop_free(l);
 }
 
@@ -243,7 +246,7 @@ Test(connect, a_tls_failure_is_logged_once_with_the_origin_and_the_reason, .fini
     cr_assert_eq(pipe(p), 0);
     log_set_fd(p[1]);
     struct loop *l = loop_new();
-    struct tls_ctxs *ctxs = NULL;
+    struct connect_side cs = { .loop = l }; /* its TLS contexts made on first use */
     struct server s = { .send = 0 };
     uint16_t port;
     s.lfd = fx_listen(&port);
@@ -252,7 +255,7 @@ Test(connect, a_tls_failure_is_logged_once_with_the_origin_and_the_reason, .fini
         pthread_t th;
         cr_assert_eq(pthread_create(&th, NULL, serve, &s), 0);
         struct user u = { .read_max = 1 };
-        cr_assert_eq(connector_start(&u.k, l, &ctxs, o, TLS_ALPN_H2, 10000, &ops, &u), 0);
+        cr_assert_eq(connector_start(&u.k, &cs, o, TLS_ALPN_H2, 10000, &ops, &u), 0);
         TURN_UNTIL(l, u.ups || u.fails);
         cr_expect_eq(u.fails, 1);
         cr_expect(strstr(u.why, "certificate verify failed"), "why: %s", u.why);
@@ -275,6 +278,6 @@ Test(connect, a_tls_failure_is_logged_once_with_the_origin_and_the_reason, .fini
     close(p[0]);
     close(s.lfd);
     origin_free(o);
-    tls_ctxs_free(ctxs);
+    tls_ctxs_free(cs.tls);
     loop_free(l);
 }

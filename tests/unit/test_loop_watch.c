@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "proxy/base/loop.h"
+#include "proxy/upstream/connect.h"
 #include "proxy/upstream/origin.h"
 #include "proxy/upstream/tunnel_up.h"
 
@@ -47,11 +48,12 @@ static const struct tunnel_up_ops no_ops = { .done = unused_done };
 
 static struct tunnel_up *start_to(struct loop *l, const struct origin *o)
 {
-    struct tls_ctxs *tls = NULL;
+    static struct connect_side cs; /* outlives the attempt, as a worker's does */
+    cs.loop = l;
     struct tunnel_up_req req = {
         .o = o, .method = "GET", .target = "/ws", .upgrade = "websocket", .connect_timeout_ms = 1000
     };
-    return tunnel_up_start(l, &tls, &req, &no_ops, NULL);
+    return tunnel_up_start(&cs, &req, &no_ops, NULL);
 }
 
 Test(loop_watch, a_failed_add_leaves_the_watch_unset_and_its_delete_touches_nothing)

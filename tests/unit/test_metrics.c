@@ -16,7 +16,7 @@
 #include "policy/budget.h"
 #include "proxy/core/live.h"
 #include "proxy/telemetry/metrics.h"
-#include "proxy/version.h"
+#include "proxy/telemetry/version.h"
 
 /* ---- helpers over the rendered text ---- */
 

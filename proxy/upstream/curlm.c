@@ -1,4 +1,4 @@
-#include "proxy/upstream/upstream.h"
+#include "proxy/upstream/curlm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,14 +11,10 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
-#include "config/cfg.h"
-#include "proxy/upstream/h2up.h"
-#include "proxy/upstream/origin.h"
 #include "proxy/upstream/slots.h"
-#include "proxy/dns/resolve.h"
 
 /* Idle easy handles kept for reuse; more are freed. Each holds some kilobytes (its buffers):
- * after a burst, upstream_trim() keeps POOL_KEEP. */
+ * after a burst, curlm_trim() keeps POOL_KEEP. */
 #define POOL_MAX  256
 #define POOL_KEEP 16
 /* A worker's transfers are spread over several multi handles ("shards"), each with its own
@@ -28,14 +24,14 @@
  * SHARD_FILL run on it, then the next one is used, so that each cache holds about SHARD_FILL
  * connections at any load, and a light load still runs on the first shard alone (one
  * connection for requests one after another). */
-#define SHARDS     8
+#define SHARDS     8 /* at most 256: struct curlm_xfer keeps the index in a byte */
 #define SHARD_FILL 32
 
 /* One per upstream socket curl has asked us to watch, from that moment until curl closes the
  * socket (through on_close). Between transfers curl stops watching a kept-alive connection
  * (CURL_POLL_REMOVE) and watches it again when the next transfer reuses it: the socket stays
  * in epoll meanwhile, "parked", so a request costs no epoll_ctl for its upstream socket. */
-struct upstream_sock {
+struct curlm_sock {
     struct loop_watch w; /* w.fd is -1 while detached from epoll */
     struct shard *sh;    /* the multi handle whose connection this is */
     int fd;
@@ -46,64 +42,36 @@ struct upstream_sock {
     bool settled;
     /* The transfer curl last watched it for, until that transfer ends: parked with none, the
      * connection is idle in curl's cache (a paused transfer's is parked too, and busy). */
-    const struct upstream_xfer *user;
+    const struct curlm_xfer *user;
     uint64_t cookie; /* the socket's SO_COOKIE (0: unknown), which a later socket with the same
                         number does not have */
 };
 
 struct shard {
-    struct upstream *u;
+    struct curlm *u;
     CURLM *multi;
     struct loop_timer timer;
     size_t active;
     size_t conns; /* its connections, idle ones included */
 };
 
-struct upstream {
+struct curlm {
     struct loop *loop;
     struct shard shards[SHARDS];
     CURL *pool[POOL_MAX];
     size_t npool;
     size_t active;
-    struct upstream_sock **socks; /* by fd; NULL where curl has no socket */
+    struct curlm_sock **socks; /* by fd; NULL where curl has no socket */
     size_t nsocks;
-    struct slots *slots; /* every transport's attempt slots (proxy/upstream/slots.h) */
-    struct h2up *h2; /* h2c upstreams' sessions (proxy/upstream/h2up.h), made when first needed */
-    struct h2up_counts *h2_counts; /* ... and where they count (the worker's metrics) */
+    struct slots *slots; /* the worker's attempt slots, which transfers hold (borrowed) */
     int dead; /* a socket whose peer is closed (sock_close_idle), made when first needed; -1 */
 };
 
-/* A parsed upstream origin: curl's URL handle, or an HTTP/2 origin of proxy/upstream/h2up.h (h2c,
- * or https by ALPN), or both (https offering http/1.1 too). */
-struct upstream_url {
-    CURLU *curl;
-    struct origin *h2;  /* h2c, or https tried in HTTP/2 first (routes[].tls.http2) */
-    struct origin *tun; /* http or https: where an upgrade's tunnel connects (docs/upgrades.md) */
-    bool https;
-    char *cainfo, *capath;  /* what libcurl verifies an https upstream's certificate against */
-    char *sslcert, *sslkey; /* the client certificate (tls.cert_file, key_file) */
-    struct curl_slist *connect_to; /* with tls.server_name: where connections really go */
-    bool literal;     /* its host is an IP address: its one endpoint needs no CONNECT_TO */
-    char *host_field; /* ... and the Host the URL no longer gives */
-};
-
-/* One endpoint of an upstream URL (docs/endpoints.md): the URL's origins at its address, and
- * libcurl's connections pinned to it by CURLOPT_CONNECT_TO, which leaves the URL's host for
- * SNI, the certificate check and Host. libcurl's connection cache compares the host connected
- * to, so each endpoint has connections of its own. */
-struct upstream_target {
-    struct origin *h2, *tun;
-    struct curl_slist *connect_to;
-    _Atomic int64_t *conns;
-    struct dns_addr addr;
-    struct share *share; /* the worker's share of slots for it (proxy/upstream/attempt.c) */
-};
-
-static struct upstream_sock *sock_find(const struct upstream *u, int fd);
+static struct curlm_sock *sock_find(const struct curlm *u, int fd);
 
 /* Returns a handle to the pool (reset: nothing of its last transfer remains), or frees it (a
- * 'spent' one always: struct upstream_xfer). */
-static void pool_put(struct upstream *u, CURL *e, bool spent)
+ * 'spent' one always: struct curlm_xfer). */
+static void pool_put(struct curlm *u, CURL *e, bool spent)
 {
     if (u->npool < POOL_MAX && !spent) {
         curl_easy_reset(e);
@@ -114,9 +82,9 @@ static void pool_put(struct upstream *u, CURL *e, bool spent)
 }
 
 /* Transfer 'x' ended: the connection it used, if curl keeps it, is idle now. */
-static void sock_let_go(struct upstream *u, struct upstream_xfer *x)
+static void sock_let_go(struct curlm *u, struct curlm_xfer *x)
 {
-    struct upstream_sock *s = sock_find(u, x->fd);
+    struct curlm_sock *s = sock_find(u, x->fd);
     if (s && s->user == x)
         s->user = NULL;
     x->fd = -1;
@@ -126,7 +94,7 @@ static void sock_let_go(struct upstream *u, struct upstream_xfer *x)
  * owners may start or cancel transfers from 'done'. */
 static void check_done(struct shard *sh)
 {
-    struct upstream *u = sh->u;
+    struct curlm *u = sh->u;
     CURLMsg *m;
     int left;
     while ((m = curl_multi_info_read(sh->multi, &left)) != NULL) {
@@ -134,7 +102,7 @@ static void check_done(struct shard *sh)
             continue;
         CURL *easy = m->easy_handle;
         CURLcode rc = m->data.result;
-        struct upstream_xfer *x = NULL;
+        struct curlm_xfer *x = NULL;
         curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
         curl_multi_remove_handle(sh->multi, easy);
         sh->active--;
@@ -153,7 +121,7 @@ static void check_done(struct shard *sh)
 
 static void on_sock_event(struct loop_watch *w, uint32_t events)
 {
-    struct upstream_sock *s = w->arg;
+    struct curlm_sock *s = w->arg;
     struct shard *sh = s->sh;
     int flags = 0, running;
     if (s->parked) {
@@ -173,19 +141,19 @@ static void on_sock_event(struct loop_watch *w, uint32_t events)
     check_done(sh);
 }
 
-static struct upstream_sock *sock_find(const struct upstream *u, int fd)
+static struct curlm_sock *sock_find(const struct curlm *u, int fd)
 {
     return fd >= 0 && (size_t)fd < u->nsocks ? u->socks[fd] : NULL;
 }
 
-static struct upstream_sock *sock_new(struct shard *sh, int fd)
+static struct curlm_sock *sock_new(struct shard *sh, int fd)
 {
-    struct upstream *u = sh->u;
+    struct curlm *u = sh->u;
     if ((size_t)fd >= u->nsocks) {
         size_t n = u->nsocks ? u->nsocks : 64;
         while (n <= (size_t)fd)
             n *= 2;
-        struct upstream_sock **t = realloc(u->socks, n * sizeof(*t));
+        struct curlm_sock **t = realloc(u->socks, n * sizeof(*t));
         if (!t)
             return NULL;
         for (size_t i = u->nsocks; i < n; i++)
@@ -193,7 +161,7 @@ static struct upstream_sock *sock_new(struct shard *sh, int fd)
         u->socks = t;
         u->nsocks = n;
     }
-    struct upstream_sock *s = calloc(1, sizeof(*s));
+    struct curlm_sock *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
     sh->conns++;
@@ -215,7 +183,7 @@ static struct upstream_sock *sock_new(struct shard *sh, int fd)
  * "leaving" forever with connections=1). Whether 's' is still the socket we watched: its number is
  * open and has its cookie. A connected socket
  * ('settled') is not asked: curl closes those through on_close. */
-static bool sock_gone(const struct upstream_sock *s)
+static bool sock_gone(const struct curlm_sock *s)
 {
     if (s->settled || !s->cookie)
         return false;
@@ -228,7 +196,7 @@ static bool sock_gone(const struct upstream_sock *s)
  * behind our back (sock_gone), so its number, which may name another file by now, is not
  * touched (the kernel took the closed socket out of epoll with it); otherwise it leaves epoll
  * before on_close closes it. */
-static void sock_drop(struct upstream *u, struct upstream_sock *s, bool gone)
+static void sock_drop(struct curlm *u, struct curlm_sock *s, bool gone)
 {
     if (s->conns)
         atomic_fetch_sub_explicit(s->conns, 1, memory_order_relaxed);
@@ -243,7 +211,7 @@ static void sock_drop(struct upstream *u, struct upstream_sock *s, bool gone)
 }
 
 /* Puts the socket in epoll with 'ev', whatever its state there. */
-static int sock_watch(struct upstream *u, struct upstream_sock *s, uint32_t ev)
+static int sock_watch(struct curlm *u, struct curlm_sock *s, uint32_t ev)
 {
     if (s->w.fd < 0)
         return loop_watch_add(u->loop, &s->w, s->fd, ev, on_sock_event, s);
@@ -258,8 +226,8 @@ static int sock_watch(struct upstream *u, struct upstream_sock *s, uint32_t ev)
 static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
 {
     struct shard *sh = userp;
-    struct upstream *u = sh->u;
-    struct upstream_sock *s = socketp;
+    struct curlm *u = sh->u;
+    struct curlm_sock *s = socketp;
 
     if (what == CURL_POLL_REMOVE) {
         if (!s)
@@ -282,7 +250,7 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         ev |= EPOLLIN;
     if (what & CURL_POLL_OUT)
         ev |= EPOLLOUT;
-    struct upstream_xfer *x = NULL;
+    struct curlm_xfer *x = NULL;
     curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
     bool assign = !s;
     if (!s)
@@ -297,7 +265,7 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         if (!(s = sock_new(sh, fd)))
             return -1;
         /* a new connection: its endpoint counts it until curl closes it */
-        if (x && x->to && (s->conns = x->to->conns) != NULL)
+        if (x && (s->conns = x->conns) != NULL)
             atomic_fetch_add_explicit(s->conns, 1, memory_order_relaxed);
     }
     if (assign) {
@@ -316,8 +284,8 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
 /* curl is done with a socket: forget it, then close it. */
 static int on_close(void *clientp, curl_socket_t fd)
 {
-    struct upstream *u = clientp;
-    struct upstream_sock *s = sock_find(u, fd);
+    struct curlm *u = clientp;
+    struct curlm_sock *s = sock_find(u, fd);
     if (s)
         sock_drop(u, s, false);
     return close(fd);
@@ -355,39 +323,34 @@ static CURLM *shard_multi(struct shard *sh)
     curl_multi_setopt(m, CURLMOPT_SOCKETDATA, sh);
     curl_multi_setopt(m, CURLMOPT_TIMERFUNCTION, on_curl_timer);
     curl_multi_setopt(m, CURLMOPT_TIMERDATA, sh);
-    curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, UPSTREAM_MAX_CONNECTIONS / SHARDS);
+    curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, CURLM_MAX_CONNECTIONS / SHARDS);
     return m;
 }
 
-struct upstream *upstream_new(struct loop *l, struct h2up_counts *h2_counts)
+struct curlm *curlm_new(struct loop *l, struct slots *slots)
 {
-    struct upstream *u = calloc(1, sizeof(*u));
+    struct curlm *u = calloc(1, sizeof(*u));
     if (!u)
         return NULL;
     u->loop = l;
-    u->h2_counts = h2_counts;
+    u->slots = slots;
     u->dead = -1;
-    if (!(u->slots = slots_new(l))) {
-        free(u);
-        return NULL;
-    }
     for (size_t i = 0; i < SHARDS; i++) {
         struct shard *sh = &u->shards[i];
         sh->u = u;
         if (!(sh->multi = shard_multi(sh))) {
-            upstream_free(u);
+            curlm_free(u);
             return NULL;
         }
     }
     return u;
 }
 
-void upstream_free(struct upstream *u)
+void curlm_free(struct curlm *u)
 {
     if (!u)
         return;
     /* Running transfers were cancelled by their requests when the worker tore them down. */
-    h2up_free(u->h2);
     for (size_t i = 0; i < SHARDS; i++) {
         loop_timer_stop(u->loop, &u->shards[i].timer);
         if (u->shards[i].multi)
@@ -404,11 +367,10 @@ void upstream_free(struct upstream *u)
     free(u->socks);
     if (u->dead >= 0)
         close(u->dead);
-    slots_free(u->slots);
     free(u);
 }
 
-CURL *upstream_easy_get(struct upstream *u)
+CURL *curlm_easy_get(struct curlm *u)
 {
     CURL *e = u->npool ? u->pool[--u->npool] : curl_easy_init();
     if (!e)
@@ -419,7 +381,7 @@ CURL *upstream_easy_get(struct upstream *u)
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, UPSTREAM_RECV_BUFFER);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, CURLM_RECV_BUFFER);
     /* Upstreams are reached directly: an http_proxy or HTTPS_PROXY in the sidecar's
      * environment must not reroute them (and is not looked up on every transfer). */
     curl_easy_setopt(e, CURLOPT_PROXY, "");
@@ -431,7 +393,7 @@ CURL *upstream_easy_get(struct upstream *u)
 }
 
 /* The first shard with room under SHARD_FILL, else the least busy. */
-static struct shard *pick_shard(struct upstream *u)
+static struct shard *pick_shard(struct curlm *u)
 {
     struct shard *least = &u->shards[0];
     for (size_t i = 0; i < SHARDS; i++) {
@@ -444,13 +406,13 @@ static struct shard *pick_shard(struct upstream *u)
     return least;
 }
 
-int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn done, void *arg)
+int curlm_start(struct curlm *u, struct curlm_xfer *x, curlm_done_fn done, void *arg)
 {
     x->done = done;
     x->arg = arg;
     x->fd = -1;
     struct shard *sh = pick_shard(u);
-    x->shard = sh;
+    x->shard = (unsigned char)(sh - u->shards);
     curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
     if (curl_multi_add_handle(sh->multi, x->easy) != CURLM_OK) {
         pool_put(u, x->easy, x->spent);
@@ -463,11 +425,11 @@ int upstream_start(struct upstream *u, struct upstream_xfer *x, upstream_done_fn
     return 0;
 }
 
-void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
+void curlm_cancel(struct curlm *u, struct curlm_xfer *x)
 {
     if (!x->easy)
         return;
-    struct shard *sh = x->shard;
+    struct shard *sh = &u->shards[x->shard];
     curl_multi_remove_handle(sh->multi, x->easy);
     sh->active--;
     u->active--;
@@ -478,190 +440,13 @@ void upstream_cancel(struct upstream *u, struct upstream_xfer *x)
     slots_hand_on(u->slots);
 }
 
-/* libcurl's own CA bundle and directory, which a pooled handle is given back after serving a
- * route with its own tls.ca_file. */
-static int curl_ca_defaults(char **cainfo, char **capath)
-{
-    CURL *e = curl_easy_init();
-    char *info = NULL, *path = NULL;
-    if (!e)
-        return -1;
-    curl_easy_getinfo(e, CURLINFO_CAINFO, &info);
-    curl_easy_getinfo(e, CURLINFO_CAPATH, &path);
-    *cainfo = info ? strdup(info) : NULL;
-    *capath = path ? strdup(path) : NULL;
-    curl_easy_cleanup(e);
-    return (info && !*cainfo) || (path && !*capath) ? -1 : 0;
-}
-
-/* The origin of "scheme://host:port/" (config/schema_values.c wrote it so), resolved now; 'ot' for
- * https. */
-static struct origin *origin_of(const char *origin, const struct origin_tls *ot)
-{
-    const char *auth = strstr(origin, "://") + 3;
-    char *a = strndup(auth, strcspn(auth, "/"));
-    struct origin *o = a ? origin_new(a, origin[4] == 's' ? ot : NULL) : NULL;
-    free(a);
-    return o;
-}
-
-/* libcurl (7.88) sends in SNI and verifies the URL's host, and has no option to name another:
- * the URL is given tls.server_name for host, CURLOPT_CONNECT_TO sends its connections to the
- * host and port 'origin' has, and the Host field, which libcurl would take from the URL, is
- * given as 'origin' has it. libcurl keeps connections made through CONNECT_TO apart from
- * others (its cache compares the host connected to as well as the URL's). */
-static int server_name(struct upstream_url *url, const char *origin, const char *name)
-{
-    char *host = NULL, *port = NULL, *ct = NULL;
-    const char *auth = strstr(origin, "://") + 3;
-    int len = (int)strcspn(auth, "/");
-    int rc = -1;
-    if (curl_url_get(url->curl, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
-        curl_url_get(url->curl, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
-        asprintf(&ct, "::%s:%s", host, port) < 0 ||
-        asprintf(&url->host_field, "Host: %.*s", len, auth) < 0)
-        goto out;
-    if (curl_url_set(url->curl, CURLUPART_HOST, name, 0) != CURLUE_OK ||
-        !(url->connect_to = curl_slist_append(NULL, ct)))
-        goto out;
-    rc = 0;
-out:
-    curl_free(host);
-    curl_free(port);
-    free(ct);
-    return rc;
-}
-
-struct upstream_url *upstream_url_new(const char *origin, const char *host,
-                                      const struct cfg_tls *tls, bool tunnels)
-{
-    struct upstream_url *url = calloc(1, sizeof(*url));
-    if (!url)
-        return NULL;
-    if (strncmp(origin, "h2c://", 6) == 0 ||
-        (strncmp(origin, "https://", 8) == 0 && tls->http2 != CFG_HTTP2_OFF)) {
-        struct origin_tls ot = { tls->ca_file, tls->cert_file, tls->key_file, tls->server_name,
-                                 tls->http2 == CFG_HTTP2_AUTO };
-        if (!(url->h2 = origin_of(origin, &ot)))
-            goto fail;
-        if (!url->h2->tls || !url->h2->h1_too)
-            return url; /* HTTP/2 only */
-    }
-    if (tunnels && strncmp(origin, "h2c://", 6) != 0) {
-        /* resolved now, as h2's origins are: a worker never looks a name up (a route whose
-         * upgrades is [] resolves nothing here) */
-        struct origin_tls ot = { tls->ca_file, tls->cert_file, tls->key_file, tls->server_name,
-                                 true };
-        /* an https origin offering http/1.1 too is the same one h2 has: resolved once */
-        url->tun = url->h2 ? url->h2 : origin_of(origin, &ot);
-        if (!url->tun)
-            goto fail;
-    }
-    url->curl = curl_url();
-    if (!url->curl || curl_url_set(url->curl, CURLUPART_URL, origin, 0) != CURLUE_OK)
-        goto fail;
-    unsigned char b[16];
-    url->literal = inet_pton(AF_INET, host, b) == 1 || inet_pton(AF_INET6, host, b) == 1;
-    if ((url->https = strncmp(origin, "https://", 8) == 0)) {
-        if (tls->ca_file ? !(url->cainfo = strdup(tls->ca_file))
-                         : curl_ca_defaults(&url->cainfo, &url->capath) < 0)
-            goto fail;
-        if ((tls->cert_file && !(url->sslcert = strdup(tls->cert_file))) ||
-            (tls->key_file && !(url->sslkey = strdup(tls->key_file))))
-            goto fail;
-        if (tls->server_name && server_name(url, origin, tls->server_name) < 0)
-            goto fail;
-    }
-    return url;
-fail:
-    upstream_url_free(url);
-    return NULL;
-}
-
-void upstream_url_free(struct upstream_url *url)
-{
-    if (!url)
-        return;
-    curl_url_cleanup(url->curl);
-    if (url->tun != url->h2)
-        origin_free(url->tun);
-    origin_free(url->h2);
-    free(url->cainfo);
-    free(url->capath);
-    free(url->sslcert);
-    free(url->sslkey);
-    free(url->host_field);
-    curl_slist_free_all(url->connect_to);
-    free(url);
-}
-
-struct upstream_target *upstream_target_new(const struct upstream_url *url,
-                                            const struct dns_addr *a, _Atomic int64_t *conns)
-{
-    struct upstream_target *t = calloc(1, sizeof(*t));
-    if (!t)
-        return NULL;
-    t->conns = conns;
-    t->addr = *a;
-    if (url->h2 && !(t->h2 = origin_at(url->h2, a, conns)))
-        goto fail;
-    if (url->tun && !(t->tun = url->tun == url->h2 ? t->h2 : origin_at(url->tun, a, conns)))
-        goto fail;
-    if (url->curl && !url->literal) {
-        char *port = NULL, ip[INET6_ADDRSTRLEN], *ct = NULL;
-        inet_ntop(a->family, &a->u, ip, sizeof(ip));
-        if (curl_url_get(url->curl, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK &&
-            asprintf(&ct, a->family == AF_INET6 ? "::[%s]:%s" : "::%s:%s", ip, port) >= 0)
-            t->connect_to = curl_slist_append(NULL, ct);
-        curl_free(port);
-        free(ct);
-        if (!t->connect_to)
-            goto fail;
-    }
-    return t;
-fail:
-    upstream_target_free(t);
-    return NULL;
-}
-
-void upstream_target_free(struct upstream_target *t)
-{
-    if (!t)
-        return;
-    if (t->tun != t->h2)
-        origin_free(t->tun);
-    origin_free(t->h2);
-    curl_slist_free_all(t->connect_to);
-    free(t);
-}
-
-const struct origin *upstream_target_h2(const struct upstream_target *t)
-{
-    return t->h2;
-}
-
-const struct origin *upstream_target_tunnel(const struct upstream_target *t)
-{
-    return t->tun;
-}
-
-const struct dns_addr *upstream_target_addr(const struct upstream_target *t)
-{
-    return &t->addr;
-}
-
-struct share **upstream_target_share(struct upstream_target *t)
-{
-    return &t->share;
-}
-
 /* Closes the idle connection 's' now. libcurl (7.88) keeps an idle connection in its cache
  * until a later transfer on the same multi handle looks at it, which on a quiet worker is never,
  * and has no call to close one: its descriptor is made a copy of a socket whose peer is closed
  * instead. dup3() closes the TCP socket (the upstream sees it close, the endpoint's count drops
  * and it is gone from /upstreams) and keeps the number taken, so libcurl, which finds the copy
  * dead (its peer closed) when it next looks, closes it through on_close and nothing else. */
-static void sock_close_idle(struct upstream *u, struct upstream_sock *s)
+static void sock_close_idle(struct curlm *u, struct curlm_sock *s)
 {
     if (sock_gone(s)) { /* its number is not ours to replace */
         sock_drop(u, s, true);
@@ -684,67 +469,19 @@ static void sock_close_idle(struct upstream *u, struct upstream_sock *s)
     s->conns = NULL;
 }
 
-void upstream_target_leave(struct upstream *u, const struct upstream_target *t)
+void curlm_leave(struct curlm *u, const _Atomic int64_t *conns)
 {
-    if (t->h2 && u->h2)
-        h2up_leave(u->h2, t->h2);
     /* libcurl's idle connections to it close now; busy ones as their transfers end (the
      * endpoint's last attempt calls this again, docs/endpoints.md) */
-    for (size_t i = 0; t->conns && i < u->nsocks; i++) {
-        struct upstream_sock *s = u->socks[i];
-        if (s && s->parked && !s->user && s->conns == t->conns)
+    for (size_t i = 0; conns && i < u->nsocks; i++) {
+        struct curlm_sock *s = u->socks[i];
+        if (s && s->parked && !s->user && s->conns == conns)
             sock_close_idle(u, s);
     }
 }
 
-void upstream_easy_url(CURL *e, const struct upstream_url *url, const struct upstream_target *t)
+void curlm_trim(struct curlm *u)
 {
-    /* curl only reads the handle (it works on a copy of it) */
-    curl_easy_setopt(e, CURLOPT_CURLU, url->curl);
-    if (url->https) { /* a route's own tls.ca_file replaces the system's store */
-        curl_easy_setopt(e, CURLOPT_CAINFO, url->cainfo);
-        curl_easy_setopt(e, CURLOPT_CAPATH, url->capath);
-        /* sent when the server asks; NULL clears a pooled handle's (no key: in the cert).
-         * libcurl's connection and session caches compare the certificate's file, so no
-         * connection made with one is used without it, or with another */
-        curl_easy_setopt(e, CURLOPT_SSLCERT, url->sslcert);
-        curl_easy_setopt(e, CURLOPT_SSLKEY, url->sslkey);
-    }
-    /* every time: a pooled handle must not keep another route's. The endpoint's, which with
-     * tls.server_name sends connections to the address instead of the URL's host too. */
-    curl_easy_setopt(e, CURLOPT_CONNECT_TO, t && t->connect_to ? t->connect_to : url->connect_to);
-}
-
-const char *upstream_url_host_field(const struct upstream_url *url)
-{
-    return url->host_field;
-}
-
-const struct origin *upstream_url_h2(const struct upstream_url *url)
-{
-    return url->h2;
-}
-
-const struct origin *upstream_url_tunnel(const struct upstream_url *url)
-{
-    return url->tun;
-}
-
-bool upstream_url_h1(const struct upstream_url *url)
-{
-    return url->curl != NULL;
-}
-
-struct h2up *upstream_h2(struct upstream *u)
-{
-    if (!u->h2)
-        u->h2 = h2up_new(u->loop, u->h2_counts);
-    return u->h2;
-}
-
-void upstream_trim(struct upstream *u)
-{
-    slots_trim(u->slots);
     while (u->npool > POOL_KEEP)
         curl_easy_cleanup(u->pool[--u->npool]);
     /* libcurl keeps each connection whose transfer ended for a next one, and closes it only when
@@ -760,16 +497,9 @@ void upstream_trim(struct upstream *u)
         curl_multi_cleanup(sh->multi);
         sh->multi = m;
     }
-    if (u->h2)
-        h2up_trim(u->h2);
 }
 
-size_t upstream_active(const struct upstream *u)
+size_t curlm_active(const struct curlm *u)
 {
     return u->active;
-}
-
-struct slots *upstream_slots(struct upstream *u)
-{
-    return u->slots;
 }
