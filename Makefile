@@ -160,9 +160,11 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(SUPPORT_OBJ) | deps-test
 # Two unit suites link less than the whole library, on purpose:
 # - test_retry_decide: the decision (proxy/core/decide.c) with neither libmicrohttpd nor libcurl
 #   linked, which shows that it needs neither;
-# - test_retry_timers: the request state machine with the upstream attempt replaced by the
-#   suite's own fakes of proxy/upstream/attempt.h (the dispatcher and its three transports left out) and
-#   a front end of its own as the client side.
+# - test_retry_timers*: the request state machine with the upstream attempt replaced by the
+#   fakes of proxy/upstream/attempt.h in tests/support/faked/ (the dispatcher and its three
+#   transports left out) and a front end of their own as the client side. Every
+#   tests/unit/test_retry_timers*.c is such a suite; the fakes are kept out of SUPPORT_OBJ, which
+#   every other suite links beside the real attempt.o.
 DECIDE_OBJ := $(filter $(BUILD)/obj/policy/% $(BUILD)/obj/config/%,$(LIB_OBJ)) \
               $(addprefix $(BUILD)/obj/proxy/,core/decide.o http/hlist.o http/headers.o core/live.o base/strmap.o)
 $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_OBJ) | deps-test
@@ -171,10 +173,15 @@ $(BUILD)/tests/unit/test_retry_decide: tests/unit/test_retry_decide.c $(DECIDE_O
 	  $(LDFLAGS_ALL) $(shell pkg-config --libs jansson) -lm -lpthread $(TEST_LIBS)
 
 FAKED_OBJ := $(filter-out $(addprefix $(BUILD)/obj/proxy/,upstream/attempt.o upstream/h1up.o upstream/h2up_attempt.o \ upstream/tunnel_up_attempt.o),$(LIB_OBJ))
-$(BUILD)/tests/unit/test_retry_timers: tests/unit/test_retry_timers.c $(FAKED_OBJ) \
-                                     $(BUILD)/obj/tests/support/promtext.o | deps-test
+FAKES_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/faked/*.c)) \
+             $(BUILD)/obj/tests/support/promtext.o
+$(filter $(BUILD)/obj/tests/support/faked/%,$(FAKES_OBJ)): $(BUILD)/obj/%.o: %.c | deps-test
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(FAKED_OBJ) $(BUILD)/obj/tests/support/promtext.o \
+	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -c $< -o $@
+$(filter $(BUILD)/tests/unit/test_retry_timers%,$(TEST_BIN)): $(BUILD)/tests/%: tests/%.c \
+                                              $(FAKED_OBJ) $(FAKES_OBJ) | deps-test
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(FAKED_OBJ) $(FAKES_OBJ) \
 	  $(LDFLAGS_ALL) $(PKG_LIBS) $(TEST_LIBS)
 
 # Tools are standalone programs: the test upstream and process helpers only, no Criterion (whose
