@@ -142,9 +142,10 @@ $(BUILD)/obj/%.o: %.c | deps-core
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -c $< -o $@
 
-# The suites' support code but what the tools link (Criterion, libyaml): after the test
-# dependencies.
-TOOL_SUPPORT_OBJ := $(BUILD)/obj/tests/support/tup.o $(BUILD)/obj/tests/support/proc.o
+# The suites' support code but what the tools link (the test upstream, tup.c and its parts
+# tup_*.c, and proc.c) needs Criterion and libyaml: built after the test dependencies.
+TOOL_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/tup.c tests/support/tup_*.c)) \
+                    $(BUILD)/obj/tests/support/proc.o
 $(filter-out $(TOOL_SUPPORT_OBJ),$(SUPPORT_OBJ)): $(BUILD)/obj/%.o: %.c | deps-test
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -c $< -o $@
