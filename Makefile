@@ -186,11 +186,14 @@ $(filter $(BUILD)/tests/unit/test_retry_timers%,$(TEST_BIN)): $(BUILD)/tests/%: 
 	  $(LDFLAGS_ALL) $(PKG_LIBS) $(TEST_LIBS)
 
 # Tools are standalone programs: the test upstream and process helpers only, no Criterion (whose
-# sandbox would take over a tool started from inside a test).
+# sandbox would take over a tool started from inside a test). A tool's parts beside its main
+# file, tests/tools/NAME/*.c, are linked into build/tests/NAME only.
+tool_parts = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/tools/$(1)/*.c))
+$(foreach t,$(TOOL_SRC:tests/tools/%.c=%),$(eval $(BUILD)/tests/$(t): $(call tool_parts,$(t))))
 $(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) | deps-core
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) $(LDFLAGS_ALL) \
-	  $(PKG_LIBS)
+	$(CC) $(CFLAGS_ALL) $(PKG_CFLAGS) -o $@ $< $(call tool_parts,$*) $(LIB_OBJ) $(TOOL_SUPPORT_OBJ) \
+	  $(LDFLAGS_ALL) $(PKG_LIBS)
 
 check-tests: $(BIN) $(TEST_BIN) $(TOOL_BIN)
 
