@@ -1,8 +1,9 @@
 /* The layout of proxy/ (docs/architecture.md) holds: tests/cli/layout.py reads who calls whom
  * from the build's objects and checks it against the parts and what each may call, the circles,
- * the libraries, the headers and the lengths. The check is shown to catch a file in the wrong
- * part, a circle across parts, the core calling a transport past its interface and a library
- * called from a part not its own. Run from the repository
+ * the libraries, the headers and the lengths, those of tests/ too (docs/testing.md). The check
+ * is shown to catch a file in the wrong part, a circle across parts, the core calling a
+ * transport past its interface, a library called from a part not its own and a long test
+ * file. Run from the repository
  * root (make test does); the objects are those of the binary under test.
  */
 #include <criterion/criterion.h>
@@ -74,4 +75,11 @@ Test(layout, a_library_called_from_another_part_is_caught)
 {
     /* the HTTP/1.1 front end taken for a part of the core: the core would call libmicrohttpd */
     expect_breach("relay=core", "relay (core) calls MHD_");
+}
+
+Test(layout, a_long_test_file_is_caught)
+{
+    /* tests/ under a bound of 100 lines: most suites pass it, and each is named */
+    expect_breach("--max-test-lines=100", "tests/support/tup.c: ");
+    expect_breach("--max-test-lines=100", "over 100: split it by what it covers");
 }
