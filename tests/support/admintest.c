@@ -27,7 +27,7 @@
 #include "tests/support/fixture.h"
 #include "tests/support/promtext.h"
 
-#define T 20000 /* ms: upper bound for any single request in these tests */
+#define T 20000 /* ms: upper bound for any single request of these helpers */
 
 /* A tup and a proxy (two workers) with route "r" to it. 'top' holds extra top-level members,
  * 'route' extra members of route "r", 'more' a further route object (each of the three may be

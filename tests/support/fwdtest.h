@@ -12,7 +12,7 @@
 
 #include "tests/support/fixture.h"
 
-#define FWD_T 10000 /* ms: upper bound for any single request in these tests */
+#define FWD_T 10000 /* ms: upper bound for any single request in the forwarding suites */
 
 #define FWD_QUIET 300 /* ms: how long "nothing more arrives" is watched for */
 

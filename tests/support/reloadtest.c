@@ -25,7 +25,7 @@
 
 #include "tests/support/fixture.h"
 
-#define T 20000 /* ms: upper bound for any single request in these tests */
+#define T 20000 /* ms: upper bound for any single request of these helpers */
 
 char rl_dir[64]; /* the config's directory */
 
