@@ -1,11 +1,12 @@
 /* The layout of proxy/ (docs/architecture.md) holds: tests/cli/layout.py reads who calls whom
  * from the build's objects and who includes whom from the sources, and checks them against the
  * parts and what each may call and include, the circles, the libraries, the headers and the
- * lengths. The check is shown to catch a file in the wrong part, a circle across parts, the core
- * calling a transport past its interface, a library called from a part not its own, and each
- * wall issue 41 found crossed: a header of a part above, a core or front end file including a
- * transport's insides, an engine made outside the worker, a transport reaching into another, and
- * two files including each other. Run from the repository
+ * lengths, those of tests/ too (docs/testing.md). The check is shown to catch a file in the
+ * wrong part, a circle across parts, the core calling a transport past its interface, a library
+ * called from a part not its own, a long test file, and each wall issue 41 found crossed: a
+ * header of a part above, a core or front end file including a transport's insides, an engine
+ * made outside the worker, a transport reaching into another, and two files including each
+ * other. Run from the repository
  * root (make test does); the objects are those of the binary under test.
  */
 #include <criterion/criterion.h>
@@ -124,4 +125,11 @@ Test(layout, two_files_including_each_other_are_caught)
     /* the balancer reading the snapshot's header, which includes the balancer's: as before */
     expect_breach("--include=proxy/core/balance.c=proxy/core/runtime.h",
                   "an include circle between proxy/core/balance, proxy/core/runtime");
+}
+
+Test(layout, a_long_test_file_is_caught)
+{
+    /* tests/ under a bound of 100 lines: most suites pass it, and each is named */
+    expect_breach("--max-test-lines=100", "tests/support/tup.c: ");
+    expect_breach("--max-test-lines=100", "over 100: split it by what it covers");
 }

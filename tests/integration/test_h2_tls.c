@@ -11,50 +11,20 @@
 
 #include "tests/support/fixture.h"
 #include "tests/support/h2u.h"
+#include "tests/support/tlsfix.h"
 
 #define T 20000 /* ms: upper bound for any single request in these tests */
 
 static struct h2u *srv;
-static char dir[64];
 
-static void stop(void)
-{
-    h2u_stop_all();
-    fx_stop();
-    if (dir[0]) {
-        char cmd[128];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-        fx_sh(cmd);
-    }
-}
-
-TestSuite(h2_tls, .fini = stop, .timeout = 90);
-
-/* A self-signed certificate in dir/NAME.pem (key NAME.key) whose subjectAltName is 'san'. */
-static void make_cert(const char *name, const char *san)
-{
-    if (!dir[0]) {
-        snprintf(dir, sizeof(dir), "/tmp/retryproxy-h2tls-XXXXXX");
-        cr_assert_not_null(mkdtemp(dir));
-    }
-    fx_make_cert(dir, name, san);
-}
-
-static const char *path_of(const char *name, const char *ext)
-{
-    static char p[2][128];
-    static int k;
-    k ^= 1;
-    snprintf(p[k], sizeof(p[k]), "%s/%s.%s", dir, name, ext);
-    return p[k];
-}
+TestSuite(h2_tls, .fini = tlsfix_stop, .timeout = 90);
 
 /* The upstream with certificate 'cert' choosing from 'alpn', and a proxy whose route "r" goes
  * to it with 'tls' (the route's tls object's members) and 'retry' (members of its retry
  * object besides a fast backoff). */
 static void start(const char *cert, const char *alpn, const char *tls, const char *retry)
 {
-    srv = h2u_start_tls(path_of(cert, "pem"), path_of(cert, "key"), alpn);
+    srv = h2u_start_tls(tlsfix_path(cert, "pem"), tlsfix_path(cert, "key"), alpn);
     struct cfgb *b = cfgb_new();
     cfgb_route(b, "r", "\"upstreams\": [\"%s\"], \"tls\": {%s}, \"retry\": {" CFG_FAST "%s%s}",
                h2u_url(srv, "/base"), tls, *retry ? ", " : "", retry);
@@ -64,9 +34,7 @@ static void start(const char *cert, const char *alpn, const char *tls, const cha
 /* The trusted certificate, for 127.0.0.1. */
 static const char *trusting(void)
 {
-    static char m[160];
-    snprintf(m, sizeof(m), "\"ca_file\": \"%s\"", path_of("good", "pem"));
-    return m;
+    return tlsfix_trust(tlsfix_path("good", "pem"));
 }
 
 static struct http_resp call(const char *method, const char *path, const char *const *h,
@@ -94,7 +62,7 @@ static size_t count_events(const char *ev, const char *key, const char *value)
 /* h2 chosen by ALPN: requests go as HTTP/2 streams with :scheme https, on one connection. */
 Test(h2_tls, https_upstream_speaks_h2_chosen_by_alpn_on_one_connection)
 {
-    make_cert("good", "IP:127.0.0.1");
+    tlsfix_cert("good", "IP:127.0.0.1");
     start("good", "h2,http/1.1", trusting(), "");
     for (int i = 0; i < 5; i++) {
         const char *h[] = { "x-h2-body: 40000", NULL };
@@ -117,7 +85,7 @@ Test(h2_tls, https_upstream_speaks_h2_chosen_by_alpn_on_one_connection)
  * the message reached the upstream whole each time. */
 Test(h2_tls, grpc_status_in_trailers_over_tls_is_retried)
 {
-    make_cert("good", "IP:127.0.0.1");
+    tlsfix_cert("good", "IP:127.0.0.1");
     start("good", "h2", trusting(), "\"retry_on\": [\"unavailable\"]");
     const char *h[] = { "X-Request-Id: tls-grpc-1",
                         "Content-Type: application/grpc",
@@ -149,7 +117,7 @@ Test(h2_tls, grpc_status_in_trailers_over_tls_is_retried)
  * response. */
 Test(h2_tls, refused_and_reset_streams_over_tls_keep_their_meaning)
 {
-    make_cert("good", "IP:127.0.0.1");
+    tlsfix_cert("good", "IP:127.0.0.1");
     start("good", "h2", trusting(), "");
     const char *h[] = { "X-Request-Id: tls-ref-1", "x-h2-scenario: refuse", "x-h2-fail: 1", NULL };
     struct http_resp r = call("POST", "/order", h, "one", 3);
@@ -169,7 +137,7 @@ Test(h2_tls, refused_and_reset_streams_over_tls_keep_their_meaning)
  * connection for the try, one for libcurl's kept-alive requests). */
 Test(h2_tls, a_server_choosing_http1_gets_http1_and_is_remembered)
 {
-    make_cert("good", "IP:127.0.0.1");
+    tlsfix_cert("good", "IP:127.0.0.1");
     start("good", "http/1.1", trusting(), "");
     for (int i = 0; i < 4; i++) {
         struct http_resp r = call("POST", "/h1", NULL, "body", 4);
@@ -195,7 +163,7 @@ Test(h2_tls, a_server_choosing_http1_gets_http1_and_is_remembered)
 /* tls.http2 "off": HTTP/1.1 through libcurl even to a server that would choose h2. */
 Test(h2_tls, http2_off_keeps_https_on_http1)
 {
-    make_cert("good", "IP:127.0.0.1");
+    tlsfix_cert("good", "IP:127.0.0.1");
     start("good", "h2,http/1.1", "\"http2\": \"off\", \"ca_file\": null", "");
     /* no ca_file: the system's store does not trust the test's certificate */
     struct http_resp r = call("GET", "/off", NULL, NULL, 0);
@@ -216,7 +184,7 @@ Test(h2_tls, http2_off_keeps_https_on_http1)
 /* tls.http2 "required": a server that does not choose h2 is a connect failure, nothing sent. */
 Test(h2_tls, http2_required_refuses_a_server_without_h2)
 {
-    make_cert("good", "IP:127.0.0.1");
+    tlsfix_cert("good", "IP:127.0.0.1");
     char tls[256];
     snprintf(tls, sizeof(tls), "\"http2\": \"required\", %s", trusting());
     start("good", "http/1.1", tls, "\"max_attempts\": 2");
@@ -235,8 +203,8 @@ Test(h2_tls, http2_required_refuses_a_server_without_h2)
  * trusted one for another name, are connect failures and nothing reaches the upstream. */
 Test(h2_tls, untrusted_or_misnamed_certificates_are_connect_failures)
 {
-    make_cert("good", "IP:127.0.0.1");
-    make_cert("other", "DNS:elsewhere.test");
+    tlsfix_cert("good", "IP:127.0.0.1");
+    tlsfix_cert("other", "DNS:elsewhere.test");
     start("good", "h2,http/1.1", "", "\"max_attempts\": 1");
     struct http_resp r = call("GET", "/x", NULL, NULL, 0);
     cr_expect_eq(r.status, 502);
@@ -259,9 +227,7 @@ Test(h2_tls, untrusted_or_misnamed_certificates_are_connect_failures)
     fx_stop();
     h2u_stop_all();
     /* trusted, but made out to elsewhere.test, not 127.0.0.1 */
-    char tls[256];
-    snprintf(tls, sizeof(tls), "\"ca_file\": \"%s\"", path_of("other", "pem"));
-    start("other", "h2,http/1.1", tls, "\"max_attempts\": 1");
+    start("other", "h2,http/1.1", tlsfix_trust(tlsfix_path("other", "pem")), "\"max_attempts\": 1");
     r = call("GET", "/y", NULL, NULL, 0);
     cr_expect_eq(r.status, 502);
     http_free(&r);
@@ -273,7 +239,7 @@ Test(h2_tls, untrusted_or_misnamed_certificates_are_connect_failures)
  * had not begun when the server chose http/1.1, and libcurl sends all of it. */
 Test(h2_tls, a_streamed_upload_falls_back_to_http1_whole)
 {
-    make_cert("good", "IP:127.0.0.1");
+    tlsfix_cert("good", "IP:127.0.0.1");
     start("good", "http/1.1", trusting(), "\"max_retry_body_bytes\": 0");
     static char body[300000];
     memset(body, 'x', sizeof(body));

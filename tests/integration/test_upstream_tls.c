@@ -11,42 +11,13 @@
 
 #include "tests/support/fixture.h"
 #include "tests/support/h2u.h"
+#include "tests/support/tlsfix.h"
 
 #define T 20000 /* ms: upper bound for any single request in these tests */
 
 static struct h2u *srv;
-static char dir[64];
 
-static void stop(void)
-{
-    h2u_stop_all();
-    fx_stop();
-    if (dir[0]) {
-        char cmd[128];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-        fx_sh(cmd);
-    }
-}
-
-TestSuite(upstream_tls, .fini = stop, .timeout = 90);
-
-/* A self-signed certificate for 'san' in dir/NAME.pem, its key in dir/NAME.key. */
-struct pair {
-    char pem[128], key[128];
-};
-
-static struct pair cert(const char *name, const char *san)
-{
-    if (!dir[0]) {
-        snprintf(dir, sizeof(dir), "/tmp/retryproxy-uptls-XXXXXX");
-        cr_assert_not_null(mkdtemp(dir));
-    }
-    fx_make_cert(dir, name, san);
-    struct pair p;
-    snprintf(p.pem, sizeof(p.pem), "%s/%s.pem", dir, name);
-    snprintf(p.key, sizeof(p.key), "%s/%s.key", dir, name);
-    return p;
-}
+TestSuite(upstream_tls, .fini = tlsfix_stop, .timeout = 90);
 
 static long get(const char *path, char **body)
 {
@@ -109,11 +80,11 @@ static void route(struct cfgb *b, const char *name, const char *http2, const cha
  * the certificate left connections open to it (none is shared across client certificates). */
 Test(upstream_tls, a_client_certificate_gets_through_and_none_is_refused)
 {
-    struct pair s = cert("srv", "IP:127.0.0.1"), c = cert("cli", "DNS:client.test");
+    struct tls_pair s = tlsfix_cert("srv", "IP:127.0.0.1"),
+                    c = tlsfix_cert("cli", "DNS:client.test");
     const char *srv_pem = s.pem;
     srv = h2u_start_mtls(s.pem, s.key, "h2,http/1.1", c.pem);
-    char with[512];
-    snprintf(with, sizeof(with), "\"cert_file\": \"%s\", \"key_file\": \"%s\"", c.pem, c.key);
+    const char *with = tlsfix_present(c.pem, c.key);
     struct cfgb *b = cfgb_new();
     route(b, "h1", "off", srv_pem, with);
     route(b, "h2", "required", srv_pem, with);
@@ -152,13 +123,10 @@ Test(upstream_tls, a_client_certificate_gets_through_and_none_is_refused)
         cr_expect_eq(nr + nc, 1, "%s: %g reset, %g connect_failure", route, nr, nc);
     }
     /* a key in the certificate's own file serves as well (key_file null) */
-    char both[128], cmd[512];
-    snprintf(both, sizeof(both), "%s/both.pem", dir);
-    snprintf(cmd, sizeof(cmd), "cat %s %s > %s", c.pem, c.key, both);
-    cr_assert_eq(fx_sh(cmd), 0);
+    const char *both = tlsfix_cat("both.pem", c.pem, c.key);
     fx_stop();
     b = cfgb_new();
-    snprintf(with, sizeof(with), "\"cert_file\": \"%s\"", both);
+    with = tlsfix_present(both, NULL);
     route(b, "h1", "off", srv_pem, with);
     route(b, "h2", "required", srv_pem, with);
     fx_start_b(b, "--workers", "1", NULL);
@@ -171,7 +139,7 @@ Test(upstream_tls, a_client_certificate_gets_through_and_none_is_refused)
  * Host (:authority) stays the URL's; another name fails verification and nothing is sent. */
 Test(upstream_tls, server_name_is_sent_and_verified_instead_of_the_url_host)
 {
-    struct pair n = cert("named", "DNS:upstream.test");
+    struct tls_pair n = tlsfix_cert("named", "DNS:upstream.test");
     const char *pem = n.pem;
     srv = h2u_start_tls(n.pem, n.key, "h2,http/1.1");
     struct cfgb *b = cfgb_new();
@@ -216,8 +184,7 @@ Test(upstream_tls, server_name_is_sent_and_verified_instead_of_the_url_host)
 static void write_config(const char *ca, const char *pem, const char *key)
 {
     struct cfgb *b = cfgb_new();
-    char with[512];
-    snprintf(with, sizeof(with), "\"cert_file\": \"%s\", \"key_file\": \"%s\"", pem, key);
+    const char *with = tlsfix_present(pem, key);
     route(b, "h1", "off", ca, with);
     route(b, "h2", "required", ca, with);
     char *text = cfgb_text(b);
@@ -230,12 +197,10 @@ static void write_config(const char *ca, const char *pem, const char *key)
  * files is taken, and new connections present it. */
 Test(upstream_tls, a_reload_takes_new_files_and_refuses_missing_ones)
 {
-    struct pair s = cert("srv", "IP:127.0.0.1"), c = cert("cli", "DNS:client.test"),
-                c2 = cert("cli2", "DNS:renewed.test");
-    char trusted[160], cmd[512];
-    snprintf(trusted, sizeof(trusted), "%s/clients.pem", dir);
-    snprintf(cmd, sizeof(cmd), "cat %s %s > %s", c.pem, c2.pem, trusted);
-    cr_assert_eq(fx_sh(cmd), 0);
+    struct tls_pair s = tlsfix_cert("srv", "IP:127.0.0.1"),
+                    c = tlsfix_cert("cli", "DNS:client.test"),
+                    c2 = tlsfix_cert("cli2", "DNS:renewed.test");
+    const char *trusted = tlsfix_cat("clients.pem", c.pem, c2.pem);
     srv = h2u_start_mtls(s.pem, s.key, "h2,http/1.1", trusted);
     fx_config_dir("uptls");
     write_config(s.pem, c.pem, c.key);
@@ -245,9 +210,7 @@ Test(upstream_tls, a_reload_takes_new_files_and_refuses_missing_ones)
     cr_expect_eq(get("/h1/a", NULL), 200);
     cr_expect_eq(get("/h2/a", NULL), 200);
     cr_expect_eq(tls_records("client_name", "client.test"), 2);
-    char missing[160];
-    snprintf(missing, sizeof(missing), "%s/missing.key", dir);
-    write_config(s.pem, c.pem, missing);
+    write_config(s.pem, c.pem, tlsfix_path("missing", "key"));
     cr_assert_eq(fx_wait_metric("retryproxy_config_last_reload_successful", 0, 10000), 0,
                  "a missing key_file was not refused");
     cr_expect_eq(get("/h1/b", NULL), 200, "the running config goes on");
