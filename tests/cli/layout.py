@@ -6,13 +6,15 @@
 OBJDIR is the build's objects of proxy/ (build/obj/proxy). Who calls whom is read from the
 objects (nm: what each one defines and what it needs), so the check sees calls, not includes.
 NAME=PART pretends a file lives in another part, --interface names other files as the upstream
-side's interface ("none": no file); the suite uses them to show that the check can fail. Exits 1 with
-one line per breach:
+side's interface ("none": no file), --machine names another file as the request's state machine;
+the suite uses them to show that the check can fail. Exits 1 with one line per breach:
 
   - every source of proxy/ is in a part's folder (or is one of the process's own files at the top);
   - a part calls only the parts below it (MAY_CALL), and a library only from its parts (LIBRARIES);
   - the request core reaches the upstream side only through its interface (the functions of
     proxy/upstream/attempt.h, CORE_UPSTREAM), the client side not at all (front.h's are pointers);
+  - the request's state machine (core/retry.c) calls the files that do its work and none of them
+    calls it (MACHINE_PARTS; a later event of theirs comes back through a callback it passes down);
   - files that call each other in a circle are of one part, and each says at its top that they
     are one state machine ("one state machine");
   - no two headers include each other, however far round;
@@ -46,6 +48,11 @@ CORE_UPSTREAM = {'attempt'}
 # stands in for libc's, for libmicrohttpd's reads).
 NOT_CALLS = {'recv'}
 MAX_LINES = 800
+# The request's state machine and the files that do what it asks (docs/architecture.md, "One
+# request's states"): they return what happened and call nothing of it, so that a request's
+# states and every move between them are read in one file.
+MACHINE = 'retry'
+MACHINE_PARTS = {'req', 'edge', 'keep', 'race', 'durable', 'tally'}
 # The libraries and the parts that call them (docs/architecture.md, "The parts").
 LIBRARIES = {
     'MHD_': {'http1', 'ops'},        # the client port; the admin port's own daemon
@@ -64,7 +71,10 @@ LIBRARIES = {
 def main():
     objdir = sys.argv[1]
     moved = dict(a.split('=', 1) for a in sys.argv[2:] if '=' in a and not a.startswith('-'))
+    machine = MACHINE
     for a in sys.argv[2:]:
+        if a.startswith('--machine='):
+            machine = a.split('=', 1)[1]
         if a.startswith('--interface='):
             CORE_UPSTREAM.clear()
             CORE_UPSTREAM.update(x for x in a.split('=', 1)[1].split(',') if x != 'none')
@@ -116,6 +126,11 @@ def main():
             elif pa == 'core' and pb == 'upstream' and a not in CORE_MAKERS and b not in CORE_UPSTREAM:
                 bad.append(f'{a} (core) calls {b}: {s}; the core reaches the upstream side only '
                            f'through {", ".join(sorted(CORE_UPSTREAM))}')
+    for a in sorted(MACHINE_PARTS - {machine}):
+        if machine in calls.get(a, {}):
+            bad.append(f'{a} calls {machine}: {calls[a][machine]}; the request\'s state machine '
+                       f'({machine}) calls {", ".join(sorted(MACHINE_PARTS - {machine}))}, never '
+                       'the other way (docs/architecture.md, "One request\'s states")')
     # circles (Tarjan's strongly connected components)
     index, low, stack, on, comps = {}, {}, [], set(), []
     def visit(v):

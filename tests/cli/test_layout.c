@@ -1,9 +1,9 @@
 /* The layout of proxy/ (docs/architecture.md) holds: tests/cli/layout.py reads who calls whom
  * from the build's objects and checks it against the parts and what each may call, the circles,
  * the libraries, the headers and the lengths. The check is shown to catch a file in the wrong
- * part, a circle across parts, the core calling a transport past its interface and a library
- * called from a part not its own. Run from the repository
- * root (make test does); the objects are those of the binary under test.
+ * part, a circle across parts, the core calling a transport past its interface, a library
+ * called from a part not its own and a part of the request's state machine calling back into it.
+ * Run from the repository root (make test does); the objects are those of the binary under test.
  */
 #include <criterion/criterion.h>
 
@@ -74,4 +74,11 @@ Test(layout, a_library_called_from_another_part_is_caught)
 {
     /* the HTTP/1.1 front end taken for a part of the core: the core would call libmicrohttpd */
     expect_breach("relay=core", "relay (core) calls MHD_");
+}
+
+Test(layout, a_part_calling_back_into_the_state_machine_is_caught)
+{
+    /* req.c taken for the machine: race.c, edge.c... call it, as they called retry.c before
+     * the machine's calls went one way */
+    expect_breach("--machine=req", "race calls req: ");
 }
