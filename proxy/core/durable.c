@@ -1,8 +1,8 @@
 /* durable -- a request to a durable route (routes[].delivery.mode "durable", docs/delivery.md):
  * not forwarded, but taken whole, stored, and answered 202 once the store says it is on disk.
- * Part of the request's one state machine with retry.c, edge.c, keep.c and race.c
- * (proxy/core/req.h): edge.c plans it, retry.c hands it over once its body is in, and this file
- * answers through edge.c.
+ * The state machine (retry.c) plans it, hands it over once its body is in, and moves it to
+ * STORE and then ANSWERED: this file stores it and answers, through edge.c, as it asks, and
+ * the store's answer goes back to the machine through the callback it passed down.
  *
  *   BODY --body complete--> STORE --committed--> ANSWERED (202, or 422, 503: store full)
  *
@@ -41,6 +41,7 @@ struct accept_job {
     bool nomem;
     char *idem_key;
     struct retry_req *r;
+    req_event_fn *event;   /* the state machine's, for the store's answer (accept_store()) */
     const char *id_header; /* the route's, left out: every attempt carries its own */
     /* a synchronous route's dead letter: its attempt, final head and first body bytes, and
      * why (the stop, and whether the body could be kept) */
@@ -123,7 +124,6 @@ static void answer_with(struct retry_req *r, unsigned status, const char *body, 
     struct answer_tag tag = { .request_id = r->request_id[0] ? r->request_id : NULL,
                               .throttled = -1 };
     r->front->ops->saved(r->front, (int)status, h, r->saved.body, len, NULL, &tag);
-    r->state = RS_ANSWERED;
 }
 
 static void answer_accepted(struct retry_req *r, const char *id)
@@ -198,25 +198,27 @@ static void accept_done(struct store_call *c)
     else
         log_event(CFG_LOG_WARN, "delivery refused", "route", r->route->name, "result", word,
                   "request_id", r->request_id, NULL);
-    /* the client may have gone meanwhile (answered with a reset), or the worker stopped: what
-     * was committed stays committed, and nobody is told */
-    if (!r->front->answered && r->state == RS_STORE &&
-        !atomic_load_explicit(&w->stop, memory_order_relaxed)) {
-        if (c->result == 0)
-            answer_accepted(r, c->id);
-        else if (c->result == STORE_ECONFLICT)
-            edge_error(r, 422, "idempotency_conflict",
-                       "this Idempotency-Key was accepted before with another body");
-        else if (c->result == STORE_EFULL)
-            answer_full(r);
-        else
-            edge_error(r, 503, "store_unavailable",
-                       "the delivery store could not take the request: nothing was stored");
-    }
+    j->event(r, REQ_EV_STORED, c); /* answered, unless nobody is to be told */
     if (c->result == 0 && w->px->accepted)
         w->px->accepted(w->px->accepted_arg);
     job_free(j);
-    retry_req_release(r);
+    req_release(r);
+}
+
+/* The store's answer to the client (REQ_EV_STORED). */
+void accept_answer(struct retry_req *r, const void *arg)
+{
+    const struct store_call *c = arg;
+    if (c->result == 0)
+        answer_accepted(r, c->id);
+    else if (c->result == STORE_ECONFLICT)
+        edge_error(r, 422, "idempotency_conflict",
+                   "this Idempotency-Key was accepted before with another body");
+    else if (c->result == STORE_EFULL)
+        answer_full(r);
+    else
+        edge_error(r, 503, "store_unavailable",
+                   "the delivery store could not take the request: nothing was stored");
 }
 
 /* A durable route's request is planned: its body is taken whole, up to delivery.max_body_bytes
@@ -252,23 +254,26 @@ void accept_too_large(struct retry_req *r)
                "the request body is larger than routes[].delivery.max_body_bytes");
 }
 
-/* The body is in: the request goes to the store. */
-void accept_store(struct retry_req *r)
+/* The body is in: the request goes to the store (true; the caller holds a reference for the
+ * store, which borrows its body and target until the call completes, and is told of its answer
+ * through 'event'), or it is answered. */
+bool accept_store(struct retry_req *r, req_event_fn *event)
 {
     struct accept_job *j = calloc(1, sizeof(*j));
     if (!j) {
         count(r, METRICS_ACCEPT_ERROR);
         edge_error(r, 503, "store_unavailable", "out of memory: nothing was stored");
-        return;
+        return false;
     }
     j->r = r;
+    j->event = event;
     j->id_header = r->route->delivery.id_header;
     r->front->ops->fields(r->front, add_field, j);
     if (j->nomem) {
         job_free(j);
         count(r, METRICS_ACCEPT_ERROR);
         edge_error(r, 503, "store_unavailable", "out of memory: nothing was stored");
-        return;
+        return false;
     }
     j->in.req = (struct store_new){ .route = r->route->name,
                                     .method = r->method,
@@ -281,20 +286,18 @@ void accept_store(struct retry_req *r)
     j->call.cq = r->w->cq;
     j->call.done = accept_done;
     j->call.arg = j;
-    r->state = RS_STORE;
-    retry_req_hold(r); /* the store borrows its body and target until the call completes */
     int rc = store_enqueue(r->w->px->store, &j->call, &j->in.req);
     if (rc < 0) {
         /* nothing was taken, and the call will not complete */
-        retry_req_release(r);
-        r->state = RS_BODY;
         log_event(CFG_LOG_WARN, "delivery refused", "route", r->route->name, "result", "error",
                   "request_id", r->request_id, NULL);
         count(r, METRICS_ACCEPT_ERROR);
         job_free(j);
         edge_error(r, 503, "store_unavailable",
                    "the delivery store is closing: nothing was stored");
+        return false;
     }
+    return true;
 }
 
 /* ---- dead letters of synchronous routes (routes[].delivery.dead_letter) ---- */

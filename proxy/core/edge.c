@@ -1,7 +1,8 @@
 /* edge -- a request's two ends with its client (proxy/core/req.h): its head taken in (checked,
  * routed, its limits and policy set) and its answer given (the upstream's response streamed, a
  * saved one, or an error of retryproxy's own), through the front end (proxy/core/front.h).
- * Part of the request's one state machine with retry.c, keep.c and race.c (proxy/core/req.h).
+ * It does what the state machine (retry.c) asks and returns what happened: it sets no state and
+ * calls nothing of retry.c.
  */
 #include "proxy/core/req.h"
 
@@ -140,99 +141,97 @@ static void delivery_route(struct retry_req *r)
             r->route = &r->cfg->routes[i];
 }
 
-/* First call of the access handler: the head is complete, no body byte read yet. Either an
- * answer is made at once (400, 404, 405, 413) or the request is set up to go upstream. */
-void edge_begin(struct retry_req *r, const char *method)
+/* A head its client protocol refused (proxy/http/refusal.h): its error, and the connection
+ * closes, as what follows on it cannot be framed. The log shows no method or path: they were
+ * not read. */
+static void answer_refused(struct retry_req *r)
 {
-    struct worker *w = r->w;
-    if (r->refused != REFUSE_NONE) {
-        /* A head its client protocol refused (proxy/http/refusal.h): its error, and the connection
-         * closes, as what follows on it cannot be framed. The log shows no method or path:
-         * they were not read. */
-        static const struct {
-            unsigned status;
-            const char *code;
-        } codes[] = { { 400, "bad_request" },     { 408, "request_timeout" },
-                      { 414, "uri_too_long" },    { 431, "headers_too_large" },
-                      { 501, "not_implemented" }, { 505, "version_not_supported" } };
-        unsigned status = refusal_status(r->refused);
-        const char *code = "bad_request";
-        for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
-            if (codes[i].status == status)
-                code = codes[i].code;
-        r->target[0] = '\0';
-        r->state = RS_BODY;
-        set_request_id(r, NULL, 0);
-        const char *text = refusal_text(r->refused);
-        char figures[128];
-        if (r->refused == REFUSE_HEAD_TOO_LARGE) {
-            /* the limit in force: the one the proxy started with */
-            uint32_t max = w->px->head_max ? w->px->head_max : r->cfg->max_header_bytes;
-            snprintf(figures, sizeof(figures),
-                     "request headers larger than limits.max_header_bytes (%" PRIu32
-                     " bytes) or %d fields",
-                     max, REQ_FIELDS_MAX);
-            text = figures;
-        }
-        edge_error(r, status, code, text);
-        return;
+    static const struct {
+        unsigned status;
+        const char *code;
+    } codes[] = { { 400, "bad_request" },     { 408, "request_timeout" },
+                  { 414, "uri_too_long" },    { 431, "headers_too_large" },
+                  { 501, "not_implemented" }, { 505, "version_not_supported" } };
+    unsigned status = refusal_status(r->refused);
+    const char *code = "bad_request";
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (codes[i].status == status)
+            code = codes[i].code;
+    r->target[0] = '\0';
+    set_request_id(r, NULL, 0);
+    const char *text = refusal_text(r->refused);
+    char figures[128];
+    if (r->refused == REFUSE_HEAD_TOO_LARGE) {
+        /* the limit in force: the one the proxy started with */
+        uint32_t max = r->w->px->head_max ? r->w->px->head_max : r->cfg->max_header_bytes;
+        snprintf(figures, sizeof(figures),
+                 "request headers larger than limits.max_header_bytes (%" PRIu32
+                 " bytes) or %d fields",
+                 max, REQ_FIELDS_MAX);
+        text = figures;
     }
+    edge_error(r, status, code, text);
+}
+
+/* What the head says that every answer needs: the method, the request's id, the log's
+ * User-Agent, the head's size (the trailers' bound), whether it is a gRPC call (its errors,
+ * these first ones included, are gRPC statuses: docs/grpc.md). Returns why the head is refused
+ * as malformed or ambiguous (NULL: it is not). */
+static const char *read_head(struct retry_req *r, const char *method, struct head_scan *s,
+                             char *why_buf, size_t cap)
+{
     snprintf(r->method, sizeof(r->method), "%s", method);
     r->method_bit = cfg_method_bit(method, strlen(method));
     r->front->is_head = strcmp(method, "HEAD") == 0; /* a length comes back, never a body */
-    r->state = RS_BODY;
-
-    struct head_scan s;
-    head_scan(&s, each_field, r->front);
-    enum cfg_underscores underscores = r->cfg->headers_with_underscores;
-    char why_buf[128];
+    head_scan(s, each_field, r->front);
     const char *why =
-        head_refusal(&s, underscores == CFG_UNDERSCORES_REJECT, why_buf, sizeof(why_buf));
-    set_request_id(r, why ? NULL : s.value[HF_REQUEST_ID], s.value_len[HF_REQUEST_ID]);
-    if (s.value[HF_USER_AGENT] && log_enabled(CFG_LOG_INFO)) /* the log's only */
-        r->user_agent = strndup(s.value[HF_USER_AGENT], s.value_len[HF_USER_AGENT]);
-    r->head_size = s.field_bytes + 32 * s.n_fields;
-    r->head_fields = s.n_fields;
-    if (s.n_connection)
+        head_refusal(s, r->cfg->headers_with_underscores == CFG_UNDERSCORES_REJECT, why_buf, cap);
+    set_request_id(r, why ? NULL : s->value[HF_REQUEST_ID], s->value_len[HF_REQUEST_ID]);
+    if (s->value[HF_USER_AGENT] && log_enabled(CFG_LOG_INFO)) /* the log's only */
+        r->user_agent = strndup(s->value[HF_USER_AGENT], s->value_len[HF_USER_AGENT]);
+    r->head_size = s->field_bytes + 32 * s->n_fields;
+    r->head_fields = s->n_fields;
+    if (s->n_connection)
         r->flags |= RF_CONNECTION; /* what it names stays out of the trailers too */
-    /* a gRPC call (docs/grpc.md): its errors, these first ones included, are gRPC statuses */
-    if (s.value[HF_CONTENT_TYPE] &&
-        grpc_is_content_type(s.value[HF_CONTENT_TYPE], s.value_len[HF_CONTENT_TYPE])) {
+    if (s->value[HF_CONTENT_TYPE] &&
+        grpc_is_content_type(s->value[HF_CONTENT_TYPE], s->value_len[HF_CONTENT_TYPE])) {
         r->flags |= RF_GRPC;
         r->front->grpc = true;
     }
-    if (strcmp(method, "CONNECT") == 0) {
+    return why;
+}
+
+/* Which route the request goes to, or why none: CONNECT (405), a head refused as 'why' says
+ * or a target of no valid form (400: malformed or ambiguous heads close the connection as the
+ * framing check's refusals do, docs/hardening.md), no route matching (404; a 404 or 405
+ * leaves the connection open). False when it was answered. */
+static bool route_request(struct retry_req *r, struct head_scan *s, const char *why,
+                          char *authority, size_t cap)
+{
+    if (strcmp(r->method, "CONNECT") == 0) {
         edge_error(r, 405, "method_not_allowed",
                    "CONNECT is not supported: retryproxy is a reverse proxy");
-        return;
+        return false;
     }
-    /* malformed or ambiguous heads close the connection as the framing check's refusals do
-     * (docs/hardening.md); a 404 or 405 leaves it open */
-    if (why) {
+    if (why || !head_origin_form(&r->target, r->method, authority, cap)) {
         r->flags |= RF_BAD_HEAD;
-        edge_error(r, 400, "bad_request", why);
-        return;
-    }
-    char authority[256];
-    if (!head_origin_form(&r->target, r->method, authority, sizeof(authority))) {
-        r->flags |= RF_BAD_HEAD;
-        edge_error(r, 400, "bad_request", "a request target of no valid form");
-        return;
+        edge_error(r, 400, "bad_request", why ? why : "a request target of no valid form");
+        return false;
     }
     if (authority[0]) {
-        s.value[HF_HOST] = authority;
-        s.value_len[HF_HOST] = strlen(authority);
+        s->value[HF_HOST] = authority; /* the caller's: head_up_build() reads it too */
+        s->value_len[HF_HOST] = strlen(authority);
     }
     const char *q = strchr(r->target, '?');
     size_t path_len = q ? (size_t)(q - r->target) : strlen(r->target);
     if (r->front->ops->delivery)
         delivery_route(r);
     else
-        r->route = head_route(r->cfg, s.value[HF_HOST], s.value_len[HF_HOST], r->target, path_len,
+        r->route = head_route(r->cfg, s->value[HF_HOST], s->value_len[HF_HOST], r->target, path_len,
                               r->method_bit);
     if (!r->route) {
         edge_error(r, 404, "no_route", "no route matches this request");
-        return;
+        return false;
     }
     r->rtr = &r->rt->routes[r->route - r->cfg->routes];
     r->m = r->rtr->metrics;
@@ -240,31 +239,22 @@ void edge_begin(struct retry_req *r, const char *method)
     for (size_t i = 0; (r->flags & RF_GRPC) && i < policy->n_on; i++)
         if (policy->on[i].kind == CFG_RETRY_GRPC)
             r->flags |= RF_GRPC_RETRY; /* its status may be held for (proxy/core/keep.c) */
-    const char *const *field = s.value;
-    bool chunked = s.count[HF_TRANSFER_ENCODING] > 0;
-    const size_t *field_len = s.value_len; /* the values without their whitespace */
-    int64_t cl = field[HF_CONTENT_LENGTH]
-                     ? hdr_value_uint(field[HF_CONTENT_LENGTH], field_len[HF_CONTENT_LENGTH])
-                     : -1;
-    if (cl > 0 && (uint64_t)cl > r->cfg->max_body_bytes) {
-        edge_error(r, 413, "body_too_large",
-                   "the request body is larger than limits.max_body_bytes");
-        return;
-    }
+    return true;
+}
 
-    if (r->route->delivery.mode == CFG_DELIVERY_DURABLE && !r->front->ops->delivery) {
-        accept_plan(r, chunked || cl >= 0, chunked ? -1 : cl); /* stored, not forwarded */
-        return;
-    }
-
-    if (s.value[HF_UPGRADE] && r->front->proto == FRONT_HTTP1 &&
-        head_connection_names(&s, "upgrade") && !plan_upgrade(r, &s, chunked || cl >= 0))
-        return;
-
+/* How many attempts and how long (docs/forwarding.md): the route's, lowered, never raised, by
+ * the client's X-Retry-Max-Attempts, X-Retry-Timeout-Ms and a gRPC call's grpc-timeout; whether
+ * the method may go twice. False when it was answered (a grpc-timeout of no valid form, 400, or
+ * passed already, 504). */
+static bool set_policy(struct retry_req *r, const struct head_scan *s)
+{
+    const struct cfg_retry *policy = &r->route->retry;
+    const char *const *field = s->value;
+    const size_t *field_len = s->value_len; /* the values without their whitespace */
     /* a key named in Connection does not reach the upstream, so it cannot vouch for a retry */
     if ((policy->methods & r->method_bit) ||
         (policy->idempotency_key && field_len[HF_IDEMPOTENCY_KEY] > 0 &&
-         !head_connection_names(&s, "Idempotency-Key")))
+         !head_connection_names(s, "Idempotency-Key")))
         r->flags |= RF_RETRYABLE;
     r->max_attempts = policy->max_attempts;
     if (r->front->ops->delivery) {
@@ -287,19 +277,28 @@ void edge_begin(struct retry_req *r, const char *method)
     /* ... and a gRPC client its deadline, the same way (gRPC's grpc-timeout) */
     if ((r->flags & RF_GRPC) && field[HF_GRPC_TIMEOUT]) {
         uint64_t t;
-        if (s.count[HF_GRPC_TIMEOUT] > 1 ||
+        if (s->count[HF_GRPC_TIMEOUT] > 1 ||
             grpc_timeout_parse(field[HF_GRPC_TIMEOUT], field_len[HF_GRPC_TIMEOUT], &t) < 0) {
             edge_error(r, 400, "bad_request",
                        "a grpc-timeout that is not one gRPC timeout (such as \"250m\")");
-            return;
+            return false;
         }
         if (t == 0) { /* "0m": the deadline has passed, nothing is sent (gRPC's meaning) */
             edge_error(r, 504, "upstream_timeout", "the call's deadline (grpc-timeout) had passed");
-            return;
+            return false;
         }
         if (t < r->timeout_ms)
             r->timeout_ms = (uint32_t)t;
     }
+    return true;
+}
+
+/* The request goes upstream: its decisions' inputs (decide.c), the fields every attempt
+ * sends, and how its body is taken (intake.c). False when it was answered (no memory). */
+static bool plan_forward(struct retry_req *r, struct head_scan *s, const struct edge_body *b)
+{
+    struct worker *w = r->w;
+    const struct cfg_retry *policy = &r->route->retry;
     r->dr = (struct decide_req){
         .policy = policy,
         .seq = &r->seq,
@@ -311,23 +310,54 @@ void edge_begin(struct retry_req *r, const char *method)
                      .route = &r->rtr->live->budget,
                      .route_limits = &r->route->budget },
     };
-
-    bool has_body = chunked || cl >= 0;
-    int64_t length = chunked ? -1 : cl;
-    bool drop = s.n_underscore && underscores == CFG_UNDERSCORES_DROP;
+    bool drop = s->n_underscore && r->cfg->headers_with_underscores == CFG_UNDERSCORES_DROP;
     if (drop && log_enabled(CFG_LOG_DEBUG))
         log_event(CFG_LOG_DEBUG, "request headers with an underscore in their name not forwarded",
-                  "request_id", r->request_id, "first", s.underscore_name, NULL);
-    if (head_up_build(&r->up, &s, each_field, r->front, r->peer ? r->peer : "", r->request_id,
+                  "request_id", r->request_id, "first", s->underscore_name, NULL);
+    if (head_up_build(&r->up, s, each_field, r->front, r->peer ? r->peer : "", r->request_id,
                       r->route->preserve_host, r->route->deadline_header, drop,
                       r->flags & RF_GRPC) < 0 ||
-        intake_plan(&r->body, has_body, length, policy->max_retry_body_bytes, r->flags & RF_GRPC) <
-            0) {
+        intake_plan(&r->body, b->has_body, b->length, policy->max_retry_body_bytes,
+                    r->flags & RF_GRPC) < 0) {
         edge_error(r, 500, "internal", "out of memory");
-        return;
+        return false;
     }
-    if (intake_streams(&r->body))
-        req_start_attempt(r); /* the body flows to the upstream as it arrives */
+    return true;
+}
+
+/* First call of the access handler: the head is complete, no body byte read yet. Either an
+ * answer is made at once (400, 404, 405, 413...) or the request is planned: stored (a durable
+ * route's), or sent upstream once its body is in, or at once with its body flowing. */
+enum edge_plan edge_begin(struct retry_req *r, const char *method, struct edge_body *b)
+{
+    if (r->refused != REFUSE_NONE) {
+        answer_refused(r);
+        return EDGE_ANSWERED;
+    }
+    struct head_scan s;
+    char why_buf[128], authority[256];
+    const char *why = read_head(r, method, &s, why_buf, sizeof(why_buf));
+    if (!route_request(r, &s, why, authority, sizeof(authority)))
+        return EDGE_ANSWERED;
+    bool chunked = s.count[HF_TRANSFER_ENCODING] > 0;
+    int64_t cl = s.value[HF_CONTENT_LENGTH]
+                     ? hdr_value_uint(s.value[HF_CONTENT_LENGTH], s.value_len[HF_CONTENT_LENGTH])
+                     : -1;
+    if (cl > 0 && (uint64_t)cl > r->cfg->max_body_bytes) {
+        edge_error(r, 413, "body_too_large",
+                   "the request body is larger than limits.max_body_bytes");
+        return EDGE_ANSWERED;
+    }
+    b->has_body = chunked || cl >= 0;
+    b->length = chunked ? -1 : cl;
+    if (r->route->delivery.mode == CFG_DELIVERY_DURABLE && !r->front->ops->delivery)
+        return EDGE_DURABLE; /* stored, not forwarded */
+    if (s.value[HF_UPGRADE] && r->front->proto == FRONT_HTTP1 &&
+        head_connection_names(&s, "upgrade") && !plan_upgrade(r, &s, b->has_body))
+        return EDGE_ANSWERED;
+    if (!set_policy(r, &s) || !plan_forward(r, &s, b))
+        return EDGE_ANSWERED;
+    return intake_streams(&r->body) ? EDGE_STREAM : EDGE_BUFFER;
 }
 
 /* Request trailers (docs/forwarding.md, "Request trailers"): bounded together with the head,
@@ -391,21 +421,12 @@ static struct answer_tag tag_of(const struct retry_req *r)
     };
 }
 
-static void answered(struct retry_req *r)
+/* The current attempt's response is the answer (the machine is in RS_STREAM): it goes to the
+ * client, or, an upgrade's 101, becomes a tunnel (false). */
+bool edge_stream(struct retry_req *r)
 {
-    if (r->state != RS_STREAM)
-        r->state = RS_ANSWERED;
-    race_lose_others(r, METRICS_OUT_CANCELLED);
-}
-
-/* The current attempt's response is the answer: it streams, and attempts running beside it
- * are cancelled. */
-void edge_stream(struct retry_req *r)
-{
-    race_lose_others(r, METRICS_OUT_CANCELLED);
     /* committed: a slow client must not hold a slot meant for upstream attempts */
     attempt_commit(&r->cur->att);
-    r->state = RS_STREAM;
     struct answer_tag tag = tag_of(r);
     if (r->cur->att.status == 101) {
         /* an upgrade the upstream agreed to (proxy/upstream/h1resp.c): committed, and a tunnel once
@@ -424,12 +445,10 @@ void edge_stream(struct retry_req *r)
         loop_timer_stop(r->w->loop, &r->deadline_timer);
         r->front->ops->upgrade(r->front, &r->cur->att.head, &tag, attempt_take_tunnel(&r->cur->att),
                                &conf);
-        return;
+        return false;
     }
     r->front->ops->response(r->front, r->cur->att.status, &r->cur->att.head, &tag);
-    /* the last failure streams: its head is kept, not its body */
-    if (r->stop != RETRY_STOP_NONE)
-        durable_answered(r, r->cur->att.status, &r->cur->att.head, NULL, 0);
+    return true;
 }
 
 /* An error of retryproxy's own: {"error": ..., "route": ..., "attempts": N, "message": ...}. */
@@ -441,9 +460,6 @@ void edge_error(struct retry_req *r, unsigned status, const char *code, const ch
     if (status == 405) /* CONNECT, the one method not forwarded (RFC 9110 15.5.6) */
         tag.allow = EDGE_ALLOW;
     r->front->ops->error(r->front, status, code, r->route ? r->route->name : NULL, message, &tag);
-    answered(r);
-    if (r->stop != RETRY_STOP_NONE || (r->flags & RF_THROTTLED))
-        durable_answered(r, (int)status, NULL, message, strlen(message));
 }
 
 /* The saved retryable response, when retrying stopped after it. */
@@ -454,24 +470,6 @@ void edge_saved(struct retry_req *r)
         tally_grpc(r, grpc_status_seen(r->saved.status, &r->saved.h, &r->saved.trailers));
     r->front->ops->saved(r->front, r->saved.status, &r->saved.h, r->saved.body, r->saved.len,
                          &r->saved.trailers, &tag);
-    answered(r);
-    if (r->stop != RETRY_STOP_NONE)
-        durable_answered(r, r->saved.status, &r->saved.h, r->saved.body, r->saved.len);
-}
-
-/* Retrying is over without a response to stream: the last upstream response if we have it
- * whole, else an error of our own. */
-void edge_final(struct retry_req *r)
-{
-    if (edge_saved_whole(r))
-        edge_saved(r);
-    else if (r->last_outcome == RETRY_OUT_TIMEOUT)
-        edge_error(r, 504, "upstream_timeout", "no response from the upstream in time");
-    else if (r->cur->att.bad_head)
-        edge_error(r, 502, "upstream_invalid_response",
-                   "the upstream's response head was malformed or ambiguous");
-    else
-        edge_error(r, 502, "upstream_unavailable", "no response from any upstream attempt");
 }
 
 /* Why a name has no address, as its last lookup went (proxy/dns/resolve.h). */
@@ -491,19 +489,15 @@ static const char *no_address_reason(enum dns_result last)
 
 /* No name of the route has an address now: there is nothing to connect to, and a backoff wait
  * would not change that (a name is asked again on its own schedule, docs/endpoints.md). So the
- * request is answered at once (docs/endpoints.md, "A name without addresses"): with the
- * response of an earlier attempt when one was kept whole, else 503 no_address naming each host
- * and why. The attempt being started is not made, and not counted. Returns false, having done
- * nothing, when the attempt should go on as before (a connect failure): an upstream has an
- * address (one joined since the pick), an upstream has no name (no resolver), or an attempt
- * runs on beside this one (hedging) and may still answer. */
-bool edge_no_address(struct retry_req *r)
+ * request is answered at once (docs/endpoints.md, "A name without addresses"), by the machine:
+ * with the response of an earlier attempt when one was kept whole, else 503 no_address naming
+ * each host and why ('msg'). Returns false when the attempt should go on as before (a connect
+ * failure): an upstream has an address (one joined since the pick), or an upstream has no name
+ * (no resolver). */
+bool edge_no_address(struct retry_req *r, char *msg, size_t cap)
 {
     const struct cfg_route *rt = r->route;
-    char msg[512];
-    size_t len = (size_t)snprintf(msg, sizeof(msg), "no address for");
-    if (race_others_running(r, NULL))
-        return false;
+    size_t len = (size_t)snprintf(msg, cap, "no address for");
     for (size_t k = 0; k < rt->n_upstreams; k++) {
         struct dns_name *name = r->rtr->names[k];
         if (!name)
@@ -518,30 +512,11 @@ bool edge_no_address(struct retry_req *r)
             said |= strcmp(rt->upstreams[j].host, rt->upstreams[k].host) == 0;
         struct dns_status st;
         dns_name_status(name, &st);
-        if (!said && len < sizeof(msg))
-            len += (size_t)snprintf(msg + len, sizeof(msg) - len, "%s %s (%s)", k ? "," : "",
+        if (!said && len < cap)
+            len += (size_t)snprintf(msg + len, cap - len, "%s %s (%s)", k ? "," : "",
                                     rt->upstreams[k].host, no_address_reason(st.last));
     }
-    r->attempts--; /* the one being started: it never went */
-    loop_timer_stop(r->w->loop, &r->deadline_timer);
-    req_end_retry_in_flight(r); /* a retry's budget slots: it is not made either */
-    if (edge_saved_whole(r))
-        edge_saved(r);
-    else
-        edge_error(r, 503, "no_address", msg);
     return true;
-}
-
-/* A stored delivery's upstream has as many of its route's deliveries in flight as
- * routes[].delivery.max_in_flight_per_upstream allows (front_ops.attempting said so): the
- * attempt being started is not made, and not counted, and the courier puts the delivery back
- * for a later pick (docs/delivery.md "Bounds"). */
-void edge_busy(struct retry_req *r)
-{
-    r->attempts--;
-    loop_timer_stop(r->w->loop, &r->deadline_timer);
-    req_end_retry_in_flight(r);
-    edge_error(r, 503, "upstream_busy", "the upstream has its bound of deliveries in flight");
 }
 
 /* ---- the client going away ---- */
@@ -562,45 +537,4 @@ void edge_cut_short(struct retry_req *r)
     r->flags |= RF_CUT_SHORT;
     if (r->stop == RETRY_STOP_NONE)
         r->stop = RETRY_STOP_CLIENT_CLOSED;
-}
-
-/* The client went away, seen while the core could not have (the front end watches for it: an
- * HTTP/1.1 connection is suspended while the upstream side has the request, or while it waits
- * for more of the response, and libmicrohttpd does not look at a suspended connection's
- * socket). Upstream work for nobody stops: every attempt is cancelled (its slot, and a retry's
- * budget slots, go back) and any wait ends, as nginx stops with its "499". During a backoff wait
- * it is a 499 "client-closed" (counted in requests_total); before the answer started, nothing
- * is counted as answered and the log says 0, as for a client gone at any other moment; once
- * the answer's head has gone, the transfer still sending its body ends, and the front end ends
- * the answer broken (edge_cut_short). */
-void retry_req_client_gone(struct retry_req *r)
-{
-    struct front *f = r->front;
-    struct loop *l = r->w->loop;
-    if (r->state == RS_HEADERS)
-        return;
-    if (f->answered) {
-        if (r->state == RS_STREAM && req_end_attempts(r, METRICS_OUT_CANCELLED)) {
-            loop_timer_stop(l, &r->deadline_timer);
-            edge_cut_short(r);
-            f->ops->end(f, NULL, true);
-        }
-        return;
-    }
-    bool waiting = r->state == RS_BACKOFF;
-    if (waiting)
-        req_cut_wait_short(r);
-    loop_timer_stop(l, &r->try_timer);
-    req_end_retry_in_flight(r);
-    req_end_attempts(r, METRICS_OUT_CANCELLED); /* the current one, and those beside it (hedging) */
-    r->state = RS_ANSWERED;
-    if (!waiting) {
-        f->ops->reset(f, 0);
-        return;
-    }
-    r->stop = RETRY_STOP_CLIENT_CLOSED;
-    /* Counted now, as if answered: no response will go out to count it later. */
-    f->status = CLIENT_CLOSED_STATUS;
-    tally_answer(r);
-    f->ops->reset(f, CLIENT_CLOSED_STATUS);
 }

@@ -9,7 +9,8 @@
  *   when that status is one retry_on names. A second message, more bytes, or the hold's time
  *   up, and it streams: nothing is retried once a byte has gone to the client.
  *
- * Part of the request's one state machine with retry.c, edge.c and race.c (proxy/core/req.h).
+ * The state machine (retry.c) decides each response and moves the request between these
+ * states; this file keeps the bytes as it asks and says what happened.
  */
 #include "proxy/core/req.h"
 
@@ -44,21 +45,13 @@ bool keep_hold(struct retry_req *r, const struct attempt *a)
         return false;
     r->held.len = 0;
     memset(&r->held.frames, 0, sizeof(r->held.frames));
-    r->state = RS_HOLD;
     return true;
 }
 
-void keep_head(struct retry_req *r, struct attempt *a)
+/* Keep this response in case retrying stops; its body is read first so that the connection can
+ * be reused. */
+void keep_save(struct retry_req *r, struct attempt *a)
 {
-    if (!req_decide(r, RETRY_OUT_STATUS)) {
-        if ((r->flags & RF_SUCCEEDED) || !race_others_running(r, NULL)) {
-            edge_stream(r); /* this response is the answer */
-            return;
-        }
-        r->flags |= RF_LAG; /* a failure that ends retrying: kept while the others run on */
-    }
-    /* Keep this response in case retrying stops; read its body first so the connection can
-     * be reused. */
     hlist_free(&r->saved.h);
     r->saved.h = a->head;
     memset(&a->head, 0, sizeof(a->head));
@@ -66,7 +59,6 @@ void keep_head(struct retry_req *r, struct attempt *a)
     r->saved.status = a->status;
     r->saved.len = 0;
     r->flags |= RF_SAVED | RF_SAVED_WHOLE;
-    r->state = RS_DRAIN;
 }
 
 /* Appends to a growing buffer of at most 'max' bytes; false when it would pass it. */
@@ -85,7 +77,7 @@ static bool append(char **buf, size_t *len, size_t max, const char *p, size_t n)
 
 /* The held response is the answer (decided as streaming): what was held goes to the client
  * first. Returns false if the client takes none of it (gone). */
-static bool release_held(struct retry_req *r)
+bool keep_release_held(struct retry_req *r)
 {
     size_t n = r->held.len;
     r->held.len = 0;
@@ -95,67 +87,28 @@ static bool release_held(struct retry_req *r)
     return took == n; /* it fits the front end's buffer (HOLD_MAX) */
 }
 
-/* Body bytes of a stream that is the answer. */
-static size_t stream_body(struct retry_req *r, const char *p, size_t n)
+/* The held response is kept (RS_DRAIN): what was held is its saved body so far. */
+void keep_held_to_saved(struct retry_req *r)
 {
-    size_t took = r->front->ops->body(r->front, p, n);
-    return took == FRONT_FULL ? ATTEMPT_PAUSE : took;
-}
-
-/* The hold ends before the trailers came (a second message, too many bytes, its time up): the
- * response is decided now, on its head alone. Streaming, what was held goes to the client
- * first (false if the client takes none of it); kept (RS_DRAIN), it starts the saved body. */
-static bool end_hold(struct retry_req *r, struct attempt *a)
-{
-    loop_timer_stop(r->w->loop, &r->try_timer);
-    keep_head(r, a);
-    if (r->state == RS_STREAM)
-        return release_held(r);
-    char *held = r->held.body;
-    r->held.body = r->saved.body;
-    r->saved.body = held;
+    free(r->saved.body);
+    r->saved.body = r->held.body;
     r->saved.len = r->held.len;
+    r->held.body = NULL;
     r->held.len = 0;
-    return true;
 }
 
-/* retry.grpc_hold_ms after the first byte held: a server stream's first message (a watch's
- * first event) must not wait for a second one, or the trailers, without bound. */
-static void on_hold_over(struct loop_timer *t)
+/* Held while it is one message and fits HOLD_MAX. */
+enum keep_held keep_held(struct retry_req *r, const char *p, size_t n)
 {
-    struct retry_req *r = t->arg;
-    if (r->state != RS_HOLD || end_hold(r, &r->cur->att))
-        return;
-    /* the client took none of what was held (gone): the response ends there, broken, as when
-     * a body callback gives up */
-    tally_grpc(r, -1);
-    r->front->ops->end(r->front, NULL, true);
-    req_stop_transfer(r, r->cur);
+    bool first = r->held.len == 0;
+    if (grpc_frames_feed(&r->held.frames, p, n) <= 1 &&
+        append(&r->held.body, &r->held.len, HOLD_MAX, p, n))
+        return first && n ? KEEP_HELD_FIRST : KEEP_HELD;
+    return KEEP_HOLD_OVER;
 }
 
-size_t keep_body(struct retry_req *r, struct attempt *a, const char *p, size_t n)
+size_t keep_drain(struct retry_req *r, const char *p, size_t n)
 {
-    if (r->state == RS_HOLD) {
-        bool first = r->held.len == 0;
-        if (grpc_frames_feed(&r->held.frames, p, n) <= 1 &&
-            append(&r->held.body, &r->held.len, HOLD_MAX, p, n)) {
-            /* the attempt's timer, idle since its head came (every end of the request or
-             * of the attempt stops it), bounds the hold */
-            struct loop *l = r->w->loop;
-            if (first && n)
-                loop_timer_start(l, &r->try_timer, loop_now(l) + r->route->retry.grpc_hold_ms,
-                                 on_hold_over, r);
-            return n;
-        }
-        /* a second message or too large: decided now, on the head alone */
-        if (!end_hold(r, a))
-            return 0;
-        if (r->state == RS_STREAM)
-            return stream_body(r, p, n);
-        /* RS_DRAIN: the rest is kept below if it fits */
-    }
-    if (r->state != RS_DRAIN)
-        return 0;
     if (!(r->flags & RF_SAVED_WHOLE) ||
         !append(&r->saved.body, &r->saved.len, SAVED_BODY_MAX, p, n)) {
         r->flags &= ~RF_SAVED_WHOLE;
@@ -164,42 +117,11 @@ size_t keep_body(struct retry_req *r, struct attempt *a, const char *p, size_t n
     return n;
 }
 
-/* The response in RS_DRAIN has been read (or given up on): wait and retry, or answer. */
-static void drained(struct retry_req *r)
+void keep_trailers(struct retry_req *r, struct attempt *a, enum attempt_end end)
 {
-    if (!(r->flags & RF_LAG) && req_settle(r))
-        req_wait_then_retry(r);
-    else
-        race_wait(r);
-}
-
-void keep_done(struct retry_req *r, struct attempt *a, enum attempt_end end)
-{
-    if (r->state == RS_HOLD) {
-        if (end != ATTEMPT_COMPLETE) {
-            /* broke off before its status came: never passed off as a good response */
-            r->held.len = 0;
-            req_attempt_failed(r, RETRY_OUT_RESET);
-            return;
-        }
-        keep_head(r, a); /* the trailers are in: req_grpc_status() reads them */
-        if (r->state == RS_STREAM) {
-            bool whole = release_held(r);
-            tally_grpc(r, whole ? req_grpc_status(r, a) : -1);
-            r->front->ops->end(r->front, &a->trailers, !whole);
-            return;
-        }
-        /* RS_DRAIN: what was held is the saved response's body, whole */
-        free(r->saved.body);
-        r->saved.body = r->held.body;
-        r->saved.len = r->held.len;
-        r->held.body = NULL;
-        r->held.len = 0;
-    }
     if (end == ATTEMPT_BROKEN)
         r->flags &= ~RF_SAVED_WHOLE; /* the body broke off: not something to return */
     hlist_free(&r->saved.trailers);
     r->saved.trailers = a->trailers;
     memset(&a->trailers, 0, sizeof(a->trailers));
-    drained(r);
 }

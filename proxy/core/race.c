@@ -1,7 +1,8 @@
 /* race -- attempts running beside the current one (proxy/core/req.h; hedging, docs/config.md
  * "retry.hedge_on_per_try_timeout"): the hedge decided at a per-try timeout, the laggards kept
  * in r->others, the first good response winning, and the losers cancelled.
- * Part of the request's one state machine with retry.c, edge.c and keep.c (proxy/core/req.h).
+ * The state machine (retry.c) decides when to hedge and what a winner does to the request;
+ * this file keeps the attempts as it asks and says what happened.
  */
 #include "proxy/core/req.h"
 
@@ -35,61 +36,36 @@ uint64_t race_attempt_wait(const struct retry_req *r, uint64_t left)
     return per_try && per_try < left && !hedgeable(r, true) ? per_try : left;
 }
 
-/* The current attempt passed per_try_timeout_ms and hedgeable() holds: the next attempt is
- * decided as a timeout's retry would be (max_attempts, the budgets, throttling, the backoff
- * wait), but this one is not cancelled. Taken, the hedge waits out its backoff while this
- * attempt runs on in r->others; refused (and counted as a denied retry), this attempt runs on
- * alone, until the deadline at most. Returns false where hedging does not apply: then the
- * timeout ends the attempt. */
-bool race_hedge(struct retry_req *r)
+bool race_hedgeable(const struct retry_req *r)
 {
-    if (!hedgeable(r, false))
-        return false;
-    struct trial *t = r->cur, *next = malloc(sizeof(*next));
-    if (!next)
-        return false;
-    race_trial_init(r, next);
-    /* The running attempt keeps the slots of the retry it was; the hedge asks for its own. */
-    if (r->flags & RF_IN_FLIGHT) {
-        r->flags &= ~RF_IN_FLIGHT;
-        t->flags |= TF_SLOT;
-    }
-    struct retry_facts f;
-    struct retry_verdict v;
-    req_judge(r, RETRY_OUT_TIMEOUT, &f, &v);
-    bool go = v.fired && v.stop == RETRY_STOP_NONE;
-    if (go)
-        req_hold_slots(r);
-    tally_verdict(r, t, RETRY_OUT_TIMEOUT, &v, true);
-    if (!go) {
-        race_trial_free(r, next);
-        if (t->flags & TF_SLOT) {
-            t->flags &= ~TF_SLOT;
-            r->flags |= RF_IN_FLIGHT;
+    return hedgeable(r, false);
+}
+
+/* The current attempt passed per_try_timeout_ms and hedgeable() holds, and 'v' is the verdict
+ * on it as a timeout's retry (retry.c hedge()). Taken, 'next' is the current attempt (to wait
+ * out its backoff) and the running one a laggard in r->others, keeping the budget slots of the
+ * retry it was while the hedge holds its own; refused (counted as a denied retry), 'next' is
+ * freed and the running one runs on alone. Returns whether it was taken. */
+bool race_hedge(struct retry_req *r, struct trial *next, const struct retry_verdict *v)
+{
+    struct trial *t = r->cur;
+    bool go = v->fired && v->stop == RETRY_STOP_NONE;
+    if (go) {
+        if (r->flags & RF_IN_FLIGHT) {
+            r->flags &= ~RF_IN_FLIGHT;
+            t->flags |= TF_SLOT;
         }
-        return true;
+        req_hold_slots(r);
+    }
+    tally_verdict(r, t, RETRY_OUT_TIMEOUT, v, true);
+    if (!go) {
+        req_trial_free(r, next);
+        return false;
     }
     metrics_hedge(r->m, r->w->id);
     DLIST_PUSH(r->others, t);
     r->cur = next;
-    r->pending_delay = v.delay_ms;
-    req_wait_then_retry(r);
     return true;
-}
-
-void race_trial_init(struct retry_req *r, struct trial *t)
-{
-    memset(t, 0, sizeof(*t));
-    t->r = r;
-    attempt_init(&t->att, &r->w->up, &req_attempt_ops, t);
-}
-
-void race_trial_free(struct retry_req *r, struct trial *t)
-{
-    tally_endpoint_free(t);
-    attempt_fini(&t->att);
-    if (t != &r->first)
-        free(t);
 }
 
 /* Whether an attempt other than 'except' (may be NULL) runs on beside the current one. */
@@ -119,7 +95,7 @@ static void lose(struct retry_req *r, struct trial *t, enum metrics_outcome o)
     if (!attempt_running(&t->att)) {
         req_stop_transfer(r, t); /* out of the queue for a transfer slot, if it waits there */
         DLIST_UNLINK(r->others, t);
-        race_trial_free(r, t);
+        req_trial_free(r, t);
         return;
     }
     t->flags |= TF_LOST;
@@ -148,75 +124,61 @@ void race_reap(struct retry_req *r)
             continue;
         DLIST_UNLINK(r->others, t);
         req_stop_transfer(r, t);
-        race_trial_free(r, t);
+        req_trial_free(r, t);
     }
 }
 
-/* Retrying has stopped on the current attempt: the answer is made now, unless attempts still
- * run beside it, which may yet bring a better one. */
-void race_wait(struct retry_req *r)
+/* Every attempt of the request still running (or waiting for a slot) ends now: those beside
+ * the current one (hedging) and the current one, each counted as 'o' unless it was already.
+ * From the loop or libmicrohttpd's callbacks only, never curl's. Returns true if the current
+ * one was running. */
+bool race_end_all(struct retry_req *r, enum metrics_outcome o)
 {
-    if (race_others_running(r, NULL))
-        r->state = RS_LAG;
-    else
-        edge_final(r);
+    race_lose_others(r, o);
+    race_reap(r);
+    tally_trial(r, r->cur, o);
+    return req_stop_transfer(r, r->cur);
 }
 
-/* 't', running beside the current attempt, has the answer: its response retry_on does not
- * name ('failed' false), or the last failure there is to return. It becomes the current
- * attempt and streams; whatever else runs is cancelled (in the next turn: this is one of
- * curl's callbacks). */
-static void win(struct retry_req *r, struct trial *t, bool failed)
+/* 't', running beside the current attempt, has the answer (race_other_head() said so): it
+ * becomes the current attempt, and the one before is out of the race (cancelled in the next
+ * turn: this is one of curl's callbacks). */
+void race_take(struct retry_req *r, struct trial *t)
 {
-    tally_trial(r, t, tally_outcome(RETRY_OUT_STATUS, t->att.status));
+    DLIST_UNLINK(r->others, t);
+    lose(r, r->cur, METRICS_OUT_CANCELLED);
+    r->cur = t;
+}
+
+/* A response head for 't', an attempt running beside the current one. One retry_on does not
+ * name wins; one it names is dropped, unless it is the last there will be (the request waits
+ * in RS_LAG for nothing else). A winner is counted here; the machine makes it the answer
+ * (race_take()). */
+enum race_head race_other_head(struct retry_req *r, struct trial *t)
+{
+    if (t->flags & TF_LOST)
+        return RACE_DROPPED; /* its cancel is on the way */
+    const struct attempt *a = &t->att;
+    bool failed = retry_match(&r->route->retry, RETRY_OUT_STATUS, a->status, &a->head,
+                              req_grpc_status(r, a)) != NULL;
+    if (failed && !(r->state == RS_LAG && !race_others_running(r, t))) {
+        tally_trial(r, t, tally_outcome(RETRY_OUT_STATUS, a->status));
+        tally_log(r, t, RETRY_OUT_STATUS, "dropped", 0);
+        lose(r, t, METRICS_OUT_CANCELLED);
+        return RACE_DROPPED;
+    }
+    tally_trial(r, t, tally_outcome(RETRY_OUT_STATUS, a->status));
     req_give_slots_back(r, &t->flags, TF_SLOT);
     if (log_enabled(CFG_LOG_DEBUG)) {
         char stop[32];
         snprintf(stop, sizeof(stop), "stop:%s", retry_stop_name(r->stop));
         tally_log(r, t, RETRY_OUT_STATUS, failed ? stop : "won", 0);
     }
-    if (r->state == RS_BACKOFF) {
-        req_cut_wait_short(r);
-        r->front->ops->unwatch(r->front);
-    }
-    loop_timer_stop(r->w->loop, &r->try_timer);
-    req_end_retry_in_flight(r); /* the current attempt's, or the one it waited to make */
-    r->flags &= ~RF_SETTLE;     /* a retry decided on a body being read is not made, nor refused */
-    DLIST_UNLINK(r->others, t);
-    lose(r, r->cur, METRICS_OUT_CANCELLED);
-    r->cur = t;
-    if (!failed) {
-        r->stop = RETRY_STOP_NONE;
-        r->flags |= RF_SUCCEEDED;
-        decide_note_final(&r->dr, loop_now(r->w->loop));
-    }
-    edge_stream(r);
-}
-
-/* A response head for 't', an attempt running beside the current one. A response retry_on
- * names is dropped, unless it is the last there will be. */
-void race_other_head(struct retry_req *r, struct trial *t)
-{
-    if (t->flags & TF_LOST)
-        return; /* its cancel is on the way */
-    const struct attempt *a = &t->att;
-    bool failed = retry_match(&r->route->retry, RETRY_OUT_STATUS, a->status, &a->head,
-                              req_grpc_status(r, a)) != NULL;
-    if (!failed) {
-        win(r, t, false);
-        return;
-    }
-    if (r->state == RS_LAG && !race_others_running(r, t)) {
-        win(r, t, true);
-        return;
-    }
-    tally_trial(r, t, tally_outcome(RETRY_OUT_STATUS, a->status));
-    tally_log(r, t, RETRY_OUT_STATUS, "dropped", 0);
-    lose(r, t, METRICS_OUT_CANCELLED);
+    return failed ? RACE_LAST : RACE_WON;
 }
 
 /* 't', running beside the current attempt, has ended: lost already (freed now), or without a
- * response (a failure, counted; the answer is made if the request was waiting for it last). */
+ * response (a failure, counted; the machine answers if the request was waiting for it last). */
 void race_other_done(struct retry_req *r, struct trial *t)
 {
     DLIST_UNLINK(r->others, t);
@@ -226,7 +188,5 @@ void race_other_done(struct retry_req *r, struct trial *t)
         req_give_slots_back(r, &t->flags, TF_SLOT);
         tally_log(r, t, o, "dropped", 0);
     }
-    race_trial_free(r, t);
-    if (r->state == RS_LAG && !race_others_running(r, NULL))
-        edge_final(r);
+    req_trial_free(r, t);
 }

@@ -1,9 +1,13 @@
 /* req -- the request core's own header: a request's state and the calls between the core's
- * parts. retry.c has the states and their transitions (the state diagram is at its top),
- * edge.c the request's two ends with its client (the head taken in, the answer given), race.c
- * the attempts that run beside the current one (hedging), tally.c the metrics and log lines.
- * Nothing outside these four includes it: the rest of the program sees proxy/core/retry.h, and a
- * front end proxy/core/front.h.
+ * parts. retry.c has the states and every move between them (the state diagram is at its top,
+ * docs/architecture.md "One request's states"), and calls the parts that do the work, which
+ * return what happened and call nothing of it: req.c the request's life, an attempt sent or
+ * stopped, its budget slots and the verdict on it; edge.c the request's two ends with its
+ * client (the head taken in, the answer given); keep.c responses kept rather than streamed;
+ * race.c the attempts that run beside the current one (hedging); durable.c a durable route's
+ * request and a dead letter; tally.c the metrics and log lines. Nothing outside the core
+ * includes it: the rest of the program sees proxy/core/retry.h, and a front end
+ * proxy/core/front.h.
  */
 #ifndef RETRYPROXY_PROXY_REQ_H
 #define RETRYPROXY_PROXY_REQ_H
@@ -26,6 +30,7 @@
 #include "proxy/http/refusal.h"
 
 struct store_attempt;
+struct worker;
 
 /* What the log and requests_total say of a request whose client left before its answer
  * (nginx's "client closed request"); nothing is sent. */
@@ -192,57 +197,86 @@ static inline uint64_t req_wall_ms(void)
 
 /* ---- retry.c: the states ---- */
 
-/* What each attempt tells the core. */
-extern const struct attempt_ops req_attempt_ops;
-/* The next attempt goes (round-robin over the route's upstreams). */
-void req_start_attempt(struct retry_req *r);
-/* Ends the transfer of 't' without its end being reported (retry.c says when). */
+/* retry.c calls the parts (req.c, edge.c, keep.c, race.c, durable.c, tally.c) and reads what
+ * they return; they call nothing of it (tests/cli/layout.py checks it). An event of a part's
+ * own that comes later goes back to the machine through the one callback the machine passes
+ * down, its req_event(). */
+enum req_event {
+    REQ_EV_STORED, /* the store's answer to a durable accept ('arg': its struct store_call) */
+};
+typedef void req_event_fn(struct retry_req *r, enum req_event ev, const void *arg);
+
+/* ---- req.c: what a request has, below the machine (none of these moves its state) ---- */
+
+/* A request in RS_HEADERS (retry_req_new()), its first trial not yet made; NULL: no memory. */
+struct retry_req *req_new(struct worker *w, const struct front_ops *ops, size_t front_size,
+                          enum front_proto proto, const char *raw_target, const char *peer,
+                          unsigned peer_port, enum refusal refused);
+/* Drops a reference: the last frees the request. */
+void req_release(struct retry_req *r);
+void req_trial_free(struct retry_req *r, struct trial *t);
+/* Attempt 't' sent ('wait': how long its answer is waited for; 'left': ms to the deadline);
+ * false when it could not be. */
+bool req_launch(struct retry_req *r, struct trial *t, uint64_t wait, uint64_t left);
+/* attempt_ops.upload: the request body's bytes for attempt 'a'. */
+size_t req_upload(struct attempt *a, char *buf, size_t max);
+/* Whether body bytes arriving now go to an upstream attempt. */
+bool req_upload_live(const struct retry_req *r);
+/* Ends the transfer of 't' without its end being reported; true if it was running. */
 bool req_stop_transfer(struct retry_req *r, struct trial *t);
-/* Every attempt still running ends now, each counted as 'o' unless it was already; true if the
- * current one was running (retry.c). */
-bool req_end_attempts(struct retry_req *r, enum metrics_outcome o);
+/* An attempt being started is not made after all, nor counted. */
+void req_not_made(struct retry_req *r);
 /* What is known of the current attempt, ended in 'o', and the verdict on it. */
 void req_judge(struct retry_req *r, enum retry_outcome o, struct retry_facts *f,
                struct retry_verdict *v);
+/* The drain deadline as it is now, for the decisions that follow. */
+void req_see_drain_deadline(struct retry_req *r);
+/* The verdict on the attempt that just ended in 'o', applied: true when a retry was decided
+ * (its wait in r->pending_delay). */
+bool req_decide(struct retry_req *r, enum retry_outcome o);
+/* The retry decided on the response whose body was read: true to wait and retry. */
+bool req_settle(struct retry_req *r);
+/* Retrying ends while the request waits on the upstream side: slots back, 'stop' counted. */
+void req_give_up(struct retry_req *r, enum retry_stop stop);
+/* The end of a backoff wait before its time (the log keeps the wait as it was taken). */
+void req_cut_wait_short(struct retry_req *r);
+/* The gRPC status of attempt 'a''s response on a gRPC call (its headers', or its trailers'
+ * once in), -1 if none or not a gRPC call. */
+int req_grpc_status(const struct retry_req *r, const struct attempt *a);
 /* A retry's budget slots: taken by a retry the decision made, given back when its attempt
  * ends ('bit' of '*flags' says they are held). */
 void req_hold_slots(struct retry_req *r);
 void req_give_slots_back(struct retry_req *r, unsigned *flags, unsigned bit);
 void req_end_retry_in_flight(struct retry_req *r);
-/* Applies the decision for the attempt that just ended in 'o'; true when a retry was
- * scheduled (its wait in r->pending_delay). */
-bool req_decide(struct retry_req *r, enum retry_outcome o);
-/* The retry decided on the response whose body was read: true to wait and retry. */
-bool req_settle(struct retry_req *r);
-/* An attempt ended without a response head (or one that counts as none). */
-void req_attempt_failed(struct retry_req *r, enum retry_outcome o);
-/* The gRPC status of attempt 'a''s response on a gRPC call (its headers', or its trailers'
- * once in), -1 if none or not a gRPC call. */
-int req_grpc_status(const struct retry_req *r, const struct attempt *a);
-/* The backoff wait before the next attempt (r->pending_delay), and its end before its time. */
-void req_wait_then_retry(struct retry_req *r);
-void req_cut_wait_short(struct retry_req *r);
 
-/* ---- edge.c: the head taken in, the answer given ---- */
+/* ---- edge.c: the head taken in, the answer given (none of these sets r->state) ---- */
 
-/* The head is complete: checked, routed, planned; or answered at once (400, 404, 405, 413). */
-void edge_begin(struct retry_req *r, const char *method);
+/* What edge_begin() made of the head. */
+enum edge_plan {
+    EDGE_ANSWERED, /* answered at once (400, 404, 405, 413...) */
+    EDGE_DURABLE,  /* to a durable route: accept_plan() with 'b' */
+    EDGE_BUFFER,   /* to go upstream once its body is in (or there is none) */
+    EDGE_STREAM,   /* to go upstream now, its body flowing as it arrives */
+};
+struct edge_body {
+    bool has_body;
+    int64_t length; /* -1: chunked */
+};
+/* The head is complete: checked, routed, planned, or answered at once. */
+enum edge_plan edge_begin(struct retry_req *r, const char *method, struct edge_body *b);
 /* A trailer field of the request (retry_req_trailer). */
 void edge_trailer(struct retry_req *r, const char *k, size_t kl, const char *v, size_t vl);
 /* A retryable response was kept whole: retrying that stops returns it. */
 bool edge_saved_whole(const struct retry_req *r);
-/* The current attempt's response is the answer and streams. */
-void edge_stream(struct retry_req *r);
-/* An error of retryproxy's own; the saved response; the answer once retrying is over. */
+/* The current attempt's response to the client (committed); false when it was an upgrade's
+ * 101, now a tunnel. */
+bool edge_stream(struct retry_req *r);
+/* An error of retryproxy's own; the saved response. */
 void edge_error(struct retry_req *r, unsigned status, const char *code, const char *message);
 void edge_saved(struct retry_req *r);
-void edge_final(struct retry_req *r);
-/* No name of the route has an address: answered at once (503 no_address) and true, or false
- * when the attempt is to go on as a connect failure. */
-bool edge_no_address(struct retry_req *r);
-/* A stored delivery's upstream is at its bound: answered at once (503 upstream_busy), no
- * attempt made. */
-void edge_busy(struct retry_req *r);
+/* Whether no name of the route has an address ('msg' says which and why), when the attempt
+ * being started has nothing to go to; false when it is to go on as a connect failure. */
+bool edge_no_address(struct retry_req *r, char *msg, size_t cap);
 /* The client left while its answer's body was still coming from the upstream. */
 void edge_cut_short(struct retry_req *r);
 
@@ -251,10 +285,13 @@ void edge_cut_short(struct retry_req *r);
 /* The head of a request to a durable route: its body is to be taken whole (RF_DURABLE); false
  * when it was answered (413, no store). */
 bool accept_plan(struct retry_req *r, bool has_body, int64_t length);
-/* Its body outgrew routes[].delivery.max_body_bytes: 413, nothing stored. */
+/* Its body outgrew routes[].delivery.max_body_bytes: answered 413, nothing stored. */
 void accept_too_large(struct retry_req *r);
-/* Its body is in: to the store, answered once the store has it (RS_STORE). */
-void accept_store(struct retry_req *r);
+/* Its body is in: true when it went to the store (answered once the store has it: the caller
+ * holds a reference until 'event' is told, REQ_EV_STORED), false when it was answered. */
+bool accept_store(struct retry_req *r, req_event_fn *event);
+/* The store's answer 'c' (a struct store_call), given to the client. */
+void accept_answer(struct retry_req *r, const void *c);
 
 /* A request of a synchronous route was answered 'status' ('h', 'body': the answer's head and
  * body as given): when its retries ran out or were refused and the route keeps dead letters,
@@ -262,24 +299,35 @@ void accept_store(struct retry_req *r);
 void durable_answered(struct retry_req *r, int status, const struct hlist *h, const char *body,
                       size_t len);
 
-/* ---- keep.c: responses kept rather than streamed ---- */
+/* ---- keep.c: responses kept rather than streamed (none of these sets r->state) ---- */
 
-/* A gRPC response head without a status: held back until its trailers (RS_HOLD)? */
+/* A gRPC response head without a status: to be held back until its trailers (RS_HOLD)? */
 bool keep_hold(struct retry_req *r, const struct attempt *a);
-/* The current attempt's response head, decided: it streams, or it is kept (RS_DRAIN). */
-void keep_head(struct retry_req *r, struct attempt *a);
-/* Body bytes of a response in RS_DRAIN or RS_HOLD: as attempt_ops.body. */
-size_t keep_body(struct retry_req *r, struct attempt *a, const char *p, size_t n);
-/* The transfer of a response in RS_DRAIN or RS_HOLD ended. */
-void keep_done(struct retry_req *r, struct attempt *a, enum attempt_end end);
+/* The current attempt's response head is kept (RS_DRAIN follows): its body is read next. */
+void keep_save(struct retry_req *r, struct attempt *a);
+/* What keep_held() did with body bytes of a response in RS_HOLD. */
+enum keep_held {
+    KEEP_HELD,       /* held, all of them */
+    KEEP_HELD_FIRST, /* held, the first ones: the hold's time starts */
+    KEEP_HOLD_OVER,  /* none held: a second message, or too many bytes; decide now */
+};
+enum keep_held keep_held(struct retry_req *r, const char *p, size_t n);
+/* Body bytes of a response in RS_DRAIN: how many were kept (0: stop reading). */
+size_t keep_drain(struct retry_req *r, const char *p, size_t n);
+/* What was held goes to the client; false if it did not take it all (gone). */
+bool keep_release_held(struct retry_req *r);
+/* What was held becomes the saved response's body. */
+void keep_held_to_saved(struct retry_req *r);
+/* The kept response's transfer ended ('end'): its trailers saved. */
+void keep_trailers(struct retry_req *r, struct attempt *a, enum attempt_end end);
 
-/* ---- race.c: attempts running beside the current one (hedging) ---- */
+/* ---- race.c: attempts running beside the current one (hedging; none sets r->state) ---- */
 
-void race_trial_init(struct retry_req *r, struct trial *t);
-void race_trial_free(struct retry_req *r, struct trial *t);
-/* The current attempt passed its per-try timeout: hedge it (false where hedging does not
- * apply, and the timeout ends the attempt). */
-bool race_hedge(struct retry_req *r);
+/* Whether the current attempt, past its per-try timeout, may be hedged. */
+bool race_hedgeable(const struct retry_req *r);
+/* The hedge's verdict 'v': taken (true), 'next' is the current attempt, and the one before a
+ * laggard in r->others; refused (false), 'next' is freed. */
+bool race_hedge(struct retry_req *r, struct trial *next, const struct retry_verdict *v);
 /* How long the attempt starting now, with 'left' ms before the deadline, will be waited for:
  * the per-try timeout, or 'left' if it is shorter or the attempt may be hedged. */
 uint64_t race_attempt_wait(const struct retry_req *r, uint64_t left);
@@ -289,10 +337,19 @@ bool race_others_running(const struct retry_req *r, const struct trial *except);
 void race_lose_others(struct retry_req *r, enum metrics_outcome o);
 /* Ends the lost attempts' transfers now. */
 void race_reap(struct retry_req *r);
-/* Retrying has stopped: answer now, or wait for the attempts still running. */
-void race_wait(struct retry_req *r);
-/* A response head for, or the end of, 't', an attempt running beside the current one. */
-void race_other_head(struct retry_req *r, struct trial *t);
+/* Every attempt still running ends now, each counted as 'o' unless it was already; true if the
+ * current one was running. */
+bool race_end_all(struct retry_req *r, enum metrics_outcome o);
+/* What a response head of an attempt beside the current one is. */
+enum race_head {
+    RACE_DROPPED, /* lost already, or a failure dropped (others may still answer) */
+    RACE_WON,     /* retry_on does not name it: it is the answer */
+    RACE_LAST,    /* a failure, the last there will be: it is the answer */
+};
+enum race_head race_other_head(struct retry_req *r, struct trial *t);
+/* 't' (RACE_WON, RACE_LAST) becomes the current attempt; the one before loses. */
+void race_take(struct retry_req *r, struct trial *t);
+/* 't', an attempt beside the current one, ended: counted, and freed. */
 void race_other_done(struct retry_req *r, struct trial *t);
 
 /* ---- tally.c: metrics and log lines ---- */

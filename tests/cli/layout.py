@@ -8,8 +8,9 @@ objects (nm: what each one defines and what it needs), so the check sees calls, 
 NAME=PART pretends a file lives in another part, --interface names other files as the upstream
 side's interface ("none": no file), --makers=none takes the worker's leave to make the engines
 away, --transport=NAME=TRANSPORT pretends a file is of another transport, --include=FILE=HEADER
-that a file includes one more header, --max-test-lines another bound for tests/; the suite uses
-them to show that the check can fail. Exits 1 with one line per breach:
+that a file includes one more header, --max-test-lines another bound for tests/, --machine
+names another file as the request's state machine; the suite uses them to show that the check
+can fail. Exits 1 with one line per breach:
 
   - every source of proxy/ is in a part's folder (or is one of the process's own files at the top);
   - a part calls only the parts below it (MAY_CALL), and a library only from its parts (LIBRARIES);
@@ -22,6 +23,8 @@ them to show that the check can fail. Exits 1 with one line per breach:
     UPSTREAM_SEEN says;
   - the upstream transports (TRANSPORTS) neither include nor call each other: what they share is
     below them (the connector, TLS, origins, slots), and the dispatcher (attempt.c) above;
+  - the request's state machine (core/retry.c) calls the files that do its work and none of them
+    calls it (MACHINE_PARTS; a later event of theirs comes back through a callback it passes down);
   - files that call each other in a circle are of one part, and each says at its top that they
     are one state machine ("one state machine");
   - no include circle between files of proxy/, however far round (a .c and its .h are one file;
@@ -87,6 +90,11 @@ TESTS_TO_SPLIT = {
     'tests/unit/test_metrics.c',
     'tests/cli/test_deploy.c',
 }
+# The request's state machine and the files that do what it asks (docs/architecture.md, "One
+# request's states"): they return what happened and call nothing of it, so that a request's
+# states and every move between them are read in one file.
+MACHINE = 'retry'
+MACHINE_PARTS = {'req', 'edge', 'keep', 'race', 'durable', 'tally'}
 # The libraries and the parts that call them (docs/architecture.md, "The parts").
 LIBRARIES = {
     'MHD_': {'http1', 'ops'},        # the client port; the admin port's own daemon
@@ -189,9 +197,12 @@ def main():
     moved = dict(a.split('=', 1) for a in sys.argv[2:] if '=' in a and not a.startswith('-'))
     extra = collections.defaultdict(list)  # --include=FILE=HEADER: a pretended include
     max_test_lines = MAX_LINES
+    machine = MACHINE
     for a in sys.argv[2:]:
         opt, _, val = a.partition('=')
-        if opt == '--max-test-lines':
+        if opt == '--machine':
+            machine = val
+        elif opt == '--max-test-lines':
             max_test_lines = int(val)
         elif opt == '--interface':
             CORE_UPSTREAM.clear()
@@ -258,6 +269,11 @@ def main():
                   b not in CORE_MAKERS.get(a, ())):
                 bad.append(f'{a} (core) calls {b}: {s}; the core reaches the upstream side only '
                            f'through {", ".join(sorted(CORE_UPSTREAM)) or "nothing"}')
+    for a in sorted(MACHINE_PARTS - {machine}):
+        if machine in calls.get(a, {}):
+            bad.append(f'{a} calls {machine}: {calls[a][machine]}; the request\'s state machine '
+                       f'({machine}) calls {", ".join(sorted(MACHINE_PARTS - {machine}))}, never '
+                       'the other way (docs/architecture.md, "One request\'s states")')
     bad += includes(part, moved, extra)
     # call circles
     comps = circles(set(calls) | set(defs.values()), calls)

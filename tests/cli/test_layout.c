@@ -3,7 +3,8 @@
  * parts and what each may call and include, the circles, the libraries, the headers and the
  * lengths, those of tests/ too (docs/testing.md). The check is shown to catch a file in the
  * wrong part, a circle across parts, the core calling a transport past its interface, a library
- * called from a part not its own, a long test file, and each wall issue 41 found crossed: a
+ * called from a part not its own, a long test file, a part of the request's state machine
+ * calling back into it, and each wall issue 41 found crossed: a
  * header of a part above, a core or front end file including a transport's insides, an engine
  * made outside the worker, a transport reaching into another, and two files including each
  * other. Run from the repository
@@ -132,4 +133,11 @@ Test(layout, a_long_test_file_is_caught)
     /* tests/ under a bound of 100 lines: most suites pass it, and each is named */
     expect_breach("--max-test-lines=100", "tests/support/tup.c: ");
     expect_breach("--max-test-lines=100", "over 100: split it by what it covers");
+}
+
+Test(layout, a_part_calling_back_into_the_state_machine_is_caught)
+{
+    /* req.c taken for the machine: race.c, edge.c... call it, as they called retry.c before
+     * the machine's calls went one way */
+    expect_breach("--machine=req", "race calls req: ");
 }
