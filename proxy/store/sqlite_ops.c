@@ -45,7 +45,7 @@ int sql_ops_setup(struct store_impl *s, struct store_err *err)
             goto fail;
     return 0;
 fail:
-    snprintf(err->msg, sizeof(err->msg), "%s: %s: %s", s->o.path, what, sqlite3_errmsg(s->db));
+    snprintf(err->msg, sizeof(err->msg), "%s: %s: %s", s->q.o.path, what, sqlite3_errmsg(s->db));
     return STORE_EIO;
 }
 
@@ -346,7 +346,7 @@ out:
 
 int sql_ops_run(struct store_impl *s, struct store_call *c)
 {
-    switch ((enum sql_op)c->op) {
+    switch ((enum store_op)c->op) {
     case OP_FIND:
         return op_find(s, c);
     case OP_BULK:
@@ -394,7 +394,7 @@ out:
 
 void sql_sweep(struct store_impl *s)
 {
-    if (!s->o.retention)
+    if (!s->q.o.retention)
         return;
     uint64_t now = sql_now(s);
     if (s->last_sweep && now - s->last_sweep < SWEEP_EVERY_MS && now >= s->last_sweep)
@@ -403,12 +403,12 @@ void sql_sweep(struct store_impl *s)
     if (sql_step_reset(s->st[S_BEGIN]) != SQLITE_DONE)
         return;
     s->live_delta = 0;
-    uint64_t keep = s->o.delivered_keep_ms;
+    uint64_t keep = s->q.o.delivered_keep_ms;
     int a = sweep_state(s, STORE_DELIVERED, now > keep ? now - keep : 0);
     int b = 0;
     /* A dead letter with no keep setting stays until an operator drops it: never evicted. */
-    if (a >= 0 && s->o.dead_keep_ms)
-        b = sweep_state(s, STORE_DEAD, now > s->o.dead_keep_ms ? now - s->o.dead_keep_ms : 0);
+    if (a >= 0 && s->q.o.dead_keep_ms)
+        b = sweep_state(s, STORE_DEAD, now > s->q.o.dead_keep_ms ? now - s->q.o.dead_keep_ms : 0);
     if (a < 0 || b < 0 || sql_step_reset(s->st[S_COMMIT]) != SQLITE_DONE) {
         if (!sqlite3_get_autocommit(s->db))
             sql_step_reset(s->st[S_ROLLBACK]);

@@ -3,24 +3,24 @@
  * docs/delivery.md "Secrets at rest"), and all of them packed into the row's blob and read
  * back from it. Store thread only; no SQLite call, so tests/fuzz/fuzz_seal.c links it. */
 #include "proxy/store/seal.h"
-#include "proxy/store/sqlite_int.h"
+#include "proxy/store/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
-                    struct store_field **out, size_t *nout)
+int sql_seal_fields(const struct store_opts *o, const char *id, const struct store_field *in,
+                    size_t n, struct store_field **out, size_t *nout)
 {
     struct store_field *f = calloc(n ? n : 1, sizeof(*f));
     size_t k = 0;
     if (!f)
         return STORE_EIO;
     for (size_t i = 0; i < n; i++) {
-        bool secret = seal_sensitive(in[i].name, s->o.sensitive, s->o.n_sensitive);
-        if (secret && !s->o.key)
+        bool secret = seal_sensitive(in[i].name, o->sensitive, o->n_sensitive);
+        if (secret && !o->key)
             continue; /* no key: not stored at all (docs/delivery.md) */
         f[k].name = strdup(in[i].name);
-        f[k].value = secret ? seal_value(s->o.key, id, in[i].value) : strdup(in[i].value);
+        f[k].value = secret ? seal_value(o->key, id, in[i].value) : strdup(in[i].value);
         k++;
         if (!f[k - 1].name || !f[k - 1].value) {
             store_fields_free(f, k);
@@ -32,12 +32,12 @@ int sql_seal_fields(struct store_impl *s, const char *id, const struct store_fie
     return 0;
 }
 
-void sql_open_fields(struct store_impl *s, struct store_delivery *d)
+void sql_open_fields(const struct store_opts *o, struct store_delivery *d)
 {
-    for (size_t i = 0; s->o.key && i < d->nfields; i++) {
+    for (size_t i = 0; o->key && i < d->nfields; i++) {
         if (!seal_is_sealed(d->fields[i].value))
             continue;
-        char *clear = seal_open(s->o.key, d->id, d->fields[i].value);
+        char *clear = seal_open(o->key, d->id, d->fields[i].value);
         if (clear) {
             free(d->fields[i].value);
             d->fields[i].value = clear;

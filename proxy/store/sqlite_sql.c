@@ -107,15 +107,6 @@ static const char *const sql_text[S_COUNT] = {
     [S_ROLLBACK] = "ROLLBACK",
 };
 
-uint64_t sql_now(const struct store_impl *s)
-{
-    if (s->o.clock)
-        return s->o.clock(s->o.clock_arg);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 int sql_error(int rc)
 {
     switch (rc & 0xff) {
@@ -167,7 +158,7 @@ int sql_setup(struct store_impl *s, struct store_err *err)
     st = NULL;
     if (version > SQL_SCHEMA_VERSION) {
         snprintf(err->msg, sizeof(err->msg),
-                 "%s: the store's schema is version %d, newer than this program's %d", s->o.path,
+                 "%s: the store's schema is version %d, newer than this program's %d", s->q.o.path,
                  version, SQL_SCHEMA_VERSION);
         return STORE_EINVAL;
     }
@@ -180,7 +171,7 @@ int sql_setup(struct store_impl *s, struct store_err *err)
             (rc = sqlite3_exec(s->db, set, NULL, NULL, NULL)) != SQLITE_OK ||
             (rc = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
             snprintf(err->msg, sizeof(err->msg), "%s: migrating the schema to version %d: %s",
-                     s->o.path, v + 1, sqlite3_errmsg(s->db));
+                     s->q.o.path, v + 1, sqlite3_errmsg(s->db));
             sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
             return sql_error(rc) == STORE_EFULL ? STORE_EFULL : STORE_EIO;
         }
@@ -192,7 +183,7 @@ int sql_setup(struct store_impl *s, struct store_err *err)
     s->live = one_int(s->st[S_LIVE]);
     return 0;
 fail:
-    snprintf(err->msg, sizeof(err->msg), "%s: %s", s->o.path, sqlite3_errmsg(s->db));
+    snprintf(err->msg, sizeof(err->msg), "%s: %s", s->q.o.path, sqlite3_errmsg(s->db));
     sqlite3_finalize(st);
     return r;
 }
@@ -276,7 +267,7 @@ static int read_one(struct store_impl *s, const char *id, struct store_delivery 
                                 : sql_error(rc);
     sqlite3_reset(st);
     if (r == 0)
-        sql_open_fields(s, d);
+        sql_open_fields(&s->q.o, d);
     if (r < 0 || !tries)
         return r;
     st = s->st[S_TRIES];
@@ -353,7 +344,7 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
     char *fields = NULL;
     /* The id first: it is the sealed values' additional data (seal.h). */
     if (store_new_id(c->id) == 0 &&
-        sql_seal_fields(s, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
+        sql_seal_fields(&s->q.o, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
         fields = sql_fields_pack(kept, nkept, &flen);
         c->left_out = (uint32_t)(d->nfields - nkept);
         store_fields_free(kept, nkept);
@@ -362,8 +353,8 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
         return STORE_EIO;
     /* A row's size, roughly: what the bound needs until the commit tells the file's. */
     uint64_t size = d->body_len + flen + strlen(d->route) + strlen(d->target) + 256;
-    if ((s->o.max_count && s->live + (uint64_t)s->live_delta >= s->o.max_count) ||
-        (s->o.max_bytes && atomic_load(&s->bytes) + s->bytes_added + size > s->o.max_bytes)) {
+    if ((s->q.o.max_count && s->live + (uint64_t)s->live_delta >= s->q.o.max_count) ||
+        (s->q.o.max_bytes && atomic_load(&s->bytes) + s->bytes_added + size > s->q.o.max_bytes)) {
         free(fields);
         c->id[0] = '\0';
         return STORE_EFULL;
@@ -403,7 +394,7 @@ static int op_insert_dead(struct store_impl *s, struct store_call *c)
     int r = op_enqueue(s, c); /* reads d->req, the first member */
     if (r < 0)
         return r;
-    size_t cap = s->o.dead_body_bytes ? s->o.dead_body_bytes : 4096;
+    size_t cap = s->q.o.dead_body_bytes ? s->q.o.dead_body_bytes : 4096;
     sqlite3_stmt *st = s->st[S_MAKE_DEAD];
     sqlite3_bind_int64(st, 1, d->attempts);
     sqlite3_bind_text(st, 2, d->dead.reason ? d->dead.reason : "", -1, SQLITE_STATIC);
@@ -497,7 +488,7 @@ static int op_claim(struct store_impl *s, struct store_call *c)
                 break;
         }
         st = s->st[S_LEASE];
-        sqlite3_bind_int64(st, 1, (sqlite3_int64)(now + s->o.lease_ms));
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)(now + s->q.o.lease_ms));
         sqlite3_bind_text(st, 2, c->owner, -1, SQLITE_STATIC);
         sqlite3_bind_int(st, 3, lost);
         sqlite3_bind_text(st, 4, ids[i], -1, SQLITE_STATIC);
@@ -554,7 +545,7 @@ static int op_end(struct store_impl *s, struct store_call *c)
         sqlite3_bind_text(st, 10, c->attempt->upstream, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 3, c->attempt != NULL);
     if (dead) {
-        size_t cap = s->o.dead_body_bytes ? s->o.dead_body_bytes : 4096;
+        size_t cap = s->q.o.dead_body_bytes ? s->q.o.dead_body_bytes : 4096;
         sqlite3_bind_text(st, 4, dead->reason ? dead->reason : "", -1, SQLITE_STATIC);
         if (dead->head)
             sqlite3_bind_blob(st, 5, dead->head, (int)dead->head_len, SQLITE_STATIC);
@@ -655,7 +646,7 @@ static int op_change(struct store_impl *s, struct store_call *c)
 
 int sql_run(struct store_impl *s, struct store_call *c)
 {
-    switch ((enum sql_op)c->op) {
+    switch ((enum store_op)c->op) {
     case OP_ENQUEUE:
         return op_enqueue(s, c);
     case OP_CLAIM:

@@ -1,0 +1,115 @@
+/* backend -- what the store's backends (sqlite*.c, pg*.c) share in front of their thread.
+ *
+ * Both work the same way (store.h): an operation checks its inputs, queues its call under a
+ * mutex and wakes the backend's thread, which takes every call waiting (store_opts.max_batch at
+ * most), runs them in one transaction, commits, and only then finishes them. What differs is
+ * the database: each backend's state starts with a struct store_q, so that the operations'
+ * front (backend.c) serves both tables of operations (BACKEND_OPS).
+ */
+#ifndef RETRYPROXY_PROXY_STORE_BACKEND_H
+#define RETRYPROXY_PROXY_STORE_BACKEND_H
+
+#include <pthread.h>
+
+#include "proxy/store/store.h"
+
+/* A call's operation (store_call.op). */
+enum store_op {
+    OP_ENQUEUE,
+    OP_CLAIM,
+    OP_CLAIM_EXCEPT,
+    OP_COMPLETE,
+    OP_RESCHEDULE,
+    OP_BURY,
+    OP_INSERT_DEAD,
+    OP_LIST,
+    OP_GET,
+    OP_REPLAY,
+    OP_DROP,
+    OP_FIND,
+    OP_BULK,
+    OP_COUNTS,
+};
+
+/* The first member of every backend's struct store_impl. 'o', 'key' and what 'o' points to are
+ * the store's own copies; the store thread alone reads 'o' once the thread runs. */
+struct store_q {
+    struct store pub;
+    struct store_opts o;
+    unsigned char key[32]; /* o.key points here when set; o.sensitive is a copy */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct store_call *head, *tail; /* calls handed over, under mu */
+    bool closing;
+    struct store_opts *tuned; /* a reload's settings, under mu until the thread takes them */
+};
+
+/* Copies 'o' (its key, its names; 'path' when set) into q and makes q->pub; 0, or STORE_EIO
+ * (out of memory: store_q_fini() frees what was made). */
+int store_q_init(struct store_q *q, const struct store_opts *o, const struct store_ops *ops);
+void store_q_fini(struct store_q *q);
+/* For the thread: waits for calls (waking every 'wake_ms' ms when it is not 0, to return
+ * NULL with *stop false: a turn without calls), then takes up to 'max' (0: all). NULL with
+ * *stop true: closing, and every call handed over was taken. A reload's settings are taken
+ * into q->o first. */
+struct store_call *store_q_take(struct store_q *q, size_t max, int wake_ms, bool *stop);
+/* Tells the thread to finish what was handed over and stop, and joins it. */
+void store_q_stop(struct store_q *q);
+
+/* Whether an operation changes rows (it runs under its own savepoint). */
+bool store_op_writes(int op);
+
+/* The operations' front, the same for every backend. */
+int store_q_enqueue(struct store_impl *s, struct store_call *c, const struct store_new *d);
+int store_q_claim_due(struct store_impl *s, struct store_call *c, const char *owner, size_t max);
+int store_q_claim_route(struct store_impl *s, struct store_call *c, const char *owner,
+                        const char *route, size_t max);
+int store_q_claim_except(struct store_impl *s, struct store_call *c, const char *owner,
+                         const char *const *routes, size_t n, size_t max);
+int store_q_complete(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
+                     const struct store_attempt *a);
+int store_q_reschedule(struct store_impl *s, struct store_call *c, const char *id,
+                       const char *owner, const struct store_attempt *a, uint64_t next_at);
+int store_q_bury(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
+                 const struct store_attempt *a, const struct store_dead *dead);
+int store_q_insert_dead(struct store_impl *s, struct store_call *c, const struct store_dead_new *d);
+int store_q_list(struct store_impl *s, struct store_call *c, const struct store_filter *f);
+int store_q_get(struct store_impl *s, struct store_call *c, const char *id);
+int store_q_replay(struct store_impl *s, struct store_call *c, const char *id);
+int store_q_drop(struct store_impl *s, struct store_call *c, const char *id);
+int store_q_find(struct store_impl *s, struct store_call *c, const struct store_match *m);
+int store_q_bulk(struct store_impl *s, struct store_call *c, const struct store_bulk *b);
+int store_q_counts(struct store_impl *s, struct store_call *c);
+int store_q_tune(struct store_impl *s, const struct store_tuning *t);
+
+/* A table of operations' shared entries: a backend adds its name, stats and close. */
+#define BACKEND_OPS                                                                                \
+    .enqueue = store_q_enqueue, .claim_due = store_q_claim_due,                                    \
+    .claim_route = store_q_claim_route, .claim_except = store_q_claim_except,                      \
+    .complete = store_q_complete, .reschedule = store_q_reschedule, .bury = store_q_bury,          \
+    .insert_dead = store_q_insert_dead, .list = store_q_list, .get = store_q_get,                  \
+    .replay = store_q_replay, .drop = store_q_drop, .find = store_q_find, .bulk = store_q_bulk,    \
+    .counts = store_q_counts, .tune = store_q_tune
+
+/* The store's wall clock, ms since the epoch (store_opts.clock, else CLOCK_REALTIME). */
+uint64_t store_q_now(const struct store_opts *o);
+/* CLOCK_MONOTONIC in µs (commit latencies). */
+uint64_t store_mono_us(void);
+
+/* sqlite_seal.c: the sensitive fields of delivery 'id' sealed (or left out without a key) into a
+ * new array *out of *nout, every string its own copy (free with store_fields_free()). 0 or
+ * STORE_EIO. And a read delivery's sealed values opened (left sealed without a key or when one
+ * does not open: never shown, see seal.h). */
+int sql_seal_fields(const struct store_opts *o, const char *id, const struct store_field *in,
+                    size_t n, struct store_field **out, size_t *nout);
+void sql_open_fields(const struct store_opts *o, struct store_delivery *d);
+/* The head's fields as both backends keep them: one blob of "name\0value\0" pairs, 'n' fields
+ * of no NUL each packed into a malloc'd blob of *len bytes (NULL when out of memory), and a
+ * blob read back into d->fields and d->nfields. A blob that is not such pairs (a NUL missing at
+ * its end, a name without its value) is a damaged row: STORE_EIO, not fields lost quietly.
+ * d->fields is d's to free either way. */
+char *sql_fields_pack(const struct store_field *f, size_t n, size_t *len);
+int sql_fields_unpack(struct store_delivery *d, const char *b, size_t len);
+
+#endif
