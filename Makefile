@@ -17,9 +17,9 @@ WERROR ?= 0
 SAN ?=
 TEST_JOBS ?= 2
 
-PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto libcares sqlite3
+PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto libcares sqlite3 libpq
 APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libc-ares-dev \
-            libsqlite3-dev
+            libsqlite3-dev libpq-dev
 # The compiler and pkg-config themselves: a minimal Debian 12 (a container image, a netinst
 # without build tools) has neither. make it cannot install: README.md's first line does.
 TOOL_APT_PKGS := gcc libc6-dev pkg-config

@@ -48,6 +48,11 @@ int store_q_init(struct store_q *q, const struct store_opts *o, const struct sto
 {
     q->o = *o;
     q->o.path = o->path ? strdup(o->path) : NULL;
+    q->o.pg_url = o->pg_url ? strdup(o->pg_url) : NULL;
+    q->o.pg_password = o->pg_password ? strdup(o->pg_password) : NULL;
+    q->o.pg_namespace = o->pg_namespace ? strdup(o->pg_namespace) : NULL;
+    bool copied = (q->o.path || !o->path) && (q->o.pg_url || !o->pg_url) &&
+                  (q->o.pg_password || !o->pg_password) && (q->o.pg_namespace || !o->pg_namespace);
     /* The key and the names are the store's own copies: the config may go before it. */
     if (o->key) {
         memcpy(q->key, o->key, sizeof(q->key));
@@ -64,7 +69,7 @@ int store_q_init(struct store_q *q, const struct store_opts *o, const struct sto
     pthread_cond_init(&q->cv, NULL);
     q->pub.ops = ops;
     q->pub.impl = (struct store_impl *)q;
-    return ok && (q->o.path || !o->path) ? 0 : STORE_EIO;
+    return ok && copied ? 0 : STORE_EIO;
 }
 
 void store_q_fini(struct store_q *q)
@@ -72,6 +77,11 @@ void store_q_fini(struct store_q *q)
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
     free((char *)q->o.path);
+    free((char *)q->o.pg_url);
+    free((char *)q->o.pg_namespace);
+    if (q->o.pg_password)
+        explicit_bzero((char *)q->o.pg_password, strlen(q->o.pg_password));
+    free((char *)q->o.pg_password);
     free_names(q->o.sensitive, q->o.n_sensitive);
     if (q->tuned)
         free_names(q->tuned->sensitive, q->tuned->n_sensitive);

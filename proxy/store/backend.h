@@ -45,7 +45,7 @@ struct store_q {
     struct store_opts *tuned; /* a reload's settings, under mu until the thread takes them */
 };
 
-/* Copies 'o' (its key, its names; 'path' when set) into q and makes q->pub; 0, or STORE_EIO
+/* Copies 'o' (its key, its names, its strings) into q and makes q->pub; 0, or STORE_EIO
  * (out of memory: store_q_fini() frees what was made). */
 int store_q_init(struct store_q *q, const struct store_opts *o, const struct store_ops *ops);
 void store_q_fini(struct store_q *q);

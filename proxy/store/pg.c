@@ -1,0 +1,472 @@
+/* pg -- the shared store: one PostgreSQL database that every proxy of a fleet uses, each in its
+ * namespace (docs/delivery.md, "Shared store (PostgreSQL)").
+ *
+ * The same model as the SQLite store (sqlite.c): callers never run libpq; the store's thread
+ * owns the one connection, takes every call waiting, runs them in ONE transaction (each under a
+ * savepoint, so one that fails leaves the others in), commits, and only then finishes them: an
+ * enqueue that completed with 0 is committed (synchronous_commit as the server has it: on by
+ * default). The difference is the database being away. A lost connection fails the batch it
+ * was in (nothing of it is acknowledged), and from then on every call fails at once with
+ * STORE_EIO while the thread tries again, 100 ms after the loss and then backing off to 5 s:
+ * no caller ever waits on a database that is not there (store_stats.down says it is).
+ */
+#include "proxy/store/pg_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/telemetry/log.h"
+
+#define RETRY_FIRST_MS 100
+#define RETRY_MAX_MS   5000
+/* While down the thread wakes this often to try again, calls or not (the gauge comes back). */
+#define DOWN_WAKE_MS 250
+/* Every proxy migrating at once takes this lock (pg_advisory_xact_lock) in turn. */
+#define MIGRATE_LOCK "7526209310651402240"
+
+/* Each step takes the database from the version before it to its own (index + 1). */
+static const char *const migrations[PG_SCHEMA_VERSION] = {
+    "CREATE TABLE retryproxy_deliveries("
+    " seq bigserial PRIMARY KEY,"
+    " namespace text NOT NULL,"
+    " id text NOT NULL UNIQUE,"
+    " route text NOT NULL, method text NOT NULL, target text NOT NULL,"
+    " fields bytea NOT NULL, body bytea NOT NULL,"
+    " idem_key text, body_hash bigint NOT NULL,"
+    " created_at bigint NOT NULL, next_at bigint NOT NULL,"
+    " attempts integer NOT NULL DEFAULT 0, replays integer NOT NULL DEFAULT 0,"
+    " state smallint NOT NULL,"
+    " claimed_until bigint, claimed_by text,"
+    " reason text, final_head bytea, final_body bytea,"
+    " last_delay bigint NOT NULL DEFAULT 0, upstream text);"
+    /* the claim's: due rows of a namespace (and of a route) in due order, leases by expiry */
+    "CREATE INDEX retryproxy_due ON retryproxy_deliveries(namespace, state, next_at);"
+    "CREATE INDEX retryproxy_route_due ON retryproxy_deliveries(namespace, route, state,"
+    " next_at);"
+    "CREATE INDEX retryproxy_lease ON retryproxy_deliveries(namespace, state, claimed_until);"
+    "CREATE UNIQUE INDEX retryproxy_key ON retryproxy_deliveries(namespace, route, idem_key)"
+    " WHERE idem_key IS NOT NULL;"
+    /* the operators' filters and retention */
+    "CREATE INDEX retryproxy_created ON retryproxy_deliveries(namespace, state, created_at);"
+    "CREATE INDEX retryproxy_route_created ON retryproxy_deliveries(namespace, route, state,"
+    " created_at);"
+    "CREATE TABLE retryproxy_attempts("
+    " n bigserial PRIMARY KEY,"
+    " delivery text NOT NULL REFERENCES retryproxy_deliveries(id) ON DELETE CASCADE,"
+    " at bigint NOT NULL, duration_ms bigint NOT NULL, status integer NOT NULL,"
+    " outcome text NOT NULL, upstream text);"
+    "CREATE INDEX retryproxy_attempts_delivery ON retryproxy_attempts(delivery, n);",
+};
+
+static uint64_t mono_ms(void)
+{
+    return store_mono_us() / 1000;
+}
+
+void pgq_text(struct pgq *q, const char *v)
+{
+    q->v[q->n] = v;
+    q->len[q->n] = 0;
+    q->fmt[q->n++] = 0;
+}
+
+void pgq_int(struct pgq *q, int64_t v)
+{
+    snprintf(q->num[q->n], sizeof(q->num[0]), "%lld", (long long)v);
+    pgq_text(q, q->num[q->n]);
+}
+
+void pgq_bin(struct pgq *q, const void *b, size_t len)
+{
+    q->v[q->n] = b ? (b && len ? b : "") : NULL;
+    q->len[q->n] = (int)len;
+    q->fmt[q->n++] = 1;
+}
+
+/* A libpq message without its newline, for a log line or an error. */
+static void trim_msg(char *dst, size_t cap, const char *msg)
+{
+    snprintf(dst, cap, "%s", msg && *msg ? msg : "no answer");
+    size_t n = strlen(dst);
+    while (n && (dst[n - 1] == '\n' || dst[n - 1] == ' '))
+        dst[--n] = '\0';
+}
+
+/* The connection is gone: closed, the store down until the thread reconnects. */
+static void lost(struct store_impl *s)
+{
+    char why[256];
+    trim_msg(why, sizeof(why), PQerrorMessage(s->conn));
+    PQfinish(s->conn);
+    s->conn = NULL;
+    s->retry_at = mono_ms() + RETRY_FIRST_MS;
+    s->backoff_ms = RETRY_FIRST_MS;
+    atomic_store(&s->down, 1);
+    atomic_fetch_add(&s->disconnects, 1);
+    log_event(CFG_LOG_ERROR, "delivery store: lost the database; accepts refused until it is back",
+              "namespace", s->ns, "error", why, NULL);
+}
+
+PGresult *pg_exec(struct store_impl *s, const char *sql, const struct pgq *q, int *r)
+{
+    *r = STORE_EIO;
+    if (!s->conn)
+        return NULL;
+    PGresult *res = PQexecParams(s->conn, sql, q ? q->n : 0, NULL, q ? q->v : NULL,
+                                 q ? q->len : NULL, q ? q->fmt : NULL, 0);
+    ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+        *r = 0;
+        return res;
+    }
+    const char *code = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    if (code && strcmp(code, "23505") == 0)
+        *r = STORE_ECONFLICT; /* unique_violation */
+    else if (code && strcmp(code, "53100") == 0)
+        *r = STORE_EFULL; /* disk_full */
+    PQclear(res);
+    if (PQstatus(s->conn) == CONNECTION_BAD)
+        lost(s);
+    return NULL;
+}
+
+int pg_cmd(struct store_impl *s, const char *sql, const struct pgq *q, uint64_t *changed)
+{
+    int r;
+    PGresult *res = pg_exec(s, sql, q, &r);
+    if (res && changed)
+        *changed = strtoull(PQcmdTuples(res), NULL, 10);
+    PQclear(res);
+    return r;
+}
+
+int64_t pg_int(const PGresult *res, int row, int col)
+{
+    return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+char *pg_text(const PGresult *res, int row, int col)
+{
+    return PQgetisnull(res, row, col) ? NULL : strdup(PQgetvalue(res, row, col));
+}
+
+char *pg_bytes(const PGresult *res, int row, int col, size_t *len)
+{
+    *len = 0;
+    if (PQgetisnull(res, row, col))
+        return NULL;
+    size_t n = 0;
+    unsigned char *u = PQunescapeBytea((const unsigned char *)PQgetvalue(res, row, col), &n);
+    char *b = u ? malloc(n + 1) : NULL;
+    if (b) {
+        memcpy(b, u, n);
+        b[n] = '\0';
+        *len = n;
+    }
+    PQfreemem(u);
+    return b;
+}
+
+/* A new connection to o->pg_url, or NULL with why. libpq's defaults first, so that the URL's
+ * own settings win; the password last (a URL holding one is refused by the config). */
+static PGconn *connect_db(const struct store_opts *o, char *why, size_t cap)
+{
+    const char *k[12], *v[12];
+    int n = 0;
+    k[n] = "connect_timeout", v[n++] = "2";
+    k[n] = "application_name", v[n++] = "retryproxy";
+    /* a peer gone without a word (a failed-over primary) is found within seconds */
+    k[n] = "keepalives_idle", v[n++] = "5";
+    k[n] = "keepalives_interval", v[n++] = "2";
+    k[n] = "keepalives_count", v[n++] = "3";
+    k[n] = "tcp_user_timeout", v[n++] = "10000";
+    /* the migration's "already exists, skipping" is no news */
+    k[n] = "options", v[n++] = "-c client_min_messages=warning";
+    k[n] = "dbname", v[n++] = o->pg_url;
+    if (o->pg_password)
+        k[n] = "password", v[n++] = o->pg_password;
+    k[n] = NULL, v[n] = NULL;
+    PGconn *c = PQconnectdbParams(k, v, 1);
+    if (c && PQstatus(c) == CONNECTION_OK)
+        return c;
+    trim_msg(why, cap, c ? PQerrorMessage(c) : "out of memory");
+    PQfinish(c);
+    return NULL;
+}
+
+static int exec_plain(PGconn *c, const char *sql, char *why, size_t cap)
+{
+    PGresult *res = PQexec(c, sql);
+    ExecStatusType st = PQresultStatus(res);
+    int r = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? 0 : STORE_EIO;
+    if (r < 0)
+        trim_msg(why, cap, PQresultErrorMessage(res));
+    PQclear(res);
+    return r;
+}
+
+/* Creates or migrates the schema in one transaction under the advisory lock. */
+static int migrate(PGconn *c, int *from, char *why, size_t cap)
+{
+    int r = exec_plain(c, "BEGIN", why, cap);
+    if (r == 0)
+        r = exec_plain(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ")", why, cap);
+    if (r == 0)
+        r = exec_plain(c, "CREATE TABLE IF NOT EXISTS retryproxy_schema(version integer NOT NULL)",
+                       why, cap);
+    PGresult *res =
+        r == 0 ? PQexec(c, "SELECT coalesce(max(version), 0) FROM retryproxy_schema") : NULL;
+    if (r == 0 && PQresultStatus(res) != PGRES_TUPLES_OK) {
+        trim_msg(why, cap, PQresultErrorMessage(res));
+        r = STORE_EIO;
+    }
+    int version = r == 0 ? atoi(PQgetvalue(res, 0, 0)) : 0;
+    PQclear(res);
+    *from = version;
+    if (r == 0 && version > PG_SCHEMA_VERSION) {
+        snprintf(why, cap, "the store's schema is version %d, newer than this program's %d",
+                 version, PG_SCHEMA_VERSION);
+        r = STORE_EINVAL;
+    }
+    for (int v = version; r == 0 && v < PG_SCHEMA_VERSION; v++)
+        r = exec_plain(c, migrations[v], why, cap);
+    if (r == 0 && version < PG_SCHEMA_VERSION) {
+        char set[96];
+        snprintf(set, sizeof(set),
+                 "DELETE FROM retryproxy_schema; INSERT INTO retryproxy_schema VALUES(%d)",
+                 PG_SCHEMA_VERSION);
+        r = exec_plain(c, set, why, cap);
+    }
+    if (r == 0)
+        r = exec_plain(c, "COMMIT", why, cap);
+    else
+        PQclear(PQexec(c, "ROLLBACK"));
+    return r;
+}
+
+int store_pg_migrate(const struct store_opts *o, int *from, int *to, struct store_err *err)
+{
+    char why[200];
+    err->msg[0] = '\0';
+    PGconn *c = o->pg_url ? connect_db(o, why, sizeof(why)) : NULL;
+    if (!c) {
+        snprintf(err->msg, sizeof(err->msg), "postgres: cannot connect: %s",
+                 o->pg_url ? why : "no url");
+        return STORE_EIO;
+    }
+    int r = migrate(c, from, why, sizeof(why));
+    if (r < 0)
+        snprintf(err->msg, sizeof(err->msg), "postgres: %s", why);
+    *to = r == 0 ? PG_SCHEMA_VERSION : *from;
+    PQfinish(c);
+    return r;
+}
+
+/* Counts the namespace's rows kept (but the delivered) and their bytes: other proxies add
+ * theirs, so the bounds read it again at most a second old. */
+static int recount(struct store_impl *s)
+{
+    struct pgq q = { 0 };
+    pgq_text(&q, s->ns);
+    int r;
+    PGresult *res = pg_exec(s,
+                            "SELECT count(*) FILTER (WHERE state <> 2),"
+                            " coalesce(sum(octet_length(body) + octet_length(fields)"
+                            " + octet_length(route) + octet_length(target) + 256), 0)"
+                            " FROM retryproxy_deliveries WHERE namespace = $1",
+                            &q, &r);
+    if (res) {
+        s->live = (uint64_t)pg_int(res, 0, 0);
+        s->bytes = (uint64_t)pg_int(res, 0, 1);
+        s->counted_at = mono_ms();
+        atomic_store(&s->live_pub, s->live);
+        atomic_store(&s->bytes_pub, s->bytes);
+    }
+    PQclear(res);
+    return r;
+}
+
+/* While down: a new connection once the backoff has passed. */
+static void reconnect(struct store_impl *s)
+{
+    uint64_t now = mono_ms();
+    if (s->conn || now < s->retry_at)
+        return;
+    char why[200];
+    s->conn = connect_db(&s->q.o, why, sizeof(why));
+    if (!s->conn) {
+        s->backoff_ms = s->backoff_ms ? s->backoff_ms * 2 : RETRY_FIRST_MS;
+        if (s->backoff_ms > RETRY_MAX_MS)
+            s->backoff_ms = RETRY_MAX_MS;
+        s->retry_at = now + s->backoff_ms;
+        return;
+    }
+    s->backoff_ms = 0;
+    atomic_store(&s->down, 0);
+    log_event(CFG_LOG_INFO, "delivery store: the database is back", "namespace", s->ns, NULL);
+    recount(s);
+}
+
+static int run_one(struct store_impl *s, struct store_call *c)
+{
+    bool ops = c->op == OP_FIND || c->op == OP_BULK || c->op == OP_COUNTS;
+    return ops ? pg_ops_run(s, c) : pg_run(s, c);
+}
+
+/* Runs one batch of calls in one transaction and finishes them all. */
+static void run_batch(struct store_impl *s, struct store_call *batch)
+{
+    uint64_t t0 = store_mono_us();
+    int lost_r = s->conn ? pg_cmd(s, "BEGIN", NULL, NULL) : STORE_EIO;
+    if (!lost_r && mono_ms() - s->counted_at >= 1000)
+        lost_r = recount(s);
+    s->live_delta = 0;
+    s->bytes_added = 0;
+    struct store_call *c;
+    for (c = batch; c && !lost_r; c = c->next) {
+        int64_t delta = s->live_delta;
+        uint64_t added = s->bytes_added;
+        int r = pg_cmd(s, "SAVEPOINT call", NULL, NULL);
+        if (r == 0 && (r = run_one(s, c)) < 0 && s->conn) {
+            pg_cmd(s, "ROLLBACK TO SAVEPOINT call", NULL, NULL);
+            s->live_delta = delta;
+            s->bytes_added = added;
+        }
+        if (s->conn)
+            pg_cmd(s, "RELEASE SAVEPOINT call", NULL, NULL);
+        if (!s->conn) {
+            lost_r = STORE_EIO; /* nothing of the transaction is known to be kept */
+            break;
+        }
+        c->result = r;
+    }
+    if (!lost_r) {
+        PGresult *res = pg_exec(s, "COMMIT", NULL, &lost_r);
+        /* a transaction that failed answers COMMIT with ROLLBACK */
+        if (res && strcmp(PQcmdStatus(res), "COMMIT") != 0)
+            lost_r = STORE_EIO;
+        PQclear(res);
+    } else if (s->conn) {
+        pg_cmd(s, "ROLLBACK", NULL, NULL);
+    }
+    if (lost_r) {
+        /* Nothing of the batch is committed: every write fails, and the reads not run. */
+        bool ran = true;
+        for (struct store_call *x = batch; x; x = x->next) {
+            ran = ran && x != c;
+            if (store_op_writes(x->op) || !ran)
+                x->result = lost_r;
+        }
+    } else {
+        s->live = (uint64_t)((int64_t)s->live + s->live_delta);
+        s->bytes += s->bytes_added;
+        atomic_fetch_add(&s->commits, 1);
+        if (s->q.o.on_commit)
+            s->q.o.on_commit(s->q.o.on_commit_arg, (double)(store_mono_us() - t0) / 1e6);
+    }
+    atomic_store(&s->live_pub, s->live);
+    atomic_store(&s->bytes_pub, s->bytes);
+    atomic_store(&s->commit_us, store_mono_us() - t0);
+    while (batch) {
+        c = batch;
+        batch = c->next;
+        if (c->op == OP_ENQUEUE && c->result == STORE_EFULL)
+            atomic_fetch_add(&s->refused, 1);
+        else if (c->op == OP_ENQUEUE && c->result == 0 && !c->dup)
+            atomic_fetch_add(&s->enqueued, 1);
+        store_call_finish(c, c->result);
+    }
+}
+
+static void *store_thread(void *arg)
+{
+    struct store_impl *s = arg;
+    bool stop = false;
+    while (!stop) {
+        int wake = !s->conn ? DOWN_WAKE_MS : s->q.o.retention ? 1000 : 0;
+        struct store_call *batch = store_q_take(&s->q, s->q.o.max_batch, wake, &stop);
+        reconnect(s);
+        pg_sweep(s);
+        if (batch)
+            run_batch(s, batch);
+    }
+    return NULL;
+}
+
+static void p_stats(struct store_impl *s, struct store_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->commits = atomic_load(&s->commits);
+    out->enqueued = atomic_load(&s->enqueued);
+    out->refused = atomic_load(&s->refused);
+    out->count = atomic_load(&s->live_pub);
+    out->bytes = atomic_load(&s->bytes_pub);
+    out->commit_us = atomic_load(&s->commit_us);
+    out->swept = atomic_load(&s->swept);
+    out->down = atomic_load(&s->down);
+    out->disconnects = atomic_load(&s->disconnects);
+}
+
+static void free_impl(struct store_impl *s)
+{
+    PQfinish(s->conn);
+    store_q_fini(&s->q);
+    free(s);
+}
+
+static void p_close(struct store_impl *s)
+{
+    store_q_stop(&s->q);
+    free_impl(s);
+}
+
+static const struct store_ops pg_ops = {
+    .name = "postgres",
+    BACKEND_OPS,
+    .stats = p_stats,
+    .close = p_close,
+};
+
+int store_pg_open(const struct store_opts *o, struct store **out, struct store_err *err)
+{
+    err->msg[0] = '\0';
+    if (!o->pg_url || !o->pg_url[0] || o->lease_ms == 0) {
+        snprintf(err->msg, sizeof(err->msg), "the store needs a url and a lease");
+        return STORE_EINVAL;
+    }
+    struct store_impl *s = calloc(1, sizeof(*s));
+    if (!s)
+        return STORE_EIO;
+    int r = STORE_EIO, from;
+    char why[200];
+    if (store_q_init(&s->q, o, &pg_ops) < 0) {
+        snprintf(err->msg, sizeof(err->msg), "out of memory");
+        goto fail;
+    }
+    s->ns = s->q.o.pg_namespace ? s->q.o.pg_namespace : "default";
+    if (!(s->conn = connect_db(&s->q.o, why, sizeof(why)))) {
+        snprintf(err->msg, sizeof(err->msg), "postgres: cannot connect: %s", why);
+        goto fail;
+    }
+    if ((r = migrate(s->conn, &from, why, sizeof(why))) < 0) {
+        snprintf(err->msg, sizeof(err->msg), "postgres: %s", why);
+        goto fail;
+    }
+    if ((r = recount(s)) < 0) {
+        snprintf(err->msg, sizeof(err->msg), "postgres: counting the namespace's rows failed");
+        goto fail;
+    }
+    int rc = pthread_create(&s->q.thread, NULL, store_thread, s);
+    if (rc != 0) {
+        snprintf(err->msg, sizeof(err->msg), "postgres: cannot start the store thread: %s",
+                 strerror(rc));
+        r = STORE_EIO;
+        goto fail;
+    }
+    *out = &s->q.pub;
+    return 0;
+fail:
+    free_impl(s);
+    return r;
+}
