@@ -18,8 +18,7 @@
 
 #include "proxy/telemetry/log.h"
 
-#define RETRY_FIRST_MS 100
-#define RETRY_MAX_MS   5000
+#define RETRY_MAX_MS 5000
 /* While down the thread wakes this often to try again, calls or not (the gauge comes back). */
 #define DOWN_WAKE_MS 250
 /* Every proxy migrating at once takes this lock (pg_advisory_xact_lock) in turn. */
@@ -59,149 +58,13 @@ static const char *const migrations[PG_SCHEMA_VERSION] = {
     "CREATE INDEX retryproxy_attempts_delivery ON retryproxy_attempts(delivery, n);",
 };
 
-static uint64_t mono_ms(void)
-{
-    return store_mono_us() / 1000;
-}
-
-void pgq_text(struct pgq *q, const char *v)
-{
-    q->v[q->n] = v;
-    q->len[q->n] = 0;
-    q->fmt[q->n++] = 0;
-}
-
-void pgq_int(struct pgq *q, int64_t v)
-{
-    snprintf(q->num[q->n], sizeof(q->num[0]), "%lld", (long long)v);
-    pgq_text(q, q->num[q->n]);
-}
-
-void pgq_bin(struct pgq *q, const void *b, size_t len)
-{
-    q->v[q->n] = b ? (b && len ? b : "") : NULL;
-    q->len[q->n] = (int)len;
-    q->fmt[q->n++] = 1;
-}
-
-/* A libpq message without its newline, for a log line or an error. */
-static void trim_msg(char *dst, size_t cap, const char *msg)
-{
-    snprintf(dst, cap, "%s", msg && *msg ? msg : "no answer");
-    size_t n = strlen(dst);
-    while (n && (dst[n - 1] == '\n' || dst[n - 1] == ' '))
-        dst[--n] = '\0';
-}
-
-/* The connection is gone: closed, the store down until the thread reconnects. */
-static void lost(struct store_impl *s)
-{
-    char why[256];
-    trim_msg(why, sizeof(why), PQerrorMessage(s->conn));
-    PQfinish(s->conn);
-    s->conn = NULL;
-    s->retry_at = mono_ms() + RETRY_FIRST_MS;
-    s->backoff_ms = RETRY_FIRST_MS;
-    atomic_store(&s->down, 1);
-    atomic_fetch_add(&s->disconnects, 1);
-    log_event(CFG_LOG_ERROR, "delivery store: lost the database; accepts refused until it is back",
-              "namespace", s->ns, "error", why, NULL);
-}
-
-PGresult *pg_exec(struct store_impl *s, const char *sql, const struct pgq *q, int *r)
-{
-    *r = STORE_EIO;
-    if (!s->conn)
-        return NULL;
-    PGresult *res = PQexecParams(s->conn, sql, q ? q->n : 0, NULL, q ? q->v : NULL,
-                                 q ? q->len : NULL, q ? q->fmt : NULL, 0);
-    ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
-    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
-        *r = 0;
-        return res;
-    }
-    const char *code = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-    if (code && strcmp(code, "23505") == 0)
-        *r = STORE_ECONFLICT; /* unique_violation */
-    else if (code && strcmp(code, "53100") == 0)
-        *r = STORE_EFULL; /* disk_full */
-    PQclear(res);
-    if (PQstatus(s->conn) == CONNECTION_BAD)
-        lost(s);
-    return NULL;
-}
-
-int pg_cmd(struct store_impl *s, const char *sql, const struct pgq *q, uint64_t *changed)
-{
-    int r;
-    PGresult *res = pg_exec(s, sql, q, &r);
-    if (res && changed)
-        *changed = strtoull(PQcmdTuples(res), NULL, 10);
-    PQclear(res);
-    return r;
-}
-
-int64_t pg_int(const PGresult *res, int row, int col)
-{
-    return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
-}
-
-char *pg_text(const PGresult *res, int row, int col)
-{
-    return PQgetisnull(res, row, col) ? NULL : strdup(PQgetvalue(res, row, col));
-}
-
-char *pg_bytes(const PGresult *res, int row, int col, size_t *len)
-{
-    *len = 0;
-    if (PQgetisnull(res, row, col))
-        return NULL;
-    size_t n = 0;
-    unsigned char *u = PQunescapeBytea((const unsigned char *)PQgetvalue(res, row, col), &n);
-    char *b = u ? malloc(n + 1) : NULL;
-    if (b) {
-        memcpy(b, u, n);
-        b[n] = '\0';
-        *len = n;
-    }
-    PQfreemem(u);
-    return b;
-}
-
-/* A new connection to o->pg_url, or NULL with why. libpq's defaults first, so that the URL's
- * own settings win; the password last (a URL holding one is refused by the config). */
-static PGconn *connect_db(const struct store_opts *o, char *why, size_t cap)
-{
-    const char *k[12], *v[12];
-    int n = 0;
-    k[n] = "connect_timeout", v[n++] = "2";
-    k[n] = "application_name", v[n++] = "retryproxy";
-    /* a peer gone without a word (a failed-over primary) is found within seconds */
-    k[n] = "keepalives_idle", v[n++] = "5";
-    k[n] = "keepalives_interval", v[n++] = "2";
-    k[n] = "keepalives_count", v[n++] = "3";
-    k[n] = "tcp_user_timeout", v[n++] = "10000";
-    /* the migration's "already exists, skipping" is no news */
-    k[n] = "options", v[n++] = "-c client_min_messages=warning";
-    k[n] = "dbname", v[n++] = o->pg_url;
-    if (o->pg_password)
-        k[n] = "password", v[n++] = o->pg_password;
-    k[n] = NULL, v[n] = NULL;
-    PGconn *c = PQconnectdbParams(k, v, 1);
-    if (c && PQstatus(c) == CONNECTION_OK)
-        return c;
-    trim_msg(why, cap, c ? PQerrorMessage(c) : "out of memory");
-    PQfinish(c);
-    return NULL;
-}
-
 static int exec_plain(PGconn *c, const char *sql, char *why, size_t cap)
 {
     PGresult *res = PQexec(c, sql);
     ExecStatusType st = PQresultStatus(res);
     int r = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? 0 : STORE_EIO;
     if (r < 0)
-        trim_msg(why, cap, PQresultErrorMessage(res));
+        pg_trim_msg(why, cap, PQresultErrorMessage(res));
     PQclear(res);
     return r;
 }
@@ -218,7 +81,7 @@ static int migrate(PGconn *c, int *from, char *why, size_t cap)
     PGresult *res =
         r == 0 ? PQexec(c, "SELECT coalesce(max(version), 0) FROM retryproxy_schema") : NULL;
     if (r == 0 && PQresultStatus(res) != PGRES_TUPLES_OK) {
-        trim_msg(why, cap, PQresultErrorMessage(res));
+        pg_trim_msg(why, cap, PQresultErrorMessage(res));
         r = STORE_EIO;
     }
     int version = r == 0 ? atoi(PQgetvalue(res, 0, 0)) : 0;
@@ -249,7 +112,7 @@ int store_pg_migrate(const struct store_opts *o, int *from, int *to, struct stor
 {
     char why[200];
     err->msg[0] = '\0';
-    PGconn *c = o->pg_url ? connect_db(o, why, sizeof(why)) : NULL;
+    PGconn *c = o->pg_url ? pg_connect(o, why, sizeof(why)) : NULL;
     if (!c) {
         snprintf(err->msg, sizeof(err->msg), "postgres: cannot connect: %s",
                  o->pg_url ? why : "no url");
@@ -279,7 +142,7 @@ static int recount(struct store_impl *s)
     if (res) {
         s->live = (uint64_t)pg_int(res, 0, 0);
         s->bytes = (uint64_t)pg_int(res, 0, 1);
-        s->counted_at = mono_ms();
+        s->counted_at = pg_mono_ms();
         atomic_store(&s->live_pub, s->live);
         atomic_store(&s->bytes_pub, s->bytes);
     }
@@ -290,13 +153,13 @@ static int recount(struct store_impl *s)
 /* While down: a new connection once the backoff has passed. */
 static void reconnect(struct store_impl *s)
 {
-    uint64_t now = mono_ms();
+    uint64_t now = pg_mono_ms();
     if (s->conn || now < s->retry_at)
         return;
     char why[200];
-    s->conn = connect_db(&s->q.o, why, sizeof(why));
+    s->conn = pg_connect(&s->q.o, why, sizeof(why));
     if (!s->conn) {
-        s->backoff_ms = s->backoff_ms ? s->backoff_ms * 2 : RETRY_FIRST_MS;
+        s->backoff_ms = s->backoff_ms ? s->backoff_ms * 2 : PG_RETRY_FIRST_MS;
         if (s->backoff_ms > RETRY_MAX_MS)
             s->backoff_ms = RETRY_MAX_MS;
         s->retry_at = now + s->backoff_ms;
@@ -319,7 +182,7 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
 {
     uint64_t t0 = store_mono_us();
     int lost_r = s->conn ? pg_cmd(s, "BEGIN", NULL, NULL) : STORE_EIO;
-    if (!lost_r && mono_ms() - s->counted_at >= 1000)
+    if (!lost_r && pg_mono_ms() - s->counted_at >= 1000)
         lost_r = recount(s);
     s->live_delta = 0;
     s->bytes_added = 0;
@@ -445,7 +308,7 @@ int store_pg_open(const struct store_opts *o, struct store **out, struct store_e
         goto fail;
     }
     s->ns = s->q.o.pg_namespace ? s->q.o.pg_namespace : "default";
-    if (!(s->conn = connect_db(&s->q.o, why, sizeof(why)))) {
+    if (!(s->conn = pg_connect(&s->q.o, why, sizeof(why)))) {
         snprintf(err->msg, sizeof(err->msg), "postgres: cannot connect: %s", why);
         goto fail;
     }

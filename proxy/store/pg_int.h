@@ -31,6 +31,19 @@ struct store_impl {
     _Atomic uint64_t down, disconnects;
 };
 
+/* A lost connection is tried again this long after, then backing off (pg.c). */
+#define PG_RETRY_FIRST_MS 100
+
+static inline uint64_t pg_mono_ms(void)
+{
+    return store_mono_us() / 1000;
+}
+
+/* pg_conn.c: a new connection to o->pg_url, or NULL with why in why[cap]; a libpq message
+ * without its newline. */
+PGconn *pg_connect(const struct store_opts *o, char *why, size_t cap);
+void pg_trim_msg(char *dst, size_t cap, const char *msg);
+
 /* Up to PGQ_MAX parameters of one statement, as libpq takes them: text, or binary (bytea). */
 #define PGQ_MAX 16
 struct pgq {
