@@ -167,3 +167,16 @@ int pgserver_env(struct pgserver *p)
     snprintf(p->password_file, sizeof(p->password_file), "%s", pwf);
     return 0;
 }
+
+static struct pgserver of_the_run;
+
+void pgserver_run_start(void)
+{
+    if (pgserver_start(&of_the_run) == 0)
+        pgserver_export(&of_the_run);
+}
+
+void pgserver_run_stop(void)
+{
+    pgserver_stop(&of_the_run);
+}

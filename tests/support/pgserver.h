@@ -33,6 +33,11 @@ int pgserver_restart(struct pgserver *p);
 /* Stops it if it runs and removes its directory. */
 void pgserver_stop(struct pgserver *p);
 
+/* The run's one server, for a suite's hooks: started and exported by the runner before the
+ * tests (ReportHook(PRE_ALL) calls pgserver_run_start()), stopped after them (POST_ALL). */
+void pgserver_run_start(void);
+void pgserver_run_stop(void);
+
 /* The runner's server to its tests: pgserver_export() puts it in the environment, and
  * pgserver_env() reads it back (0, or -1 when the runner started none). */
 void pgserver_export(const struct pgserver *p);

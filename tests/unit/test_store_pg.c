@@ -7,20 +7,16 @@
 
 #include <criterion/hooks.h>
 
-/* One server for the whole run, started by the runner before any test and stopped after. */
-static struct pgserver suite_pg;
-
 ReportHook(PRE_ALL)(struct criterion_test_set *set)
 {
     (void)set;
-    if (pgserver_start(&suite_pg) == 0)
-        pgserver_export(&suite_pg);
+    pgserver_run_start();
 }
 
 ReportHook(POST_ALL)(struct criterion_global_stats *st)
 {
     (void)st;
-    pgserver_stop(&suite_pg);
+    pgserver_run_stop();
 }
 
 /* An admin connection to database 'db' of server 'p'. */
