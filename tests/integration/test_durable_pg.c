@@ -153,6 +153,10 @@ Test(durable_pg, accepted_after_commit_delivered_and_dead_letters_listed_by_the_
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_expect_not_null(strstr(r.out, "\"dead\""), "%s", r.out);
     proc_result_free(&r);
+    /* the admin API reads the same namespace */
+    json_t *j = fx_admin_get_json("/deliveries?state=dead");
+    cr_expect_eq(json_integer_value(json_object_get(j, "total")), 1);
+    json_decref(j);
 }
 
 static bool accepted_again(void *arg)
