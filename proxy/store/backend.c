@@ -27,6 +27,129 @@ bool store_op_writes(int op)
     return op != OP_LIST && op != OP_GET && op != OP_FIND && op != OP_COUNTS;
 }
 
+int store_q_run(const struct store_runner *r, struct store_impl *s, struct store_call *c)
+{
+    switch ((enum store_op)c->op) {
+    case OP_ENQUEUE:
+        return r->enqueue(s, c);
+    case OP_CLAIM:
+    case OP_CLAIM_EXCEPT:
+        return r->claim(s, c);
+    case OP_COMPLETE:
+    case OP_RESCHEDULE:
+    case OP_BURY:
+        return r->end(s, c);
+    case OP_INSERT_DEAD:
+        return r->insert_dead(s, c);
+    case OP_LIST:
+        return r->list(s, c);
+    case OP_GET:
+        c->items = calloc(1, sizeof(*c->items));
+        if (!c->items)
+            return STORE_EIO;
+        c->n = 1;
+        return r->get(s, c->key, c->items);
+    case OP_REPLAY:
+    case OP_DROP:
+        return r->change(s, c);
+    case OP_FIND:
+        return r->find(s, c);
+    case OP_BULK:
+        return r->bulk(s, c);
+    case OP_COUNTS:
+        return r->counts(s, c);
+    }
+    return STORE_EINVAL;
+}
+
+void store_q_end_batch(struct store_q *q, struct store_call *batch, const struct store_call *stop,
+                       int lost, uint64_t t0, uint64_t count, uint64_t bytes)
+{
+    if (lost) {
+        /* Nothing of the batch is kept: every write fails, and the calls not run. */
+        bool ran = true;
+        for (struct store_call *x = batch; x; x = x->next) {
+            ran = ran && x != stop;
+            if (store_op_writes(x->op) || !ran)
+                x->result = lost;
+        }
+    } else {
+        atomic_fetch_add(&q->st.commits, 1);
+        if (q->o.on_commit)
+            q->o.on_commit(q->o.on_commit_arg, (double)(store_mono_us() - t0) / 1e6);
+    }
+    atomic_store(&q->st.count, count);
+    atomic_store(&q->st.bytes, bytes);
+    atomic_store(&q->st.commit_us, store_mono_us() - t0);
+    while (batch) {
+        struct store_call *c = batch;
+        batch = c->next;
+        if (c->op == OP_ENQUEUE && c->result == STORE_EFULL)
+            atomic_fetch_add(&q->st.refused, 1);
+        else if (c->op == OP_ENQUEUE && c->result == 0 && !c->dup)
+            atomic_fetch_add(&q->st.enqueued, 1);
+        store_call_finish(c, c->result);
+    }
+}
+
+struct store_count *store_count_row(struct store_call *c, size_t *cap, const char *route)
+{
+    if (c->ncounts && strcmp(c->counts[c->ncounts - 1].route, route) == 0)
+        return &c->counts[c->ncounts - 1];
+    if (c->ncounts == *cap) {
+        size_t n = *cap ? 2 * *cap : 8;
+        struct store_count *k = realloc(c->counts, n * sizeof(*k));
+        if (!k)
+            return NULL;
+        c->counts = k;
+        *cap = n;
+    }
+    struct store_count *k = &c->counts[c->ncounts];
+    memset(k, 0, sizeof(*k));
+    if (!(k->route = strdup(route)))
+        return NULL;
+    c->ncounts++;
+    return k;
+}
+
+void store_q_stats(struct store_impl *s, struct store_stats *out)
+{
+    struct store_q *q = (struct store_q *)s;
+    *out = (struct store_stats){ .commits = atomic_load(&q->st.commits),
+                                 .enqueued = atomic_load(&q->st.enqueued),
+                                 .refused = atomic_load(&q->st.refused),
+                                 .count = atomic_load(&q->st.count),
+                                 .bytes = atomic_load(&q->st.bytes),
+                                 .commit_us = atomic_load(&q->st.commit_us),
+                                 .recovered = atomic_load(&q->st.recovered),
+                                 .swept = atomic_load(&q->st.swept),
+                                 .down = atomic_load(&q->st.down),
+                                 .disconnects = atomic_load(&q->st.disconnects) };
+}
+
+bool store_q_sweep_due(struct store_q *q, uint64_t *last, uint64_t *delivered_cut,
+                       uint64_t *dead_cut)
+{
+    if (!q->o.retention)
+        return false;
+    uint64_t now = store_q_now(&q->o);
+    if (*last && now - *last < STORE_SWEEP_EVERY_MS && now >= *last)
+        return false;
+    *last = now;
+    uint64_t keep = q->o.delivered_keep_ms, dead = q->o.dead_keep_ms;
+    *delivered_cut = now > keep ? now - keep : 0;
+    /* A dead letter with no keep setting stays until an operator drops it: never evicted. */
+    *dead_cut = !dead ? 0 : now > dead ? now - dead : 1;
+    return true;
+}
+
+void store_q_swept(struct store_q *q, uint64_t *last, int delivered, int dead)
+{
+    atomic_fetch_add(&q->st.swept, (uint64_t)(delivered + dead));
+    if (delivered == STORE_SWEEP_BATCH || dead == STORE_SWEEP_BATCH)
+        *last -= STORE_SWEEP_EVERY_MS; /* more are due: again at the next turn */
+}
+
 /* A copy of 'n' names (NULL and 0 for none); NULL when out of memory. */
 static char **copy_names(const char *const *names, size_t n, bool *ok)
 {

@@ -143,8 +143,8 @@ static int recount(struct store_impl *s)
         s->live = (uint64_t)pg_int(res, 0, 0);
         s->bytes = (uint64_t)pg_int(res, 0, 1);
         s->counted_at = pg_mono_ms();
-        atomic_store(&s->live_pub, s->live);
-        atomic_store(&s->bytes_pub, s->bytes);
+        atomic_store(&s->q.st.count, s->live);
+        atomic_store(&s->q.st.bytes, s->bytes);
     }
     PQclear(res);
     return r;
@@ -166,16 +166,12 @@ static void reconnect(struct store_impl *s)
         return;
     }
     s->backoff_ms = 0;
-    atomic_store(&s->down, 0);
+    atomic_store(&s->q.st.down, 0);
     log_event(CFG_LOG_INFO, "delivery store: the database is back", "namespace", s->ns, NULL);
     recount(s);
 }
 
-static int run_one(struct store_impl *s, struct store_call *c)
-{
-    bool ops = c->op == OP_FIND || c->op == OP_BULK || c->op == OP_COUNTS;
-    return ops ? pg_ops_run(s, c) : pg_run(s, c);
-}
+static const struct store_runner runner = STORE_RUNNER(pg);
 
 /* Runs one batch of calls in one transaction and finishes them all. */
 static void run_batch(struct store_impl *s, struct store_call *batch)
@@ -191,7 +187,7 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
         int64_t delta = s->live_delta;
         uint64_t added = s->bytes_added;
         int r = pg_cmd(s, "SAVEPOINT call", NULL, NULL);
-        if (r == 0 && (r = run_one(s, c)) < 0 && s->conn) {
+        if (r == 0 && (r = store_q_run(&runner, s, c)) < 0 && s->conn) {
             pg_cmd(s, "ROLLBACK TO SAVEPOINT call", NULL, NULL);
             s->live_delta = delta;
             s->bytes_added = added;
@@ -213,33 +209,11 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
     } else if (s->conn) {
         pg_cmd(s, "ROLLBACK", NULL, NULL);
     }
-    if (lost_r) {
-        /* Nothing of the batch is committed: every write fails, and the reads not run. */
-        bool ran = true;
-        for (struct store_call *x = batch; x; x = x->next) {
-            ran = ran && x != c;
-            if (store_op_writes(x->op) || !ran)
-                x->result = lost_r;
-        }
-    } else {
+    if (!lost_r) {
         s->live = (uint64_t)((int64_t)s->live + s->live_delta);
         s->bytes += s->bytes_added;
-        atomic_fetch_add(&s->commits, 1);
-        if (s->q.o.on_commit)
-            s->q.o.on_commit(s->q.o.on_commit_arg, (double)(store_mono_us() - t0) / 1e6);
     }
-    atomic_store(&s->live_pub, s->live);
-    atomic_store(&s->bytes_pub, s->bytes);
-    atomic_store(&s->commit_us, store_mono_us() - t0);
-    while (batch) {
-        c = batch;
-        batch = c->next;
-        if (c->op == OP_ENQUEUE && c->result == STORE_EFULL)
-            atomic_fetch_add(&s->refused, 1);
-        else if (c->op == OP_ENQUEUE && c->result == 0 && !c->dup)
-            atomic_fetch_add(&s->enqueued, 1);
-        store_call_finish(c, c->result);
-    }
+    store_q_end_batch(&s->q, batch, c, lost_r, t0, s->live, s->bytes);
 }
 
 static void *store_thread(void *arg)
@@ -255,20 +229,6 @@ static void *store_thread(void *arg)
             run_batch(s, batch);
     }
     return NULL;
-}
-
-static void p_stats(struct store_impl *s, struct store_stats *out)
-{
-    memset(out, 0, sizeof(*out));
-    out->commits = atomic_load(&s->commits);
-    out->enqueued = atomic_load(&s->enqueued);
-    out->refused = atomic_load(&s->refused);
-    out->count = atomic_load(&s->live_pub);
-    out->bytes = atomic_load(&s->bytes_pub);
-    out->commit_us = atomic_load(&s->commit_us);
-    out->swept = atomic_load(&s->swept);
-    out->down = atomic_load(&s->down);
-    out->disconnects = atomic_load(&s->disconnects);
 }
 
 static void free_impl(struct store_impl *s)
@@ -287,7 +247,6 @@ static void p_close(struct store_impl *s)
 static const struct store_ops pg_ops = {
     .name = "postgres",
     BACKEND_OPS,
-    .stats = p_stats,
     .close = p_close,
 };
 

@@ -47,8 +47,8 @@ static void lost(struct store_impl *s)
     s->conn = NULL;
     s->retry_at = pg_mono_ms() + PG_RETRY_FIRST_MS;
     s->backoff_ms = PG_RETRY_FIRST_MS;
-    atomic_store(&s->down, 1);
-    atomic_fetch_add(&s->disconnects, 1);
+    atomic_store(&s->q.st.down, 1);
+    atomic_fetch_add(&s->q.st.disconnects, 1);
     log_event(CFG_LOG_ERROR, "delivery store: lost the database; accepts refused until it is back",
               "namespace", s->ns, "error", why, NULL);
 }

@@ -27,8 +27,6 @@ struct store_impl {
     int64_t live_delta;
     uint64_t bytes_added;
     uint64_t last_sweep;
-    _Atomic uint64_t commits, enqueued, refused, live_pub, bytes_pub, commit_us, swept;
-    _Atomic uint64_t down, disconnects;
 };
 
 /* A lost connection is tried again this long after, then backing off (pg.c). */
@@ -70,13 +68,26 @@ int64_t pg_int(const PGresult *res, int row, int col);
 char *pg_text(const PGresult *res, int row, int col);
 char *pg_bytes(const PGresult *res, int row, int col, size_t *len);
 
-/* pg_sql.c: one call inside the open transaction (the operators' ops go to pg_ops.c). */
-int pg_run(struct store_impl *s, struct store_call *c);
+/* pg_sql.c: what each operation does inside the open transaction (struct store_runner; the
+ * operators' ones are pg_ops.c's). */
+int pg_enqueue(struct store_impl *s, struct store_call *c);
+int pg_claim(struct store_impl *s, struct store_call *c);
+int pg_end(struct store_impl *s, struct store_call *c);
+int pg_insert_dead(struct store_impl *s, struct store_call *c);
+int pg_list(struct store_impl *s, struct store_call *c);
+int pg_get(struct store_impl *s, const char *id, struct store_delivery *d);
+int pg_change(struct store_impl *s, struct store_call *c);
+
 /* The deliveries' columns as read into a record, and a row of them (from column 'at'). */
 #define PG_COLS                                                                                    \
     "id, route, method, target, fields, body, idem_key, body_hash, created_at, next_at,"           \
     " attempts, replays, state, claimed_until, claimed_by, reason, final_head, final_body,"        \
     " last_delay, upstream"
+/* The columns of PG_COLS a list reads: no fields, body (its length) nor final response. */
+#define PG_LIST_COLS                                                                               \
+    "id, route, method, target, NULL::bytea, octet_length(body), idem_key, body_hash,"             \
+    " created_at, next_at, attempts, replays, state, claimed_until, claimed_by, reason,"           \
+    " NULL::bytea, NULL::bytea, last_delay, upstream"
 int pg_read_row(struct store_impl *s, const PGresult *res, int row, struct store_delivery *d,
                 bool full);
 /* A delivery's attempts, oldest first, into d->tries. */
@@ -85,7 +96,9 @@ int pg_read_tries(struct store_impl *s, struct store_delivery *d);
 void pg_gone(struct store_impl *s, int state);
 
 /* pg_ops.c: find, bulk, counts; retention, in a transaction of its own once a second. */
-int pg_ops_run(struct store_impl *s, struct store_call *c);
+int pg_find(struct store_impl *s, struct store_call *c);
+int pg_bulk(struct store_impl *s, struct store_call *c);
+int pg_counts(struct store_impl *s, struct store_call *c);
 void pg_sweep(struct store_impl *s);
 
 #endif

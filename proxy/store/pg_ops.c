@@ -14,9 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SWEEP_BATCH    200
-#define SWEEP_EVERY_MS 1000
-
 /* The last attempt's status of row d (0 when none), for the status filter and the list. */
 #define LAST_STATUS                                                                                \
     "coalesce((SELECT status FROM retryproxy_attempts a WHERE a.delivery = d.id"                   \
@@ -77,7 +74,7 @@ static uint64_t count_of(struct store_impl *s, const struct store_match *m, bool
 
 /* A page: the list form of each row, newest or oldest first, one row more than asked read to
  * know whether more are left. */
-static int op_find(struct store_impl *s, struct store_call *c)
+int pg_find(struct store_impl *s, struct store_call *c)
 {
     const struct store_match *m = c->in;
     uint32_t limit = m->limit ? m->limit : 100;
@@ -88,12 +85,10 @@ static int op_find(struct store_impl *s, struct store_call *c)
     struct pgq q = { 0 };
     char where[768], sql[1536];
     where_of(s, m, true, false, &q, where, sizeof(where));
-    snprintf(
-        sql, sizeof(sql),
-        "SELECT id, route, method, target, octet_length(body), idem_key, created_at,"
-        " next_at, attempts, replays, state, claimed_until, claimed_by, reason, seq, " LAST_STATUS
-        ", upstream FROM retryproxy_deliveries d%s ORDER BY seq %s LIMIT %u",
-        where, m->newest_first ? "DESC" : "ASC", limit + 1);
+    snprintf(sql, sizeof(sql),
+             "SELECT " PG_LIST_COLS ", seq, " LAST_STATUS
+             " FROM retryproxy_deliveries d%s ORDER BY seq %s LIMIT %u",
+             where, m->newest_first ? "DESC" : "ASC", limit + 1);
     PGresult *res = pg_exec(s, sql, &q, &r);
     int n = res ? PQntuples(res) : 0;
     if (res && !(c->items = calloc(limit, sizeof(*c->items))))
@@ -104,26 +99,9 @@ static int op_find(struct store_impl *s, struct store_call *c)
             break;
         }
         struct store_delivery *d = &c->items[c->n++];
-        snprintf(d->id, sizeof(d->id), "%s", PQgetvalue(res, i, 0));
-        d->route = pg_text(res, i, 1);
-        d->method = pg_text(res, i, 2);
-        d->target = pg_text(res, i, 3);
-        d->body_len = (size_t)pg_int(res, i, 4);
-        d->idem_key = pg_text(res, i, 5);
-        d->created_at = (uint64_t)pg_int(res, i, 6);
-        d->next_at = (uint64_t)pg_int(res, i, 7);
-        d->attempts = (uint32_t)pg_int(res, i, 8);
-        d->replays = (uint32_t)pg_int(res, i, 9);
-        d->state = (enum store_state)pg_int(res, i, 10);
-        d->claimed_until = (uint64_t)pg_int(res, i, 11);
-        d->claimed_by = pg_text(res, i, 12);
-        d->reason = pg_text(res, i, 13);
-        d->seq = (uint64_t)pg_int(res, i, 14);
-        d->last_status = (int)pg_int(res, i, 15);
-        d->upstream = pg_text(res, i, 16);
-        c->cursor = d->seq;
-        if (!d->route || !d->method || !d->target)
-            r = STORE_EIO;
+        r = pg_read_row(s, res, i, d, false);
+        c->cursor = d->seq = (uint64_t)pg_int(res, i, 20);
+        d->last_status = (int)pg_int(res, i, 21);
     }
     PQclear(res);
     return r;
@@ -141,7 +119,7 @@ static int remove_row(struct store_impl *s, const char *id, int state)
 }
 
 /* One batch of a replay or drop by filter: the rows after the cursor, oldest first. */
-static int op_bulk(struct store_impl *s, struct store_call *c)
+int pg_bulk(struct store_impl *s, struct store_call *c)
 {
     const struct store_bulk *b = c->in;
     int r = 0;
@@ -206,7 +184,7 @@ static int op_bulk(struct store_impl *s, struct store_call *c)
 
 /* By route and state, with the oldest pending of each route, in one GROUP BY over the
  * (namespace, route, state, created_at) index. */
-static int op_counts(struct store_impl *s, struct store_call *c)
+int pg_counts(struct store_impl *s, struct store_call *c)
 {
     struct pgq q = { 0 };
     pgq_text(&q, s->ns);
@@ -223,25 +201,11 @@ static int op_counts(struct store_impl *s, struct store_call *c)
         int state = (int)pg_int(res, i, 1);
         if (state < 0 || state >= STORE_STATES)
             continue;
-        if (c->ncounts == 0 || strcmp(c->counts[c->ncounts - 1].route, route) != 0) {
-            if (c->ncounts == cap) {
-                cap = cap ? 2 * cap : 8;
-                struct store_count *k = realloc(c->counts, cap * sizeof(*k));
-                if (!k) {
-                    r = STORE_EIO;
-                    break;
-                }
-                c->counts = k;
-            }
-            struct store_count *k = &c->counts[c->ncounts];
-            memset(k, 0, sizeof(*k));
-            if (!(k->route = strdup(route))) {
-                r = STORE_EIO;
-                break;
-            }
-            c->ncounts++;
+        struct store_count *k = store_count_row(c, &cap, route);
+        if (!k) {
+            r = STORE_EIO;
+            break;
         }
-        struct store_count *k = &c->counts[c->ncounts - 1];
         k->n[state] = (uint64_t)pg_int(res, i, 2);
         uint64_t at = (uint64_t)pg_int(res, i, 3);
         if ((state == STORE_SCHEDULED || state == STORE_IN_FLIGHT) && at &&
@@ -252,29 +216,15 @@ static int op_counts(struct store_impl *s, struct store_call *c)
     return r;
 }
 
-int pg_ops_run(struct store_impl *s, struct store_call *c)
-{
-    switch ((enum store_op)c->op) {
-    case OP_FIND:
-        return op_find(s, c);
-    case OP_BULK:
-        return op_bulk(s, c);
-    case OP_COUNTS:
-        return op_counts(s, c);
-    default:
-        return STORE_EINVAL;
-    }
-}
-
-/* Deletes up to SWEEP_BATCH rows of 'state' that ended before 'cut' (their last attempt's end,
- * or their due time when later). How many, or a STORE_E*. */
+/* Deletes up to STORE_SWEEP_BATCH rows of 'state' that ended before 'cut' (their last attempt's
+ * end, or their due time when later). How many, or a STORE_E*. */
 static int sweep_state(struct store_impl *s, int state, uint64_t cut)
 {
     struct pgq q = { 0 };
     pgq_text(&q, s->ns);
     pgq_int(&q, state);
     pgq_int(&q, (int64_t)cut);
-    pgq_int(&q, SWEEP_BATCH);
+    pgq_int(&q, STORE_SWEEP_BATCH);
     uint64_t n = 0;
     int r = pg_cmd(s,
                    "DELETE FROM retryproxy_deliveries WHERE id IN (SELECT id"
@@ -290,21 +240,13 @@ static int sweep_state(struct store_impl *s, int state, uint64_t cut)
 
 void pg_sweep(struct store_impl *s)
 {
-    if (!s->q.o.retention || !s->conn)
-        return;
-    uint64_t now = store_q_now(&s->q.o);
-    if (s->last_sweep && now - s->last_sweep < SWEEP_EVERY_MS && now >= s->last_sweep)
-        return;
-    s->last_sweep = now;
-    if (pg_cmd(s, "BEGIN", NULL, NULL) < 0)
+    uint64_t cut, dead_cut;
+    if (!s->conn || !store_q_sweep_due(&s->q, &s->last_sweep, &cut, &dead_cut) ||
+        pg_cmd(s, "BEGIN", NULL, NULL) < 0)
         return;
     s->live_delta = 0;
-    uint64_t keep = s->q.o.delivered_keep_ms;
-    int a = sweep_state(s, STORE_DELIVERED, now > keep ? now - keep : 0);
-    int b = 0;
-    /* A dead letter with no keep setting stays until an operator drops it: never evicted. */
-    if (a >= 0 && s->q.o.dead_keep_ms)
-        b = sweep_state(s, STORE_DEAD, now > s->q.o.dead_keep_ms ? now - s->q.o.dead_keep_ms : 0);
+    int a = sweep_state(s, STORE_DELIVERED, cut);
+    int b = a >= 0 && dead_cut ? sweep_state(s, STORE_DEAD, dead_cut) : 0;
     if (a < 0 || b < 0 || pg_cmd(s, "COMMIT", NULL, NULL) < 0) {
         if (s->conn)
             pg_cmd(s, "ROLLBACK", NULL, NULL);
@@ -312,8 +254,6 @@ void pg_sweep(struct store_impl *s)
     }
     s->live = (uint64_t)((int64_t)s->live + s->live_delta);
     s->live_delta = 0;
-    atomic_store(&s->live_pub, s->live);
-    atomic_fetch_add(&s->swept, (uint64_t)(a + b));
-    if (a == SWEEP_BATCH || b == SWEEP_BATCH)
-        s->last_sweep = now - SWEEP_EVERY_MS; /* more are due: again at the next turn */
+    atomic_store(&s->q.st.count, s->live);
+    store_q_swept(&s->q, &s->last_sweep, a, b);
 }

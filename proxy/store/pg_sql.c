@@ -14,12 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The columns of PG_COLS a list reads: no fields, body (its length) nor final response. */
-#define LIST_COLS                                                                                  \
-    "id, route, method, target, NULL::bytea, octet_length(body), idem_key, body_hash,"             \
-    " created_at, next_at, attempts, replays, state, claimed_until, claimed_by, reason,"           \
-    " NULL::bytea, NULL::bytea, last_delay, upstream"
-
 void pg_gone(struct store_impl *s, int state)
 {
     if (state != STORE_DELIVERED)
@@ -122,7 +116,7 @@ static int add_try(struct store_impl *s, const char *id, const struct store_atte
 
 /* The accept: an earlier one of the route with the same Idempotency-Key answers for it (same
  * body), or refuses it (another body); then the namespace's bounds; then the row. */
-static int op_enqueue(struct store_impl *s, struct store_call *c)
+int pg_enqueue(struct store_impl *s, struct store_call *c)
 {
     const struct store_new *d = c->in;
     uint64_t hash = store_body_hash(d->body, d->body_len);
@@ -153,27 +147,11 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
         if (found)
             return r;
     }
-    size_t flen = 0, nkept = 0;
-    struct store_field *kept = NULL;
-    char *fields = NULL;
-    /* The id first: it is the sealed values' additional data (seal.h). */
-    if (store_new_id(c->id) == 0 &&
-        sql_seal_fields(&s->q.o, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
-        fields = sql_fields_pack(kept, nkept, &flen);
-        c->left_out = (uint32_t)(d->nfields - nkept);
-        store_fields_free(kept, nkept);
-    }
-    if (!fields)
-        return STORE_EIO;
-    /* A row's size as recount() counts it. */
-    uint64_t size = d->body_len + flen + strlen(d->route) + strlen(d->target) + 256;
+    struct sql_row row;
     const struct store_opts *o = &s->q.o;
-    if ((o->max_count && s->live + (uint64_t)s->live_delta >= o->max_count) ||
-        (o->max_bytes && s->bytes + s->bytes_added + size > o->max_bytes)) {
-        free(fields);
-        c->id[0] = '\0';
-        return STORE_EFULL;
-    }
+    if ((r = sql_new_row(o, c, d, s->live + (uint64_t)s->live_delta, s->bytes + s->bytes_added,
+                         &row)) < 0)
+        return r;
     uint64_t now = store_q_now(o);
     struct pgq q = { 0 };
     pgq_text(&q, s->ns);
@@ -181,7 +159,7 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
     pgq_text(&q, d->route);
     pgq_text(&q, d->method);
     pgq_text(&q, d->target);
-    pgq_bin(&q, fields, flen);
+    pgq_bin(&q, row.fields, row.flen);
     pgq_bin(&q, d->body_len ? d->body : "", d->body_len);
     pgq_text(&q, d->idem_key);
     pgq_int(&q, (int64_t)hash);
@@ -192,20 +170,20 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
                " body, idem_key, body_hash, created_at, next_at, state)"
                " VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0)",
                &q, NULL);
-    free(fields);
+    free(row.fields);
     if (r == 0) {
         s->live_delta++;
-        s->bytes_added += size;
+        s->bytes_added += row.size;
     }
     return r;
 }
 
 /* insert_dead: the row as an enqueue makes it (the same bounds), then dead at once, with its
  * attempts and final answer. */
-static int op_insert_dead(struct store_impl *s, struct store_call *c)
+int pg_insert_dead(struct store_impl *s, struct store_call *c)
 {
     const struct store_dead_new *d = c->in;
-    int r = op_enqueue(s, c); /* reads d->req, the first member */
+    int r = pg_enqueue(s, c); /* reads d->req, the first member */
     if (r < 0)
         return r;
     size_t cap = s->q.o.dead_body_bytes ? s->q.o.dead_body_bytes : 4096;
@@ -255,7 +233,7 @@ static char *text_array(const char *const *names, size_t n)
  * one whose lease ran out had an attempt under way when its owner died (or lost its way to the
  * database): that attempt is recorded as lost and counted. Rows another transaction holds are
  * skipped (SKIP LOCKED): two proxies never claim the same row. */
-static int op_claim(struct store_impl *s, struct store_call *c)
+int pg_claim(struct store_impl *s, struct store_call *c)
 {
     char sql[2048], *routes = NULL;
     const char *by = "";
@@ -305,7 +283,7 @@ static int op_claim(struct store_impl *s, struct store_call *c)
 }
 
 /* complete, reschedule, bury: the lease's owner ends an attempt. */
-static int op_end(struct store_impl *s, struct store_call *c)
+int pg_end(struct store_impl *s, struct store_call *c)
 {
     const struct store_dead *dead = c->op == OP_BURY ? c->in : NULL;
     enum store_state to = c->op == OP_COMPLETE     ? STORE_DELIVERED
@@ -358,7 +336,7 @@ static int op_end(struct store_impl *s, struct store_call *c)
     return r;
 }
 
-static int op_list(struct store_impl *s, struct store_call *c)
+int pg_list(struct store_impl *s, struct store_call *c)
 {
     const struct store_filter *f = c->in;
     uint32_t limit = f->limit ? f->limit : 100;
@@ -378,7 +356,7 @@ static int op_list(struct store_impl *s, struct store_call *c)
         return r;
     pgq_int(&q, limit);
     pgq_int(&q, (int64_t)f->offset);
-    snprintf(sql, sizeof(sql), "SELECT " LIST_COLS "%s ORDER BY seq LIMIT $4 OFFSET $5", where);
+    snprintf(sql, sizeof(sql), "SELECT " PG_LIST_COLS "%s ORDER BY seq LIMIT $4 OFFSET $5", where);
     res = pg_exec(s, sql, &q, &r);
     int n = res ? PQntuples(res) : 0;
     if (res && !(c->items = calloc(limit, sizeof(*c->items))))
@@ -393,7 +371,7 @@ static int op_list(struct store_impl *s, struct store_call *c)
 
 /* replay and drop, by the row's state (locked): a live lease is not replayed; a dropped row
  * takes its attempts with it. */
-static int op_change(struct store_impl *s, struct store_call *c)
+int pg_change(struct store_impl *s, struct store_call *c)
 {
     struct pgq q = { 0 };
     pgq_text(&q, s->ns);
@@ -432,35 +410,7 @@ static int op_change(struct store_impl *s, struct store_call *c)
     return r;
 }
 
-int pg_run(struct store_impl *s, struct store_call *c)
+int pg_get(struct store_impl *s, const char *id, struct store_delivery *d)
 {
-    switch ((enum store_op)c->op) {
-    case OP_ENQUEUE:
-        return op_enqueue(s, c);
-    case OP_CLAIM:
-    case OP_CLAIM_EXCEPT:
-        return op_claim(s, c);
-    case OP_COMPLETE:
-    case OP_RESCHEDULE:
-    case OP_BURY:
-        return op_end(s, c);
-    case OP_INSERT_DEAD:
-        return op_insert_dead(s, c);
-    case OP_LIST:
-        return op_list(s, c);
-    case OP_GET:
-        c->items = calloc(1, sizeof(*c->items));
-        if (!c->items)
-            return STORE_EIO;
-        c->n = 1;
-        return read_one(s, c->key, c->items, true);
-    case OP_REPLAY:
-    case OP_DROP:
-        return op_change(s, c);
-    case OP_FIND:
-    case OP_BULK:
-    case OP_COUNTS:
-        break; /* pg_ops.c's, run by pg.c */
-    }
-    return STORE_EINVAL;
+    return read_one(s, id, d, true);
 }

@@ -26,11 +26,7 @@ static const struct store_ops sqlite_ops;
 
 /* One call in the open transaction: the operators' ops are sqlite_ops.c's, the rest
  * sqlite_sql.c's. */
-static int run_one(struct store_impl *s, struct store_call *c)
-{
-    bool ops = c->op == OP_FIND || c->op == OP_BULK || c->op == OP_COUNTS;
-    return ops ? sql_ops_run(s, c) : sql_run(s, c);
-}
+static const struct store_runner runner = STORE_RUNNER(sql);
 
 /* Runs one batch of calls in one transaction and finishes them all. */
 static void run_batch(struct store_impl *s, struct store_call *batch)
@@ -42,13 +38,13 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
     struct store_call *c;
     for (c = batch; c && !lost; c = c->next) {
         if (!store_op_writes(c->op)) {
-            c->result = run_one(s, c);
+            c->result = store_q_run(&runner, s, c);
             continue;
         }
         int r = sql_error(sql_step_reset(s->st[S_SAVEPOINT]));
         int64_t delta = s->live_delta;
         uint64_t added = s->bytes_added;
-        if (r == 0 && (r = run_one(s, c)) < 0) {
+        if (r == 0 && (r = store_q_run(&runner, s, c)) < 0) {
             sql_step_reset(s->st[S_ROLLBACK_TO]);
             s->live_delta = delta;
             s->bytes_added = added;
@@ -69,32 +65,9 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
                 sql_step_reset(s->st[S_ROLLBACK]);
         }
     }
-    if (lost) {
-        /* Nothing of the batch is in the file: every write fails, and the reads not run. */
-        bool ran = true;
-        for (struct store_call *x = batch; x; x = x->next) {
-            ran = ran && x != c;
-            if (store_op_writes(x->op) || !ran)
-                x->result = lost;
-        }
-    } else {
+    if (!lost)
         s->live = (uint64_t)((int64_t)s->live + s->live_delta);
-        atomic_fetch_add(&s->commits, 1);
-        if (s->q.o.on_commit)
-            s->q.o.on_commit(s->q.o.on_commit_arg, (double)(store_mono_us() - t0) / 1e6);
-    }
-    atomic_store(&s->live_pub, s->live);
-    atomic_store(&s->bytes, sql_bytes(s));
-    atomic_store(&s->commit_us, store_mono_us() - t0);
-    while (batch) {
-        c = batch;
-        batch = c->next;
-        if (c->op == OP_ENQUEUE && c->result == STORE_EFULL)
-            atomic_fetch_add(&s->refused, 1);
-        else if (c->op == OP_ENQUEUE && c->result == 0 && !c->dup)
-            atomic_fetch_add(&s->enqueued, 1);
-        store_call_finish(c, c->result);
-    }
+    store_q_end_batch(&s->q, batch, c, lost, t0, s->live, sql_bytes(s));
 }
 
 static void *store_thread(void *arg)
@@ -110,18 +83,6 @@ static void *store_thread(void *arg)
             run_batch(s, batch);
     }
     return NULL;
-}
-
-static void s_stats(struct store_impl *s, struct store_stats *out)
-{
-    out->swept = atomic_load(&s->swept);
-    out->commits = atomic_load(&s->commits);
-    out->enqueued = atomic_load(&s->enqueued);
-    out->refused = atomic_load(&s->refused);
-    out->count = atomic_load(&s->live_pub);
-    out->bytes = atomic_load(&s->bytes);
-    out->commit_us = atomic_load(&s->commit_us);
-    out->recovered = atomic_load(&s->recovered);
 }
 
 static void free_impl(struct store_impl *s)
@@ -144,7 +105,6 @@ static void s_close(struct store_impl *s)
 static const struct store_ops sqlite_ops = {
     .name = "sqlite",
     BACKEND_OPS,
-    .stats = s_stats,
     .close = s_close,
 };
 
@@ -237,15 +197,15 @@ int store_sqlite_open(const struct store_opts *o, struct store **out, struct sto
             r = n;
             goto fail;
         }
-        atomic_store(&s->recovered, (uint64_t)n);
+        atomic_store(&s->q.st.recovered, (uint64_t)n);
     }
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db, "PRAGMA page_size", -1, &st, NULL) == SQLITE_OK &&
         sqlite3_step(st) == SQLITE_ROW)
         s->page_size = (uint64_t)sqlite3_column_int64(st, 0);
     sqlite3_finalize(st);
-    atomic_store(&s->live_pub, s->live);
-    atomic_store(&s->bytes, sql_bytes(s));
+    atomic_store(&s->q.st.count, s->live);
+    atomic_store(&s->q.st.bytes, sql_bytes(s));
     if ((rc = pthread_create(&s->q.thread, NULL, store_thread, s)) != 0) {
         snprintf(err->msg, sizeof(err->msg), "%s: cannot start the store thread: %s", o->path,
                  strerror(rc));

@@ -57,10 +57,7 @@ struct store_impl {
     uint64_t live;
     int64_t live_delta;
     uint64_t bytes_added; /* by the open transaction's enqueues, roughly */
-    /* For stats(), from any thread. */
-    _Atomic uint64_t commits, enqueued, refused, live_pub, bytes, commit_us, recovered;
-    _Atomic uint64_t swept;
-    uint64_t last_sweep; /* the store clock's ms of the last retention sweep */
+    uint64_t last_sweep;  /* the store clock's ms of the last retention sweep */
 };
 
 /* The store's wall clock, ms. */
@@ -70,8 +67,16 @@ int sql_error(int rc);
 /* Creates or migrates the schema and prepares the statements. 0 or STORE_E* with err. */
 int sql_setup(struct store_impl *s, struct store_err *err);
 void sql_finalize(struct store_impl *s);
-/* Runs one call inside the open transaction; its result (0 or STORE_E*). */
-int sql_run(struct store_impl *s, struct store_call *c);
+/* What each operation does inside the open transaction (struct store_runner); its result (0
+ * or STORE_E*). */
+int sql_enqueue(struct store_impl *s, struct store_call *c);
+int sql_claim(struct store_impl *s, struct store_call *c);
+int sql_end(struct store_impl *s, struct store_call *c);
+int sql_insert_dead(struct store_impl *s, struct store_call *c);
+int sql_list(struct store_impl *s, struct store_call *c);
+int sql_get(struct store_impl *s, const char *id, struct store_delivery *d);
+int sql_change(struct store_impl *s, struct store_call *c);
+
 /* An exclusive opener's recovery: every delivery in flight (its process is gone) is due now,
  * its lost attempt recorded. How many, or STORE_E*. */
 int sql_recover(struct store_impl *s);
@@ -85,6 +90,8 @@ int sql_step_reset(sqlite3_stmt *st);
  * second has passed since the last. */
 int sql_ops_setup(struct store_impl *s, struct store_err *err);
 void sql_ops_finalize(struct store_impl *s);
-int sql_ops_run(struct store_impl *s, struct store_call *c);
+int sql_find(struct store_impl *s, struct store_call *c);
+int sql_bulk(struct store_impl *s, struct store_call *c);
+int sql_counts(struct store_impl *s, struct store_call *c);
 void sql_sweep(struct store_impl *s);
 #endif

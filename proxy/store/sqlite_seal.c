@@ -87,3 +87,30 @@ int sql_fields_unpack(struct store_delivery *d, const char *b, size_t len)
     }
     return 0;
 }
+
+int sql_new_row(const struct store_opts *o, struct store_call *c, const struct store_new *d,
+                uint64_t count, uint64_t bytes, struct sql_row *row)
+{
+    size_t nkept = 0;
+    struct store_field *kept = NULL;
+    row->fields = NULL;
+    /* The id first: it is the sealed values' additional data (seal.h). */
+    if (store_new_id(c->id) == 0 &&
+        sql_seal_fields(o, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
+        row->fields = sql_fields_pack(kept, nkept, &row->flen);
+        c->left_out = (uint32_t)(d->nfields - nkept);
+        store_fields_free(kept, nkept);
+    }
+    if (!row->fields)
+        return STORE_EIO;
+    /* A row's size, roughly: what the bound needs until the database tells its own. */
+    row->size = d->body_len + row->flen + strlen(d->route) + strlen(d->target) + 256;
+    if ((o->max_count && count >= o->max_count) ||
+        (o->max_bytes && bytes + row->size > o->max_bytes)) {
+        free(row->fields);
+        row->fields = NULL;
+        c->id[0] = '\0';
+        return STORE_EFULL;
+    }
+    return 0;
+}

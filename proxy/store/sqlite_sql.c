@@ -315,7 +315,7 @@ static int add_try(struct store_impl *s, const char *id, const struct store_atte
 
 /* The accept: an earlier one of the route with the same Idempotency-Key answers for it (same
  * body), or refuses it (another body); then the bounds; then the row. */
-static int op_enqueue(struct store_impl *s, struct store_call *c)
+int sql_enqueue(struct store_impl *s, struct store_call *c)
 {
     const struct store_new *d = c->in;
     uint64_t hash = store_body_hash(d->body, d->body_len);
@@ -339,33 +339,17 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
         if (rc != SQLITE_DONE)
             return sql_error(rc);
     }
-    size_t flen = 0, nkept = 0;
-    struct store_field *kept = NULL;
-    char *fields = NULL;
-    /* The id first: it is the sealed values' additional data (seal.h). */
-    if (store_new_id(c->id) == 0 &&
-        sql_seal_fields(&s->q.o, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
-        fields = sql_fields_pack(kept, nkept, &flen);
-        c->left_out = (uint32_t)(d->nfields - nkept);
-        store_fields_free(kept, nkept);
-    }
-    if (!fields)
-        return STORE_EIO;
-    /* A row's size, roughly: what the bound needs until the commit tells the file's. */
-    uint64_t size = d->body_len + flen + strlen(d->route) + strlen(d->target) + 256;
-    if ((s->q.o.max_count && s->live + (uint64_t)s->live_delta >= s->q.o.max_count) ||
-        (s->q.o.max_bytes && atomic_load(&s->bytes) + s->bytes_added + size > s->q.o.max_bytes)) {
-        free(fields);
-        c->id[0] = '\0';
-        return STORE_EFULL;
-    }
+    struct sql_row row;
+    if ((r = sql_new_row(&s->q.o, c, d, s->live + (uint64_t)s->live_delta,
+                         atomic_load(&s->q.st.bytes) + s->bytes_added, &row)) < 0)
+        return r;
     uint64_t now = sql_now(s);
     sqlite3_stmt *st = s->st[S_INSERT];
     sqlite3_bind_text(st, 1, c->id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, d->route, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 3, d->method, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 4, d->target, -1, SQLITE_STATIC);
-    sqlite3_bind_blob(st, 5, fields, (int)flen, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 5, row.fields, (int)row.flen, SQLITE_STATIC);
     sqlite3_bind_blob(st, 6, d->body_len ? d->body : "", (int)d->body_len, SQLITE_STATIC);
     if (d->idem_key)
         sqlite3_bind_text(st, 7, d->idem_key, -1, SQLITE_STATIC);
@@ -376,22 +360,22 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
     sqlite3_bind_int64(st, 10, (sqlite3_int64)(d->next_at ? d->next_at : now));
     r = sql_error(sql_step_reset(st));
     sqlite3_clear_bindings(st);
-    free(fields);
+    free(row.fields);
     if (r == 0) {
         s->live_delta++;
-        s->bytes_added += size;
+        s->bytes_added += row.size;
     }
     return r;
 }
 
 /* insert_dead: the row as an enqueue makes it (the same bounds), then dead at once, with its
  * attempts and final answer. */
-static int op_insert_dead(struct store_impl *s, struct store_call *c)
+int sql_insert_dead(struct store_impl *s, struct store_call *c)
 {
     const struct store_dead_new *d = c->in;
     if (d->req.idem_key)
         return STORE_EINVAL;
-    int r = op_enqueue(s, c); /* reads d->req, the first member */
+    int r = sql_enqueue(s, c); /* reads d->req, the first member */
     if (r < 0)
         return r;
     size_t cap = s->q.o.dead_body_bytes ? s->q.o.dead_body_bytes : 4096;
@@ -444,7 +428,7 @@ static size_t due_rows(struct store_impl *s, const char *route, uint64_t now, si
 
 /* Due rows, oldest due first, each leased to the caller; one whose lease ran out had an
  * attempt under way when its owner died: that attempt is recorded as lost and counted. */
-static int op_claim(struct store_impl *s, struct store_call *c)
+int sql_claim(struct store_impl *s, struct store_call *c)
 {
     uint64_t now = sql_now(s);
     size_t cap = c->max, n = 0;
@@ -528,7 +512,7 @@ int sql_recover(struct store_impl *s)
 }
 
 /* complete, reschedule, bury: the lease's owner ends an attempt. */
-static int op_end(struct store_impl *s, struct store_call *c)
+int sql_end(struct store_impl *s, struct store_call *c)
 {
     const struct store_dead *dead = c->op == OP_BURY ? c->in : NULL;
     enum store_state to = c->op == OP_COMPLETE     ? STORE_DELIVERED
@@ -580,7 +564,7 @@ static int op_end(struct store_impl *s, struct store_call *c)
     return r;
 }
 
-static int op_list(struct store_impl *s, struct store_call *c)
+int sql_list(struct store_impl *s, struct store_call *c)
 {
     const struct store_filter *f = c->in;
     int r = 0, rc;
@@ -610,7 +594,7 @@ static int op_list(struct store_impl *s, struct store_call *c)
 
 /* replay and drop, by the row's state: a live lease is not replayed; a dropped row takes its
  * attempts with it. */
-static int op_change(struct store_impl *s, struct store_call *c)
+int sql_change(struct store_impl *s, struct store_call *c)
 {
     sqlite3_stmt *st = s->st[S_STATE];
     sqlite3_bind_text(st, 1, c->key, -1, SQLITE_STATIC);
@@ -644,35 +628,7 @@ static int op_change(struct store_impl *s, struct store_call *c)
     return r;
 }
 
-int sql_run(struct store_impl *s, struct store_call *c)
+int sql_get(struct store_impl *s, const char *id, struct store_delivery *d)
 {
-    switch ((enum store_op)c->op) {
-    case OP_ENQUEUE:
-        return op_enqueue(s, c);
-    case OP_CLAIM:
-    case OP_CLAIM_EXCEPT:
-        return op_claim(s, c);
-    case OP_COMPLETE:
-    case OP_RESCHEDULE:
-    case OP_BURY:
-        return op_end(s, c);
-    case OP_INSERT_DEAD:
-        return op_insert_dead(s, c);
-    case OP_LIST:
-        return op_list(s, c);
-    case OP_GET:
-        c->items = calloc(1, sizeof(*c->items));
-        if (!c->items)
-            return STORE_EIO;
-        c->n = 1;
-        return read_one(s, c->key, c->items, true);
-    case OP_REPLAY:
-    case OP_DROP:
-        return op_change(s, c);
-    case OP_FIND:
-    case OP_BULK:
-    case OP_COUNTS:
-        break; /* sqlite_ops.c's, run by sqlite.c */
-    }
-    return STORE_EINVAL;
+    return read_one(s, id, d, true);
 }
