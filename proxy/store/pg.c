@@ -38,7 +38,9 @@ static const char *const migrations[PG_SCHEMA_VERSION] = {
     " state smallint NOT NULL,"
     " claimed_until bigint, claimed_by text,"
     " reason text, final_head bytea, final_body bytea,"
-    " last_delay bigint NOT NULL DEFAULT 0, upstream text);"
+    " last_delay bigint NOT NULL DEFAULT 0, upstream text,"
+    /* the row's size as the bounds count it (sql_new_row), summed off an index each second */
+    " size bigint NOT NULL DEFAULT 0);"
     /* the claim's: due rows of a namespace (and of a route) in due order, leases by expiry */
     "CREATE INDEX retryproxy_due ON retryproxy_deliveries(namespace, state, next_at);"
     "CREATE INDEX retryproxy_route_due ON retryproxy_deliveries(namespace, route, state,"
@@ -46,6 +48,7 @@ static const char *const migrations[PG_SCHEMA_VERSION] = {
     "CREATE INDEX retryproxy_lease ON retryproxy_deliveries(namespace, state, claimed_until);"
     "CREATE UNIQUE INDEX retryproxy_key ON retryproxy_deliveries(namespace, route, idem_key)"
     " WHERE idem_key IS NOT NULL;"
+    "CREATE INDEX retryproxy_size ON retryproxy_deliveries(namespace, state) INCLUDE (size);"
     /* the operators' filters and retention */
     "CREATE INDEX retryproxy_created ON retryproxy_deliveries(namespace, state, created_at);"
     "CREATE INDEX retryproxy_route_created ON retryproxy_deliveries(namespace, route, state,"
@@ -134,9 +137,7 @@ static int recount(struct store_impl *s)
     pgq_text(&q, s->ns);
     int r;
     PGresult *res = pg_exec(s,
-                            "SELECT count(*) FILTER (WHERE state <> 2),"
-                            " coalesce(sum(octet_length(body) + octet_length(fields)"
-                            " + octet_length(route) + octet_length(target) + 256), 0)"
+                            "SELECT count(*) FILTER (WHERE state <> 2), coalesce(sum(size), 0)"
                             " FROM retryproxy_deliveries WHERE namespace = $1",
                             &q, &r);
     if (res) {

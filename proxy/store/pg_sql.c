@@ -114,39 +114,47 @@ static int add_try(struct store_impl *s, const char *id, const struct store_atte
                   &q, NULL);
 }
 
+/* The earlier accept of the route with d's Idempotency-Key: *found, and then c->id is its id and
+ * the answer its body decides (0 and c->dup for the same body, STORE_ECONFLICT for another). */
+static int by_key(struct store_impl *s, struct store_call *c, const struct store_new *d,
+                  uint64_t hash, bool *found)
+{
+    struct pgq q = { 0 };
+    pgq_text(&q, s->ns);
+    pgq_text(&q, d->route);
+    pgq_text(&q, d->idem_key);
+    int r;
+    PGresult *res = pg_exec(s,
+                            "SELECT id, body_hash, body FROM retryproxy_deliveries"
+                            " WHERE namespace = $1 AND route = $2 AND idem_key = $3",
+                            &q, &r);
+    *found = res && PQntuples(res) > 0;
+    if (*found) {
+        size_t len;
+        char *body = pg_bytes(res, 0, 2, &len);
+        bool same = (uint64_t)pg_int(res, 0, 1) == hash && body && len == d->body_len &&
+                    (len == 0 || memcmp(body, d->body, len) == 0);
+        free(body);
+        snprintf(c->id, sizeof(c->id), "%s", PQgetvalue(res, 0, 0));
+        c->dup = same;
+        r = same ? 0 : STORE_ECONFLICT;
+    }
+    PQclear(res);
+    return r;
+}
+
 /* The accept: an earlier one of the route with the same Idempotency-Key answers for it (same
- * body), or refuses it (another body); then the namespace's bounds; then the row. */
+ * body), or refuses it (another body); then the namespace's bounds; then the row. Two proxies
+ * taking the same key at once: the second's insert waits for the first's commit and does
+ * nothing (ON CONFLICT), and the key's row, committed by then, answers as above. */
 int pg_enqueue(struct store_impl *s, struct store_call *c)
 {
     const struct store_new *d = c->in;
     uint64_t hash = store_body_hash(d->body, d->body_len);
-    int r = 0;
-    if (d->idem_key) {
-        struct pgq q = { 0 };
-        pgq_text(&q, s->ns);
-        pgq_text(&q, d->route);
-        pgq_text(&q, d->idem_key);
-        PGresult *res = pg_exec(s,
-                                "SELECT id, body_hash, body FROM retryproxy_deliveries"
-                                " WHERE namespace = $1 AND route = $2 AND idem_key = $3",
-                                &q, &r);
-        if (!res)
-            return r;
-        bool found = PQntuples(res) > 0;
-        if (found) {
-            size_t len;
-            char *body = pg_bytes(res, 0, 2, &len);
-            bool same = (uint64_t)pg_int(res, 0, 1) == hash && body && len == d->body_len &&
-                        (len == 0 || memcmp(body, d->body, len) == 0);
-            free(body);
-            snprintf(c->id, sizeof(c->id), "%s", PQgetvalue(res, 0, 0));
-            c->dup = same;
-            r = same ? 0 : STORE_ECONFLICT;
-        }
-        PQclear(res);
-        if (found)
-            return r;
-    }
+    bool found = false;
+    int r = d->idem_key ? by_key(s, c, d, hash, &found) : 0;
+    if (r < 0 || found)
+        return r;
     struct sql_row row;
     const struct store_opts *o = &s->q.o;
     if ((r = sql_new_row(o, c, d, s->live + (uint64_t)s->live_delta, s->bytes + s->bytes_added,
@@ -165,12 +173,17 @@ int pg_enqueue(struct store_impl *s, struct store_call *c)
     pgq_int(&q, (int64_t)hash);
     pgq_int(&q, (int64_t)now);
     pgq_int(&q, (int64_t)(d->next_at ? d->next_at : now));
+    pgq_int(&q, (int64_t)row.size);
+    uint64_t added = 0;
     r = pg_cmd(s,
                "INSERT INTO retryproxy_deliveries(namespace, id, route, method, target, fields,"
-               " body, idem_key, body_hash, created_at, next_at, state)"
-               " VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 0)",
-               &q, NULL);
+               " body, idem_key, body_hash, created_at, next_at, size, state)"
+               " VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 0)"
+               " ON CONFLICT (namespace, route, idem_key) WHERE idem_key IS NOT NULL DO NOTHING",
+               &q, &added);
     free(row.fields);
+    if (r == 0 && added == 0)
+        return (r = by_key(s, c, d, hash, &found)) < 0 || found ? r : STORE_EIO;
     if (r == 0) {
         s->live_delta++;
         s->bytes_added += row.size;

@@ -196,3 +196,46 @@ Test(durable_pg, database_down_accepts_get_503_with_retry_after_and_sync_routes_
     cr_expect(fx_wait(delivered, "pg-after", 10000, 50), "not delivered after the restart");
     pgserver_stop(&own);
 }
+
+/* retryproxy store migrate ARGS: its result. */
+static struct proc_result migrate(const char *cfg)
+{
+    char *argv[] = { (char *)proc_bin(), "store", "migrate", "-c", (char *)cfg, NULL };
+    struct proc_result r;
+    cr_assert_eq(proc_run(argv, NULL, 60000, &r), 0);
+    return r;
+}
+
+Test(durable_pg, store_migrate_makes_the_schema_once_and_says_so)
+{
+    struct pgserver own;
+    cr_assert_eq(pgserver_start(&own), 0);
+    char cfg[200];
+    snprintf(cfg, sizeof(cfg), "%s.own.json", fx_cfg_path);
+    FILE *f = fopen(cfg, "w");
+    cr_assert_not_null(f);
+    fprintf(f,
+            "{\"store\": {\"postgres\": {\"url\": \"%s\", \"password_file\": \"%s\"}},"
+            " \"routes\": [{\"name\": \"r\", \"upstreams\": [\"http://127.0.0.1:9\"],"
+            " \"delivery\": {\"mode\": \"durable\"}}]}",
+            own.url, own.password_file);
+    fclose(f);
+    struct proc_result r = migrate(cfg);
+    cr_expect_eq(r.status, 0, "%s", r.err);
+    cr_expect_str_eq(r.out, "schema version 0 -> 1\n");
+    proc_result_free(&r);
+    r = migrate(cfg);
+    cr_expect_str_eq(r.out, "schema version 1: up to date\n");
+    proc_result_free(&r);
+    /* a file store has nothing to migrate here: said, exit 1 */
+    f = fopen(cfg, "w");
+    fputs("{\"store\": {\"path\": \"/tmp/x.db\"}, \"routes\": [{\"name\": \"r\","
+          " \"upstreams\": [\"http://127.0.0.1:9\"]}]}",
+          f);
+    fclose(f);
+    r = migrate(cfg);
+    cr_expect_eq(r.status, 1);
+    cr_expect_not_null(strstr(r.err, "store migrate is for the shared store"), "%s", r.err);
+    proc_result_free(&r);
+    pgserver_stop(&own);
+}

@@ -243,3 +243,42 @@ Test(store, calls_fail_fast_while_the_database_is_down_and_come_back_after, .tim
     store_close(s);
     pgserver_stop(&own);
 }
+
+/* Two proxies taking one Idempotency-Key at once: the second's insert meets the first's
+ * uncommitted row (here a transaction of the test's, held open), waits for its commit, and
+ * answers with its id, as for any repeat with the same body (not 422). */
+Test(store, the_same_key_taken_by_two_proxies_at_once_is_one_delivery)
+{
+    struct store *s = open_default();
+    PGconn *other = admin(&pg, "postgres");
+    admin_exec(other, "BEGIN");
+    char hash[32], sql[768];
+    snprintf(hash, sizeof(hash), "%lld", (long long)store_body_hash("x", 1));
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO retryproxy_deliveries(namespace, id, route, method, target, fields, body,"
+             " idem_key, body_hash, created_at, next_at, state) VALUES('%s',"
+             " '0123456789abcdef0123456789abcdef', 'hooks', 'POST', '/hook', '', 'x', 'k-race',"
+             " %s, 1, 1, 0)",
+             ns, hash);
+    admin_exec(other, sql);
+    struct store_field f[] = { { "x-a", "1" } };
+    struct store_new d = { .route = "hooks",
+                           .method = "POST",
+                           .target = "/hook",
+                           .fields = f,
+                           .nfields = 1,
+                           .body = "x",
+                           .body_len = 1,
+                           .idem_key = "k-race" };
+    struct store_call c = { .cq = cq };
+    cr_assert_eq(store_enqueue(s, &c, &d), 0);
+    cr_expect_eq(store_call_wait(&c, 500), -ETIMEDOUT, "the insert waits for the other's commit");
+    admin_exec(other, "COMMIT");
+    PQfinish(other);
+    cr_assert_eq(store_call_wait(&c, 30000), 0);
+    cr_expect_eq(c.result, 0, "not a conflict: %d", c.result);
+    cr_expect(c.dup);
+    cr_expect_str_eq(c.id, "0123456789abcdef0123456789abcdef");
+    store_call_clear(&c);
+    store_close(s);
+}
