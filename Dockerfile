@@ -5,7 +5,7 @@ FROM debian:12 AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential pkg-config \
       libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libc-ares-dev \
-      libsqlite3-dev \
+      libsqlite3-dev libpq-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Makefile ./
@@ -19,7 +19,7 @@ RUN make build/retryproxy WERROR=1
 FROM debian:12-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libmicrohttpd12 libcurl4 libjansson4 libnghttp2-14 libssl3 libc-ares2 \
-      libsqlite3-0 \
+      libsqlite3-0 libpq5 \
       ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home retryproxy

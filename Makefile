@@ -18,16 +18,17 @@ WERROR ?= 0
 SAN ?=
 TEST_JOBS ?= 2
 
-PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto libcares sqlite3
+PKGS := libmicrohttpd libcurl jansson libnghttp2 libssl libcrypto libcares sqlite3 libpq
 APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev libssl-dev libc-ares-dev \
-            libsqlite3-dev
+            libsqlite3-dev libpq-dev
 # The compiler and pkg-config themselves: a minimal Debian 12 (a container image, a netinst
 # without build tools) has neither. make it cannot install: README.md's first line does.
 TOOL_APT_PKGS := gcc libc6-dev pkg-config
 # The suites' own: Criterion, libyaml (tests/cli/test_deploy.c), the openssl command (test
-# certificates).
+# certificates), PostgreSQL 15's server (the shared store's suites start one of their own:
+# tests/support/pgserver.h).
 TEST_PKGS := criterion yaml-0.1
-TEST_APT_PKGS := libcriterion-dev libyaml-dev openssl
+TEST_APT_PKGS := libcriterion-dev libyaml-dev openssl postgresql
 
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
         -Wimplicit-fallthrough
@@ -94,7 +95,8 @@ deps-core:
 
 # After deps-core: two apt-get installs at once (make -j) fail on dpkg's lock.
 deps-test: deps-core promtool h2tools dnstools
-TEST_MISSING = ! pkg-config --exists $(TEST_PKGS) 2>/dev/null || ! command -v openssl >/dev/null
+TEST_MISSING = ! pkg-config --exists $(TEST_PKGS) 2>/dev/null || ! command -v openssl >/dev/null || \
+	! test -x /usr/lib/postgresql/15/bin/initdb
 deps-test-libs: deps-core
 	@$(call apt_deps,$(TEST_MISSING),$(TEST_APT_PKGS),test dependencies)
 

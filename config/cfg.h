@@ -194,9 +194,17 @@ struct cfg_field_name {
 
 /* The delivery store ("store", docs/delivery.md): where durable requests and dead letters are
  * kept. path NULL: none (no route may then be durable or keep dead letters). */
+/* store.postgres: the shared store (docs/delivery.md, "Shared store (PostgreSQL)"). */
+struct cfg_store_pg {
+    const char *url; /* a libpq URI or "key=value" string holding no password; NULL: none */
+    const char *password_file; /* its first line is the password; NULL: libpq's (PGPASSFILE) */
+    const char *ns;            /* the namespace: the service whose deliveries these are */
+};
+
 struct cfg_store {
-    const char *path;     /* the SQLite file */
-    const char *key_file; /* the AES-256-GCM key of the sensitive fields; NULL: none */
+    const char *path;             /* the SQLite file */
+    struct cfg_store_pg postgres; /* or the shared store (exclusive with path) */
+    const char *key_file;         /* the AES-256-GCM key of the sensitive fields; NULL: none */
     const struct cfg_field_name *sensitive; /* fields kept only encrypted, besides
                                                Authorization, Cookie, Proxy-Authorization */
     size_t n_sensitive;

@@ -128,7 +128,7 @@ static void check_root(struct walk *w, const struct ctx *x, void *dst)
 {
     (void)x;
     const struct cfg *c = dst;
-    if (c->store.path)
+    if (c->store.path || c->store.postgres.url)
         return;
     for (size_t i = 0; i < c->n_routes; i++) {
         const struct cfg_route *r = &c->routes[i];
@@ -140,8 +140,8 @@ static void check_root(struct walk *w, const struct ctx *x, void *dst)
         if (!at.pos)
             at = schema_child_at(w, "$", "defaults");
         schema_err_at(w, &at,
-                      "route \"%s\" %s, but no store is configured: set store.path "
-                      "(docs/delivery.md)",
+                      "route \"%s\" %s, but no store is configured: set store.path or "
+                      "store.postgres.url (docs/delivery.md)",
                       r->name,
                       durable ? "is durable (delivery.mode \"durable\")"
                               : "keeps dead letters (delivery.dead_letter)");
@@ -602,10 +602,42 @@ static const struct field resolver_fields[] = {
 };
 static const struct schema resolver_schema = SCHEMA(resolver_fields, check_resolver);
 
+static const struct field store_pg_fields[] = {
+    STRING_FIELD("url", struct cfg_store_pg, url, F_NULLABLE | F_RESTART | F_NO_ECHO,
+                 schema_check_pg_url, "null",
+                 "the shared PostgreSQL store: a libpq connection URI "
+                 "(postgresql://user@host:5432/db?sslmode=verify-full) holding no password "
+                 "(null: none; docs/delivery.md)"),
+    STRING_FIELD("password_file", struct cfg_store_pg, password_file, F_NULLABLE | F_RESTART,
+                 schema_check_path, "null",
+                 "a file whose first line is the database password, read at start (a mounted "
+                 "Secret); null: libpq's own, PGPASSFILE or ~/.pgpass"),
+    STRING_FIELD("namespace", struct cfg_store_pg, ns, F_RESTART, schema_check_namespace,
+                 "\"default\"",
+                 "the service these deliveries belong to: proxies of one namespace share its "
+                 "deliveries, its bounds and its dead letters, and never see another's"),
+};
+static const struct schema store_pg_schema = SCHEMA(store_pg_fields, NULL);
+
+/* One store: the process's SQLite file, or the shared PostgreSQL database. */
+static void check_store(struct walk *w, const struct ctx *x, void *dst)
+{
+    const struct cfg_store *s = dst;
+    if (!s->path || !s->postgres.url)
+        return;
+    struct at at = schema_child_at(w, x->path, "postgres");
+    schema_err_at(w, &at,
+                  "store.path and store.postgres.url are exclusive: one store, the process's "
+                  "SQLite file or the shared PostgreSQL database (docs/delivery.md)");
+}
+
 static const struct field store_fields[] = {
     STRING_FIELD("path", struct cfg_store, path, F_NULLABLE | F_RESTART, schema_check_path, "null",
                  "the SQLite file of durable deliveries and dead letters, on a volume that "
                  "outlives the process (null: no store; docs/delivery.md)"),
+    OBJ_FIELD("postgres", struct cfg_store, postgres, store_pg_schema, 0,
+              "or a PostgreSQL database that a fleet of proxies shares (docs/delivery.md, "
+              "\"Shared store (PostgreSQL)\")"),
     STRING_FIELD("key_file", struct cfg_store, key_file, F_NULLABLE | F_RESTART,
                  schema_check_store_key_file, "null",
                  "a 256-bit key (32 bytes, or 64 hex digits) that encrypts the sensitive fields "
@@ -628,7 +660,7 @@ static const struct field store_fields[] = {
                "a dead letter is deleted this long after it died (0: never; a full store then "
                "refuses new ones, never drops old ones)"),
 };
-static const struct schema store_schema = SCHEMA(store_fields, NULL);
+static const struct schema store_schema = SCHEMA(store_fields, check_store);
 
 /* ---- routes, "defaults" and the root ---- */
 

@@ -51,6 +51,7 @@ enum {
                                empty list) */
     F_RESTART = 1u << 3,    /* read only at start: a reload that changes it says a restart is
                                needed (cfg_restart_changes); only outside routes and defaults */
+    F_NO_ECHO = 1u << 4,    /* an error never repeats the value (it may hold a secret) */
 };
 
 /* Where a value is written in the file, for messages and positions. */
@@ -192,6 +193,9 @@ extern const struct list_kind schema_field_name_list; /* store.sensitive_fields 
 const char *schema_check_store_key_file(const char *s, size_t len);
 /* A file path that is not empty. */
 const char *schema_check_path(const char *s, size_t len);
+/* store.postgres: a connection string that holds no password, and a namespace's name. */
+const char *schema_check_pg_url(const char *s, size_t len);
+const char *schema_check_namespace(const char *s, size_t len);
 /* routes[].delivery.dead_letter: true, false or null (the mode decides). */
 int schema_parse_dead_letter(struct walk *w, const struct at *at, const json_t *v, void *dst);
 json_t *schema_dump_dead_letter(const void *src);

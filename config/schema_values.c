@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -599,6 +600,49 @@ const char *schema_check_path(const char *s, size_t len)
 {
     if (len == 0 || memchr(s, '\0', len))
         return "must name a file";
+    return NULL;
+}
+
+/* A password in the config file would be read by whoever reads the config (a ConfigMap, say):
+ * it comes from password_file or libpq's PGPASSFILE instead. A URI's password is after a ':'
+ * in its user part, or a "password" parameter; a key=value string's is its password key. */
+const char *schema_check_pg_url(const char *s, size_t len)
+{
+    static const char why[] = "holds a password: name its file in store.postgres.password_file, "
+                              "or use libpq's PGPASSFILE";
+    if (len == 0 || memchr(s, '\0', len))
+        return "must be a libpq connection URI (postgresql://user@host/db) or key=value string";
+    const char *scheme = strstr(s, "://");
+    if (scheme && (strncmp(s, "postgresql://", 13) == 0 || strncmp(s, "postgres://", 11) == 0)) {
+        const char *auth = scheme + 3, *end = auth + strcspn(auth, "/?");
+        const char *at = memchr(auth, '@', (size_t)(end - auth));
+        if (at && memchr(auth, ':', (size_t)(at - auth)))
+            return why;
+        const char *query = strchr(s, '?');
+        for (const char *p = query; p; p = strchr(p + 1, '&'))
+            if (strncmp(p + 1, "password=", 9) == 0)
+                return why;
+        return NULL;
+    }
+    if (scheme)
+        return "must be a postgresql:// URI or a key=value string";
+    for (const char *p = s; (p = strstr(p, "password")) != NULL; p += 8) {
+        const char *q = p + 8;
+        while (*q == ' ')
+            q++;
+        if ((p == s || p[-1] == ' ') && *q == '=')
+            return why;
+    }
+    return NULL;
+}
+
+const char *schema_check_namespace(const char *s, size_t len)
+{
+    if (len == 0 || len > 63)
+        return "must be 1 to 63 characters";
+    for (size_t i = 0; i < len; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("._-", s[i]))
+            return "may hold letters, digits, '.', '_' and '-' only";
     return NULL;
 }
 

@@ -400,7 +400,7 @@ static int set_value(struct walk *w, const struct field *f, const struct at *at,
         size_t len = json_string_length(v);
         const char *why = f->check_str ? f->check_str(s, len) : NULL;
         if (why) {
-            if (len <= 60 && !schema_has_ctl_or_space(s, len))
+            if (len <= 60 && !schema_has_ctl_or_space(s, len) && !(f->flags & F_NO_ECHO))
                 schema_err_at(w, at, "%s, got \"%s\"", why, s);
             else
                 schema_err_at(w, at, "%s", why);

@@ -84,12 +84,13 @@ bench-share: $(BIN) $(BUILD)/tests/upstream
 bench-endpoints: $(BIN) $(BUILD)/tests/upstream
 	UPB=$(BUILD)/tests/upstream bench/endpoints.sh $(BIN)
 
-# The store and what it calls outside proxy/store/: the key file reader (store.key_file).
+# The store and what it calls outside proxy/store/: the key file reader (store.key_file), the
+# log (the shared store says when its database goes and comes back).
 STORE_BENCH_OBJ := $(filter $(BUILD)/obj/proxy/store/% $(BUILD)/obj/config/keyfile.o \
-	$(BUILD)/obj/config/utf8.o,$(LIB_OBJ))
+	$(BUILD)/obj/config/utf8.o $(BUILD)/obj/proxy/telemetry/log.o,$(LIB_OBJ))
 $(BUILD)/bench/store_bench: $(BUILD)/obj/bench/store_bench.o $(STORE_BENCH_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(shell pkg-config --libs sqlite3 libcrypto) -lpthread
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(shell pkg-config --libs sqlite3 libpq libcrypto) -lpthread
 
 # The files go under $(BUILD)/ (the worktree's disk) unless STORE_ARGS names a --dir.
 STORE_ARGS ?=

@@ -47,6 +47,7 @@ static const char usage_text[] =
     "                  [--state S] [--since T] [--until T] [--status N] [--upstream URL]\n"
     "                  [--limit N] [--cursor C] [--order newest|oldest] [--rate N] [--dry-run]\n"
     "                  [--json]\n"
+    "       retryproxy store migrate -c FILE\n"
     "       retryproxy reference [--metrics]\n"
     "       retryproxy --version | --help\n"
     "\n"
@@ -67,6 +68,8 @@ static const char usage_text[] =
     "             them (the filters; a page of --limit, 100), show ID, replay or drop ID,\n"
     "             or every one the filters match (replay: --rate per second, 10; --dry-run\n"
     "             counts them); a table, or --json\n"
+    "  store      migrate: create or migrate the shared store's schema (store.postgres)\n"
+    "             under an advisory lock; the proxy does the same at start\n"
     "  reference  print every config key with its type, range, default and meaning\n"
     "             (--metrics: every metric with its type, labels and meaning)\n"
     "\n"
@@ -528,6 +531,34 @@ static int cmd_deliveries(int argc, char **argv)
     return rc;
 }
 
+/* store migrate -c FILE: the shared store's schema (docs/cli.md). */
+static int cmd_store(int argc, char **argv)
+{
+    static const struct option opts[] = { ARG("config", 'c'), FLAG("help", 'h'), OPT_END };
+    if (argc < 2 || strcmp(argv[1], "migrate") != 0)
+        return usage_error("%s", "store: name an action: migrate");
+    struct cmdline cl = { argc - 1, argv + 1, "store", "+:c:h", opts, NULL, 0 };
+    int o;
+    while ((o = next_opt(&cl)) > 0) {
+    }
+    if (o < 0)
+        return cl.status;
+    struct cfg *c = load_or_report(&cl.path, stderr);
+    if (!c)
+        return EXIT_CONFIG;
+    char why[512];
+    int from, to;
+    int rc = deliveries_migrate(c, &from, &to, why, sizeof(why));
+    if (rc < 0)
+        fprintf(stderr, "retryproxy: store migrate: %s\n", why);
+    else if (from == to)
+        printf("schema version %d: up to date\n", to);
+    else
+        printf("schema version %d -> %d\n", from, to);
+    cfg_unref(c);
+    return rc < 0 ? EXIT_FAILURE : 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = { ARG("config", 'c'),     ARG("listen", 'l'),
@@ -605,6 +636,8 @@ int main(int argc, char **argv)
         return cmd_simulate(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "deliveries") == 0)
         return cmd_deliveries(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "store") == 0)
+        return cmd_store(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "reference") == 0) {
         bool metrics = argc > 2 && strcmp(argv[2], "--metrics") == 0;
         if (argc > 2 + metrics)

@@ -167,13 +167,15 @@ static void on_dns_change(void *arg)
         worker_wake(ctl->workers[i]);
 }
 
-/* Opens the delivery store of store.path (docs/delivery.md), the process's own (an flock on
- * PATH.lock): what a process before left in flight is due at once. 0, or -1 with a line on
- * stderr. No store.path: 0 and none. */
+/* Opens the delivery store (docs/delivery.md): the SQLite file of store.path, the process's own
+ * (an flock on PATH.lock: what a process before left in flight is due at once), or the shared
+ * PostgreSQL store of store.postgres (its schema created or migrated; a newer one refuses the
+ * start). 0, or -1 with a line on stderr. No store: 0 and none. */
 static int open_store(const struct cfg *cfg, struct metrics *m, struct store **out)
 {
     *out = NULL;
-    if (!cfg->store.path)
+    const struct cfg_store *cs = &cfg->store;
+    if (!cs->path && !cs->postgres.url)
         return 0;
     char why[512];
     if (deliveries_open(cfg, true, store_commit, m, out, why, sizeof(why)) < 0) {
@@ -182,11 +184,16 @@ static int open_store(const struct cfg *cfg, struct metrics *m, struct store **o
     }
     struct store_stats st;
     store_stats(*out, &st);
-    if (store_on_tmpfs(cfg->store.path))
+    if (cs->postgres.url) {
+        log_event(CFG_LOG_INFO, "shared delivery store open", "namespace", cs->postgres.ns,
+                  LOG_NUM("kept", st.count), NULL);
+        return 0;
+    }
+    if (store_on_tmpfs(cs->path))
         log_event(CFG_LOG_WARN, "delivery store on tmpfs: lost at reboot, or with its pod", "path",
-                  cfg->store.path, NULL);
-    log_event(CFG_LOG_INFO, "delivery store open", "path", cfg->store.path,
-              LOG_NUM("kept", st.count), LOG_NUM("resumed_in_flight", st.recovered), NULL);
+                  cs->path, NULL);
+    log_event(CFG_LOG_INFO, "delivery store open", "path", cs->path, LOG_NUM("kept", st.count),
+              LOG_NUM("resumed_in_flight", st.recovered), NULL);
     return 0;
 }
 

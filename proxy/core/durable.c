@@ -32,6 +32,8 @@
  * minutes rather than milliseconds, so a caller that comes back at once only finds it full
  * again; 30 s keeps a refused caller's retries from adding to the load meanwhile. */
 #define ACCEPT_FULL_RETRY_AFTER_S 30
+/* ... and when the store failed (a shared store's database away): it reconnects within 5 s */
+#define ACCEPT_DOWN_RETRY_AFTER_S 5
 
 struct accept_job {
     struct store_call call;
@@ -146,15 +148,14 @@ static void answer_error_with(struct retry_req *r, unsigned status, const char *
     free(body);
 }
 
-static void answer_full(struct retry_req *r)
+/* An error with Retry-After (a 503: the caller may send it again later; nothing was stored). */
+static void answer_retry_after(struct retry_req *r, unsigned status, const char *code,
+                               const char *message, int after_s)
 {
     char after[16];
-    snprintf(after, sizeof(after), "%d", ACCEPT_FULL_RETRY_AFTER_S);
+    snprintf(after, sizeof(after), "%d", after_s);
     const char *extra[] = { "Retry-After", after, NULL };
-    answer_error_with(r, 503, "store_full",
-                      "the delivery store is full (store.max_count, store.max_bytes or its "
-                      "disk): nothing was stored",
-                      extra);
+    answer_error_with(r, status, code, message, extra);
 }
 
 static enum metrics_accept result_of(int result, bool dup)
@@ -215,10 +216,14 @@ void accept_answer(struct retry_req *r, const void *arg)
         edge_error(r, 422, "idempotency_conflict",
                    "this Idempotency-Key was accepted before with another body");
     else if (c->result == STORE_EFULL)
-        answer_full(r);
-    else
-        edge_error(r, 503, "store_unavailable",
-                   "the delivery store could not take the request: nothing was stored");
+        answer_retry_after(r, 503, "store_full",
+                           "the delivery store is full (store.max_count, store.max_bytes or its "
+                           "disk): nothing was stored",
+                           ACCEPT_FULL_RETRY_AFTER_S);
+    else /* its database unreachable, say (docs/delivery.md "Shared store") */
+        answer_retry_after(r, 503, "store_unavailable",
+                           "the delivery store could not take the request: nothing was stored",
+                           ACCEPT_DOWN_RETRY_AFTER_S);
 }
 
 /* A durable route's request is planned: its body is taken whole, up to delivery.max_body_bytes

@@ -1,6 +1,7 @@
 /* deliveries -- the admin API's and the CLI's shared part (deliveries.h). */
 #include "proxy/ops/deliveries.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,46 +45,116 @@ static int tuning_of(const struct cfg *cfg, struct store_tuning *t, const char *
     return 0;
 }
 
+/* The first line of store.postgres.password_file, malloc'd into *out (NULL: no file named).
+ * 0, or -1 with why. Read at open, so that a rotated Secret is taken at the next start. */
+static int read_password(const struct cfg_store_pg *pg, char **out, char *err, size_t cap)
+{
+    *out = NULL;
+    if (!pg->password_file)
+        return 0;
+    FILE *f = fopen(pg->password_file, "r");
+    char line[1024];
+    if (!f || !fgets(line, sizeof(line), f)) {
+        snprintf(err, cap, "store.postgres.password_file %s: %s", pg->password_file,
+                 f ? "empty" : strerror(errno));
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    fclose(f);
+    line[strcspn(line, "\r\n")] = '\0';
+    *out = strdup(line);
+    explicit_bzero(line, sizeof(line));
+    if (!*out) {
+        snprintf(err, cap, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* The options of the store 'cfg' names, but the ones deliveries_open() adds. */
+static struct store_opts opts_of(const struct cfg_store *cs, const char *password)
+{
+    return (struct store_opts){ .path = cs->postgres.url ? NULL : cs->path,
+                                .pg_url = cs->postgres.url,
+                                .pg_password = password,
+                                .pg_namespace = cs->postgres.ns,
+                                .max_bytes = cs->max_bytes,
+                                .max_count = cs->max_count,
+                                .lease_ms = LEASE_MS };
+}
+
+static void free_password(char *password)
+{
+    if (password)
+        explicit_bzero(password, strlen(password));
+    free(password);
+}
+
+int deliveries_migrate(const struct cfg *cfg, int *from, int *to, char *err, size_t cap)
+{
+    const struct cfg_store *cs = &cfg->store;
+    if (!cs->postgres.url) {
+        snprintf(err, cap,
+                 "store migrate is for the shared store: the config names no "
+                 "store.postgres.url (a SQLite file is migrated when it is opened)");
+        return -1;
+    }
+    char *password;
+    if (read_password(&cs->postgres, &password, err, cap) < 0)
+        return -1;
+    struct store_opts o = opts_of(cs, password);
+    struct store_err e;
+    int r = store_pg_migrate(&o, from, to, &e);
+    if (r < 0)
+        snprintf(err, cap, "%s", e.msg);
+    free_password(password);
+    return r < 0 ? -1 : 0;
+}
+
 int deliveries_open(const struct cfg *cfg, bool process, void (*on_commit)(void *, double),
                     void *arg, struct store **out, char *err, size_t cap)
 {
     const struct cfg_store *cs = &cfg->store;
     unsigned char key[SEAL_KEY_BYTES];
     const char **names = NULL;
+    char *password = NULL;
     struct store_tuning t;
     int r = -1;
-    if (!cs->path) {
-        snprintf(err, cap, "the config names no store (store.path)");
+    if (!cs->path && !cs->postgres.url) {
+        snprintf(err, cap, "the config names no store (store.path or store.postgres.url)");
         return -1;
     }
     if (cs->key_file && seal_key_load(cs->key_file, key, err, cap) < 0)
         return -1;
+    if (read_password(&cs->postgres, &password, err, cap) < 0)
+        goto out;
     if (tuning_of(cfg, &t, &names) < 0) {
         snprintf(err, cap, "out of memory");
         goto out;
     }
-    struct store_opts o = { .path = cs->path,
-                            .max_bytes = cs->max_bytes,
-                            .max_count = cs->max_count,
-                            .lease_ms = process ? process_lease_ms(cfg) : LEASE_MS,
-                            .dead_body_bytes = t.dead_body_bytes,
-                            .key = cs->key_file ? key : NULL,
-                            .sensitive = t.sensitive,
-                            .n_sensitive = t.n_sensitive,
-                            .retention = process,
-                            .exclusive = process,
-                            .delivered_keep_ms = t.delivered_keep_ms,
-                            .dead_keep_ms = t.dead_keep_ms,
-                            .on_commit = on_commit,
-                            .on_commit_arg = arg };
+    struct store_opts o = opts_of(cs, password);
+    o.lease_ms = process ? process_lease_ms(cfg) : LEASE_MS;
+    o.dead_body_bytes = t.dead_body_bytes;
+    o.key = cs->key_file ? key : NULL;
+    o.sensitive = t.sensitive;
+    o.n_sensitive = t.n_sensitive;
+    o.retention = process;
+    /* the process's own file; a shared store never is (its rows wait out their leases) */
+    o.exclusive = process && !cs->postgres.url;
+    o.delivered_keep_ms = t.delivered_keep_ms;
+    o.dead_keep_ms = t.dead_keep_ms;
+    o.on_commit = on_commit;
+    o.on_commit_arg = arg;
     struct store_err e;
-    if (store_sqlite_open(&o, out, &e) < 0) {
+    if ((cs->postgres.url ? store_pg_open(&o, out, &e) : store_sqlite_open(&o, out, &e)) < 0) {
         snprintf(err, cap, "%s", e.msg[0] ? e.msg : "cannot open the store");
         goto out;
     }
     r = 0;
 out:
     free(names);
+    free_password(password);
     explicit_bzero(key, sizeof(key));
     return r;
 }

@@ -40,11 +40,16 @@ int dq_set(struct dq *q, const char *key, const char *value, char *err, size_t c
 /* The keys dq_set() takes, NULL-terminated. */
 extern const char *const dq_keys[];
 
-/* Opens the store 'cfg' names (store.path, key_file...) for the process ('process': its own,
- * exclusive (an flock on PATH.lock), retention on, leases outlasting its routes' timeouts) or
- * for the CLI beside it. 0, or -1 with why in 'err'. 'on_commit' may be NULL. */
+/* Opens the store 'cfg' names (store.path or store.postgres, key_file...) for the process
+ * ('process': a SQLite file its own, exclusive (an flock on PATH.lock), retention on, leases
+ * outlasting its routes' timeouts) or for the CLI beside it. 0, or -1 with why in 'err'.
+ * 'on_commit' may be NULL. */
 int deliveries_open(const struct cfg *cfg, bool process, void (*on_commit)(void *, double),
                     void *arg, struct store **out, char *err, size_t cap);
+
+/* `retryproxy store migrate`: creates or migrates the schema of the shared store 'cfg' names
+ * (store.postgres), the versions before and after in *from and *to. 0, or -1 with why. */
+int deliveries_migrate(const struct cfg *cfg, int *from, int *to, char *err, size_t cap);
 
 /* A reload's settings of the store (store.sensitive_fields, dead_body_bytes,
  * delivered_keep_ms, dead_keep_ms) handed to the open store 's' (NULL: nothing). 0 or -1. */

@@ -308,7 +308,8 @@ enum MHD_Result dadmin_answer(struct dadmin *d, struct MHD_Connection *c, const 
     bool post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
     if (!d || !d->store)
         return reply_error(c, MHD_HTTP_NOT_FOUND, "no_store",
-                           "no delivery store is configured (store.path)", NULL);
+                           "no delivery store is configured (store.path or store.postgres.url)",
+                           NULL);
     const char *rest = url + 11; /* after /deliveries */
     const char *slash = rest[0] == '/' ? strchr(rest + 1, '/') : NULL;
     size_t idlen = rest[0] ? (slash ? (size_t)(slash - rest - 1) : strlen(rest + 1)) : 0;

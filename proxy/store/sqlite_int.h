@@ -3,32 +3,14 @@
 #ifndef RETRYPROXY_PROXY_SQLITE_INT_H
 #define RETRYPROXY_PROXY_SQLITE_INT_H
 
-#include <pthread.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
 
-#include "proxy/store/store.h"
+#include "proxy/store/backend.h"
 
 /* The schema's version (PRAGMA user_version): each change adds a migration step in
  * sqlite_sql.c and raises it. A file of a newer version is refused. */
 #define SQL_SCHEMA_VERSION 4
-
-enum sql_op {
-    OP_ENQUEUE,
-    OP_CLAIM,
-    OP_CLAIM_EXCEPT,
-    OP_COMPLETE,
-    OP_RESCHEDULE,
-    OP_BURY,
-    OP_INSERT_DEAD,
-    OP_LIST,
-    OP_GET,
-    OP_REPLAY,
-    OP_DROP,
-    OP_FIND,
-    OP_BULK,
-    OP_COUNTS,
-};
 
 enum sql_stmt {
     S_INSERT,
@@ -64,8 +46,7 @@ enum sql_stmt {
 enum ops_stmt { OPS_DROP_TRIES, OPS_DROP, OPS_REPLAY, OPS_COUNT };
 
 struct store_impl {
-    struct store pub;
-    struct store_opts o;
+    struct store_q q; /* first: backend.c's front sees it */
     sqlite3 *db;
     sqlite3_stmt *st[S_COUNT];
     sqlite3_stmt *ops_st[OPS_COUNT];
@@ -76,30 +57,26 @@ struct store_impl {
     uint64_t live;
     int64_t live_delta;
     uint64_t bytes_added; /* by the open transaction's enqueues, roughly */
-    /* Calls handed over, under mu. */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct store_call *head, *tail;
-    bool closing;
-    /* For stats(), from any thread. */
-    _Atomic uint64_t commits, enqueued, refused, live_pub, bytes, commit_us, recovered;
-    _Atomic uint64_t swept;
-    uint64_t last_sweep;   /* the store clock's ms of the last retention sweep */
-    unsigned char key[32]; /* o.key points here when set; o.sensitive is a copy */
-    /* A reload's settings, under mu until the store thread takes them (store_tune()). */
-    struct store_opts *tuned;
+    uint64_t last_sweep;  /* the store clock's ms of the last retention sweep */
 };
 
 /* The store's wall clock, ms. */
-uint64_t sql_now(const struct store_impl *s);
+#define sql_now(s) store_q_now(&(s)->q.o)
 /* An SQLite result code as a STORE_E*. */
 int sql_error(int rc);
 /* Creates or migrates the schema and prepares the statements. 0 or STORE_E* with err. */
 int sql_setup(struct store_impl *s, struct store_err *err);
 void sql_finalize(struct store_impl *s);
-/* Runs one call inside the open transaction; its result (0 or STORE_E*). */
-int sql_run(struct store_impl *s, struct store_call *c);
+/* What each operation does inside the open transaction (struct store_runner); its result (0
+ * or STORE_E*). */
+int sql_enqueue(struct store_impl *s, struct store_call *c);
+int sql_claim(struct store_impl *s, struct store_call *c);
+int sql_end(struct store_impl *s, struct store_call *c);
+int sql_insert_dead(struct store_impl *s, struct store_call *c);
+int sql_list(struct store_impl *s, struct store_call *c);
+int sql_get(struct store_impl *s, const char *id, struct store_delivery *d);
+int sql_change(struct store_impl *s, struct store_call *c);
+
 /* An exclusive opener's recovery: every delivery in flight (its process is gone) is due now,
  * its lost attempt recorded. How many, or STORE_E*. */
 int sql_recover(struct store_impl *s);
@@ -113,21 +90,8 @@ int sql_step_reset(sqlite3_stmt *st);
  * second has passed since the last. */
 int sql_ops_setup(struct store_impl *s, struct store_err *err);
 void sql_ops_finalize(struct store_impl *s);
-int sql_ops_run(struct store_impl *s, struct store_call *c);
+int sql_find(struct store_impl *s, struct store_call *c);
+int sql_bulk(struct store_impl *s, struct store_call *c);
+int sql_counts(struct store_impl *s, struct store_call *c);
 void sql_sweep(struct store_impl *s);
-/* sqlite_seal.c: the sensitive fields of delivery 'id' sealed (or left out without a key) into a
- * new array *out of *nout, every string its own copy (free with store_fields_free()). 0 or
- * STORE_EIO. And a read delivery's sealed values opened (left sealed without a key or when one
- * does not open: never shown, see seal.h). */
-int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
-                    struct store_field **out, size_t *nout);
-void sql_open_fields(struct store_impl *s, struct store_delivery *d);
-/* The head's fields as they are kept in the file: one blob of "name\0value\0" pairs, 'n'
- * fields of no NUL each packed into a malloc'd blob of *len bytes (NULL when out of memory),
- * and a blob read back into d->fields and d->nfields. A blob that is not such pairs (a NUL
- * missing at its end, a name without its value) is a damaged row: STORE_EIO, not fields lost
- * quietly. d->fields is d's to free either way. */
-char *sql_fields_pack(const struct store_field *f, size_t n, size_t *len);
-int sql_fields_unpack(struct store_delivery *d, const char *b, size_t len);
-
 #endif

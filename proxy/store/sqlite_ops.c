@@ -4,9 +4,9 @@
  * helpers, which never call back here.
  *
  * Run by the store thread only, like sqlite_sql.c: find, bulk and counts inside the batch's
- * transaction (sql_ops_run), a sweep in a transaction of its own between batches. The
- * statements with a variable filter are prepared per call (an operator's request, not the
- * accept path); the indexes they need are created at open (IF NOT EXISTS: no schema version).
+ * transaction (sql_find, sql_bulk, sql_counts), a sweep in a transaction of its own between
+ * batches. The statements with a variable filter are prepared per call (an operator's request, not
+ * the accept path); the indexes they need are created at open (IF NOT EXISTS: no schema version).
  */
 #include "proxy/store/sqlite_int.h"
 
@@ -19,11 +19,6 @@
 static const char ops_indexes[] =
     "CREATE INDEX IF NOT EXISTS deliveries_route_created ON deliveries(route, state, created_at);"
     "CREATE INDEX IF NOT EXISTS deliveries_state_created ON deliveries(state, created_at);";
-
-/* Retention deletes at most this many rows of a state per sweep, and sweeps again a second
- * later (or at the next batch when it found more). */
-#define SWEEP_BATCH    200
-#define SWEEP_EVERY_MS 1000
 
 /* The statements a bulk replay or drop runs per row (the filtered ones are per call). */
 static const char *const ops_sql[OPS_COUNT] = {
@@ -45,7 +40,7 @@ int sql_ops_setup(struct store_impl *s, struct store_err *err)
             goto fail;
     return 0;
 fail:
-    snprintf(err->msg, sizeof(err->msg), "%s: %s: %s", s->o.path, what, sqlite3_errmsg(s->db));
+    snprintf(err->msg, sizeof(err->msg), "%s: %s: %s", s->q.o.path, what, sqlite3_errmsg(s->db));
     return STORE_EIO;
 }
 
@@ -146,7 +141,7 @@ static char *text_of(sqlite3_stmt *st, int i)
 
 /* A page: the list form of each row (no fields, body nor final response), newest or oldest
  * first, one row more than asked read to know whether more are left. */
-static int op_find(struct store_impl *s, struct store_call *c)
+int sql_find(struct store_impl *s, struct store_call *c)
 {
     const struct store_match *m = c->in;
     uint32_t limit = m->limit ? m->limit : 100;
@@ -229,7 +224,7 @@ static int remove_row(struct store_impl *s, const char *id, int state)
 }
 
 /* One batch of a replay or drop by filter: the rows after the cursor, oldest first. */
-static int op_bulk(struct store_impl *s, struct store_call *c)
+int sql_bulk(struct store_impl *s, struct store_call *c)
 {
     const struct store_bulk *b = c->in;
     int r = 0;
@@ -289,7 +284,7 @@ out:
 
 /* By route and state: one GROUP BY over the (route, state, created_at) index; then per route
  * the oldest pending, a seek on the same index for each pending state. */
-static int op_counts(struct store_impl *s, struct store_call *c)
+int sql_counts(struct store_impl *s, struct store_call *c)
 {
     sqlite3_stmt *st = NULL, *old = NULL;
     int r = STORE_EIO, rc;
@@ -307,25 +302,11 @@ static int op_counts(struct store_impl *s, struct store_call *c)
         int state = sqlite3_column_int(st, 1);
         if (!route || state < 0 || state >= STORE_STATES)
             continue;
-        if (c->ncounts == 0 || strcmp(c->counts[c->ncounts - 1].route, route) != 0) {
-            if (c->ncounts == cap) {
-                cap = cap ? 2 * cap : 8;
-                struct store_count *n = realloc(c->counts, cap * sizeof(*n));
-                if (!n) {
-                    r = STORE_EIO;
-                    break;
-                }
-                c->counts = n;
-            }
-            struct store_count *k = &c->counts[c->ncounts];
-            memset(k, 0, sizeof(*k));
-            if (!(k->route = strdup(route))) {
-                r = STORE_EIO;
-                break;
-            }
-            c->ncounts++;
+        struct store_count *k = store_count_row(c, &cap, route);
+        if (!k) {
+            r = STORE_EIO;
+            break;
         }
-        struct store_count *k = &c->counts[c->ncounts - 1];
         k->n[state] = (uint64_t)sqlite3_column_int64(st, 2);
         if (state == STORE_SCHEDULED || state == STORE_IN_FLIGHT) {
             sqlite3_bind_text(old, 1, k->route, -1, SQLITE_STATIC);
@@ -344,28 +325,14 @@ out:
     return r;
 }
 
-int sql_ops_run(struct store_impl *s, struct store_call *c)
-{
-    switch ((enum sql_op)c->op) {
-    case OP_FIND:
-        return op_find(s, c);
-    case OP_BULK:
-        return op_bulk(s, c);
-    case OP_COUNTS:
-        return op_counts(s, c);
-    default:
-        return STORE_EINVAL;
-    }
-}
-
 /* ---- retention ---- */
 
-/* Deletes up to SWEEP_BATCH rows of 'state' that ended before 'cut': their last attempt's end,
- * or their due time when later (a dead letter buried between attempts). How many, or -1. */
+/* Deletes up to STORE_SWEEP_BATCH rows of 'state' that ended before 'cut': their last attempt's
+ * end, or their due time when later (a dead letter buried between attempts). How many, or -1. */
 static int sweep_state(struct store_impl *s, int state, uint64_t cut)
 {
     sqlite3_stmt *st = NULL;
-    char(*ids)[STORE_ID_SIZE] = calloc(SWEEP_BATCH, sizeof(*ids));
+    char(*ids)[STORE_ID_SIZE] = calloc(STORE_SWEEP_BATCH, sizeof(*ids));
     int n = 0, r = -1;
     if (!ids ||
         sqlite3_prepare_v2(s->db,
@@ -376,8 +343,8 @@ static int sweep_state(struct store_impl *s, int state, uint64_t cut)
         goto out;
     sqlite3_bind_int(st, 1, state);
     sqlite3_bind_int64(st, 2, (sqlite3_int64)cut);
-    sqlite3_bind_int(st, 3, SWEEP_BATCH);
-    while (n < SWEEP_BATCH && sqlite3_step(st) == SQLITE_ROW)
+    sqlite3_bind_int(st, 3, STORE_SWEEP_BATCH);
+    while (n < STORE_SWEEP_BATCH && sqlite3_step(st) == SQLITE_ROW)
         snprintf(ids[n++], STORE_ID_SIZE, "%s", (const char *)sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
     st = NULL;
@@ -394,21 +361,13 @@ out:
 
 void sql_sweep(struct store_impl *s)
 {
-    if (!s->o.retention)
-        return;
-    uint64_t now = sql_now(s);
-    if (s->last_sweep && now - s->last_sweep < SWEEP_EVERY_MS && now >= s->last_sweep)
-        return;
-    s->last_sweep = now;
-    if (sql_step_reset(s->st[S_BEGIN]) != SQLITE_DONE)
+    uint64_t cut, dead_cut;
+    if (!store_q_sweep_due(&s->q, &s->last_sweep, &cut, &dead_cut) ||
+        sql_step_reset(s->st[S_BEGIN]) != SQLITE_DONE)
         return;
     s->live_delta = 0;
-    uint64_t keep = s->o.delivered_keep_ms;
-    int a = sweep_state(s, STORE_DELIVERED, now > keep ? now - keep : 0);
-    int b = 0;
-    /* A dead letter with no keep setting stays until an operator drops it: never evicted. */
-    if (a >= 0 && s->o.dead_keep_ms)
-        b = sweep_state(s, STORE_DEAD, now > s->o.dead_keep_ms ? now - s->o.dead_keep_ms : 0);
+    int a = sweep_state(s, STORE_DELIVERED, cut);
+    int b = a >= 0 && dead_cut ? sweep_state(s, STORE_DEAD, dead_cut) : 0;
     if (a < 0 || b < 0 || sql_step_reset(s->st[S_COMMIT]) != SQLITE_DONE) {
         if (!sqlite3_get_autocommit(s->db))
             sql_step_reset(s->st[S_ROLLBACK]);
@@ -416,9 +375,7 @@ void sql_sweep(struct store_impl *s)
     }
     s->live = (uint64_t)((int64_t)s->live + s->live_delta);
     s->live_delta = 0;
-    atomic_store(&s->live_pub, s->live);
-    atomic_store(&s->bytes, sql_bytes(s));
-    atomic_fetch_add(&s->swept, (uint64_t)(a + b));
-    if (a == SWEEP_BATCH || b == SWEEP_BATCH)
-        s->last_sweep = now - SWEEP_EVERY_MS; /* more are due: again at the next turn */
+    atomic_store(&s->q.st.count, s->live);
+    atomic_store(&s->q.st.bytes, sql_bytes(s));
+    store_q_swept(&s->q, &s->last_sweep, a, b);
 }

@@ -3,24 +3,24 @@
  * docs/delivery.md "Secrets at rest"), and all of them packed into the row's blob and read
  * back from it. Store thread only; no SQLite call, so tests/fuzz/fuzz_seal.c links it. */
 #include "proxy/store/seal.h"
-#include "proxy/store/sqlite_int.h"
+#include "proxy/store/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-int sql_seal_fields(struct store_impl *s, const char *id, const struct store_field *in, size_t n,
-                    struct store_field **out, size_t *nout)
+int sql_seal_fields(const struct store_opts *o, const char *id, const struct store_field *in,
+                    size_t n, struct store_field **out, size_t *nout)
 {
     struct store_field *f = calloc(n ? n : 1, sizeof(*f));
     size_t k = 0;
     if (!f)
         return STORE_EIO;
     for (size_t i = 0; i < n; i++) {
-        bool secret = seal_sensitive(in[i].name, s->o.sensitive, s->o.n_sensitive);
-        if (secret && !s->o.key)
+        bool secret = seal_sensitive(in[i].name, o->sensitive, o->n_sensitive);
+        if (secret && !o->key)
             continue; /* no key: not stored at all (docs/delivery.md) */
         f[k].name = strdup(in[i].name);
-        f[k].value = secret ? seal_value(s->o.key, id, in[i].value) : strdup(in[i].value);
+        f[k].value = secret ? seal_value(o->key, id, in[i].value) : strdup(in[i].value);
         k++;
         if (!f[k - 1].name || !f[k - 1].value) {
             store_fields_free(f, k);
@@ -32,12 +32,12 @@ int sql_seal_fields(struct store_impl *s, const char *id, const struct store_fie
     return 0;
 }
 
-void sql_open_fields(struct store_impl *s, struct store_delivery *d)
+void sql_open_fields(const struct store_opts *o, struct store_delivery *d)
 {
-    for (size_t i = 0; s->o.key && i < d->nfields; i++) {
+    for (size_t i = 0; o->key && i < d->nfields; i++) {
         if (!seal_is_sealed(d->fields[i].value))
             continue;
-        char *clear = seal_open(s->o.key, d->id, d->fields[i].value);
+        char *clear = seal_open(o->key, d->id, d->fields[i].value);
         if (clear) {
             free(d->fields[i].value);
             d->fields[i].value = clear;
@@ -84,6 +84,33 @@ int sql_fields_unpack(struct store_delivery *d, const char *b, size_t len)
         d->nfields = i + 1;
         if (!d->fields[i].name || !d->fields[i].value)
             return STORE_EIO;
+    }
+    return 0;
+}
+
+int sql_new_row(const struct store_opts *o, struct store_call *c, const struct store_new *d,
+                uint64_t count, uint64_t bytes, struct sql_row *row)
+{
+    size_t nkept = 0;
+    struct store_field *kept = NULL;
+    row->fields = NULL;
+    /* The id first: it is the sealed values' additional data (seal.h). */
+    if (store_new_id(c->id) == 0 &&
+        sql_seal_fields(o, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
+        row->fields = sql_fields_pack(kept, nkept, &row->flen);
+        c->left_out = (uint32_t)(d->nfields - nkept);
+        store_fields_free(kept, nkept);
+    }
+    if (!row->fields)
+        return STORE_EIO;
+    /* A row's size, roughly: what the bound needs until the database tells its own. */
+    row->size = d->body_len + row->flen + strlen(d->route) + strlen(d->target) + 256;
+    if ((o->max_count && count >= o->max_count) ||
+        (o->max_bytes && bytes + row->size > o->max_bytes)) {
+        free(row->fields);
+        row->fields = NULL;
+        c->id[0] = '\0';
+        return STORE_EFULL;
     }
     return 0;
 }

@@ -107,15 +107,6 @@ static const char *const sql_text[S_COUNT] = {
     [S_ROLLBACK] = "ROLLBACK",
 };
 
-uint64_t sql_now(const struct store_impl *s)
-{
-    if (s->o.clock)
-        return s->o.clock(s->o.clock_arg);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 int sql_error(int rc)
 {
     switch (rc & 0xff) {
@@ -167,7 +158,7 @@ int sql_setup(struct store_impl *s, struct store_err *err)
     st = NULL;
     if (version > SQL_SCHEMA_VERSION) {
         snprintf(err->msg, sizeof(err->msg),
-                 "%s: the store's schema is version %d, newer than this program's %d", s->o.path,
+                 "%s: the store's schema is version %d, newer than this program's %d", s->q.o.path,
                  version, SQL_SCHEMA_VERSION);
         return STORE_EINVAL;
     }
@@ -180,7 +171,7 @@ int sql_setup(struct store_impl *s, struct store_err *err)
             (rc = sqlite3_exec(s->db, set, NULL, NULL, NULL)) != SQLITE_OK ||
             (rc = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
             snprintf(err->msg, sizeof(err->msg), "%s: migrating the schema to version %d: %s",
-                     s->o.path, v + 1, sqlite3_errmsg(s->db));
+                     s->q.o.path, v + 1, sqlite3_errmsg(s->db));
             sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
             return sql_error(rc) == STORE_EFULL ? STORE_EFULL : STORE_EIO;
         }
@@ -192,7 +183,7 @@ int sql_setup(struct store_impl *s, struct store_err *err)
     s->live = one_int(s->st[S_LIVE]);
     return 0;
 fail:
-    snprintf(err->msg, sizeof(err->msg), "%s: %s", s->o.path, sqlite3_errmsg(s->db));
+    snprintf(err->msg, sizeof(err->msg), "%s: %s", s->q.o.path, sqlite3_errmsg(s->db));
     sqlite3_finalize(st);
     return r;
 }
@@ -276,7 +267,7 @@ static int read_one(struct store_impl *s, const char *id, struct store_delivery 
                                 : sql_error(rc);
     sqlite3_reset(st);
     if (r == 0)
-        sql_open_fields(s, d);
+        sql_open_fields(&s->q.o, d);
     if (r < 0 || !tries)
         return r;
     st = s->st[S_TRIES];
@@ -324,7 +315,7 @@ static int add_try(struct store_impl *s, const char *id, const struct store_atte
 
 /* The accept: an earlier one of the route with the same Idempotency-Key answers for it (same
  * body), or refuses it (another body); then the bounds; then the row. */
-static int op_enqueue(struct store_impl *s, struct store_call *c)
+int sql_enqueue(struct store_impl *s, struct store_call *c)
 {
     const struct store_new *d = c->in;
     uint64_t hash = store_body_hash(d->body, d->body_len);
@@ -348,33 +339,17 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
         if (rc != SQLITE_DONE)
             return sql_error(rc);
     }
-    size_t flen = 0, nkept = 0;
-    struct store_field *kept = NULL;
-    char *fields = NULL;
-    /* The id first: it is the sealed values' additional data (seal.h). */
-    if (store_new_id(c->id) == 0 &&
-        sql_seal_fields(s, c->id, d->fields, d->nfields, &kept, &nkept) == 0) {
-        fields = sql_fields_pack(kept, nkept, &flen);
-        c->left_out = (uint32_t)(d->nfields - nkept);
-        store_fields_free(kept, nkept);
-    }
-    if (!fields)
-        return STORE_EIO;
-    /* A row's size, roughly: what the bound needs until the commit tells the file's. */
-    uint64_t size = d->body_len + flen + strlen(d->route) + strlen(d->target) + 256;
-    if ((s->o.max_count && s->live + (uint64_t)s->live_delta >= s->o.max_count) ||
-        (s->o.max_bytes && atomic_load(&s->bytes) + s->bytes_added + size > s->o.max_bytes)) {
-        free(fields);
-        c->id[0] = '\0';
-        return STORE_EFULL;
-    }
+    struct sql_row row;
+    if ((r = sql_new_row(&s->q.o, c, d, s->live + (uint64_t)s->live_delta,
+                         atomic_load(&s->q.st.bytes) + s->bytes_added, &row)) < 0)
+        return r;
     uint64_t now = sql_now(s);
     sqlite3_stmt *st = s->st[S_INSERT];
     sqlite3_bind_text(st, 1, c->id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, d->route, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 3, d->method, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 4, d->target, -1, SQLITE_STATIC);
-    sqlite3_bind_blob(st, 5, fields, (int)flen, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 5, row.fields, (int)row.flen, SQLITE_STATIC);
     sqlite3_bind_blob(st, 6, d->body_len ? d->body : "", (int)d->body_len, SQLITE_STATIC);
     if (d->idem_key)
         sqlite3_bind_text(st, 7, d->idem_key, -1, SQLITE_STATIC);
@@ -385,25 +360,25 @@ static int op_enqueue(struct store_impl *s, struct store_call *c)
     sqlite3_bind_int64(st, 10, (sqlite3_int64)(d->next_at ? d->next_at : now));
     r = sql_error(sql_step_reset(st));
     sqlite3_clear_bindings(st);
-    free(fields);
+    free(row.fields);
     if (r == 0) {
         s->live_delta++;
-        s->bytes_added += size;
+        s->bytes_added += row.size;
     }
     return r;
 }
 
 /* insert_dead: the row as an enqueue makes it (the same bounds), then dead at once, with its
  * attempts and final answer. */
-static int op_insert_dead(struct store_impl *s, struct store_call *c)
+int sql_insert_dead(struct store_impl *s, struct store_call *c)
 {
     const struct store_dead_new *d = c->in;
     if (d->req.idem_key)
         return STORE_EINVAL;
-    int r = op_enqueue(s, c); /* reads d->req, the first member */
+    int r = sql_enqueue(s, c); /* reads d->req, the first member */
     if (r < 0)
         return r;
-    size_t cap = s->o.dead_body_bytes ? s->o.dead_body_bytes : 4096;
+    size_t cap = s->q.o.dead_body_bytes ? s->q.o.dead_body_bytes : 4096;
     sqlite3_stmt *st = s->st[S_MAKE_DEAD];
     sqlite3_bind_int64(st, 1, d->attempts);
     sqlite3_bind_text(st, 2, d->dead.reason ? d->dead.reason : "", -1, SQLITE_STATIC);
@@ -453,7 +428,7 @@ static size_t due_rows(struct store_impl *s, const char *route, uint64_t now, si
 
 /* Due rows, oldest due first, each leased to the caller; one whose lease ran out had an
  * attempt under way when its owner died: that attempt is recorded as lost and counted. */
-static int op_claim(struct store_impl *s, struct store_call *c)
+int sql_claim(struct store_impl *s, struct store_call *c)
 {
     uint64_t now = sql_now(s);
     size_t cap = c->max, n = 0;
@@ -497,7 +472,7 @@ static int op_claim(struct store_impl *s, struct store_call *c)
                 break;
         }
         st = s->st[S_LEASE];
-        sqlite3_bind_int64(st, 1, (sqlite3_int64)(now + s->o.lease_ms));
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)(now + s->q.o.lease_ms));
         sqlite3_bind_text(st, 2, c->owner, -1, SQLITE_STATIC);
         sqlite3_bind_int(st, 3, lost);
         sqlite3_bind_text(st, 4, ids[i], -1, SQLITE_STATIC);
@@ -537,7 +512,7 @@ int sql_recover(struct store_impl *s)
 }
 
 /* complete, reschedule, bury: the lease's owner ends an attempt. */
-static int op_end(struct store_impl *s, struct store_call *c)
+int sql_end(struct store_impl *s, struct store_call *c)
 {
     const struct store_dead *dead = c->op == OP_BURY ? c->in : NULL;
     enum store_state to = c->op == OP_COMPLETE     ? STORE_DELIVERED
@@ -554,7 +529,7 @@ static int op_end(struct store_impl *s, struct store_call *c)
         sqlite3_bind_text(st, 10, c->attempt->upstream, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 3, c->attempt != NULL);
     if (dead) {
-        size_t cap = s->o.dead_body_bytes ? s->o.dead_body_bytes : 4096;
+        size_t cap = s->q.o.dead_body_bytes ? s->q.o.dead_body_bytes : 4096;
         sqlite3_bind_text(st, 4, dead->reason ? dead->reason : "", -1, SQLITE_STATIC);
         if (dead->head)
             sqlite3_bind_blob(st, 5, dead->head, (int)dead->head_len, SQLITE_STATIC);
@@ -589,7 +564,7 @@ static int op_end(struct store_impl *s, struct store_call *c)
     return r;
 }
 
-static int op_list(struct store_impl *s, struct store_call *c)
+int sql_list(struct store_impl *s, struct store_call *c)
 {
     const struct store_filter *f = c->in;
     int r = 0, rc;
@@ -619,7 +594,7 @@ static int op_list(struct store_impl *s, struct store_call *c)
 
 /* replay and drop, by the row's state: a live lease is not replayed; a dropped row takes its
  * attempts with it. */
-static int op_change(struct store_impl *s, struct store_call *c)
+int sql_change(struct store_impl *s, struct store_call *c)
 {
     sqlite3_stmt *st = s->st[S_STATE];
     sqlite3_bind_text(st, 1, c->key, -1, SQLITE_STATIC);
@@ -653,35 +628,7 @@ static int op_change(struct store_impl *s, struct store_call *c)
     return r;
 }
 
-int sql_run(struct store_impl *s, struct store_call *c)
+int sql_get(struct store_impl *s, const char *id, struct store_delivery *d)
 {
-    switch ((enum sql_op)c->op) {
-    case OP_ENQUEUE:
-        return op_enqueue(s, c);
-    case OP_CLAIM:
-    case OP_CLAIM_EXCEPT:
-        return op_claim(s, c);
-    case OP_COMPLETE:
-    case OP_RESCHEDULE:
-    case OP_BURY:
-        return op_end(s, c);
-    case OP_INSERT_DEAD:
-        return op_insert_dead(s, c);
-    case OP_LIST:
-        return op_list(s, c);
-    case OP_GET:
-        c->items = calloc(1, sizeof(*c->items));
-        if (!c->items)
-            return STORE_EIO;
-        c->n = 1;
-        return read_one(s, c->key, c->items, true);
-    case OP_REPLAY:
-    case OP_DROP:
-        return op_change(s, c);
-    case OP_FIND:
-    case OP_BULK:
-    case OP_COUNTS:
-        break; /* sqlite_ops.c's, run by sqlite.c */
-    }
-    return STORE_EINVAL;
+    return read_one(s, id, d, true);
 }

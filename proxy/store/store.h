@@ -248,6 +248,10 @@ struct store_stats {
     uint64_t commit_us; /* the last commit's time */
     uint64_t recovered; /* in flight at an exclusive open: made due at once (lease_expired) */
     uint64_t swept;     /* rows retention deleted */
+    /* A shared store's (PostgreSQL): 1 while its database cannot be reached (every call then
+     * fails at once with STORE_EIO), and how many times the connection was lost. */
+    uint64_t down;
+    uint64_t disconnects;
 };
 
 struct store_impl;
@@ -312,7 +316,13 @@ struct store {
 typedef uint64_t (*store_clock_fn)(void *arg);
 
 struct store_opts {
-    const char *path;        /* the SQLite file */
+    const char *path; /* the SQLite file */
+    /* The PostgreSQL store (store_pg_open): a libpq connection URI or "key=value" string that
+     * holds no password; the password (NULL: libpq's own, PGPASSFILE or ~/.pgpass); the
+     * namespace every row and query is scoped to (NULL: "default"). docs/delivery.md. */
+    const char *pg_url;
+    const char *pg_password;
+    const char *pg_namespace;
     uint64_t max_bytes;      /* enqueues refused beyond this size; 0: no bound */
     uint64_t max_count;      /* ... or this many kept, delivered aside; 0: no bound */
     uint64_t max_file_bytes; /* a hard cap on the file, met as a full disk; 0: none */
@@ -349,6 +359,16 @@ struct store_err {
 /* Opens (creating, or migrating by its user_version) the SQLite store and starts its thread.
  * 0 and *out, or a STORE_E* with err->msg. */
 int store_sqlite_open(const struct store_opts *o, struct store **out, struct store_err *err);
+
+/* Opens the shared PostgreSQL store of o->pg_url (creating or migrating its schema, as
+ * store_pg_migrate() does) and starts its thread. Never exclusive: a row in flight is claimed
+ * again only once its lease ran out. 0 and *out, or a STORE_E* with err->msg (a database of a
+ * newer schema than this program's: STORE_EINVAL). */
+int store_pg_open(const struct store_opts *o, struct store **out, struct store_err *err);
+/* Creates or migrates the schema of the database of o->pg_url under an advisory lock (several
+ * proxies starting at once migrate it once), without opening a store: the version found in
+ * *from, the one it has now in *to. 0, or a STORE_E* with err->msg. */
+int store_pg_migrate(const struct store_opts *o, int *from, int *to, struct store_err *err);
 
 /* Finishes every call handed over, stops the backend and frees the store. Accepts NULL. */
 void store_close(struct store *s);

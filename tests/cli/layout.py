@@ -103,6 +103,7 @@ LIBRARIES = {
     'SSL_': {'upstream'},
     'ares_': {'dns'},                # the resolver's channel
     'sqlite3_': {'store'},           # the durable deliveries' file
+    'PQ': {'store'},                 # libpq: the shared store (pg.c)
     'EVP_': {'store'},               # libcrypto: the sealed fields of stored requests (seal.c)
     'RAND_': {'store'},
     'json_': {'ops', ''},

@@ -173,7 +173,8 @@ Test(deliveries_cli, without_a_store_it_says_so)
     fclose(f);
     struct proc_result r = dl("list", "-c", cfg_file, NULL);
     cr_expect_eq(r.status, 1);
-    cr_expect_not_null(strstr(r.err, "the config names no store (store.path)"), "%s", r.err);
+    cr_expect_not_null(
+        strstr(r.err, "the config names no store (store.path or store.postgres.url)"), "%s", r.err);
     proc_result_free(&r);
 }
 

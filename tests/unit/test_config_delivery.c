@@ -154,3 +154,60 @@ Test(config_delivery, the_key_file_is_read_at_load)
     }
     rmdir(dir);
 }
+
+/* store.postgres (docs/delivery.md, "Shared store"): a durable route may use it instead of a
+ * file; its namespace defaults to "default". */
+Test(config_delivery, a_postgres_store_serves_durable_routes)
+{
+    struct cfg *c = load_ok(
+        "{\"store\": {\"postgres\": {\"url\": \"postgresql://rp@db:5432/rp?sslmode=require\","
+        " \"password_file\": \"/run/secrets/pg\"}},\n"
+        " \"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://10.0.0.1\"],\n"
+        "   \"delivery\": {\"mode\": \"durable\"}}]}");
+    cr_expect_str_eq(c->store.postgres.url, "postgresql://rp@db:5432/rp?sslmode=require");
+    cr_expect_str_eq(c->store.postgres.password_file, "/run/secrets/pg");
+    cr_expect_str_eq(c->store.postgres.ns, "default");
+    cr_expect_null(c->store.path);
+    cfg_unref(c);
+}
+
+/* A password in the config file is read by whoever reads the file: refused, wherever a libpq
+ * string can hold one, and never repeated in the error. */
+Test(config_delivery, a_password_in_the_postgres_url_is_refused_without_showing_it)
+{
+    static const char *const urls[] = {
+        "postgresql://rp:hunter2@db/rp",
+        "postgres://rp:hunter2@db:5432/rp",
+        "postgresql://rp@db/rp?sslmode=require&password=hunter2",
+        "host=db user=rp password=hunter2",
+        "host=db password = hunter2 user=rp",
+    };
+    for (size_t i = 0; i < sizeof(urls) / sizeof(urls[0]); i++) {
+        char text[512];
+        snprintf(text, sizeof(text), "{\"store\": {\"postgres\": {\"url\": \"%s\"}}}", urls[i]);
+        char *e = load_err(text);
+        cr_expect(strstr(e, "$.store.postgres.url: holds a password") &&
+                      strstr(e, "password_file") && strstr(e, "PGPASSFILE"),
+                  "%s: %s", urls[i], e);
+        cr_expect_null(strstr(e, "hunter2"), "the password is shown: %s", e);
+        free(e);
+    }
+    /* a user without a password, and a key named like one, are fine */
+    struct cfg *c =
+        load_ok("{\"store\": {\"postgres\": {\"url\": \"host=db user=passworder\"}},"
+                " \"routes\": [{\"name\": \"a\", \"upstreams\": [\"http://10.0.0.1\"]}]}");
+    cfg_unref(c);
+}
+
+Test(config_delivery, a_file_and_a_postgres_store_are_exclusive_and_the_namespace_checked)
+{
+    char *e = load_err("{\"store\": {\"path\": \"/tmp/x.db\",\n"
+                       "  \"postgres\": {\"url\": \"postgresql://rp@db/rp\"}}}");
+    cr_expect(strstr(e, "2:15: $.store.postgres: store.path and store.postgres.url are exclusive"),
+              "%s", e);
+    free(e);
+    e = load_err("{\"store\": {\"postgres\": {\"url\": \"postgresql://rp@db/rp\","
+                 " \"namespace\": \"a b\"}}}");
+    cr_expect(strstr(e, "$.store.postgres.namespace: may hold letters"), "%s", e);
+    free(e);
+}

@@ -1,13 +1,20 @@
-/* The SQLite store of durable deliveries (proxy/store/store.h), against a real file in a
- * directory of the test's own, with a clock of the test's: the operations and their states,
- * idempotency, leases, bounds, group commit, and what a SIGKILL leaves behind. */
+/* The store of durable deliveries (proxy/store/store.h), with a clock of the test's: the
+ * operations and their states, idempotency, leases, bounds, group commit, and what a SIGKILL
+ * leaves behind. Built twice: as it is, on the SQLite store, against a real file in a directory
+ * of the test's own; and included by test_store_pg.c with STORE_PG defined, the same cases on
+ * the PostgreSQL store, each test in a namespace of its own on the suite's server (the cases
+ * about the SQLite file alone are left out there). */
 #include <criterion/criterion.h>
 
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <signal.h>
+#ifdef STORE_PG
+#include <libpq-fe.h>
+#else
 #include <sqlite3.h>
+#endif
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +26,16 @@
 
 #include "proxy/base/loop.h"
 #include "proxy/store/store.h"
+#ifdef STORE_PG
+#include "tests/support/pgserver.h"
+#endif
 
 static char dir[64], path[128];
+#ifdef STORE_PG
+/* The suite's server (pgserver_env) and this test's namespace. */
+static struct pgserver pg;
+static char ns[96];
+#endif
 static _Atomic uint64_t fake_now = 1700000000000ULL;
 static struct store_cq *cq;
 
@@ -35,6 +50,10 @@ static void setup(void)
     snprintf(dir, sizeof(dir), "/tmp/test_store.XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/deliveries.db", dir);
+#ifdef STORE_PG
+    cr_assert_eq(pgserver_env(&pg), 0, "the runner started no PostgreSQL server");
+    snprintf(ns, sizeof(ns), "t%ld-%s", (long)getpid(), dir + strlen("/tmp/test_store."));
+#endif
     cq = store_cq_new();
     cr_assert_not_null(cq);
 }
@@ -52,14 +71,28 @@ TestSuite(store, .init = setup, .fini = teardown);
 
 static struct store_opts opts(void)
 {
+#ifdef STORE_PG
+    return (struct store_opts){ .pg_url = pg.url,
+                                .pg_password = PGSERVER_PASSWORD,
+                                .pg_namespace = ns,
+                                .lease_ms = 1000,
+                                .clock = fake_clock };
+#else
     return (struct store_opts){ .path = path, .lease_ms = 1000, .clock = fake_clock };
+#endif
 }
+
+#ifdef STORE_PG
+#define store_open store_pg_open
+#else
+#define store_open store_sqlite_open
+#endif
 
 static struct store *open_with(const struct store_opts *o)
 {
     struct store *s = NULL;
     struct store_err err;
-    int r = store_sqlite_open(o, &s, &err);
+    int r = store_open(o, &s, &err);
     cr_assert_eq(r, 0, "open: %d %s", r, err.msg);
     return s;
 }
@@ -477,6 +510,7 @@ Test(store, a_full_store_refuses_enqueues)
     free(big);
 }
 
+#ifndef STORE_PG /* the SQLite file's */
 Test(store, a_full_disk_refuses_like_a_full_store_and_keeps_what_it_had)
 {
     /* max_file_bytes stands in for the disk: SQLite meets it as SQLITE_FULL. */
@@ -560,6 +594,8 @@ Test(store, a_file_of_schema_version_1_is_migrated_and_keeps_its_rows)
     sqlite3_finalize(st);
     sqlite3_close(db);
 }
+
+#endif
 
 static void on_cq(struct loop_watch *w, uint32_t events)
 {
@@ -687,6 +723,7 @@ Test(store, group_commit_takes_many_enqueues_per_transaction)
     store_close(s);
 }
 
+#ifndef STORE_PG /* the SQLite file's */
 /* The child of the crash test: enqueues with a few calls outstanding, and writes each id the
  * store acknowledged to 'fd' as it completes, until it is killed. */
 static void crash_child(int fd)
@@ -818,6 +855,8 @@ Test(store, exclusive_open_makes_what_was_in_flight_due_at_once)
     store_delivery_clear(&d);
     store_close(s);
 }
+
+#endif
 
 Test(store, claim_route_takes_only_that_route)
 {
@@ -1082,6 +1121,7 @@ Test(store, counts_by_route_and_state_with_the_oldest_pending)
 }
 
 /* Whether 'needle' is anywhere in the file at 'p' (absent file: no). */
+#ifndef STORE_PG
 static bool file_has(const char *p, const char *needle)
 {
     FILE *f = fopen(p, "rb");
@@ -1105,6 +1145,36 @@ static bool file_has(const char *p, const char *needle)
     free(b);
     return found;
 }
+#endif
+
+#ifdef STORE_PG
+/* Whether a row of the test's namespace holds 'needle' in its fields' bytes, as stored. */
+static bool stored_has(const char *needle)
+{
+    char info[256];
+    snprintf(info, sizeof(info), "%s?password=%s", pg.url, PGSERVER_PASSWORD);
+    PGconn *c = PQconnectdb(info);
+    cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
+    const char *v[2] = { ns, needle };
+    PGresult *res = PQexecParams(c,
+                                 "SELECT count(*) FROM retryproxy_deliveries WHERE namespace = $1"
+                                 " AND position(convert_to($2, 'UTF8') in fields) > 0",
+                                 2, NULL, v, NULL, NULL, 0);
+    cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQerrorMessage(c));
+    bool found = atoi(PQgetvalue(res, 0, 0)) > 0;
+    PQclear(res);
+    PQfinish(c);
+    return found;
+}
+#else
+/* Whether the database file or its WAL holds 'needle'. */
+static bool stored_has(const char *needle)
+{
+    char wal[160];
+    snprintf(wal, sizeof(wal), "%s-wal", path);
+    return file_has(path, needle) || file_has(wal, needle);
+}
+#endif
 
 static const char *field_of(const struct store_delivery *d, const char *name)
 {
@@ -1136,15 +1206,10 @@ static void secrets_round_trip(struct store_opts *o, struct store_delivery *out)
     cr_assert_eq(wait_for(&c, store_enqueue(s, &c, &d)), 0);
     cr_expect_eq(c.left_out, o->key ? 0 : 3, "the accept is told what was left out");
     store_call_clear(&c);
-    char wal[160];
-    snprintf(wal, sizeof(wal), "%s-wal", path);
     const char *secrets[] = { "s3cr3t-t0ken-AAAA", "c00kie-BBBB", "k3y-CCCC" };
-    for (int i = 0; i < 3; i++) {
-        cr_expect_not(file_has(path, secrets[i]), "%s in the database file", secrets[i]);
-        cr_expect_not(file_has(wal, secrets[i]), "%s in the WAL", secrets[i]);
-    }
-    cr_expect(file_has(wal, "text/plain") || file_has(path, "text/plain"),
-              "the file checked is the one written");
+    for (int i = 0; i < 3; i++)
+        cr_expect_not(stored_has(secrets[i]), "%s in the database", secrets[i]);
+    cr_expect(stored_has("text/plain"), "the database checked is the one written");
     cr_assert_eq(wait_for(&c, store_claim_due(s, &c, "w1", 1)), 0);
     cr_assert_eq(c.n, 1);
     *out = c.items[0];
@@ -1243,10 +1308,7 @@ Test(store, a_tuned_sensitive_list_seals_from_the_next_accept_on)
     f[0].value = "t0ken-after-tune";
     cr_assert_eq(wait_for(&c, store_enqueue(s, &c, &d)), 0);
     store_call_clear(&c);
-    char wal[160];
-    snprintf(wal, sizeof(wal), "%s-wal", path);
-    cr_expect(file_has(wal, "t0ken-before-tune"), "not sensitive then: kept as it came");
-    cr_expect_not(file_has(wal, "t0ken-after-tune"), "sensitive since the tune: sealed");
-    cr_expect_not(file_has(path, "t0ken-after-tune"));
+    cr_expect(stored_has("t0ken-before-tune"), "not sensitive then: kept as it came");
+    cr_expect_not(stored_has("t0ken-after-tune"), "sensitive since the tune: sealed");
     store_close(s);
 }
