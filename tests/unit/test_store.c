@@ -734,6 +734,9 @@ static void crash_child(int fd)
     struct store_err err;
     if (store_sqlite_open(&o, &s, &err) != 0)
         _exit(2);
+    /* open, its schema made: the kills land among the accepts, not before the table exists */
+    if (write(fd, "open\n", 5) != 5)
+        _exit(5);
     struct store_cq *q = store_cq_new();
     static struct store_new d = {
         .route = "crash", .method = "POST", .target = "/", .body = "crash test body", .body_len = 15
@@ -772,6 +775,9 @@ Test(store, every_acknowledged_id_survives_sigkill, .timeout = 300)
             crash_child(fds[1]);
         }
         close(fds[1]);
+        char open_line[5];
+        cr_assert_eq(read(fds[0], open_line, 5), 5, "round %d: the child did not open the store",
+                     round);
         struct timespec nap = { 0, (long)(20 + rand_r(&seed) % 200) * 1000000L };
         nanosleep(&nap, NULL);
         kill(pid, SIGKILL);
