@@ -24,7 +24,7 @@ APT_PKGS := libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libnghttp2-dev
 # The compiler and pkg-config themselves: a minimal Debian 12 (a container image, a netinst
 # without build tools) has neither. make it cannot install: README.md's first line does.
 TOOL_APT_PKGS := gcc libc6-dev pkg-config
-# The suites' own: Criterion, libyaml (tests/cli/test_deploy.c), the openssl command (test
+# The suites' own: Criterion, libyaml (tests/support/deploytest.c), the openssl command (test
 # certificates), PostgreSQL 15's server (the shared store's suites start one of their own:
 # tests/support/pgserver.h).
 TEST_PKGS := criterion yaml-0.1

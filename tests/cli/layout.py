@@ -31,7 +31,7 @@ can fail. Exits 1 with one line per breach:
     a private header, NAMEint.h, may include its folder's headers);
   - no two headers include each other, however far round (tests/ too);
   - no file of proxy/, policy/ or config/ is over 800 lines, but one whose top says why;
-  - no source of tests/ (.c, .h, .py) is over 800 lines, but those TESTS_TO_SPLIT names;
+  - no source of tests/ (.c, .h, .py) is over 800 lines, none excepted;
   - each fuzz target's "fuzz-link:" comment is one line naming sources that are there.
 """
 import collections, glob, os, re, subprocess, sys
@@ -80,16 +80,6 @@ TRANSPORTS = {
 # stands in for libc's, for libmicrohttpd's reads).
 NOT_CALLS = {'recv'}
 MAX_LINES = 800
-# Sources of tests/ over MAX_LINES still to be split by what they cover (docs/testing.md, "Files a
-# reader can hold"), as the rest were in issue 41; other work was changing them then. A later
-# round splits them and empties this list; the check says when an entry is no longer needed.
-TESTS_TO_SPLIT = {
-    'tests/integration/test_durable.c',
-    'tests/unit/test_store.c',
-    'tests/unit/test_config.c',
-    'tests/unit/test_metrics.c',
-    'tests/cli/test_deploy.c',
-}
 # The request's state machine and the files that do what it asks (docs/architecture.md, "One
 # request's states"): they return what happened and call nothing of it, so that a request's
 # states and every move between them are read in one file.
@@ -317,18 +307,12 @@ def main():
         n = text.count('\n')
         if n > MAX_LINES and f'over {MAX_LINES} lines' not in ' '.join(text[:3000].split()):
             bad.append(f'{src}: {n} lines, over {MAX_LINES}, and its top does not say why')
-    notes = []
     for src in sorted(glob.glob('tests/**/*.[ch]', recursive=True) +
                       glob.glob('tests/**/*.py', recursive=True)):
         n = open(src, errors='replace').read().count('\n')
-        if n <= max_test_lines:
-            if src in TESTS_TO_SPLIT and max_test_lines == MAX_LINES:
-                notes.append(f'note: {src} is {n} lines now: take it off TESTS_TO_SPLIT')
-        elif src not in TESTS_TO_SPLIT or max_test_lines != MAX_LINES:
+        if n > max_test_lines:
             bad.append(f'{src}: {n} lines, over {max_test_lines}: split it by what it covers, '
                        'what the parts share in tests/support/ (docs/testing.md)')
-    notes += [f'note: {src} is gone: take it off TESTS_TO_SPLIT' for src in sorted(TESTS_TO_SPLIT)
-              if not os.path.exists(src)]
     # the fuzz targets' sources (mk/fuzz.mk reads each "fuzz-link:" comment as one line)
     for fz in sorted(glob.glob('tests/fuzz/*.c')):
         for i, line in enumerate(open(fz), 1):
@@ -339,7 +323,7 @@ def main():
             for src in line.split('fuzz-link:', 1)[1].replace('*/', '').split():
                 if not os.path.exists(src):
                     bad.append(f'{fz}:{i}: fuzz-link names {src}, which is not there')
-    for b in bad + notes:
+    for b in bad:
         print(b)
     print(f'layout: {len(part)} files, {sum(len(v) for v in calls.values())} calls between files, '
           f'{len(bad)} breaches')

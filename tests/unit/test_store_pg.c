@@ -1,9 +1,13 @@
 /* The PostgreSQL store (proxy/store/pg*.c) on a private server of the suite's
- * (tests/support/pgserver.h): every case of test_store.c, the same bodies compiled again on
- * this backend (STORE_PG), then what only a shared store has: several stores on one namespace,
- * namespaces apart, the schema's version, the password, and the database going away. */
+ * (tests/support/pgserver.h): every case test_store.c shares (store_cases_ops.c,
+ * store_cases_admin.c), the same bodies compiled again on this backend (STORE_PG), then what
+ * only a shared store has: several stores on one namespace, namespaces apart, the schema's
+ * version, the password, and the database going away. */
 #define STORE_PG 1
-#include "tests/unit/test_store.c"
+#include "tests/unit/store_suite.h"
+
+#include "tests/unit/store_cases_ops.c"
+#include "tests/unit/store_cases_admin.c"
 
 #include <criterion/hooks.h>
 
