@@ -14,13 +14,14 @@
 
 #include "tests/support/fixture.h"
 #include "tests/support/rawup.h"
+#include "tests/support/tlsfix.h"
 #include "tests/support/tlsup.h"
 #include "tests/support/wsu.h"
 
 static void stop(void)
 {
     wsu_stop_all();
-    fx_stop();
+    tlsfix_stop(); /* the proxy too, and the certificates' directory */
 }
 
 TestSuite(upgrades, .fini = stop, .timeout = 120);
@@ -166,20 +167,14 @@ Test(upgrades, a_tunnel_is_seen_in_metrics_and_its_closing_log_line)
  * route's tls.ca_file. */
 Test(upgrades, an_https_upstream_is_tunnelled_over_tls)
 {
-    char dir[] = "/tmp/retryproxy-wstls-XXXXXX", cert[64], key[64], extra[160];
-    cr_assert_not_null(mkdtemp(dir));
-    fx_make_cert(dir, "up", "IP:127.0.0.1");
-    snprintf(cert, sizeof(cert), "%s/up.pem", dir);
-    snprintf(key, sizeof(key), "%s/up.key", dir);
-    struct wsu *u = wsu_start_tls(cert, key);
-    snprintf(extra, sizeof(extra), "\"tls\": {\"ca_file\": \"%s\"}", cert);
+    char extra[600];
+    struct tls_pair cert = tlsfix_cert("up", "IP:127.0.0.1");
+    struct wsu *u = wsu_start_tls(cert.pem, cert.key);
+    snprintf(extra, sizeof(extra), "\"tls\": {%s}", tlsfix_trust(cert.pem));
     start_ws(u, extra, "");
     expect_ok(wsu_client(ws_url("/tls"), "text"), "text over TLS");
     expect_ok(wsu_client(ws_url("/tls"), "big"), "1 MiB over TLS");
     cr_expect_eq(wsu_count(u, "handshake", "/tls"), 2);
-    char cmd[96];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    fx_sh(cmd);
 }
 
 /* An https upstream that requires a client certificate and whose certificate names another
@@ -187,34 +182,23 @@ Test(upgrades, an_https_upstream_is_tunnelled_over_tls)
  * connection as they serve libcurl's and h2's; without the certificate nothing is tunnelled. */
 Test(upgrades, an_https_upstream_gets_the_client_certificate_and_server_name)
 {
-    char dir[] = "/tmp/retryproxy-wsmtls-XXXXXX", srv[64], srvkey[64], cli[64], clikey[64];
-    char extra[400];
-    cr_assert_not_null(mkdtemp(dir));
-    fx_make_cert(dir, "srv", "DNS:ws.test");
-    fx_make_cert(dir, "cli", "DNS:client.test");
-    snprintf(srv, sizeof(srv), "%s/srv.pem", dir);
-    snprintf(srvkey, sizeof(srvkey), "%s/srv.key", dir);
-    snprintf(cli, sizeof(cli), "%s/cli.pem", dir);
-    snprintf(clikey, sizeof(clikey), "%s/cli.key", dir);
-    struct wsu *u = wsu_start_mtls(srv, srvkey, cli);
-    snprintf(extra, sizeof(extra),
-             "\"tls\": {\"ca_file\": \"%s\", \"server_name\": \"ws.test\", \"cert_file\": "
-             "\"%s\", \"key_file\": \"%s\"}",
-             srv, cli, clikey);
+    char extra[1200];
+    struct tls_pair srv = tlsfix_cert("srv", "DNS:ws.test");
+    struct tls_pair cli = tlsfix_cert("cli", "DNS:client.test");
+    struct wsu *u = wsu_start_mtls(srv.pem, srv.key, cli.pem);
+    snprintf(extra, sizeof(extra), "\"tls\": {%s, \"server_name\": \"ws.test\", %s}",
+             tlsfix_trust(srv.pem), tlsfix_present(cli.pem, cli.key));
     start_ws(u, extra, "");
     expect_ok(wsu_client(ws_url("/mtls"), "text"), "text over mutual TLS");
     cr_expect_eq(wsu_count(u, "handshake", "/mtls"), 1);
     fx_stop();
-    snprintf(extra, sizeof(extra), "\"tls\": {\"ca_file\": \"%s\", \"server_name\": \"ws.test\"}",
-             srv);
+    snprintf(extra, sizeof(extra), "\"tls\": {%s, \"server_name\": \"ws.test\"}",
+             tlsfix_trust(srv.pem));
     start_ws(u, extra, "");
     json_t *res = wsu_client(ws_url("/none"), "text");
     cr_expect(!json_is_true(json_object_get(res, "ok")), "tunnelled without a certificate");
     json_decref(res);
     cr_expect_eq(wsu_count(u, "handshake", "/none"), 0);
-    char cmd[96];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    fx_sh(cmd);
 }
 
 /* A tunnel's TLS handshake that fails (a certificate no store trusts) is a connect failure,
@@ -222,12 +206,9 @@ Test(upgrades, an_https_upstream_gets_the_client_certificate_and_server_name)
  * and OpenSSL's reason. */
 Test(upgrades, a_failed_tls_handshake_is_logged_naming_the_upstream_and_the_reason)
 {
-    char dir[] = "/tmp/retryproxy-wsbad-XXXXXX", cert[64], key[64], authority[32], buf[4096];
-    cr_assert_not_null(mkdtemp(dir));
-    fx_make_cert(dir, "up", "IP:127.0.0.1");
-    snprintf(cert, sizeof(cert), "%s/up.pem", dir);
-    snprintf(key, sizeof(key), "%s/up.key", dir);
-    struct wsu *u = wsu_start_tls(cert, key);
+    char authority[32], buf[4096];
+    struct tls_pair cert = tlsfix_cert("up", "IP:127.0.0.1");
+    struct wsu *u = wsu_start_tls(cert.pem, cert.key);
     start_ws(u, "\"max_attempts\": 1", ""); /* no ca_file: the system's store */
     ask(HANDSHAKE("/bad", ""), strlen(HANDSHAKE("/bad", "")), buf, sizeof(buf));
     cr_expect(!strncmp(buf, "HTTP/1.1 502", 12), "got:\n%s", buf);
@@ -241,9 +222,6 @@ Test(upgrades, a_failed_tls_handshake_is_logged_naming_the_upstream_and_the_reas
     cr_expect(error && strstr(error, "certificate verify failed"), "error: %s", error);
     json_decref(line);
     cr_expect_eq(wsu_count(u, "handshake", "/bad"), 0);
-    char cmd[96];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    fx_sh(cmd);
 }
 
 /* The route's timeout_ms bounds the handshake, limits.connection_timeout_ms an idle HTTP
@@ -653,14 +631,11 @@ static size_t held_tunnel(size_t *bad, int64_t *took)
  * turn. Where the last pump stops depends on how the bytes arrive: eight tunnels. */
 Test(upgrades, bytes_held_by_the_upstreams_tls_reach_the_client_at_once)
 {
-    char dir[] = "/tmp/retryproxy-wsheld-XXXXXX", cert[64], key[64], ups[64], extra[160];
-    cr_assert_not_null(mkdtemp(dir));
-    fx_make_cert(dir, "up", "IP:127.0.0.1");
-    snprintf(cert, sizeof(cert), "%s/up.pem", dir);
-    snprintf(key, sizeof(key), "%s/up.key", dir);
-    struct tlsup *s = tlsup_start(cert, key, SWITCH_ONLY, HELD_RECORDS, HELD_RECORD);
+    char ups[64], extra[600];
+    struct tls_pair cert = tlsfix_cert("up", "IP:127.0.0.1");
+    struct tlsup *s = tlsup_start(cert.pem, cert.key, SWITCH_ONLY, HELD_RECORDS, HELD_RECORD);
     snprintf(ups, sizeof(ups), "\"https://127.0.0.1:%u\"", s->port);
-    snprintf(extra, sizeof(extra), "\"tls\": {\"ca_file\": \"%s\"}", cert);
+    snprintf(extra, sizeof(extra), "\"tls\": {%s}", tlsfix_trust(cert.pem));
     start(ups, extra, "");
     for (int i = 0; i < 8; i++) {
         size_t bad;
@@ -672,9 +647,6 @@ Test(upgrades, bytes_held_by_the_upstreams_tls_reach_the_client_at_once)
         cr_log_info("tunnel %d: %zu bytes in %lld ms", i, got, (long long)took);
     }
     tlsup_stop(s);
-    char cmd[96];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    fx_sh(cmd);
 }
 
 Test(upgrades, a_chunked_refusal_is_read_by_its_framing)
