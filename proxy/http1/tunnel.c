@@ -4,7 +4,9 @@
  * Every event on either side runs pump(): it reads each side while its buffer has room,
  * writes each buffer to the other side while that side takes bytes, passes an EOF on once
  * its buffer is written, and then watches each side for what it waits for (EPOLLIN while its
- * buffer has room and it has not ended, EPOLLOUT while bytes wait for it).
+ * buffer has room and it has not ended, EPOLLOUT while bytes wait for it). The upstream's side
+ * is read, written and watched through proxy/upstream/tunnel_up.h, TLS or cleartext alike: bytes
+ * TLS holds past a pump's last round come as an event of their own (docs/upgrades.md).
  */
 #include "proxy/http1/tunnel.h"
 
@@ -21,7 +23,6 @@
 #include "proxy/base/loop.h"
 #include "proxy/telemetry/metrics.h"
 #include "proxy/base/ring.h"
-#include "proxy/upstream/tls.h"
 #include "proxy/upstream/tunnel_up.h"
 
 /* Rounds of reading and writing per event, so that one busy tunnel cannot starve the loop
@@ -29,11 +30,8 @@
 #define ROUNDS 8
 
 struct side {
-    struct loop_watch w;
-    int fd;
-    bool eof;      /* it sent its end */
-    bool shut;     /* its write side was shut: the other side's end was passed on */
-    bool watching; /* w is in the loop */
+    bool eof;  /* it sent its end */
+    bool shut; /* its write side was shut: the other side's end was passed on */
 };
 
 struct tunnel {
@@ -42,8 +40,9 @@ struct tunnel {
     struct loop *loop;
     struct side side[2];
     struct ring buf[2];
-    struct tls *tls; /* the upstream's, NULL: cleartext */
-    struct tunnel_up *up;
+    int client_fd;
+    struct loop_watch cw; /* client_fd's (fd -1: not in the loop yet) */
+    struct tunnel_up *up; /* the upstream's connection, watched through it */
     void (*close_client)(void *arg);
     void *close_arg;
     struct loop_timer idle;
@@ -88,16 +87,12 @@ static bool again(void)
  * (proxy/http1/wiretab.h), which an upgraded connection is past. */
 static ssize_t side_read(struct tunnel *t, int d, char *p, size_t n)
 {
-    if (d == 1 && t->tls)
-        return tls_recv(t->tls, p, n);
-    return read(t->side[d].fd, p, n);
+    return d ? tunnel_up_recv(t->up, p, n) : read(t->client_fd, p, n);
 }
 
 static ssize_t side_write(struct tunnel *t, int d, const char *p, size_t n)
 {
-    if (d == 1 && t->tls)
-        return tls_send(t->tls, p, n);
-    return send(t->side[d].fd, p, n, MSG_NOSIGNAL);
+    return d ? tunnel_up_send(t->up, p, n) : send(t->client_fd, p, n, MSG_NOSIGNAL);
 }
 
 static void tunnel_close(struct tunnel *t)
@@ -114,16 +109,13 @@ static void tunnel_close(struct tunnel *t)
               t->closed_by ? t->closed_by : "client", NULL);
     free(t->route);
     free(t->request_id);
-    for (int d = 0; d < 2; d++) {
-        if (t->side[d].watching)
-            loop_watch_del(t->loop, &t->side[d].w);
-        t->side[d].watching = false;
+    loop_watch_del(t->loop, &t->cw);
+    for (int d = 0; d < 2; d++)
         ring_free(&t->buf[d]);
-    }
     loop_timer_stop(t->loop, &t->idle);
-    tunnel_up_free(t->up); /* closes the upstream's connection */
+    tunnel_up_free(t->up); /* closes the upstream's connection, its watch and TLS */
     t->up = NULL;
-    shutdown(t->side[0].fd, SHUT_RDWR); /* the client sees the end now, whatever the front end */
+    shutdown(t->client_fd, SHUT_RDWR); /* the client sees the end now, whatever the front end */
     t->close_client(t->close_arg);
     if (t->count)
         atomic_fetch_sub_explicit(t->count, 1, memory_order_relaxed);
@@ -132,18 +124,15 @@ static void tunnel_close(struct tunnel *t)
     loop_defer_free(t->loop, t); /* a watch may have an event pending in this turn */
 }
 
-static void on_io(struct loop_watch *w, uint32_t events);
+static void on_client(struct loop_watch *w, uint32_t events);
 
 static int watch(struct tunnel *t, int d, uint32_t ev)
 {
-    struct side *s = &t->side[d];
-    if (!s->watching) {
-        if (loop_watch_add(t->loop, &s->w, s->fd, ev, on_io, t) < 0)
-            return -1;
-        s->watching = true;
-        return 0;
-    }
-    return s->w.events == ev ? 0 : loop_watch_mod(t->loop, &s->w, ev);
+    if (d)
+        return tunnel_up_watch(t->up, ev);
+    if (t->cw.fd < 0)
+        return loop_watch_add(t->loop, &t->cw, t->client_fd, ev, on_client, t);
+    return t->cw.events == ev ? 0 : loop_watch_mod(t->loop, &t->cw, ev);
 }
 
 /* Reads side d into its buffer while there is room. -1: an error. */
@@ -187,9 +176,10 @@ static int drain(struct tunnel *t, int d, bool *moved)
     }
     if (t->side[d].eof && !t->side[o].shut) {
         /* TLS has no half-close here: the upstream's connection ends whole */
-        if (o == 1 && t->tls)
+        if (o == 1 && tunnel_up_shut_write(t->up) < 0)
             return -1;
-        shutdown(t->side[o].fd, SHUT_WR);
+        if (o == 0)
+            shutdown(t->client_fd, SHUT_WR);
         t->side[o].shut = true;
     }
     return 0;
@@ -227,10 +217,17 @@ static void pump(struct tunnel *t)
     }
 }
 
-static void on_io(struct loop_watch *w, uint32_t events)
+static void on_client(struct loop_watch *w, uint32_t events)
 {
     (void)events;
     pump(w->arg);
+}
+
+/* The upstream's events, and bytes its TLS holds that no socket event announces. */
+static void on_upstream(void *arg, uint32_t events)
+{
+    (void)events;
+    pump(arg);
 }
 
 static void on_idle(struct loop_timer *tm)
@@ -256,9 +253,8 @@ int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up 
     }
     t->loop = l;
     t->up = up;
-    t->tls = tunnel_up_tls(up);
-    t->side[0].fd = c->fd;
-    t->side[1].fd = tunnel_up_fd(up);
+    t->client_fd = c->fd;
+    t->cw.fd = -1;
     t->close_client = c->close;
     t->close_arg = c->close_arg;
     t->idle_ms = conf->idle_ms;
@@ -283,6 +279,10 @@ int tunnel_open(struct loop *l, const struct tunnel_client *c, struct tunnel_up 
      * have come (the head reader holds at most that much) */
     if ((c->extra_len && ring_put(&t->buf[0], c->extra, c->extra_len) < 0) ||
         (rest_len && ring_put(&t->buf[1], rest, rest_len) < 0)) {
+        tunnel_close(t);
+        return -1;
+    }
+    if (tunnel_up_attach(up, on_upstream, t) < 0) {
         tunnel_close(t);
         return -1;
     }

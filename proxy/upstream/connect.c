@@ -176,6 +176,14 @@ static void on_io(struct loop_watch *w, uint32_t events)
         connected(k);
 }
 
+int connector_rewatch(struct connector *k, uint32_t ev)
+{
+    int r = loop_watch_add(k->loop, &k->w, k->fd, ev, on_io, k);
+    if (r == 0 && k->tls && tls_pending(k->tls))
+        loop_timer_start(k->loop, &k->kick, loop_now(k->loop), on_kick, k);
+    return r;
+}
+
 static void on_timeout(struct loop_timer *t)
 {
     fail(t->arg, "connect timed out");

@@ -86,6 +86,9 @@ void connector_init(struct connector *k);
 /* Stops watching and timing, the socket and TLS kept (a new owner reads them, and
  * connector_close() still closes them). */
 void connector_unwatch(struct connector *k);
+/* After connector_unwatch(): 'io' again, for the events 'ev', and for bytes TLS holds already
+ * (an 'io' with EPOLLIN in the loop's next turn). 0 or -errno. */
+int connector_rewatch(struct connector *k, uint32_t ev);
 
 /* The events the user waits for (EPOLLIN, EPOLLOUT, or 0). 0 or -errno. */
 static inline int connector_watch(struct connector *k, uint32_t ev)

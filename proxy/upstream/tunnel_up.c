@@ -1,6 +1,7 @@
 /* tunnel_up -- an upgrade's attempt on its own connection (proxy/upstream/tunnel_up.h).
  *
- *   CONNECTING (and TLS) --> SENDING --> HEAD --101 taken over--> handed to the tunnel
+ *   CONNECTING (and TLS) --> SENDING --> HEAD --101 taken over--> HANDED: the tunnel's, whose
+ *                                          |                      bytes go through the connector
  *                                          |
  *                                          +--another final status--> BODY --> done
  *
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 
 #include "proxy/upstream/connect.h"
 #include "proxy/upstream/h1resp.h"
@@ -48,6 +50,8 @@ struct tunnel_up {
     enum tu_framing framing;
     enum tu_chunk chunk;
     uint64_t left; /* TF_LENGTH, CH_DATA: bytes of the body (chunk) still to come */
+    void (*io)(void *arg, uint32_t events); /* TU_HANDED: the data phase's owner */
+    void *io_arg;
 };
 
 /* ---- life and death ---- */
@@ -410,7 +414,6 @@ static void on_failed(void *arg, const char *why)
 static void on_io(void *arg, uint32_t events)
 {
     struct tunnel_up *u = arg;
-    (void)events;
     switch (u->state) {
     case TU_SENDING:
         send_head(u);
@@ -419,8 +422,11 @@ static void on_io(void *arg, uint32_t events)
     case TU_BODY:
         read_some(u);
         break;
-    case TU_CONNECTING:
     case TU_HANDED:
+        if (u->io)
+            u->io(u->io_arg, events); /* the data phase's owner */
+        break;
+    case TU_CONNECTING:
         break;
     }
 }
@@ -460,18 +466,40 @@ void tunnel_up_handover(struct tunnel_up *u)
     u->state = TU_HANDED;
 }
 
-int tunnel_up_fd(const struct tunnel_up *u)
-{
-    return u->k.fd;
-}
-
-struct tls *tunnel_up_tls(const struct tunnel_up *u)
-{
-    return u->k.tls;
-}
-
 const char *tunnel_up_rest(const struct tunnel_up *u, size_t *len)
 {
     *len = u->in.len;
     return u->in.buf ? u->in.buf + u->in.start : "";
+}
+
+/* ---- the data phase ---- */
+
+int tunnel_up_attach(struct tunnel_up *u, void (*io)(void *arg, uint32_t events), void *arg)
+{
+    u->io = io;
+    u->io_arg = arg;
+    return connector_rewatch(&u->k, EPOLLIN) < 0 ? -1 : 0;
+}
+
+int tunnel_up_watch(struct tunnel_up *u, uint32_t ev)
+{
+    return connector_watch(&u->k, ev) < 0 ? -1 : 0;
+}
+
+ssize_t tunnel_up_recv(struct tunnel_up *u, void *p, size_t n)
+{
+    return connector_recv(&u->k, p, n);
+}
+
+ssize_t tunnel_up_send(struct tunnel_up *u, const void *p, size_t n)
+{
+    return connector_send(&u->k, p, n);
+}
+
+int tunnel_up_shut_write(struct tunnel_up *u)
+{
+    if (u->k.tls)
+        return -1;
+    shutdown(u->k.fd, SHUT_WR); /* a connection already broken says so on its next read */
+    return 0;
 }

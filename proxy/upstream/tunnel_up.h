@@ -17,12 +17,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 struct connect_side;
 struct hfield;
 struct hlist;
 struct origin;
-struct tls;
 struct tunnel_up;
 
 /* Returned by the body callback: no bytes now, offered again after tunnel_up_resume(). */
@@ -78,10 +78,23 @@ void tunnel_up_resume(struct tunnel_up *u);
  * attempt then ends complete; 'u' is the new owner's, who reads it with the calls below and
  * frees it with tunnel_up_free(). */
 void tunnel_up_handover(struct tunnel_up *u);
-int tunnel_up_fd(const struct tunnel_up *u);
-struct tls *tunnel_up_tls(const struct tunnel_up *u); /* NULL: cleartext */
 /* The bytes read past the 101 head, which the client must get first. */
 const char *tunnel_up_rest(const struct tunnel_up *u, size_t *len);
+
+/* The data phase, after the handover: cleartext and TLS alike, through the connector
+ * (proxy/upstream/connect.h). From tunnel_up_attach() on, 'io' hears the events asked for with
+ * tunnel_up_watch() (EPOLLIN, EPOLLOUT, or 0), and an EPOLLIN in the loop's next turn for bytes
+ * TLS decrypted and holds, which no socket event announces (docs/upgrades.md). 0 or -1. */
+int tunnel_up_attach(struct tunnel_up *u, void (*io)(void *arg, uint32_t events), void *arg);
+int tunnel_up_watch(struct tunnel_up *u, uint32_t ev);
+/* Like recv()/send() on a non-blocking socket: bytes moved, 0 at the upstream's end (recv), or
+ * -1 with errno EAGAIN (later, on an 'io') or another (the connection is broken). A send that
+ * TLS did not take is offered again with the same bytes first. */
+ssize_t tunnel_up_recv(struct tunnel_up *u, void *p, size_t n);
+ssize_t tunnel_up_send(struct tunnel_up *u, const void *p, size_t n);
+/* Passes the client's end on: a cleartext connection's write side is shut. -1 over TLS, which
+ * has no half-close here: the connection must end whole. */
+int tunnel_up_shut_write(struct tunnel_up *u);
 /* Closes the connection and frees it (the owner's after a handover). Accepts NULL. */
 void tunnel_up_free(struct tunnel_up *u);
 

@@ -62,7 +62,7 @@ CORE_MAKERS = {'worker': {'connect', 'curlm', 'h2up', 'slots'}}
 # engines are CORE_MAKERS'), so that no part outside reaches a transport's insides (issue 41).
 UPSTREAM_SEEN = {
     'core': CORE_UPSTREAM,
-    'http1': {'tunnel_up', 'tls'},  # an upgrade's connection, the front end's after its 101
+    'http1': {'tunnel_up'},  # an upgrade's connection, the front end's after its 101
     'http2': {'share'},             # a client connection's share of the upstream slots
 }
 # Headers a part includes for a type it names, from a part it does not call (the call check

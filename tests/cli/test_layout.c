@@ -101,7 +101,12 @@ Test(layout, a_front_end_includes_no_transport_engine)
     /* the HTTP/1.1 server once included libcurl's engine and used none of it */
     expect_breach("--include=proxy/http1/server.c=proxy/upstream/curlm.h",
                   "proxy/http1/server.c includes proxy/upstream/curlm.h: of upstream/, http1/ may "
-                  "include tls.h, tunnel_up.h only");
+                  "include tunnel_up.h only");
+    /* the tunnel once read a TLS upstream by itself, past the connector's kick for the bytes
+     * OpenSSL holds (issue 41) */
+    expect_breach("--include=proxy/http1/tunnel.c=proxy/upstream/tls.h",
+                  "proxy/http1/tunnel.c includes proxy/upstream/tls.h: of upstream/, http1/ may "
+                  "include tunnel_up.h only");
 }
 
 Test(layout, only_the_worker_makes_the_transport_engines)
