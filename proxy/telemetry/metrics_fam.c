@@ -197,6 +197,12 @@ const struct family_def metrics_families[FAM_COUNT] = {
     [FAM_STORE_COMMIT] = { "store_commit_seconds", "histogram", "", NULL, 0,
                            "Time of each of the store's transactions (a group commit: every "
                            "accept ready at once, fsync included)." },
+    [FAM_STORE_UP] = { "store_up", "gauge", "", NULL, 0,
+                       "1 while the delivery store can be reached, 0 while the shared store's "
+                       "database is lost (durable accepts then answer 503; docs/delivery.md)." },
+    [FAM_STORE_DISCONNECTS] = { "store_disconnects_total", "counter", "", NULL, 0,
+                                "Times the shared store's connection to its database was lost "
+                                "(0 for the file store)." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
     [FAM_TUNNELS_OPEN] = { "tunnels_open", "gauge", "", NULL, 0,

@@ -154,6 +154,8 @@ static const struct {
     { "store_bytes", "gauge" },
     { "store_rows", "gauge" },
     { "store_commit_seconds", "histogram" },
+    { "store_up", "gauge" },
+    { "store_disconnects_total", "counter" },
     { "connections_active", "gauge" },
     { "tunnels_open", "gauge" },
     { "upstream_h2_connections", "gauge" },
