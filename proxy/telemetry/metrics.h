@@ -64,7 +64,7 @@ enum metrics_delivery {
     METRICS_DELIVERY_DELIVERED,
     METRICS_DELIVERY_RESCHEDULED,
     METRICS_DELIVERY_DEAD,
-    METRICS_DELIVERY_INTERRUPTED, /* cut by the drain's deadline: its lease stays */
+    METRICS_DELIVERY_INTERRUPTED, /* cut by the drain's deadline: its lease given back */
     METRICS_DELIVERY_COUNT
 };
 /* dead_letters_total{reason} */

@@ -99,8 +99,8 @@ const struct family_def metrics_families[FAM_COUNT] = {
                                 delivery_names, METRICS_DELIVERY_COUNT,
                                 "Attempts of durable deliveries, by what they made of the "
                                 "delivery: delivered, rescheduled (a retry later), dead, "
-                                "interrupted (cut by the drain's deadline: resumed at the next "
-                                "start)." },
+                                "interrupted (cut by the drain's deadline: given back, due "
+                                "now)." },
     [FAM_DISCARDED] = { "deliveries_discarded_total", "counter", "route, reason", dead_names,
                         METRICS_DEAD_COUNT,
                         "Durable deliveries deleted where they would have been dead letters, "
