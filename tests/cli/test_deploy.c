@@ -7,7 +7,10 @@
  * - legacy: deploy/kubernetes-legacy, an overlay of the first whose pod spec replaces the
  *   native one whole ("$patch: replace"), retryproxy a plain second container;
  * - headless: deploy/kubernetes-headless, an overlay of the first with its own config and a
- *   gRPC backend behind a headless Service that the config's route names (docs/endpoints.md).
+ *   gRPC backend behind a headless Service that the config's route names (docs/endpoints.md);
+ * - postgres: deploy/kubernetes-postgres, an overlay of the first whose config shares one
+ *   PostgreSQL store (docs/delivery.md), the password's Secret mounted where password_file
+ *   reads it, and a Job running `retryproxy store migrate` on the same config and Secret.
  * Each variant's own deployment.yaml is parsed (libyaml) and, where kubectl is installed, so is
  * what `kubectl kustomize` renders from it. The properties checked, on each:
  * - the proxy's config is mounted as a directory (no subPath anywhere: kubelet never updates a
@@ -258,7 +261,7 @@ static json_t *parse_config(const char *text, const char *what)
 
 /* ---- Kubernetes ---- */
 
-enum variant { NATIVE, LEGACY, HEADLESS, VARIANTS };
+enum variant { NATIVE, LEGACY, HEADLESS, POSTGRES, VARIANTS };
 
 struct layout {
     const char *name;
@@ -271,6 +274,8 @@ static const struct layout layouts[] = {
     [LEGACY] = { "legacy", "deploy/kubernetes-legacy", "deploy/kubernetes-legacy/deployment.yaml" },
     /* the native Deployment with the overlay's config */
     [HEADLESS] = { "headless", "deploy/kubernetes-headless", "deploy/kubernetes/deployment.yaml" },
+    /* the same, with the shared store's config and its Secret (rendered: patched in) */
+    [POSTGRES] = { "postgres", "deploy/kubernetes-postgres", "deploy/kubernetes/deployment.yaml" },
 };
 
 /* What the checks look at in one variant, found once. */
@@ -754,7 +759,8 @@ Test(deploy, k8s_proxy_runs_unprivileged_on_a_read_only_root)
 Test(deploy, k8s_mounted_config_is_valid)
 {
     const char *files[] = { "deploy/kubernetes/config.json",
-                            "deploy/kubernetes-headless/config.json" };
+                            "deploy/kubernetes-headless/config.json",
+                            "deploy/kubernetes-postgres/config.json" };
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         char *argv[] = { (char *)proc_bin(), "check", "-c", (char *)files[i], NULL };
         struct proc_result r;
@@ -1065,6 +1071,80 @@ Test(deploy, k8s_kustomize_renders_every_variant_with_every_property)
     char *k = strdup(kubectl);
     for (enum variant v = NATIVE; v < VARIANTS; v++)
         check_all(v, k);
+    free(k);
+}
+
+/* The mount of 'c' (a container) whose mountPath is the directory of 'file', and its volume in
+ * pod spec 'spec' (absent when there is none). */
+static struct ynode mounted_volume(struct ynode c, struct ynode spec, const char *file)
+{
+    const char *slash = strrchr(file, '/');
+    size_t dl = slash ? (size_t)(slash - file) : 0;
+    struct ynode mounts = y_get(c, "volumeMounts"), vols = y_get(spec, "volumes");
+    for (size_t i = 0; i < y_len(mounts); i++) {
+        const char *mp = y_str(y_get(y_item(mounts, i), "mountPath"));
+        const char *name = y_str(y_get(y_item(mounts, i), "name"));
+        if (!mp || !name || strlen(mp) != dl || strncmp(mp, file, dl) != 0)
+            continue;
+        for (size_t k = 0; k < y_len(vols); k++) {
+            const char *vn = y_str(y_get(y_item(vols, k), "name"));
+            if (vn && strcmp(vn, name) == 0)
+                return y_item(vols, k);
+        }
+    }
+    return (struct ynode){ c.doc, NULL };
+}
+
+/* The shared store's recipe, as kustomize renders it: the config's store.postgres names a URL
+ * without a password, a namespace, and a password_file in a directory where the proxy container
+ * mounts the Secret; the migrate Job runs `store migrate -c` on the config the proxy reads, with
+ * the same ConfigMap and Secret mounted at the same places. */
+Test(deploy, k8s_postgres_secret_is_mounted_where_the_config_reads_it_and_a_job_migrates)
+{
+    const char *kubectl = which("kubectl");
+    if (!kubectl) {
+        cr_log_warn("kubectl is not installed: the rendered manifests were not checked");
+        return;
+    }
+    char *k = strdup(kubectl);
+    struct pod p;
+    pod_load(&p, POSTGRES, k);
+    json_t *pg = json_object_get(json_object_get(p.config, "store"), "postgres");
+    const char *url = json_string_value(json_object_get(pg, "url"));
+    const char *pwf = json_string_value(json_object_get(pg, "password_file"));
+    cr_assert(url && pwf, "%s: the config has no store.postgres url and password_file", p.what);
+    cr_expect_null(strstr(url, "password"), "%s: a password in the URL", p.what);
+    cr_expect_not_null(json_string_value(json_object_get(pg, "namespace")),
+                       "%s: no store namespace (the service's own)", p.what);
+    struct ynode vol = mounted_volume(p.proxy, p.spec, pwf);
+    const char *secret = y_str(y_path(vol, "secret.secretName"));
+    cr_expect_not_null(secret, "%s: nothing of a Secret mounted at the directory of %s", p.what,
+                       pwf);
+    bool job = false;
+    for (int i = 0; i < p.y.n; i++) {
+        struct ynode r = y_root(&p.y, i);
+        const char *kind = y_str(y_get(r, "kind"));
+        if (!kind || strcmp(kind, "Job") != 0)
+            continue;
+        job = true;
+        struct ynode spec = y_path(r, "spec.template.spec");
+        struct ynode c = y_item(y_get(spec, "containers"), 0);
+        struct ynode args = y_get(c, "args");
+        char line[512] = "";
+        for (size_t a = 0; a < y_len(args); a++)
+            snprintf(line + strlen(line), sizeof(line) - strlen(line), "%s%s", a ? " " : "",
+                     y_str(y_item(args, a)) ? y_str(y_item(args, a)) : "");
+        char want[256];
+        snprintf(want, sizeof(want), "store migrate -c %s", p.config_path);
+        cr_expect_str_eq(line, want, "the Job's args");
+        const char *js = y_str(y_path(mounted_volume(c, spec, pwf), "secret.secretName"));
+        cr_expect(js && secret && strcmp(js, secret) == 0,
+                  "the Job mounts no Secret %s at the directory of %s", secret, pwf);
+        cr_expect_not_null(y_path(mounted_volume(c, spec, p.config_path), "configMap.name").node,
+                           "the Job mounts no ConfigMap at the directory of %s", p.config_path);
+    }
+    cr_expect(job, "%s: no Job running retryproxy store migrate", p.what);
+    pod_free(&p);
     free(k);
 }
 
