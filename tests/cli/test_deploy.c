@@ -1058,17 +1058,23 @@ Test(deploy, k8s_memory_limit_covers_the_limits_of_the_mounted_config)
     }
 }
 
+/* kubectl's path (malloc'd), or NULL having said that the rendered manifests go unchecked. */
+static char *kubectl_or_warn(void)
+{
+    const char *kubectl = which("kubectl");
+    if (!kubectl)
+        cr_log_warn("kubectl is not installed: the rendered manifests were not checked");
+    return kubectl ? strdup(kubectl) : NULL;
+}
+
 /* What kustomize makes of each variant (the legacy patch applied, the headless overlay's
  * ConfigMap in place of its base's, the ConfigMap generated) has the same properties. Where
  * kubectl is not installed, this says so and passes. */
 Test(deploy, k8s_kustomize_renders_every_variant_with_every_property)
 {
-    const char *kubectl = which("kubectl");
-    if (!kubectl) {
-        cr_log_warn("kubectl is not installed: the rendered manifests were not checked");
+    char *k = kubectl_or_warn();
+    if (!k)
         return;
-    }
-    char *k = strdup(kubectl);
     for (enum variant v = NATIVE; v < VARIANTS; v++)
         check_all(v, k);
     free(k);
@@ -1101,12 +1107,9 @@ static struct ynode mounted_volume(struct ynode c, struct ynode spec, const char
  * the same ConfigMap and Secret mounted at the same places. */
 Test(deploy, k8s_postgres_secret_is_mounted_where_the_config_reads_it_and_a_job_migrates)
 {
-    const char *kubectl = which("kubectl");
-    if (!kubectl) {
-        cr_log_warn("kubectl is not installed: the rendered manifests were not checked");
+    char *k = kubectl_or_warn();
+    if (!k)
         return;
-    }
-    char *k = strdup(kubectl);
     struct pod p;
     pod_load(&p, POSTGRES, k);
     json_t *pg = json_object_get(json_object_get(p.config, "store"), "postgres");
