@@ -649,19 +649,26 @@ void courier_stop(struct courier *c)
 {
     if (!c)
         return;
-    /* claims under way complete first: what they took is given back below */
+    /* claims under way complete first (their completions run here, the worker's thread gone):
+     * what they took is given back at once (on_claimed(), stopped) */
+    c->stopped = true;
+    loop_timer_stop(c->w->loop, &c->tick);
     for (struct croute *cr = c->routes; cr; cr = cr->next)
         if (cr->claiming)
             store_call_wait(&cr->claim, STOP_WAIT_MS);
     if (c->sweeping)
         store_call_wait(&c->orphans, STOP_WAIT_MS);
-    c->stopped = true;
-    loop_timer_stop(c->w->loop, &c->tick);
-    /* attempts still running at the end of the drain: they end without an outcome, and their
-     * leases are given back (due now, no attempt recorded) so that another proxy takes them at
-     * once rather than after the lease; store_close() finishes those writes */
+    /* an answer already in whose end had not run yet: written as any end. Attempts still
+     * running at the end of the drain: they end without an outcome, and their leases are given
+     * back (due now, no attempt recorded) so that another proxy takes them at once rather than
+     * after the lease. store_close() finishes those writes. */
     for (struct dlv *d = c->live, *next; d; d = next) {
         next = d->next;
+        if (!d->writing && d->answered && loop_timer_armed(&d->end_timer)) {
+            loop_timer_stop(c->w->loop, &d->end_timer);
+            dlv_on_end(&d->end_timer);
+            continue;
+        }
         if (d->f && !d->f->answered) {
             struct front *f = d->f;
             retry_req_client_gone(f->req);

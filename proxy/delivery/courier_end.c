@@ -206,8 +206,8 @@ void dlv_on_end(struct loop_timer *t)
     }
     dlv_uncount(d);
     /* the drain's deadline cut it: its lease is given back, due now, so that another proxy
-     * (or the next start) makes it again at once */
-    if (c->stopped || strcmp(d->stop, "draining") == 0 || strcmp(d->code, "draining") == 0) {
+     * (or the next start) makes it again at once (courier_stop() gives back those it cuts) */
+    if (strcmp(d->stop, "draining") == 0 || strcmp(d->code, "draining") == 0) {
         metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_INTERRUPTED);
         dlv_release(d);
         return;
