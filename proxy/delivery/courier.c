@@ -60,9 +60,9 @@
  * for are looked for: a route gone from the config since they were accepted (a restart on a
  * config without it; a reload keeps the old snapshot instead). So many at a time. */
 #define ORPHAN_TICKS 25
+#define ORPHAN_MAX   16
 /* How long a stopping courier waits for a claim under way (it gives back what it took). */
 #define STOP_WAIT_MS 10000
-#define ORPHAN_MAX   16
 
 static struct dlv *of_front(struct front *f)
 {
@@ -502,9 +502,11 @@ static void on_renewed(struct store_call *call)
             d->leased_mono = c->renew_sent;
         d->renewing = false;
     }
-    if (call->result < 0 && call->result != STORE_ECLOSED)
+    /* said once per streak: while the database is lost every tick fails */
+    if (call->result < 0 && call->result != STORE_ECLOSED && !c->renew_failed)
         log_event(CFG_LOG_WARN, "delivery leases not renewed", LOG_NUM("error", call->result),
                   NULL);
+    c->renew_failed = call->result < 0;
     store_call_clear(call);
 }
 

@@ -91,7 +91,7 @@ struct courier {
     char *renew_ids;
     const char **renew_ptrs;
     uint64_t renew_sent;
-    bool renewing;
+    bool renewing, renew_failed;
     struct loop_timer tick;
     int kick_fd;
     struct loop_watch kick_watch;
