@@ -30,6 +30,10 @@
 #   make bench-endpoints the endpoint choice's cost per request with 3 and with 1,000 endpoints
 #                        (callgrind instructions, balance_pick's inclusive share: bench/endpoints.sh;
 #                        in make bench). COUNTS="3 1000" N1=2000 N2=6000 BALANCE=round_robin
+#   make bench-pg        the shared PostgreSQL store (issue 40): durable accepts per second and p99
+#                        with two proxies on one private PostgreSQL 15 (fsync on), a backlog of
+#                        100,000 due rows drained by the two, and the claim's EXPLAIN
+#                        (bench/pg.sh; not in make bench). SECS=10 CONNS=32 BACKLOG=100000
 #   make bench-build     build what the runs need, run nothing
 #
 # Settings come from the environment or the command line (DURATION=1 REPS=1 CONNS=64
@@ -41,7 +45,7 @@ FLOOR_SRC := $(wildcard bench/floor/floor_*.c)
 FLOOR_BIN := $(FLOOR_SRC:bench/floor/%.c=$(BUILD)/bench/%)
 BENCH_TOOLS := $(FLOOR_BIN) $(BUILD)/bench/waiters $(BUILD)/bench/h2hold $(BUILD)/bench/store_bench
 
-.PHONY: bench bench-build bench-durable bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up bench-store bench-share bench-endpoints
+.PHONY: bench bench-build bench-pg bench-durable bench-peers bench-memory bench-outage bench-reload bench-slowread bench-h2 bench-h2up bench-store bench-share bench-endpoints
 
 $(FLOOR_BIN): $(BUILD)/bench/%: $(BUILD)/obj/bench/floor/%.o $(BUILD)/obj/bench/floor/floor.o
 	@mkdir -p $(dir $@)
@@ -99,3 +103,5 @@ bench-store: $(BUILD)/bench/store_bench
 	$(BUILD)/bench/store_bench --dir $(BUILD)/bench-store $(STORE_ARGS)
 bench-durable: $(BIN) $(BUILD)/tests/upstream $(BUILD)/bench/store_bench
 	BUILD=$(BUILD) bench/durable.sh
+bench-pg: $(BIN) $(BUILD)/tests/upstream
+	BUILD=$(BUILD) bench/pg.sh

@@ -342,7 +342,7 @@ out:
     for (unsigned i = 0; i < started; i++)
         worker_stop(workers[i]);
     admin_stop(admin);
-    /* the store last: its deliveries' attempts end first (their leases kept), then every call
+    /* the store last: its deliveries' attempts end first (their leases given back), then every call
      * handed to it completes, and what those calls held is let go */
     courier_stop(courier);
     store_close(px.store);

@@ -36,6 +36,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +61,8 @@
  * config without it; a reload keeps the old snapshot instead). So many at a time. */
 #define ORPHAN_TICKS 25
 #define ORPHAN_MAX   16
+/* How long a stopping courier waits for a claim under way (it gives back what it took). */
+#define STOP_WAIT_MS 10000
 
 static struct dlv *of_front(struct front *f)
 {
@@ -340,6 +343,7 @@ static struct dlv *dlv_new(struct courier *c, struct croute *cr, struct store_de
     d->rt = cr->rt ? rt_ref(cr->rt) : NULL; /* none: its route is gone */
     d->start_ms = courier_wall_ms();
     d->start_mono = loop_now(c->w->loop);
+    d->leased_mono = d->start_mono;
     d->next = c->live;
     c->live = d;
     cr->in_flight++;
@@ -349,10 +353,9 @@ static struct dlv *dlv_new(struct courier *c, struct croute *cr, struct store_de
     return d;
 }
 
-static void start(struct courier *c, struct croute *cr, struct store_delivery *rec)
+static void start(struct courier *c, struct dlv *d)
 {
-    struct dlv *d = dlv_new(c, cr, rec);
-    if (!d || !dlv_admit(d))
+    if (!dlv_admit(d))
         return; /* refused by the budgets: put back, its store call under way */
     struct front *f = retry_req_new(c->w, &courier_ops, sizeof(struct cfront), FRONT_HTTP1,
                                     d->rec.target, "", 0, REFUSE_NONE);
@@ -373,11 +376,16 @@ static void on_claimed(struct store_call *call)
     cr->claiming = false;
     if (call->n < cr->asked) /* fewer were due: their tokens come back */
         cr->tokens += (double)(cr->asked - call->n);
+    bool draining = c->stopped || atomic_load_explicit(&c->w->px->draining, memory_order_relaxed);
     for (size_t i = 0; i < call->n; i++) {
-        if (c->stopped) /* its lease stays: the next start takes it */
-            store_delivery_clear(&call->items[i]);
+        struct dlv *d = dlv_new(c, cr, &call->items[i]);
+        if (!d)
+            continue;
+        d->leased_mono = cr->claim_sent;
+        if (draining) /* claimed, not attempted: another proxy takes it at once */
+            dlv_release(d);
         else
-            start(c, cr, &call->items[i]);
+            start(c, d);
     }
     store_call_clear(call);
 }
@@ -427,6 +435,7 @@ static void claim(struct courier *c, struct croute *cr, const struct cfg_route *
     cr->claim.arg = cr;
     if (store_claim_route(c->store, &cr->claim, c->owner, cr->name, room) == 0) {
         cr->claiming = true;
+        cr->claim_sent = now;
         cr->asked = room;
         cr->tokens -= (double)room; /* those not used come back in on_claimed() */
     }
@@ -449,12 +458,10 @@ static void on_orphans(struct store_call *call)
         }
         if (!cr->rt && route_in(c->w->rt, cr->name))
             cr->rt = rt_ref(c->w->rt);
-        if (cr->rt) {
-            start(c, cr, rec);
-            continue;
-        }
         struct dlv *d = dlv_new(c, cr, rec);
-        if (d)
+        if (d && cr->rt)
+            start(c, d);
+        else if (d)
             dlv_bury(d, METRICS_DEAD_ROUTE_GONE, NULL);
     }
     store_call_clear(call);
@@ -484,14 +491,94 @@ static void sweep(struct courier *c)
     }
 }
 
+/* ---- leases ---- */
+
+static void on_renewed(struct store_call *call)
+{
+    struct courier *c = call->arg;
+    c->renewing = false;
+    for (struct dlv *d = c->live; d; d = d->next) {
+        if (d->renewing && call->result == 0)
+            d->leased_mono = c->renew_sent;
+        d->renewing = false;
+    }
+    /* said once per streak: while the database is lost every tick fails */
+    if (call->result < 0 && call->result != STORE_ECLOSED && !c->renew_failed)
+        log_event(CFG_LOG_WARN, "delivery leases not renewed", LOG_NUM("error", call->result),
+                  NULL);
+    c->renew_failed = call->result < 0;
+    store_call_clear(call);
+}
+
+/* Renews, in one store call, the lease of every delivery held (not being written) whose lease
+ * is a third gone: an attempt that runs longer than the lease (a slow upstream, a long body)
+ * keeps its delivery, and no other proxy takes it while it may still be running
+ * (docs/delivery.md "Shared store", leases). A renewal that fails is tried at the next tick;
+ * one never written lets the lease run out (at least once, as ever). */
+static void renew(struct courier *c, uint64_t now)
+{
+    if (c->renewing || !c->lease_ms)
+        return;
+    size_t n = 0;
+    for (struct dlv *d = c->live; d; d = d->next)
+        if (!d->writing && now - d->leased_mono >= c->lease_ms / 3)
+            n++;
+    if (n == 0)
+        return;
+    char *ids = realloc(c->renew_ids, n * STORE_ID_SIZE);
+    if (ids)
+        c->renew_ids = ids;
+    const char **ptrs = ids ? realloc(c->renew_ptrs, n * sizeof(*ptrs)) : NULL;
+    if (!ptrs)
+        return; /* out of memory: the next tick tries again */
+    c->renew_ptrs = ptrs;
+    size_t k = 0;
+    for (struct dlv *d = c->live; d && k < n; d = d->next)
+        if (!d->writing && now - d->leased_mono >= c->lease_ms / 3) {
+            ptrs[k] = ids + k * STORE_ID_SIZE;
+            memcpy(ids + k * STORE_ID_SIZE, d->rec.id, STORE_ID_SIZE);
+            k++;
+            d->renewing = true;
+        }
+    c->renew.cq = c->w->cq;
+    c->renew.done = on_renewed;
+    c->renew.arg = c;
+    c->renew_sent = now;
+    if (store_renew(c->store, &c->renew, c->owner, ptrs, k) == 0)
+        c->renewing = true;
+    else
+        for (struct dlv *d = c->live; d; d = d->next)
+            d->renewing = false;
+}
+
+/* The lease's owner, unique across a fleet: the host's name (a pod's), the pid (1 in many
+ * containers), the start in ms and 32 random bits, so that two pods whose proxies are PID 1 and
+ * started in the same millisecond still differ. */
+static void courier_owner(struct courier *c)
+{
+    char host[65] = "";
+    if (gethostname(host, sizeof(host) - 1) < 0 || !host[0])
+        snprintf(host, sizeof(host), "unknown");
+    uint32_t rnd = 0;
+    if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        rnd = (uint32_t)rand() ^ (uint32_t)courier_wall_ms(); /* no entropy: the time's bits */
+    snprintf(c->owner, sizeof(c->owner), "%s-%ld-%" PRIu64 "-%08" PRIx32, host, (long)getpid(),
+             courier_wall_ms(), rnd);
+}
+
 static void on_tick(struct loop_timer *t)
 {
     struct courier *c = t->arg;
     struct worker *w = c->w;
-    if (c->stopped || atomic_load_explicit(&w->px->draining, memory_order_relaxed))
-        return; /* no new claims while draining */
-    worker_refresh(w);
+    if (c->stopped)
+        return;
     uint64_t now = loop_now(w->loop);
+    renew(c, now); /* attempts running during a drain too */
+    if (atomic_load_explicit(&w->px->draining, memory_order_relaxed)) {
+        courier_arm(c, COURIER_POLL_MS); /* no new claims while draining */
+        return;
+    }
+    worker_refresh(w);
     /* the routes of the current snapshot, which they are claimed under from now on */
     for (size_t i = 0; w->rt && i < w->rt->cfg->n_routes; i++) {
         const struct cfg_route *rt = &w->rt->cfg->routes[i];
@@ -542,9 +629,10 @@ struct courier *courier_new(struct worker *w)
     c->w = w;
     c->store = w->px->store;
     c->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    /* the lease's owner: this process, told apart from the one before it on the same file */
-    snprintf(c->owner, sizeof(c->owner), "retryproxy-%ld-%" PRIu64, (long)getpid(),
-             courier_wall_ms());
+    courier_owner(c);
+    struct store_stats st;
+    store_stats(c->store, &st);
+    c->lease_ms = st.lease_ms;
     if (c->kick_fd < 0 ||
         loop_watch_add(w->loop, &c->kick_watch, c->kick_fd, EPOLLIN, on_kick, c) < 0)
         goto fail;
@@ -563,11 +651,26 @@ void courier_stop(struct courier *c)
 {
     if (!c)
         return;
+    /* claims under way complete first (their completions run here, the worker's thread gone):
+     * what they took is given back at once (on_claimed(), stopped) */
     c->stopped = true;
     loop_timer_stop(c->w->loop, &c->tick);
-    /* attempts still running: they end without an outcome, their leases kept */
+    for (struct croute *cr = c->routes; cr; cr = cr->next)
+        if (cr->claiming)
+            store_call_wait(&cr->claim, STOP_WAIT_MS);
+    if (c->sweeping)
+        store_call_wait(&c->orphans, STOP_WAIT_MS);
+    /* an answer already in whose end had not run yet: written as any end. Attempts still
+     * running at the end of the drain: they end without an outcome, and their leases are given
+     * back (due now, no attempt recorded) so that another proxy takes them at once rather than
+     * after the lease. store_close() finishes those writes. */
     for (struct dlv *d = c->live, *next; d; d = next) {
         next = d->next;
+        if (!d->writing && d->answered && loop_timer_armed(&d->end_timer)) {
+            loop_timer_stop(c->w->loop, &d->end_timer);
+            dlv_on_end(&d->end_timer);
+            continue;
+        }
         if (d->f && !d->f->answered) {
             struct front *f = d->f;
             retry_req_client_gone(f->req);
@@ -579,7 +682,7 @@ void courier_stop(struct courier *c)
             retry_req_completed(f->req);
         }
         if (!d->writing)
-            dlv_free(d);
+            dlv_release(d);
     }
 }
 
@@ -590,6 +693,9 @@ void courier_free(struct courier *c)
     while (c->live)
         dlv_free(c->live);
     store_call_clear(&c->orphans);
+    store_call_clear(&c->renew);
+    free(c->renew_ids);
+    free(c->renew_ptrs);
     free(c->names);
     for (struct croute *cr = c->routes, *next; cr; cr = next) {
         next = cr->next;

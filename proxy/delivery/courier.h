@@ -8,7 +8,7 @@
  *
  * Its life, all from serve.c: courier_new() before the worker's thread starts (it arms its
  * timer in that worker's loop), courier_stop() once the worker's thread has ended (its attempts
- * still running end there, their leases kept: the next start resumes them), courier_free()
+ * still running end there, their leases given back, due now), courier_free()
  * after the store was closed and the worker's completion queue drained.
  */
 #ifndef RETRYPROXY_PROXY_COURIER_H

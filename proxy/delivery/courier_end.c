@@ -92,6 +92,12 @@ static void handed(struct dlv *d, int rc)
         d->writing = true;
 }
 
+void dlv_release(struct dlv *d)
+{
+    handed(d, store_reschedule(d->c->store, &d->call, d->rec.id, d->c->owner, NULL,
+                               courier_wall_ms()));
+}
+
 void dlv_bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a)
 {
     static const char *const reasons[METRICS_DEAD_COUNT] = { "attempts", "age", "final",
@@ -199,10 +205,11 @@ void dlv_on_end(struct loop_timer *t)
         retry_req_completed(f->req);
     }
     dlv_uncount(d);
-    /* the drain's deadline cut it: its lease stays, the next start makes it again */
-    if (c->stopped || strcmp(d->stop, "draining") == 0 || strcmp(d->code, "draining") == 0) {
+    /* the drain's deadline cut it: its lease is given back, due now, so that another proxy
+     * (or the next start) makes it again at once (courier_stop() gives back those it cuts) */
+    if (strcmp(d->stop, "draining") == 0 || strcmp(d->code, "draining") == 0) {
         metrics_delivery_attempt(d->cr->m, c->w->id, METRICS_DELIVERY_INTERRUPTED);
-        dlv_free(d);
+        dlv_release(d);
         return;
     }
     uint64_t now = courier_wall_ms();

@@ -28,6 +28,10 @@ struct dlv {
     size_t body_off; /* body bytes the core took */
     char length[24]; /* its Content-Length */
     uint64_t start_ms, start_mono;
+    /* the loop's ms when its lease was last set (claimed or renewed), and whether the renewal
+     * under way (courier.renew) names it */
+    uint64_t leased_mono;
+    bool renewing;
     /* the answer */
     bool answered, ours, failed;
     int status;
@@ -67,7 +71,8 @@ struct croute {
     double tokens;
     uint64_t filled_ms;
     struct store_call claim;
-    size_t asked; /* by the claim under way, its tokens taken */
+    size_t asked;        /* by the claim under way, its tokens taken */
+    uint64_t claim_sent; /* ... sent then (the loop's ms): its leases run from no earlier */
     bool claiming;
     /* re-attempts the budgets refused since the last log line, and when that was */
     uint64_t refused, refused_logged_ms;
@@ -77,7 +82,16 @@ struct croute {
 struct courier {
     struct worker *w;
     struct store *store;
-    char owner[64];
+    /* the lease's owner: host, pid, start and random bits (courier_owner()) */
+    char owner[160];
+    uint64_t lease_ms; /* the store's lease: renewed after a third of it */
+    /* the renewal under way: its call, the ids it borrows (STORE_ID_SIZE apart), their pointers,
+     * and when it was sent */
+    struct store_call renew;
+    char *renew_ids;
+    const char **renew_ptrs;
+    uint64_t renew_sent;
+    bool renewing, renew_failed;
     struct loop_timer tick;
     int kick_fd;
     struct loop_watch kick_watch;
@@ -113,6 +127,8 @@ void dlv_on_end(struct loop_timer *t);
 void dlv_on_written(struct store_call *call);
 void dlv_bury(struct dlv *d, enum metrics_dead why, const struct store_attempt *a);
 void dlv_free(struct dlv *d);
+/* Gives its lease back: scheduled again, due now, no attempt recorded (a drain's). */
+void dlv_release(struct dlv *d);
 /* Its attempt no longer counts against its upstream, nor holds the budgets' slots (once only). */
 void dlv_uncount(struct dlv *d);
 

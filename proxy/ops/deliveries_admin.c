@@ -87,7 +87,12 @@ static bool view(void *arg, struct metrics_store_view *v)
             total += k->n[s];
     }
     *v = (struct metrics_store_view){
-        .rows = d->rows, .n = d->ncounts, .bytes = st.bytes, .rows_total = total
+        .rows = d->rows,
+        .n = d->ncounts,
+        .bytes = st.bytes,
+        .rows_total = total,
+        .up = st.down == 0,
+        .disconnects = st.disconnects,
     };
     return true;
 }

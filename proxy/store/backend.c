@@ -58,6 +58,8 @@ int store_q_run(const struct store_runner *r, struct store_impl *s, struct store
         return r->bulk(s, c);
     case OP_COUNTS:
         return r->counts(s, c);
+    case OP_RENEW:
+        return r->renew(s, c);
     }
     return STORE_EINVAL;
 }
@@ -124,7 +126,8 @@ void store_q_stats(struct store_impl *s, struct store_stats *out)
                                  .recovered = atomic_load(&q->st.recovered),
                                  .swept = atomic_load(&q->st.swept),
                                  .down = atomic_load(&q->st.down),
-                                 .disconnects = atomic_load(&q->st.disconnects) };
+                                 .disconnects = atomic_load(&q->st.disconnects),
+                                 .lease_ms = q->o.lease_ms };
 }
 
 bool store_q_sweep_due(struct store_q *q, uint64_t *last, uint64_t *delivered_cut,
@@ -381,6 +384,20 @@ int store_q_bury(struct store_impl *s, struct store_call *c, const char *id, con
         return STORE_EINVAL;
     c->in = dead;
     return end(s, c, OP_BURY, id, owner, a);
+}
+
+int store_q_renew(struct store_impl *s, struct store_call *c, const char *owner,
+                  const char *const *ids, size_t n)
+{
+    if (!owner || !n || !ids)
+        return STORE_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (!id_ok(ids[i]))
+            return STORE_EINVAL;
+    c->owner = owner;
+    c->in = ids;
+    c->max = n;
+    return submit(s, c, OP_RENEW);
 }
 
 int store_q_insert_dead(struct store_impl *s, struct store_call *c, const struct store_dead_new *d)

@@ -30,6 +30,7 @@ enum store_op {
     OP_FIND,
     OP_BULK,
     OP_COUNTS,
+    OP_RENEW,
 };
 
 /* The first member of every backend's struct store_impl. 'o', 'key' and what 'o' points to are
@@ -78,13 +79,14 @@ struct store_runner {
     int (*find)(struct store_impl *s, struct store_call *c);
     int (*bulk)(struct store_impl *s, struct store_call *c);
     int (*counts)(struct store_impl *s, struct store_call *c);
+    int (*renew)(struct store_impl *s, struct store_call *c);
 };
 /* A backend's table of the functions PREFIX_enqueue ... PREFIX_counts. */
 #define STORE_RUNNER(p)                                                                            \
     {                                                                                              \
         .enqueue = p##_enqueue, .claim = p##_claim, .end = p##_end,                                \
         .insert_dead = p##_insert_dead, .list = p##_list, .get = p##_get, .change = p##_change,    \
-        .find = p##_find, .bulk = p##_bulk, .counts = p##_counts                                   \
+        .find = p##_find, .bulk = p##_bulk, .counts = p##_counts, .renew = p##_renew               \
     }
 /* Runs call 'c' by its operation with r's function. */
 int store_q_run(const struct store_runner *r, struct store_impl *s, struct store_call *c);
@@ -125,6 +127,8 @@ int store_q_reschedule(struct store_impl *s, struct store_call *c, const char *i
                        const char *owner, const struct store_attempt *a, uint64_t next_at);
 int store_q_bury(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
                  const struct store_attempt *a, const struct store_dead *dead);
+int store_q_renew(struct store_impl *s, struct store_call *c, const char *owner,
+                  const char *const *ids, size_t n);
 int store_q_insert_dead(struct store_impl *s, struct store_call *c, const struct store_dead_new *d);
 int store_q_list(struct store_impl *s, struct store_call *c, const struct store_filter *f);
 int store_q_get(struct store_impl *s, struct store_call *c, const char *id);
@@ -140,9 +144,9 @@ int store_q_tune(struct store_impl *s, const struct store_tuning *t);
     .enqueue = store_q_enqueue, .claim_due = store_q_claim_due,                                    \
     .claim_route = store_q_claim_route, .claim_except = store_q_claim_except,                      \
     .complete = store_q_complete, .reschedule = store_q_reschedule, .bury = store_q_bury,          \
-    .insert_dead = store_q_insert_dead, .list = store_q_list, .get = store_q_get,                  \
-    .replay = store_q_replay, .drop = store_q_drop, .find = store_q_find, .bulk = store_q_bulk,    \
-    .counts = store_q_counts, .tune = store_q_tune, .stats = store_q_stats
+    .renew = store_q_renew, .insert_dead = store_q_insert_dead, .list = store_q_list,              \
+    .get = store_q_get, .replay = store_q_replay, .drop = store_q_drop, .find = store_q_find,      \
+    .bulk = store_q_bulk, .counts = store_q_counts, .tune = store_q_tune, .stats = store_q_stats
 
 /* The store's wall clock, ms since the epoch (store_opts.clock, else CLOCK_REALTIME). */
 uint64_t store_q_now(const struct store_opts *o);

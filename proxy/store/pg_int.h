@@ -73,6 +73,7 @@ char *pg_bytes(const PGresult *res, int row, int col, size_t *len);
 int pg_enqueue(struct store_impl *s, struct store_call *c);
 int pg_claim(struct store_impl *s, struct store_call *c);
 int pg_end(struct store_impl *s, struct store_call *c);
+int pg_renew(struct store_impl *s, struct store_call *c);
 int pg_insert_dead(struct store_impl *s, struct store_call *c);
 int pg_list(struct store_impl *s, struct store_call *c);
 int pg_get(struct store_impl *s, const char *id, struct store_delivery *d);

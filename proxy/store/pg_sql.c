@@ -349,6 +349,26 @@ int pg_end(struct store_impl *s, struct store_call *c)
     return r;
 }
 
+/* renew: the leases the owner still holds, extended, in one statement (a claimer renews what
+ * it holds once per tick, batched). */
+int pg_renew(struct store_impl *s, struct store_call *c)
+{
+    char *ids = text_array(c->in, c->max);
+    if (!ids)
+        return STORE_EIO;
+    struct pgq q = { 0 };
+    pgq_text(&q, s->ns);
+    pgq_text(&q, ids);
+    pgq_text(&q, c->owner);
+    pgq_int(&q, (int64_t)(store_q_now(&s->q.o) + s->q.o.lease_ms));
+    int r = pg_cmd(s,
+                   "UPDATE retryproxy_deliveries SET claimed_until = $4 WHERE namespace = $1"
+                   " AND id = ANY($2::text[]) AND state = 1 AND claimed_by = $3",
+                   &q, &c->total);
+    free(ids);
+    return r;
+}
+
 int pg_list(struct store_impl *s, struct store_call *c)
 {
     const struct store_filter *f = c->in;

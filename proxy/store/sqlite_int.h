@@ -23,6 +23,7 @@ enum sql_stmt {
     S_READ,
     S_END,
     S_STATE,
+    S_RENEW,
     S_MAKE_DEAD,
     S_TRIES,
     S_REPLAY,
@@ -72,6 +73,7 @@ void sql_finalize(struct store_impl *s);
 int sql_enqueue(struct store_impl *s, struct store_call *c);
 int sql_claim(struct store_impl *s, struct store_call *c);
 int sql_end(struct store_impl *s, struct store_call *c);
+int sql_renew(struct store_impl *s, struct store_call *c);
 int sql_insert_dead(struct store_impl *s, struct store_call *c);
 int sql_list(struct store_impl *s, struct store_call *c);
 int sql_get(struct store_impl *s, const char *id, struct store_delivery *d);

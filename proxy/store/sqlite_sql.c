@@ -84,6 +84,8 @@ static const char *const sql_text[S_COUNT] = {
         " upstream = coalesce(?10, upstream)"
         " WHERE id = ?7 AND state = 1 AND claimed_by = ?8",
     [S_STATE] = "SELECT state, claimed_until FROM deliveries WHERE id = ?",
+    [S_RENEW] = "UPDATE deliveries SET claimed_until = ?1 WHERE id = ?2 AND state = 1"
+                " AND claimed_by = ?3",
     [S_MAKE_DEAD] = "UPDATE deliveries SET state = 3, attempts = ?1, reason = ?2, final_head = ?3,"
                     " final_body = ?4, upstream = ?6 WHERE id = ?5",
     [S_TRIES] = "SELECT at, duration_ms, status, outcome, upstream FROM attempts WHERE delivery = ?"
@@ -561,6 +563,23 @@ int sql_end(struct store_impl *s, struct store_call *c)
         r = add_try(s, c->key, c->attempt);
     if (r == 0 && to == STORE_DELIVERED)
         s->live_delta--;
+    return r;
+}
+
+/* renew: the leases the owner still holds, extended. */
+int sql_renew(struct store_impl *s, struct store_call *c)
+{
+    const char *const *ids = c->in;
+    sqlite3_stmt *st = s->st[S_RENEW];
+    int r = 0;
+    for (size_t i = 0; r == 0 && i < c->max; i++) {
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)(store_q_now(&s->q.o) + s->q.o.lease_ms));
+        sqlite3_bind_text(st, 2, ids[i], -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, c->owner, -1, SQLITE_STATIC);
+        if ((r = sql_error(sql_step_reset(st))) == 0)
+            c->total += (uint64_t)sqlite3_changes(s->db);
+    }
+    sqlite3_clear_bindings(st);
     return r;
 }
 

@@ -252,6 +252,9 @@ struct store_stats {
      * fails at once with STORE_EIO), and how many times the connection was lost. */
     uint64_t down;
     uint64_t disconnects;
+    /* The lease a claim takes (store_opts.lease_ms): its claimer renews what it still holds
+     * well before it runs out (renew). */
+    uint64_t lease_ms;
 };
 
 struct store_impl;
@@ -280,6 +283,12 @@ struct store_ops {
                       const struct store_attempt *a, uint64_t next_at);
     int (*bury)(struct store_impl *s, struct store_call *c, const char *id, const char *owner,
                 const struct store_attempt *a, const struct store_dead *dead);
+    /* The leases of the 'n' deliveries of 'ids' that 'owner' still holds, extended to now +
+     * store_opts.lease_ms, in one transaction: an attempt that runs long keeps its delivery
+     * (docs/delivery.md "Leases"). Rows no longer the owner's are left alone; c->total says how
+     * many were renewed. */
+    int (*renew)(struct store_impl *s, struct store_call *c, const char *owner,
+                 const char *const *ids, size_t n);
     /* A new row in state dead, with its attempts and final answer; STORE_EFULL at a bound, as
      * enqueue. */
     int (*insert_dead)(struct store_impl *s, struct store_call *c, const struct store_dead_new *d);
@@ -408,6 +417,11 @@ static inline int store_bury(struct store *s, struct store_call *c, const char *
                              const struct store_dead *dead)
 {
     return s->ops->bury(s->impl, c, id, owner, a, dead);
+}
+static inline int store_renew(struct store *s, struct store_call *c, const char *owner,
+                              const char *const *ids, size_t n)
+{
+    return s->ops->renew(s->impl, c, owner, ids, n);
 }
 static inline int store_insert_dead(struct store *s, struct store_call *c,
                                     const struct store_dead_new *d)

@@ -64,7 +64,7 @@ enum metrics_delivery {
     METRICS_DELIVERY_DELIVERED,
     METRICS_DELIVERY_RESCHEDULED,
     METRICS_DELIVERY_DEAD,
-    METRICS_DELIVERY_INTERRUPTED, /* cut by the drain's deadline: its lease stays */
+    METRICS_DELIVERY_INTERRUPTED, /* cut by the drain's deadline: its lease given back */
     METRICS_DELIVERY_COUNT
 };
 /* dead_letters_total{reason} */
@@ -254,7 +254,8 @@ void metrics_dns_result(struct metrics_name *n, enum metrics_dns r);
 void metrics_dns_stale(struct metrics_name *n, bool stale);
 
 /* The durable deliveries' store (docs/delivery.md): deliveries{route, state},
- * delivery_oldest_seconds{route}, store_bytes, store_rows, read at each scrape from what
+ * delivery_oldest_seconds{route}, store_bytes, store_rows, store_up, store_disconnects_total,
+ * read at each scrape from what
  * fn(arg, &view) fills (borrowed until the scrape ends; false: no store, no series), called
  * without the registry's lock from the scraping thread. Set once at start. */
 struct metrics_delivery_row {
@@ -266,6 +267,8 @@ struct metrics_store_view {
     const struct metrics_delivery_row *rows;
     size_t n;
     uint64_t bytes, rows_total;
+    bool up;              /* store_up: false while the shared store's database is lost */
+    uint64_t disconnects; /* store_disconnects_total */
 };
 void metrics_set_store(struct metrics *m, bool (*fn)(void *arg, struct metrics_store_view *v),
                        void *arg);

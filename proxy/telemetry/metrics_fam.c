@@ -99,8 +99,8 @@ const struct family_def metrics_families[FAM_COUNT] = {
                                 delivery_names, METRICS_DELIVERY_COUNT,
                                 "Attempts of durable deliveries, by what they made of the "
                                 "delivery: delivered, rescheduled (a retry later), dead, "
-                                "interrupted (cut by the drain's deadline: resumed at the next "
-                                "start)." },
+                                "interrupted (cut by the drain's deadline: given back, due "
+                                "now)." },
     [FAM_DISCARDED] = { "deliveries_discarded_total", "counter", "route, reason", dead_names,
                         METRICS_DEAD_COUNT,
                         "Durable deliveries deleted where they would have been dead letters, "
@@ -197,6 +197,12 @@ const struct family_def metrics_families[FAM_COUNT] = {
     [FAM_STORE_COMMIT] = { "store_commit_seconds", "histogram", "", NULL, 0,
                            "Time of each of the store's transactions (a group commit: every "
                            "accept ready at once, fsync included)." },
+    [FAM_STORE_UP] = { "store_up", "gauge", "", NULL, 0,
+                       "1 while the delivery store can be reached, 0 while the shared store's "
+                       "database is lost (durable accepts then answer 503; docs/delivery.md)." },
+    [FAM_STORE_DISCONNECTS] = { "store_disconnects_total", "counter", "", NULL, 0,
+                                "Times the shared store's connection to its database was lost "
+                                "(0 for the file store)." },
     [FAM_CONNECTIONS] = { "connections_active", "gauge", "", NULL, 0,
                           "Client connections currently open." },
     [FAM_TUNNELS_OPEN] = { "tunnels_open", "gauge", "", NULL, 0,

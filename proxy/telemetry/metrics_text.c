@@ -512,6 +512,12 @@ static void render_store(FILE *f, struct metrics *m, const struct metrics_store_
                 sum_us % 1000000);
         fprintf(f, "retryproxy_%s_count %" PRIu64 "\n", name, cum);
     }
+    name = put_family(f, FAM_STORE_UP);
+    if (v)
+        fprintf(f, "retryproxy_%s %d\n", name, v->up ? 1 : 0);
+    name = put_family(f, FAM_STORE_DISCONNECTS);
+    if (v)
+        fprintf(f, "retryproxy_%s %" PRIu64 "\n", name, v->disconnects);
 }
 
 /* Every family in enum family order, the order of the table above. */

@@ -1,13 +1,16 @@
 /* The deployment examples under deploy/ against what the proxy needs from them. Run from the
  * repository root (make test does).
  *
- * Kubernetes, three variants of one Deployment (docs/deploy.md):
+ * Kubernetes, four variants of one Deployment (docs/deploy.md):
  * - native: deploy/kubernetes, retryproxy in initContainers with restartPolicy: Always
  *   (Kubernetes 1.29+), started before the application and stopped after it;
  * - legacy: deploy/kubernetes-legacy, an overlay of the first whose pod spec replaces the
  *   native one whole ("$patch: replace"), retryproxy a plain second container;
  * - headless: deploy/kubernetes-headless, an overlay of the first with its own config and a
- *   gRPC backend behind a headless Service that the config's route names (docs/endpoints.md).
+ *   gRPC backend behind a headless Service that the config's route names (docs/endpoints.md);
+ * - postgres: deploy/kubernetes-postgres, an overlay of the first whose config shares one
+ *   PostgreSQL store (docs/delivery.md), the password's Secret mounted where password_file
+ *   reads it, and a Job running `retryproxy store migrate` on the same config and Secret.
  * Each variant's own deployment.yaml is parsed (libyaml) and, where kubectl is installed, so is
  * what `kubectl kustomize` renders from it. The properties checked, on each:
  * - the proxy's config is mounted as a directory (no subPath anywhere: kubelet never updates a
@@ -24,7 +27,8 @@
  * the ConfigMap's data). A key the config leaves out takes its default from docs/config.md.
  *
  * The headless Service the headless variant's route names is test_deploy_headless.c's, the
- * systemd unit test_deploy_systemd.c's; what the three share is tests/support/deploytest.
+ * shared store's Secret and migrate Job test_deploy_postgres.c's, the systemd unit
+ * test_deploy_systemd.c's; what they share is tests/support/deploytest.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -244,7 +248,8 @@ Test(deploy, k8s_proxy_runs_unprivileged_on_a_read_only_root)
 Test(deploy, k8s_mounted_config_is_valid)
 {
     const char *files[] = { "deploy/kubernetes/config.json",
-                            "deploy/kubernetes-headless/config.json" };
+                            "deploy/kubernetes-headless/config.json",
+                            "deploy/kubernetes-postgres/config.json" };
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         char *argv[] = { (char *)proc_bin(), "check", "-c", (char *)files[i], NULL };
         struct proc_result r;
@@ -323,12 +328,9 @@ Test(deploy, k8s_memory_limit_covers_the_limits_of_the_mounted_config)
  * kubectl is not installed, this says so and passes. */
 Test(deploy, k8s_kustomize_renders_every_variant_with_every_property)
 {
-    const char *kubectl = dep_which("kubectl");
-    if (!kubectl) {
-        cr_log_warn("kubectl is not installed: the rendered manifests were not checked");
+    char *k = dep_kubectl_or_warn();
+    if (!k)
         return;
-    }
-    char *k = strdup(kubectl);
     for (enum variant v = NATIVE; v < VARIANTS; v++)
         check_all(v, k);
     free(k);

@@ -11,6 +11,7 @@
 #include <yaml.h>
 
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 
 #include "tests/support/deploytest.h"
 #include "tests/support/proc.h"
@@ -220,6 +221,8 @@ static const struct layout layouts[] = {
     [LEGACY] = { "legacy", "deploy/kubernetes-legacy", "deploy/kubernetes-legacy/deployment.yaml" },
     /* the native Deployment with the overlay's config */
     [HEADLESS] = { "headless", "deploy/kubernetes-headless", "deploy/kubernetes/deployment.yaml" },
+    /* the same, with the shared store's config and its Secret (rendered: patched in) */
+    [POSTGRES] = { "postgres", "deploy/kubernetes-postgres", "deploy/kubernetes/deployment.yaml" },
 };
 
 bool dep_is_proxy(struct ynode c)
@@ -484,4 +487,12 @@ const char *dep_which(const char *name)
             return found;
     }
     return NULL;
+}
+
+char *dep_kubectl_or_warn(void)
+{
+    const char *kubectl = dep_which("kubectl");
+    if (!kubectl)
+        cr_log_warn("kubectl is not installed: the rendered manifests were not checked");
+    return kubectl ? strdup(kubectl) : NULL;
 }

@@ -63,7 +63,7 @@ json_t *dep_parse_config(const char *text, const char *what);
 
 /* ---- Kubernetes ---- */
 
-enum variant { NATIVE, LEGACY, HEADLESS, VARIANTS };
+enum variant { NATIVE, LEGACY, HEADLESS, POSTGRES, VARIANTS };
 
 struct layout {
     const char *name;
@@ -100,5 +100,7 @@ long dep_proxy_port(struct pod *p, struct ynode port, const char *what);
 long dep_prestop_wait_s(struct pod *p);
 /* The path of program 'name' on $PATH, or NULL when it is not installed (a static buffer). */
 const char *dep_which(const char *name);
+/* kubectl's path (malloc'd), or NULL having said that the rendered manifests go unchecked. */
+char *dep_kubectl_or_warn(void);
 
 #endif

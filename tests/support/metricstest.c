@@ -124,6 +124,8 @@ const struct mt_family mt_families[] = {
     { "store_bytes", "gauge" },
     { "store_rows", "gauge" },
     { "store_commit_seconds", "histogram" },
+    { "store_up", "gauge" },
+    { "store_disconnects_total", "counter" },
     { "connections_active", "gauge" },
     { "tunnels_open", "gauge" },
     { "upstream_h2_connections", "gauge" },

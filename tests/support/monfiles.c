@@ -22,7 +22,8 @@ const char *const runbook_anchors[] = {
     "retry-storm",      "retries-denied",   "upstream-failures", "grpc-failures",
     "upstream-ejected", "endpoint-failing", "panic-mode",        "no-endpoints",
     "dns-stale",        "reload-failures",  "draining",          "delivery-backlog",
-    "old-delivery",     "dead-letters",     "store-full",        "dead-letters-refused"
+    "old-delivery",     "dead-letters",     "store-full",        "dead-letters-refused",
+    "store-down"
 };
 
 static int indent_of(const char *line)

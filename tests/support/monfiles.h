@@ -73,6 +73,6 @@ void check_label_values(const char *query, const char *where);
 json_t *load_dashboard(void);
 
 /* The sections of docs/operations.md the alerts' runbook_url point at: each is used. */
-extern const char *const runbook_anchors[16];
+extern const char *const runbook_anchors[17];
 
 #endif

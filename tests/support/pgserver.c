@@ -2,6 +2,7 @@
 #include "tests/support/pgserver.h"
 
 #include <dirent.h>
+#include <libpq-fe.h>
 #include <errno.h>
 #include <pwd.h>
 #include <signal.h>
@@ -166,6 +167,28 @@ int pgserver_env(struct pgserver *p)
     snprintf(p->url, sizeof(p->url), "%s", url);
     snprintf(p->password_file, sizeof(p->password_file), "%s", pwf);
     return 0;
+}
+
+char *pgserver_query(const struct pgserver *p, const char *sql, const char *a1, const char *a2)
+{
+    char info[256];
+    snprintf(info, sizeof(info), "%s?password=%s", p->url, PGSERVER_PASSWORD);
+    PGconn *c = PQconnectdb(info);
+    char *v = NULL;
+    if (PQstatus(c) != CONNECTION_OK) {
+        fprintf(stderr, "pgserver: %s", PQerrorMessage(c));
+        PQfinish(c);
+        return NULL;
+    }
+    const char *params[2] = { a1, a2 };
+    PGresult *res = PQexecParams(c, sql, a2 ? 2 : a1 ? 1 : 0, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        fprintf(stderr, "pgserver: %s", PQerrorMessage(c));
+    else if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0))
+        v = strdup(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    PQfinish(c);
+    return v;
 }
 
 static struct pgserver of_the_run;

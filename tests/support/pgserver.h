@@ -33,6 +33,11 @@ int pgserver_restart(struct pgserver *p);
 /* Stops it if it runs and removes its directory. */
 void pgserver_stop(struct pgserver *p);
 
+/* The first value of the first row 'sql' gives, with up to two text parameters $1 and $2 (NULL:
+ * not passed), run on the server's database as its user: malloc'd, NULL when the statement
+ * failed (said on stderr), found no row, or the value is NULL. */
+char *pgserver_query(const struct pgserver *p, const char *sql, const char *a1, const char *a2);
+
 /* The run's one server, for a suite's hooks: started and exported by the runner before the
  * tests (ReportHook(PRE_ALL) calls pgserver_run_start()), stopped after them (POST_ALL). */
 void pgserver_run_start(void);

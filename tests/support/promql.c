@@ -22,7 +22,7 @@
 const char *const target_labels[] = { "job", "instance" };
 
 /* ================================ what the proxy exports ================================ */
-#define MAX_NAMES 64 /* series names (a histogram has three) */
+#define MAX_NAMES 96 /* series names (a histogram has three) */
 
 #define MAX_LABELS 6 /* labels of one series name */
 
