@@ -5,7 +5,6 @@
  * same database; with the database stopped, durable accepts answer 503 with Retry-After while
  * a synchronous route goes on, and come back once it is started again. */
 #include <criterion/criterion.h>
-#include <criterion/hooks.h>
 #include <criterion/logging.h>
 #include <jansson.h>
 
@@ -17,21 +16,10 @@
 
 #include "tests/support/fixture.h"
 #include "tests/support/pgserver.h"
+#include "tests/support/pgserver_hooks.h"
 #include "tests/support/proc.h"
 
 #define T 20000 /* ms: upper bound for any single request */
-
-ReportHook(PRE_ALL)(struct criterion_test_set *set)
-{
-    (void)set;
-    pgserver_run_start();
-}
-
-ReportHook(POST_ALL)(struct criterion_global_stats *st)
-{
-    (void)st;
-    pgserver_run_stop();
-}
 
 static struct pgserver pg;
 static char ns[48];

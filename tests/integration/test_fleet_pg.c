@@ -7,7 +7,6 @@
  * letters of several proxies are listed and replayed by one CLI call. Leases are shortened for
  * the test by RETRYPROXY_TEST_LEASE_MS (proxy/ops/deliveries.c). */
 #include <criterion/criterion.h>
-#include <criterion/hooks.h>
 #include <criterion/logging.h>
 #include <jansson.h>
 
@@ -20,21 +19,10 @@
 
 #include "tests/support/fixture.h"
 #include "tests/support/pgserver.h"
+#include "tests/support/pgserver_hooks.h"
 #include "tests/support/proc.h"
 
 #define T 20000 /* ms: upper bound for any single request */
-
-ReportHook(PRE_ALL)(struct criterion_test_set *set)
-{
-    (void)set;
-    pgserver_run_start();
-}
-
-ReportHook(POST_ALL)(struct criterion_global_stats *st)
-{
-    (void)st;
-    pgserver_run_stop();
-}
 
 static struct pgserver pg;
 static char ns[48];

@@ -9,19 +9,7 @@
 #include "tests/unit/store_cases_ops.c"
 #include "tests/unit/store_cases_admin.c"
 
-#include <criterion/hooks.h>
-
-ReportHook(PRE_ALL)(struct criterion_test_set *set)
-{
-    (void)set;
-    pgserver_run_start();
-}
-
-ReportHook(POST_ALL)(struct criterion_global_stats *st)
-{
-    (void)st;
-    pgserver_run_stop();
-}
+#include "tests/support/pgserver_hooks.h"
 
 /* An admin connection to database 'db' of server 'p'. */
 static PGconn *admin(const struct pgserver *p, const char *db)

@@ -4,7 +4,6 @@
  * renewed lease runs out the delivery is claimed again (its lost attempt recorded). The
  * PostgreSQL store runs on the suite's private server (tests/support/pgserver.h). */
 #include <criterion/criterion.h>
-#include <criterion/hooks.h>
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,19 +13,8 @@
 
 #include "proxy/store/store.h"
 #include "tests/support/pgserver.h"
+#include "tests/support/pgserver_hooks.h"
 #include "tests/support/proc.h"
-
-ReportHook(PRE_ALL)(struct criterion_test_set *set)
-{
-    (void)set;
-    pgserver_run_start();
-}
-
-ReportHook(POST_ALL)(struct criterion_global_stats *st)
-{
-    (void)st;
-    pgserver_run_stop();
-}
 
 #define LEASE 1000
 #define W     30000 /* ms: the bound on any store call */
