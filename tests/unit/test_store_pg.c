@@ -367,36 +367,33 @@ Test(store, the_ends_of_one_batch_are_one_statement_each_answered_as_alone, .tim
     /* one for the five ends taken together (the three answered one by one with an error undo
      * theirs with their savepoint); one each when every end goes alone */
     cr_expect_eq(updates, 1, "%d UPDATE statements for %d ends", updates, (int)N);
-    struct store_delivery d;
-    cr_assert_eq(get(s, ids[0], &d), 0);
-    cr_expect_eq(d.state, STORE_DELIVERED);
-    cr_expect_eq(d.attempts, 1);
-    cr_assert_eq(d.ntries, 1);
-    cr_expect_eq(d.tries[0].status, 200);
-    cr_expect_str_eq(d.tries[0].outcome, "ok");
-    cr_expect_null(d.claimed_by);
-    store_delivery_clear(&d);
-    cr_assert_eq(get(s, ids[1], &d), 0);
-    cr_expect_eq(d.state, STORE_SCHEDULED);
-    cr_expect_eq(d.next_at, later);
-    cr_expect_eq(d.last_delay_ms, 4000);
-    cr_assert_eq(d.ntries, 1);
-    cr_expect_str_eq(d.tries[0].outcome, "status");
-    store_delivery_clear(&d);
-    cr_assert_eq(get(s, ids[2], &d), 0);
-    cr_expect_eq(d.state, STORE_IN_FLIGHT);
-    cr_expect_str_eq(d.claimed_by, "proxy-a");
-    cr_expect_eq(d.ntries, 0);
-    store_delivery_clear(&d);
-    cr_assert_eq(get(s, ids[3], &d), 0);
-    cr_expect_eq(d.state, STORE_DELIVERED);
-    cr_expect_eq(d.ntries, 1, "the second end wrote no attempt");
-    store_delivery_clear(&d);
-    cr_assert_eq(get(s, ids[4], &d), 0);
-    cr_expect_eq(d.state, STORE_SCHEDULED);
-    cr_expect_eq(d.next_at, later);
-    cr_expect_eq(d.attempts, 0);
-    cr_expect_eq(d.ntries, 0);
-    store_delivery_clear(&d);
+    struct {
+        enum store_state state;
+        size_t ntries;
+        uint64_t next_at; /* 0: not looked at */
+        const char *outcome, *claimed_by;
+    } want[6] = {
+        { STORE_DELIVERED, 1, 0, "ok", NULL },      { STORE_SCHEDULED, 1, later, "status", NULL },
+        { STORE_IN_FLIGHT, 0, 0, NULL, "proxy-a" }, /* the stale end changed nothing */
+        { STORE_DELIVERED, 1, 0, "ok", NULL },      /* the second end wrote no attempt */
+        { STORE_SCHEDULED, 0, later, NULL, NULL },  { STORE_SCHEDULED, 1, later, "status", NULL },
+    };
+    for (int i = 0; i < 6; i++) {
+        struct store_delivery d;
+        cr_assert_eq(get(s, ids[i], &d), 0);
+        cr_expect_eq(d.state, want[i].state, "delivery %d", i);
+        cr_expect_eq(d.attempts, want[i].ntries, "delivery %d", i);
+        cr_expect_eq(d.ntries, want[i].ntries, "delivery %d", i);
+        if (want[i].next_at)
+            cr_expect_eq(d.next_at, want[i].next_at, "delivery %d", i);
+        if (d.ntries == 1 && want[i].outcome)
+            cr_expect_str_eq(d.tries[0].outcome, want[i].outcome, "delivery %d", i);
+        if (want[i].state == STORE_SCHEDULED && d.ntries)
+            cr_expect_eq(d.last_delay_ms, 4000, "delivery %d", i);
+        cr_expect(want[i].claimed_by ? d.claimed_by && !strcmp(d.claimed_by, want[i].claimed_by)
+                                     : !d.claimed_by,
+                  "delivery %d: held by %s", i, d.claimed_by ? d.claimed_by : "none");
+        store_delivery_clear(&d);
+    }
     store_close(s);
 }
