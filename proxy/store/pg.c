@@ -174,7 +174,30 @@ static void reconnect(struct store_impl *s)
 
 static const struct store_runner runner = STORE_RUNNER(pg);
 
-/* Runs one batch of calls in one transaction and finishes them all. */
+/* Runs call 'c' under its own savepoint, so that one that fails leaves the others of the batch
+ * in: 0 (its result in c->result), or STORE_EIO when the connection is lost. */
+static int run_one(struct store_impl *s, struct store_call *c)
+{
+    int64_t delta = s->live_delta;
+    uint64_t added = s->bytes_added;
+    int r = pg_cmd(s, "SAVEPOINT call", NULL, NULL);
+    if (r == 0 && (r = store_q_run(&runner, s, c)) < 0 && s->conn) {
+        pg_cmd(s, "ROLLBACK TO SAVEPOINT call", NULL, NULL);
+        s->live_delta = delta;
+        s->bytes_added = added;
+    }
+    if (s->conn)
+        pg_cmd(s, "RELEASE SAVEPOINT call", NULL, NULL);
+    if (!s->conn)
+        return STORE_EIO; /* nothing of the transaction is known to be kept */
+    c->result = r;
+    return 0;
+}
+
+/* Runs one batch of calls in one transaction and finishes them all. A run of ends next to each
+ * other (completes, reschedules) is written by one statement (pg_end_set): four round trips a
+ * call become three a run, what bounds a backlog's drain (docs/delivery.md); those it leaves
+ * go one by one, for their exact answer. */
 static void run_batch(struct store_impl *s, struct store_call *batch)
 {
     uint64_t t0 = store_mono_us();
@@ -183,23 +206,23 @@ static void run_batch(struct store_impl *s, struct store_call *batch)
         lost_r = recount(s);
     s->live_delta = 0;
     s->bytes_added = 0;
-    struct store_call *c;
-    for (c = batch; c && !lost_r; c = c->next) {
-        int64_t delta = s->live_delta;
-        uint64_t added = s->bytes_added;
-        int r = pg_cmd(s, "SAVEPOINT call", NULL, NULL);
-        if (r == 0 && (r = store_q_run(&runner, s, c)) < 0 && s->conn) {
-            pg_cmd(s, "ROLLBACK TO SAVEPOINT call", NULL, NULL);
-            s->live_delta = delta;
-            s->bytes_added = added;
-        }
-        if (s->conn)
-            pg_cmd(s, "RELEASE SAVEPOINT call", NULL, NULL);
-        if (!s->conn) {
-            lost_r = STORE_EIO; /* nothing of the transaction is known to be kept */
+    struct store_call *c = batch;
+    while (c && !lost_r) {
+        size_t n = 0;
+        for (struct store_call *e = c; e && pg_end_settable(e); e = e->next)
+            n++;
+        bool *done = n > 1 ? calloc(n, sizeof(*done)) : NULL;
+        if (done && (lost_r = pg_end_set(s, c, n, done)) < 0) {
+            free(done);
             break;
         }
-        c->result = r;
+        for (size_t i = 0; i < (done ? n : 1) && !lost_r; i++, c = c->next) {
+            if (done && done[i])
+                c->result = 0;
+            else if ((lost_r = run_one(s, c)) < 0)
+                break;
+        }
+        free(done);
     }
     if (!lost_r) {
         PGresult *res = pg_exec(s, "COMMIT", NULL, &lost_r);

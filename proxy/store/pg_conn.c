@@ -29,6 +29,64 @@ void pgq_bin(struct pgq *q, const void *b, size_t len)
     q->fmt[q->n++] = 1;
 }
 
+/* Room for an element of 'more' bytes after its separator ('{' first, then ','), the closing
+ * '}' and the NUL; false (and a->oom) when out of memory. */
+static bool pga_room(struct pga *a, size_t more)
+{
+    if (a->oom)
+        return false;
+    if (a->len + more + 3 > a->cap) {
+        size_t cap = a->cap ? a->cap : 256;
+        while (a->len + more + 3 > cap)
+            cap *= 2;
+        char *b = realloc(a->buf, cap);
+        if (!b) {
+            a->oom = true;
+            return false;
+        }
+        a->buf = b;
+        a->cap = cap;
+    }
+    if (a->len == 0)
+        a->buf[a->len++] = '{';
+    else
+        a->buf[a->len++] = ',';
+    return true;
+}
+
+void pga_text(struct pga *a, const char *v)
+{
+    if (!v) {
+        if (pga_room(a, 4))
+            a->len += (size_t)sprintf(a->buf + a->len, "NULL");
+        return;
+    }
+    if (!pga_room(a, 2 * strlen(v) + 2))
+        return;
+    a->buf[a->len++] = '"';
+    for (const char *x = v; *x; x++) {
+        if (*x == '"' || *x == '\\')
+            a->buf[a->len++] = '\\';
+        a->buf[a->len++] = *x;
+    }
+    a->buf[a->len++] = '"';
+}
+
+void pga_int(struct pga *a, int64_t v)
+{
+    if (pga_room(a, 24))
+        a->len += (size_t)sprintf(a->buf + a->len, "%lld", (long long)v);
+}
+
+const char *pga_end(struct pga *a)
+{
+    if (a->oom || (a->len == 0 && !pga_room(a, 0))) /* no element: "{}" */
+        return NULL;
+    a->buf[a->len++] = '}';
+    a->buf[a->len] = '\0';
+    return a->buf;
+}
+
 /* A libpq message without its newline, for a log line or an error. */
 void pg_trim_msg(char *dst, size_t cap, const char *msg)
 {

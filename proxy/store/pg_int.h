@@ -54,6 +54,18 @@ void pgq_text(struct pgq *q, const char *s); /* NULL: SQL NULL */
 void pgq_int(struct pgq *q, int64_t v);
 void pgq_bin(struct pgq *q, const void *b, size_t len); /* NULL: SQL NULL */
 
+/* A PostgreSQL array literal ({"a",NULL,3}) built element by element, for the statements that
+ * take one value per call of a batch (pg_end_set) or a list of names. pga_end() closes it and
+ * returns it (NULL when out of memory); free(a.buf) after. */
+struct pga {
+    char *buf;
+    size_t len, cap;
+    bool oom;
+};
+void pga_text(struct pga *a, const char *v); /* NULL: SQL NULL */
+void pga_int(struct pga *a, int64_t v);
+const char *pga_end(struct pga *a);
+
 /* Runs 'sql' with q's parameters (q may be NULL); its result (PQclear() it) and *r 0, or NULL
  * and *r a STORE_E* (a unique key: STORE_ECONFLICT; a full disk: STORE_EFULL; else
  * STORE_EIO). A connection found broken is closed: the store is down until it reconnects. */
@@ -73,6 +85,13 @@ char *pg_bytes(const PGresult *res, int row, int col, size_t *len);
 int pg_enqueue(struct store_impl *s, struct store_call *c);
 int pg_claim(struct store_impl *s, struct store_call *c);
 int pg_end(struct store_impl *s, struct store_call *c);
+/* The ends of a run of 'n' calls from 'first' that pg_end_settable() takes, as one statement:
+ * done[i] true for the i-th when its row was changed (its result 0); the others (a lease no
+ * longer held, a row gone, an id twice in the run) are left for pg_end() to answer one by one.
+ * A statement that fails (or no memory for it) changes nothing (its own savepoint) and leaves
+ * every done[] false. 0, or STORE_EIO when the connection is lost. */
+bool pg_end_settable(const struct store_call *c);
+int pg_end_set(struct store_impl *s, struct store_call *first, size_t n, bool *done);
 int pg_renew(struct store_impl *s, struct store_call *c);
 int pg_insert_dead(struct store_impl *s, struct store_call *c);
 int pg_list(struct store_impl *s, struct store_call *c);

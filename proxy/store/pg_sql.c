@@ -216,30 +216,12 @@ int pg_insert_dead(struct store_impl *s, struct store_call *c)
     return r;
 }
 
-/* 'n' names as a text[] literal ({"a","b"}); malloc'd, NULL when out of memory. */
-static char *text_array(const char *const *names, size_t n)
+/* 'n' names as a text[] literal ({"a","b"}) in a->buf; NULL when out of memory. */
+static const char *text_array(struct pga *a, const char *const *names, size_t n)
 {
-    size_t cap = 3;
     for (size_t i = 0; i < n; i++)
-        cap += 2 * strlen(names[i]) + 3;
-    char *a = malloc(cap), *p = a;
-    if (!a)
-        return NULL;
-    *p++ = '{';
-    for (size_t i = 0; i < n; i++) {
-        if (i)
-            *p++ = ',';
-        *p++ = '"';
-        for (const char *x = names[i]; *x; x++) {
-            if (*x == '"' || *x == '\\')
-                *p++ = '\\';
-            *p++ = *x;
-        }
-        *p++ = '"';
-    }
-    *p++ = '}';
-    *p = '\0';
-    return a;
+        pga_text(a, names[i]);
+    return pga_end(a);
 }
 
 /* Due rows, oldest due first, each leased to the caller in the one statement that finds them;
@@ -248,7 +230,8 @@ static char *text_array(const char *const *names, size_t n)
  * skipped (SKIP LOCKED): two proxies never claim the same row. */
 int pg_claim(struct store_impl *s, struct store_call *c)
 {
-    char sql[2048], *routes = NULL;
+    char sql[2048];
+    struct pga routes = { 0 };
     const char *by = "";
     uint64_t now = store_q_now(&s->q.o);
     struct pgq q = { 0 };
@@ -258,9 +241,11 @@ int pg_claim(struct store_impl *s, struct store_call *c)
     pgq_int(&q, (int64_t)(now + s->q.o.lease_ms));
     pgq_text(&q, c->owner);
     if (c->op == OP_CLAIM_EXCEPT) {
-        if (!(routes = text_array(c->in, (size_t)c->when)))
+        if (!text_array(&routes, c->in, (size_t)c->when)) {
+            free(routes.buf);
             return STORE_EIO;
-        pgq_text(&q, routes);
+        }
+        pgq_text(&q, routes.buf);
         by = " AND route <> ALL($6::text[])";
     } else if (c->key) {
         pgq_text(&q, c->key);
@@ -284,7 +269,7 @@ int pg_claim(struct store_impl *s, struct store_call *c)
              by, by);
     int r;
     PGresult *res = pg_exec(s, sql, &q, &r);
-    free(routes);
+    free(routes.buf);
     int n = res ? PQntuples(res) : 0;
     if (res && !(c->items = calloc(n ? (size_t)n : 1, sizeof(*c->items))))
         r = STORE_EIO;
@@ -331,7 +316,7 @@ int pg_end(struct store_impl *s, struct store_call *c)
                    " WHERE namespace = $11 AND id = $7 AND state = 1 AND claimed_by = $8",
                    &q, &changed);
     if (r == 0 && changed == 0) {
-        struct store_delivery d;
+        struct store_delivery d = { 0 }; /* read_one() leaves it as is when it finds none */
         r = read_one(s, c->key, &d, false) == 0 ? STORE_ESTALE : STORE_ENOTFOUND;
         store_delivery_clear(&d);
     }
@@ -349,23 +334,134 @@ int pg_end(struct store_impl *s, struct store_call *c)
     return r;
 }
 
+/* The ends a set statement takes: completes and reschedules (a bury keeps a final answer of
+ * its own and goes one by one). */
+bool pg_end_settable(const struct store_call *c)
+{
+    return c->op == OP_COMPLETE || c->op == OP_RESCHEDULE;
+}
+
+/* One column of pg_end_set's statement: an array of one value per call. */
+enum {
+    EV_ORD,
+    EV_ID,
+    EV_OWNER,
+    EV_STATE,
+    EV_NEXT,
+    EV_INC,
+    EV_DELAY,
+    EV_UP,
+    EV_AT,
+    EV_DUR,
+    EV_STATUS,
+    EV_OUTCOME,
+    EV_COLS
+};
+
+/* What pg_end() does for each call, for a run of them in one round trip (docs/delivery.md,
+ * "Shared store (PostgreSQL)"): each row changed only where its call's owner still holds it,
+ * the first call of an id only (a second one finds it ended, as one by one), and the attempts
+ * of the rows changed written by the same statement. The calls are numbered (ord) so that
+ * RETURNING names the calls done. */
+int pg_end_set(struct store_impl *s, struct store_call *first, size_t n, bool *done)
+{
+    struct pga a[EV_COLS] = { 0 };
+    struct store_call *c = first;
+    for (size_t i = 0; i < n; i++, c = c->next) {
+        const struct store_attempt *t = c->attempt;
+        bool resched = c->op == OP_RESCHEDULE;
+        pga_int(&a[EV_ORD], (int64_t)i);
+        pga_text(&a[EV_ID], c->key);
+        pga_text(&a[EV_OWNER], c->owner);
+        pga_int(&a[EV_STATE], resched ? STORE_SCHEDULED : STORE_DELIVERED);
+        if (resched)
+            pga_int(&a[EV_NEXT], (int64_t)c->when);
+        else
+            pga_text(&a[EV_NEXT], NULL);
+        pga_int(&a[EV_INC], t != NULL);
+        if (resched && t)
+            pga_int(&a[EV_DELAY], t->delay_ms);
+        else
+            pga_text(&a[EV_DELAY], NULL);
+        pga_text(&a[EV_UP], t ? t->upstream : NULL);
+        pga_int(&a[EV_AT], t ? (int64_t)t->at_ms : 0);
+        pga_int(&a[EV_DUR], t ? t->duration_ms : 0);
+        pga_int(&a[EV_STATUS], t ? t->status : 0);
+        pga_text(&a[EV_OUTCOME], t ? t->outcome : "");
+    }
+    struct pgq q = { 0 };
+    pgq_text(&q, s->ns);
+    int r = 0;
+    for (int k = 0; k < EV_COLS; k++)
+        if (!pga_end(&a[k]))
+            r = STORE_EIO;
+        else
+            pgq_text(&q, a[k].buf);
+    /* out of memory: the calls go one by one */
+    bool saved = r == 0 && pg_cmd(s, "SAVEPOINT ends", NULL, NULL) == 0;
+    PGresult *res =
+        !saved ? NULL
+               : pg_exec(
+                     s,
+                     "WITH v AS (SELECT * FROM unnest($2::int[], $3::text[], $4::text[], "
+                     "$5::smallint[],"
+                     " $6::bigint[], $7::int[], $8::bigint[], $9::text[], $10::bigint[], "
+                     "$11::bigint[],"
+                     " $12::int[], $13::text[]) AS v(ord, id, owner, state, next_at, inc, delay, "
+                     "upstream,"
+                     " at, dur, status, outcome)),"
+                     " u AS (SELECT DISTINCT ON (id) * FROM v ORDER BY id, ord),"
+                     " up AS (UPDATE retryproxy_deliveries d SET state = u.state,"
+                     " next_at = coalesce(u.next_at, d.next_at), attempts = d.attempts + u.inc,"
+                     " claimed_until = NULL, claimed_by = NULL, reason = NULL, final_head = NULL,"
+                     " final_body = NULL, last_delay = coalesce(u.delay, d.last_delay),"
+                     " upstream = coalesce(u.upstream, d.upstream) FROM u WHERE d.namespace = $1"
+                     " AND d.id = u.id AND d.state = 1 AND d.claimed_by = u.owner RETURNING u.ord),"
+                     " tries AS (INSERT INTO retryproxy_attempts(delivery, at, duration_ms, status,"
+                     " outcome, upstream) SELECT v.id, v.at, v.dur, v.status, v.outcome, v.upstream"
+                     " FROM v JOIN up USING (ord) WHERE v.inc = 1 ORDER BY v.ord)"
+                     " SELECT ord FROM up",
+                     &q, &r);
+    for (int k = 0; k < EV_COLS; k++)
+        free(a[k].buf);
+    if (!res) { /* nothing of it is kept (its savepoint undone): the calls go one by one */
+        if (saved && s->conn && pg_cmd(s, "ROLLBACK TO SAVEPOINT ends", NULL, NULL) == 0)
+            pg_cmd(s, "RELEASE SAVEPOINT ends", NULL, NULL);
+        return s->conn ? 0 : STORE_EIO;
+    }
+    for (int i = 0; i < PQntuples(res); i++) {
+        size_t k = (size_t)pg_int(res, i, 0);
+        if (k < n)
+            done[k] = true;
+    }
+    PQclear(res);
+    c = first;
+    for (size_t i = 0; i < n; i++, c = c->next)
+        if (done[i] && c->op == OP_COMPLETE)
+            s->live_delta--;
+    r = pg_cmd(s, "RELEASE SAVEPOINT ends", NULL, NULL);
+    return s->conn ? r : STORE_EIO;
+}
+
 /* renew: the leases the owner still holds, extended, in one statement (a claimer renews what
  * it holds once per tick, batched). */
 int pg_renew(struct store_impl *s, struct store_call *c)
 {
-    char *ids = text_array(c->in, c->max);
-    if (!ids)
+    struct pga ids = { 0 };
+    if (!text_array(&ids, c->in, c->max)) {
+        free(ids.buf);
         return STORE_EIO;
+    }
     struct pgq q = { 0 };
     pgq_text(&q, s->ns);
-    pgq_text(&q, ids);
+    pgq_text(&q, ids.buf);
     pgq_text(&q, c->owner);
     pgq_int(&q, (int64_t)(store_q_now(&s->q.o) + s->q.o.lease_ms));
     int r = pg_cmd(s,
                    "UPDATE retryproxy_deliveries SET claimed_until = $4 WHERE namespace = $1"
                    " AND id = ANY($2::text[]) AND state = 1 AND claimed_by = $3",
                    &q, &c->total);
-    free(ids);
+    free(ids.buf);
     return r;
 }
 

@@ -274,3 +274,114 @@ Test(store, the_same_key_taken_by_two_proxies_at_once_is_one_delivery)
     store_call_clear(&c);
     store_close(s);
 }
+
+/* The ends of one batch are written by one statement, each call answered as when they go one by
+ * one (pg_end_set, what bounds a backlog's drain: docs/delivery.md). The store's thread is held
+ * on a table lock by a get while the ends queue up behind it, so that they make one batch; a
+ * statement trigger counts the UPDATEs the server runs. */
+Test(store, the_ends_of_one_batch_are_one_statement_each_answered_as_alone, .timeout = 120)
+{
+    char url[160];
+    new_database(url, sizeof(url));
+    struct store_opts o = opts();
+    o.pg_url = url;
+    struct store *s = open_with(&o);
+    char ids[6][STORE_ID_SIZE];
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(enqueue(s, "hooks", NULL, "x", 0, ids[i]), 0);
+    cr_assert_eq(claim(s, "proxy-a", 6, NULL), 6);
+    const char *db = strrchr(url, '/') + 1;
+    PGconn *c = admin(&pg, db);
+    admin_exec(c, "CREATE TABLE updates_seen(n integer NOT NULL); INSERT INTO updates_seen"
+                  " VALUES (0); CREATE FUNCTION seen() RETURNS trigger LANGUAGE plpgsql AS"
+                  " $$BEGIN UPDATE updates_seen SET n = n + 1; RETURN NULL; END$$;"
+                  " CREATE TRIGGER seen AFTER UPDATE ON retryproxy_deliveries"
+                  " FOR EACH STATEMENT EXECUTE FUNCTION seen()");
+    admin_exec(c, "BEGIN; LOCK TABLE retryproxy_deliveries IN ACCESS EXCLUSIVE MODE");
+    struct store_call blocker = { .cq = cq };
+    cr_assert_eq(store_get(s, &blocker, ids[5]), 0);
+    char *waiting = NULL;
+    for (int i = 0; i < 400; i++) { /* the store's thread waits on the lock */
+        free(waiting);
+        waiting = pgserver_query(&pg,
+                                 "SELECT count(*) FROM pg_stat_activity WHERE datname = $1"
+                                 " AND wait_event_type = 'Lock'",
+                                 db, NULL);
+        if (waiting && strcmp(waiting, "1") == 0)
+            break;
+        usleep(50 * 1000);
+    }
+    cr_assert_str_eq(waiting, "1", "the store's thread never waited on the lock");
+    free(waiting);
+    struct store_attempt a = try_of(200, "ok"), r = try_of(503, "status");
+    r.delay_ms = 4000;
+    uint64_t later = atomic_load(&fake_now) + 5000;
+    const char unknown[STORE_ID_SIZE] = "0123456789abcdef0123456789abcdef";
+    struct {
+        const char *id, *owner;
+        bool resched, tried;
+        int want;
+    } ends[] = {
+        { ids[0], "proxy-a", false, true, 0 },
+        { ids[1], "proxy-a", true, true, 0 },
+        { ids[2], "proxy-b", false, true, STORE_ESTALE }, /* not its lease */
+        { unknown, "proxy-a", false, true, STORE_ENOTFOUND },
+        { ids[3], "proxy-a", false, true, 0 },
+        { ids[3], "proxy-a", false, true, STORE_ESTALE }, /* ended just before */
+        { ids[4], "proxy-a", true, false, 0 },            /* given back: no attempt went */
+        { ids[5], "proxy-a", true, true, 0 },
+    };
+    enum { N = sizeof(ends) / sizeof(ends[0]) };
+    struct store_call calls[N];
+    for (size_t i = 0; i < N; i++) {
+        calls[i] = (struct store_call){ .cq = cq };
+        const struct store_attempt *t = !ends[i].tried ? NULL : ends[i].resched ? &r : &a;
+        int q = ends[i].resched
+                    ? store_reschedule(s, &calls[i], ends[i].id, ends[i].owner, t, later)
+                    : store_complete(s, &calls[i], ends[i].id, ends[i].owner, t);
+        cr_assert_eq(q, 0);
+    }
+    admin_exec(c, "COMMIT");
+    cr_expect_eq(wait_for(&blocker, 0), 0);
+    store_call_clear(&blocker);
+    for (size_t i = 0; i < N; i++)
+        cr_expect_eq(wait_for(&calls[i], 0), ends[i].want, "end %zu: %d, not %d", i,
+                     calls[i].result, ends[i].want);
+    PGresult *res = PQexec(c, "SELECT n FROM updates_seen");
+    cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK);
+    int updates = atoi(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    PQfinish(c);
+    /* one for the five ends taken together (the three answered one by one with an error undo
+     * theirs with their savepoint); one each when every end goes alone */
+    cr_expect_eq(updates, 1, "%d UPDATE statements for %d ends", updates, (int)N);
+    struct {
+        enum store_state state;
+        size_t ntries;
+        uint64_t next_at; /* 0: not looked at */
+        const char *outcome, *claimed_by;
+    } want[6] = {
+        { STORE_DELIVERED, 1, 0, "ok", NULL },      { STORE_SCHEDULED, 1, later, "status", NULL },
+        { STORE_IN_FLIGHT, 0, 0, NULL, "proxy-a" }, /* the stale end changed nothing */
+        { STORE_DELIVERED, 1, 0, "ok", NULL },      /* the second end wrote no attempt */
+        { STORE_SCHEDULED, 0, later, NULL, NULL },  { STORE_SCHEDULED, 1, later, "status", NULL },
+    };
+    for (int i = 0; i < 6; i++) {
+        struct store_delivery d;
+        cr_assert_eq(get(s, ids[i], &d), 0);
+        cr_expect_eq(d.state, want[i].state, "delivery %d", i);
+        cr_expect_eq(d.attempts, want[i].ntries, "delivery %d", i);
+        cr_expect_eq(d.ntries, want[i].ntries, "delivery %d", i);
+        if (want[i].next_at)
+            cr_expect_eq(d.next_at, want[i].next_at, "delivery %d", i);
+        if (d.ntries == 1 && want[i].outcome)
+            cr_expect_str_eq(d.tries[0].outcome, want[i].outcome, "delivery %d", i);
+        if (want[i].state == STORE_SCHEDULED && d.ntries)
+            cr_expect_eq(d.last_delay_ms, 4000, "delivery %d", i);
+        cr_expect(want[i].claimed_by ? d.claimed_by && !strcmp(d.claimed_by, want[i].claimed_by)
+                                     : !d.claimed_by,
+                  "delivery %d: held by %s", i, d.claimed_by ? d.claimed_by : "none");
+        store_delivery_clear(&d);
+    }
+    store_close(s);
+}
