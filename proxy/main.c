@@ -46,7 +46,7 @@ static const char usage_text[] =
     "       retryproxy deliveries list|show|replay|drop [ID] -c FILE [--route R]\n"
     "                  [--state S] [--since T] [--until T] [--status N] [--upstream URL]\n"
     "                  [--limit N] [--cursor C] [--order newest|oldest] [--rate N] [--dry-run]\n"
-    "                  [--json]\n"
+    "                  [--json] [--dead]\n"
     "       retryproxy store migrate -c FILE\n"
     "       retryproxy reference [--metrics]\n"
     "       retryproxy --version | --help\n"
@@ -67,7 +67,7 @@ static const char usage_text[] =
     "  deliveries the store's durable deliveries and dead letters (docs/delivery.md): list\n"
     "             them (the filters; a page of --limit, 100), show ID, replay or drop ID,\n"
     "             or every one the filters match (replay: --rate per second, 10; --dry-run\n"
-    "             counts them); a table, or --json\n"
+    "             counts them; --dead is --state dead); a table, or --json\n"
     "  store      migrate: create or migrate the shared store's schema (store.postgres)\n"
     "             under an advisory lock; the proxy does the same at start\n"
     "  reference  print every config key with its type, range, default and meaning\n"
@@ -468,11 +468,10 @@ static int cmd_deliveries(int argc, char **argv)
 {
     static const char *const actions[] = { "list", "show", "replay", "drop" };
     static const struct option opts[] = {
-        ARG("config", 'c'),   ARG("route", 'r'), ARG("state", 's'),
-        ARG("since", 'S'),    ARG("until", 'U'), ARG("status", 'x'),
-        ARG("upstream", 'u'), ARG("limit", 'n'), ARG("cursor", 'C'),
-        ARG("order", 'o'),    ARG("rate", 'R'),  FLAG("dry-run", 'd'),
-        FLAG("json", 'j'),    FLAG("help", 'h'), OPT_END
+        ARG("config", 'c'), ARG("route", 'r'),  ARG("state", 's'),    ARG("since", 'S'),
+        ARG("until", 'U'),  ARG("status", 'x'), ARG("upstream", 'u'), ARG("limit", 'n'),
+        ARG("cursor", 'C'), ARG("order", 'o'),  ARG("rate", 'R'),     FLAG("dry-run", 'd'),
+        FLAG("json", 'j'),  FLAG("help", 'h'),  FLAG("dead", 'D'),    OPT_END
     };
     if (argc < 2 || argv[1][0] == '-')
         return usage_error("%s", "deliveries: name an action: list, show, replay or drop");
@@ -511,6 +510,8 @@ static int cmd_deliveries(int argc, char **argv)
             q.dry_run = true;
             continue;
         }
+        if (o == 'D' && dq_set(&q, "state", "dead", why, sizeof(why)) < 0)
+            return usage_error("deliveries: --%s", why); /* --dead is --state dead */
         for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
             if (keys[i].opt == o && dq_set(&q, keys[i].key, optarg, why, sizeof(why)) < 0)
                 return usage_error("deliveries: --%s", why);

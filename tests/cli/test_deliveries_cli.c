@@ -76,6 +76,11 @@ Test(deliveries_cli, list_prints_a_table_and_takes_the_filters_and_json)
     json_t *j = json_of(&r);
     cr_expect_eq(json_integer_value(json_object_get(j, "total")), 2);
     json_decref(j);
+    /* --dead is --state dead: the dead letters, every route's */
+    r = dl("list", "-c", cfg_file, "--dead", "--json", NULL);
+    j = json_of(&r);
+    cr_expect_eq(json_integer_value(json_object_get(j, "total")), 3);
+    json_decref(j);
     r = dl("list", "-c", cfg_file, "--status", "500", "--json", NULL);
     j = json_of(&r);
     cr_expect_str_eq(json_str(json_array_get(json_object_get(j, "deliveries"), 0), "id"), sd.other);
