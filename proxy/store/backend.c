@@ -6,6 +6,12 @@
 #include <string.h>
 #include <time.h>
 
+uint64_t store_bulk_due_at(const struct store_bulk *b, uint64_t now, size_t i)
+{
+    uint64_t first = b->first_at ? b->first_at : now, rate = b->rate ? b->rate : 1;
+    return first + (b->done + i) * 1000 / rate;
+}
+
 uint64_t store_q_now(const struct store_opts *o)
 {
     if (o->clock)

@@ -150,6 +150,9 @@ int store_q_tune(struct store_impl *s, const struct store_tuning *t);
 
 /* The store's wall clock, ms since the epoch (store_opts.clock, else CLOCK_REALTIME). */
 uint64_t store_q_now(const struct store_opts *o);
+/* When the i-th row of a replay batch is due, by struct store_bulk's rule: its first_at ('now'
+ * when 0), then one row every 1000 / rate ms, i counted on from 'done'. */
+uint64_t store_bulk_due_at(const struct store_bulk *b, uint64_t now, size_t i);
 /* CLOCK_MONOTONIC in µs (commit latencies). */
 uint64_t store_mono_us(void);
 

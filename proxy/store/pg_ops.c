@@ -141,8 +141,7 @@ int pg_bulk(struct store_impl *s, struct store_call *c)
         return r;
     int n = PQntuples(res);
     c->items = calloc(STORE_BULK_BATCH, sizeof(*c->items));
-    int *states = calloc(STORE_BULK_BATCH, sizeof(*states));
-    if (!c->items || !states)
+    if (!c->items)
         r = STORE_EIO;
     for (int i = 0; r == 0 && i < n; i++) {
         if (c->n == STORE_BULK_BATCH) {
@@ -152,19 +151,18 @@ int pg_bulk(struct store_impl *s, struct store_call *c)
         struct store_delivery *d = &c->items[c->n];
         snprintf(d->id, sizeof(d->id), "%s", PQgetvalue(res, i, 0));
         d->route = pg_text(res, i, 1);
-        states[c->n] = (int)pg_int(res, i, 2);
-        d->state = (enum store_state)states[c->n];
+        d->state = (enum store_state)pg_int(res, i, 2);
         c->cursor = d->seq = (uint64_t)pg_int(res, i, 3);
         c->n++;
     }
     PQclear(res);
-    uint64_t first = b->first_at ? b->first_at : store_q_now(&s->q.o), rate = b->rate ? b->rate : 1;
+    uint64_t now = store_q_now(&s->q.o);
     for (size_t i = 0; i < c->n && r == 0; i++) {
         if (!b->replay) {
-            r = remove_row(s, c->items[i].id, states[i]);
+            r = remove_row(s, c->items[i].id, (int)c->items[i].state);
             continue;
         }
-        uint64_t at = first + (b->done + i) * 1000 / rate;
+        uint64_t at = store_bulk_due_at(b, now, i);
         struct pgq u = { 0 };
         pgq_text(&u, c->items[i].id);
         pgq_int(&u, (int64_t)at);
@@ -173,12 +171,11 @@ int pg_bulk(struct store_impl *s, struct store_call *c)
                    " replays = replays + 1, claimed_until = NULL, claimed_by = NULL"
                    " WHERE id = $1",
                    &u, NULL);
-        if (r == 0 && states[i] == STORE_DELIVERED)
+        if (r == 0 && c->items[i].state == STORE_DELIVERED)
             s->live_delta++;
         c->items[i].state = STORE_SCHEDULED;
         c->items[i].next_at = at;
     }
-    free(states);
     return r;
 }
 

@@ -241,9 +241,7 @@ int sql_bulk(struct store_impl *s, struct store_call *c)
                      tail)) < 0)
         goto out;
     c->items = calloc(STORE_BULK_BATCH, sizeof(*c->items));
-    int *states = calloc(STORE_BULK_BATCH, sizeof(*states));
-    if (!c->items || !states) {
-        free(states);
+    if (!c->items) {
         r = STORE_EIO;
         goto out;
     }
@@ -256,27 +254,25 @@ int sql_bulk(struct store_impl *s, struct store_call *c)
         struct store_delivery *d = &c->items[c->n];
         snprintf(d->id, sizeof(d->id), "%s", (const char *)sqlite3_column_text(st, 0));
         d->route = text_of(st, 1);
-        states[c->n] = sqlite3_column_int(st, 2);
-        d->state = (enum store_state)states[c->n];
+        d->state = (enum store_state)sqlite3_column_int(st, 2);
         c->cursor = d->seq = (uint64_t)sqlite3_column_int64(st, 3);
         c->n++;
     }
     sqlite3_finalize(st);
     st = NULL;
-    uint64_t first = b->first_at ? b->first_at : sql_now(s), rate = b->rate ? b->rate : 1;
+    uint64_t now = sql_now(s);
     for (size_t i = 0; i < c->n && r == 0; i++) {
         if (!b->replay) {
-            r = remove_row(s, c->items[i].id, states[i]);
+            r = remove_row(s, c->items[i].id, (int)c->items[i].state);
             continue;
         }
-        uint64_t at = first + (b->done + i) * 1000 / rate;
+        uint64_t at = store_bulk_due_at(b, now, i);
         r = exec_id(s, OPS_REPLAY, c->items[i].id, &at);
-        if (r == 0 && states[i] == STORE_DELIVERED)
+        if (r == 0 && c->items[i].state == STORE_DELIVERED)
             s->live_delta++;
         c->items[i].state = STORE_SCHEDULED;
         c->items[i].next_at = at;
     }
-    free(states);
 out:
     sqlite3_finalize(st);
     return r;
