@@ -86,6 +86,8 @@ int sql_recover(struct store_impl *s);
 uint64_t sql_bytes(struct store_impl *s);
 /* Runs a statement without rows (BEGIN, SAVEPOINT...); its result code. */
 int sql_step_reset(sqlite3_stmt *st);
+/* Text column i as a malloc'd copy (NULL for SQL NULL, or out of memory). */
+char *sql_col_text(sqlite3_stmt *st, int i);
 
 /* sqlite_ops.c: the indexes its filters need (at open); the operators' operations (find,
  * bulk, counts) inside the open transaction; retention, in a transaction of its own, when a

@@ -133,12 +133,6 @@ static uint64_t count_of(struct store_impl *s, const struct store_match *m, bool
     return n;
 }
 
-static char *text_of(sqlite3_stmt *st, int i)
-{
-    const unsigned char *t = sqlite3_column_text(st, i);
-    return t ? strdup((const char *)t) : NULL;
-}
-
 /* A page: the list form of each row (no fields, body nor final response), newest or oldest
  * first, one row more than asked read to know whether more are left. */
 int sql_find(struct store_impl *s, struct store_call *c)
@@ -171,22 +165,22 @@ int sql_find(struct store_impl *s, struct store_call *c)
         }
         struct store_delivery *d = &c->items[c->n++];
         snprintf(d->id, sizeof(d->id), "%s", (const char *)sqlite3_column_text(st, 0));
-        d->route = text_of(st, 1);
-        d->method = text_of(st, 2);
-        d->target = text_of(st, 3);
+        d->route = sql_col_text(st, 1);
+        d->method = sql_col_text(st, 2);
+        d->target = sql_col_text(st, 3);
         d->body_len = (size_t)sqlite3_column_int64(st, 4);
-        d->idem_key = text_of(st, 5);
+        d->idem_key = sql_col_text(st, 5);
         d->created_at = (uint64_t)sqlite3_column_int64(st, 6);
         d->next_at = (uint64_t)sqlite3_column_int64(st, 7);
         d->attempts = (uint32_t)sqlite3_column_int64(st, 8);
         d->replays = (uint32_t)sqlite3_column_int64(st, 9);
         d->state = (enum store_state)sqlite3_column_int(st, 10);
         d->claimed_until = (uint64_t)sqlite3_column_int64(st, 11);
-        d->claimed_by = text_of(st, 12);
-        d->reason = text_of(st, 13);
+        d->claimed_by = sql_col_text(st, 12);
+        d->reason = sql_col_text(st, 13);
         d->seq = (uint64_t)sqlite3_column_int64(st, 14);
         d->last_status = sqlite3_column_int(st, 15);
-        d->upstream = text_of(st, 16);
+        d->upstream = sql_col_text(st, 16);
         c->cursor = d->seq;
         if (!d->route || !d->method || !d->target) {
             r = STORE_EIO;
@@ -253,7 +247,7 @@ int sql_bulk(struct store_impl *s, struct store_call *c)
         }
         struct store_delivery *d = &c->items[c->n];
         snprintf(d->id, sizeof(d->id), "%s", (const char *)sqlite3_column_text(st, 0));
-        d->route = text_of(st, 1);
+        d->route = sql_col_text(st, 1);
         d->state = (enum store_state)sqlite3_column_int(st, 2);
         c->cursor = d->seq = (uint64_t)sqlite3_column_int64(st, 3);
         c->n++;

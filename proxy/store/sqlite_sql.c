@@ -198,7 +198,7 @@ void sql_finalize(struct store_impl *s)
     }
 }
 
-static char *col_text(sqlite3_stmt *st, int i)
+char *sql_col_text(sqlite3_stmt *st, int i)
 {
     const unsigned char *t = sqlite3_column_text(st, i);
     return t ? strdup((const char *)t) : NULL;
@@ -227,9 +227,9 @@ static int read_row(sqlite3_stmt *st, struct store_delivery *d, bool full)
 {
     memset(d, 0, sizeof(*d));
     snprintf(d->id, sizeof(d->id), "%s", (const char *)sqlite3_column_text(st, 0));
-    d->route = col_text(st, 1);
-    d->method = col_text(st, 2);
-    d->target = col_text(st, 3);
+    d->route = sql_col_text(st, 1);
+    d->method = sql_col_text(st, 2);
+    d->target = sql_col_text(st, 3);
     if (full) {
         size_t n;
         char *f = col_blob(st, 4, &n);
@@ -243,7 +243,7 @@ static int read_row(sqlite3_stmt *st, struct store_delivery *d, bool full)
     } else {
         d->body_len = (size_t)sqlite3_column_bytes(st, 5);
     }
-    d->idem_key = col_text(st, 6);
+    d->idem_key = sql_col_text(st, 6);
     d->body_hash = (uint64_t)sqlite3_column_int64(st, 7);
     d->created_at = (uint64_t)sqlite3_column_int64(st, 8);
     d->next_at = (uint64_t)sqlite3_column_int64(st, 9);
@@ -251,10 +251,10 @@ static int read_row(sqlite3_stmt *st, struct store_delivery *d, bool full)
     d->replays = (uint32_t)sqlite3_column_int64(st, 11);
     d->state = (enum store_state)sqlite3_column_int(st, 12);
     d->claimed_until = (uint64_t)sqlite3_column_int64(st, 13);
-    d->claimed_by = col_text(st, 14);
-    d->reason = col_text(st, 15);
+    d->claimed_by = sql_col_text(st, 14);
+    d->reason = sql_col_text(st, 15);
     d->last_delay_ms = (uint32_t)sqlite3_column_int64(st, 18);
-    d->upstream = col_text(st, 19);
+    d->upstream = sql_col_text(st, 19);
     return d->route && d->method && d->target ? 0 : STORE_EIO;
 }
 
@@ -290,7 +290,7 @@ static int read_one(struct store_impl *s, const char *id, struct store_delivery 
         a->duration_ms = (uint32_t)sqlite3_column_int64(st, 1);
         a->status = sqlite3_column_int(st, 2);
         snprintf(a->outcome, sizeof(a->outcome), "%s", (const char *)sqlite3_column_text(st, 3));
-        a->upstream = col_text(st, 4);
+        a->upstream = sql_col_text(st, 4);
     }
     if (r == 0 && rc != SQLITE_DONE)
         r = sql_error(rc);
