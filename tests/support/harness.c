@@ -215,6 +215,40 @@ static bool sanitizer_report(const struct px *p)
     return found;
 }
 
+/* A proxy still running 'timeout_ms' after SIGTERM: its last log lines and, where gdb is
+ * installed, where each of its threads is, on stderr before it is killed. Each line is marked as
+ * Criterion marks its own ("[----] "), so make test's summary of what failed shows them (a CI
+ * log keeps only its tail). */
+static void report_stuck(const struct px *p, int timeout_ms)
+{
+    fprintf(stderr,
+            "[----] retryproxy (pid %d) still running %d ms after SIGTERM; its last log lines:\n",
+            (int)p->pid, timeout_ms);
+    char *out = px_stdout(p);
+    const char *from = out + strlen(out);
+    for (int lines = 0; from > out && lines <= 8; from--)
+        lines += from[-1] == '\n';
+    for (const char *l = from; *l;) {
+        const char *end = strchr(l, '\n');
+        int len = end ? (int)(end - l) : (int)strlen(l);
+        if (len)
+            fprintf(stderr, "[----]   %.*s\n", len > 300 ? 300 : len, l);
+        l = end ? end + 1 : l + len;
+    }
+    free(out);
+    fflush(stderr);
+    if (access("/usr/bin/gdb", X_OK) != 0)
+        return;
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "timeout 30 /usr/bin/gdb -p %d -batch -nx -ex 'thread apply all bt 8' 2>/dev/null"
+             " | grep -E '^(#|Thread)' | sed 's/^/[----]   /' >&2",
+             (int)p->pid);
+    if (system(cmd) != 0) {
+        /* no backtrace: the lines above are what there is */
+    }
+}
+
 int px_stop(struct px *p, int timeout_ms)
 {
     int st = 0, rc = -1;
@@ -228,6 +262,7 @@ int px_stop(struct px *p, int timeout_ms)
         usleep(5000);
     }
     if (rc == -1) {
+        report_stuck(p, timeout_ms);
         kill(p->pid, SIGKILL);
         waitpid(p->pid, &st, 0);
     }
