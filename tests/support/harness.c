@@ -241,8 +241,8 @@ static void report_stuck(const struct px *p, int timeout_ms)
         return;
     char cmd[256];
     snprintf(cmd, sizeof(cmd),
-             "timeout 30 /usr/bin/gdb -p %d -batch -nx -ex 'thread apply all bt 8' 2>/dev/null"
-             " | grep -E '^(#|Thread)' | sed 's/^/[----]   /' >&2",
+             "timeout 10 /usr/bin/gdb -p %d -batch -nx -ex 'thread apply all bt 8' 2>/dev/null"
+             " | grep --line-buffered -E '^(#|Thread)' | sed -u 's/^/[----]   /' >&2",
              (int)p->pid);
     if (system(cmd) != 0) {
         /* no backtrace: the lines above are what there is */
